@@ -1,0 +1,139 @@
+//! The first frame each way.
+//!
+//! Both first frames start with the same fixed prefix — 4 magic bytes and the
+//! protocol version — encoded before anything else. The receiver decodes the
+//! prefix alone first ([`read_prefix`]), so a peer speaking another version is
+//! recognised even if the rest of its frame layout differs, and gets a clear
+//! refusal instead of a decode error or a hang.
+
+use crate::codec::FrameError;
+use serde::{Deserialize, Serialize};
+
+/// Bumped on every incompatible change of any message in this crate.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// `DRVR`: tells a drover peer from anything else talking to the port.
+pub const MAGIC: [u8; 4] = *b"DRVR";
+
+/// Agent → manager, first frame.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    pub magic: [u8; 4],
+    pub protocol_version: u32,
+    /// Unvalidated on the wire so that a bad name gets a refusal that says so.
+    pub node: String,
+    pub agent_version: String,
+}
+
+impl Hello {
+    pub fn new(node: impl Into<String>, agent_version: impl Into<String>) -> Self {
+        Self {
+            magic: MAGIC,
+            protocol_version: PROTOCOL_VERSION,
+            node: node.into(),
+            agent_version: agent_version.into(),
+        }
+    }
+}
+
+/// Manager → agent, first frame.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Welcome {
+    pub magic: [u8; 4],
+    pub protocol_version: u32,
+    pub outcome: Outcome,
+}
+
+impl Welcome {
+    pub fn accepted(accepted: Accepted) -> Self {
+        Self {
+            magic: MAGIC,
+            protocol_version: PROTOCOL_VERSION,
+            outcome: Outcome::Accepted(accepted),
+        }
+    }
+
+    pub fn refused(reason: RefuseReason, message: impl Into<String>) -> Self {
+        Self {
+            magic: MAGIC,
+            protocol_version: PROTOCOL_VERSION,
+            outcome: Outcome::Refused {
+                reason,
+                message: message.into(),
+            },
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    Accepted(Accepted),
+    Refused {
+        reason: RefuseReason,
+        message: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Accepted {
+    /// Fresh for every registration; the guid of this session's modification tags.
+    pub session_id: u64,
+    /// How often the manager sends heartbeats (ms); the agent may expect them.
+    pub heartbeat_interval_ms: u64,
+    /// After this long without any frame from the agent, the manager drops it (ms).
+    pub heartbeat_threshold_ms: u64,
+    pub manager_version: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RefuseReason {
+    /// The peers speak different protocol versions.
+    VersionMismatch,
+    /// The name is not a valid node name.
+    InvalidName,
+    /// The name is not in `AllowedNodeNames`.
+    UnknownNode,
+    /// A live session already holds the name.
+    AlreadyConnected,
+    /// The first frame was not a handshake.
+    BadHandshake,
+    /// The manager is shutting down.
+    ShuttingDown,
+}
+
+impl RefuseReason {
+    /// Whether retrying later can help (an unknown name will stay unknown
+    /// until the manager's config changes, but an agent retries anyway with
+    /// backoff; this only picks the log level).
+    pub fn is_transient(self) -> bool {
+        matches!(self, Self::AlreadyConnected | Self::ShuttingDown)
+    }
+}
+
+/// Decodes just the fixed prefix of a first frame.
+pub fn read_prefix(body: &[u8]) -> Result<([u8; 4], u32), FrameError> {
+    let (prefix, _) = postcard::take_from_bytes::<([u8; 4], u32)>(body)
+        .map_err(|e| FrameError::Malformed(format!("handshake prefix: {e}")))?;
+    Ok(prefix)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::encode_body;
+
+    #[test]
+    fn prefix_is_readable_from_both_first_frames() {
+        let hello = encode_body(&Hello::new("n1", "0.1")).unwrap();
+        assert_eq!(read_prefix(&hello).unwrap(), (MAGIC, PROTOCOL_VERSION));
+        let welcome = encode_body(&Welcome::refused(RefuseReason::UnknownNode, "x")).unwrap();
+        assert_eq!(read_prefix(&welcome).unwrap(), (MAGIC, PROTOCOL_VERSION));
+    }
+
+    #[test]
+    fn prefix_of_a_future_version_is_readable() {
+        // A later version may change everything after the prefix.
+        let future = encode_body(&(MAGIC, 99u32, 7u8, vec![1u64, 2, 3])).unwrap();
+        assert_eq!(read_prefix(&future).unwrap(), (MAGIC, 99));
+    }
+}

@@ -1,0 +1,300 @@
+//! Messages after the handshake.
+//!
+//! Manager → agent: [`ToAgent`] — requests with a correlation id, heartbeats.
+//! Agent → manager: [`ToManager`] — exactly one reply per request id, events
+//! (job progress, unit changes, proxies), heartbeats.
+//!
+//! Names inside messages are validated types ([`UnitName`], [`NodeName`]): a
+//! frame carrying an invalid name fails to decode as a whole and is treated as
+//! malformed input, never half-applied.
+//!
+//! systemd values whose D-Bus type is only known at run time (unit properties)
+//! travel as [`Marshalled`]: the D-Bus signature plus the value in D-Bus wire
+//! format (little endian), so postcard needs no knowledge of D-Bus types.
+
+use crate::names::{NodeName, UnitName};
+use crate::tag::ModTag;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum ToAgent {
+    Request { id: u64, body: Request },
+    Heartbeat,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum ToManager {
+    Reply {
+        id: u64,
+        result: Result<Response, RemoteError>,
+    },
+    Event(Event),
+    Heartbeat,
+}
+
+/// What the manager asks an agent to do. Job operations carry the manager's
+/// job id so the agent can report progress of the systemd job it started.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Request {
+    ListUnits,
+    ListUnitFiles,
+    StartUnit { unit: UnitName, mode: String, job_id: u32 },
+    StopUnit { unit: UnitName, mode: String, job_id: u32 },
+    RestartUnit { unit: UnitName, mode: String, job_id: u32 },
+    ReloadUnit { unit: UnitName, mode: String, job_id: u32 },
+    /// Cancel the systemd job behind this manager job id.
+    JobCancel { job_id: u32 },
+    /// systemd daemon-reload.
+    Reload,
+    GetUnitProperties { unit: UnitName, interface: String },
+    GetUnitProperty { unit: UnitName, interface: String, property: String },
+    SetUnitProperties { unit: UnitName, runtime: bool, properties: Marshalled },
+    FreezeUnit { unit: UnitName },
+    ThawUnit { unit: UnitName },
+    KillUnit { unit: UnitName, whom: String, signal: i32 },
+    EnableUnitFiles { files: Vec<String>, runtime: bool, force: bool },
+    DisableUnitFiles { files: Vec<String>, runtime: bool },
+    GetUnitFileState { file: String },
+    ResetFailed,
+    ResetFailedUnit { unit: UnitName },
+    GetDefaultTarget,
+    SetDefaultTarget { target: UnitName, force: bool },
+    StartTransientUnit { unit: UnitName, mode: String, properties: Marshalled, aux: Marshalled, job_id: u32 },
+    SetLogLevel { level: String },
+    /// Forward state changes of this unit (`None` = every unit).
+    Subscribe { unit: Option<UnitName> },
+    Unsubscribe { unit: Option<UnitName> },
+    /// Start / stop `drover-dep@UNIT.service` on the target node.
+    StartDep { unit: UnitName },
+    StopDep { unit: UnitName },
+    EnableMetrics,
+    DisableMetrics,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Response {
+    Empty,
+    Units(Vec<UnitInfo>),
+    /// (path, enablement state)
+    UnitFiles(Vec<(String, String)>),
+    Value(Marshalled),
+    Text(String),
+    /// `EnableUnitFiles` & co: (carries install info, [(type, file, destination)])
+    Changes {
+        carries_install_info: bool,
+        changes: Vec<(String, String, String)>,
+    },
+}
+
+/// An error from the agent or its systemd, forwarded with its D-Bus error
+/// name so the manager can hand it to the D-Bus caller unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{name}: {message}")]
+pub struct RemoteError {
+    pub name: String,
+    pub message: String,
+}
+
+impl RemoteError {
+    pub fn new(name: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            message: message.into(),
+        }
+    }
+
+    pub fn failed(message: impl Into<String>) -> Self {
+        Self::new("org.freedesktop.DBus.Error.Failed", message)
+    }
+}
+
+/// systemd's `ListUnits` tuple `(ssssssouso)`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnitInfo {
+    pub name: String,
+    pub description: String,
+    pub load_state: String,
+    pub active_state: String,
+    pub sub_state: String,
+    pub followed: String,
+    pub object_path: String,
+    pub job_id: u32,
+    pub job_type: String,
+    pub job_path: String,
+}
+
+/// A D-Bus value in D-Bus wire format (little endian) with its signature.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Marshalled {
+    pub signature: String,
+    pub data: Vec<u8>,
+}
+
+/// `real`: systemd said so. `virtual`: drover inferred it (e.g. node offline,
+/// or replay of a known state for a new subscriber).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Reason {
+    Real,
+    Virtual,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Real => "real",
+            Reason::Virtual => "virtual",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Event {
+    /// The systemd job behind a manager job changed state (`waiting`/`running`).
+    JobStateChanged { job_id: u32, state: String },
+    /// The systemd job behind a manager job finished; `result` is systemd's word.
+    JobDone { job_id: u32, result: String },
+    /// Systemd job duration, reported when metrics are enabled.
+    JobMetrics { unit: UnitName, method: String, micros: u64 },
+    UnitNew { tag: ModTag, unit: UnitName, reason: Reason },
+    UnitStateChanged { tag: ModTag, unit: UnitName, active_state: String, sub_state: String, reason: Reason },
+    UnitPropertiesChanged { tag: ModTag, unit: UnitName, interface: String, properties: Marshalled },
+    UnitRemoved { tag: ModTag, unit: UnitName, reason: Reason },
+    /// A local proxy on this (requesting) node wants `unit` on `node`.
+    ProxyNew { node: NodeName, unit: UnitName, proxy_id: u64 },
+    ProxyRemoved { node: NodeName, unit: UnitName, proxy_id: u64 },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::{decode_body, encode_body};
+    use proptest::prelude::*;
+
+    fn unit() -> impl Strategy<Value = UnitName> {
+        "[a-z][a-z0-9-]{0,12}(@[a-z0-9]{0,4})?\\.(service|socket|timer)"
+            .prop_map(|s| UnitName::new(s).unwrap())
+    }
+
+    fn node() -> impl Strategy<Value = NodeName> {
+        "[a-z][a-z0-9.-]{0,20}".prop_map(|s| NodeName::new(s).unwrap())
+    }
+
+    fn marshalled() -> impl Strategy<Value = Marshalled> {
+        (".{0,8}", proptest::collection::vec(any::<u8>(), 0..32))
+            .prop_map(|(signature, data)| Marshalled { signature, data })
+    }
+
+    fn tag() -> impl Strategy<Value = ModTag> {
+        (any::<u64>(), any::<u64>()).prop_map(|(g, i)| ModTag::new(g, i))
+    }
+
+    fn reason() -> impl Strategy<Value = Reason> {
+        prop_oneof![Just(Reason::Real), Just(Reason::Virtual)]
+    }
+
+    fn request() -> impl Strategy<Value = Request> {
+        prop_oneof![
+            Just(Request::ListUnits),
+            Just(Request::Reload),
+            (unit(), ".{0,10}", any::<u32>())
+                .prop_map(|(unit, mode, job_id)| Request::StartUnit { unit, mode, job_id }),
+            (unit(), ".{0,10}", any::<u32>())
+                .prop_map(|(unit, mode, job_id)| Request::StopUnit { unit, mode, job_id }),
+            any::<u32>().prop_map(|job_id| Request::JobCancel { job_id }),
+            (unit(), any::<bool>(), marshalled()).prop_map(|(unit, runtime, properties)| {
+                Request::SetUnitProperties { unit, runtime, properties }
+            }),
+            (unit(), ".{0,5}", any::<i32>())
+                .prop_map(|(unit, whom, signal)| Request::KillUnit { unit, whom, signal }),
+            proptest::option::of(unit()).prop_map(|unit| Request::Subscribe { unit }),
+            unit().prop_map(|unit| Request::StartDep { unit }),
+            (proptest::collection::vec(".{0,20}", 0..4), any::<bool>(), any::<bool>())
+                .prop_map(|(files, runtime, force)| Request::EnableUnitFiles { files, runtime, force }),
+        ]
+    }
+
+    fn unit_info() -> impl Strategy<Value = UnitInfo> {
+        (".{0,10}", ".{0,10}", any::<u32>()).prop_map(|(name, description, job_id)| UnitInfo {
+            name,
+            description,
+            load_state: "loaded".into(),
+            active_state: "active".into(),
+            sub_state: "running".into(),
+            followed: String::new(),
+            object_path: "/org/freedesktop/systemd1/unit/x".into(),
+            job_id,
+            job_type: String::new(),
+            job_path: "/".into(),
+        })
+    }
+
+    fn response() -> impl Strategy<Value = Result<Response, RemoteError>> {
+        prop_oneof![
+            Just(Ok(Response::Empty)),
+            proptest::collection::vec(unit_info(), 0..4).prop_map(|u| Ok(Response::Units(u))),
+            marshalled().prop_map(|m| Ok(Response::Value(m))),
+            ".{0,20}".prop_map(|t| Ok(Response::Text(t))),
+            (".{0,20}", ".{0,20}").prop_map(|(n, m)| Err(RemoteError::new(n, m))),
+        ]
+    }
+
+    fn event() -> impl Strategy<Value = Event> {
+        prop_oneof![
+            (any::<u32>(), ".{0,10}").prop_map(|(job_id, state)| Event::JobStateChanged { job_id, state }),
+            (any::<u32>(), ".{0,10}").prop_map(|(job_id, result)| Event::JobDone { job_id, result }),
+            (tag(), unit(), reason()).prop_map(|(tag, unit, reason)| Event::UnitNew { tag, unit, reason }),
+            (tag(), unit(), ".{0,8}", ".{0,8}", reason()).prop_map(
+                |(tag, unit, active_state, sub_state, reason)| Event::UnitStateChanged {
+                    tag, unit, active_state, sub_state, reason
+                }
+            ),
+            (tag(), unit(), ".{0,8}", marshalled()).prop_map(|(tag, unit, interface, properties)| {
+                Event::UnitPropertiesChanged { tag, unit, interface, properties }
+            }),
+            (node(), unit(), any::<u64>())
+                .prop_map(|(node, unit, proxy_id)| Event::ProxyNew { node, unit, proxy_id }),
+        ]
+    }
+
+    fn to_manager() -> impl Strategy<Value = ToManager> {
+        prop_oneof![
+            Just(ToManager::Heartbeat),
+            (any::<u64>(), response()).prop_map(|(id, result)| ToManager::Reply { id, result }),
+            event().prop_map(ToManager::Event),
+        ]
+    }
+
+    fn to_agent() -> impl Strategy<Value = ToAgent> {
+        prop_oneof![
+            Just(ToAgent::Heartbeat),
+            (any::<u64>(), request()).prop_map(|(id, body)| ToAgent::Request { id, body }),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn to_manager_round_trips(msg in to_manager()) {
+            let body = encode_body(&msg).unwrap();
+            prop_assert_eq!(decode_body::<ToManager>(&body).unwrap(), msg);
+        }
+
+        #[test]
+        fn to_agent_round_trips(msg in to_agent()) {
+            let body = encode_body(&msg).unwrap();
+            prop_assert_eq!(decode_body::<ToAgent>(&body).unwrap(), msg);
+        }
+
+        /// Any prefix of a valid frame, and any random bytes, decode to an
+        /// error or a message, never a panic.
+        #[test]
+        fn truncated_or_random_input_never_panics(msg in to_agent(), cut in any::<prop::sample::Index>(), junk in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let body = encode_body(&msg).unwrap();
+            let cut = cut.index(body.len().max(1));
+            if cut < body.len() {
+                prop_assert!(decode_body::<ToAgent>(&body[..cut]).is_err());
+            }
+            let _ = decode_body::<ToAgent>(&junk);
+            let _ = decode_body::<ToManager>(&junk);
+        }
+    }
+}
