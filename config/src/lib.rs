@@ -1,1 +1,24 @@
-//! placeholder
+//! drover-config: configuration of the manager and the agent, and logging.
+//!
+//! * [`ini`] — the file format: systemd-style INI, `#`/`;` comments, a value
+//!   continues on following indented lines, lines of at most 500 characters.
+//! * [`manager`] / [`agent`] — typed settings with BlueChi's key names and
+//!   drover's defaults, loaded in layers (vendor file, `/etc` file, `conf.d`
+//!   drop-ins in alphabetical order, environment, `-c FILE`; command-line flags
+//!   are applied by the binaries on top).
+//! * [`logging`] — `LogLevel`/`LogTarget` and the tracing setup they select.
+//!
+//! Errors name the file, the line and the key, so a typo is found at once.
+
+pub mod agent;
+pub mod error;
+pub mod ini;
+pub mod layers;
+pub mod logging;
+pub mod manager;
+
+pub use agent::AgentConfig;
+pub use error::ConfigError;
+pub use layers::Sources;
+pub use logging::{LogLevel, LogTarget, LoggingConfig};
+pub use manager::{ManagerConfig, NodeSection};

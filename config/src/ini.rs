@@ -1,0 +1,1 @@
+//! systemd-style INI (stub: filled in by the config work).
