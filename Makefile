@@ -1,0 +1,45 @@
+# One task runner for people and CI (.ci/run calls `make check` and `make test`).
+CARGO ?= cargo
+
+.PHONY: all build demo test check fmt clippy bench install
+
+all: build
+
+build:
+	$(CARGO) build --workspace --bins
+
+# README command 1: a local cluster of real systemd nodes, a guided tour, torn down at the end.
+demo:
+	$(CARGO) run --release -p drover-sandbox -- demo
+
+# README command 2: unit tests and integration tests on real systemd nodes.
+# The integration tests start the daemons from target/debug, so build the binaries first.
+test: build
+	$(CARGO) test --workspace
+
+check: fmt clippy
+
+fmt:
+	$(CARGO) fmt --all -- --check
+
+clippy:
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+bench:
+	$(CARGO) run --release -p drover-bench -- all
+
+# Installs into DESTDIR (default /) what a node or the manager host needs.
+DESTDIR ?=
+PREFIX ?= /usr
+install:
+	$(CARGO) build --release --workspace --bins
+	install -Dm755 target/release/drover-manager $(DESTDIR)$(PREFIX)/libexec/drover-manager
+	install -Dm755 target/release/drover-agent $(DESTDIR)$(PREFIX)/libexec/drover-agent
+	install -Dm755 target/release/droverctl $(DESTDIR)$(PREFIX)/bin/droverctl
+	install -Dm644 units/drover-manager.service $(DESTDIR)$(PREFIX)/lib/systemd/system/drover-manager.service
+	install -Dm644 units/drover-agent.service $(DESTDIR)$(PREFIX)/lib/systemd/system/drover-agent.service
+	install -Dm644 units/drover-agent-user.service $(DESTDIR)$(PREFIX)/lib/systemd/user/drover-agent.service
+	install -Dm644 units/org.eclipse.bluechi.conf $(DESTDIR)$(PREFIX)/share/dbus-1/system.d/org.eclipse.bluechi.conf
+	install -Dm644 units/org.eclipse.bluechi.Agent.conf $(DESTDIR)$(PREFIX)/share/dbus-1/system.d/org.eclipse.bluechi.Agent.conf
+	install -Dm644 units/manager.conf $(DESTDIR)$(PREFIX)/share/drover/manager.conf
+	install -Dm644 units/agent.conf $(DESTDIR)$(PREFIX)/share/drover/agent.conf
