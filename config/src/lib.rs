@@ -16,6 +16,10 @@ pub mod ini;
 pub mod layers;
 pub mod logging;
 pub mod manager;
+mod value;
+
+#[cfg(test)]
+pub(crate) mod test_util;
 
 pub use agent::AgentConfig;
 pub use error::ConfigError;

@@ -1,4 +1,17 @@
 //! Log level and target, and the tracing subscriber they select.
+//!
+//! [`init`] installs one process-wide subscriber: a reloadable level filter
+//! over a single output layer (stderr, or journald). The level can change at
+//! run time through [`LogHandle::set_level`] (`SetLogLevel`); the target is
+//! fixed once installed. `init` is idempotent: later calls return a handle to
+//! the subscriber installed first (and apply their level to it) instead of
+//! panicking, because tests and library users may each call it.
+
+use std::io::IsTerminal;
+use std::sync::OnceLock;
+use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::{Layer, Registry, reload};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
 pub enum LogLevel {
@@ -18,6 +31,16 @@ impl LogLevel {
             "WARN" => Some(Self::Warn),
             "ERROR" => Some(Self::Error),
             _ => None,
+        }
+    }
+
+    /// The tracing filter for this level (`Debug` does not include `TRACE`).
+    pub fn filter(self) -> LevelFilter {
+        match self {
+            Self::Debug => LevelFilter::DEBUG,
+            Self::Info => LevelFilter::INFO,
+            Self::Warn => LevelFilter::WARN,
+            Self::Error => LevelFilter::ERROR,
         }
     }
 
@@ -59,6 +82,7 @@ impl LogTarget {
     }
 }
 
+/// `LogLevel`, `LogTarget`, `LogIsQuiet`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct LoggingConfig {
     pub level: LogLevel,
@@ -67,17 +91,157 @@ pub struct LoggingConfig {
 }
 
 /// Handle to change the level at run time (`SetLogLevel`).
+///
+/// A handle from a quiet `init`, or from an `init` that found a foreign
+/// subscriber already installed, changes nothing.
 #[derive(Clone)]
 pub struct LogHandle {
-    _private: (),
+    reload: Option<reload::Handle<LevelFilter, Registry>>,
+}
+
+impl std::fmt::Debug for LogHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogHandle")
+            .field("active", &self.reload.is_some())
+            .finish()
+    }
 }
 
 impl LogHandle {
-    pub fn set_level(&self, _level: LogLevel) {}
+    pub fn set_level(&self, level: LogLevel) {
+        if let Some(h) = &self.reload {
+            // Fails only when the subscriber is gone, i.e. never for a global one.
+            let _ = h.modify(|f| *f = level.filter());
+        }
+    }
+
+    /// The level in force, `None` for an inert handle.
+    pub fn level(&self) -> Option<LevelFilter> {
+        self.reload.as_ref().and_then(|h| h.clone_current())
+    }
 }
+
+/// The handle of the subscriber this module installed, once it did.
+static INSTALLED: OnceLock<LogHandle> = OnceLock::new();
+
+type Output = Box<
+    dyn Layer<tracing_subscriber::layer::Layered<reload::Layer<LevelFilter, Registry>, Registry>>
+        + Send
+        + Sync,
+>;
 
 /// Installs the global tracing subscriber. Falls back to stderr when the
 /// journal is not reachable (e.g. in a sandbox), and says so.
-pub fn init(_cfg: &LoggingConfig) -> LogHandle {
-    LogHandle { _private: () }
+pub fn init(cfg: &LoggingConfig) -> LogHandle {
+    if cfg.quiet {
+        return LogHandle { reload: None };
+    }
+    let handle = INSTALLED.get_or_init(|| install(cfg));
+    handle.set_level(cfg.level);
+    handle.clone()
+}
+
+fn install(cfg: &LoggingConfig) -> LogHandle {
+    let (filter, reload_handle) = reload::Layer::new(cfg.level.filter());
+    let mut fallback_warning = None;
+    let output: Output = match cfg.target {
+        LogTarget::Journald => match tracing_journald::layer() {
+            Ok(j) => Box::new(j),
+            Err(e) => {
+                fallback_warning = Some(e);
+                stderr_layer(false)
+            }
+        },
+        LogTarget::Stderr => stderr_layer(false),
+        LogTarget::StderrFull => stderr_layer(true),
+    };
+    let subscriber = Registry::default().with(filter).with(output);
+    if tracing::subscriber::set_global_default(subscriber).is_err() {
+        // Someone else installed a subscriber first: leave it alone.
+        return LogHandle { reload: None };
+    }
+    if let Some(e) = fallback_warning {
+        tracing::warn!("journald is not reachable ({e}); logging to stderr instead");
+    }
+    LogHandle {
+        reload: Some(reload_handle),
+    }
+}
+
+/// `stderr`: level and message, like BlueChi's short form. `stderr-full`:
+/// adds timestamp, target, file and line. Colours only on a terminal.
+fn stderr_layer(full: bool) -> Output {
+    let ansi = std::io::stderr().is_terminal();
+    let base = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
+    if full {
+        Box::new(
+            base.with_target(true)
+                .with_file(true)
+                .with_line_number(true),
+        )
+    } else {
+        Box::new(base.without_time().with_target(false))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_round_trip() {
+        for l in [
+            LogLevel::Debug,
+            LogLevel::Info,
+            LogLevel::Warn,
+            LogLevel::Error,
+        ] {
+            assert_eq!(LogLevel::parse(l.as_str()), Some(l));
+        }
+        assert_eq!(LogLevel::parse("info"), None);
+        for t in [
+            LogTarget::Journald,
+            LogTarget::Stderr,
+            LogTarget::StderrFull,
+        ] {
+            assert_eq!(LogTarget::parse(t.as_str()), Some(t));
+        }
+        assert_eq!(LogTarget::parse("Stderr"), None);
+    }
+
+    /// The only test in this crate that installs the global subscriber, so
+    /// the order of its steps is deterministic.
+    #[test]
+    fn init_twice_and_set_level() {
+        let quiet = init(&LoggingConfig {
+            quiet: true,
+            ..LoggingConfig::default()
+        });
+        assert_eq!(quiet.level(), None);
+        quiet.set_level(LogLevel::Debug);
+
+        let cfg = LoggingConfig {
+            level: LogLevel::Warn,
+            target: LogTarget::Stderr,
+            quiet: false,
+        };
+        let h = init(&cfg);
+        assert_eq!(h.level(), Some(LevelFilter::WARN));
+        assert!(!tracing::enabled!(tracing::Level::INFO));
+        h.set_level(LogLevel::Debug);
+        assert_eq!(h.level(), Some(LevelFilter::DEBUG));
+        // Callsite interest is cached; a level change must reach it.
+        assert!(tracing::enabled!(tracing::Level::DEBUG));
+
+        // A second init does not panic and controls the same subscriber.
+        let again = init(&LoggingConfig {
+            level: LogLevel::Error,
+            ..cfg
+        });
+        assert_eq!(again.level(), Some(LevelFilter::ERROR));
+        assert_eq!(h.level(), Some(LevelFilter::ERROR));
+        assert!(!tracing::enabled!(tracing::Level::WARN));
+    }
 }
