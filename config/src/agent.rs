@@ -321,3 +321,322 @@ pub fn parse_controller_address(addr: &str) -> Result<(String, u16), String> {
         (_, None) => Err(format!("'{addr}': port= is missing; {usage}")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_util::TempDir;
+    use crate::{LogLevel, LogTarget};
+    use std::collections::HashMap;
+
+    fn host_ok() -> Result<String, ConfigError> {
+        Ok("testhost".into())
+    }
+
+    fn parse(text: &str) -> Result<AgentConfig, ConfigError> {
+        AgentConfig::parse_str_with(text, &host_ok)
+    }
+
+    fn value_err(err: ConfigError, line: usize, key: &str) -> String {
+        match err {
+            ConfigError::Value {
+                line: l,
+                key: k,
+                message,
+                ..
+            } if l == line && k == key => message,
+            other => panic!("expected line {line} key {key}, got {other:?} ({other})"),
+        }
+    }
+
+    fn defaults() -> AgentConfig {
+        AgentConfig {
+            node_name: "testhost".into(),
+            ..AgentConfig::default()
+        }
+    }
+
+    #[test]
+    fn node_name_defaults_to_host_name() {
+        assert_eq!(parse("").unwrap(), defaults());
+        let c = parse("[drover-agent]\nNodeName=web1\n").unwrap();
+        assert_eq!(c.node_name, "web1");
+        // NodeName= resets to the host name.
+        let c = parse("[drover-agent]\nNodeName=web1\nNodeName=\n").unwrap();
+        assert_eq!(c.node_name, "testhost");
+        // An unusable host name is an error only when nothing sets NodeName.
+        let bad_host = || Ok::<_, ConfigError>("my_host".to_string());
+        let err = AgentConfig::parse_str_with("", &bad_host).unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::Invalid(m) if m.contains("my_host") && m.contains("NodeName=")),
+            "{err}"
+        );
+        let c = AgentConfig::parse_str_with("[drover-agent]\nNodeName=ok\n", &bad_host).unwrap();
+        assert_eq!(c.node_name, "ok");
+        // The real host name is read when needed (this machine's is valid).
+        let real = AgentConfig::parse_str("").unwrap();
+        let want = std::fs::read_to_string(HOSTNAME_FILE).unwrap();
+        assert_eq!(real.node_name, want.trim());
+    }
+
+    #[test]
+    fn every_key() {
+        let c = parse(
+            "[drover-agent]\n\
+             NodeName=n-1.example\n\
+             ControllerHost=manager.example.com\n\
+             ControllerPort=9000\n\
+             ControllerAddress=tcp:port=7,host=10.0.0.1\n\
+             HeartbeatInterval=0\n\
+             ControllerHeartbeatThreshold=12000\n\
+             ConnectionRetryCountUntilQuiet=4294967295\n\
+             TCPKeepAliveTime=30\n\
+             TCPKeepAliveInterval=0\n\
+             TCPKeepAliveCount=0\n\
+             IPReceiveErrors=FALSE\n\
+             LogLevel=WARN\n\
+             LogTarget=stderr\n\
+             LogIsQuiet=0\n",
+        )
+        .unwrap();
+        assert_eq!(c.node_name, "n-1.example");
+        assert_eq!(c.controller_host, "manager.example.com");
+        assert_eq!(c.controller_port, 9000);
+        assert_eq!(
+            c.controller_endpoint().unwrap(),
+            ("10.0.0.1".to_string(), 7)
+        );
+        assert_eq!(c.heartbeat_interval_ms, 0);
+        assert_eq!(c.controller_heartbeat_threshold_ms, 12000);
+        assert_eq!(c.connection_retry_count_until_quiet, u32::MAX);
+        assert_eq!(
+            (
+                c.tcp_keepalive_time_s,
+                c.tcp_keepalive_interval_s,
+                c.tcp_keepalive_count
+            ),
+            (30, 0, 0)
+        );
+        assert!(!c.ip_receive_errors);
+        assert_eq!(
+            c.logging,
+            LoggingConfig {
+                level: LogLevel::Warn,
+                target: LogTarget::Stderr,
+                quiet: false
+            }
+        );
+        // Without ControllerAddress the endpoint is host and port.
+        let c = parse("[drover-agent]\nControllerHost=::1\nControllerPort=5\n").unwrap();
+        assert_eq!(c.controller_endpoint().unwrap(), ("::1".to_string(), 5));
+        // ControllerAddress= unsets an earlier one.
+        let c = parse("[drover-agent]\nControllerAddress=tcp:host=a,port=1\nControllerAddress=\n")
+            .unwrap();
+        assert_eq!(c.controller_address, None);
+    }
+
+    #[test]
+    fn controller_address_forms() {
+        assert_eq!(
+            parse_controller_address("tcp:host=h.example,port=842"),
+            Ok(("h.example".to_string(), 842))
+        );
+        assert_eq!(
+            parse_controller_address("tcp:port=1,host=::1"),
+            Ok(("::1".to_string(), 1))
+        );
+        for (bad, want) in [
+            ("unix:path=/run/drover.sock", "not supported"),
+            ("tcp:host=h", "port= is missing"),
+            ("tcp:port=842", "host= is missing"),
+            ("tcp:host=h,port=0", "1..=65535"),
+            ("tcp:host=h,port=65536", "1..=65535"),
+            ("tcp:host=h,port=+1", "1..=65535"),
+            ("tcp:host=h,port=1,port=2", "given twice"),
+            ("tcp:host=h,port=1,family=ipv4", "unknown parameter"),
+            ("tcp:host=h,port=1,", "not KEY=VALUE"),
+            ("tcp:host=bad host,port=1", "valid host name"),
+            ("udp:host=h,port=1", "unknown transport"),
+            ("h:842", "unknown transport"),
+            ("", "expected tcp:"),
+        ] {
+            let err = parse_controller_address(bad).unwrap_err();
+            assert!(err.contains(want), "{bad:?}: {err}");
+            let text = format!("[drover-agent]\nControllerAddress={bad}\n");
+            if !bad.is_empty() {
+                value_err(parse(&text).unwrap_err(), 2, "ControllerAddress");
+            }
+        }
+        // A bad address set by code (not by a file) is caught by controller_endpoint.
+        let c = AgentConfig {
+            controller_address: Some("unix:path=/x".into()),
+            ..defaults()
+        };
+        assert!(matches!(
+            c.controller_endpoint(),
+            Err(ConfigError::Invalid(m)) if m.contains("ControllerAddress")
+        ));
+    }
+
+    #[test]
+    fn bad_values_name_line_and_key() {
+        let cases: &[(&str, &str, &str)] = &[
+            ("NodeName", "has_underscore", "has_underscore"),
+            ("NodeName", "-lead", "-lead"),
+            ("ControllerHost", "", "neither"),
+            ("ControllerHost", "a b", "neither"),
+            ("ControllerHost", "-x.example", "neither"),
+            ("ControllerHost", "a..b", "neither"),
+            ("ControllerPort", "0", "out of range"),
+            ("ControllerPort", "8 42", "not a number"),
+            ("HeartbeatInterval", "2s", "not a number"),
+            (
+                "ControllerHeartbeatThreshold",
+                "99999999999",
+                "out of range",
+            ),
+            (
+                "ConnectionRetryCountUntilQuiet",
+                "4294967296",
+                "out of range",
+            ),
+            ("TCPKeepAliveInterval", "40000", "out of range"),
+            ("IPReceiveErrors", "yesno", "not a boolean"),
+            ("LogLevel", "Info", "not a log level"),
+            ("LogTarget", "stderr_full", "not a log target"),
+        ];
+        for (key, value, want) in cases {
+            let text = format!("[drover-agent]\n\n{key}={value}\n");
+            let msg = value_err(parse(&text).unwrap_err(), 3, key);
+            assert!(msg.contains(want), "{key}={value}: {msg}");
+        }
+    }
+
+    #[test]
+    fn unknown_keys_and_sections() {
+        let err = parse("[drover-agent]\nNodeName=a\nControllerHots=b\n").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "<string>:3: key 'ControllerHots': unknown key in [drover-agent]"
+        );
+        // Manager-only keys are unknown here.
+        value_err(
+            parse("[drover-agent]\nAllowedNodeNames=a\n").unwrap_err(),
+            2,
+            "AllowedNodeNames",
+        );
+        for (text, line) in [
+            ("[drover-agent]\n[drover-manager]\n", 2),
+            ("[node a]\nAllowed=true\n", 1),
+            ("[bluechi-agent]\nNodeName=a\n", 1),
+        ] {
+            match parse(text).unwrap_err() {
+                ConfigError::Syntax {
+                    line: l, message, ..
+                } => {
+                    assert_eq!(l, line, "{text}");
+                    assert!(message.contains("[drover-agent]"), "{message}");
+                }
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn layered_files_env_and_extra() {
+        let dir = TempDir::new("agent-layers");
+        let d = dir.path();
+        std::fs::create_dir(d.join("agent.conf.d")).unwrap();
+        dir.write(
+            "vendor.conf",
+            "[drover-agent]\nControllerPort=100\nLogLevel=DEBUG\nHeartbeatInterval=1000\n",
+        );
+        dir.write(
+            "etc.conf",
+            "[drover-agent]\nNodeName=from-etc\nControllerPort=200\n",
+        );
+        dir.write(
+            "agent.conf.d/b.conf",
+            "[drover-agent]\nControllerPort=400\n",
+        );
+        dir.write(
+            "agent.conf.d/a.conf",
+            "[drover-agent]\nControllerPort=300\nLogTarget=stderr\n",
+        );
+        let extra = dir.write(
+            "extra.conf",
+            "[drover-agent]\nLogLevel=ERROR\nControllerHost=192.0.2.7\n",
+        );
+        let sources = Sources {
+            vendor: Some(d.join("vendor.conf")),
+            etc: Some(d.join("etc.conf")),
+            dropins: Some(d.join("agent.conf.d")),
+            env: true,
+            extra: Some(extra),
+        };
+        let env: HashMap<&str, OsString> = [
+            ("DROVER_LOG_LEVEL", OsString::from("WARN")),
+            ("DROVER_LOG_TARGET", OsString::from("stderr-full")),
+        ]
+        .into_iter()
+        .collect();
+        let c = AgentConfig::load_with(&sources, &|k| env.get(k).cloned(), &host_ok).unwrap();
+        assert_eq!(c.node_name, "from-etc");
+        assert_eq!(c.controller_port, 400);
+        assert_eq!(c.heartbeat_interval_ms, 1000);
+        assert_eq!(c.logging.target, LogTarget::StderrFull, "env over drop-ins");
+        assert_eq!(c.logging.level, LogLevel::Error, "-c over env");
+        assert_eq!(c.controller_host, "192.0.2.7");
+    }
+
+    #[test]
+    fn real_file_through_public_load() {
+        let dir = TempDir::new("agent-file");
+        let path = dir.write(
+            "agent.conf",
+            "[drover-agent]\r\nNodeName = laptop\r\nControllerAddress = tcp:host=127.0.0.1,port=8420\r\n",
+        );
+        let c = AgentConfig::load(&Sources {
+            extra: Some(path.clone()),
+            ..Sources::default()
+        })
+        .unwrap();
+        assert_eq!(c.node_name, "laptop");
+        assert_eq!(
+            c.controller_endpoint().unwrap(),
+            ("127.0.0.1".to_string(), 8420)
+        );
+        std::fs::write(&path, "[drover-agent]\nNodeName=laptop\nControllerPort=0\n").unwrap();
+        let err = AgentConfig::load(&Sources::only(Some(path.clone()))).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "{}:3: key 'ControllerPort': 0 is out of range 1..=65535",
+                path.display()
+            )
+        );
+    }
+
+    /// The shipped vendor file parses, and every default it shows in a
+    /// comment is the real default.
+    #[test]
+    fn shipped_agent_conf() {
+        let text = include_str!("../../units/agent.conf");
+        assert_eq!(parse(text).unwrap(), defaults());
+        let mut shown = 0;
+        let uncommented: String = text
+            .lines()
+            .map(
+                |line| match line.strip_prefix('#').and_then(|l| l.split_once('=')) {
+                    Some((k, _)) if KEYS.contains(&k) => {
+                        shown += 1;
+                        format!("{}\n", &line[1..])
+                    }
+                    _ => format!("{line}\n"),
+                },
+            )
+            .collect();
+        assert_eq!(parse(&uncommented).unwrap(), defaults());
+        assert_eq!(shown, KEYS.len(), "every key is documented");
+    }
+}

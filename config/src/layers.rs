@@ -82,10 +82,10 @@ pub(crate) fn apply_sources<T: Layered>(
     if sources.env {
         crate::value::apply_env(env, target.logging_mut())?;
     }
-    if let Some(path) = &sources.extra {
-        if let Some(doc) = ini::read_file(path, false)? {
-            target.apply(&doc)?;
-        }
+    if let Some(path) = &sources.extra
+        && let Some(doc) = ini::read_file(path, false)?
+    {
+        target.apply(&doc)?;
     }
     Ok(())
 }

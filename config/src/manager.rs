@@ -328,3 +328,471 @@ fn apply_node_key(at: At<'_>, node: &mut NodeSection) -> Result<(), ConfigError>
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_util::TempDir;
+    use crate::{LogLevel, LogTarget};
+    use std::collections::HashMap;
+    use std::path::PathBuf;
+
+    fn names(list: &[NodeName]) -> Vec<&str> {
+        list.iter().map(|n| n.as_str()).collect()
+    }
+
+    fn nn(s: &str) -> NodeName {
+        NodeName::new(s).unwrap()
+    }
+
+    /// Asserts `err` is a value error at `<string>:line` for `key`, and
+    /// returns its message.
+    fn value_err(err: ConfigError, line: usize, key: &str) -> String {
+        match err {
+            ConfigError::Value {
+                path,
+                line: l,
+                key: k,
+                message,
+            } if path == Path::new("<string>") && l == line && k == key => message,
+            other => panic!("expected <string>:{line} key {key}, got {other:?} ({other})"),
+        }
+    }
+
+    fn syntax_err(err: ConfigError, line: usize) -> String {
+        match err {
+            ConfigError::Syntax {
+                line: l, message, ..
+            } if l == line => message,
+            other => panic!("expected a syntax error at line {line}, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn empty_text_gives_defaults() {
+        assert_eq!(
+            ManagerConfig::parse_str("").unwrap(),
+            ManagerConfig::default()
+        );
+        assert_eq!(
+            ManagerConfig::parse_str("[drover-manager]\n").unwrap(),
+            ManagerConfig::default()
+        );
+    }
+
+    #[test]
+    fn every_key() {
+        let c = ManagerConfig::parse_str(
+            "[drover-manager]\n\
+             ControllerPort=2020\n\
+             ListenAddress=::1\n\
+             UseTCP=no\n\
+             UseUDS=false\n\
+             AllowedNodeNames=a, b ,c\n\
+             HeartbeatInterval=500\n\
+             NodeHeartbeatThreshold=0\n\
+             TCPKeepAliveTime=0\n\
+             TCPKeepAliveInterval=5\n\
+             TCPKeepAliveCount=127\n\
+             IPReceiveErrors=off\n\
+             LogLevel=DEBUG\n\
+             LogTarget=stderr-full\n\
+             LogIsQuiet=Y\n\
+             [node b]\n\
+             AllowDependenciesOn=a,c\n",
+        )
+        .unwrap();
+        assert_eq!(c.port, 2020);
+        assert_eq!(c.listen_address, Some("::1".parse().unwrap()));
+        assert!(!c.use_tcp);
+        assert_eq!(names(&c.allowed_nodes), ["a", "b", "c"]);
+        assert_eq!(c.heartbeat_interval_ms, 500);
+        assert_eq!(c.node_heartbeat_threshold_ms, 0);
+        assert_eq!(
+            (
+                c.tcp_keepalive_time_s,
+                c.tcp_keepalive_interval_s,
+                c.tcp_keepalive_count
+            ),
+            (0, 5, 127)
+        );
+        assert!(!c.ip_receive_errors);
+        assert_eq!(
+            c.logging,
+            LoggingConfig {
+                level: LogLevel::Debug,
+                target: LogTarget::StderrFull,
+                quiet: true
+            }
+        );
+        let b = c.node(&nn("b")).unwrap();
+        assert_eq!(b.allowed, None);
+        assert_eq!(names(&b.allow_dependencies_on), ["a", "c"]);
+        assert!(c.node(&nn("a")).is_none());
+    }
+
+    #[test]
+    fn unknown_keys_and_sections_are_errors() {
+        let err =
+            ManagerConfig::parse_str("[drover-manager]\nControllerPort=1\nPrt=2\n").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "<string>:3: key 'Prt': unknown key in [drover-manager]"
+        );
+        let msg = value_err(
+            ManagerConfig::parse_str("[drover-manager]\ncontrollerport=1\n").unwrap_err(),
+            2,
+            "controllerport",
+        );
+        assert!(msg.contains("did you mean 'ControllerPort'"), "{msg}");
+        let msg = value_err(
+            ManagerConfig::parse_str("[node a]\nAllowed=yes\nAlowed=yes\n").unwrap_err(),
+            3,
+            "Alowed",
+        );
+        assert!(msg.contains("[node a]"), "{msg}");
+        // A key the agent knows is still unknown to the manager.
+        value_err(
+            ManagerConfig::parse_str("[drover-manager]\nNodeName=x\n").unwrap_err(),
+            2,
+            "NodeName",
+        );
+
+        let msg = syntax_err(
+            ManagerConfig::parse_str("[drover-manager]\n[drover-managr]\n").unwrap_err(),
+            2,
+        );
+        assert!(msg.contains("unknown section [drover-managr]"), "{msg}");
+        let msg = syntax_err(
+            ManagerConfig::parse_str("\n[bluechi-controller]\n").unwrap_err(),
+            2,
+        );
+        assert!(msg.contains("[drover-manager]"), "{msg}");
+        // "nodes x" is not a node section.
+        syntax_err(ManagerConfig::parse_str("[nodes x]\n").unwrap_err(), 1);
+    }
+
+    #[test]
+    fn bad_values_name_line_and_key() {
+        let cases: &[(&str, &str, &str)] = &[
+            ("ControllerPort", "0", "out of range"),
+            ("ControllerPort", "65536", "out of range"),
+            ("ControllerPort", "84x", "not a number"),
+            ("ControllerPort", "", "not a number"),
+            ("ListenAddress", "localhost", "not an IP address"),
+            ("UseTCP", "maybe", "not a boolean"),
+            ("UseTCP", "", "not a boolean"),
+            ("UseUDS", "true", "no Unix-socket listener"),
+            ("AllowedNodeNames", "good,bad_one", "bad_one"),
+            ("AllowedNodeNames", "a,-b", "-b"),
+            ("HeartbeatInterval", "-1", "not a number"),
+            ("HeartbeatInterval", "86400001", "out of range"),
+            ("NodeHeartbeatThreshold", "1e3", "not a number"),
+            ("TCPKeepAliveTime", "32768", "out of range"),
+            ("TCPKeepAliveCount", "128", "out of range"),
+            ("IPReceiveErrors", "2", "not a boolean"),
+            ("LogLevel", "debug", "not a log level"),
+            ("LogTarget", "syslog", "not a log target"),
+            ("LogIsQuiet", "quiet", "not a boolean"),
+        ];
+        for (key, value, want) in cases {
+            let text = format!("# comment\n[drover-manager]\nUseTCP=true\n{key}={value}\n");
+            let err = ManagerConfig::parse_str(&text).unwrap_err();
+            let msg = value_err(err, 4, key);
+            assert!(msg.contains(want), "{key}={value}: {msg}");
+        }
+    }
+
+    #[test]
+    fn node_section_errors() {
+        let msg = syntax_err(
+            ManagerConfig::parse_str("[drover-manager]\n[node bad_name]\n").unwrap_err(),
+            2,
+        );
+        assert!(msg.contains("bad_name"), "{msg}");
+        syntax_err(ManagerConfig::parse_str("[node]\n").unwrap_err(), 1);
+        value_err(
+            ManagerConfig::parse_str("[node a]\nAllowed=perhaps\n").unwrap_err(),
+            2,
+            "Allowed",
+        );
+        let msg = value_err(
+            ManagerConfig::parse_str("[node a]\nAllowDependenciesOn=b,c d\n").unwrap_err(),
+            2,
+            "AllowDependenciesOn",
+        );
+        assert!(msg.contains("c d"), "{msg}");
+        let msg = value_err(
+            ManagerConfig::parse_str("[node a]\nRequiredSelinuxContext=x_t\n").unwrap_err(),
+            2,
+            "RequiredSelinuxContext",
+        );
+        assert!(msg.contains("not supported"), "{msg}");
+    }
+
+    #[test]
+    fn allowed_nodes_order_and_denial() {
+        let c = ManagerConfig::parse_str(
+            "[node z]\nAllowed=true\n\
+             [drover-manager]\nAllowedNodeNames=b,a,b\n\
+             [node a]\nAllowed=true\n\
+             [node y]\nAllowed=true\n\
+             [node b]\nAllowed=false\n\
+             [node x]\nAllowDependenciesOn=z\n",
+        )
+        .unwrap();
+        // List items first, then sections in order; b is denied explicitly;
+        // x has a section but never said Allowed.
+        assert_eq!(names(&c.allowed_nodes), ["a", "z", "y"]);
+        let order: Vec<&str> = c.nodes.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(order, ["z", "a", "y", "b", "x"]);
+        // A repeated section merges into the first; Allowed= resets.
+        let c = ManagerConfig::parse_str(
+            "[node a]\nAllowed=true\nAllowDependenciesOn=b\n[node a]\nAllowed=\n",
+        )
+        .unwrap();
+        assert!(c.allowed_nodes.is_empty());
+        assert_eq!(c.nodes.len(), 1);
+        assert_eq!(names(&c.nodes[0].allow_dependencies_on), ["b"]);
+    }
+
+    #[test]
+    fn long_multiline_allowed_node_names() {
+        // BlueChi's bluechi-long-multiline-config-setting: a list spread over
+        // many indented lines, well past one line's limit in total.
+        let all: Vec<String> = (0..150).map(|i| format!("node-{i:03}")).collect();
+        let mut text = String::from("[drover-manager]\nAllowedNodeNames=");
+        for chunk in all.chunks(10) {
+            text.push_str(&chunk.join(","));
+            text.push_str(",\n    ");
+        }
+        text.push_str("\nControllerPort=900\n");
+        assert!(text.len() > crate::ini::MAX_LINE * 2);
+        let c = ManagerConfig::parse_str(&text).unwrap();
+        assert_eq!(names(&c.allowed_nodes), all);
+        assert_eq!(c.port, 900);
+    }
+
+    #[test]
+    fn heartbeat_threshold_must_exceed_interval() {
+        let err = ManagerConfig::parse_str(
+            "[drover-manager]\nHeartbeatInterval=3000\nNodeHeartbeatThreshold=3000\n",
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::Invalid(m) if m.contains("NodeHeartbeatThreshold")),
+            "{err}"
+        );
+        // Either being 0 disables the rule.
+        for text in [
+            "[drover-manager]\nHeartbeatInterval=0\nNodeHeartbeatThreshold=100\n",
+            "[drover-manager]\nHeartbeatInterval=9000\nNodeHeartbeatThreshold=0\n",
+        ] {
+            assert!(ManagerConfig::parse_str(text).is_ok(), "{text}");
+        }
+    }
+
+    /// Loads `sources` with the given environment.
+    fn load(sources: &Sources, env: &[(&str, &str)]) -> Result<ManagerConfig, ConfigError> {
+        let env: HashMap<String, OsString> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), OsString::from(v)))
+            .collect();
+        ManagerConfig::load_with_env(sources, &|k| env.get(k).cloned())
+    }
+
+    struct Layout {
+        dir: TempDir,
+        sources: Sources,
+    }
+
+    fn layout() -> Layout {
+        let dir = TempDir::new("mgr-layers");
+        let d = dir.path();
+        std::fs::create_dir(d.join("conf.d")).unwrap();
+        let sources = Sources {
+            vendor: Some(d.join("vendor.conf")),
+            etc: Some(d.join("etc.conf")),
+            dropins: Some(d.join("conf.d")),
+            env: true,
+            extra: None,
+        };
+        Layout { dir, sources }
+    }
+
+    #[test]
+    fn layers_override_in_order() {
+        let l = layout();
+        l.dir.write(
+            "vendor.conf",
+            "[drover-manager]\nControllerPort=1001\nUseTCP=false\nLogLevel=ERROR\n\
+             AllowedNodeNames=v1,v2\n[node v1]\nAllowDependenciesOn=v2\n",
+        );
+        l.dir.write(
+            "etc.conf",
+            "[drover-manager]\nControllerPort=1002\nAllowedNodeNames=e1\n",
+        );
+        // Written out of order: they must apply alphabetically.
+        l.dir.write(
+            "conf.d/20-second.conf",
+            "[drover-manager]\nControllerPort=1004\n[node e1]\nAllowed=false\n",
+        );
+        l.dir.write(
+            "conf.d/10-first.conf",
+            "[drover-manager]\nControllerPort=1003\nHeartbeatInterval=100\n\
+             [node d1]\nAllowed=true\n[node v1]\nAllowDependenciesOn=d1\n",
+        );
+        let c = load(&l.sources, &[]).unwrap();
+        assert_eq!(c.port, 1004, "last drop-in wins");
+        assert!(!c.use_tcp, "vendor key kept when nobody overrides it");
+        assert_eq!(c.heartbeat_interval_ms, 100);
+        assert_eq!(c.logging.level, LogLevel::Error);
+        // AllowedNodeNames replaced as a whole by etc; e1 then denied by a drop-in.
+        assert_eq!(names(&c.allowed_nodes), ["d1"]);
+        assert_eq!(
+            names(&c.node(&nn("v1")).unwrap().allow_dependencies_on),
+            ["d1"]
+        );
+
+        // Environment over the files, `-c FILE` over the environment.
+        let extra = l
+            .dir
+            .write("extra.conf", "[drover-manager]\nLogTarget=journald\n");
+        let c = load(
+            &Sources {
+                extra: Some(extra.clone()),
+                ..l.sources.clone()
+            },
+            &[
+                ("DROVER_LOG_LEVEL", "WARN"),
+                ("DROVER_LOG_TARGET", "stderr"),
+                ("DROVER_LOG_IS_QUIET", "on"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.logging.level, LogLevel::Warn);
+        assert_eq!(c.logging.target, LogTarget::Journald);
+        assert!(c.logging.quiet);
+        assert_eq!(c.port, 1004);
+
+        // env: false ignores the environment.
+        let c = load(
+            &Sources {
+                env: false,
+                ..l.sources.clone()
+            },
+            &[("DROVER_LOG_LEVEL", "WARN")],
+        )
+        .unwrap();
+        assert_eq!(c.logging.level, LogLevel::Error);
+
+        // A later layer's Allowed=false removes a node an earlier layer allowed.
+        l.dir
+            .write("conf.d/30-third.conf", "[node d1]\nAllowed=no\n");
+        assert!(load(&l.sources, &[]).unwrap().allowed_nodes.is_empty());
+    }
+
+    #[test]
+    fn missing_files() {
+        let l = layout();
+        // Nothing exists: defaults.
+        assert_eq!(load(&l.sources, &[]).unwrap(), ManagerConfig::default());
+        let none = Sources {
+            dropins: Some(l.dir.path().join("absent.d")),
+            ..l.sources.clone()
+        };
+        assert_eq!(load(&none, &[]).unwrap(), ManagerConfig::default());
+        // But -c FILE must exist.
+        let gone = l.dir.path().join("gone.conf");
+        let err = load(&Sources::only(Some(gone.clone())), &[]).unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::Read { path, .. } if *path == gone),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn errors_name_the_file_they_are_in() {
+        let l = layout();
+        l.dir
+            .write("etc.conf", "[drover-manager]\nControllerPort=5\n");
+        let bad = l.dir.write(
+            "conf.d/50-typo.conf",
+            "\n[drover-manager]\nControllerPrt=6\n",
+        );
+        let err = load(&l.sources, &[]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "{}:3: key 'ControllerPrt': unknown key in [drover-manager]",
+                bad.display()
+            )
+        );
+        std::fs::write(&bad, b"[drover-manager]\nLogLevel=\xc3INFO\n").unwrap();
+        let err = load(&l.sources, &[]).unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::Syntax { path, line: 2, .. } if *path == bad),
+            "{err}"
+        );
+        std::fs::remove_file(&bad).unwrap();
+        let err = load(&l.sources, &[("DROVER_LOG_TARGET", "file")]).unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::Env { var, .. } if var == "DROVER_LOG_TARGET"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn real_file_through_public_load() {
+        let dir = TempDir::new("mgr-file");
+        let path: PathBuf = dir.write(
+            "manager.conf",
+            "# written by a test\n[drover-manager]\nControllerPort = 4242\n\
+             AllowedNodeNames = alpha,\n   beta\n",
+        );
+        let c = ManagerConfig::load(&Sources {
+            extra: Some(path),
+            ..Sources::default()
+        })
+        .unwrap();
+        assert_eq!(c.port, 4242);
+        assert_eq!(names(&c.allowed_nodes), ["alpha", "beta"]);
+    }
+
+    /// The shipped vendor file parses, and every default it shows in a
+    /// comment is the real default: uncommenting them all changes nothing.
+    #[test]
+    fn shipped_manager_conf() {
+        let text = include_str!("../../units/manager.conf");
+        assert_eq!(
+            ManagerConfig::parse_str(text).unwrap(),
+            ManagerConfig::default()
+        );
+        let mut shown = 0;
+        let uncommented: String = text
+            .lines()
+            .map(|line| {
+                let key = line
+                    .strip_prefix('#')
+                    .and_then(|l| l.split_once('='))
+                    .map(|(k, _)| k);
+                match key {
+                    Some(k) if KEYS.contains(&k) => {
+                        shown += 1;
+                        format!("{}\n", &line[1..])
+                    }
+                    _ => format!("{line}\n"),
+                }
+            })
+            .collect();
+        assert_eq!(
+            ManagerConfig::parse_str(&uncommented).unwrap(),
+            ManagerConfig::default()
+        );
+        // Every key except UseUDS (BlueChi compatibility only) is documented.
+        assert!(shown >= KEYS.len() - 1, "{shown} keys shown");
+        for node_key in ["Allowed", "AllowDependenciesOn"] {
+            assert!(text.contains(&format!("#{node_key}=")), "{node_key}");
+        }
+    }
+}
