@@ -1,3 +1,7 @@
+//! The one error type of this crate. Every variant that comes from a file
+//! names the file and the 1-based line (and the key, for a bad value), so
+//! `Display` alone tells an operator where to look.
+
 use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]

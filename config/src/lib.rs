@@ -8,7 +8,11 @@
 //!   are applied by the binaries on top).
 //! * [`logging`] — `LogLevel`/`LogTarget` and the tracing setup they select.
 //!
-//! Errors name the file, the line and the key, so a typo is found at once.
+//! Errors name the file, the line and the key, so a typo is found at once:
+//! unknown sections and keys are errors, never ignored.
+//!
+//! The shipped vendor files `units/manager.conf` and `units/agent.conf` list
+//! every key with its default; tests keep them in step with the code.
 
 pub mod agent;
 pub mod error;
@@ -24,5 +28,5 @@ pub(crate) mod test_util;
 pub use agent::AgentConfig;
 pub use error::ConfigError;
 pub use layers::Sources;
-pub use logging::{LogLevel, LogTarget, LoggingConfig};
+pub use logging::{LogHandle, LogLevel, LogTarget, LoggingConfig};
 pub use manager::{ManagerConfig, NodeSection};
