@@ -1,0 +1,280 @@
+//! Which bus droverctl talks to, the connection to it, and the one place where
+//! D-Bus errors become [`CtlError`]s.
+//!
+//! Bus choice, strongest first: `--bus ADDRESS`, `--user` (session bus),
+//! `$DROVER_BUS`, the system bus. An explicit flag beats the environment so that
+//! `droverctl --user` does what it says even with `DROVER_BUS` exported.
+//!
+//! Invariant: a [`Client`] exists only for a bus that accepted our connection; whether
+//! drover-manager is on it is found out lazily, when a call fails (a healthy command
+//! pays no extra round trip).
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use drover_protocol::{NodeName, UnitName};
+use zbus::{Connection, DBusError as _, proxy::CacheProperties};
+
+use crate::api::{BUS_NAME, ControllerProxy, NodeProxy, node_path};
+use crate::error::CtlError;
+
+/// Method calls give up after this long. The manager answers node calls within its
+/// own 30 s node timeout, so this only fires for a manager that hangs; it keeps a
+/// script from waiting forever. (Waiting for a job's end is separate: `--timeout`.)
+pub const METHOD_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The bus droverctl talks to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BusTarget {
+    System,
+    Session,
+    /// A D-Bus address (`unix:path=...`, `tcp:host=...,port=...`), already checked to parse.
+    Address(String),
+}
+
+impl BusTarget {
+    /// Pick the bus from the flags and the value of `$DROVER_BUS` (passed in so tests
+    /// need not touch the process environment). An empty `$DROVER_BUS` counts as unset.
+    pub fn resolve(
+        bus: Option<&str>,
+        user: bool,
+        env_bus: Option<&str>,
+    ) -> Result<BusTarget, CtlError> {
+        if let Some(addr) = bus {
+            return Self::address(addr, "--bus");
+        }
+        if user {
+            return Ok(BusTarget::Session);
+        }
+        match env_bus {
+            Some(addr) if !addr.is_empty() => Self::address(addr, "$DROVER_BUS"),
+            _ => Ok(BusTarget::System),
+        }
+    }
+
+    fn address(addr: &str, origin: &str) -> Result<BusTarget, CtlError> {
+        zbus::Address::from_str(addr)
+            .map(|_| BusTarget::Address(addr.to_owned()))
+            .map_err(|e| {
+                CtlError::Usage(format!("invalid D-Bus address in {origin} '{addr}': {e}"))
+            })
+    }
+
+    /// Open a connection to this bus.
+    pub async fn connect(&self) -> Result<Connection, CtlError> {
+        let builder = match self {
+            BusTarget::System => zbus::connection::Builder::system(),
+            BusTarget::Session => zbus::connection::Builder::session(),
+            BusTarget::Address(a) => zbus::connection::Builder::address(a.as_str()),
+        };
+        builder
+            .method_timeout(METHOD_TIMEOUT)
+            .build()
+            .await
+            .map_err(|e| CtlError::Connect {
+                bus: self.to_string(),
+                reason: connect_reason(&e),
+            })
+    }
+}
+
+impl fmt::Display for BusTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BusTarget::System => f.write_str("the system bus"),
+            BusTarget::Session => f.write_str("the session bus"),
+            BusTarget::Address(a) => write!(f, "bus {a}"),
+        }
+    }
+}
+
+fn connect_reason(e: &zbus::Error) -> String {
+    match e {
+        zbus::Error::Connection(io, _) | zbus::Error::InputOutput(io) => io.to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// What a failed call was about, so its error can be worded for the user.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CallContext<'a> {
+    /// What was attempted, e.g. `ListUnits on node a`; used for errors passed through.
+    pub what: &'a str,
+    pub node: Option<&'a NodeName>,
+    pub unit: Option<&'a UnitName>,
+}
+
+/// A connection to one bus plus the proxies droverctl needs on it.
+pub struct Client {
+    conn: Connection,
+    target: BusTarget,
+}
+
+impl Client {
+    pub async fn connect(target: BusTarget) -> Result<Client, CtlError> {
+        let conn = target.connect().await?;
+        Ok(Client { conn, target })
+    }
+
+    pub fn target(&self) -> &BusTarget {
+        &self.target
+    }
+
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// The controller object. Property caching is off: droverctl reads each value once.
+    pub async fn controller(&self) -> Result<ControllerProxy<'static>, CtlError> {
+        ControllerProxy::builder(&self.conn)
+            .cache_properties(CacheProperties::No)
+            .build()
+            .await
+            .map_err(|e| self.local_error("creating the controller proxy", e))
+    }
+
+    /// The object of node `name` (path computed locally, see [`crate::api`]).
+    pub async fn node(&self, name: &NodeName) -> Result<NodeProxy<'static>, CtlError> {
+        self.node_at(node_path(name.as_str())).await
+    }
+
+    /// The node object at `path` (e.g. a path `ListNodes` returned).
+    pub async fn node_at(&self, path: String) -> Result<NodeProxy<'static>, CtlError> {
+        NodeProxy::builder(&self.conn)
+            .path(path)
+            .cache_properties(CacheProperties::No)
+            .build()
+            .await
+            .map_err(|e| self.local_error("creating the node proxy", e))
+    }
+
+    fn local_error(&self, what: &str, e: zbus::Error) -> CtlError {
+        CtlError::Other(format!("{what} on {}: {e}", self.target))
+    }
+
+    /// Whether drover-manager currently owns its name. `None` when the bus cannot say
+    /// (e.g. a peer-to-peer address without a bus daemon).
+    pub async fn manager_present(&self) -> Option<bool> {
+        let dbus = zbus::fdo::DBusProxy::builder(&self.conn)
+            .cache_properties(CacheProperties::No)
+            .build()
+            .await
+            .ok()?;
+        let name = zbus::names::BusName::try_from(BUS_NAME).ok()?;
+        dbus.name_has_owner(name).await.ok()
+    }
+
+    /// Turn a failed call into the user-facing error. This is the only place that
+    /// knows D-Bus error names.
+    pub async fn classify(&self, err: zbus::Error, ctx: CallContext<'_>) -> CtlError {
+        let Some((name, message)) = error_name(&err) else {
+            return match err {
+                zbus::Error::InputOutput(io) if io.kind() == std::io::ErrorKind::TimedOut => {
+                    CtlError::Other(format!(
+                        "{} timed out after {} s: drover-manager on {} does not answer",
+                        ctx.what,
+                        METHOD_TIMEOUT.as_secs(),
+                        self.target
+                    ))
+                }
+                zbus::Error::InputOutput(_) => CtlError::BusClosed {
+                    bus: self.target.to_string(),
+                },
+                other => CtlError::Other(format!("{} failed: {other}", ctx.what)),
+            };
+        };
+        let node = || ctx.node.map(|n| n.to_string()).unwrap_or_default();
+        match name.as_str() {
+            "org.eclipse.bluechi.Offline" => CtlError::NodeOffline(node()),
+            "org.freedesktop.systemd1.NoSuchUnit" => CtlError::UnitNotFound {
+                unit: ctx.unit.map(|u| u.to_string()).unwrap_or_default(),
+                node: node(),
+            },
+            // The bus daemon says this when nobody owns our destination; the manager
+            // says it from GetNode for an unknown node. Ask the bus which one it was.
+            "org.freedesktop.DBus.Error.ServiceUnknown"
+            | "org.freedesktop.DBus.Error.NameHasNoOwner" => {
+                match (self.manager_present().await, ctx.node) {
+                    (Some(true), Some(n)) => CtlError::NodeNotFound(n.to_string()),
+                    (Some(true), None) => passthrough(ctx, name, message),
+                    _ => CtlError::ManagerUnreachable {
+                        bus: self.target.to_string(),
+                    },
+                }
+            }
+            // A node path the manager does not serve: the node is not configured.
+            "org.freedesktop.DBus.Error.UnknownObject" if ctx.node.is_some() => {
+                CtlError::NodeNotFound(node())
+            }
+            "org.freedesktop.DBus.Error.Disconnected" => CtlError::BusClosed {
+                bus: self.target.to_string(),
+            },
+            _ => passthrough(ctx, name, message),
+        }
+    }
+}
+
+fn passthrough(ctx: CallContext<'_>, name: String, message: String) -> CtlError {
+    CtlError::DBus {
+        what: ctx.what.to_owned(),
+        name,
+        message,
+    }
+}
+
+/// The D-Bus error name and message of an error reply, if `err` is one.
+pub fn error_name(err: &zbus::Error) -> Option<(String, String)> {
+    match err {
+        zbus::Error::MethodError(name, message, _) => Some((
+            name.as_str().to_owned(),
+            message.clone().unwrap_or_default(),
+        )),
+        zbus::Error::FDO(fdo) => Some((
+            fdo.name().as_str().to_owned(),
+            fdo.description().unwrap_or_default().to_owned(),
+        )),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bus_precedence() {
+        let addr = "unix:path=/tmp/x";
+        assert_eq!(
+            BusTarget::resolve(Some(addr), false, Some("unix:path=/y")).unwrap(),
+            BusTarget::Address(addr.into())
+        );
+        assert_eq!(
+            BusTarget::resolve(None, true, Some(addr)).unwrap(),
+            BusTarget::Session
+        );
+        assert_eq!(
+            BusTarget::resolve(None, false, Some(addr)).unwrap(),
+            BusTarget::Address(addr.into())
+        );
+        assert_eq!(
+            BusTarget::resolve(None, false, Some("")).unwrap(),
+            BusTarget::System
+        );
+        assert_eq!(
+            BusTarget::resolve(None, false, None).unwrap(),
+            BusTarget::System
+        );
+    }
+
+    #[test]
+    fn bad_addresses_are_usage_errors() {
+        for bad in ["nonsense", "unix:", "bogus:path=/x"] {
+            let e = BusTarget::resolve(Some(bad), false, None).unwrap_err();
+            assert_eq!(e.exit_code(), crate::error::EXIT_USAGE, "{bad}: {e}");
+            assert!(e.to_string().contains("--bus"), "{e}");
+        }
+        let e = BusTarget::resolve(None, false, Some("nonsense")).unwrap_err();
+        assert!(e.to_string().contains("$DROVER_BUS"), "{e}");
+    }
+}

@@ -1,0 +1,113 @@
+//! droverctl's error type and exit codes.
+//!
+//! Every failure a user can see is one [`CtlError`] variant, printed as one line
+//! `droverctl: <message>` on stderr by the binary. D-Bus error names are turned
+//! into variants in exactly one place, [`crate::client::Client::classify`], so the
+//! friendly wording lives here and nowhere else.
+//!
+//! Exit codes are a contract with scripts (documented in `--help` and the man page):
+//! [`EXIT_OK`] 0, [`EXIT_FAILED`] 1 (the operation failed), [`EXIT_USAGE`] 2 (the
+//! command line was wrong and nothing was sent).
+
+use std::time::Duration;
+
+/// The command did what was asked.
+pub const EXIT_OK: u8 = 0;
+/// The operation failed: job result not `done`, node offline, unknown node or unit,
+/// manager unreachable, any other D-Bus error.
+pub const EXIT_FAILED: u8 = 1;
+/// The command line was wrong (clap uses 2 too); nothing was sent.
+pub const EXIT_USAGE: u8 = 2;
+
+/// Everything that can go wrong in a droverctl command.
+#[derive(Debug, thiserror::Error)]
+pub enum CtlError {
+    /// A command-line problem found after clap's parsing (e.g. a bad `$DROVER_BUS`).
+    #[error("{0}")]
+    Usage(String),
+
+    /// The bus itself could not be reached.
+    #[error("cannot connect to {bus}: {reason}")]
+    Connect { bus: String, reason: String },
+
+    /// Nobody owns `org.eclipse.bluechi` on the bus we talk to.
+    #[error("cannot reach drover-manager on {bus}: is it running?")]
+    ManagerUnreachable { bus: String },
+
+    /// The manager released its name (exited, crashed, restarted) while we waited for a job.
+    #[error(
+        "drover-manager left {bus} while waiting for job {job} ({operation} of unit {unit} on node {node}); its outcome is unknown"
+    )]
+    ManagerVanished {
+        bus: String,
+        job: String,
+        operation: &'static str,
+        unit: String,
+        node: String,
+    },
+
+    /// Our own connection to the bus closed under us.
+    #[error("lost the connection to {bus}")]
+    BusClosed { bus: String },
+
+    #[error("node '{0}' not found")]
+    NodeNotFound(String),
+
+    #[error("node {0} is offline")]
+    NodeOffline(String),
+
+    #[error("unit {unit} not found on node {node}")]
+    UnitNotFound { unit: String, node: String },
+
+    /// The job ended, but not with `done` (the result line is already on stdout).
+    #[error("{operation} of unit {unit} on node {node} finished with result '{result}'")]
+    JobFailed {
+        operation: &'static str,
+        unit: String,
+        node: String,
+        result: String,
+    },
+
+    /// `--timeout` ran out before the job's `JobRemoved` arrived (or before the
+    /// manager even answered the call: then there is no job path yet).
+    #[error(
+        "timed out after {} s waiting for {operation} of unit {unit} on node {node}{}; the job may still be running",
+        .after.as_secs_f64(),
+        .job.as_ref().map(|j| format!(" (job {j})")).unwrap_or_default()
+    )]
+    Timeout {
+        after: Duration,
+        job: Option<String>,
+        operation: &'static str,
+        unit: String,
+        node: String,
+    },
+
+    /// Any other D-Bus error, passed through with its name so nothing is hidden.
+    #[error("{what} failed: {name}: {message}")]
+    DBus {
+        what: String,
+        name: String,
+        message: String,
+    },
+
+    /// A local problem that is not D-Bus (e.g. writing to stdout failed).
+    #[error("{0}")]
+    Other(String),
+}
+
+impl CtlError {
+    /// The process exit code for this error.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CtlError::Usage(_) => EXIT_USAGE,
+            _ => EXIT_FAILED,
+        }
+    }
+}
+
+impl From<std::io::Error> for CtlError {
+    fn from(e: std::io::Error) -> Self {
+        CtlError::Other(format!("cannot write output: {e}"))
+    }
+}

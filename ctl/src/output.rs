@@ -1,0 +1,153 @@
+//! Rendering: bluechictl-style text tables, JSON documents, local timestamps.
+//!
+//! Everything here is pure (strings in, strings out) so the exact output scripts
+//! parse is pinned by unit tests. Tables have a header line, a separator line of `=`
+//! as long as the padded header, and one line per row; columns are joined by ` | `
+//! and trailing blanks are cut, so `split('|')` + trim yields the fields.
+
+use serde::Serialize;
+
+/// How wide a column is.
+#[derive(Debug, Clone, Copy)]
+pub enum Width {
+    /// At least this many characters (bluechictl's fixed widths); longer values widen
+    /// their own line only, they are never cut.
+    Fixed(usize),
+    /// As wide as the widest value in the column (header included).
+    Fit,
+}
+
+/// Render a table. `rows` must have as many fields as `headers`.
+pub fn table(headers: &[(&str, Width)], rows: &[Vec<String>]) -> String {
+    let widths: Vec<usize> = headers
+        .iter()
+        .enumerate()
+        .map(|(i, (h, w))| match w {
+            Width::Fixed(n) => *n,
+            Width::Fit => rows
+                .iter()
+                .filter_map(|r| r.get(i))
+                .map(|v| v.chars().count())
+                .chain(std::iter::once(h.chars().count()))
+                .max()
+                .unwrap_or(0),
+        })
+        .collect();
+    let line = |fields: &mut dyn Iterator<Item = &str>| -> String {
+        let padded: Vec<String> = fields
+            .zip(&widths)
+            .map(|(f, w)| format!("{f:<w$}"))
+            .collect();
+        padded.join(" | ")
+    };
+    let header = line(&mut headers.iter().map(|(h, _)| *h));
+    let mut out = String::new();
+    out.push_str(header.trim_end());
+    out.push('\n');
+    out.push_str(&"=".repeat(header.chars().count()));
+    out.push('\n');
+    for row in rows {
+        out.push_str(line(&mut row.iter().map(String::as_str)).trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// One JSON document, pretty-printed, with a final newline.
+pub fn json<T: Serialize + ?Sized>(value: &T) -> String {
+    // Serializing plain structs of strings and numbers cannot fail.
+    let mut s = serde_json::to_string_pretty(value).unwrap_or_else(|_| "null".to_owned());
+    s.push('\n');
+    s
+}
+
+/// `YYYY-MM-DD HH:MM:SS` in the local time zone for a realtime timestamp in µs
+/// (the unit of BlueChi's `LastSeenTimestamp`). Falls back to UTC-less seconds if
+/// the C library cannot convert the value.
+pub fn local_time(usec: u64) -> String {
+    let secs = usec / 1_000_000;
+    let Ok(t) = libc::time_t::try_from(secs) else {
+        return format!("@{secs}");
+    };
+    // SAFETY: `tm` is plain old data that localtime_r fully initialises on success;
+    // localtime_r is the thread-safe variant and only reads `t`.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    let ok = unsafe { !libc::localtime_r(&t, &mut tm).is_null() };
+    if !ok {
+        return format!("@{secs}");
+    }
+    format!(
+        "{:04}-{:02}-{:02} {:02}:{:02}:{:02}",
+        i64::from(tm.tm_year) + 1900,
+        tm.tm_mon + 1,
+        tm.tm_mday,
+        tm.tm_hour,
+        tm.tm_min,
+        tm.tm_sec
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows(v: &[&[&str]]) -> Vec<Vec<String>> {
+        v.iter()
+            .map(|r| r.iter().map(|s| s.to_string()).collect())
+            .collect()
+    }
+
+    #[test]
+    fn fit_columns_pad_to_widest_value() {
+        let t = table(
+            &[
+                ("NODE", Width::Fit),
+                ("ID", Width::Fit),
+                ("SUB", Width::Fit),
+            ],
+            &rows(&[
+                &["a", "web.service", "running"],
+                &["node-long", "x", "dead"],
+            ]),
+        );
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines[0], "NODE      | ID          | SUB");
+        assert_eq!(
+            lines[1],
+            "=".repeat("NODE      | ID          | SUB    ".len())
+        );
+        assert_eq!(lines[2], "a         | web.service | running");
+        assert_eq!(lines[3], "node-long | x           | dead");
+        assert_eq!(lines.len(), 4);
+    }
+
+    #[test]
+    fn fixed_columns_keep_width_and_never_cut() {
+        let t = table(
+            &[("A", Width::Fixed(5)), ("B", Width::Fixed(3))],
+            &rows(&[&["toolongvalue", "x"]]),
+        );
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines[0], "A     | B");
+        assert_eq!(lines[1].len(), 11);
+        assert_eq!(lines[2], "toolongvalue | x");
+    }
+
+    #[test]
+    fn empty_table_has_header_and_separator() {
+        let t = table(&[("NODE", Width::Fit), ("ID", Width::Fit)], &[]);
+        assert_eq!(t, "NODE | ID\n=========\n");
+    }
+
+    #[test]
+    fn local_time_shape() {
+        let s = local_time(1_700_000_000_000_000);
+        assert_eq!(s.len(), 19, "{s}");
+        let b = s.as_bytes();
+        assert_eq!(
+            (b[4], b[7], b[10], b[13], b[16]),
+            (b'-', b'-', b' ', b':', b':')
+        );
+        assert!(s.starts_with("2023-11-1"), "{s}");
+    }
+}
