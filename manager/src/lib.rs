@@ -1,1 +1,41 @@
-//! placeholder
+//! drover-manager: tracks the nodes of a fleet and serves BlueChi's public
+//! D-Bus API (`org.eclipse.bluechi`) for them.
+//!
+//! Two wires meet here. Agents connect over TCP with drover's own protocol
+//! (`drover-protocol`); clients (droverctl, bluechictl, python-bluechi,
+//! busctl) talk D-Bus. The modules follow that split:
+//!
+//! * [`listener`] — where the TCP listener comes from (socket activation or
+//!   bind) and the accept loop that survives descriptor exhaustion.
+//! * [`session`] — one connected agent: reader/writer tasks, request ↔ reply
+//!   correlation with timeouts, liveness, bounded outgoing queue.
+//! * [`registry`] — the node table and its admission rules (allowed names,
+//!   one live session per name, dead sessions replaced).
+//! * [`jobs`] — BlueChi jobs and the ordering rules that make every job end
+//!   with exactly one `JobRemoved`.
+//! * [`core`] — the state shared by all of the above and the D-Bus objects,
+//!   and the rules that connect them (disconnect → offline, jobs end,
+//!   requests fail).
+//! * [`api`] — the D-Bus objects: Controller, Node, Job.
+//! * [`escape`] — object paths (systemd's bus label escaping).
+//! * [`server`] — start/stop of a whole manager; [`cli`] — the command line.
+//!
+//! Why this shape: all logic that decides something (admission, job
+//! ordering, status words) is plain data behind a mutex and is unit-tested
+//! without sockets or a bus; the async parts only move messages and call it.
+
+pub mod api;
+pub mod cli;
+pub mod clock;
+pub mod core;
+pub mod error;
+pub mod escape;
+pub mod jobs;
+pub mod listener;
+pub mod registry;
+pub mod server;
+pub mod session;
+
+pub use crate::core::{Core, Timeouts};
+pub use error::ApiError;
+pub use server::{BUS_NAME, Bus, Manager, StartError};

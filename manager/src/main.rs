@@ -1,1 +1,49 @@
-fn main() {}
+//! `drover-manager`: parse the command line, load the config, set up
+//! logging, run the manager until SIGTERM/SIGINT.
+
+use anyhow::Context;
+use clap::Parser;
+use drover_manager::cli::Cli;
+use drover_manager::{Manager, Timeouts, listener};
+use std::process::ExitCode;
+use tokio::signal::unix::{SignalKind, signal};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("drover-manager: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("drover-manager: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let config = cli.load_config().context("configuration")?;
+    let _log = drover_config::logging::init(&config.logging);
+    let listener = listener::listener_for(&config)?;
+    let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    let manager = Manager::start(config, &cli.bus(), listener, Timeouts::default()).await?;
+    if let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Ready]) {
+        tracing::debug!("sd_notify: {e}");
+    }
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+    }
+    manager.shutdown().await;
+    Ok(())
+}

@@ -1,0 +1,74 @@
+//! `org.eclipse.bluechi.Job` at `/org/eclipse/bluechi/job/<id>`.
+//!
+//! Exported between `JobNew` and `JobRemoved` (see [`crate::jobs`]).
+
+use crate::core::Core;
+use crate::error::ApiError;
+use crate::jobs::JobInfo;
+use drover_protocol::{Request, Response};
+use std::sync::Arc;
+use zbus::interface;
+
+pub struct JobObject {
+    core: Arc<Core>,
+    info: JobInfo,
+}
+
+impl JobObject {
+    pub fn new(core: Arc<Core>, info: JobInfo) -> Self {
+        Self { core, info }
+    }
+}
+
+#[interface(name = "org.eclipse.bluechi.Job", introspection_docs = false)]
+impl JobObject {
+    /// Asks the node to cancel the systemd job; the job then ends with
+    /// systemd's `canceled` through the usual `JobRemoved`.
+    async fn cancel(&self) -> Result<(), ApiError> {
+        let session = self.core.session_of(&self.info.node)?;
+        if session.id() != self.info.session_id {
+            // The agent that ran this job is gone (and the job with it).
+            return Err(ApiError::offline());
+        }
+        let request = Request::JobCancel {
+            job_id: self.info.id,
+        };
+        match session
+            .request(request, self.core.timeouts().request)
+            .await?
+        {
+            Response::Empty => Ok(()),
+            _ => Err(ApiError::failed("unexpected reply from the agent")),
+        }
+    }
+
+    #[zbus(property(emits_changed_signal = "const"))]
+    fn id(&self) -> u32 {
+        self.info.id
+    }
+
+    #[zbus(property(emits_changed_signal = "const"))]
+    fn node(&self) -> String {
+        self.info.node.to_string()
+    }
+
+    #[zbus(property(emits_changed_signal = "const"))]
+    fn unit(&self) -> String {
+        self.info.unit.to_string()
+    }
+
+    #[zbus(property(emits_changed_signal = "const"))]
+    fn job_type(&self) -> String {
+        self.info.job_type.as_str().to_owned()
+    }
+
+    /// `waiting` / `running`; changes are announced by the core.
+    #[zbus(property)]
+    fn state(&self) -> String {
+        self.core
+            .jobs()
+            .state(self.info.id)
+            .unwrap_or("running")
+            .to_owned()
+    }
+}

@@ -1,0 +1,111 @@
+//! Command line of `drover-manager` (docs/architecture.md "Command lines"):
+//!
+//! ```text
+//! drover-manager [-c FILE] [-p PORT] [--bus ADDRESS | --user] [--no-default-config] [-v|--version]
+//! ```
+//!
+//! Config layers come first (see `drover_config::Sources`), the flags
+//! override them.
+
+use crate::server::Bus;
+use clap::Parser;
+use drover_config::{ConfigError, ManagerConfig, Sources};
+use std::path::PathBuf;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "drover-manager",
+    version = concat!("version ", env!("CARGO_PKG_VERSION")),
+    disable_version_flag = true,
+    about = "drover's manager: tracks nodes and serves BlueChi's D-Bus API (org.eclipse.bluechi)"
+)]
+pub struct Cli {
+    /// Configuration file, applied after the system files.
+    #[arg(short = 'c', long = "config", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// TCP port agents connect to (overrides ControllerPort).
+    #[arg(short = 'p', long = "port", value_name = "PORT")]
+    pub port: Option<u16>,
+    /// Serve the API on the bus at this address.
+    #[arg(long = "bus", value_name = "ADDRESS", conflicts_with = "user")]
+    pub bus: Option<String>,
+    /// Serve the API on the session bus.
+    #[arg(long = "user")]
+    pub user: bool,
+    /// Read only -c FILE (and DROVER_LOG_* from the environment), no system files.
+    #[arg(long = "no-default-config")]
+    pub no_default_config: bool,
+    /// Print the version and exit.
+    #[arg(short = 'v', long = "version", action = clap::ArgAction::Version)]
+    pub version: Option<bool>,
+}
+
+impl Cli {
+    pub fn bus(&self) -> Bus {
+        match (&self.bus, self.user) {
+            (Some(address), _) => Bus::Address(address.clone()),
+            (None, true) => Bus::Session,
+            (None, false) => Bus::System,
+        }
+    }
+
+    pub fn sources(&self) -> Sources {
+        if self.no_default_config {
+            Sources::only(self.config.clone())
+        } else {
+            Sources::system("manager", self.config.clone())
+        }
+    }
+
+    /// The configuration from every layer, with the flags on top.
+    pub fn load_config(&self) -> Result<ManagerConfig, ConfigError> {
+        let mut config = ManagerConfig::load(&self.sources())?;
+        if let Some(port) = self.port {
+            config.port = port;
+        }
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("drover-manager").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn flags() {
+        let cli = parse(&[
+            "-c",
+            "/x.conf",
+            "-p",
+            "2020",
+            "--bus",
+            "unix:path=/b",
+            "--no-default-config",
+        ])
+        .unwrap();
+        assert_eq!(cli.port, Some(2020));
+        assert_eq!(cli.bus(), Bus::Address("unix:path=/b".into()));
+        assert!(
+            cli.sources().vendor.is_none(),
+            "--no-default-config skips the system files"
+        );
+        assert_eq!(cli.sources().extra, Some(PathBuf::from("/x.conf")));
+        assert_eq!(parse(&["--user"]).unwrap().bus(), Bus::Session);
+        assert_eq!(parse(&[]).unwrap().bus(), Bus::System);
+        assert!(parse(&[]).unwrap().sources().etc.is_some());
+    }
+
+    #[test]
+    fn bad_input_is_rejected() {
+        assert!(parse(&["--bus", "x", "--user"]).is_err());
+        assert!(parse(&["-p", "99999"]).is_err());
+        assert!(parse(&["--bogus"]).is_err());
+        let v = parse(&["-v"]).unwrap_err();
+        assert_eq!(v.kind(), clap::error::ErrorKind::DisplayVersion);
+        assert!(v.to_string().contains("drover-manager version"), "{v}");
+    }
+}

@@ -1,0 +1,696 @@
+//! The manager's state and the rules that tie sessions, nodes, jobs and the
+//! D-Bus API together.
+//!
+//! Locks: `registry` and `jobs` are plain mutexes, held for a few map
+//! operations and never across an await. `announce` is an async mutex that
+//! serialises every online/offline transition *with its D-Bus
+//! announcement*, so `Node.Status` and `Controller.Status` changes reach
+//! clients in the order they happened (an offline of an old session can
+//! never overtake the online of its replacement).
+
+use crate::api::controller::ControllerObject;
+use crate::api::job::JobObject;
+use crate::clock;
+use crate::error::ApiError;
+use crate::escape::{CONTROLLER_PATH, job_path};
+use crate::jobs::{
+    Done, JobInfo, JobType, Jobs, RESULT_DISCONNECTED, RESULT_SHUTDOWN, valid_state,
+};
+use crate::registry::{Admission, ControllerStatus, Registry};
+use crate::session::{Session, spawn_io};
+use drover_config::{LogLevel, ManagerConfig};
+use drover_protocol::handshake::Accepted;
+use drover_protocol::link::manager_read_hello;
+use drover_protocol::{Event, NodeName, RefuseReason, Request, Response, UnitInfo, UnitName};
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
+use zbus::Connection;
+use zbus::object_server::SignalEmitter;
+use zbus::{OwnedObjectPath, Variant};
+
+/// systemd's `ListUnits` tuple `(ssssssouso)` as served on D-Bus.
+pub type UnitTuple = (
+    String,
+    String,
+    String,
+    String,
+    String,
+    String,
+    OwnedObjectPath,
+    u32,
+    String,
+    OwnedObjectPath,
+);
+
+/// systemd job modes (`systemctl --job-mode`); anything else is refused
+/// before it reaches a node.
+pub const JOB_MODES: &[&str] = &[
+    "replace",
+    "fail",
+    "isolate",
+    "ignore-dependencies",
+    "ignore-requirements",
+    "flush",
+    "triggering",
+    "restart-dependencies",
+    "replace-irreversibly",
+];
+
+/// Timings that are not config keys.
+#[derive(Debug, Clone)]
+pub struct Timeouts {
+    /// Per request to an agent (BlueChi: 30 s).
+    pub request: Duration,
+    /// For the agent's hello and for sending the verdict.
+    pub handshake: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            request: Duration::from_secs(30),
+            handshake: Duration::from_secs(5),
+        }
+    }
+}
+
+struct Announced {
+    controller: ControllerStatus,
+}
+
+pub struct Core {
+    config: ManagerConfig,
+    timeouts: Timeouts,
+    log_level: Mutex<LogLevel>,
+    registry: Mutex<Registry>,
+    jobs: Mutex<Jobs>,
+    announce: tokio::sync::Mutex<Announced>,
+    conn: OnceLock<Connection>,
+    next_session: AtomicU64,
+    shutting_down: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The guarded data is only changed by short, panic-free sections.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Core {
+    pub fn new(config: ManagerConfig, timeouts: Timeouts) -> Arc<Self> {
+        let registry = Registry::new(&config.allowed_nodes);
+        let controller = registry.controller_status();
+        Arc::new(Self {
+            log_level: Mutex::new(config.logging.level),
+            registry: Mutex::new(registry),
+            jobs: Mutex::new(Jobs::new()),
+            announce: tokio::sync::Mutex::new(Announced { controller }),
+            conn: OnceLock::new(),
+            // Seeded from the realtime clock so ids keep rising across
+            // manager restarts: they are the guids of modification tags.
+            next_session: AtomicU64::new(clock::realtime_us().max(1)),
+            shutting_down: AtomicBool::new(false),
+            config,
+            timeouts,
+        })
+    }
+
+    pub fn config(&self) -> &ManagerConfig {
+        &self.config
+    }
+
+    pub fn timeouts(&self) -> &Timeouts {
+        &self.timeouts
+    }
+
+    pub fn registry(&self) -> MutexGuard<'_, Registry> {
+        lock(&self.registry)
+    }
+
+    pub fn jobs(&self) -> MutexGuard<'_, Jobs> {
+        lock(&self.jobs)
+    }
+
+    pub fn log_level(&self) -> LogLevel {
+        *lock(&self.log_level)
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
+    }
+
+    /// The bus connection signals go to (set once, when the API is served).
+    pub fn set_connection(&self, conn: Connection) {
+        let _ = self.conn.set(conn);
+    }
+
+    /// How long one write to an agent may block before the agent counts as
+    /// not reading.
+    pub fn write_deadline(&self) -> Duration {
+        match self.config.node_heartbeat_threshold_ms {
+            0 => self.timeouts.request,
+            ms => Duration::from_millis(ms),
+        }
+    }
+
+    // ---- sessions -------------------------------------------------------
+
+    /// Runs the handshake on a fresh connection and, if admitted, the session.
+    pub async fn serve_connection<IO>(self: &Arc<Self>, io: IO, peer: SocketAddr)
+    where
+        IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let timeout = self.timeouts.handshake;
+        let (pending, hello) = match manager_read_hello(io, timeout).await {
+            Ok(ok) => ok,
+            Err(e) => {
+                tracing::info!(%peer, "connection dropped before registration: {e}");
+                return;
+            }
+        };
+        if self.is_shutting_down() {
+            pending
+                .refuse(
+                    RefuseReason::ShuttingDown,
+                    "the manager is shutting down",
+                    timeout,
+                )
+                .await;
+            return;
+        }
+        let peer_ip = peer.ip().to_canonical().to_string();
+        let mut announced = self.announce.lock().await;
+        let admission = self.registry().admit(
+            &hello.node,
+            clock::monotonic_us(),
+            self.config.node_heartbeat_threshold_ms,
+        );
+        let name = match admission {
+            Admission::Accept(name) => name,
+            Admission::Replace { node, old } => {
+                tracing::warn!(
+                    node = %node,
+                    old_session = old.id(),
+                    "replacing a session that sent nothing for more than {} ms",
+                    self.config.node_heartbeat_threshold_ms
+                );
+                old.mark_ended();
+                self.detach_locked(
+                    &mut announced,
+                    &old,
+                    "heartbeat expired; replaced by a new connection",
+                )
+                .await;
+                node
+            }
+            Admission::Refuse(reason, message) => {
+                drop(announced);
+                tracing::warn!(%peer, node = %hello.node.escape_default(), "registration refused: {message}");
+                pending.refuse(reason, &message, timeout).await;
+                return;
+            }
+        };
+        let id = self.next_session.fetch_add(1, Ordering::Relaxed);
+        let (session, rx) = Session::new(id, name, peer_ip);
+        if self.registry().attach(session.clone()).is_err() {
+            // Cannot happen: admission and attach run under `announce`.
+            drop(announced);
+            pending
+                .refuse(
+                    RefuseReason::AlreadyConnected,
+                    "the node is already connected",
+                    timeout,
+                )
+                .await;
+            return;
+        }
+        tracing::info!(
+            node = %session.node(),
+            session = id,
+            %peer,
+            agent_version = %hello.agent_version.escape_default(),
+            "node registered"
+        );
+        self.announce_node_locked(&mut announced, session.node())
+            .await;
+        drop(announced);
+
+        let accepted = Accepted {
+            session_id: id,
+            heartbeat_interval_ms: self.config.heartbeat_interval_ms,
+            heartbeat_threshold_ms: self.config.node_heartbeat_threshold_ms,
+            manager_version: env!("CARGO_PKG_VERSION").to_owned(),
+        };
+        match pending.accept(accepted, timeout).await {
+            Ok(framed) => spawn_io(self.clone(), session, framed, rx),
+            Err(e) => {
+                self.end_session(&session, &format!("could not send the welcome: {e}"))
+                    .await
+            }
+        }
+    }
+
+    /// Ends a session and applies the disconnect rules: node offline (if it
+    /// was the node's current session), pending requests fail with
+    /// `Offline`, its jobs end with `disconnected`. Idempotent.
+    pub async fn end_session(&self, session: &Arc<Session>, why: &str) {
+        session.mark_ended();
+        let mut announced = self.announce.lock().await;
+        self.detach_locked(&mut announced, session, why).await;
+    }
+
+    async fn detach_locked(&self, announced: &mut Announced, session: &Arc<Session>, why: &str) {
+        let was_online = self.registry().detach(session.node(), session.id());
+        if was_online {
+            tracing::info!(node = %session.node(), session = session.id(), "node disconnected: {why}");
+            self.announce_node_locked(announced, session.node()).await;
+        }
+        let ended = self.jobs().end_session(session.id(), RESULT_DISCONNECTED);
+        for job in ended {
+            self.job_removed(&job, RESULT_DISCONNECTED).await;
+        }
+    }
+
+    /// Emits `Node.Status` and, when it crossed a threshold, `Controller.Status`.
+    async fn announce_node_locked(&self, announced: &mut Announced, node: &NodeName) {
+        let (status, path, controller) = {
+            let registry = self.registry();
+            let Some(entry) = registry.get(node.as_str()) else {
+                return;
+            };
+            (
+                entry.status(),
+                entry.path.clone(),
+                registry.controller_status(),
+            )
+        };
+        self.properties_changed(path.as_str(), "org.eclipse.bluechi.Node", "Status", status)
+            .await;
+        if controller != announced.controller {
+            announced.controller = controller;
+            self.properties_changed(
+                CONTROLLER_PATH,
+                "org.eclipse.bluechi.Controller",
+                "Status",
+                controller.as_str(),
+            )
+            .await;
+        }
+    }
+
+    /// One pass of the heartbeat timer: drop silent sessions, and (when
+    /// `send`) queue a heartbeat to every other one.
+    pub async fn heartbeat_tick(&self, send: bool) {
+        let threshold = self.config.node_heartbeat_threshold_ms;
+        let now = clock::monotonic_us();
+        let mut silent = Vec::new();
+        {
+            let registry = self.registry();
+            for session in registry.sessions() {
+                if session.is_silent(now, threshold) {
+                    silent.push(session.clone());
+                } else if send {
+                    session.try_heartbeat();
+                }
+            }
+        }
+        for session in silent {
+            self.end_session(
+                &session,
+                &format!("nothing received for more than {threshold} ms"),
+            )
+            .await;
+        }
+    }
+
+    /// The timer task: one for all sessions, so idle cost is one wakeup per
+    /// tick plus a pass over the online sessions.
+    pub async fn heartbeat_loop(self: Arc<Self>) {
+        let interval = self.config.heartbeat_interval_ms;
+        let threshold = self.config.node_heartbeat_threshold_ms;
+        // Check liveness at least twice per threshold, whatever the interval.
+        let tick_ms = [interval, threshold / 2]
+            .into_iter()
+            .filter(|&v| v > 0)
+            .min();
+        let Some(tick_ms) = tick_ms else { return };
+        let tick = Duration::from_millis(tick_ms.max(10));
+        let mut timer = tokio::time::interval(tick);
+        timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut next_heartbeat = tokio::time::Instant::now();
+        loop {
+            timer.tick().await;
+            if self.is_shutting_down() {
+                return;
+            }
+            let now = tokio::time::Instant::now();
+            let send = interval > 0 && now >= next_heartbeat;
+            if send {
+                next_heartbeat = now + Duration::from_millis(interval);
+            }
+            self.heartbeat_tick(send).await;
+        }
+    }
+
+    /// An event from an agent.
+    pub async fn on_event(&self, session: &Session, event: Event) {
+        match event {
+            Event::JobStateChanged { job_id, state } => {
+                if !valid_state(&state) {
+                    tracing::debug!(node = %session.node(), "ignoring unknown job state for job {job_id}");
+                    return;
+                }
+                let changed = self.jobs().state_changed(session.id(), job_id, &state);
+                if let Some(job) = changed {
+                    self.properties_changed(
+                        job_path(job.id).as_str(),
+                        "org.eclipse.bluechi.Job",
+                        "State",
+                        &state,
+                    )
+                    .await;
+                }
+            }
+            Event::JobDone { job_id, result } => {
+                let result = sanitize_result(&result);
+                let done = self.jobs().job_done(session.id(), job_id, &result);
+                match done {
+                    Done::Remove(job) => self.job_removed(&job, &result).await,
+                    Done::Held => {}
+                    Done::Unknown => {
+                        tracing::debug!(node = %session.node(), "JobDone for unknown job {job_id}")
+                    }
+                }
+            }
+            other => {
+                tracing::debug!(node = %session.node(), "event not handled by this manager yet: {other:?}")
+            }
+        }
+    }
+
+    /// Ends every job and every session (SIGTERM). Jobs get `JobRemoved`
+    /// with `cancelled due to shutdown` before the bus connection closes.
+    pub async fn shutdown(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+        let ended = self.jobs().end_all(RESULT_SHUTDOWN);
+        for job in ended {
+            self.job_removed(&job, RESULT_SHUTDOWN).await;
+        }
+        let sessions: Vec<_> = self.registry().sessions().cloned().collect();
+        for session in sessions {
+            self.end_session(&session, "the manager is shutting down")
+                .await;
+        }
+    }
+
+    // ---- what the D-Bus API asks for ------------------------------------
+
+    /// The session of `node`, or `Offline`.
+    pub fn session_of(&self, node: &NodeName) -> Result<Arc<Session>, ApiError> {
+        self.registry()
+            .session(node.as_str())
+            .ok_or_else(ApiError::offline)
+    }
+
+    /// A request to `node`'s agent with the standard timeout.
+    pub async fn node_request(&self, node: &NodeName, body: Request) -> Result<Response, ApiError> {
+        let session = self.session_of(node)?;
+        session.request(body, self.timeouts.request).await
+    }
+
+    /// `Node.StartUnit` & co (see [`crate::jobs`] for the ordering rules).
+    pub async fn start_job(
+        self: &Arc<Self>,
+        node: &NodeName,
+        unit: &str,
+        mode: &str,
+        job_type: JobType,
+    ) -> Result<OwnedObjectPath, ApiError> {
+        let unit = UnitName::new(unit).map_err(|e| ApiError::invalid_args(e.to_string()))?;
+        if !JOB_MODES.contains(&mode) {
+            return Err(ApiError::invalid_args(format!(
+                "invalid job mode '{}': expected one of {}",
+                mode.escape_default(),
+                JOB_MODES.join(", ")
+            )));
+        }
+        if self.is_shutting_down() {
+            return Err(ApiError::failed(
+                "Request not allowed: node is in shutdown state",
+            ));
+        }
+        let session = self.session_of(node)?;
+        let id = self
+            .jobs()
+            .allocate(node.clone(), unit.clone(), job_type, session.id());
+        let mode = mode.to_owned();
+        let body = match job_type {
+            JobType::Start => Request::StartUnit {
+                unit,
+                mode,
+                job_id: id,
+            },
+            JobType::Stop => Request::StopUnit {
+                unit,
+                mode,
+                job_id: id,
+            },
+            JobType::Restart => Request::RestartUnit {
+                unit,
+                mode,
+                job_id: id,
+            },
+            JobType::Reload => Request::ReloadUnit {
+                unit,
+                mode,
+                job_id: id,
+            },
+        };
+        match session.request(body, self.timeouts.request).await {
+            Ok(Response::Empty) => {}
+            Ok(other) => {
+                self.jobs().forget(id);
+                return Err(unexpected(&other));
+            }
+            Err(e) => {
+                self.jobs().forget(id);
+                return Err(e);
+            }
+        }
+        let path = job_path(id);
+        let info = self.jobs().info(id).cloned();
+        if let (Some(info), Some(conn)) = (info, self.conn.get()) {
+            let object = JobObject::new(self.clone(), info);
+            if let Err(e) = conn.object_server().at(path.as_str(), object).await {
+                tracing::error!("cannot export {}: {e}", path.as_str());
+            }
+        }
+        self.emit_job_new(id, &path).await;
+        let early = self.jobs().exported(id);
+        if let Some((job, result)) = early {
+            self.job_removed(&job, &result).await;
+        }
+        Ok(path)
+    }
+
+    /// `Controller.ListUnits`: all online nodes in parallel, each with the
+    /// request timeout. A node that fails or times out is left out of the
+    /// answer and logged (BlueChi fails the whole call instead; one slow or
+    /// broken node should not blind an operator to the rest of the fleet).
+    pub async fn list_all_units(&self) -> HashMap<String, Vec<UnitTuple>> {
+        let sessions: Vec<_> = self.registry().sessions().cloned().collect();
+        let timeout = self.timeouts.request;
+        let calls = sessions.into_iter().map(|session| async move {
+            let result = session.request(Request::ListUnits, timeout).await;
+            (session, result)
+        });
+        let mut out = HashMap::new();
+        for (session, result) in futures::future::join_all(calls).await {
+            match result.and_then(units_of) {
+                Ok(units) => {
+                    out.insert(session.node().to_string(), units);
+                }
+                Err(e) => {
+                    tracing::warn!(node = %session.node(), "ListUnits left this node out: {e}")
+                }
+            }
+        }
+        out
+    }
+
+    // ---- signals --------------------------------------------------------
+
+    async fn job_removed(&self, job: &JobInfo, result: &str) {
+        let path = job_path(job.id);
+        if let Some(conn) = self.conn.get() {
+            match SignalEmitter::new(conn, CONTROLLER_PATH) {
+                Ok(emitter) => {
+                    if let Err(e) = ControllerObject::job_removed(
+                        &emitter,
+                        job.id,
+                        path.as_ref(),
+                        job.node.as_str(),
+                        job.unit.as_str(),
+                        result,
+                    )
+                    .await
+                    {
+                        tracing::warn!("cannot emit JobRemoved for job {}: {e}", job.id);
+                    }
+                }
+                Err(e) => tracing::error!("bad controller path: {e}"),
+            }
+            // Only errors if it was never exported, which is fine.
+            let _ = conn
+                .object_server()
+                .remove::<JobObject, _>(path.as_str())
+                .await;
+        }
+        tracing::debug!(job = job.id, node = %job.node, unit = %job.unit, "job removed: {result}");
+    }
+
+    async fn emit_job_new(&self, id: u32, path: &OwnedObjectPath) {
+        let Some(conn) = self.conn.get() else { return };
+        match SignalEmitter::new(conn, CONTROLLER_PATH) {
+            Ok(emitter) => {
+                if let Err(e) = ControllerObject::job_new(&emitter, id, path.as_ref()).await {
+                    tracing::warn!("cannot emit JobNew for job {id}: {e}");
+                }
+            }
+            Err(e) => tracing::error!("bad controller path: {e}"),
+        }
+    }
+
+    async fn properties_changed(
+        &self,
+        path: &str,
+        interface: &'static str,
+        property: &'static str,
+        value: &str,
+    ) {
+        let Some(conn) = self.conn.get() else { return };
+        let emitter = match SignalEmitter::new(conn, path) {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::error!("bad object path {path}: {e}");
+                return;
+            }
+        };
+        let Ok(interface) = zbus::names::InterfaceName::try_from(interface) else {
+            return;
+        };
+        let changed = HashMap::from([(property, Variant::from(value))]);
+        if let Err(e) = zbus::fdo::Properties::properties_changed(
+            &emitter,
+            interface,
+            changed,
+            Cow::Borrowed(&[]),
+        )
+        .await
+        {
+            tracing::warn!("cannot emit PropertiesChanged for {path} {property}: {e}");
+        }
+    }
+}
+
+fn unexpected(response: &Response) -> ApiError {
+    let kind = match response {
+        Response::Empty => "empty",
+        Response::Units(_) => "units",
+        Response::UnitFiles(_) => "unit files",
+        Response::Value(_) => "value",
+        Response::Text(_) => "text",
+        Response::Changes { .. } => "changes",
+    };
+    ApiError::failed(format!("unexpected reply from the agent ({kind})"))
+}
+
+/// The `(ssssssouso)` tuples of a `ListUnits` reply. Object paths that are
+/// not valid object paths (a broken agent) become `/`.
+pub fn units_of(response: Response) -> Result<Vec<UnitTuple>, ApiError> {
+    match response {
+        Response::Units(units) => Ok(units.into_iter().map(unit_tuple).collect()),
+        other => Err(unexpected(&other)),
+    }
+}
+
+fn object_path_or_root(s: String) -> OwnedObjectPath {
+    OwnedObjectPath::try_from(s)
+        .unwrap_or_else(|_| OwnedObjectPath::try_from("/").expect("root is a valid object path"))
+}
+
+fn unit_tuple(u: UnitInfo) -> UnitTuple {
+    (
+        u.name,
+        u.description,
+        u.load_state,
+        u.active_state,
+        u.sub_state,
+        u.followed,
+        object_path_or_root(u.object_path),
+        u.job_id,
+        u.job_type,
+        object_path_or_root(u.job_path),
+    )
+}
+
+/// A job result goes on the bus as is when it looks like systemd's words;
+/// anything else (NUL bytes, megabytes of text) is replaced.
+fn sanitize_result(result: &str) -> String {
+    let ok = !result.is_empty()
+        && result.len() <= 64
+        && result.chars().all(|c| c.is_ascii_graphic() || c == ' ');
+    if ok {
+        result.to_owned()
+    } else {
+        "invalid".to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn results_are_sanitized() {
+        assert_eq!(sanitize_result("done"), "done");
+        assert_eq!(
+            sanitize_result("cancelled due to shutdown"),
+            "cancelled due to shutdown"
+        );
+        assert_eq!(sanitize_result("a\0b"), "invalid");
+        assert_eq!(sanitize_result(&"x".repeat(100)), "invalid");
+    }
+
+    #[test]
+    fn session_ids_rise_across_restarts() {
+        let a = Core::new(ManagerConfig::default(), Timeouts::default());
+        let first = a.next_session.load(Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(2));
+        let b = Core::new(ManagerConfig::default(), Timeouts::default());
+        assert!(b.next_session.load(Ordering::Relaxed) > first);
+    }
+
+    #[test]
+    fn bad_unit_paths_become_root() {
+        let units = units_of(Response::Units(vec![UnitInfo {
+            name: "a.service".into(),
+            description: String::new(),
+            load_state: "loaded".into(),
+            active_state: "active".into(),
+            sub_state: "running".into(),
+            followed: String::new(),
+            object_path: "not a path".into(),
+            job_id: 0,
+            job_type: String::new(),
+            job_path: "/".into(),
+        }]))
+        .unwrap();
+        assert_eq!(units[0].6.as_str(), "/");
+        assert!(units_of(Response::Empty).is_err());
+    }
+}

@@ -1,0 +1,104 @@
+//! Errors the D-Bus API returns, with BlueChi's error names.
+//!
+//! [`ApiError`] carries any D-Bus error name, so an error from systemd on a
+//! node (a [`RemoteError`]) reaches the caller with the same name and message.
+//! A name from the wire that is not a valid D-Bus error name is never put on
+//! the bus: it becomes `org.freedesktop.DBus.Error.Failed` with the name kept
+//! in the message.
+
+use drover_protocol::RemoteError;
+use zbus::message::{Header, Message};
+use zbus::names::{ErrorName, OwnedErrorName};
+
+pub const OFFLINE: &str = "org.eclipse.bluechi.Offline";
+pub const FAILED: &str = "org.freedesktop.DBus.Error.Failed";
+pub const INVALID_ARGS: &str = "org.freedesktop.DBus.Error.InvalidArgs";
+pub const SERVICE_UNKNOWN: &str = "org.freedesktop.DBus.Error.ServiceUnknown";
+pub const NO_REPLY: &str = "org.freedesktop.DBus.Error.NoReply";
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{name}: {message}")]
+pub struct ApiError {
+    name: OwnedErrorName,
+    message: String,
+}
+
+impl ApiError {
+    /// An error with `name`; an invalid name becomes `Failed` (see module docs).
+    pub fn new(name: &str, message: impl Into<String>) -> Self {
+        let message = message.into();
+        match OwnedErrorName::try_from(name.to_owned()) {
+            Ok(name) => Self { name, message },
+            Err(_) => Self {
+                name: known(FAILED),
+                message: format!("{} ({message})", name.escape_default()),
+            },
+        }
+    }
+
+    pub fn offline() -> Self {
+        Self::new(OFFLINE, "Node is offline")
+    }
+
+    pub fn invalid_args(message: impl Into<String>) -> Self {
+        Self::new(INVALID_ARGS, message)
+    }
+
+    pub fn failed(message: impl Into<String>) -> Self {
+        Self::new(FAILED, message)
+    }
+
+    pub fn name(&self) -> &str {
+        self.name.as_str()
+    }
+
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+fn known(name: &'static str) -> OwnedErrorName {
+    OwnedErrorName::try_from(name).expect("constant error name is valid")
+}
+
+impl From<RemoteError> for ApiError {
+    fn from(e: RemoteError) -> Self {
+        Self::new(&e.name, e.message)
+    }
+}
+
+impl zbus::DBusError for ApiError {
+    fn create_reply(&self, call: &Header<'_>) -> zbus::Result<Message> {
+        Message::error(call, self.name.as_ref()).build(&(self.message.as_str(),))
+    }
+
+    fn name(&self) -> ErrorName<'_> {
+        self.name.as_ref()
+    }
+
+    fn description(&self) -> Option<&str> {
+        Some(&self.message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remote_errors_keep_their_name() {
+        let e = ApiError::from(RemoteError::new(
+            "org.freedesktop.systemd1.NoSuchUnit",
+            "Unit x.service not found.",
+        ));
+        assert_eq!(e.name(), "org.freedesktop.systemd1.NoSuchUnit");
+        assert_eq!(e.message(), "Unit x.service not found.");
+    }
+
+    #[test]
+    fn invalid_names_become_failed() {
+        let e = ApiError::from(RemoteError::new("not a name", "boom"));
+        assert_eq!(e.name(), FAILED);
+        assert!(e.message().contains("not a name") && e.message().contains("boom"));
+    }
+}

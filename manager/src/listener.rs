@@ -1,0 +1,251 @@
+//! The TCP listener for agents: where it comes from, and the accept loop.
+//!
+//! * A listener passed by the service manager (`LISTEN_FDS=1`, `LISTEN_PID` =
+//!   our pid, fd 3) is used as is: systemd socket activation, and the sandbox
+//!   keeps the port across manager restarts that way.
+//! * Otherwise bind `ListenAddress:port`, or `[::]:port` (dual stack) falling
+//!   back to `0.0.0.0:port` when IPv6 is off.
+//! * The accept loop never gives up: when descriptors run out (EMFILE,
+//!   ENFILE) or memory is short it logs, backs off, and keeps accepting once
+//!   descriptors free up. Each connection gets TCP_NODELAY, keepalive per
+//!   config and IP_RECVERR, then its handshake runs in its own task so a slow
+//!   or silent peer never stalls the loop.
+
+use crate::core::Core;
+use drover_config::ManagerConfig;
+use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
+use std::os::fd::{FromRawFd, RawFd};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+const SD_LISTEN_FDS_START: RawFd = 3;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ListenError {
+    #[error("LISTEN_FDS={0}: drover-manager takes exactly one socket-activated listener")]
+    TooManyFds(String),
+    #[error("the socket-activated fd 3 is not a listening TCP socket: {0}")]
+    NotTcp(io::Error),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: io::Error },
+}
+
+/// fd 3 when the service manager passed exactly one socket to this process.
+pub fn activated_listener() -> Result<Option<TcpListener>, ListenError> {
+    let ours = std::env::var("LISTEN_PID")
+        .ok()
+        .and_then(|p| p.parse::<u32>().ok())
+        .is_some_and(|p| p == std::process::id());
+    if !ours {
+        return Ok(None);
+    }
+    let fds = std::env::var("LISTEN_FDS").unwrap_or_default();
+    match fds.as_str() {
+        "" | "0" => return Ok(None),
+        "1" => {}
+        other => return Err(ListenError::TooManyFds(other.to_owned())),
+    }
+    // SAFETY: LISTEN_PID names this process and LISTEN_FDS=1, so by the
+    // socket activation protocol fd 3 is ours and open; nothing else in this
+    // process took ownership of it.
+    let listener = unsafe { TcpListener::from_raw_fd(SD_LISTEN_FDS_START) };
+    let sock = SockRef::from(&listener);
+    let is_tcp_listener = sock.r#type().map_err(ListenError::NotTcp)? == Type::STREAM
+        && sock.is_listener().map_err(ListenError::NotTcp)?
+        && listener.local_addr().is_ok();
+    if !is_tcp_listener {
+        return Err(ListenError::NotTcp(io::Error::other(
+            "not a listening stream socket",
+        )));
+    }
+    // CLOEXEC, so a child never inherits the agents' port.
+    nix_cloexec(SD_LISTEN_FDS_START);
+    Ok(Some(listener))
+}
+
+fn nix_cloexec(fd: RawFd) {
+    // SAFETY: fcntl on an fd we own; failure only leaves the flag unset.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFD);
+        if flags >= 0 {
+            libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+        }
+    }
+}
+
+fn bind_one(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(false)?;
+    }
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    // Thousands of agents may reconnect at once; the kernel caps this at somaxconn.
+    socket.listen(4096)?;
+    Ok(socket.into())
+}
+
+/// Binds `ListenAddress:port`, or `[::]:port` with a fallback to `0.0.0.0:port`.
+pub fn bind(address: Option<IpAddr>, port: u16) -> Result<TcpListener, ListenError> {
+    let bind = |ip: IpAddr| {
+        let addr = SocketAddr::new(ip, port);
+        bind_one(addr).map_err(|source| ListenError::Bind { addr, source })
+    };
+    match address {
+        Some(ip) => bind(ip),
+        None => bind(IpAddr::V6(Ipv6Addr::UNSPECIFIED)).or_else(|v6| {
+            tracing::info!("{v6}; falling back to IPv4 only");
+            bind(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
+        }),
+    }
+}
+
+/// The listener the manager should use: socket-activated, else bound per config.
+pub fn listener_for(config: &ManagerConfig) -> Result<TcpListener, ListenError> {
+    match activated_listener()? {
+        Some(listener) => {
+            tracing::info!(
+                "using the socket-activated listener on {:?}",
+                listener.local_addr().ok()
+            );
+            Ok(listener)
+        }
+        None => bind(config.listen_address, config.port),
+    }
+}
+
+/// Socket options for one agent connection. Failures are logged, not fatal:
+/// the connection still works, only dead-peer detection is slower.
+pub fn configure_stream(stream: &tokio::net::TcpStream, config: &ManagerConfig) {
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!("TCP_NODELAY: {e}");
+    }
+    let sock = SockRef::from(stream);
+    let mut keepalive = TcpKeepalive::new();
+    if config.tcp_keepalive_time_s > 0 {
+        keepalive = keepalive.with_time(Duration::from_secs(config.tcp_keepalive_time_s.into()));
+    }
+    if config.tcp_keepalive_interval_s > 0 {
+        keepalive =
+            keepalive.with_interval(Duration::from_secs(config.tcp_keepalive_interval_s.into()));
+    }
+    if config.tcp_keepalive_count > 0 {
+        keepalive = keepalive.with_retries(config.tcp_keepalive_count);
+    }
+    if let Err(e) = sock
+        .set_keepalive(true)
+        .and_then(|()| sock.set_tcp_keepalive(&keepalive))
+    {
+        tracing::debug!("TCP keepalive: {e}");
+    }
+    if config.ip_receive_errors {
+        set_recv_err(stream);
+    }
+}
+
+/// IP_RECVERR / IPV6_RECVERR: ICMP errors end a connection at once instead
+/// of after retransmission timeouts.
+fn set_recv_err(stream: &tokio::net::TcpStream) {
+    use std::os::fd::AsRawFd;
+    let one: libc::c_int = 1;
+    let v6 = stream.local_addr().is_ok_and(|a| a.is_ipv6());
+    let (level, name) = if v6 {
+        (libc::IPPROTO_IPV6, libc::IPV6_RECVERR)
+    } else {
+        (libc::IPPROTO_IP, libc::IP_RECVERR)
+    };
+    // SAFETY: setsockopt on a socket we own, with a correctly sized int.
+    let rc = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            level,
+            name,
+            std::ptr::from_ref(&one).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        tracing::debug!("IP_RECVERR: {}", io::Error::last_os_error());
+    }
+}
+
+/// Accepts agents until `stop` is cancelled.
+pub async fn accept_loop(
+    core: Arc<Core>,
+    listener: tokio::net::TcpListener,
+    stop: CancellationToken,
+) {
+    let mut backoff = Duration::from_millis(10);
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.cancelled() => return,
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                backoff = Duration::from_millis(10);
+                configure_stream(&stream, core.config());
+                let core = core.clone();
+                tokio::spawn(async move { core.serve_connection(stream, peer).await });
+            }
+            Err(e) if is_resource_exhaustion(&e) => {
+                tracing::error!(
+                    "cannot accept agents: {e}; retrying in {} ms",
+                    backoff.as_millis()
+                );
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+            // Per-connection failures (the peer reset before we took it, …).
+            Err(e) => tracing::debug!("accept: {e}"),
+        }
+    }
+}
+
+fn is_resource_exhaustion(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn binds_dual_stack_by_default_and_explicit_address() {
+        let l = bind(None, 0).unwrap();
+        assert!(l.local_addr().unwrap().port() > 0);
+        let l = bind(Some("127.0.0.1".parse().unwrap()), 0).unwrap();
+        assert_eq!(
+            l.local_addr().unwrap().ip(),
+            IpAddr::V4(Ipv4Addr::LOCALHOST)
+        );
+    }
+
+    #[test]
+    fn no_activation_without_our_pid() {
+        // The test process was not socket-activated.
+        assert!(activated_listener().unwrap().is_none());
+    }
+
+    #[test]
+    fn exhaustion_errors_are_recognised() {
+        assert!(is_resource_exhaustion(&io::Error::from_raw_os_error(
+            libc::EMFILE
+        )));
+        assert!(is_resource_exhaustion(&io::Error::from_raw_os_error(
+            libc::ENFILE
+        )));
+        assert!(!is_resource_exhaustion(&io::Error::from_raw_os_error(
+            libc::ECONNABORTED
+        )));
+    }
+}

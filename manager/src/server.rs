@@ -1,0 +1,166 @@
+//! Starting and stopping a whole manager: bus connection, exported objects,
+//! bus name, agent listener, heartbeat timer.
+//!
+//! Start order matters: the objects are exported *before* the name
+//! `org.eclipse.bluechi` is requested, so no client call can arrive at an
+//! empty object tree; the listener starts once the name is owned, so an
+//! agent's registration is always announced on the bus. Stop order is the
+//! reverse: stop accepting, end every job with `JobRemoved` (while the bus
+//! connection is still open), close the sessions, release the name.
+
+use crate::api;
+use crate::core::{Core, Timeouts};
+use crate::listener::accept_loop;
+use drover_config::ManagerConfig;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use zbus::Connection;
+use zbus::fdo::{RequestNameFlags, RequestNameReply};
+
+pub const BUS_NAME: &str = "org.eclipse.bluechi";
+
+/// Which bus the API is served on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Bus {
+    System,
+    /// `--user`: the session bus.
+    Session,
+    /// `--bus ADDRESS`.
+    Address(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot connect to the {bus}: {source}")]
+    Bus { bus: String, source: zbus::Error },
+    #[error("cannot export the D-Bus objects: {0}")]
+    Export(zbus::Error),
+    #[error("cannot own the bus name {BUS_NAME}: {0}")]
+    Name(String),
+    #[error("cannot use the agent listener: {0}")]
+    Listener(std::io::Error),
+}
+
+/// A running manager. Dropping it without [`Manager::shutdown`] stops the
+/// tasks but skips the orderly end of jobs.
+pub struct Manager {
+    core: Arc<Core>,
+    conn: Connection,
+    stop: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+    local_addr: SocketAddr,
+}
+
+async fn connect(bus: &Bus) -> Result<Connection, StartError> {
+    let (builder, what) = match bus {
+        Bus::System => (zbus::connection::Builder::system(), "system bus".to_owned()),
+        Bus::Session => (
+            zbus::connection::Builder::session(),
+            "session bus".to_owned(),
+        ),
+        Bus::Address(a) => (
+            zbus::connection::Builder::address(a.as_str()),
+            format!("bus at {a}"),
+        ),
+    };
+    builder
+        .build()
+        .await
+        .map_err(|source| StartError::Bus { bus: what, source })
+}
+
+impl Manager {
+    /// Connects to `bus`, serves the API, owns the name, and starts
+    /// accepting agents on `listener`. Must run inside a tokio runtime.
+    pub async fn start(
+        config: ManagerConfig,
+        bus: &Bus,
+        listener: std::net::TcpListener,
+        timeouts: Timeouts,
+    ) -> Result<Self, StartError> {
+        let core = Core::new(config, timeouts);
+        let conn = connect(bus).await?;
+        core.set_connection(conn.clone());
+        api::export(&core, &conn)
+            .await
+            .map_err(StartError::Export)?;
+
+        // As BlueChi: let a newer controller take over, and take over from an
+        // older one that allows it; never wait in the queue.
+        let flags = RequestNameFlags::ALLOW_REPLACEMENT
+            | RequestNameFlags::REPLACE_EXISTING
+            | RequestNameFlags::DO_NOT_QUEUE;
+        match conn.request_name_with_flags(BUS_NAME, flags).await {
+            Ok(RequestNameReply::PrimaryOwner | RequestNameReply::AlreadyOwner) => {}
+            Ok(other) => {
+                return Err(StartError::Name(format!(
+                    "the bus answered {other:?}: another owner holds it and does not allow replacement"
+                )));
+            }
+            Err(zbus::Error::NameTaken) => {
+                return Err(StartError::Name(
+                    "another process owns it and does not allow replacement".to_owned(),
+                ));
+            }
+            Err(e) => return Err(StartError::Name(e.to_string())),
+        }
+
+        listener
+            .set_nonblocking(true)
+            .map_err(StartError::Listener)?;
+        let local_addr = listener.local_addr().map_err(StartError::Listener)?;
+        let listener = tokio::net::TcpListener::from_std(listener).map_err(StartError::Listener)?;
+        let stop = CancellationToken::new();
+        let tasks = vec![
+            tokio::spawn(accept_loop(core.clone(), listener, stop.clone())),
+            tokio::spawn(core.clone().heartbeat_loop()),
+        ];
+        tracing::info!(
+            "serving {BUS_NAME} with {} allowed node(s); agents connect to {local_addr}",
+            core.registry().total()
+        );
+        Ok(Self {
+            core,
+            conn,
+            stop,
+            tasks,
+            local_addr,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    pub fn core(&self) -> &Arc<Core> {
+        &self.core
+    }
+
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// Orderly stop (SIGTERM): see the module docs for the order.
+    pub async fn shutdown(mut self) {
+        self.stop.cancel();
+        self.core.shutdown().await;
+        for task in self.tasks.drain(..) {
+            task.abort();
+        }
+        if let Err(e) = self.conn.release_name(BUS_NAME).await {
+            tracing::debug!("releasing {BUS_NAME}: {e}");
+        }
+        tracing::info!("manager stopped");
+    }
+}
+
+impl Drop for Manager {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}

@@ -1,0 +1,368 @@
+//! One connected agent: request correlation, liveness, and the socket tasks.
+//!
+//! A [`Session`] is created when the manager accepts an agent's hello and
+//! lives until the connection ends. Invariants:
+//!
+//! * Every request gets exactly one outcome: the agent's reply, a timeout, or
+//!   `org.eclipse.bluechi.Offline` when the session ends first. Ending a
+//!   session drains the pending table, so no caller waits forever.
+//! * The outgoing queue is bounded. Heartbeats are only queued when there is
+//!   room; a request waits for room at most its own timeout. A peer that stops
+//!   reading blocks the writer, whose every write has a deadline: the session
+//!   is dropped, never buffered forever.
+//! * Any frame from the agent counts as a sign of life (`last seen`); a frame
+//!   that does not decode ends the session (the stream is out of sync).
+//! * [`Session::mark_ended`] is idempotent: the first caller does the
+//!   teardown, later ones do nothing, whichever of the reader, the writer, the
+//!   heartbeat checker or a replacing registration noticed the end first.
+
+use crate::clock;
+use crate::core::Core;
+use crate::error::{ApiError, NO_REPLY};
+use drover_protocol::link::ManagerFramed;
+use drover_protocol::{NodeName, RemoteError, Request, Response, ToAgent, ToManager};
+use futures::{SinkExt, StreamExt};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+/// Room for this many queued messages per session.
+pub const OUTGOING_QUEUE: usize = 256;
+
+type Reply = Result<Response, RemoteError>;
+
+pub struct Session {
+    id: u64,
+    node: NodeName,
+    peer_ip: String,
+    outgoing: mpsc::Sender<ToAgent>,
+    pending: Mutex<HashMap<u64, oneshot::Sender<Reply>>>,
+    next_request: AtomicU64,
+    last_seen_mono_us: AtomicU64,
+    last_seen_real_us: AtomicU64,
+    ended: AtomicBool,
+    cancel: CancellationToken,
+}
+
+impl Session {
+    /// A session and the receiving end of its outgoing queue (for the writer).
+    pub fn new(id: u64, node: NodeName, peer_ip: String) -> (Arc<Self>, mpsc::Receiver<ToAgent>) {
+        let (outgoing, rx) = mpsc::channel(OUTGOING_QUEUE);
+        let session = Arc::new(Self {
+            id,
+            node,
+            peer_ip,
+            outgoing,
+            pending: Mutex::new(HashMap::new()),
+            next_request: AtomicU64::new(1),
+            last_seen_mono_us: AtomicU64::new(clock::monotonic_us()),
+            last_seen_real_us: AtomicU64::new(clock::realtime_us()),
+            ended: AtomicBool::new(false),
+            cancel: CancellationToken::new(),
+        });
+        (session, rx)
+    }
+
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub fn node(&self) -> &NodeName {
+        &self.node
+    }
+
+    pub fn peer_ip(&self) -> &str {
+        &self.peer_ip
+    }
+
+    pub fn last_seen_real_us(&self) -> u64 {
+        self.last_seen_real_us.load(Ordering::Relaxed)
+    }
+
+    pub fn last_seen_mono_us(&self) -> u64 {
+        self.last_seen_mono_us.load(Ordering::Relaxed)
+    }
+
+    /// A frame arrived.
+    pub fn touch(&self) {
+        self.last_seen_mono_us
+            .store(clock::monotonic_us(), Ordering::Relaxed);
+        self.last_seen_real_us
+            .store(clock::realtime_us(), Ordering::Relaxed);
+    }
+
+    /// True when nothing arrived for longer than `threshold_ms` (0 = never).
+    pub fn is_silent(&self, now_mono_us: u64, threshold_ms: u64) -> bool {
+        threshold_ms > 0
+            && now_mono_us.saturating_sub(self.last_seen_mono_us())
+                > threshold_ms.saturating_mul(1000)
+    }
+
+    pub fn is_ended(&self) -> bool {
+        self.ended.load(Ordering::SeqCst)
+    }
+
+    /// Resolves when the session ends.
+    pub async fn ended(&self) {
+        self.cancel.cancelled().await
+    }
+
+    /// Queues a heartbeat if there is room. A full queue means the writer is
+    /// already busy (or stuck, which its write deadline catches), so skipping
+    /// a heartbeat loses nothing.
+    pub fn try_heartbeat(&self) {
+        let _ = self.outgoing.try_send(ToAgent::Heartbeat);
+    }
+
+    /// Sends `body` and waits for the reply, at most `timeout` in all.
+    pub async fn request(&self, body: Request, timeout: Duration) -> Result<Response, ApiError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let id = self.next_request.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.lock_pending().insert(id, tx);
+        // Checked after inserting: `mark_ended` sets the flag before draining,
+        // so either it drains our entry or we see the flag here.
+        if self.is_ended() {
+            self.lock_pending().remove(&id);
+            return Err(ApiError::offline());
+        }
+        let sent =
+            tokio::time::timeout_at(deadline, self.outgoing.send(ToAgent::Request { id, body }))
+                .await;
+        match sent {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => {
+                self.lock_pending().remove(&id);
+                return Err(ApiError::offline());
+            }
+            Err(_) => {
+                self.lock_pending().remove(&id);
+                return Err(self.no_reply(timeout));
+            }
+        }
+        match tokio::time::timeout_at(deadline, rx).await {
+            Ok(Ok(reply)) => reply.map_err(ApiError::from),
+            Ok(Err(_)) => Err(ApiError::offline()),
+            Err(_) => {
+                self.lock_pending().remove(&id);
+                Err(self.no_reply(timeout))
+            }
+        }
+    }
+
+    fn no_reply(&self, timeout: Duration) -> ApiError {
+        ApiError::new(
+            NO_REPLY,
+            format!(
+                "node '{}' did not answer within {} ms",
+                self.node,
+                timeout.as_millis()
+            ),
+        )
+    }
+
+    /// Hands a reply to the waiting request. Replies to unknown ids (the
+    /// request timed out, or the agent is confused) are dropped.
+    pub fn complete(&self, id: u64, reply: Reply) -> bool {
+        let waiter = self.lock_pending().remove(&id);
+        match waiter {
+            Some(tx) => {
+                let _ = tx.send(reply);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Marks the session ended: stops its socket tasks and fails every pending
+    /// request (their senders are dropped → `Offline`). Returns true for the
+    /// first caller only.
+    pub fn mark_ended(&self) -> bool {
+        if self.ended.swap(true, Ordering::SeqCst) {
+            return false;
+        }
+        self.cancel.cancel();
+        let drained: Vec<_> = self.lock_pending().drain().collect();
+        drop(drained);
+        true
+    }
+
+    pub fn pending_requests(&self) -> usize {
+        self.lock_pending().len()
+    }
+
+    fn lock_pending(&self) -> std::sync::MutexGuard<'_, HashMap<u64, oneshot::Sender<Reply>>> {
+        // A panic while holding this lock cannot leave the map inconsistent
+        // (single inserts/removes), so a poisoned lock is still usable.
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Starts the reader and writer tasks of an accepted session. When either
+/// ends (EOF, error, undecodable frame, write deadline), the session ends and
+/// the core runs the disconnect rules.
+pub fn spawn_io<IO>(
+    core: Arc<Core>,
+    session: Arc<Session>,
+    framed: ManagerFramed<IO>,
+    rx: mpsc::Receiver<ToAgent>,
+) where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (sink, stream) = framed.split();
+    let write_deadline = core.write_deadline();
+    tokio::spawn(write_loop(session.clone(), sink, rx, write_deadline));
+    tokio::spawn(read_loop(core, session, stream));
+}
+
+async fn write_loop<S>(
+    session: Arc<Session>,
+    mut sink: S,
+    mut rx: mpsc::Receiver<ToAgent>,
+    deadline: Duration,
+) where
+    S: futures::Sink<ToAgent, Error = drover_protocol::FrameError> + Unpin,
+{
+    loop {
+        let msg = tokio::select! {
+            _ = session.cancel.cancelled() => break,
+            msg = rx.recv() => match msg {
+                Some(msg) => msg,
+                None => break,
+            },
+        };
+        match tokio::time::timeout(deadline, sink.send(msg)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::info!(node = %session.node, session = session.id, "cannot write to the agent: {e}");
+                break;
+            }
+            Err(_) => {
+                tracing::warn!(
+                    node = %session.node,
+                    session = session.id,
+                    "the agent does not read (write blocked for {} ms); dropping the session",
+                    deadline.as_millis()
+                );
+                break;
+            }
+        }
+    }
+    // Wake the reader so the core runs the disconnect rules once.
+    session.cancel.cancel();
+}
+
+async fn read_loop<S>(core: Arc<Core>, session: Arc<Session>, mut stream: S)
+where
+    S: futures::Stream<Item = Result<ToManager, drover_protocol::FrameError>> + Unpin,
+{
+    let why = loop {
+        let frame = tokio::select! {
+            _ = session.cancel.cancelled() => break "session ended".to_owned(),
+            frame = stream.next() => frame,
+        };
+        match frame {
+            None => break "the agent closed the connection".to_owned(),
+            Some(Err(e)) => break format!("bad input from the agent: {e}"),
+            Some(Ok(msg)) => {
+                session.touch();
+                match msg {
+                    ToManager::Heartbeat => {}
+                    ToManager::Reply { id, result } => {
+                        if !session.complete(id, result) {
+                            tracing::debug!(node = %session.node, "reply to unknown or expired request {id}");
+                        }
+                    }
+                    ToManager::Event(event) => core.on_event(&session, event).await,
+                }
+            }
+        }
+    };
+    core.end_session(&session, &why).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session() -> (Arc<Session>, mpsc::Receiver<ToAgent>) {
+        Session::new(1, NodeName::new("n1").unwrap(), "127.0.0.1".into())
+    }
+
+    #[tokio::test]
+    async fn reply_reaches_the_request() {
+        let (s, mut rx) = session();
+        let s2 = s.clone();
+        let call =
+            tokio::spawn(async move { s2.request(Request::Reload, Duration::from_secs(5)).await });
+        let Some(ToAgent::Request { id, body }) = rx.recv().await else {
+            panic!("no request queued")
+        };
+        assert_eq!(body, Request::Reload);
+        assert!(s.complete(id, Ok(Response::Empty)));
+        assert_eq!(call.await.unwrap(), Ok(Response::Empty));
+        assert_eq!(s.pending_requests(), 0);
+    }
+
+    #[tokio::test]
+    async fn end_fails_pending_requests_with_offline() {
+        let (s, _rx) = session();
+        let s2 = s.clone();
+        let call =
+            tokio::spawn(async move { s2.request(Request::Reload, Duration::from_secs(5)).await });
+        while s.pending_requests() == 0 {
+            tokio::task::yield_now().await;
+        }
+        assert!(s.mark_ended());
+        assert!(!s.mark_ended(), "only the first caller tears down");
+        let err = call.await.unwrap().unwrap_err();
+        assert_eq!(err.name(), crate::error::OFFLINE);
+        // And after the end, nothing is even queued.
+        let err = s
+            .request(Request::Reload, Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert_eq!(err.name(), crate::error::OFFLINE);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn unanswered_request_times_out_and_is_forgotten() {
+        let (s, _rx) = session();
+        let err = s
+            .request(Request::Reload, Duration::from_secs(30))
+            .await
+            .unwrap_err();
+        assert_eq!(err.name(), NO_REPLY);
+        assert_eq!(s.pending_requests(), 0);
+        assert!(
+            !s.complete(1, Ok(Response::Empty)),
+            "a late reply finds nobody"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn full_queue_times_out_instead_of_growing() {
+        let (s, _rx) = session();
+        for _ in 0..OUTGOING_QUEUE {
+            s.try_heartbeat();
+        }
+        let err = s
+            .request(Request::Reload, Duration::from_secs(1))
+            .await
+            .unwrap_err();
+        assert_eq!(err.name(), NO_REPLY);
+    }
+
+    #[test]
+    fn silence_threshold() {
+        let (s, _rx) = session();
+        let seen = s.last_seen_mono_us();
+        assert!(!s.is_silent(seen + 5_000_000, 6000));
+        assert!(s.is_silent(seen + 6_000_001, 6000));
+        assert!(!s.is_silent(seen + 600_000_000, 0), "0 disables the check");
+    }
+}
