@@ -1,0 +1,231 @@
+//! The `drover-agent` command line: arguments, configuration, logging,
+//! signals and `sd_notify`, around [`crate::agent::run`].
+//!
+//! Exit codes: 0 after a clean shutdown (SIGTERM/SIGINT), 1 for an invalid
+//! configuration or node name (one clear line on stderr) or a lost systemd,
+//! 2 for bad arguments (clap's usage error).
+
+use crate::link::{Keepalive, LinkConfig};
+use crate::systemd::BusTarget;
+use clap::Parser;
+use drover_config::{AgentConfig, Sources};
+use drover_protocol::NodeName;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// drover-agent: drives this node's systemd on behalf of the drover manager.
+#[derive(Debug, Parser)]
+#[command(name = "drover-agent", disable_version_flag = true)]
+pub struct Args {
+    /// Configuration file, applied after the installed ones.
+    #[arg(short = 'c', long = "config", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Manager host name or IP address (overrides ControllerHost/ControllerAddress).
+    #[arg(short = 'H', long = "host", value_name = "HOST")]
+    pub host: Option<String>,
+    /// Manager TCP port (overrides ControllerPort/ControllerAddress).
+    #[arg(short = 'p', long = "port", value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    pub port: Option<u16>,
+    /// Node name to register with (overrides NodeName).
+    #[arg(short = 'n', long = "name", value_name = "NAME")]
+    pub name: Option<String>,
+    /// Heartbeat interval in milliseconds (overrides HeartbeatInterval).
+    #[arg(short = 'i', long = "interval", value_name = "HEARTBEAT_MS")]
+    pub interval: Option<u64>,
+    /// Talk to systemd on this D-Bus address.
+    #[arg(long = "bus", value_name = "ADDRESS", conflicts_with = "user")]
+    pub bus: Option<String>,
+    /// Talk to the user's systemd on the session bus.
+    #[arg(short = 'u', long = "user")]
+    pub user: bool,
+    /// Read only -c FILE and the environment, not /usr/share/drover or /etc/drover.
+    #[arg(long = "no-default-config")]
+    pub no_default_config: bool,
+    /// Print the version and exit.
+    #[arg(short = 'v', long = "version")]
+    pub version: bool,
+}
+
+/// What the binary runs with, after config files and flags are merged.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub bus: BusTarget,
+    pub link: LinkConfig,
+    pub config: AgentConfig,
+}
+
+/// Merges the configuration layers and the flags, and validates the result.
+/// The error is the one line the binary prints.
+pub fn settings(args: &Args) -> Result<Settings, String> {
+    let sources = if args.no_default_config {
+        Sources::only(args.config.clone())
+    } else {
+        Sources::system("agent", args.config.clone())
+    };
+    let config = AgentConfig::load(&sources).map_err(|e| e.to_string())?;
+    let (mut host, mut port) = config.controller_endpoint().map_err(|e| e.to_string())?;
+    if let Some(h) = &args.host {
+        drover_config::agent::check_host(h).map_err(|m| format!("--host: {m}"))?;
+        host.clone_from(h);
+    }
+    if let Some(p) = args.port {
+        port = p;
+    }
+    let name = args
+        .name
+        .clone()
+        .unwrap_or_else(|| config.node_name.clone());
+    let node = NodeName::new(name).map_err(|e| format!("node name: {e}"))?;
+
+    let mut link = LinkConfig::new(node, host, port);
+    link.heartbeat_interval =
+        Duration::from_millis(args.interval.unwrap_or(config.heartbeat_interval_ms));
+    link.heartbeat_threshold = Duration::from_millis(config.controller_heartbeat_threshold_ms);
+    link.quiet_after = config.connection_retry_count_until_quiet;
+    link.keepalive = (config.tcp_keepalive_time_s > 0).then(|| Keepalive {
+        idle: Duration::from_secs(config.tcp_keepalive_time_s.into()),
+        interval: Duration::from_secs(config.tcp_keepalive_interval_s.into()),
+        count: config.tcp_keepalive_count,
+    });
+    link.ip_receive_errors = config.ip_receive_errors;
+
+    let bus = match (&args.bus, args.user) {
+        (Some(addr), _) => BusTarget::Address(addr.clone()),
+        (None, true) => BusTarget::Session,
+        (None, false) => BusTarget::System,
+    };
+    Ok(Settings { bus, link, config })
+}
+
+/// The whole binary.
+pub fn main() -> ExitCode {
+    let args = Args::parse();
+    if args.version {
+        println!("drover-agent version {}", env!("CARGO_PKG_VERSION"));
+        return ExitCode::SUCCESS;
+    }
+    let settings = match settings(&args) {
+        Ok(s) => s,
+        Err(line) => {
+            eprintln!("drover-agent: {line}");
+            return ExitCode::from(1);
+        }
+    };
+    let _log = drover_config::logging::init(&settings.config.logging);
+
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("drover-agent: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(serve(settings)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("drover-agent: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn serve(settings: Settings) -> Result<(), crate::agent::AgentError> {
+    let shutdown = CancellationToken::new();
+    spawn_signal_handler(shutdown.clone());
+    let result = crate::agent::run(&settings.bus, settings.link, shutdown, || {
+        // Not under systemd, NOTIFY_SOCKET is unset and this does nothing.
+        if let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Ready]) {
+            tracing::warn!("sd_notify READY=1 failed: {e}");
+        }
+    })
+    .await;
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+    tracing::info!("drover-agent stopped");
+    result
+}
+
+/// SIGTERM or SIGINT cancel `shutdown`; a second one is not needed, the
+/// shutdown is bounded.
+fn spawn_signal_handler(shutdown: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (term, int) = match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(t), Ok(i)) => (t, i),
+        (Err(e), _) | (_, Err(e)) => {
+            tracing::warn!("cannot install signal handlers: {e}");
+            return;
+        }
+    };
+    tokio::spawn(async move {
+        let (mut term, mut int) = (term, int);
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        }
+        shutdown.cancel();
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Args, clap::Error> {
+        Args::try_parse_from(std::iter::once("drover-agent").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn flags_override_the_config() {
+        let args = parse(&[
+            "--no-default-config",
+            "-H",
+            "10.0.0.7",
+            "-p",
+            "9000",
+            "-n",
+            "node-1",
+            "-i",
+            "500",
+        ])
+        .unwrap();
+        let s = settings(&args).unwrap();
+        assert_eq!(s.link.host, "10.0.0.7");
+        assert_eq!(s.link.port, 9000);
+        assert_eq!(s.link.node.as_str(), "node-1");
+        assert_eq!(s.link.heartbeat_interval, Duration::from_millis(500));
+        assert_eq!(s.bus, BusTarget::System);
+    }
+
+    #[test]
+    fn bus_selection() {
+        let s = settings(&parse(&["--no-default-config", "-n", "a", "--user"]).unwrap()).unwrap();
+        assert_eq!(s.bus, BusTarget::Session);
+        let s =
+            settings(&parse(&["--no-default-config", "-n", "a", "--bus", "unix:path=/x"]).unwrap())
+                .unwrap();
+        assert_eq!(s.bus, BusTarget::Address("unix:path=/x".into()));
+        let err = parse(&["--user", "--bus", "unix:path=/x"]).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+    }
+
+    #[test]
+    fn bad_input_is_a_clear_error() {
+        let err =
+            settings(&parse(&["--no-default-config", "-n", "bad_name"]).unwrap()).unwrap_err();
+        assert!(err.contains("bad_name"), "{err}");
+        let err = settings(&parse(&["--no-default-config", "-n", "a", "-H", "no spaces"]).unwrap())
+            .unwrap_err();
+        assert!(err.starts_with("--host"), "{err}");
+        assert_eq!(parse(&["-p", "0"]).unwrap_err().exit_code(), 2);
+        assert_eq!(parse(&["--frobnicate"]).unwrap_err().exit_code(), 2);
+        assert!(parse(&["-v"]).unwrap().version);
+    }
+}

@@ -1,0 +1,507 @@
+//! Requests from the manager → systemd calls → exactly one reply each.
+//!
+//! [`Dispatcher::handle`] runs one request to completion and sends its one
+//! reply through the [`Outbox`]; the link spawns it as its own task, so a slow
+//! systemd call never holds up heartbeats or other requests.
+//!
+//! Job requests (`StartUnit`, `StopUnit`, `RestartUnit`, `ReloadUnit`): the
+//! tracker is told a call is in flight *before* systemd is asked, so a removal
+//! that overtakes the reply is buffered. Once systemd returns the job path,
+//! the job is registered and the `Empty` reply is queued **under the tracker
+//! lock**, followed by any events that overtook it: the manager always sees
+//! the reply before the job's `JobStateChanged`/`JobDone`.
+//!
+//! Requests this agent does not implement yet are answered with
+//! `org.freedesktop.DBus.Error.NotSupported`.
+
+use crate::jobs::JobTracker;
+use crate::outbox::Outbox;
+use crate::systemd::{ERR_NO_SUCH_JOB, ERR_NOT_SUPPORTED, JobKind, Systemd, SystemdEvent};
+use drover_protocol::{RemoteError, Request, Response, ToManager, UnitName};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+/// State shared by request handlers, the event pump and the link.
+#[derive(Default)]
+pub struct Shared {
+    tracker: Mutex<JobTracker>,
+    pub outbox: Outbox,
+}
+
+impl Shared {
+    pub fn tracker(&self) -> MutexGuard<'_, JobTracker> {
+        // The tracker is only mutated by short, non-panicking sections; a
+        // poisoned lock still holds consistent state.
+        self.tracker.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Feeds one systemd event to the tracker and forwards what it produced.
+    pub fn on_systemd_event(&self, event: SystemdEvent) {
+        let mut tracker = self.tracker();
+        for out in tracker.on_event(Instant::now(), event) {
+            self.outbox.send(out.epoch, ToManager::Event(out.event));
+        }
+    }
+}
+
+/// Drains systemd's event stream into the tracker until it ends (systemd
+/// connection lost).
+pub async fn pump_events(mut events: crate::systemd::EventStream, shared: Arc<Shared>) {
+    while let Some(event) = events.recv().await {
+        shared.on_systemd_event(event);
+    }
+}
+
+/// The variant name of a request, for logs and errors.
+pub fn request_name(req: &Request) -> &'static str {
+    match req {
+        Request::ListUnits => "ListUnits",
+        Request::ListUnitFiles => "ListUnitFiles",
+        Request::StartUnit { .. } => "StartUnit",
+        Request::StopUnit { .. } => "StopUnit",
+        Request::RestartUnit { .. } => "RestartUnit",
+        Request::ReloadUnit { .. } => "ReloadUnit",
+        Request::JobCancel { .. } => "JobCancel",
+        Request::Reload => "Reload",
+        Request::GetUnitProperties { .. } => "GetUnitProperties",
+        Request::GetUnitProperty { .. } => "GetUnitProperty",
+        Request::SetUnitProperties { .. } => "SetUnitProperties",
+        Request::FreezeUnit { .. } => "FreezeUnit",
+        Request::ThawUnit { .. } => "ThawUnit",
+        Request::KillUnit { .. } => "KillUnit",
+        Request::EnableUnitFiles { .. } => "EnableUnitFiles",
+        Request::DisableUnitFiles { .. } => "DisableUnitFiles",
+        Request::GetUnitFileState { .. } => "GetUnitFileState",
+        Request::ResetFailed => "ResetFailed",
+        Request::ResetFailedUnit { .. } => "ResetFailedUnit",
+        Request::GetDefaultTarget => "GetDefaultTarget",
+        Request::SetDefaultTarget { .. } => "SetDefaultTarget",
+        Request::StartTransientUnit { .. } => "StartTransientUnit",
+        Request::SetLogLevel { .. } => "SetLogLevel",
+        Request::Subscribe { .. } => "Subscribe",
+        Request::Unsubscribe { .. } => "Unsubscribe",
+        Request::StartDep { .. } => "StartDep",
+        Request::StopDep { .. } => "StopDep",
+        Request::EnableMetrics => "EnableMetrics",
+        Request::DisableMetrics => "DisableMetrics",
+    }
+}
+
+/// See the module docs.
+pub struct Dispatcher<S> {
+    systemd: Arc<S>,
+    shared: Arc<Shared>,
+}
+
+impl<S: Systemd> Dispatcher<S> {
+    pub fn new(systemd: Arc<S>, shared: Arc<Shared>) -> Self {
+        Self { systemd, shared }
+    }
+
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    fn reply(&self, epoch: u64, id: u64, result: Result<Response, RemoteError>) {
+        self.shared
+            .outbox
+            .send(epoch, ToManager::Reply { id, result });
+    }
+
+    /// Runs request `id` of session `epoch` and sends its one reply.
+    pub async fn handle(&self, epoch: u64, id: u64, body: Request) {
+        let name = request_name(&body);
+        tracing::debug!(id, request = name, "request from the manager");
+        match body {
+            Request::ListUnits => {
+                let result = self.systemd.list_units().await.map(Response::Units);
+                self.reply(epoch, id, result);
+            }
+            Request::StartUnit { unit, mode, job_id } => {
+                self.unit_job(epoch, id, JobKind::Start, &unit, &mode, job_id)
+                    .await
+            }
+            Request::StopUnit { unit, mode, job_id } => {
+                self.unit_job(epoch, id, JobKind::Stop, &unit, &mode, job_id)
+                    .await
+            }
+            Request::RestartUnit { unit, mode, job_id } => {
+                self.unit_job(epoch, id, JobKind::Restart, &unit, &mode, job_id)
+                    .await
+            }
+            Request::ReloadUnit { unit, mode, job_id } => {
+                self.unit_job(epoch, id, JobKind::Reload, &unit, &mode, job_id)
+                    .await
+            }
+            Request::JobCancel { job_id } => {
+                let path = self
+                    .shared
+                    .tracker()
+                    .job_path(epoch, job_id)
+                    .map(str::to_owned);
+                let result = match path {
+                    Some(path) => self
+                        .systemd
+                        .cancel_job(&path)
+                        .await
+                        .map(|()| Response::Empty),
+                    None => Err(RemoteError::new(
+                        ERR_NO_SUCH_JOB,
+                        format!("no job {job_id} is running on this node"),
+                    )),
+                };
+                self.reply(epoch, id, result);
+            }
+            Request::Reload => {
+                let result = self.systemd.reload().await.map(|()| Response::Empty);
+                self.reply(epoch, id, result);
+            }
+            _ => {
+                let err = RemoteError::new(
+                    ERR_NOT_SUPPORTED,
+                    format!("{name} is not supported by this drover-agent yet"),
+                );
+                self.reply(epoch, id, Err(err));
+            }
+        }
+    }
+
+    async fn unit_job(
+        &self,
+        epoch: u64,
+        id: u64,
+        kind: JobKind,
+        unit: &UnitName,
+        mode: &str,
+        job_id: u32,
+    ) {
+        self.shared.tracker().call_started();
+        let result = self.systemd.unit_job(kind, unit.as_str(), mode).await;
+        let mut tracker = self.shared.tracker();
+        match result {
+            Ok(path) => {
+                tracing::debug!(job_id, %path, unit = unit.as_str(), "{} queued", kind.method());
+                let overtaken = tracker.call_finished(Instant::now(), Some((path, epoch, job_id)));
+                // Still under the lock: reply first, then what overtook it.
+                self.reply(epoch, id, Ok(Response::Empty));
+                for out in overtaken {
+                    self.shared
+                        .outbox
+                        .send(out.epoch, ToManager::Event(out.event));
+                }
+            }
+            Err(err) => {
+                tracker.call_finished(Instant::now(), None);
+                drop(tracker);
+                self.reply(epoch, id, Err(err));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::outbox::SessionKill;
+    use crate::systemd::fake::{FakeSystemd, Script};
+    use drover_protocol::Event;
+    use std::time::Duration;
+    use tokio::sync::mpsc;
+
+    struct Rig {
+        fake: FakeSystemd,
+        dispatcher: Arc<Dispatcher<FakeSystemd>>,
+        rx: mpsc::Receiver<ToManager>,
+    }
+
+    async fn rig() -> Rig {
+        let fake = FakeSystemd::new();
+        let shared = Arc::new(Shared::default());
+        let events = fake.subscribe().await.unwrap();
+        tokio::spawn(pump_events(events, shared.clone()));
+        let (tx, rx) = mpsc::channel(64);
+        shared.outbox.open(1, tx, SessionKill::new());
+        let dispatcher = Arc::new(Dispatcher::new(Arc::new(fake.clone()), shared));
+        Rig {
+            fake,
+            dispatcher,
+            rx,
+        }
+    }
+
+    async fn next(rx: &mut mpsc::Receiver<ToManager>) -> ToManager {
+        tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .unwrap()
+            .unwrap()
+    }
+
+    fn unit(s: &str) -> UnitName {
+        UnitName::new(s).unwrap()
+    }
+
+    fn start(u: &str, job_id: u32) -> Request {
+        Request::StartUnit {
+            unit: unit(u),
+            mode: "replace".into(),
+            job_id,
+        }
+    }
+
+    #[tokio::test]
+    async fn start_replies_empty_then_running_then_one_done() {
+        let mut r = rig().await;
+        r.fake.add_unit("a.service", Script::Finish("done".into()));
+        r.dispatcher.handle(1, 11, start("a.service", 5)).await;
+        assert_eq!(
+            next(&mut r.rx).await,
+            ToManager::Reply {
+                id: 11,
+                result: Ok(Response::Empty)
+            }
+        );
+        assert_eq!(
+            next(&mut r.rx).await,
+            ToManager::Event(Event::JobStateChanged {
+                job_id: 5,
+                state: "running".into()
+            })
+        );
+        assert_eq!(
+            next(&mut r.rx).await,
+            ToManager::Event(Event::JobDone {
+                job_id: 5,
+                result: "done".into()
+            })
+        );
+        assert_eq!(
+            r.fake.calls(),
+            vec!["Subscribe", "StartUnit a.service replace"]
+        );
+    }
+
+    #[tokio::test]
+    async fn removal_before_reply_still_gives_reply_then_done() {
+        let mut r = rig().await;
+        r.fake
+            .add_unit("fast.service", Script::FinishBeforeReply("done".into()));
+        // Let the pump process the early events before the call returns: the
+        // fake sends them into the channel before returning the path.
+        r.dispatcher.handle(1, 1, start("fast.service", 9)).await;
+        let mut got = vec![
+            next(&mut r.rx).await,
+            next(&mut r.rx).await,
+            next(&mut r.rx).await,
+        ];
+        assert_eq!(
+            got.remove(0),
+            ToManager::Reply {
+                id: 1,
+                result: Ok(Response::Empty)
+            },
+            "reply comes first"
+        );
+        assert_eq!(
+            got,
+            vec![
+                ToManager::Event(Event::JobStateChanged {
+                    job_id: 9,
+                    state: "running".into()
+                }),
+                ToManager::Event(Event::JobDone {
+                    job_id: 9,
+                    result: "done".into()
+                }),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn failing_unit_reports_failed() {
+        let mut r = rig().await;
+        r.fake
+            .add_unit("bad.service", Script::Finish("failed".into()));
+        r.dispatcher
+            .handle(
+                1,
+                2,
+                Request::RestartUnit {
+                    unit: unit("bad.service"),
+                    mode: "replace".into(),
+                    job_id: 3,
+                },
+            )
+            .await;
+        assert_eq!(
+            next(&mut r.rx).await,
+            ToManager::Reply {
+                id: 2,
+                result: Ok(Response::Empty)
+            }
+        );
+        next(&mut r.rx).await;
+        assert_eq!(
+            next(&mut r.rx).await,
+            ToManager::Event(Event::JobDone {
+                job_id: 3,
+                result: "failed".into()
+            })
+        );
+        assert_eq!(r.fake.calls()[1], "RestartUnit bad.service replace");
+    }
+
+    #[tokio::test]
+    async fn systemd_error_is_forwarded_with_its_name_and_no_job_is_created() {
+        let mut r = rig().await;
+        r.dispatcher.handle(1, 4, start("missing.service", 1)).await;
+        match next(&mut r.rx).await {
+            ToManager::Reply {
+                id: 4,
+                result: Err(e),
+            } => {
+                assert_eq!(e.name, "org.freedesktop.systemd1.NoSuchUnit");
+                assert!(e.message.contains("missing.service"), "{e}");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(r.dispatcher.shared().tracker().is_empty());
+    }
+
+    #[tokio::test]
+    async fn old_systemd_without_a_method_is_a_clear_error() {
+        let mut r = rig().await;
+        r.fake.remove_method("Reload");
+        r.dispatcher.handle(1, 8, Request::Reload).await;
+        match next(&mut r.rx).await {
+            ToManager::Reply {
+                id: 8,
+                result: Err(e),
+            } => assert_eq!(e.name, "org.freedesktop.DBus.Error.UnknownMethod"),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn cancel_ends_a_hanging_job_as_canceled() {
+        let mut r = rig().await;
+        r.fake.add_unit("slow.service", Script::Hang);
+        r.dispatcher.handle(1, 1, start("slow.service", 77)).await;
+        assert_eq!(
+            next(&mut r.rx).await,
+            ToManager::Reply {
+                id: 1,
+                result: Ok(Response::Empty)
+            }
+        );
+        assert_eq!(
+            next(&mut r.rx).await,
+            ToManager::Event(Event::JobStateChanged {
+                job_id: 77,
+                state: "running".into()
+            })
+        );
+        r.dispatcher
+            .handle(1, 2, Request::JobCancel { job_id: 77 })
+            .await;
+        let mut got = [next(&mut r.rx).await, next(&mut r.rx).await];
+        got.sort_by_key(|m| matches!(m, ToManager::Event(_)));
+        assert_eq!(
+            got[0],
+            ToManager::Reply {
+                id: 2,
+                result: Ok(Response::Empty)
+            }
+        );
+        assert_eq!(
+            got[1],
+            ToManager::Event(Event::JobDone {
+                job_id: 77,
+                result: "canceled".into()
+            })
+        );
+        // A second cancel finds no job.
+        r.dispatcher
+            .handle(1, 3, Request::JobCancel { job_id: 77 })
+            .await;
+        match next(&mut r.rx).await {
+            ToManager::Reply {
+                id: 3,
+                result: Err(e),
+            } => assert_eq!(e.name, ERR_NO_SUCH_JOB),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn list_units_and_unsupported_requests() {
+        let mut r = rig().await;
+        r.fake.add_unit("a.service", Script::Hang);
+        r.dispatcher.handle(1, 1, Request::ListUnits).await;
+        match next(&mut r.rx).await {
+            ToManager::Reply {
+                id: 1,
+                result: Ok(Response::Units(units)),
+            } => {
+                assert_eq!(units.len(), 1);
+                assert_eq!(units[0].name, "a.service");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        r.dispatcher
+            .handle(
+                1,
+                2,
+                Request::FreezeUnit {
+                    unit: unit("a.service"),
+                },
+            )
+            .await;
+        match next(&mut r.rx).await {
+            ToManager::Reply {
+                id: 2,
+                result: Err(e),
+            } => {
+                assert_eq!(e.name, ERR_NOT_SUPPORTED);
+                assert!(e.message.contains("FreezeUnit"));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn events_of_an_old_session_are_dropped() {
+        let mut r = rig().await;
+        r.fake.add_unit("slow.service", Script::Hang);
+        r.dispatcher.handle(1, 1, start("slow.service", 1)).await;
+        next(&mut r.rx).await; // reply
+        next(&mut r.rx).await; // running
+        // The link drops and a new session opens.
+        let shared = r.dispatcher.shared().clone();
+        shared.outbox.close(1);
+        let (tx, mut rx2) = mpsc::channel(8);
+        shared.outbox.open(2, tx, SessionKill::new());
+        shared.tracker().new_session(2);
+        r.dispatcher
+            .handle(2, 5, Request::JobCancel { job_id: 1 })
+            .await;
+        match next(&mut rx2).await {
+            ToManager::Reply {
+                id: 5,
+                result: Err(e),
+            } => assert_eq!(e.name, ERR_NO_SUCH_JOB),
+            other => panic!("unexpected {other:?}"),
+        }
+        // The old job's removal reaches nobody.
+        r.fake
+            .emit(SystemdEvent::JobRemoved {
+                id: 1,
+                job: "/org/freedesktop/systemd1/job/1".into(),
+                unit: "slow.service".into(),
+                result: "done".into(),
+            })
+            .await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(rx2.try_recv().is_err());
+        assert!(r.rx.try_recv().is_err());
+    }
+}

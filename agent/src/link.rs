@@ -1,0 +1,579 @@
+//! The link to the manager: connect, handshake, serve a session, reconnect.
+//!
+//! One [`Link::run`] loop owns the connection for the agent's lifetime:
+//!
+//! 1. **Connect**: the manager's host is resolved again on every attempt (its
+//!    address may change), TCP with `TCP_NODELAY`, `SO_KEEPALIVE` with the
+//!    configured idle/interval/count and `IP_RECVERR`, so a dead peer is seen
+//!    quickly; then [`agent_handshake`] with a timeout.
+//! 2. **Session** (one per accepted handshake, numbered by `epoch`): a reader,
+//!    a writer task fed by the bounded [`Outbox`] queue, and a heartbeat
+//!    timer. Each request runs as its own task, at most
+//!    [`LinkConfig::max_in_flight`] at once (the reader waits for a slot, so
+//!    TCP pushes back on the manager — nothing unbounded is fed from the
+//!    network). The session ends when the manager closes, sends something
+//!    that is not a valid frame, stays silent longer than the heartbeat
+//!    threshold, stops reading (queue full), or the agent shuts down.
+//! 3. **Backoff**: retries forever with jittered exponential backoff — the
+//!    first retry after 100–250 ms, doubling, capped at
+//!    max(`HeartbeatInterval`, 1 s) — so thousands of agents do not reconnect
+//!    in lockstep. Failures are logged until `ConnectionRetryCountUntilQuiet`,
+//!    which is said once; then only at debug level until connected again.
+//!
+//! Invariants: replies and events of a session that ended are dropped (see
+//! [`crate::outbox`]); a shutdown closes the connection politely (queued
+//! messages are flushed, then the write side is shut down); nothing sent by
+//! the manager can make the agent panic or grow memory without bound.
+
+use crate::dispatch::{Dispatcher, Shared};
+use crate::outbox::SessionKill;
+use crate::systemd::Systemd;
+use drover_protocol::link::{AgentFramed, HandshakeError, agent_handshake};
+use drover_protocol::{Hello, NodeName, RefuseReason, ToAgent, ToManager};
+use futures::{SinkExt, StreamExt};
+use std::collections::HashSet;
+use std::hash::{BuildHasher, RandomState};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio::sync::{Semaphore, mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+/// Version sent in the handshake.
+pub const AGENT_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// TCP keepalive: idle time before probes, interval between them, probes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Keepalive {
+    pub idle: Duration,
+    pub interval: Duration,
+    pub count: u32,
+}
+
+/// Everything the link needs; built from `AgentConfig` plus flags.
+#[derive(Debug, Clone)]
+pub struct LinkConfig {
+    pub node: NodeName,
+    pub host: String,
+    pub port: u16,
+    /// Zero: no heartbeats.
+    pub heartbeat_interval: Duration,
+    /// Drop the link when nothing arrived for this long. Zero: never.
+    pub heartbeat_threshold: Duration,
+    pub quiet_after: u32,
+    pub keepalive: Option<Keepalive>,
+    pub ip_receive_errors: bool,
+    /// Bound on resolving, connecting and the handshake, each.
+    pub connect_timeout: Duration,
+    /// Requests running at once.
+    pub max_in_flight: usize,
+    /// Messages queued for the manager before the link is dropped.
+    pub outbox_capacity: usize,
+}
+
+impl LinkConfig {
+    /// Defaults for everything but the endpoint and the name.
+    pub fn new(node: NodeName, host: impl Into<String>, port: u16) -> Self {
+        Self {
+            node,
+            host: host.into(),
+            port,
+            heartbeat_interval: Duration::from_millis(2000),
+            heartbeat_threshold: Duration::from_millis(6000),
+            quiet_after: 10,
+            keepalive: Some(Keepalive {
+                idle: Duration::from_secs(1),
+                interval: Duration::from_secs(1),
+                count: 6,
+            }),
+            ip_receive_errors: true,
+            connect_timeout: Duration::from_secs(5),
+            max_in_flight: 64,
+            outbox_capacity: 1024,
+        }
+    }
+
+    /// Upper bound of the reconnect backoff.
+    pub fn backoff_cap(&self) -> Duration {
+        self.heartbeat_interval.max(Duration::from_secs(1))
+    }
+}
+
+/// What the link is doing, for whoever wants to watch (tests, the local API).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LinkState {
+    Connecting { failures: u32 },
+    Connected { epoch: u64, session_id: u64 },
+    Stopped,
+}
+
+/// Why a connection attempt failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("cannot resolve {host}: {source}")]
+    Resolve {
+        host: String,
+        source: std::io::Error,
+    },
+    #[error("{host} resolves to no address")]
+    NoAddress { host: String },
+    #[error("cannot connect to {addr}: {source}")]
+    Connect {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+    #[error(transparent)]
+    Handshake(#[from] HandshakeError),
+}
+
+/// Why a session ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionEnd {
+    Shutdown,
+    Closed,
+    HeartbeatExpired(Duration),
+    Malformed(String),
+    Killed(String),
+}
+
+impl std::fmt::Display for SessionEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SessionEnd::Shutdown => f.write_str("agent shutting down"),
+            SessionEnd::Closed => f.write_str("the manager closed the connection"),
+            SessionEnd::HeartbeatExpired(t) => {
+                write!(f, "nothing heard from the manager for {t:?}")
+            }
+            SessionEnd::Malformed(e) => write!(f, "invalid data from the manager: {e}"),
+            SessionEnd::Killed(why) => f.write_str(why),
+        }
+    }
+}
+
+/// Jittered exponential backoff (see the module docs).
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    attempt: u32,
+    cap: Duration,
+}
+
+const BACKOFF_FLOOR: Duration = Duration::from_millis(100);
+const BACKOFF_FIRST: Duration = Duration::from_millis(250);
+
+impl Backoff {
+    pub fn new(cap: Duration) -> Self {
+        Self { attempt: 0, cap }
+    }
+
+    pub fn reset(&mut self) {
+        self.attempt = 0;
+    }
+
+    /// The next delay: uniform in [100 ms, min(cap, 250 ms · 2^attempt)].
+    pub fn next_delay(&mut self) -> Duration {
+        let ceiling = BACKOFF_FIRST
+            .saturating_mul(1u32 << self.attempt.min(20))
+            .min(self.cap);
+        self.attempt = self.attempt.saturating_add(1);
+        let floor = BACKOFF_FLOOR.min(ceiling);
+        let span = (ceiling - floor).as_millis() as u64;
+        floor + Duration::from_millis(random_u64() % (span + 1))
+    }
+}
+
+/// Jitter only needs to differ between agents and attempts, not to be
+/// unpredictable: std's randomly keyed hasher is enough.
+fn random_u64() -> u64 {
+    RandomState::new().hash_one(std::time::Instant::now())
+}
+
+/// The agent's end of the manager link.
+pub struct Link<S> {
+    cfg: LinkConfig,
+    dispatcher: Arc<Dispatcher<S>>,
+    slots: Arc<Semaphore>,
+    state: watch::Sender<LinkState>,
+}
+
+impl<S: Systemd> Link<S> {
+    pub fn new(cfg: LinkConfig, systemd: Arc<S>, shared: Arc<Shared>) -> Self {
+        let slots = Arc::new(Semaphore::new(cfg.max_in_flight.max(1)));
+        let (state, _) = watch::channel(LinkState::Connecting { failures: 0 });
+        Self {
+            cfg,
+            dispatcher: Arc::new(Dispatcher::new(systemd, shared)),
+            slots,
+            state,
+        }
+    }
+
+    /// Follows the link's state.
+    pub fn watch(&self) -> watch::Receiver<LinkState> {
+        self.state.subscribe()
+    }
+
+    fn shared(&self) -> &Arc<Shared> {
+        self.dispatcher.shared()
+    }
+
+    /// Connects and reconnects until `shutdown` is cancelled.
+    pub async fn run(&self, shutdown: CancellationToken) {
+        let mut epoch = 0u64;
+        let mut failures = 0u32;
+        let mut backoff = Backoff::new(self.cfg.backoff_cap());
+        let endpoint = format!("{}:{}", self.cfg.host, self.cfg.port);
+        loop {
+            self.state.send_replace(LinkState::Connecting { failures });
+            let attempt = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                attempt = self.connect() => attempt,
+            };
+            match attempt {
+                Ok((framed, accepted)) => {
+                    if failures > self.quiet_limit() {
+                        tracing::info!(
+                            "reached the manager again after {failures} failed attempts"
+                        );
+                    }
+                    failures = 0;
+                    backoff.reset();
+                    epoch += 1;
+                    self.shared().tracker().new_session(epoch);
+                    tracing::info!(
+                        session = accepted.session_id,
+                        manager_version = %accepted.manager_version,
+                        "connected to the manager at {endpoint} as node '{}'",
+                        self.cfg.node.as_str()
+                    );
+                    self.state.send_replace(LinkState::Connected {
+                        epoch,
+                        session_id: accepted.session_id,
+                    });
+                    let end = self
+                        .session(epoch, framed, accepted.heartbeat_threshold_ms, &shutdown)
+                        .await;
+                    if end == SessionEnd::Shutdown {
+                        break;
+                    }
+                    tracing::warn!(
+                        "lost the link to the manager at {endpoint}: {end}; reconnecting"
+                    );
+                }
+                Err(err) => {
+                    failures = failures.saturating_add(1);
+                    self.log_failure(&endpoint, &err, failures);
+                }
+            }
+            let delay = backoff.next_delay();
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tokio::time::sleep(delay) => {}
+            }
+        }
+        self.state.send_replace(LinkState::Stopped);
+    }
+
+    fn quiet_limit(&self) -> u32 {
+        self.cfg.quiet_after.max(1)
+    }
+
+    fn log_failure(&self, endpoint: &str, err: &ConnectError, failures: u32) {
+        let limit = self.quiet_limit();
+        if failures > limit {
+            tracing::debug!(
+                "connecting to the manager at {endpoint} failed (attempt {failures}): {err}"
+            );
+            return;
+        }
+        let quiet = if failures == limit {
+            format!(
+                " (after {limit} failed attempts, further failures are logged at debug level until connected)"
+            )
+        } else {
+            String::new()
+        };
+        match err {
+            ConnectError::Handshake(HandshakeError::Refused { reason, message }) => {
+                let node = self.cfg.node.as_str();
+                match reason {
+                    RefuseReason::UnknownNode
+                    | RefuseReason::InvalidName
+                    | RefuseReason::VersionMismatch => {
+                        tracing::error!(
+                            "the manager at {endpoint} refused node '{node}' ({reason:?}): {message}{quiet}"
+                        )
+                    }
+                    _ => tracing::warn!(
+                        "the manager at {endpoint} refused node '{node}' ({reason:?}): {message}{quiet}"
+                    ),
+                }
+            }
+            ConnectError::Handshake(HandshakeError::VersionMismatch { .. }) => {
+                tracing::error!("cannot register with the manager at {endpoint}: {err}{quiet}")
+            }
+            _ => tracing::warn!("cannot connect to the manager at {endpoint}: {err}{quiet}"),
+        }
+    }
+
+    async fn connect(
+        &self,
+    ) -> Result<(AgentFramed<TcpStream>, drover_protocol::handshake::Accepted), ConnectError> {
+        let t = self.cfg.connect_timeout;
+        let host = self.cfg.host.as_str();
+        let addrs: Vec<SocketAddr> =
+            tokio::time::timeout(t, tokio::net::lookup_host((host, self.cfg.port)))
+                .await
+                .map_err(|_| ConnectError::Timeout(t))?
+                .map_err(|source| ConnectError::Resolve {
+                    host: host.to_string(),
+                    source,
+                })?
+                .collect();
+        let mut last = None;
+        let mut stream = None;
+        for addr in addrs {
+            match tokio::time::timeout(t, TcpStream::connect(addr)).await {
+                Ok(Ok(s)) => {
+                    stream = Some(s);
+                    break;
+                }
+                Ok(Err(source)) => last = Some(ConnectError::Connect { addr, source }),
+                Err(_) => last = Some(ConnectError::Timeout(t)),
+            }
+        }
+        let Some(stream) = stream else {
+            return Err(last.unwrap_or(ConnectError::NoAddress {
+                host: host.to_string(),
+            }));
+        };
+        configure_socket(&stream, &self.cfg);
+        let hello = Hello::new(self.cfg.node.as_str(), AGENT_VERSION);
+        Ok(agent_handshake(stream, &hello, t).await?)
+    }
+
+    async fn session(
+        &self,
+        epoch: u64,
+        framed: AgentFramed<TcpStream>,
+        manager_threshold_ms: u64,
+        shutdown: &CancellationToken,
+    ) -> SessionEnd {
+        let (sink, mut stream) = framed.split();
+        let (tx, rx) = mpsc::channel(self.cfg.outbox_capacity.max(1));
+        let kill = SessionKill::new();
+        self.shared().outbox.open(epoch, tx, kill.clone());
+        let mut writer = tokio::spawn(write_loop(sink, rx, kill.clone()));
+        let heartbeat = self.heartbeat_interval(manager_threshold_ms).map(|every| {
+            let shared = self.shared().clone();
+            let kill = kill.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tokio::select! {
+                        _ = kill.token().cancelled() => return,
+                        _ = tick.tick() => { shared.outbox.send(epoch, ToManager::Heartbeat); }
+                    }
+                }
+            })
+        });
+
+        let end = self.read_loop(epoch, &mut stream, &kill, shutdown).await;
+
+        self.shared().outbox.close(epoch);
+        if let Some(h) = heartbeat {
+            h.abort();
+        }
+        if end == SessionEnd::Shutdown {
+            // Polite close: the writer drains what is queued, then shuts the
+            // write side down. Bounded, a manager that does not read cannot
+            // hold the shutdown.
+            if tokio::time::timeout(Duration::from_secs(1), &mut writer)
+                .await
+                .is_err()
+            {
+                writer.abort();
+            }
+        } else {
+            kill.kill(end.to_string());
+            writer.abort();
+        }
+        end
+    }
+
+    fn heartbeat_interval(&self, manager_threshold_ms: u64) -> Option<Duration> {
+        let every = self.cfg.heartbeat_interval;
+        if every.is_zero() {
+            return None;
+        }
+        let manager_threshold = Duration::from_millis(manager_threshold_ms);
+        if !manager_threshold.is_zero() && every.saturating_mul(2) > manager_threshold {
+            let adjusted = (manager_threshold / 2).max(Duration::from_millis(10));
+            tracing::warn!(
+                "HeartbeatInterval {every:?} is too long for the manager's threshold {manager_threshold:?}; sending every {adjusted:?}"
+            );
+            return Some(adjusted);
+        }
+        Some(every)
+    }
+
+    async fn read_loop(
+        &self,
+        epoch: u64,
+        stream: &mut futures::stream::SplitStream<AgentFramed<TcpStream>>,
+        kill: &Arc<SessionKill>,
+        shutdown: &CancellationToken,
+    ) -> SessionEnd {
+        let threshold = self.cfg.heartbeat_threshold;
+        let in_flight: Arc<Mutex<HashSet<u64>>> = Arc::default();
+        loop {
+            let next = tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return SessionEnd::Shutdown,
+                _ = kill.token().cancelled() => return SessionEnd::Killed(kill.reason().unwrap_or_default()),
+                next = next_within(stream, threshold) => next,
+            };
+            let (id, body) = match next {
+                Err(()) => return SessionEnd::HeartbeatExpired(threshold),
+                Ok(None) => return SessionEnd::Closed,
+                Ok(Some(Err(e))) => return SessionEnd::Malformed(e.to_string()),
+                Ok(Some(Ok(ToAgent::Heartbeat))) => continue,
+                Ok(Some(Ok(ToAgent::Request { id, body }))) => (id, body),
+            };
+            if !in_flight
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(id)
+            {
+                // Answering twice would break "one reply per id"; the first wins.
+                tracing::warn!(
+                    id,
+                    "the manager reused the id of a request still running; ignoring the second"
+                );
+                continue;
+            }
+            // Waiting for a slot stops reading, so TCP pushes back on the
+            // manager; the silence threshold only runs while we wait on it.
+            let slot = tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return SessionEnd::Shutdown,
+                _ = kill.token().cancelled() => return SessionEnd::Killed(kill.reason().unwrap_or_default()),
+                slot = self.slots.clone().acquire_owned() => slot,
+            };
+            let Ok(slot) = slot else {
+                return SessionEnd::Shutdown;
+            };
+            let dispatcher = self.dispatcher.clone();
+            let in_flight = in_flight.clone();
+            tokio::spawn(async move {
+                dispatcher.handle(epoch, id, body).await;
+                in_flight
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&id);
+                drop(slot);
+            });
+        }
+    }
+}
+
+type Next = Option<Result<ToAgent, drover_protocol::FrameError>>;
+
+/// The next frame, or `Err(())` when the threshold (if any) passed first.
+async fn next_within(
+    stream: &mut futures::stream::SplitStream<AgentFramed<TcpStream>>,
+    threshold: Duration,
+) -> Result<Next, ()> {
+    if threshold.is_zero() {
+        return Ok(stream.next().await);
+    }
+    tokio::time::timeout(threshold, stream.next())
+        .await
+        .map_err(|_| ())
+}
+
+async fn write_loop(
+    mut sink: futures::stream::SplitSink<AgentFramed<TcpStream>, ToManager>,
+    mut rx: mpsc::Receiver<ToManager>,
+    kill: Arc<SessionKill>,
+) {
+    let result = tokio::select! {
+        _ = kill.token().cancelled() => return,
+        r = async {
+            while let Some(msg) = rx.recv().await {
+                sink.feed(msg).await?;
+                // Batch what is already queued into one flush.
+                while let Ok(more) = rx.try_recv() {
+                    sink.feed(more).await?;
+                }
+                sink.flush().await?;
+            }
+            // The outbox closed this session: flush and shut the write side.
+            sink.close().await
+        } => r,
+    };
+    if let Err(e) = result {
+        kill.kill(format!("writing to the manager failed: {e}"));
+    }
+}
+
+/// Best effort: a socket option that cannot be set is logged, not fatal.
+fn configure_socket(stream: &TcpStream, cfg: &LinkConfig) {
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::warn!("cannot set TCP_NODELAY: {e}");
+    }
+    let sock = socket2::SockRef::from(stream);
+    if let Some(ka) = cfg.keepalive {
+        let mut params = socket2::TcpKeepalive::new();
+        if !ka.idle.is_zero() {
+            params = params.with_time(ka.idle);
+        }
+        if !ka.interval.is_zero() {
+            params = params.with_interval(ka.interval);
+        }
+        if ka.count > 0 {
+            params = params.with_retries(ka.count);
+        }
+        if let Err(e) = sock.set_tcp_keepalive(&params) {
+            tracing::warn!("cannot enable TCP keepalive: {e}");
+        }
+    }
+    if cfg.ip_receive_errors
+        && let Err(e) = set_recv_err(stream)
+    {
+        tracing::warn!("cannot set IP_RECVERR: {e}");
+    }
+}
+
+/// `IP_RECVERR`/`IPV6_RECVERR`: report ICMP errors (host unreachable, …) on
+/// the socket at once instead of after retransmission timeouts.
+fn set_recv_err(stream: &TcpStream) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let (level, name) = match stream.peer_addr()? {
+        SocketAddr::V4(_) => (libc::IPPROTO_IP, libc::IP_RECVERR),
+        SocketAddr::V6(_) => (libc::IPPROTO_IPV6, libc::IPV6_RECVERR),
+    };
+    let on: libc::c_int = 1;
+    // SAFETY: the fd is owned by `stream` and open for this call; the option
+    // value is a live c_int whose exact size is passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            level,
+            name,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+#[cfg(test)]
+mod tests;

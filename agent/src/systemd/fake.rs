@@ -1,0 +1,247 @@
+//! An in-memory systemd for unit tests of pure agent logic (job tracking,
+//! request dispatch, the link). It is not a simulation of systemd: each known
+//! unit has a [`Script`] saying what a job on it does, and every call is
+//! recorded so tests can assert what the agent asked for.
+//!
+//! The real thing is exercised against `systemd --user` in the tests of
+//! [`super::dbus`].
+
+use super::{
+    ERR_NO_SUCH_JOB, ERR_NO_SUCH_UNIT, ERR_UNKNOWN_METHOD, EVENT_QUEUE, EventStream, JobKind,
+    JobPath, Systemd, SystemdEvent,
+};
+use drover_protocol::{RemoteError, UnitInfo};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// What a job on a unit does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Script {
+    /// The call returns the job path; then the job runs and is removed with
+    /// this result (`done`, `failed`, …).
+    Finish(String),
+    /// The job runs and is removed with this result *before* the call
+    /// returns its path: the race a fast oneshot causes on a real systemd.
+    FinishBeforeReply(String),
+    /// The job runs and stays until it is cancelled (result `canceled`).
+    Hang,
+}
+
+#[derive(Default)]
+struct State {
+    units: BTreeMap<String, Script>,
+    next_job: u32,
+    events: Option<mpsc::Sender<SystemdEvent>>,
+    calls: Vec<String>,
+    /// Jobs that hang, by path: (id, unit).
+    hanging: HashMap<JobPath, (u32, String)>,
+    call_delay: Duration,
+    /// Methods that answer `UnknownMethod`, like an old systemd.
+    missing: Vec<&'static str>,
+}
+
+/// See the module docs. Cheap to clone; clones share state.
+#[derive(Clone, Default)]
+pub struct FakeSystemd {
+    state: Arc<Mutex<State>>,
+}
+
+impl FakeSystemd {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A test that panicked while holding the lock already failed; keep going.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Makes `unit` known; jobs on it follow `script`.
+    pub fn add_unit(&self, unit: &str, script: Script) {
+        self.lock().units.insert(unit.to_string(), script);
+    }
+
+    /// Every call so far, as `Method arg…` lines.
+    pub fn calls(&self) -> Vec<String> {
+        self.lock().calls.clone()
+    }
+
+    /// Makes every call take this long (a slow systemd).
+    pub fn set_call_delay(&self, delay: Duration) {
+        self.lock().call_delay = delay;
+    }
+
+    /// Makes `method` answer `UnknownMethod`, like an older systemd.
+    pub fn remove_method(&self, method: &'static str) {
+        self.lock().missing.push(method);
+    }
+
+    /// Sends an arbitrary event (e.g. a job someone else started).
+    pub async fn emit(&self, event: SystemdEvent) {
+        let tx = self.lock().events.clone();
+        if let Some(tx) = tx {
+            let _ = tx.send(event).await;
+        }
+    }
+
+    /// Ends the event stream, as a lost systemd connection does.
+    pub fn disconnect(&self) {
+        self.lock().events = None;
+    }
+
+    async fn enter(&self, call: String, method: &'static str) -> Result<(), RemoteError> {
+        let delay = {
+            let mut st = self.lock();
+            st.calls.push(call);
+            if st.missing.contains(&method) {
+                return Err(RemoteError::new(
+                    ERR_UNKNOWN_METHOD,
+                    format!(
+                        "Unknown method {method} or interface org.freedesktop.systemd1.Manager."
+                    ),
+                ));
+            }
+            st.call_delay
+        };
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        Ok(())
+    }
+}
+
+fn job_events(id: u32, job: &str, unit: &str, result: &str) -> [SystemdEvent; 2] {
+    [
+        SystemdEvent::JobState {
+            job: job.to_string(),
+            state: "running".into(),
+        },
+        SystemdEvent::JobRemoved {
+            id,
+            job: job.to_string(),
+            unit: unit.to_string(),
+            result: result.to_string(),
+        },
+    ]
+}
+
+impl Systemd for FakeSystemd {
+    async fn list_units(&self) -> Result<Vec<UnitInfo>, RemoteError> {
+        self.enter("ListUnits".into(), "ListUnits").await?;
+        let st = self.lock();
+        Ok(st
+            .units
+            .keys()
+            .map(|name| UnitInfo {
+                name: name.clone(),
+                description: format!("fake {name}"),
+                load_state: "loaded".into(),
+                active_state: "inactive".into(),
+                sub_state: "dead".into(),
+                followed: String::new(),
+                object_path: format!(
+                    "/org/freedesktop/systemd1/unit/{}",
+                    name.replace(['.', '-', '@'], "_")
+                ),
+                job_id: 0,
+                job_type: String::new(),
+                job_path: "/".into(),
+            })
+            .collect())
+    }
+
+    async fn unit_job(
+        &self,
+        kind: JobKind,
+        unit: &str,
+        mode: &str,
+    ) -> Result<JobPath, RemoteError> {
+        self.enter(format!("{} {unit} {mode}", kind.method()), kind.method())
+            .await?;
+        let (id, job, script, tx) = {
+            let mut st = self.lock();
+            let Some(script) = st.units.get(unit).cloned() else {
+                return Err(RemoteError::new(
+                    ERR_NO_SUCH_UNIT,
+                    format!("Unit {unit} not found."),
+                ));
+            };
+            st.next_job += 1;
+            let id = st.next_job;
+            let job = format!("/org/freedesktop/systemd1/job/{id}");
+            if script == Script::Hang {
+                st.hanging.insert(job.clone(), (id, unit.to_string()));
+            }
+            (id, job, script, st.events.clone())
+        };
+        let Some(tx) = tx else { return Ok(job) };
+        match script {
+            Script::Finish(result) => {
+                let events = job_events(id, &job, unit, &result);
+                tokio::spawn(async move {
+                    // After the reply, as on an idle systemd.
+                    tokio::task::yield_now().await;
+                    for ev in events {
+                        let _ = tx.send(ev).await;
+                    }
+                });
+            }
+            Script::FinishBeforeReply(result) => {
+                for ev in job_events(id, &job, unit, &result) {
+                    let _ = tx.send(ev).await;
+                }
+                // Give the agent's event pump the chance to see the removal
+                // before the reply, as happens on a busy real node.
+                for _ in 0..8 {
+                    tokio::task::yield_now().await;
+                }
+            }
+            Script::Hang => {
+                let _ = tx
+                    .send(SystemdEvent::JobState {
+                        job: job.clone(),
+                        state: "running".into(),
+                    })
+                    .await;
+            }
+        }
+        Ok(job)
+    }
+
+    async fn cancel_job(&self, job: &str) -> Result<(), RemoteError> {
+        self.enter(format!("CancelJob {job}"), "CancelJob").await?;
+        let (found, tx) = {
+            let mut st = self.lock();
+            (st.hanging.remove(job), st.events.clone())
+        };
+        let Some((id, unit)) = found else {
+            return Err(RemoteError::new(
+                ERR_NO_SUCH_JOB,
+                format!("Job {job} does not exist."),
+            ));
+        };
+        if let Some(tx) = tx {
+            let removed = SystemdEvent::JobRemoved {
+                id,
+                job: job.to_string(),
+                unit,
+                result: "canceled".into(),
+            };
+            let _ = tx.send(removed).await;
+        }
+        Ok(())
+    }
+
+    async fn reload(&self) -> Result<(), RemoteError> {
+        self.enter("Reload".into(), "Reload").await
+    }
+
+    async fn subscribe(&self) -> Result<EventStream, RemoteError> {
+        self.enter("Subscribe".into(), "Subscribe").await?;
+        let (tx, rx) = mpsc::channel(EVENT_QUEUE);
+        self.lock().events = Some(tx);
+        Ok(rx)
+    }
+}
