@@ -139,7 +139,10 @@ mod tests {
         usage_error(&["start", "a", "web", "extra"], "Usage");
         usage_error(&["daemon-reload"], "Usage");
         usage_error(&["list-units", "a", "b"], "Usage");
-        usage_error(&["--bus", "unix:path=/x", "--user", "status"], "cannot be used with");
+        usage_error(
+            &["--bus", "unix:path=/x", "--user", "status"],
+            "cannot be used with",
+        );
     }
 
     #[test]

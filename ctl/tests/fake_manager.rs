@@ -1,0 +1,720 @@
+//! droverctl end to end against a stand-in manager on a private dbus-daemon.
+//!
+//! The stand-in serves the BlueChi API members droverctl uses (same names,
+//! signatures and error names as the real manager must), so these tests pin the
+//! D-Bus side: paths, the subscribe-before-call order for jobs, error mapping, exit
+//! codes, and not hanging when the manager goes away. Tests against the real manager
+//! and real systemd nodes live in the workspace `tests/` crate.
+//!
+//! Every test starts its own dbus-daemon in its own temp dir; [`Bus`]'s `Drop`
+//! kills it and removes the dir, also when a test fails.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use tokio::sync::{Mutex, Notify};
+use zbus::message::Header;
+use zbus::{Connection, DBusError, Message, ObjectPath, OwnedObjectPath, interface};
+
+const BUS_NAME: &str = "org.eclipse.bluechi";
+
+// ---------------------------------------------------------------------------------
+// A private bus
+
+struct Bus {
+    child: std::process::Child,
+    dir: PathBuf,
+    address: String,
+}
+
+impl Bus {
+    fn start() -> Bus {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "droverctl-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let socket = dir.join("bus");
+        let config = dir.join("bus.conf");
+        std::fs::write(
+            &config,
+            format!(
+                r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>session</type>
+  <listen>unix:path={}</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow send_destination="*" eavesdrop="true"/>
+    <allow eavesdrop="true"/>
+    <allow own="*"/>
+  </policy>
+</busconfig>
+"#,
+                socket.display()
+            ),
+        )
+        .expect("bus config");
+        // The daemon's chatter (e.g. about fd limits) goes to a log, quoted on failure.
+        let log = dir.join("dbus-daemon.log");
+        let log_file = std::fs::File::create(&log).expect("daemon log");
+        let mut child = std::process::Command::new("dbus-daemon")
+            .arg(format!("--config-file={}", config.display()))
+            .arg("--nofork")
+            .arg("--print-address=1")
+            .stdout(Stdio::piped())
+            .stderr(log_file)
+            .spawn()
+            .expect("dbus-daemon (package dbus) must be installed");
+        let stdout = child.stdout.take().expect("stdout");
+        // Owned by `bus` from here: a failed assert below still tears it down.
+        let bus = Bus {
+            child,
+            dir,
+            address: format!("unix:path={}", socket.display()),
+        };
+        // The daemon prints its address once it listens (or exits: EOF).
+        let mut line = String::new();
+        let n = std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)
+            .expect("read dbus-daemon address");
+        assert!(
+            n > 0,
+            "dbus-daemon did not start: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        bus
+    }
+}
+
+impl Drop for Bus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// The stand-in manager
+
+/// A D-Bus error reply with any name (the manager forwards systemd's names).
+#[derive(Debug)]
+struct NamedError {
+    name: &'static str,
+    message: String,
+}
+
+impl NamedError {
+    fn new(name: &'static str, message: &str) -> NamedError {
+        NamedError {
+            name,
+            message: message.to_owned(),
+        }
+    }
+}
+
+impl DBusError for NamedError {
+    fn create_reply(&self, reply_to: &Header<'_>) -> zbus::Result<Message> {
+        Message::error(reply_to, self.name).build(&(self.message.as_str(),))
+    }
+
+    fn name(&self) -> zbus::names::ErrorName<'_> {
+        zbus::names::ErrorName::from_static_str_unchecked(self.name)
+    }
+
+    fn description(&self) -> Option<&str> {
+        Some(&self.message)
+    }
+}
+
+type UnitTuple = (
+    String,
+    String,
+    String,
+    String,
+    String,
+    String,
+    OwnedObjectPath,
+    u32,
+    String,
+    OwnedObjectPath,
+);
+
+fn unit(name: &str, active: &str, sub: &str) -> UnitTuple {
+    let root = OwnedObjectPath::try_from("/").expect("path");
+    (
+        name.into(),
+        format!("{name} description"),
+        "loaded".into(),
+        active.into(),
+        sub.into(),
+        String::new(),
+        root.clone(),
+        0,
+        String::new(),
+        root,
+    )
+}
+
+/// What the stand-in saw, for assertions.
+#[derive(Default)]
+struct Shared {
+    next_job: AtomicU32,
+    calls: Mutex<Vec<String>>,
+    slow_job_started: Notify,
+}
+
+#[derive(Clone)]
+struct NodeSpec {
+    name: &'static str,
+    /// Hard-coded, not computed with droverctl's escaping: the test checks it.
+    path: &'static str,
+    online: bool,
+    ip: &'static str,
+    last_seen: u64,
+    units: Vec<UnitTuple>,
+}
+
+fn fleet() -> Vec<NodeSpec> {
+    vec![
+        NodeSpec {
+            name: "node-a",
+            path: "/org/eclipse/bluechi/node/node_2da",
+            online: true,
+            ip: "127.0.0.1",
+            last_seen: 1_700_000_000_000_000,
+            units: vec![
+                unit("web.service", "active", "running"),
+                unit("db.service", "inactive", "dead"),
+                unit("drover-dep@db.service.service", "active", "exited"),
+            ],
+        },
+        NodeSpec {
+            name: "9node",
+            path: "/org/eclipse/bluechi/node/_39node",
+            online: true,
+            ip: "10.0.0.9",
+            last_seen: 1_700_000_000_000_000,
+            units: vec![unit("worker.service", "failed", "failed")],
+        },
+        NodeSpec {
+            name: "node-b",
+            path: "/org/eclipse/bluechi/node/node_2db",
+            online: false,
+            ip: "",
+            last_seen: 0,
+            units: vec![],
+        },
+        NodeSpec {
+            name: "node-c",
+            path: "/org/eclipse/bluechi/node/node_2dc",
+            online: false,
+            ip: "",
+            last_seen: 1_600_000_000_000_000,
+            units: vec![],
+        },
+    ]
+}
+
+struct FakeController {
+    nodes: Vec<NodeSpec>,
+}
+
+#[interface(name = "org.eclipse.bluechi.Controller")]
+impl FakeController {
+    fn list_nodes(&self) -> Vec<(String, OwnedObjectPath, String, String)> {
+        self.nodes
+            .iter()
+            .map(|n| {
+                (
+                    n.name.to_owned(),
+                    OwnedObjectPath::try_from(n.path).expect("path"),
+                    if n.online { "online" } else { "offline" }.to_owned(),
+                    n.ip.to_owned(),
+                )
+            })
+            .collect()
+    }
+
+    fn list_units(&self) -> HashMap<String, Vec<UnitTuple>> {
+        self.nodes
+            .iter()
+            .filter(|n| n.online)
+            .map(|n| (n.name.to_owned(), n.units.clone()))
+            .collect()
+    }
+}
+
+struct FakeNode {
+    spec: NodeSpec,
+    shared: Arc<Shared>,
+}
+
+impl FakeNode {
+    fn check_online(&self) -> Result<(), NamedError> {
+        if self.spec.online {
+            Ok(())
+        } else {
+            Err(NamedError::new(
+                "org.eclipse.bluechi.Offline",
+                "Node is offline",
+            ))
+        }
+    }
+
+    async fn job(
+        &self,
+        conn: &Connection,
+        method: &str,
+        unit: &str,
+        mode: &str,
+    ) -> Result<OwnedObjectPath, NamedError> {
+        self.shared
+            .calls
+            .lock()
+            .await
+            .push(format!("{} {method} {unit} {mode}", self.spec.name));
+        self.check_online()?;
+        if unit == "missing.service" {
+            return Err(NamedError::new(
+                "org.freedesktop.systemd1.NoSuchUnit",
+                "Unit missing.service not found.",
+            ));
+        }
+        let id = self.shared.next_job.fetch_add(1, Ordering::SeqCst) + 1;
+        let path = format!("/org/eclipse/bluechi/job/{id}");
+        let emit = |job_id: u32, job: String, result: &'static str| {
+            let node = self.spec.name;
+            let unit = unit.to_owned();
+            async move {
+                let job = ObjectPath::try_from(job.as_str()).expect("job path");
+                conn.emit_signal(
+                    None::<zbus::names::BusName<'_>>,
+                    "/org/eclipse/bluechi",
+                    "org.eclipse.bluechi.Controller",
+                    "JobRemoved",
+                    &(job_id, job, node, unit.as_str(), result),
+                )
+                .await
+                .expect("emit JobRemoved");
+            }
+        };
+        match unit {
+            "slow.service" => self.shared.slow_job_started.notify_one(),
+            // Finish before the reply goes out, as a fast oneshot unit does, and let
+            // someone else's job end first: droverctl must pick its own.
+            "web.service" | "fail.service" => {
+                emit(
+                    id + 1000,
+                    format!("/org/eclipse/bluechi/job/{}", id + 1000),
+                    "failed",
+                )
+                .await;
+                let result = if unit == "web.service" {
+                    "done"
+                } else {
+                    "failed"
+                };
+                emit(id, path.clone(), result).await;
+            }
+            _ => emit(id, path.clone(), "done").await,
+        }
+        Ok(OwnedObjectPath::try_from(path).expect("job path"))
+    }
+}
+
+#[interface(name = "org.eclipse.bluechi.Node")]
+impl FakeNode {
+    async fn start_unit(
+        &self,
+        name: &str,
+        mode: &str,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<OwnedObjectPath, NamedError> {
+        self.job(conn, "StartUnit", name, mode).await
+    }
+
+    async fn stop_unit(
+        &self,
+        name: &str,
+        mode: &str,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<OwnedObjectPath, NamedError> {
+        self.job(conn, "StopUnit", name, mode).await
+    }
+
+    async fn restart_unit(
+        &self,
+        name: &str,
+        mode: &str,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<OwnedObjectPath, NamedError> {
+        self.job(conn, "RestartUnit", name, mode).await
+    }
+
+    async fn reload_unit(
+        &self,
+        name: &str,
+        mode: &str,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<OwnedObjectPath, NamedError> {
+        self.job(conn, "ReloadUnit", name, mode).await
+    }
+
+    fn list_units(&self) -> Result<Vec<UnitTuple>, NamedError> {
+        self.check_online()?;
+        Ok(self.spec.units.clone())
+    }
+
+    async fn reload(&self) -> Result<(), NamedError> {
+        self.shared
+            .calls
+            .lock()
+            .await
+            .push(format!("{} Reload", self.spec.name));
+        self.check_online()
+    }
+
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn last_seen_timestamp(&self) -> u64 {
+        self.spec.last_seen
+    }
+}
+
+/// Start the stand-in manager on `bus`, owning `org.eclipse.bluechi`.
+async fn serve(bus: &Bus) -> (Connection, Arc<Shared>) {
+    let shared = Arc::new(Shared::default());
+    let nodes = fleet();
+    let mut builder = zbus::connection::Builder::address(bus.address.as_str()).serve_at(
+        "/org/eclipse/bluechi",
+        FakeController {
+            nodes: nodes.clone(),
+        },
+    );
+    for spec in nodes {
+        builder = builder.serve_at(
+            spec.path,
+            FakeNode {
+                spec: spec.clone(),
+                shared: shared.clone(),
+            },
+        );
+    }
+    let conn = builder
+        .name(BUS_NAME)
+        .build()
+        .await
+        .expect("stand-in manager on the test bus");
+    (conn, shared)
+}
+
+// ---------------------------------------------------------------------------------
+// Driving the binary
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+async fn droverctl(bus: &Bus, args: &[&str]) -> Run {
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_droverctl"))
+        .arg("--bus")
+        .arg(&bus.address)
+        .args(args)
+        .env_remove("DROVER_BUS")
+        .kill_on_drop(true)
+        .output();
+    // A hang is a failure, not a stuck test run.
+    let out = tokio::time::timeout(Duration::from_secs(30), child)
+        .await
+        .unwrap_or_else(|_| panic!("droverctl {args:?} hung"))
+        .expect("run droverctl");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn fields(line: &str) -> Vec<&str> {
+    line.split('|').map(str::trim).collect()
+}
+
+// ---------------------------------------------------------------------------------
+// Tests
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_lists_every_node_like_bluechictl() {
+    let bus = Bus::start();
+    let (_mgr, _) = serve(&bus).await;
+
+    let r = droverctl(&bus, &["status"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(fields(lines[0]), ["NODE", "STATE", "IP", "LAST SEEN"]);
+    assert!(lines[1].chars().all(|c| c == '='));
+    assert_eq!(fields(lines[2]), ["node-a", "online", "127.0.0.1", "now"]);
+    assert_eq!(fields(lines[3]), ["9node", "online", "10.0.0.9", "now"]);
+    assert_eq!(fields(lines[4]), ["node-b", "offline", "", "never"]);
+    let c = fields(lines[5]);
+    assert_eq!(c[..2], ["node-c", "offline"]);
+    assert!(c[3].starts_with("2020-09-1"), "{}", c[3]);
+    assert_eq!(lines.len(), 6);
+
+    let r = droverctl(&bus, &["status", "node-c", "--json"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).expect("json");
+    assert_eq!(v.as_array().map(Vec::len), Some(1));
+    assert_eq!(v[0]["node"], "node-c");
+    assert_eq!(v[0]["last_seen_usec"], 1_600_000_000_000_000u64);
+
+    let r = droverctl(&bus, &["status", "node-z"]).await;
+    assert_eq!(r.code, 1);
+    assert_eq!(r.stderr, "droverctl: node 'node-z' not found\n");
+    assert!(r.stdout.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_units_all_nodes_one_node_and_filter() {
+    let bus = Bus::start();
+    let (_mgr, _) = serve(&bus).await;
+
+    let r = droverctl(&bus, &["list-units"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let rows: Vec<Vec<&str>> = r.stdout.lines().skip(2).map(fields).collect();
+    assert_eq!(
+        rows,
+        [
+            vec!["9node", "worker.service", "failed", "failed"],
+            vec!["node-a", "db.service", "inactive", "dead"],
+            vec![
+                "node-a",
+                "drover-dep@db.service.service",
+                "active",
+                "exited"
+            ],
+            vec!["node-a", "web.service", "active", "running"],
+        ]
+    );
+
+    let r = droverctl(&bus, &["list-units", "node-a", "--filter", "d*"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let units: Vec<&str> = r.stdout.lines().skip(2).map(|l| fields(l)[1]).collect();
+    assert_eq!(units, ["db.service", "drover-dep@db.service.service"]);
+
+    // The node path with a leading digit is escaped (_39node).
+    let r = droverctl(&bus, &["--json", "list-units", "9node"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).expect("json");
+    assert_eq!(v[0]["unit"], "worker.service");
+    assert_eq!(v[0]["node"], "9node");
+
+    let r = droverctl(&bus, &["list-units", "node-b"]).await;
+    assert_eq!(r.code, 1);
+    assert_eq!(r.stderr, "droverctl: node node-b is offline\n");
+
+    let r = droverctl(&bus, &["list-units", "node-z"]).await;
+    assert_eq!(r.code, 1);
+    assert_eq!(r.stderr, "droverctl: node 'node-z' not found\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_waits_for_its_own_job_and_exit_code_follows_the_result() {
+    let bus = Bus::start();
+    let (_mgr, shared) = serve(&bus).await;
+
+    // The job ends before the reply, after another job's JobRemoved.
+    let r = droverctl(&bus, &["start", "node-a", "web"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        r.stdout,
+        "Unit web.service StartUnit operation result: done\n"
+    );
+    assert!(r.stderr.is_empty(), "{}", r.stderr);
+
+    let r = droverctl(&bus, &["restart", "node-a", "fail.service"]).await;
+    assert_eq!(r.code, 1);
+    assert_eq!(
+        r.stdout,
+        "Unit fail.service RestartUnit operation result: failed\n"
+    );
+    assert!(
+        r.stderr.contains("finished with result 'failed'"),
+        "{}",
+        r.stderr
+    );
+
+    let r = droverctl(&bus, &["--json", "stop", "node-a", "db.service"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).expect("json");
+    assert_eq!(v[0]["operation"], "StopUnit");
+    assert_eq!(v[0]["result"], "done");
+    assert!(
+        v[0]["job"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("/org/eclipse/bluechi/job/")
+    );
+
+    let r = droverctl(&bus, &["reload", "node-a", "db"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+
+    assert_eq!(
+        *shared.calls.lock().await,
+        [
+            "node-a StartUnit web.service replace",
+            "node-a RestartUnit fail.service replace",
+            "node-a StopUnit db.service replace",
+            "node-a ReloadUnit db.service replace",
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_are_friendly_and_exit_1() {
+    let bus = Bus::start();
+    let (_mgr, shared) = serve(&bus).await;
+
+    let r = droverctl(&bus, &["start", "node-b", "web"]).await;
+    assert_eq!(
+        (r.code, r.stderr.as_str()),
+        (1, "droverctl: node node-b is offline\n")
+    );
+    let r = droverctl(&bus, &["start", "node-z", "web"]).await;
+    assert_eq!(
+        (r.code, r.stderr.as_str()),
+        (1, "droverctl: node 'node-z' not found\n")
+    );
+    let r = droverctl(&bus, &["start", "node-a", "missing"]).await;
+    assert_eq!(
+        (r.code, r.stderr.as_str()),
+        (
+            1,
+            "droverctl: unit missing.service not found on node node-a\n"
+        )
+    );
+    let r = droverctl(&bus, &["daemon-reload", "node-b"]).await;
+    assert_eq!(
+        (r.code, r.stderr.as_str()),
+        (1, "droverctl: node node-b is offline\n")
+    );
+
+    // Usage errors send nothing.
+    let before = shared.calls.lock().await.len();
+    for bad in [
+        &["start", "node_a", "web"][..],
+        &["start", "node-a", "we b"],
+        &["start", "node-a"],
+        &["frobnicate"],
+        &["status", "--bogus"],
+    ] {
+        let r = droverctl(&bus, bad).await;
+        assert_eq!(r.code, 2, "{bad:?}: {}", r.stderr);
+        assert!(r.stdout.is_empty());
+    }
+    assert_eq!(shared.calls.lock().await.len(), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_reload() {
+    let bus = Bus::start();
+    let (_mgr, shared) = serve(&bus).await;
+    let r = droverctl(&bus, &["daemon-reload", "node-a"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.is_empty());
+    assert_eq!(*shared.calls.lock().await, ["node-a Reload"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeout_gives_up_with_exit_1() {
+    let bus = Bus::start();
+    let (_mgr, _) = serve(&bus).await;
+    let started = std::time::Instant::now();
+    let r = droverctl(&bus, &["start", "node-a", "slow", "--timeout", "0.5"]).await;
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr.starts_with("droverctl: timed out after 0.5 s"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.stderr.contains("/org/eclipse/bluechi/job/"),
+        "{}",
+        r.stderr
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manager_leaving_while_waiting_is_reported_not_a_hang() {
+    let bus = Bus::start();
+    let (mgr, shared) = serve(&bus).await;
+    let address = bus.address.clone();
+    let run = tokio::spawn(async move {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_droverctl"))
+            .args(["--bus", &address, "start", "node-a", "slow"])
+            .kill_on_drop(true)
+            .output();
+        tokio::time::timeout(Duration::from_secs(30), out).await
+    });
+    // droverctl subscribes before it calls, so once the call arrived it is listening.
+    tokio::time::timeout(Duration::from_secs(10), shared.slow_job_started.notified())
+        .await
+        .expect("droverctl never called StartUnit");
+    mgr.release_name(BUS_NAME).await.expect("release name");
+    let out = run
+        .await
+        .expect("join")
+        .expect("droverctl hung after the manager left")
+        .expect("run droverctl");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("drover-manager left"), "{stderr}");
+    assert!(
+        stderr.contains("StartUnit of unit slow.service on node node-a"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_manager_on_the_bus() {
+    let bus = Bus::start();
+    for args in [
+        &["status"][..],
+        &["list-units"],
+        &["start", "node-a", "web"],
+    ] {
+        let r = droverctl(&bus, args).await;
+        assert_eq!(r.code, 1, "{args:?}");
+        assert_eq!(
+            r.stderr,
+            format!(
+                "droverctl: cannot reach drover-manager on bus {}: is it running?\n",
+                bus.address
+            ),
+            "{args:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn version_needs_no_bus() {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_droverctl"))
+        .args(["--bus", "unix:path=/nonexistent/bus", "version"])
+        .output()
+        .await
+        .expect("run droverctl");
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("droverctl version {}\n", env!("CARGO_PKG_VERSION"))
+    );
+}
