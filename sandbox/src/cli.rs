@@ -1,0 +1,298 @@
+//! The `drover-sandbox` command: `up`, `exec`, `install`, `down`, `demo`.
+//!
+//! `up` starts a sandbox whose processes outlive the command (it detaches from the
+//! [`Cluster`] after everything is online); the other commands find it again through
+//! `DIR/state.json`. `--dir` defaults to `$DROVER_SANDBOX_DIR`, then `/tmp/drover-sandbox`.
+//! Usage errors are clap's (exit 2); failures print one message and exit 1; `exec` passes
+//! the command's exit code through.
+
+use crate::binaries;
+use crate::bus;
+use crate::cluster::{Cluster, ClusterOptions, MAX_NODES};
+use crate::files;
+use crate::node;
+use crate::process;
+use crate::state::{ENV_FILE, State};
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use drover_protocol::{NodeName, UnitName};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+pub const DEFAULT_DIR: &str = "/tmp/drover-sandbox";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "drover-sandbox",
+    version,
+    about = "A local drover cluster of real systemd --user nodes on this machine"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Start a sandbox in the background and wait until every node is online.
+    Up {
+        /// Number of nodes, named node1..nodeN (default 3).
+        #[arg(long, value_name = "N", conflicts_with = "node",
+              value_parser = clap::value_parser!(u16).range(1..=MAX_NODES as i64))]
+        nodes: Option<u16>,
+        /// A node name (repeat for more nodes).
+        #[arg(long = "node", value_name = "NAME", value_parser = parse_node_name)]
+        node: Vec<String>,
+        /// Sandbox directory.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
+    /// Run a command inside a node (its namespaces and environment).
+    Exec {
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+        #[arg(value_parser = parse_node_name)]
+        node: String,
+        /// The command, after `--`.
+        #[arg(last = true, required = true, value_name = "CMD")]
+        cmd: Vec<String>,
+    },
+    /// Copy unit files into a node and reload its systemd.
+    Install {
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+        #[arg(value_parser = parse_node_name)]
+        node: String,
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
+    },
+    /// Stop a sandbox and remove everything it made (idempotent).
+    Down {
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
+    /// Build a 3-node cluster in a temporary directory, drive it with droverctl, tear it down.
+    Demo,
+}
+
+fn parse_node_name(s: &str) -> Result<String, String> {
+    NodeName::new(s)
+        .map(|n| n.as_str().to_string())
+        .map_err(|e| e.to_string())
+}
+
+/// The sandbox directory: `--dir`, else `$DROVER_SANDBOX_DIR`, else [`DEFAULT_DIR`].
+pub fn resolve_dir(dir: Option<PathBuf>) -> PathBuf {
+    dir.or_else(|| std::env::var_os("DROVER_SANDBOX_DIR").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_DIR))
+}
+
+/// Runs one command; returns the process exit code.
+pub async fn run(cli: Cli) -> Result<u8> {
+    match cli.command {
+        Command::Up { nodes, node, dir } => {
+            let mut opts = if node.is_empty() {
+                ClusterOptions::with_nodes(usize::from(nodes.unwrap_or(3)))
+            } else {
+                ClusterOptions {
+                    nodes: node,
+                    ..ClusterOptions::default()
+                }
+            };
+            opts.dir = Some(resolve_dir(dir));
+            up(opts).await
+        }
+        Command::Exec { dir, node, cmd } => exec(&resolve_dir(dir), &node, &cmd),
+        Command::Install { dir, node, files } => install(&resolve_dir(dir), &node, &files).await,
+        Command::Down { dir } => down(&resolve_dir(dir)),
+        Command::Demo => demo().await,
+    }
+}
+
+async fn up(opts: ClusterOptions) -> Result<u8> {
+    // Ctrl-C while starting drops the half-built cluster, whose Drop tears it down.
+    let cluster = tokio::select! {
+        c = Cluster::start(opts) => c?,
+        _ = tokio::signal::ctrl_c() => bail!("interrupted; nothing was left running"),
+    };
+    let env = files::env_lines(cluster.bus_address(), cluster.dir());
+    let dir = cluster.detach()?;
+    std::fs::write(dir.join(ENV_FILE), &env)
+        .with_context(|| format!("writing {}", dir.join(ENV_FILE).display()))?;
+    print!("{env}");
+    Ok(0)
+}
+
+fn load(dir: &Path) -> Result<State> {
+    State::load(dir)?.with_context(|| {
+        format!(
+            "no sandbox in {} (no state.json); start one with `drover-sandbox up`",
+            dir.display()
+        )
+    })
+}
+
+fn exec(dir: &Path, node_name: &str, cmd: &[String]) -> Result<u8> {
+    let state = load(dir)?;
+    let pid = live_node_pid(&state, node_name)?;
+    let argv: Vec<&str> = cmd.iter().map(String::as_str).collect();
+    let status = node::exec_command(&state.dir, node_name, pid, &argv)
+        .stdin(Stdio::inherit())
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::inherit())
+        .status()
+        .with_context(|| format!("running nsenter for node {node_name}"))?;
+    Ok(exit_code(status))
+}
+
+/// The shell convention: the exit code, or 128 + the signal that killed it.
+fn exit_code(status: std::process::ExitStatus) -> u8 {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => u8::try_from(code).unwrap_or(1),
+        (None, Some(sig)) => u8::try_from(128 + sig).unwrap_or(255),
+        (None, None) => 1,
+    }
+}
+
+fn live_node_pid(state: &State, node_name: &str) -> Result<u32> {
+    let pid = state
+        .node(node_name)?
+        .systemd_pid
+        .with_context(|| format!("node {node_name} was never started"))?;
+    if !process::alive(pid) {
+        bail!(
+            "node {node_name} is not running (its systemd pid {pid} is gone); run `drover-sandbox down` and `up` again"
+        );
+    }
+    Ok(pid)
+}
+
+async fn install(dir: &Path, node_name: &str, unit_files: &[PathBuf]) -> Result<u8> {
+    let state = load(dir)?;
+    live_node_pid(&state, node_name)?;
+    let target_dir = node::unit_dir(&state.dir, node_name);
+    for file in unit_files {
+        let name = file
+            .file_name()
+            .and_then(|n| n.to_str())
+            .with_context(|| format!("{} has no usable file name", file.display()))?;
+        let unit = UnitName::new(name)
+            .with_context(|| format!("{} is not a unit file name", file.display()))?;
+        std::fs::copy(file, target_dir.join(unit.as_str()))
+            .with_context(|| format!("copying {} into node {node_name}", file.display()))?;
+    }
+    bus::reload_systemd(&node::bus_address(&state.dir, node_name)).await?;
+    for file in unit_files {
+        println!("installed {} on {node_name}", file.display());
+    }
+    Ok(0)
+}
+
+fn down(dir: &Path) -> Result<u8> {
+    let Some(state) = State::load(dir)? else {
+        println!("no sandbox in {}; nothing to do", dir.display());
+        return Ok(0);
+    };
+    let errors = state.teardown();
+    if !errors.is_empty() {
+        bail!(
+            "teardown of {} failed:\n  {}",
+            dir.display(),
+            errors.join("\n  ")
+        );
+    }
+    println!("sandbox in {} is down", dir.display());
+    Ok(0)
+}
+
+const DEMO_UNIT: &str = "\
+[Unit]
+Description=drover demo: a oneshot that succeeds
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/bin/echo hello from drover-demo
+";
+
+async fn demo() -> Result<u8> {
+    let droverctl = binaries::locate("droverctl")?;
+    println!("starting a 3-node sandbox...");
+    let cluster = tokio::select! {
+        c = Cluster::start(ClusterOptions::with_nodes(3)) => c?,
+        _ = tokio::signal::ctrl_c() => bail!("interrupted; nothing was left running"),
+    };
+    println!(
+        "sandbox up in {} (manager bus {})",
+        cluster.dir().display(),
+        cluster.bus_address()
+    );
+    let result = tokio::select! {
+        r = demo_steps(&cluster, &droverctl) => r,
+        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+    };
+    println!("tearing down...");
+    let down = cluster.down().await;
+    result?;
+    down?;
+    println!("done");
+    Ok(0)
+}
+
+async fn demo_steps(cluster: &Cluster, droverctl: &Path) -> Result<()> {
+    droverctl_step(cluster, droverctl, &["status"]).await?;
+    cluster
+        .install_unit("node2", "drover-demo.service", DEMO_UNIT)
+        .await?;
+    println!("(installed drover-demo.service on node2)");
+    droverctl_step(
+        cluster,
+        droverctl,
+        &["list-units", "node2", "--filter", "drover-demo*"],
+    )
+    .await?;
+    droverctl_step(
+        cluster,
+        droverctl,
+        &["start", "node2", "drover-demo.service"],
+    )
+    .await?;
+    droverctl_step(cluster, droverctl, &["status"]).await?;
+    Ok(())
+}
+
+async fn droverctl_step(cluster: &Cluster, droverctl: &Path, args: &[&str]) -> Result<()> {
+    println!(
+        "\n$ droverctl {}",
+        args.iter()
+            .map(|a| shown_arg(a))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let out = tokio::process::Command::new(droverctl)
+        .arg("--bus")
+        .arg(cluster.bus_address())
+        .args(args)
+        .env("DROVER_BUS", cluster.bus_address())
+        .stdin(Stdio::null())
+        .output();
+    let out = tokio::time::timeout(std::time::Duration::from_secs(60), out)
+        .await
+        .context("droverctl did not finish within 60 s")?
+        .context("running droverctl")?;
+    print!("{}", String::from_utf8_lossy(&out.stdout));
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    if !out.status.success() {
+        bail!("droverctl {} failed ({})", args.join(" "), out.status);
+    }
+    Ok(())
+}
+
+fn shown_arg(arg: &str) -> String {
+    if arg.contains(['*', ' ', '?']) {
+        files::shell_quote(arg)
+    } else {
+        arg.to_string()
+    }
+}

@@ -1,0 +1,1059 @@
+//! [`Cluster`]: nodes + private bus + manager + agents, owned by one value.
+//!
+//! Start order: nodes (in parallel), the manager's private dbus-daemon, the manager (its
+//! TCP listener is bound once here and passed as fd 3 on every start, so the port survives
+//! `stop_manager`/`start_manager`), then one agent per node. `start` returns once every
+//! started agent's node is `online` on the manager's public API.
+//!
+//! Ownership: the value owns every process it started. `down()` stops them in order and
+//! reports every failure; dropping the value without `down()` (a panicking test) kills
+//! everything through the sandbox cgroups, removes the cgroups and the directory, and, when
+//! the thread is panicking, prints the tails of the logs first so the failure is explained.
+//! `state.json` in the directory is kept current, so `drover-sandbox down --dir DIR` can
+//! clean up after a creator that died without either.
+
+use crate::binaries;
+use crate::bus;
+use crate::cgroups::{CgroupJoin, Layout, PROCS_GROUP, SandboxCgroups};
+use crate::files::{self, DaemonSettings};
+use crate::inotify;
+use crate::node;
+use crate::process::{self, Spawn};
+use crate::state::{NodeState, State};
+use anyhow::{Context, Result, anyhow, bail};
+use drover_protocol::{NodeName, UnitName};
+use nix::sys::signal::Signal;
+use std::collections::BTreeMap;
+use std::io::BufRead;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Output};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Upper bound on nodes per sandbox (each costs a systemd, a dbus-daemon and an agent).
+pub const MAX_NODES: usize = 256;
+/// Longest unix socket path the kernel accepts (`sun_path` minus the NUL).
+const MAX_SOCKET_PATH: usize = 107;
+const NODE_READY_TIMEOUT: Duration = Duration::from_secs(30);
+const BUS_READY_TIMEOUT: Duration = Duration::from_secs(10);
+const MANAGER_READY_TIMEOUT: Duration = Duration::from_secs(20);
+const ONLINE_TIMEOUT: Duration = Duration::from_secs(30);
+const STOP_GRACE: Duration = Duration::from_secs(5);
+
+static SANDBOX_COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// How to build a [`Cluster`].
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    /// Node names (default `node1..node3`).
+    pub nodes: Vec<String>,
+    /// Sandbox directory (default: a fresh one under /tmp, removed on teardown).
+    pub dir: Option<PathBuf>,
+    /// `HeartbeatInterval` of manager and agents, ms (default 500).
+    pub heartbeat_interval_ms: u64,
+    /// `NodeHeartbeatThreshold` and `ControllerHeartbeatThreshold`, ms (default 2000).
+    pub heartbeat_threshold_ms: u64,
+    /// `AllowedNodeNames` (default: `nodes`).
+    pub allowed_nodes: Option<Vec<String>>,
+    /// Appended to the manager config file.
+    pub manager_extra_config: String,
+    /// Start one agent per node (default true).
+    pub start_agents: bool,
+}
+
+impl Default for ClusterOptions {
+    fn default() -> Self {
+        Self::with_nodes(3)
+    }
+}
+
+impl ClusterOptions {
+    /// Nodes `node1..nodeN`, everything else default.
+    pub fn with_nodes(n: usize) -> Self {
+        ClusterOptions {
+            nodes: (1..=n).map(|i| format!("node{i}")).collect(),
+            dir: None,
+            heartbeat_interval_ms: 500,
+            heartbeat_threshold_ms: 2000,
+            allowed_nodes: None,
+            manager_extra_config: String::new(),
+            start_agents: true,
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.nodes.is_empty() {
+            bail!("a sandbox needs at least one node");
+        }
+        if self.nodes.len() > MAX_NODES {
+            bail!(
+                "{} nodes requested; a sandbox has at most {MAX_NODES}",
+                self.nodes.len()
+            );
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for name in &self.nodes {
+            NodeName::new(name.as_str())?;
+            if !seen.insert(name) {
+                bail!("node '{name}' is listed twice");
+            }
+        }
+        for name in self.allowed_nodes.iter().flatten() {
+            NodeName::new(name.as_str()).context("in allowed_nodes")?;
+        }
+        if self.heartbeat_interval_ms == 0 || self.heartbeat_threshold_ms == 0 {
+            bail!("heartbeat interval and threshold must be > 0 ms");
+        }
+        Ok(())
+    }
+}
+
+/// A running local cluster. See the module docs for ownership and teardown.
+pub struct Cluster {
+    state: State,
+    layout: Layout,
+    cgroups: SandboxCgroups,
+    procs_join: CgroupJoin,
+    listener: TcpListener,
+    settings: DaemonSettings,
+    node_children: BTreeMap<String, Child>,
+    bus_child: Option<Child>,
+    manager: Option<Child>,
+    agents: BTreeMap<String, Child>,
+    extra_agents: Vec<Child>,
+    extra_counter: u32,
+    /// Where drover binaries are looked up (see [`binaries`]).
+    bin_dirs: Vec<PathBuf>,
+    /// Set once torn down or detached: `Drop` then does nothing.
+    finished: bool,
+}
+
+impl Cluster {
+    /// Starts the whole cluster; returns when every agent-started node is `online`.
+    pub async fn start(opts: ClusterOptions) -> Result<Cluster> {
+        let bin_dirs = binaries::search_dirs();
+        // Fail fast, before any node is started, when a binary is missing.
+        binaries::locate_in("drover-manager", &bin_dirs)?;
+        if opts.start_agents {
+            binaries::locate_in("drover-agent", &bin_dirs)?;
+        }
+        let mut cluster = Self::start_base(&opts, bin_dirs).await?;
+        let allowed = opts
+            .allowed_nodes
+            .clone()
+            .unwrap_or_else(|| opts.nodes.clone());
+        let manager_conf = files::manager_config(
+            &cluster.settings,
+            &opts.nodes,
+            &allowed,
+            &opts.manager_extra_config,
+        );
+        write_file(&cluster.dir().join("manager.conf"), &manager_conf)?;
+        cluster.start_manager().await?;
+
+        if opts.start_agents {
+            for name in &opts.nodes {
+                cluster.start_agent(name).await?;
+            }
+            let deadline = Instant::now() + ONLINE_TIMEOUT;
+            for name in &opts.nodes {
+                let left = deadline.saturating_duration_since(Instant::now());
+                cluster.wait_node_status(name, "online", left).await?;
+            }
+        }
+        Ok(cluster)
+    }
+
+    /// Directory, cgroups, nodes and the private bus: everything but drover's daemons.
+    async fn start_base(opts: &ClusterOptions, bin_dirs: Vec<PathBuf>) -> Result<Cluster> {
+        opts.validate()?;
+        check_host_tools()?;
+        inotify::ensure_capacity(opts.nodes.len())?;
+        let layout = Layout::detect()?;
+
+        let id = new_id();
+        let (dir, created_dir) = prepare_dir(opts.dir.as_deref(), &id)?;
+        check_socket_paths(&dir, &opts.nodes)?;
+
+        let cgroups = SandboxCgroups::for_id(&layout, &id);
+        let listener =
+            TcpListener::bind("127.0.0.1:0").context("binding the manager's TCP port")?;
+        let port = listener
+            .local_addr()
+            .context("reading the manager's port")?
+            .port();
+        let mut state = State::new(id, dir.clone(), created_dir, &cgroups, port);
+        state.nodes = opts
+            .nodes
+            .iter()
+            .map(|n| NodeState {
+                name: n.clone(),
+                systemd_pid: None,
+            })
+            .collect();
+        // Written before the first cgroup exists: from here on `down --dir` can clean up.
+        state.save()?;
+
+        let procs_join = cgroups.join_spec(PROCS_GROUP)?;
+        let mut cluster = Cluster {
+            state,
+            layout,
+            cgroups,
+            procs_join,
+            listener,
+            settings: DaemonSettings {
+                port,
+                heartbeat_interval_ms: opts.heartbeat_interval_ms,
+                heartbeat_threshold_ms: opts.heartbeat_threshold_ms,
+            },
+            node_children: BTreeMap::new(),
+            bus_child: None,
+            manager: None,
+            agents: BTreeMap::new(),
+            extra_agents: Vec::new(),
+            extra_counter: 0,
+            bin_dirs,
+            finished: false,
+        };
+        // Any error from here on drops `cluster`, and Drop tears down what was started.
+        cluster.cgroups.create_group(PROCS_GROUP)?;
+
+        for name in &opts.nodes {
+            cluster.spawn_node(name)?;
+        }
+        for name in &opts.nodes {
+            let pid = cluster.node_pid(name)?;
+            node::wait_ready(
+                &dir,
+                name,
+                pid,
+                &cluster.log_path(&format!("systemd@{name}")),
+                NODE_READY_TIMEOUT,
+            )
+            .await?;
+        }
+
+        cluster.start_bus().await?;
+        cluster.state.save()?;
+        Ok(cluster)
+    }
+
+    /// The sandbox directory.
+    pub fn dir(&self) -> &Path {
+        &self.state.dir
+    }
+
+    /// The manager's private bus (`DROVER_BUS` for droverctl).
+    pub fn bus_address(&self) -> &str {
+        &self.state.bus_address
+    }
+
+    /// The manager's TCP port (stable across manager restarts).
+    pub fn manager_port(&self) -> u16 {
+        self.state.manager_port
+    }
+
+    pub fn node_names(&self) -> Vec<String> {
+        self.state.nodes.iter().map(|n| n.name.clone()).collect()
+    }
+
+    /// `unix:path=<node>/rt/bus`: that node's systemd as `org.freedesktop.systemd1`.
+    pub fn node_bus_address(&self, node: &str) -> String {
+        node::bus_address(&self.state.dir, node)
+    }
+
+    /// Runs `argv` inside the node (its namespaces and env; `systemctl --user` works).
+    pub async fn exec(&self, node: &str, argv: &[&str]) -> Result<Output> {
+        if argv.is_empty() {
+            bail!("exec needs a command");
+        }
+        let pid = self.node_pid(node)?;
+        let cmd = node::exec_command(&self.state.dir, node, pid, argv);
+        tokio::process::Command::from(cmd)
+            .output()
+            .await
+            .with_context(|| format!("running {argv:?} in node {node}"))
+    }
+
+    /// `systemctl --user ARGS` inside the node.
+    pub async fn systemctl(&self, node: &str, args: &[&str]) -> Result<Output> {
+        let mut argv = vec!["systemctl", "--user"];
+        argv.extend_from_slice(args);
+        self.exec(node, &argv).await
+    }
+
+    /// Writes a unit file into the node's user unit directory and reloads its systemd.
+    pub async fn install_unit(&self, node: &str, name: &str, contents: &str) -> Result<()> {
+        self.node_pid(node)?;
+        let unit = UnitName::new(name)?;
+        let path = node::unit_dir(&self.state.dir, node).join(unit.as_str());
+        write_file(&path, contents)?;
+        bus::reload_systemd(&self.node_bus_address(node)).await
+    }
+
+    /// The pid of the node's agent, while the cluster holds one.
+    pub fn agent_pid(&self, node: &str) -> Option<u32> {
+        self.agents.get(node).map(Child::id)
+    }
+
+    /// Sends `sig` to the node's agent.
+    pub fn signal_agent(&self, node: &str, sig: Signal) -> Result<()> {
+        let pid = self
+            .agent_pid(node)
+            .with_context(|| format!("node {node} has no agent"))?;
+        process::signal(pid, sig)
+    }
+
+    /// SIGTERM the node's agent, wait for it (SIGKILL after a grace period) and reap it.
+    pub async fn stop_agent(&mut self, node: &str) -> Result<()> {
+        let mut child = self
+            .agents
+            .remove(node)
+            .with_context(|| format!("node {node} has no agent"))?;
+        self.state.agent_pids.remove(node);
+        self.state.save()?;
+        process::terminate(&mut child, STOP_GRACE).await?;
+        Ok(())
+    }
+
+    /// (Re)starts the node's agent; does not wait for the node to be online.
+    pub async fn start_agent(&mut self, node: &str) -> Result<()> {
+        self.node_pid(node)?;
+        // An old agent that died (e.g. SIGKILLed by a test) is reaped here and replaced.
+        if let Some(child) = self.agents.get_mut(node)
+            && child
+                .try_wait()
+                .context("checking the old agent")?
+                .is_none()
+        {
+            bail!(
+                "the agent of node {node} (pid {}) is still running; stop it first",
+                child.id()
+            );
+        }
+        let conf = self.state.dir.join(node).join("agent.conf");
+        write_file(&conf, &files::agent_config(&self.settings, node))?;
+        let child = self.spawn_agent(node, &conf, self.log_path(node))?;
+        self.state.agent_pids.insert(node.to_string(), child.id());
+        self.agents.insert(node.to_string(), child);
+        self.state.save()
+    }
+
+    /// Starts an extra agent on `node` that registers as `claimed_name` (for refusal
+    /// tests). Returns its pid; it lives until the cluster is torn down.
+    pub async fn start_agent_named(&mut self, node: &str, claimed_name: &str) -> Result<u32> {
+        self.node_pid(node)?;
+        if claimed_name.is_empty() || claimed_name.contains(['\n', '\r']) {
+            bail!("claimed name {claimed_name:?} cannot be written into a config file");
+        }
+        self.extra_counter += 1;
+        let n = self.extra_counter;
+        let conf = self.state.dir.join(format!("extra-agent-{n}.conf"));
+        write_file(&conf, &files::agent_config(&self.settings, claimed_name))?;
+        let log = self.state.dir.join(format!("agent@{node}+extra-{n}.log"));
+        let child = self.spawn_agent(node, &conf, log)?;
+        let pid = child.id();
+        self.state.extra_agent_pids.push(pid);
+        self.extra_agents.push(child);
+        self.state.save()?;
+        Ok(pid)
+    }
+
+    /// SIGTERM the manager, wait (SIGKILL after a grace period) and reap. The TCP port
+    /// stays bound by the sandbox.
+    pub async fn stop_manager(&mut self) -> Result<()> {
+        if let Some(mut child) = self.manager.take() {
+            self.state.manager_pid = None;
+            self.state.save()?;
+            process::terminate(&mut child, STOP_GRACE).await?;
+        }
+        Ok(())
+    }
+
+    /// Starts the manager again on the same port and bus; returns once it owns its name.
+    pub async fn start_manager(&mut self) -> Result<()> {
+        let bin = binaries::locate_in("drover-manager", &self.bin_dirs)?;
+        self.spawn_manager(&bin).await
+    }
+
+    /// Polls `Node.Status` of `node` on the manager's bus until it equals `status`.
+    pub async fn wait_node_status(
+        &self,
+        node: &str,
+        status: &str,
+        timeout: Duration,
+    ) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let mut conn = None;
+        let mut last = String::new();
+        loop {
+            if conn.is_none() {
+                match bus::connect(self.bus_address()).await {
+                    Ok(c) => conn = Some(c),
+                    Err(e) => last = format!("{e:#}"),
+                }
+            }
+            if let Some(c) = &conn {
+                match bus::node_status(c, node).await {
+                    Ok(s) if s == status => return Ok(()),
+                    Ok(s) => last = format!("Status={s}"),
+                    Err(e) => last = format!("{e:#}"),
+                }
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "node {node} did not become {status} within {timeout:?} (last: {last})\n{}\n{}",
+                    process::log_tail(&self.log_path("manager"), 20),
+                    process::log_tail(&self.log_path(node), 20),
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Log file of `what`: `"manager"`, `"bus"`, a node name (its agent), or
+    /// `"systemd@NODE"` (that node's systemd).
+    pub fn log_path(&self, what: &str) -> PathBuf {
+        match what {
+            "manager" => self.state.dir.join("manager.log"),
+            "bus" => self.state.dir.join("bus.log"),
+            other if other.starts_with("systemd@") => self.state.dir.join(format!("{other}.log")),
+            node => self.state.dir.join(format!("agent@{node}.log")),
+        }
+    }
+
+    /// Orderly teardown: SIGTERM agents and manager (SIGKILL after a grace period), kill
+    /// everything left in the sandbox cgroups, unmount leftovers, remove cgroups and the
+    /// directory. Keeps going after a failure and reports all of them.
+    pub async fn down(mut self) -> Result<()> {
+        let mut errors = Vec::new();
+        let mut daemons: Vec<Child> = self.extra_agents.drain(..).collect();
+        daemons.extend(std::mem::take(&mut self.agents).into_values());
+        daemons.extend(self.manager.take());
+        // Signal all first so the grace periods overlap.
+        for child in &mut daemons {
+            if let Ok(None) = child.try_wait() {
+                let _ = process::signal(child.id(), Signal::SIGTERM);
+                let _ = process::signal(child.id(), Signal::SIGCONT);
+            }
+        }
+        for child in &mut daemons {
+            if let Err(e) = process::terminate(child, STOP_GRACE).await {
+                errors.push(format!("{e:#}"));
+            }
+        }
+        errors.extend(self.kill_and_clean());
+        self.finished = true;
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(anyhow!(
+                "sandbox teardown failed:\n  {}",
+                errors.join("\n  ")
+            ))
+        }
+    }
+
+    /// Leaves every process running and forgets them (for `drover-sandbox up`); the
+    /// state file describes the sandbox for later `exec`/`install`/`down`.
+    pub fn detach(mut self) -> Result<PathBuf> {
+        self.state.save()?;
+        self.finished = true;
+        Ok(self.state.dir.clone())
+    }
+
+    /// The sandbox's persisted description.
+    pub fn state(&self) -> &State {
+        &self.state
+    }
+
+    /// Kills everything through the cgroups, reaps our children, removes the rest.
+    fn kill_and_clean(&mut self) -> Vec<String> {
+        let mut errors = Vec::new();
+        if let Err(e) = self.state.kill_all() {
+            errors.push(format!("{e:#}"));
+        }
+        let children = self
+            .node_children
+            .values_mut()
+            .chain(self.agents.values_mut())
+            .chain(self.extra_agents.iter_mut())
+            .chain(self.manager.iter_mut())
+            .chain(self.bus_child.iter_mut());
+        for child in children {
+            process::kill_and_reap(child);
+        }
+        errors.extend(self.state.cleanup());
+        errors
+    }
+
+    fn node_pid(&self, node: &str) -> Result<u32> {
+        self.state
+            .node(node)?
+            .systemd_pid
+            .with_context(|| format!("node {node} is not running"))
+    }
+
+    fn spawn_node(&mut self, name: &str) -> Result<()> {
+        node::prepare_dirs(&self.state.dir, name)?;
+        self.cgroups.create_group(name)?;
+        let join = self.cgroups.join_spec(name)?;
+        let child = node::spawn(
+            &self.layout,
+            &join,
+            &self.state.dir,
+            name,
+            self.log_path(&format!("systemd@{name}")),
+        )?;
+        let pid = child.id();
+        self.node_children.insert(name.to_string(), child);
+        if let Some(n) = self.state.nodes.iter_mut().find(|n| n.name == name) {
+            n.systemd_pid = Some(pid);
+        }
+        self.state.save()
+    }
+
+    async fn start_bus(&mut self) -> Result<()> {
+        let dir = self.state.dir.clone();
+        let conf = dir.join("bus.conf");
+        write_file(&conf, &files::bus_config(&dir.join("bus")))?;
+        let mut child = process::spawn(Spawn {
+            program: Path::new("/usr/bin/dbus-daemon"),
+            args: vec![
+                "--nofork".into(),
+                "--print-address".into(),
+                format!("--config-file={}", conf.display()),
+            ],
+            env: Vec::new(),
+            clear_env: false,
+            log: self.log_path("bus"),
+            cgroup: &self.procs_join,
+            listen_fd: None,
+            stdout_pipe: true,
+        })?;
+        let pid = child.id();
+        let stdout = child.stdout.take().context("dbus-daemon stdout")?;
+        self.bus_child = Some(child);
+        self.state.bus_pid = Some(pid);
+        self.state.save()?;
+        // The daemon prints its address once it listens; EOF means it died.
+        let line = tokio::task::spawn_blocking(move || {
+            let mut line = String::new();
+            std::io::BufReader::new(stdout)
+                .read_line(&mut line)
+                .map(|_| line)
+        });
+        let line = tokio::time::timeout(BUS_READY_TIMEOUT, line).await;
+        match line {
+            Ok(Ok(Ok(l))) if l.starts_with("unix:") => Ok(()),
+            _ => bail!(
+                "the sandbox's dbus-daemon did not come up within {BUS_READY_TIMEOUT:?}\n{}",
+                process::log_tail(&self.log_path("bus"), 20)
+            ),
+        }
+    }
+
+    async fn spawn_manager(&mut self, bin: &Path) -> Result<()> {
+        if let Some(child) = &mut self.manager
+            && child.try_wait().context("checking the manager")?.is_none()
+        {
+            bail!("the manager (pid {}) is already running", child.id());
+        }
+        let dir = self.state.dir.clone();
+        let bus_address = self.state.bus_address.clone();
+        let child = process::spawn(Spawn {
+            program: bin,
+            args: vec![
+                "--no-default-config".into(),
+                "-c".into(),
+                dir.join("manager.conf").display().to_string(),
+                "--bus".into(),
+                bus_address.clone(),
+            ],
+            env: vec![("DBUS_SESSION_BUS_ADDRESS".into(), bus_address.clone())],
+            clear_env: false,
+            log: self.log_path("manager"),
+            cgroup: &self.procs_join,
+            listen_fd: Some(process::raw_fd(&self.listener)),
+            stdout_pipe: false,
+        })?;
+        let pid = child.id();
+        self.manager = Some(child);
+        self.state.manager_pid = Some(pid);
+        self.state.save()?;
+
+        let deadline = Instant::now() + MANAGER_READY_TIMEOUT;
+        let mut last;
+        loop {
+            if let Some(child) = &mut self.manager
+                && let Some(status) = child.try_wait().context("checking the manager")?
+            {
+                bail!(
+                    "drover-manager exited during startup ({status})\n{}",
+                    process::log_tail(&self.log_path("manager"), 30)
+                );
+            }
+            match bus::connect(&bus_address).await {
+                Ok(conn) => match bus::name_has_owner(&conn, bus::BLUECHI_NAME).await {
+                    Ok(true) => return Ok(()),
+                    Ok(false) => last = format!("{} has no owner yet", bus::BLUECHI_NAME),
+                    Err(e) => last = format!("{e:#}"),
+                },
+                Err(e) => last = format!("{e:#}"),
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "drover-manager did not take {} within {MANAGER_READY_TIMEOUT:?} ({last})\n{}",
+                    bus::BLUECHI_NAME,
+                    process::log_tail(&self.log_path("manager"), 30)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn spawn_agent(&self, node: &str, conf: &Path, log: PathBuf) -> Result<Child> {
+        let bin = binaries::locate_in("drover-agent", &self.bin_dirs)?;
+        let bus_address = self.node_bus_address(node);
+        process::spawn(Spawn {
+            program: &bin,
+            args: vec![
+                "--no-default-config".into(),
+                "-c".into(),
+                conf.display().to_string(),
+                "--user".into(),
+                "--bus".into(),
+                bus_address,
+            ],
+            env: node::env(&self.state.dir, node),
+            clear_env: false,
+            log,
+            cgroup: &self.procs_join,
+            listen_fd: None,
+            stdout_pipe: false,
+        })
+        .with_context(|| format!("starting the agent of node {node}"))
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        if std::thread::panicking() {
+            let mut logs = vec![self.log_path("manager")];
+            logs.extend(self.state.nodes.iter().map(|n| self.log_path(&n.name)));
+            for log in logs.iter().filter(|l| l.exists()) {
+                eprintln!("{}", process::log_tail(log, 40));
+            }
+        }
+        for error in self.kill_and_clean() {
+            eprintln!("drover-sandbox: teardown: {error}");
+        }
+        self.finished = true;
+    }
+}
+
+fn new_id() -> String {
+    let n = SANDBOX_COUNTER.fetch_add(1, Ordering::Relaxed);
+    // The clock part keeps ids unique across runs that reuse a pid.
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!("{}-{n}-{:x}", std::process::id(), nanos & 0xfffff)
+}
+
+/// Makes the sandbox directory; cleans a dead sandbox out of it, refuses a live one.
+fn prepare_dir(requested: Option<&Path>, id: &str) -> Result<(PathBuf, bool)> {
+    let dir = match requested {
+        Some(d) if d.is_absolute() => d.to_path_buf(),
+        Some(d) => std::env::current_dir()
+            .context("current directory")?
+            .join(d),
+        None => PathBuf::from(format!("/tmp/drover-sb-{id}")),
+    };
+    let text = dir
+        .to_str()
+        .context("the sandbox directory must be valid UTF-8")?;
+    // The path ends up in D-Bus addresses, config files and shell snippets: keep it plain.
+    if let Some(bad) = text
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || "/._-+".contains(*c)))
+    {
+        bail!("sandbox directory {text:?} contains {bad:?}; use letters, digits and / . _ - +");
+    }
+    if let Some(old) = State::load(&dir)? {
+        if old.is_live() {
+            bail!(
+                "a sandbox is already running in {} (manager pid {:?}); run `drover-sandbox down --dir {}` first",
+                dir.display(),
+                old.manager_pid,
+                dir.display()
+            );
+        }
+        let errors = old.teardown();
+        if !errors.is_empty() {
+            bail!(
+                "cleaning up the dead sandbox in {} failed: {}",
+                dir.display(),
+                errors.join("; ")
+            );
+        }
+    }
+    let created = !dir.exists();
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok((dir, created))
+}
+
+fn check_socket_paths(dir: &Path, nodes: &[String]) -> Result<()> {
+    let longest = nodes.iter().map(|n| n.len()).max().unwrap_or(0);
+    // systemd's own socket is the deepest: <dir>/<node>/rt/systemd/private
+    let len = dir.as_os_str().len() + 1 + longest + "/rt/systemd/private".len();
+    if len > MAX_SOCKET_PATH {
+        bail!(
+            "sandbox directory {} is too long: node sockets would be {len} bytes, the limit is {MAX_SOCKET_PATH}",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+fn check_host_tools() -> Result<()> {
+    for (path, package) in [
+        ("/usr/bin/unshare", "util-linux"),
+        ("/usr/bin/nsenter", "util-linux"),
+        ("/usr/bin/dbus-daemon", "dbus"),
+        (node::SYSTEMD, "systemd"),
+    ] {
+        if !Path::new(path).exists() {
+            bail!("{path} is missing: install the '{package}' package");
+        }
+    }
+    Ok(())
+}
+
+fn write_file(path: &Path, contents: &str) -> Result<()> {
+    std::fs::write(path, contents).with_context(|| format!("writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    //! These tests run real `systemd --user` nodes (root, hybrid or v2 cgroups). They use
+    //! `start_base` (nodes + private bus) so they do not depend on the drover daemons.
+    use super::*;
+
+    const ONESHOT: &str = "[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart=/bin/true\n";
+    const SLEEPER: &str = "[Service]\nExecStart=/bin/sleep 600\n";
+
+    async fn base(nodes: usize) -> Cluster {
+        Cluster::start_base(&ClusterOptions::with_nodes(nodes), binaries::search_dirs())
+            .await
+            .expect("nodes and bus start")
+    }
+
+    /// Everything a torn-down sandbox must not leave behind.
+    fn leftovers(state: &State) -> Vec<String> {
+        let mut left = Vec::new();
+        let pids = state.cgroups().pids();
+        if !pids.is_empty() {
+            left.push(format!("processes {pids:?}"));
+        }
+        for n in &state.nodes {
+            if let Some(pid) = n.systemd_pid.filter(|p| process::alive(*p)) {
+                left.push(format!("systemd of {} (pid {pid})", n.name));
+            }
+        }
+        for p in state.cgroup_parents.iter().filter(|p| p.exists()) {
+            left.push(format!("cgroup {}", p.display()));
+        }
+        if state.dir.exists() {
+            left.push(format!("directory {}", state.dir.display()));
+        }
+        let mounts = crate::state::mounts_below(&state.dir).unwrap();
+        if !mounts.is_empty() {
+            left.push(format!("mounts {mounts:?}"));
+        }
+        left
+    }
+
+    async fn stdout_of(cluster: &Cluster, node: &str, argv: &[&str]) -> String {
+        let out = cluster.exec(node, argv).await.unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn nodes_are_real_isolated_systemd_managers_and_down_leaves_nothing() {
+        let cluster = base(2).await;
+        let state = cluster.state().clone();
+
+        assert_eq!(
+            stdout_of(
+                &cluster,
+                "node1",
+                &["systemctl", "--user", "is-system-running"]
+            )
+            .await,
+            "running"
+        );
+        let state_on_bus = bus::systemd_state(&cluster.node_bus_address("node2"))
+            .await
+            .unwrap();
+        assert_eq!(state_on_bus, "running");
+
+        // A unit installed on node1 exists only there.
+        cluster
+            .install_unit("node1", "only-here.service", ONESHOT)
+            .await
+            .unwrap();
+        let out = cluster
+            .systemctl("node1", &["start", "only-here.service"])
+            .await
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(
+            stdout_of(
+                &cluster,
+                "node1",
+                &["systemctl", "--user", "is-active", "only-here.service"]
+            )
+            .await,
+            "active"
+        );
+        let out = cluster
+            .systemctl("node2", &["cat", "only-here.service"])
+            .await
+            .unwrap();
+        assert!(!out.status.success(), "node2 must not see node1's unit");
+
+        // Same unit name on both nodes: stopping it on one leaves the other's process alone
+        // (each node has its own cgroup root).
+        for n in ["node1", "node2"] {
+            cluster
+                .install_unit(n, "web.service", SLEEPER)
+                .await
+                .unwrap();
+            assert!(
+                cluster
+                    .systemctl(n, &["start", "web.service"])
+                    .await
+                    .unwrap()
+                    .status
+                    .success()
+            );
+        }
+        assert!(
+            cluster
+                .systemctl("node1", &["stop", "web.service"])
+                .await
+                .unwrap()
+                .status
+                .success()
+        );
+        assert_eq!(
+            stdout_of(
+                &cluster,
+                "node2",
+                &["systemctl", "--user", "is-active", "web.service"]
+            )
+            .await,
+            "active"
+        );
+        assert_eq!(
+            stdout_of(
+                &cluster,
+                "node1",
+                &["systemctl", "--user", "is-active", "web.service"]
+            )
+            .await,
+            "inactive"
+        );
+
+        // exec passes exit codes through and runs in the node's environment.
+        let out = cluster
+            .exec("node2", &["/bin/sh", "-c", "exit 7"])
+            .await
+            .unwrap();
+        assert_eq!(out.status.code(), Some(7));
+        let rt = stdout_of(
+            &cluster,
+            "node2",
+            &["/bin/sh", "-c", "echo $XDG_RUNTIME_DIR"],
+        )
+        .await;
+        assert_eq!(Path::new(&rt), node::runtime_dir(cluster.dir(), "node2"));
+
+        // Bad input is refused with a clear error.
+        let err = cluster
+            .exec("node9", &["true"])
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("no node 'node9'"), "{err}");
+        let err = cluster
+            .install_unit("node1", "../evil.service", ONESHOT)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("invalid unit name"), "{err}");
+
+        assert!(
+            !state.cgroups().pids().is_empty(),
+            "the sandbox is running before down"
+        );
+        cluster.down().await.unwrap();
+        assert_eq!(leftovers(&state), Vec::<String>::new());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn private_bus_answers_and_daemons_join_the_sandbox_cgroup() {
+        let cluster = base(1).await;
+        let conn = bus::connect(cluster.bus_address()).await.unwrap();
+        assert!(
+            bus::name_has_owner(&conn, "org.freedesktop.DBus")
+                .await
+                .unwrap()
+        );
+        let bus_pid = cluster.state().bus_pid.unwrap();
+        let cgroup = std::fs::read_to_string(format!("/proc/{bus_pid}/cgroup")).unwrap();
+        let expected = format!("drover-sandbox-{}/{PROCS_GROUP}", cluster.state().id);
+        assert!(cgroup.contains(&expected), "{cgroup}");
+        let state = cluster.state().clone();
+        drop(conn);
+        cluster.down().await.unwrap();
+        assert_eq!(leftovers(&state), Vec::<String>::new());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn socket_activated_child_gets_the_listener_as_fd3_with_its_own_pid() {
+        let cluster = base(1).await;
+        let log = cluster.dir().join("fd3.log");
+        // The child prints what sd_listen_fds() would check, and what fd 3 is.
+        let script = "echo \"$LISTEN_FDS $LISTEN_PID $$ $(readlink /proc/$$/fd/3)\"";
+        let mut child = process::spawn(Spawn {
+            program: Path::new("/bin/sh"),
+            args: vec!["-c".into(), script.into()],
+            env: Vec::new(),
+            clear_env: false,
+            log: log.clone(),
+            cgroup: &cluster.procs_join,
+            listen_fd: Some(process::raw_fd(&cluster.listener)),
+            stdout_pipe: false,
+        })
+        .unwrap();
+        let status = process::wait_timeout(&mut child, Duration::from_secs(10)).unwrap();
+        assert!(status.is_some_and(|s| s.success()));
+        let text = std::fs::read_to_string(&log).unwrap();
+        let fields: Vec<&str> = text.split_whitespace().collect();
+        assert_eq!(fields.len(), 4, "{text}");
+        assert_eq!(fields[0], "1");
+        assert_eq!(
+            fields[1],
+            child.id().to_string(),
+            "LISTEN_PID is the pid that runs the daemon"
+        );
+        assert_eq!(fields[1], fields[2]);
+        let inode = std::fs::metadata(format!(
+            "/proc/self/fd/{}",
+            process::raw_fd(&cluster.listener)
+        ))
+        .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+        .unwrap();
+        assert_eq!(
+            fields[3],
+            format!("socket:[{inode}]"),
+            "fd 3 is the sandbox's listener"
+        );
+        cluster.down().await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn missing_manager_binary_is_a_clear_error() {
+        let mut cluster = base(1).await;
+        let empty = cluster.dir().join("no-binaries-here");
+        std::fs::create_dir_all(&empty).unwrap();
+        cluster.bin_dirs = vec![empty];
+        let err = cluster.start_manager().await.unwrap_err().to_string();
+        assert!(err.contains("'drover-manager' not found"), "{err}");
+        assert!(err.contains("cargo build --workspace"), "{err}");
+        let err = cluster.start_agent("node1").await.unwrap_err().to_string();
+        assert!(err.contains("'drover-agent' not found"), "{err}");
+        cluster.down().await.unwrap();
+    }
+
+    #[test]
+    fn dropping_a_cluster_in_a_panicking_test_tears_it_down() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let joined = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            let cluster = rt.block_on(base(2));
+            tx.send(cluster.state().clone()).unwrap();
+            panic!("a test failing while it owns a cluster");
+        })
+        .join();
+        assert!(joined.is_err(), "the thread panicked");
+        let state = rx.recv().unwrap();
+        assert_eq!(leftovers(&state), Vec::<String>::new());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn detached_sandbox_is_found_by_its_dir_refused_twice_and_torn_down_from_state() {
+        let dir = PathBuf::from(format!("/tmp/drover-sb-test-{}", new_id()));
+        let opts = ClusterOptions {
+            dir: Some(dir.clone()),
+            ..ClusterOptions::with_nodes(1)
+        };
+        let cluster = Cluster::start_base(&opts, Vec::new()).await.unwrap();
+        let pid = cluster.state().nodes[0].systemd_pid.unwrap();
+        cluster.detach().unwrap();
+        // The creator is gone (detached): everything still runs, described by state.json.
+        assert!(process::alive(pid));
+        let state = State::load(&dir).unwrap().expect("state.json");
+        assert!(state.created_dir);
+        assert!(state.is_live());
+
+        let err = Cluster::start_base(&opts, Vec::new())
+            .await
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(err.contains("already running"), "{err}");
+
+        assert_eq!(state.teardown(), Vec::<String>::new());
+        assert_eq!(leftovers(&state), Vec::<String>::new());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn bad_options_are_refused_before_anything_starts() {
+        let mut opts = ClusterOptions::with_nodes(2);
+        opts.nodes[1] = "node1".into();
+        let err = Cluster::start(opts).await.err().unwrap().to_string();
+        assert!(err.contains("listed twice"), "{err}");
+        let opts = ClusterOptions {
+            nodes: vec!["bad_name".into()],
+            ..Default::default()
+        };
+        assert!(Cluster::start_base(&opts, Vec::new()).await.is_err());
+        let opts = ClusterOptions {
+            nodes: Vec::new(),
+            ..Default::default()
+        };
+        assert!(Cluster::start_base(&opts, Vec::new()).await.is_err());
+        let opts = ClusterOptions {
+            dir: Some("/tmp/has space".into()),
+            ..ClusterOptions::with_nodes(1)
+        };
+        let err = Cluster::start_base(&opts, Vec::new())
+            .await
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("contains ' '"), "{err}");
+        assert!(!Path::new("/tmp/has space").exists());
+    }
+}

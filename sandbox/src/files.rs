@@ -1,0 +1,175 @@
+//! The files a sandbox writes: its dbus-daemon config, the manager and agent configs, and
+//! the `sandbox.env` shell snippet. Pure text generation, so it is tested without processes.
+
+use std::path::Path;
+
+/// Settings that go into the manager and agent configs.
+#[derive(Debug, Clone)]
+pub struct DaemonSettings {
+    pub port: u16,
+    pub heartbeat_interval_ms: u64,
+    pub heartbeat_threshold_ms: u64,
+}
+
+/// A session-style bus that listens on `socket` and lets anyone own and send anything.
+pub fn bus_config(socket: &Path) -> String {
+    format!(
+        r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>session</type>
+  <listen>unix:path={}</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow send_destination="*" eavesdrop="true"/>
+    <allow eavesdrop="true"/>
+    <allow own="*"/>
+  </policy>
+</busconfig>
+"#,
+        xml_escape(&socket.display().to_string())
+    )
+}
+
+fn xml_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// The manager config: every node allowed and allowed to depend on every node.
+pub fn manager_config(
+    settings: &DaemonSettings,
+    nodes: &[String],
+    allowed: &[String],
+    extra: &str,
+) -> String {
+    let mut text = format!(
+        "[drover-manager]\n\
+         ControllerPort={}\n\
+         AllowedNodeNames={}\n\
+         HeartbeatInterval={}\n\
+         NodeHeartbeatThreshold={}\n\
+         LogLevel=DEBUG\n\
+         LogTarget=stderr\n",
+        settings.port,
+        allowed.join(","),
+        settings.heartbeat_interval_ms,
+        settings.heartbeat_threshold_ms,
+    );
+    for node in nodes {
+        text.push_str(&format!(
+            "\n[node {node}]\nAllowDependenciesOn={}\n",
+            nodes.join(",")
+        ));
+    }
+    if !extra.is_empty() {
+        text.push('\n');
+        text.push_str(extra);
+        if !extra.ends_with('\n') {
+            text.push('\n');
+        }
+    }
+    text
+}
+
+/// An agent config for the node called `name`.
+pub fn agent_config(settings: &DaemonSettings, name: &str) -> String {
+    format!(
+        "[drover-agent]\n\
+         NodeName={name}\n\
+         ControllerHost=127.0.0.1\n\
+         ControllerPort={}\n\
+         HeartbeatInterval={}\n\
+         ControllerHeartbeatThreshold={}\n\
+         LogTarget=stderr\n",
+        settings.port, settings.heartbeat_interval_ms, settings.heartbeat_threshold_ms,
+    )
+}
+
+/// Shell `export` lines for a sandbox's bus and directory.
+pub fn env_lines(bus_address: &str, dir: &Path) -> String {
+    format!(
+        "export DROVER_BUS={}\nexport DROVER_SANDBOX_DIR={}\n",
+        shell_quote(bus_address),
+        shell_quote(&dir.display().to_string())
+    )
+}
+
+/// Single-quotes `s` for a POSIX shell.
+pub fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> DaemonSettings {
+        DaemonSettings {
+            port: 4242,
+            heartbeat_interval_ms: 500,
+            heartbeat_threshold_ms: 2000,
+        }
+    }
+
+    #[test]
+    fn manager_config_allows_all_dependencies_and_appends_extra() {
+        let nodes = vec!["node1".to_string(), "node2".to_string()];
+        let text = manager_config(&settings(), &nodes, &nodes, "[node node9]\nAllowed=true");
+        assert!(
+            text.starts_with("[drover-manager]\nControllerPort=4242\n"),
+            "{text}"
+        );
+        assert!(text.contains("AllowedNodeNames=node1,node2\n"), "{text}");
+        assert!(
+            text.contains("HeartbeatInterval=500\nNodeHeartbeatThreshold=2000\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("LogLevel=DEBUG\nLogTarget=stderr\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("[node node2]\nAllowDependenciesOn=node1,node2\n"),
+            "{text}"
+        );
+        assert!(text.ends_with("[node node9]\nAllowed=true\n"), "{text}");
+    }
+
+    #[test]
+    fn agent_config_has_the_contract_keys() {
+        let text = agent_config(&settings(), "node3");
+        for line in [
+            "[drover-agent]",
+            "NodeName=node3",
+            "ControllerHost=127.0.0.1",
+            "ControllerPort=4242",
+            "HeartbeatInterval=500",
+            "ControllerHeartbeatThreshold=2000",
+            "LogTarget=stderr",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line}: {text}");
+        }
+    }
+
+    #[test]
+    fn env_lines_are_quoted_for_the_shell() {
+        let text = env_lines("unix:path=/tmp/it's/bus", Path::new("/tmp/it's"));
+        assert_eq!(
+            text,
+            "export DROVER_BUS='unix:path=/tmp/it'\\''s/bus'\nexport DROVER_SANDBOX_DIR='/tmp/it'\\''s'\n"
+        );
+    }
+
+    #[test]
+    fn bus_config_listens_on_the_socket() {
+        let text = bus_config(Path::new("/tmp/sb/bus"));
+        assert!(
+            text.contains("<listen>unix:path=/tmp/sb/bus</listen>"),
+            "{text}"
+        );
+        assert!(text.contains("<allow own=\"*\"/>"), "{text}");
+    }
+}
