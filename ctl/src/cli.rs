@@ -34,9 +34,14 @@ Environment:
     about = "Control the nodes and units of a drover fleet through drover-manager's D-Bus API",
     after_help = AFTER_HELP,
     subcommand_required = true,
-    arg_required_else_help = true
+    arg_required_else_help = true,
+    disable_version_flag = true
 )]
 pub struct Cli {
+    /// Print version ('droverctl version X')
+    #[arg(short = 'v', long = "version", short_alias = 'V', action = clap::ArgAction::Version)]
+    version: (),
+
     /// D-Bus address of the bus drover-manager is on (overrides $DROVER_BUS)
     #[arg(long, global = true, value_name = "ADDRESS", value_parser = parse_bus_address, conflicts_with = "user")]
     pub bus: Option<String>,
@@ -237,11 +242,14 @@ mod tests {
         }
         let e = parse(&["-h"]).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::DisplayHelp);
-        let e = parse(&["--version"]).unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::DisplayVersion);
-        assert_eq!(
-            e.render().to_string().trim(),
-            format!("droverctl version {}", env!("CARGO_PKG_VERSION"))
-        );
+        // bluechictl's -v and --version, and clap's usual -V.
+        for flag in ["--version", "-v", "-V"] {
+            let e = parse(&[flag]).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::DisplayVersion, "{flag}");
+            assert_eq!(
+                e.render().to_string().trim(),
+                format!("droverctl version {}", env!("CARGO_PKG_VERSION"))
+            );
+        }
     }
 }
