@@ -1,1 +1,492 @@
+//! Link tests against an in-process fake manager on a real TCP loopback
+//! socket, built from the protocol crate's manager-side handshake.
 
+use super::*;
+use crate::dispatch::pump_events;
+use crate::systemd::fake::{FakeSystemd, Script};
+use drover_protocol::handshake::Accepted;
+use drover_protocol::link::{ManagerFramed, manager_read_hello};
+use drover_protocol::{Request, Response};
+use std::time::Instant;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+const T: Duration = Duration::from_secs(5);
+
+struct FakeManager {
+    listener: TcpListener,
+}
+
+impl FakeManager {
+    async fn bind() -> Self {
+        Self {
+            listener: TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        }
+    }
+
+    fn port(&self) -> u16 {
+        self.listener.local_addr().unwrap().port()
+    }
+
+    async fn hello(&self) -> (drover_protocol::link::PendingAgent<TcpStream>, Hello) {
+        let (sock, _) = tokio::time::timeout(T, self.listener.accept())
+            .await
+            .expect("agent connects")
+            .unwrap();
+        manager_read_hello(sock, T).await.unwrap()
+    }
+
+    async fn accept(&self, session_id: u64) -> ManagerFramed<TcpStream> {
+        let (pending, hello) = self.hello().await;
+        assert_eq!(hello.node, "node-a");
+        let accepted = Accepted {
+            session_id,
+            heartbeat_interval_ms: 1000,
+            heartbeat_threshold_ms: 0,
+            manager_version: "fake".into(),
+        };
+        pending.accept(accepted, T).await.unwrap()
+    }
+}
+
+struct Agent {
+    fake: FakeSystemd,
+    state: watch::Receiver<LinkState>,
+    shutdown: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl Agent {
+    async fn start(port: u16, tweak: impl FnOnce(&mut LinkConfig)) -> Self {
+        let mut cfg = LinkConfig::new(NodeName::new("node-a").unwrap(), "localhost", port);
+        cfg.heartbeat_interval = Duration::from_millis(50);
+        cfg.heartbeat_threshold = Duration::ZERO;
+        cfg.connect_timeout = Duration::from_secs(2);
+        tweak(&mut cfg);
+        let fake = FakeSystemd::new();
+        let shared = Arc::new(Shared::default());
+        let events = fake.subscribe().await.unwrap();
+        tokio::spawn(pump_events(events, shared.clone()));
+        let link = Arc::new(Link::new(cfg, Arc::new(fake.clone()), shared));
+        let state = link.watch();
+        let shutdown = CancellationToken::new();
+        let token = shutdown.clone();
+        let task = tokio::spawn(async move { link.run(token).await });
+        Self {
+            fake,
+            state,
+            shutdown,
+            task,
+        }
+    }
+
+    async fn wait_for(&mut self, want: impl Fn(&LinkState) -> bool) -> LinkState {
+        tokio::time::timeout(T, self.state.wait_for(|s| want(s)))
+            .await
+            .expect("link reaches the state in time")
+            .unwrap()
+            .clone()
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        tokio::time::timeout(T, self.task)
+            .await
+            .expect("link stops in time")
+            .unwrap();
+        assert_eq!(*self.state.borrow(), LinkState::Stopped);
+    }
+}
+
+/// The next non-heartbeat message from the agent.
+async fn next_msg(m: &mut ManagerFramed<TcpStream>) -> ToManager {
+    loop {
+        let msg = tokio::time::timeout(T, m.next())
+            .await
+            .expect("agent sends")
+            .expect("open")
+            .unwrap();
+        if msg != ToManager::Heartbeat {
+            return msg;
+        }
+    }
+}
+
+/// Reads until the agent closes the connection; panics if it does not in time.
+async fn wait_closed(m: &mut ManagerFramed<TcpStream>) {
+    let deadline = Instant::now() + T;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, m.next()).await {
+            Err(_) => panic!("the agent did not close the link"),
+            Ok(None) | Ok(Some(Err(_))) => return,
+            Ok(Some(Ok(_))) => {}
+        }
+    }
+}
+
+fn is_connected(s: &LinkState) -> bool {
+    matches!(s, LinkState::Connected { .. })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_requests_and_sends_heartbeats() {
+    let mgr = FakeManager::bind().await;
+    let mut agent = Agent::start(mgr.port(), |_| {}).await;
+    agent
+        .fake
+        .add_unit("a.service", Script::Finish("done".into()));
+    let mut m = mgr.accept(7).await;
+    assert_eq!(
+        agent.wait_for(is_connected).await,
+        LinkState::Connected {
+            epoch: 1,
+            session_id: 7
+        }
+    );
+
+    // Heartbeats come on their own.
+    let hb = tokio::time::timeout(T, m.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(hb, ToManager::Heartbeat);
+
+    let unit = drover_protocol::UnitName::new("a.service").unwrap();
+    let start = Request::StartUnit {
+        unit,
+        mode: "replace".into(),
+        job_id: 1,
+    };
+    m.send(ToAgent::Request { id: 1, body: start })
+        .await
+        .unwrap();
+    assert_eq!(
+        next_msg(&mut m).await,
+        ToManager::Reply {
+            id: 1,
+            result: Ok(Response::Empty)
+        }
+    );
+    assert_eq!(
+        next_msg(&mut m).await,
+        ToManager::Event(drover_protocol::Event::JobStateChanged {
+            job_id: 1,
+            state: "running".into()
+        })
+    );
+    assert_eq!(
+        next_msg(&mut m).await,
+        ToManager::Event(drover_protocol::Event::JobDone {
+            job_id: 1,
+            result: "done".into()
+        })
+    );
+    agent.stop().await;
+    // Polite close: the manager reads EOF, not a reset.
+    match tokio::time::timeout(T, async {
+        loop {
+            match m.next().await {
+                Some(Ok(ToManager::Heartbeat)) => continue,
+                other => return other,
+            }
+        }
+    })
+    .await
+    {
+        Ok(None) => {}
+        other => panic!("expected a clean EOF, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_systemd_call_blocks_neither_heartbeats_nor_other_requests() {
+    let mgr = FakeManager::bind().await;
+    let mut agent = Agent::start(mgr.port(), |_| {}).await;
+    let mut m = mgr.accept(1).await;
+    agent.wait_for(is_connected).await;
+    agent.fake.set_call_delay(Duration::from_millis(600));
+    m.send(ToAgent::Request {
+        id: 1,
+        body: Request::ListUnits,
+    })
+    .await
+    .unwrap();
+    let freeze = Request::FreezeUnit {
+        unit: drover_protocol::UnitName::new("a.service").unwrap(),
+    };
+    m.send(ToAgent::Request {
+        id: 2,
+        body: freeze,
+    })
+    .await
+    .unwrap();
+    let sent = Instant::now();
+    let mut heartbeats = 0;
+    let mut order = Vec::new();
+    while order.len() < 2 {
+        match tokio::time::timeout(T, m.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
+        {
+            ToManager::Heartbeat => heartbeats += 1,
+            ToManager::Reply { id, .. } => order.push((id, sent.elapsed())),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(order[0].0, 2, "the quick request is answered first");
+    assert!(
+        order[0].1 < Duration::from_millis(400),
+        "quick reply took {:?}",
+        order[0].1
+    );
+    assert_eq!(order[1].0, 1);
+    assert!(
+        heartbeats >= 3,
+        "heartbeats kept flowing during the slow call: {heartbeats}"
+    );
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_request_id_gets_one_reply() {
+    let mgr = FakeManager::bind().await;
+    let mut agent = Agent::start(mgr.port(), |_| {}).await;
+    let mut m = mgr.accept(1).await;
+    agent.wait_for(is_connected).await;
+    agent.fake.set_call_delay(Duration::from_millis(300));
+    m.send(ToAgent::Request {
+        id: 5,
+        body: Request::Reload,
+    })
+    .await
+    .unwrap();
+    m.send(ToAgent::Request {
+        id: 5,
+        body: Request::Reload,
+    })
+    .await
+    .unwrap();
+    assert!(matches!(
+        next_msg(&mut m).await,
+        ToManager::Reply {
+            id: 5,
+            result: Ok(Response::Empty)
+        }
+    ));
+    // Nothing but heartbeats for a while: no second reply.
+    let quiet = tokio::time::timeout(Duration::from_millis(700), next_msg(&mut m)).await;
+    assert!(quiet.is_err(), "a second reply arrived: {quiet:?}");
+    assert_eq!(
+        agent.fake.calls().iter().filter(|c| *c == "Reload").count(),
+        1
+    );
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusal_is_retried_until_accepted() {
+    let mgr = FakeManager::bind().await;
+    let mut agent = Agent::start(mgr.port(), |_| {}).await;
+    let (pending, hello) = mgr.hello().await;
+    assert_eq!(hello.node, "node-a");
+    assert_eq!(hello.agent_version, AGENT_VERSION);
+    pending
+        .refuse(
+            RefuseReason::UnknownNode,
+            "node-a is not in AllowedNodeNames",
+            T,
+        )
+        .await;
+    agent
+        .wait_for(|s| matches!(s, LinkState::Connecting { failures: 1 }))
+        .await;
+    let _m = mgr.accept(2).await;
+    assert_eq!(
+        agent.wait_for(is_connected).await,
+        LinkState::Connected {
+            epoch: 1,
+            session_id: 2
+        }
+    );
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnects_after_the_manager_drops_the_link() {
+    let mgr = FakeManager::bind().await;
+    let mut agent = Agent::start(mgr.port(), |_| {}).await;
+    let m = mgr.accept(1).await;
+    agent.wait_for(is_connected).await;
+    drop(m);
+    let before = Instant::now();
+    let _m2 = mgr.accept(2).await;
+    let took = before.elapsed();
+    assert_eq!(
+        agent
+            .wait_for(|s| s
+                == &LinkState::Connected {
+                    epoch: 2,
+                    session_id: 2
+                })
+            .await
+            .clone(),
+        LinkState::Connected {
+            epoch: 2,
+            session_id: 2
+        }
+    );
+    assert!(
+        took < Duration::from_secs(2),
+        "first retry is quick, took {took:?}"
+    );
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_manager_is_dropped_after_the_threshold() {
+    let mgr = FakeManager::bind().await;
+    let mut agent = Agent::start(mgr.port(), |c| {
+        c.heartbeat_threshold = Duration::from_millis(300)
+    })
+    .await;
+    let mut m = mgr.accept(1).await;
+    let connected_at = Instant::now();
+    agent.wait_for(is_connected).await;
+    // The fake manager never sends anything: the agent must give up on it.
+    wait_closed(&mut m).await;
+    let after = connected_at.elapsed();
+    assert!(
+        after >= Duration::from_millis(250),
+        "dropped too early: {after:?}"
+    );
+    let _m2 = mgr.accept(2).await;
+    agent
+        .wait_for(|s| matches!(s, LinkState::Connected { epoch: 2, .. }))
+        .await;
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manager_heartbeats_keep_the_link_up() {
+    let mgr = FakeManager::bind().await;
+    let mut agent = Agent::start(mgr.port(), |c| {
+        c.heartbeat_threshold = Duration::from_millis(300)
+    })
+    .await;
+    let mut m = mgr.accept(1).await;
+    agent.wait_for(is_connected).await;
+    for _ in 0..10 {
+        m.send(ToAgent::Heartbeat).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        *agent.state.borrow(),
+        LinkState::Connected {
+            epoch: 1,
+            session_id: 1
+        }
+    );
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_from_the_manager_drops_the_link_and_reconnects() {
+    let mgr = FakeManager::bind().await;
+    let mut agent = Agent::start(mgr.port(), |_| {}).await;
+    let m = mgr.accept(1).await;
+    agent.wait_for(is_connected).await;
+    // A well-framed body that is not a message, then a frame header far over the cap.
+    let mut raw = m.into_inner();
+    raw.write_all(&[0, 0, 0, 3, 0xff, 0xfe, 0xfd])
+        .await
+        .unwrap();
+    let _m2 = mgr.accept(2).await;
+    agent
+        .wait_for(|s| matches!(s, LinkState::Connected { epoch: 2, .. }))
+        .await;
+    let mut raw2 = _m2.into_inner();
+    raw2.write_all(&[0xff, 0xff, 0xff, 0xff]).await.unwrap();
+    let _m3 = mgr.accept(3).await;
+    agent
+        .wait_for(|s| matches!(s, LinkState::Connected { epoch: 3, .. }))
+        .await;
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_instead_of_a_welcome_is_a_failed_attempt() {
+    let mgr = FakeManager::bind().await;
+    let mut agent = Agent::start(mgr.port(), |_| {}).await;
+    let (mut sock, _) = tokio::time::timeout(T, mgr.listener.accept())
+        .await
+        .unwrap()
+        .unwrap();
+    sock.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+        .await
+        .unwrap();
+    agent
+        .wait_for(|s| matches!(s, LinkState::Connecting { failures: 1 }))
+        .await;
+    drop(sock);
+    let _m = mgr.accept(1).await;
+    agent.wait_for(is_connected).await;
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manager_that_stops_reading_is_dropped_not_buffered() {
+    let mgr = FakeManager::bind().await;
+    let mut agent = Agent::start(mgr.port(), |c| c.outbox_capacity = 4).await;
+    // Big replies fill the socket buffers quickly.
+    for n in 0..3000 {
+        agent.fake.add_unit(
+            &format!("unit-with-a-rather-long-name-{n:05}.service"),
+            Script::Hang,
+        );
+    }
+    let mut m = mgr.accept(1).await;
+    agent.wait_for(is_connected).await;
+    for id in 0..200 {
+        m.send(ToAgent::Request {
+            id,
+            body: Request::ListUnits,
+        })
+        .await
+        .unwrap();
+    }
+    // The manager never reads; the agent must give up on this link and come back.
+    let _m2 = mgr.accept(2).await;
+    agent
+        .wait_for(|s| matches!(s, LinkState::Connected { epoch: 2, .. }))
+        .await;
+    agent.stop().await;
+}
+
+#[test]
+fn backoff_starts_small_doubles_and_is_capped() {
+    let mut b = Backoff::new(Duration::from_secs(2));
+    for _ in 0..50 {
+        let mut b1 = b.clone();
+        b1.reset();
+        let first = b1.next_delay();
+        assert!(
+            first >= Duration::from_millis(100) && first <= Duration::from_millis(250),
+            "{first:?}"
+        );
+    }
+    let delays: Vec<_> = (0..10).map(|_| b.next_delay()).collect();
+    assert!(
+        delays
+            .iter()
+            .all(|d| *d >= Duration::from_millis(100) && *d <= Duration::from_secs(2)),
+        "{delays:?}"
+    );
+    // Jitter: not all the same once the window is wide.
+    let later: Vec<_> = (0..20).map(|_| b.next_delay()).collect();
+    assert!(later.iter().any(|d| *d != later[0]), "{later:?}");
+}
