@@ -296,3 +296,73 @@ fn shown_arg(arg: &str) -> String {
         arg.to_string()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::tests::leftovers;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn exec_install_and_down_work_on_a_detached_sandbox() {
+        let dir = PathBuf::from(format!("/tmp/drover-sb-cli-{}", std::process::id()));
+        let opts = ClusterOptions {
+            dir: Some(dir.clone()),
+            ..ClusterOptions::with_nodes(2)
+        };
+        let cluster = Cluster::start_base(&opts, Vec::new()).await.unwrap();
+        cluster.detach().unwrap();
+        let state = State::load(&dir).unwrap().unwrap();
+
+        let sh = |script: &str| vec!["/bin/sh".to_string(), "-c".to_string(), script.to_string()];
+        assert_eq!(
+            exec(&dir, "node1", &sh("exit 3")).unwrap(),
+            3,
+            "exit code passes through"
+        );
+        assert_eq!(exec(&dir, "node2", &sh("kill -9 $$")).unwrap(), 128 + 9);
+        let err = exec(&dir, "node7", &sh("true")).unwrap_err().to_string();
+        assert!(err.contains("no node 'node7'"), "{err}");
+
+        let unit = dir.join("cli-demo.service");
+        std::fs::write(&unit, "[Service]\nType=oneshot\nExecStart=/bin/true\n").unwrap();
+        assert_eq!(
+            install(&dir, "node2", std::slice::from_ref(&unit))
+                .await
+                .unwrap(),
+            0
+        );
+        let cat = vec![
+            "systemctl".to_string(),
+            "--user".to_string(),
+            "cat".into(),
+            "cli-demo.service".into(),
+        ];
+        assert_eq!(
+            exec(&dir, "node2", &cat).unwrap(),
+            0,
+            "installed and loaded on node2"
+        );
+        assert_ne!(exec(&dir, "node1", &cat).unwrap(), 0, "not on node1");
+        let bad = dir.join("not-a-unit.txt");
+        std::fs::write(&bad, "x").unwrap();
+        assert!(install(&dir, "node2", &[bad]).await.is_err());
+
+        assert_eq!(down(&dir).unwrap(), 0);
+        assert_eq!(leftovers(&state), Vec::<String>::new());
+        assert_eq!(down(&dir).unwrap(), 0, "down is idempotent");
+        assert!(
+            exec(&dir, "node1", &sh("true"))
+                .unwrap_err()
+                .to_string()
+                .contains("no sandbox")
+        );
+    }
+
+    #[test]
+    fn dir_defaults_to_the_given_one_then_the_default() {
+        assert_eq!(resolve_dir(Some("/x".into())), PathBuf::from("/x"));
+        if std::env::var_os("DROVER_SANDBOX_DIR").is_none() {
+            assert_eq!(resolve_dir(None), PathBuf::from(DEFAULT_DIR));
+        }
+    }
+}

@@ -166,7 +166,10 @@ impl Cluster {
     }
 
     /// Directory, cgroups, nodes and the private bus: everything but drover's daemons.
-    async fn start_base(opts: &ClusterOptions, bin_dirs: Vec<PathBuf>) -> Result<Cluster> {
+    pub(crate) async fn start_base(
+        opts: &ClusterOptions,
+        bin_dirs: Vec<PathBuf>,
+    ) -> Result<Cluster> {
         opts.validate()?;
         check_host_tools()?;
         inotify::ensure_capacity(opts.nodes.len())?;
@@ -739,7 +742,7 @@ fn write_file(path: &Path, contents: &str) -> Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     //! These tests run real `systemd --user` nodes (root, hybrid or v2 cgroups). They use
     //! `start_base` (nodes + private bus) so they do not depend on the drover daemons.
     use super::*;
@@ -754,7 +757,7 @@ mod tests {
     }
 
     /// Everything a torn-down sandbox must not leave behind.
-    fn leftovers(state: &State) -> Vec<String> {
+    pub(crate) fn leftovers(state: &State) -> Vec<String> {
         let mut left = Vec::new();
         let pids = state.cgroups().pids();
         if !pids.is_empty() {
