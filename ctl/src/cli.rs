@@ -39,8 +39,10 @@ Environment:
 )]
 pub struct Cli {
     /// Print version ('droverctl version X')
+    // bluechictl spells it -v; clap's usual -V keeps working too. clap prints and
+    // exits while parsing, so the field carries nothing.
     #[arg(short = 'v', long = "version", short_alias = 'V', action = clap::ArgAction::Version)]
-    version: (),
+    pub version: (),
 
     /// D-Bus address of the bus drover-manager is on (overrides $DROVER_BUS)
     #[arg(long, global = true, value_name = "ADDRESS", value_parser = parse_bus_address, conflicts_with = "user")]
