@@ -1,0 +1,676 @@
+//! The public D-Bus API against fake agents: what a BlueChi client sees.
+
+mod common;
+
+use common::*;
+use drover_protocol::link::HandshakeError;
+use drover_protocol::{Event, RefuseReason, RemoteError, Request, Response, ToManager, UnitInfo};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+use zbus::OwnedObjectPath;
+
+const NODE1: &str = "/org/eclipse/bluechi/node/node1";
+const NODE_BAR: &str = "/org/eclipse/bluechi/node/node_2dbar";
+const NODE_IFACE: &str = "org.eclipse.bluechi.Node";
+const CTRL_IFACE: &str = "org.eclipse.bluechi.Controller";
+const JOB_IFACE: &str = "org.eclipse.bluechi.Job";
+const PROPS: &str = "org.freedesktop.DBus.Properties";
+
+type NodeRow = (String, OwnedObjectPath, String, String);
+
+async fn list_nodes(f: &Fixture) -> Vec<NodeRow> {
+    f.call(CONTROLLER, CTRL_IFACE, "ListNodes", &())
+        .await
+        .expect("ListNodes")
+}
+
+#[tokio::test]
+async fn list_nodes_and_status_changes() {
+    let f = Fixture::start(config(&["node1", "node-bar"])).await;
+    let nodes = list_nodes(&f).await;
+    assert_eq!(
+        nodes,
+        vec![
+            (
+                "node1".into(),
+                OwnedObjectPath::try_from(NODE1).unwrap(),
+                "offline".into(),
+                String::new()
+            ),
+            (
+                "node-bar".into(),
+                OwnedObjectPath::try_from(NODE_BAR).unwrap(),
+                "offline".into(),
+                String::new()
+            ),
+        ]
+    );
+    assert_eq!(
+        f.get_property::<String>(CONTROLLER, CTRL_IFACE, "Status")
+            .await,
+        "down"
+    );
+    let path: OwnedObjectPath = f
+        .call(CONTROLLER, CTRL_IFACE, "GetNode", &("node-bar",))
+        .await
+        .unwrap();
+    assert_eq!(path.as_str(), NODE_BAR);
+
+    let mut node_signals = f.signals(NODE1, PROPS).await;
+    let mut ctrl_signals = f.signals(CONTROLLER, PROPS).await;
+    let agent = f.agent("node1", reply_empty()).await;
+    wait_status(&mut node_signals, "Status", "online").await;
+    wait_status(&mut ctrl_signals, "Status", "degraded").await;
+
+    let nodes = list_nodes(&f).await;
+    assert_eq!(
+        (nodes[0].2.as_str(), nodes[0].3.as_str()),
+        ("online", "127.0.0.1")
+    );
+    assert_eq!(nodes[1].2, "offline");
+    assert_eq!(
+        f.get_property::<String>(NODE1, NODE_IFACE, "Status").await,
+        "online"
+    );
+    assert_eq!(
+        f.get_property::<String>(NODE1, NODE_IFACE, "PeerIp").await,
+        "127.0.0.1"
+    );
+    assert_eq!(
+        f.get_property::<String>(NODE1, NODE_IFACE, "Name").await,
+        "node1"
+    );
+    let seen: u64 = f.get_property(NODE1, NODE_IFACE, "LastSeenTimestamp").await;
+    let seen_mono: u64 = f
+        .get_property(NODE1, NODE_IFACE, "LastSeenTimestampMonotonic")
+        .await;
+    assert!(
+        seen > 1_600_000_000_000_000 && seen_mono > 0,
+        "{seen} {seen_mono}"
+    );
+
+    let bar = f.agent("node-bar", reply_empty()).await;
+    wait_status(&mut ctrl_signals, "Status", "up").await;
+    assert!(
+        bar.accepted.session_id > agent.accepted.session_id,
+        "session ids rise"
+    );
+
+    drop(agent);
+    wait_status(&mut node_signals, "Status", "offline").await;
+    wait_status(&mut ctrl_signals, "Status", "degraded").await;
+    let nodes = list_nodes(&f).await;
+    assert_eq!((nodes[0].2.as_str(), nodes[0].3.as_str()), ("offline", ""));
+    // Last seen is kept while offline.
+    let after: u64 = f.get_property(NODE1, NODE_IFACE, "LastSeenTimestamp").await;
+    assert!(after >= seen);
+}
+
+#[tokio::test]
+async fn unknown_node_and_offline_calls() {
+    let f = Fixture::start(config(&["node1"])).await;
+    let err = f
+        .call::<_, OwnedObjectPath>(CONTROLLER, CTRL_IFACE, "GetNode", &("nope",))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error_of(&err).0,
+        "org.freedesktop.DBus.Error.ServiceUnknown"
+    );
+
+    let err = f
+        .call::<_, OwnedObjectPath>(NODE1, NODE_IFACE, "StartUnit", &("a.service", "replace"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error_of(&err),
+        (
+            "org.eclipse.bluechi.Offline".into(),
+            "Node is offline".into()
+        )
+    );
+    let err = f
+        .call::<_, ()>(NODE1, NODE_IFACE, "Reload", &())
+        .await
+        .unwrap_err();
+    assert_eq!(error_of(&err).0, "org.eclipse.bluechi.Offline");
+}
+
+#[tokio::test]
+async fn registration_refusals() {
+    let f = Fixture::start(config(&["node1"])).await;
+    match FakeAgent::connect(f.addr, "stranger", reply_empty()).await {
+        Err(HandshakeError::Refused {
+            reason: RefuseReason::UnknownNode,
+            message,
+        }) => {
+            assert!(message.contains("stranger"), "{message}")
+        }
+        other => panic!(
+            "unknown node must be refused, got {:?}",
+            other.map(|a| a.accepted.clone())
+        ),
+    }
+    match FakeAgent::connect(f.addr, "bad name", reply_empty()).await {
+        Err(HandshakeError::Refused {
+            reason: RefuseReason::InvalidName,
+            ..
+        }) => {}
+        other => panic!(
+            "invalid name must be refused, got {:?}",
+            other.map(|a| a.accepted.clone())
+        ),
+    }
+    let _first = f.agent("node1", reply_empty()).await;
+    match FakeAgent::connect(f.addr, "node1", reply_empty()).await {
+        Err(HandshakeError::Refused {
+            reason: RefuseReason::AlreadyConnected,
+            message,
+        }) => {
+            assert!(message.contains("already connected"), "{message}")
+        }
+        other => panic!(
+            "a live duplicate must be refused, got {:?}",
+            other.map(|a| a.accepted.clone())
+        ),
+    }
+    assert_eq!(
+        list_nodes(&f).await[0].2,
+        "online",
+        "the first session is untouched"
+    );
+}
+
+#[tokio::test]
+async fn silent_session_is_dropped_and_can_be_replaced() {
+    let f = Fixture::start(config(&["node1"])).await;
+    let mut node_signals = f.signals(NODE1, PROPS).await;
+    let hung = f.agent("node1", reply_empty()).await;
+    wait_status(&mut node_signals, "Status", "online").await;
+    hung.silent
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    // Threshold is 1000 ms: the manager drops it on its own.
+    wait_status(&mut node_signals, "Status", "offline").await;
+    let fresh = f.agent("node1", reply_empty()).await;
+    wait_status(&mut node_signals, "Status", "online").await;
+    assert!(fresh.accepted.session_id > hung.accepted.session_id);
+}
+
+#[tokio::test]
+async fn start_unit_emits_job_new_then_job_removed() {
+    let f = Fixture::start(config(&["node1"])).await;
+    // The agent accepts, reports progress, and finishes with "done".
+    let behavior: Behavior = Arc::new(|id, req| match req {
+        Request::StartUnit { job_id, .. } => vec![
+            ToManager::Reply {
+                id,
+                result: Ok(Response::Empty),
+            },
+            ToManager::Event(Event::JobStateChanged {
+                job_id: *job_id,
+                state: "running".into(),
+            }),
+            ToManager::Event(Event::JobDone {
+                job_id: *job_id,
+                result: "done".into(),
+            }),
+        ],
+        _ => vec![ToManager::Reply {
+            id,
+            result: Ok(Response::Empty),
+        }],
+    });
+    let agent = f.agent("node1", behavior).await;
+    let mut jobs = f.signals(CONTROLLER, CTRL_IFACE).await;
+    let path: OwnedObjectPath = f
+        .call(NODE1, NODE_IFACE, "StartUnit", &("web.service", "replace"))
+        .await
+        .expect("StartUnit");
+    assert_eq!(path.as_str(), "/org/eclipse/bluechi/job/1");
+    let (member, msg) = next_signal(&mut jobs).await;
+    assert_eq!(member, "JobNew");
+    let (id, job): (u32, OwnedObjectPath) = msg.body().deserialize().unwrap();
+    assert_eq!((id, job.as_str()), (1, path.as_str()));
+    let (member, msg) = next_signal(&mut jobs).await;
+    assert_eq!(member, "JobRemoved");
+    let removed: (u32, OwnedObjectPath, String, String, String) = msg.body().deserialize().unwrap();
+    assert_eq!(
+        removed,
+        (
+            1,
+            path.clone(),
+            "node1".into(),
+            "web.service".into(),
+            "done".into()
+        )
+    );
+    match &agent.requests.lock().unwrap()[0] {
+        Request::StartUnit { unit, mode, job_id } => {
+            assert_eq!(
+                (unit.as_str(), mode.as_str(), *job_id),
+                ("web.service", "replace", 1)
+            )
+        }
+        other => panic!("unexpected request {other:?}"),
+    }
+    // The job object is gone after JobRemoved.
+    let err = f.introspect_job_gone(path.as_str()).await;
+    assert!(err, "job object unexported after JobRemoved");
+
+    // Next job gets the next id.
+    let path: OwnedObjectPath = f
+        .call(NODE1, NODE_IFACE, "StopUnit", &("web.service", "fail"))
+        .await
+        .unwrap();
+    assert_eq!(path.as_str(), "/org/eclipse/bluechi/job/2");
+}
+
+#[tokio::test]
+async fn job_done_before_the_reply_still_orders_job_new_first() {
+    let f = Fixture::start(config(&["node1"])).await;
+    // A fast oneshot: the agent reports JobDone even before its reply.
+    let behavior: Behavior = Arc::new(|id, req| match req {
+        Request::RestartUnit { job_id, .. } => vec![
+            ToManager::Event(Event::JobDone {
+                job_id: *job_id,
+                result: "done".into(),
+            }),
+            ToManager::Reply {
+                id,
+                result: Ok(Response::Empty),
+            },
+        ],
+        _ => vec![ToManager::Reply {
+            id,
+            result: Ok(Response::Empty),
+        }],
+    });
+    let _agent = f.agent("node1", behavior).await;
+    let mut jobs = f.signals(CONTROLLER, CTRL_IFACE).await;
+    let path: OwnedObjectPath = f
+        .call(NODE1, NODE_IFACE, "RestartUnit", &("x.service", "replace"))
+        .await
+        .unwrap();
+    let (first, _) = next_signal(&mut jobs).await;
+    let (second, msg) = next_signal(&mut jobs).await;
+    assert_eq!((first.as_str(), second.as_str()), ("JobNew", "JobRemoved"));
+    let (_, job, _, _, result): (u32, OwnedObjectPath, String, String, String) =
+        msg.body().deserialize().unwrap();
+    assert_eq!((job, result.as_str()), (path, "done"));
+    // Exactly once: nothing else follows.
+    let more = tokio::time::timeout(
+        Duration::from_millis(300),
+        futures::StreamExt::next(&mut jobs),
+    )
+    .await;
+    assert!(more.is_err(), "no second JobRemoved");
+}
+
+#[tokio::test]
+async fn agent_drop_ends_pending_job_with_disconnected() {
+    let f = Fixture::start(config(&["node1"])).await;
+    let agent = f.agent("node1", reply_empty()).await;
+    let mut jobs = f.signals(CONTROLLER, CTRL_IFACE).await;
+    let mut node_signals = f.signals(NODE1, PROPS).await;
+    let path: OwnedObjectPath = f
+        .call(NODE1, NODE_IFACE, "StartUnit", &("slow.service", "replace"))
+        .await
+        .unwrap();
+    assert_eq!(next_signal(&mut jobs).await.0, "JobNew");
+    // While it runs, the Job object answers.
+    assert_eq!(
+        f.get_property::<String>(path.as_str(), JOB_IFACE, "Unit")
+            .await,
+        "slow.service"
+    );
+    assert_eq!(
+        f.get_property::<String>(path.as_str(), JOB_IFACE, "JobType")
+            .await,
+        "start"
+    );
+    assert_eq!(
+        f.get_property::<String>(path.as_str(), JOB_IFACE, "Node")
+            .await,
+        "node1"
+    );
+    assert_eq!(
+        f.get_property::<u32>(path.as_str(), JOB_IFACE, "Id").await,
+        1
+    );
+
+    drop(agent);
+    wait_status(&mut node_signals, "Status", "offline").await;
+    let (member, msg) = next_signal(&mut jobs).await;
+    assert_eq!(member, "JobRemoved");
+    let removed: (u32, OwnedObjectPath, String, String, String) = msg.body().deserialize().unwrap();
+    assert_eq!(
+        removed,
+        (
+            1,
+            path,
+            "node1".into(),
+            "slow.service".into(),
+            "disconnected".into()
+        )
+    );
+}
+
+#[tokio::test]
+async fn job_state_and_cancel() {
+    let f = Fixture::start(config(&["node1"])).await;
+    let behavior: Behavior = Arc::new(|id, req| match req {
+        Request::JobCancel { job_id } => vec![
+            ToManager::Reply {
+                id,
+                result: Ok(Response::Empty),
+            },
+            ToManager::Event(Event::JobDone {
+                job_id: *job_id,
+                result: "canceled".into(),
+            }),
+        ],
+        _ => vec![ToManager::Reply {
+            id,
+            result: Ok(Response::Empty),
+        }],
+    });
+    let agent = f.agent("node1", behavior).await;
+    let mut jobs = f.signals(CONTROLLER, CTRL_IFACE).await;
+    let path: OwnedObjectPath = f
+        .call(NODE1, NODE_IFACE, "StartUnit", &("a.service", "replace"))
+        .await
+        .unwrap();
+    assert_eq!(next_signal(&mut jobs).await.0, "JobNew");
+    assert_eq!(
+        f.get_property::<String>(path.as_str(), JOB_IFACE, "State")
+            .await,
+        "waiting"
+    );
+    let mut job_props = f.signals(path.as_str(), PROPS).await;
+    agent
+        .send(ToManager::Event(Event::JobStateChanged {
+            job_id: 1,
+            state: "running".into(),
+        }))
+        .await;
+    wait_status(&mut job_props, "State", "running").await;
+    let () = f
+        .call(path.as_str(), JOB_IFACE, "Cancel", &())
+        .await
+        .expect("Cancel");
+    let (member, msg) = next_signal(&mut jobs).await;
+    assert_eq!(member, "JobRemoved");
+    let (_, _, _, _, result): (u32, OwnedObjectPath, String, String, String) =
+        msg.body().deserialize().unwrap();
+    assert_eq!(result, "canceled");
+    assert!(
+        agent
+            .requests
+            .lock()
+            .unwrap()
+            .contains(&Request::JobCancel { job_id: 1 })
+    );
+}
+
+#[tokio::test]
+async fn bad_arguments_are_invalid_args_and_reach_no_agent() {
+    let f = Fixture::start(config(&["node1"])).await;
+    let agent = f.agent("node1", reply_empty()).await;
+    for (unit, mode) in [
+        ("no suffix", "replace"),
+        ("a/b.service", "replace"),
+        ("", "replace"),
+        ("a.service", "sideways"),
+    ] {
+        let err = f
+            .call::<_, OwnedObjectPath>(NODE1, NODE_IFACE, "StartUnit", &(unit, mode))
+            .await
+            .unwrap_err();
+        let (name, message) = error_of(&err);
+        assert_eq!(
+            name, "org.freedesktop.DBus.Error.InvalidArgs",
+            "{unit:?} {mode:?}"
+        );
+        assert!(!message.is_empty());
+    }
+    // Wrong D-Bus types are refused by the bus layer the same way.
+    let err = f
+        .call::<_, OwnedObjectPath>(NODE1, NODE_IFACE, "StartUnit", &(7u32,))
+        .await
+        .unwrap_err();
+    assert_eq!(error_of(&err).0, "org.freedesktop.DBus.Error.InvalidArgs");
+    assert_eq!(agent.request_count(), 0, "nothing was sent to the agent");
+}
+
+#[tokio::test]
+async fn systemd_errors_come_back_with_their_names() {
+    let f = Fixture::start(config(&["node1"])).await;
+    let behavior: Behavior = Arc::new(|id, _| {
+        vec![ToManager::Reply {
+            id,
+            result: Err(RemoteError::new(
+                "org.freedesktop.systemd1.NoSuchUnit",
+                "Unit nope.service not found.",
+            )),
+        }]
+    });
+    let _agent = f.agent("node1", behavior).await;
+    let err = f
+        .call::<_, OwnedObjectPath>(NODE1, NODE_IFACE, "StartUnit", &("nope.service", "replace"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error_of(&err),
+        (
+            "org.freedesktop.systemd1.NoSuchUnit".into(),
+            "Unit nope.service not found.".into()
+        )
+    );
+    assert!(
+        f.manager().core().jobs().is_empty(),
+        "a refused job leaves nothing behind"
+    );
+}
+
+fn unit(name: &str) -> UnitInfo {
+    UnitInfo {
+        name: name.into(),
+        description: format!("{name} desc"),
+        load_state: "loaded".into(),
+        active_state: "active".into(),
+        sub_state: "running".into(),
+        followed: String::new(),
+        object_path: "/org/freedesktop/systemd1/unit/x".into(),
+        job_id: 0,
+        job_type: String::new(),
+        job_path: "/".into(),
+    }
+}
+
+type UnitRow = (
+    String,
+    String,
+    String,
+    String,
+    String,
+    String,
+    OwnedObjectPath,
+    u32,
+    String,
+    OwnedObjectPath,
+);
+
+#[tokio::test]
+async fn list_units_per_node_and_fleet_wide() {
+    let f = Fixture::start(config(&["node1", "node-bar", "node3"])).await;
+    let units: Behavior = Arc::new(|id, req| match req {
+        Request::ListUnits => vec![ToManager::Reply {
+            id,
+            result: Ok(Response::Units(vec![unit("a.service")])),
+        }],
+        _ => vec![],
+    });
+    let _a = f.agent("node1", units).await;
+    // node-bar never answers: it is left out of the fleet-wide answer.
+    let _b = f.agent("node-bar", never_reply()).await;
+    let rows: Vec<UnitRow> = f.call(NODE1, NODE_IFACE, "ListUnits", &()).await.unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(
+        (rows[0].0.as_str(), rows[0].3.as_str()),
+        ("a.service", "active")
+    );
+
+    let all: HashMap<String, Vec<UnitRow>> = f
+        .call(CONTROLLER, CTRL_IFACE, "ListUnits", &())
+        .await
+        .unwrap();
+    assert_eq!(all.keys().collect::<Vec<_>>(), vec!["node1"]);
+    assert_eq!(all["node1"][0].1, "a.service desc");
+}
+
+#[tokio::test]
+async fn garbage_on_the_agent_port_leaves_the_manager_serving() {
+    let f = Fixture::start(config(&["node1"])).await;
+    let inputs: Vec<Vec<u8>> = vec![
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
+        (0u8..=255).rev().cycle().take(4096).collect(),
+        vec![0xff, 0xff, 0xff, 0xff, 1, 2, 3],
+        vec![0, 0, 0, 50, 1, 2, 3], // half a frame, then silence
+        vec![0, 0, 0, 0],
+    ];
+    let mut conns = Vec::new();
+    for input in inputs {
+        let mut s = tokio::net::TcpStream::connect(f.addr).await.unwrap();
+        s.write_all(&input).await.unwrap();
+        conns.push(s);
+    }
+    // Each of them is closed by the manager (at the latest after the handshake timeout).
+    for mut s in conns {
+        let mut buf = [0u8; 1024];
+        let closed = tokio::time::timeout(WAIT, async {
+            loop {
+                match tokio::io::AsyncReadExt::read(&mut s, &mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => continue, // a refusal frame, then EOF
+                }
+            }
+        })
+        .await;
+        assert!(closed.is_ok(), "the manager closes a garbage connection");
+    }
+    // A real agent still registers.
+    let _agent = f.agent("node1", reply_empty()).await;
+    assert_eq!(list_nodes(&f).await[0].2, "online");
+}
+
+#[tokio::test]
+async fn undecodable_frame_mid_session_drops_the_session() {
+    let f = Fixture::start(config(&["node1"])).await;
+    let mut node_signals = f.signals(NODE1, PROPS).await;
+    let agent = f.agent("node1", reply_empty()).await;
+    wait_status(&mut node_signals, "Status", "online").await;
+    agent
+        .send_raw(vec![0, 0, 0, 4, 0xff, 0xff, 0xff, 0xff])
+        .await;
+    wait_status(&mut node_signals, "Status", "offline").await;
+    // And the name is free again at once.
+    let _again = f.agent("node1", reply_empty()).await;
+}
+
+#[tokio::test]
+async fn shutdown_cancels_jobs_before_leaving_the_bus() {
+    let mut f = Fixture::start(config(&["node1"])).await;
+    let _agent = f.agent("node1", reply_empty()).await;
+    let mut jobs = f.signals(CONTROLLER, CTRL_IFACE).await;
+    let path: OwnedObjectPath = f
+        .call(NODE1, NODE_IFACE, "StartUnit", &("a.service", "replace"))
+        .await
+        .unwrap();
+    assert_eq!(next_signal(&mut jobs).await.0, "JobNew");
+    f.manager.take().expect("running").shutdown().await;
+    let (member, msg) = next_signal(&mut jobs).await;
+    assert_eq!(member, "JobRemoved");
+    let (_, job, _, _, result): (u32, OwnedObjectPath, String, String, String) =
+        msg.body().deserialize().unwrap();
+    assert_eq!((job, result.as_str()), (path, "cancelled due to shutdown"));
+}
+
+#[tokio::test]
+async fn introspection_describes_exactly_what_is_served() {
+    let f = Fixture::start(config(&["node1"])).await;
+    let _agent = f.agent("node1", reply_empty()).await;
+
+    let xml = f.introspect(CONTROLLER).await;
+    for want in [
+        r#"<interface name="org.eclipse.bluechi.Controller">"#,
+        r#"<method name="ListNodes">"#,
+        r#"<arg name="nodes" type="a(soss)" direction="out"/>"#,
+        r#"<method name="GetNode">"#,
+        r#"<arg name="name" type="s" direction="in"/>"#,
+        r#"<arg name="path" type="o" direction="out"/>"#,
+        r#"<arg name="units" type="a{sa(ssssssouso)}" direction="out"/>"#,
+        r#"<signal name="JobNew">"#,
+        r#"<arg name="id" type="u"/>"#,
+        r#"<arg name="job" type="o"/>"#,
+        r#"<signal name="JobRemoved">"#,
+        r#"<arg name="result" type="s"/>"#,
+        // EmitsChangedSignal=true is the default, so zbus writes no annotation.
+        r#"<property name="Status" type="s" access="read"/>"#,
+        r#"<property name="LogLevel" type="s" access="read">"#,
+        r#"<property name="LogTarget" type="s" access="read">"#,
+        r#"<node name="node">"#,
+    ] {
+        assert!(xml.contains(want), "controller XML lacks {want}:\n{xml}");
+    }
+    for absent in [
+        "CreateMonitor",
+        "EnableMetrics",
+        "SetLogLevel",
+        "ListUnitFiles",
+    ] {
+        assert!(
+            !xml.contains(absent),
+            "controller XML must not advertise {absent}"
+        );
+    }
+
+    let xml = f.introspect(NODE1).await;
+    for want in [
+        r#"<method name="StartUnit">"#,
+        r#"<method name="StopUnit">"#,
+        r#"<method name="RestartUnit">"#,
+        r#"<method name="ReloadUnit">"#,
+        r#"<arg name="mode" type="s" direction="in"/>"#,
+        r#"<arg name="job" type="o" direction="out"/>"#,
+        r#"<arg name="units" type="a(ssssssouso)" direction="out"/>"#,
+        r#"<method name="Reload">"#,
+        r#"<property name="Name" type="s" access="read">"#,
+        r#"<property name="PeerIp" type="s" access="read">"#,
+        r#"<property name="LastSeenTimestamp" type="t" access="read">"#,
+        r#"<property name="LastSeenTimestampMonotonic" type="t" access="read">"#,
+        r#"value="const""#,
+        r#"value="false""#,
+    ] {
+        assert!(xml.contains(want), "node XML lacks {want}:\n{xml}");
+    }
+    assert!(!xml.contains("GetUnitProperties"), "no stubs");
+
+    let path: OwnedObjectPath = f
+        .call(NODE1, NODE_IFACE, "StartUnit", &("a.service", "replace"))
+        .await
+        .unwrap();
+    let xml = f.introspect(path.as_str()).await;
+    for want in [
+        r#"<interface name="org.eclipse.bluechi.Job">"#,
+        r#"<method name="Cancel">"#,
+        r#"<property name="Id" type="u" access="read">"#,
+        r#"<property name="Node" type="s" access="read">"#,
+        r#"<property name="Unit" type="s" access="read">"#,
+        r#"<property name="JobType" type="s" access="read">"#,
+        r#"<property name="State" type="s" access="read"/>"#,
+    ] {
+        assert!(xml.contains(want), "job XML lacks {want}:\n{xml}");
+    }
+}
