@@ -324,6 +324,20 @@ impl FakeNode {
                 };
                 emit(id, path.clone(), result).await;
             }
+            // Far more signals than a zbus queue holds before the reply goes out:
+            // droverctl must keep reading them while it waits for the reply.
+            "flood.service" => {
+                for other in 0..300 {
+                    let other_id = id + 10_000 + other;
+                    emit(
+                        other_id,
+                        format!("/org/eclipse/bluechi/job/{other_id}"),
+                        "canceled",
+                    )
+                    .await;
+                }
+                emit(id, path.clone(), "done").await;
+            }
             _ => emit(id, path.clone(), "done").await,
         }
         Ok(OwnedObjectPath::try_from(path).expect("job path"))
@@ -567,6 +581,13 @@ async fn start_waits_for_its_own_job_and_exit_code_follows_the_result() {
     let r = droverctl(&bus, &["reload", "node-a", "db"]).await;
     assert_eq!(r.code, 0, "{}", r.stderr);
 
+    let r = droverctl(&bus, &["start", "node-a", "flood"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        r.stdout,
+        "Unit flood.service StartUnit operation result: done\n"
+    );
+
     assert_eq!(
         *shared.calls.lock().await,
         [
@@ -574,6 +595,7 @@ async fn start_waits_for_its_own_job_and_exit_code_follows_the_result() {
             "node-a RestartUnit fail.service replace",
             "node-a StopUnit db.service replace",
             "node-a ReloadUnit db.service replace",
+            "node-a StartUnit flood.service replace",
         ]
     );
 }

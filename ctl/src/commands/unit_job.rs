@@ -11,6 +11,7 @@
 //! drover (node disconnect gives `disconnected`); if the manager itself leaves the
 //! bus, or `--timeout` runs out, droverctl says so and exits 1 instead of hanging.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -24,6 +25,10 @@ use crate::client::CallContext;
 use crate::commands::{Context, Run};
 use crate::error::CtlError;
 use crate::output::json;
+
+/// How many `JobRemoved` of this node and unit are kept while the call is in flight
+/// (there are normally zero or one).
+const EARLY_SIGNALS_MAX: usize = 64;
 
 /// The mode every job is queued with, as bluechictl does.
 pub const JOB_MODE: &str = "replace";
@@ -136,8 +141,11 @@ async fn run_job(op: JobOp, args: JobArgs, ctx: &mut Context) -> Result<(), CtlE
         unit: Some(&args.unit),
     };
 
-    // Subscribe first: the job may end before the call below returns.
-    let mut removed = match controller.receive_job_removed().await {
+    // Subscribe first: the job may end before the call below returns. Only
+    // JobRemoved of this node and unit are delivered (the bus filters on the string
+    // arguments), so a busy fleet's other jobs do not flood us.
+    let filter = [(2u8, args.node.as_str()), (3u8, args.unit.as_str())];
+    let mut removed = match controller.receive_job_removed_with_args(&filter).await {
         Ok(s) => s,
         Err(e) => return Err(client.classify(e, call_ctx).await),
     };
@@ -155,18 +163,46 @@ async fn run_job(op: JobOp, args: JobArgs, ctx: &mut Context) -> Result<(), CtlE
             JobOp::Reload => node.reload_unit(unit, JOB_MODE).await,
         }
     };
+    // While the call is in flight, keep draining JobRemoved into `early`: zbus
+    // applies back-pressure when a signal queue is full, which would also hold up
+    // the reply we are waiting for. Ours, if it comes early, is among the newest, so
+    // the bounded buffer drops the oldest.
+    let mut early: VecDeque<(String, String)> = VecDeque::new();
+    let call_phase = async {
+        tokio::pin!(call);
+        loop {
+            tokio::select! {
+                reply = &mut call => return reply,
+                Some(signal) = removed.next() => {
+                    if let Ok(a) = signal.args() {
+                        if early.len() == EARLY_SIGNALS_MAX {
+                            early.pop_front();
+                        }
+                        early.push_back((a.job().to_string(), a.result().to_string()));
+                    }
+                }
+            }
+        }
+    };
     let called = match deadline {
-        Some(d) => tokio::time::timeout_at(d, call)
+        Some(d) => tokio::time::timeout_at(d, call_phase)
             .await
             .map_err(|_| timed_out(None))?,
-        None => call.await,
+        None => call_phase.await,
     };
     let job = match called {
         Ok(path) => path,
         Err(e) => return Err(client.classify(e, call_ctx).await),
     };
 
+    let already = early
+        .iter()
+        .find(|(path, _)| path.as_str() == job.as_str())
+        .map(|(_, result)| result.clone());
     let wait = async {
+        if let Some(result) = already {
+            return Ok(result);
+        }
         loop {
             tokio::select! {
                 signal = removed.next() => {
