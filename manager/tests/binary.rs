@@ -184,3 +184,102 @@ async fn a_name_owner_that_refuses_replacement_means_exit_1() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("org.eclipse.bluechi"), "{stderr}");
 }
+
+#[tokio::test]
+async fn running_out_of_descriptors_is_survived() {
+    use std::os::unix::process::CommandExt;
+    let bus = TestBus::start();
+    let port = free_port();
+    let conf = temp_file(
+        "emfile.conf",
+        "[drover-manager]\nAllowedNodeNames=node1\nLogTarget=stderr\n",
+    );
+    let log_path =
+        std::env::temp_dir().join(format!("drover-manager-emfile-{}.log", std::process::id()));
+    let log = std::fs::File::create(&log_path).expect("log file");
+    let mut cmd = Command::new(BIN);
+    cmd.args([
+        "--no-default-config",
+        "--bus",
+        &bus.address,
+        "-p",
+        &port.to_string(),
+        "-c",
+    ])
+    .arg(&conf)
+    .stdout(Stdio::null())
+    .stderr(Stdio::from(log));
+    // SAFETY: only setrlimit(2), async-signal-safe, between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 64,
+                rlim_max: 64,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let _proc = Proc(cmd.spawn().expect("spawn drover-manager"));
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+
+    // Wait until it serves, then flood it with more connections than it has descriptors.
+    let client = zbus::connection::Builder::address(bus.address.as_str())
+        .build()
+        .await
+        .expect("client");
+    let mut up = false;
+    for _ in 0..100 {
+        let r = client
+            .call_method(
+                Some(BUS_NAME),
+                CONTROLLER,
+                Some("org.eclipse.bluechi.Controller"),
+                "ListNodes",
+                &(),
+            )
+            .await;
+        if r.is_ok() && tokio::net::TcpStream::connect(addr).await.is_ok() {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(up, "the manager came up");
+    let mut flood = Vec::new();
+    for _ in 0..100 {
+        flood.push(
+            tokio::net::TcpStream::connect(addr)
+                .await
+                .expect("connect (backlog)"),
+        );
+    }
+    let mut logged = false;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+        if text.contains("cannot accept agents") {
+            logged = true;
+            break;
+        }
+    }
+    assert!(logged, "EMFILE is logged");
+    // Descriptors free up: the manager accepts again.
+    drop(flood);
+    let mut agent = None;
+    for _ in 0..100 {
+        if let Ok(a) = FakeAgent::connect(addr, "node1", reply_empty()).await {
+            agent = Some(a);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        agent.is_some(),
+        "a real agent registers once descriptors are free"
+    );
+    let _ = std::fs::remove_file(&log_path);
+    let _ = std::fs::remove_file(&conf);
+}
