@@ -126,9 +126,12 @@ pub fn main() -> ExitCode {
         }
     };
     match runtime.block_on(serve(settings)) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => {
+            tracing::info!("drover-agent stopped");
+            ExitCode::SUCCESS
+        }
         Err(e) => {
-            tracing::error!("{e}");
+            // Under systemd stderr lands in the journal too: one line, one place.
             eprintln!("drover-agent: {e}");
             ExitCode::from(1)
         }
@@ -146,7 +149,6 @@ async fn serve(settings: Settings) -> Result<(), crate::agent::AgentError> {
     })
     .await;
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
-    tracing::info!("drover-agent stopped");
     result
 }
 

@@ -17,7 +17,11 @@
 use crate::jobs::JobTracker;
 use crate::outbox::Outbox;
 use crate::systemd::{ERR_NO_SUCH_JOB, ERR_NOT_SUPPORTED, JobKind, Systemd, SystemdEvent};
-use drover_protocol::{RemoteError, Request, Response, ToManager, UnitName};
+use drover_protocol::codec::encode_body;
+use drover_protocol::{MAX_FRAME_LEN, RemoteError, Request, Response, ToManager, UnitName};
+
+/// D-Bus error name for a reply that does not fit in one frame.
+pub const ERR_LIMITS_EXCEEDED: &str = "org.freedesktop.DBus.Error.LimitsExceeded";
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -103,9 +107,31 @@ impl<S: Systemd> Dispatcher<S> {
     }
 
     fn reply(&self, epoch: u64, id: u64, result: Result<Response, RemoteError>) {
-        self.shared
-            .outbox
-            .send(epoch, ToManager::Reply { id, result });
+        let mut msg = ToManager::Reply { id, result };
+        if let ToManager::Reply {
+            result: Ok(resp), ..
+        } = &msg
+            && !matches!(resp, Response::Empty)
+        {
+            // A reply over the frame cap would fail in the writer and take the
+            // link down (and the manager would ask again): answer with an
+            // error instead. Only lists can get that big, so measure those.
+            let len = encode_body(&msg).map(|b| b.len()).unwrap_or(usize::MAX);
+            if len > MAX_FRAME_LEN {
+                tracing::warn!(id, len, "reply too large for one frame");
+                let err = RemoteError::new(
+                    ERR_LIMITS_EXCEEDED,
+                    format!(
+                        "the reply is {len} bytes, more than the {MAX_FRAME_LEN} bytes one frame may carry"
+                    ),
+                );
+                msg = ToManager::Reply {
+                    id,
+                    result: Err(err),
+                };
+            }
+        }
+        self.shared.outbox.send(epoch, msg);
     }
 
     /// Runs request `id` of session `epoch` and sends its one reply.
@@ -362,7 +388,10 @@ mod tests {
                 assert_eq!(e.name, "org.freedesktop.systemd1.NoSuchUnit");
                 assert!(e.message.contains("missing.service"), "{e}");
             }
-            other => panic!("unexpected {other:?}"),
+            other => panic!(
+                "unexpected {}",
+                format!("{other:?}").chars().take(300).collect::<String>()
+            ),
         }
         assert!(r.dispatcher.shared().tracker().is_empty());
     }
@@ -377,7 +406,10 @@ mod tests {
                 id: 8,
                 result: Err(e),
             } => assert_eq!(e.name, "org.freedesktop.DBus.Error.UnknownMethod"),
-            other => panic!("unexpected {other:?}"),
+            other => panic!(
+                "unexpected {}",
+                format!("{other:?}").chars().take(300).collect::<String>()
+            ),
         }
     }
 
@@ -428,7 +460,10 @@ mod tests {
                 id: 3,
                 result: Err(e),
             } => assert_eq!(e.name, ERR_NO_SUCH_JOB),
-            other => panic!("unexpected {other:?}"),
+            other => panic!(
+                "unexpected {}",
+                format!("{other:?}").chars().take(300).collect::<String>()
+            ),
         }
     }
 
@@ -445,7 +480,10 @@ mod tests {
                 assert_eq!(units.len(), 1);
                 assert_eq!(units[0].name, "a.service");
             }
-            other => panic!("unexpected {other:?}"),
+            other => panic!(
+                "unexpected {}",
+                format!("{other:?}").chars().take(300).collect::<String>()
+            ),
         }
         r.dispatcher
             .handle(
@@ -464,7 +502,35 @@ mod tests {
                 assert_eq!(e.name, ERR_NOT_SUPPORTED);
                 assert!(e.message.contains("FreezeUnit"));
             }
-            other => panic!("unexpected {other:?}"),
+            other => panic!(
+                "unexpected {}",
+                format!("{other:?}").chars().take(300).collect::<String>()
+            ),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_reply_too_large_for_a_frame_becomes_an_error() {
+        let mut r = rig().await;
+        for n in 0..6000 {
+            r.fake.add_unit(
+                &format!("a-unit-with-quite-a-long-name-to-fill-frames-{n:05}.service"),
+                Script::Hang,
+            );
+        }
+        r.dispatcher.handle(1, 1, Request::ListUnits).await;
+        match next(&mut r.rx).await {
+            ToManager::Reply {
+                id: 1,
+                result: Err(e),
+            } => {
+                assert_eq!(e.name, ERR_LIMITS_EXCEEDED);
+                assert!(e.message.contains("bytes"), "{e}");
+            }
+            other => panic!(
+                "unexpected {}",
+                format!("{other:?}").chars().take(300).collect::<String>()
+            ),
         }
     }
 
@@ -489,7 +555,10 @@ mod tests {
                 id: 5,
                 result: Err(e),
             } => assert_eq!(e.name, ERR_NO_SUCH_JOB),
-            other => panic!("unexpected {other:?}"),
+            other => panic!(
+                "unexpected {}",
+                format!("{other:?}").chars().take(300).collect::<String>()
+            ),
         }
         // The old job's removal reaches nobody.
         r.fake

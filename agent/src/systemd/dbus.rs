@@ -295,3 +295,39 @@ fn parse_signal(msg: &zbus::Message) -> Option<SystemdEvent> {
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_method_says_systemd_is_too_old() {
+        let err = zbus::Error::FDO(Box::new(zbus::fdo::Error::UnknownMethod(
+            "No such method 'FreezeUnit'".into(),
+        )));
+        let remote = remote_error(err, "FreezeUnit");
+        assert_eq!(remote.name, ERR_UNKNOWN_METHOD);
+        assert!(
+            remote.message.contains("does not implement FreezeUnit"),
+            "{remote}"
+        );
+        assert!(remote.message.contains("No such method"), "{remote}");
+    }
+
+    #[test]
+    fn other_fdo_errors_keep_their_name() {
+        let err = zbus::Error::FDO(Box::new(zbus::fdo::Error::AccessDenied(
+            "polkit says no".into(),
+        )));
+        let remote = remote_error(err, "StartUnit");
+        assert_eq!(remote.name, "org.freedesktop.DBus.Error.AccessDenied");
+        assert_eq!(remote.message, "polkit says no");
+    }
+
+    #[test]
+    fn transport_errors_are_failed_with_context() {
+        let remote = remote_error(zbus::Error::InvalidReply, "ListUnits");
+        assert_eq!(remote.name, "org.freedesktop.DBus.Error.Failed");
+        assert!(remote.message.starts_with("ListUnits:"), "{remote}");
+    }
+}
