@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use clap::Parser;
-use drover_protocol::{NodeName, UnitName};
+use drover_protocol::{NameError, NodeName, UnitName};
 
 use crate::commands::Command;
 
@@ -74,7 +74,17 @@ pub fn parse_node(s: &str) -> Result<NodeName, String> {
 
 /// A unit name; without a type suffix it gets `.service`, like systemctl.
 pub fn parse_unit(s: &str) -> Result<UnitName, String> {
-    UnitName::with_default_suffix(s).map_err(|e| e.to_string())
+    UnitName::with_default_suffix(s).map_err(|e| match e {
+        // Quote what the user typed, not the name with '.service' appended.
+        NameError::BadUnit(_, why) => format!(
+            "invalid unit name '{}': {why}",
+            s.chars()
+                .take(80)
+                .flat_map(char::escape_default)
+                .collect::<String>()
+        ),
+        other => other.to_string(),
+    })
 }
 
 /// A unit that can have a job: a template (`foo@.service`) cannot be started.
@@ -166,7 +176,7 @@ mod tests {
         usage_error(&["status", "no/de"], "invalid node name");
         usage_error(&["list-units", "é"], "invalid node name");
         usage_error(&["daemon-reload", ""], "node name is empty");
-        usage_error(&["start", "a", "a b"], "invalid unit name");
+        usage_error(&["start", "a", "a b"], "invalid unit name 'a b'");
         usage_error(&["stop", "a", ""], "invalid unit name");
         usage_error(&["restart", "a", "foo@"], "template");
         usage_error(&["reload", "a", "x/y.service"], "invalid unit name");
