@@ -111,10 +111,11 @@ pub async fn run(cli: Cli) -> Result<u8> {
 }
 
 async fn up(opts: ClusterOptions) -> Result<u8> {
+    let mut interrupt = interrupt_stream()?;
     // Ctrl-C while starting drops the half-built cluster, whose Drop tears it down.
     let cluster = tokio::select! {
         c = Cluster::start(opts) => c?,
-        _ = tokio::signal::ctrl_c() => bail!("interrupted; nothing was left running"),
+        _ = interrupt.recv() => bail!("interrupted; nothing was left running"),
     };
     let env = files::env_lines(cluster.bus_address(), cluster.dir());
     let dir = cluster.detach()?;
@@ -122,6 +123,12 @@ async fn up(opts: ClusterOptions) -> Result<u8> {
         .with_context(|| format!("writing {}", dir.join(ENV_FILE).display()))?;
     print!("{env}");
     Ok(0)
+}
+
+/// SIGINT (Ctrl-C) as a stream; once created, SIGINT no longer kills the process.
+fn interrupt_stream() -> Result<tokio::signal::unix::Signal> {
+    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .context("installing the Ctrl-C handler")
 }
 
 fn load(dir: &Path) -> Result<State> {
@@ -218,10 +225,12 @@ ExecStart=/bin/echo hello from drover-demo
 
 async fn demo() -> Result<u8> {
     let droverctl = binaries::locate("droverctl")?;
+    // One stream for the whole run: a Ctrl-C between two waits is not lost.
+    let mut interrupt = interrupt_stream()?;
     println!("starting a 3-node sandbox...");
     let cluster = tokio::select! {
         c = Cluster::start(ClusterOptions::with_nodes(3)) => c?,
-        _ = tokio::signal::ctrl_c() => bail!("interrupted; nothing was left running"),
+        _ = interrupt.recv() => bail!("interrupted; nothing was left running"),
     };
     println!(
         "sandbox up in {} (manager bus {})",
@@ -230,7 +239,7 @@ async fn demo() -> Result<u8> {
     );
     let result = tokio::select! {
         r = demo_steps(&cluster, &droverctl) => r,
-        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+        _ = interrupt.recv() => Err(anyhow::anyhow!("interrupted")),
     };
     println!("tearing down...");
     let down = cluster.down().await;
@@ -256,6 +265,13 @@ async fn demo_steps(cluster: &Cluster, droverctl: &Path) -> Result<()> {
         cluster,
         droverctl,
         &["start", "node2", "drover-demo.service"],
+    )
+    .await?;
+    // Started, the unit is loaded and shows up.
+    droverctl_step(
+        cluster,
+        droverctl,
+        &["list-units", "node2", "--filter", "drover-demo*"],
     )
     .await?;
     droverctl_step(cluster, droverctl, &["status"]).await?;

@@ -156,11 +156,7 @@ impl Cluster {
             for name in &opts.nodes {
                 cluster.start_agent(name).await?;
             }
-            let deadline = Instant::now() + ONLINE_TIMEOUT;
-            for name in &opts.nodes {
-                let left = deadline.saturating_duration_since(Instant::now());
-                cluster.wait_node_status(name, "online", left).await?;
-            }
+            cluster.wait_all_online(&opts.nodes).await?;
         }
         Ok(cluster)
     }
@@ -415,6 +411,60 @@ impl Cluster {
         }
     }
 
+    /// Waits until every node in `nodes` is online; fails fast (with its log) when an
+    /// agent or the manager exits meanwhile.
+    async fn wait_all_online(&mut self, nodes: &[String]) -> Result<()> {
+        let deadline = Instant::now() + ONLINE_TIMEOUT;
+        let conn = bus::connect(self.bus_address()).await?;
+        loop {
+            let mut exited = None;
+            for (name, child) in &mut self.agents {
+                if let Some(status) = child.try_wait().context("checking an agent")? {
+                    exited = Some((name.clone(), status));
+                    break;
+                }
+            }
+            if let Some((name, status)) = exited {
+                bail!(
+                    "the agent of node {name} exited during startup ({status})\n{}",
+                    process::log_tail(&self.log_path(&name), 30)
+                );
+            }
+            if let Some(child) = &mut self.manager
+                && let Some(status) = child.try_wait().context("checking the manager")?
+            {
+                bail!(
+                    "drover-manager exited during startup ({status})\n{}",
+                    process::log_tail(&self.log_path("manager"), 30)
+                );
+            }
+            let mut pending = Vec::new();
+            for name in nodes {
+                match bus::node_status(&conn, name).await {
+                    Ok(s) if s == "online" => {}
+                    Ok(s) => pending.push(format!("{name}: {s}")),
+                    Err(e) => pending.push(format!("{name}: {e:#}")),
+                }
+            }
+            if pending.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                let mut msg = format!(
+                    "not every node came online within {ONLINE_TIMEOUT:?} ({})\n{}",
+                    pending.join("; "),
+                    process::log_tail(&self.log_path("manager"), 20)
+                );
+                for name in nodes {
+                    msg.push('\n');
+                    msg.push_str(&process::log_tail(&self.log_path(name), 10));
+                }
+                bail!(msg);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Log file of `what`: `"manager"`, `"bus"`, a node name (its agent), or
     /// `"systemd@NODE"` (that node's systemd).
     pub fn log_path(&self, what: &str) -> PathBuf {
@@ -625,7 +675,8 @@ impl Cluster {
                 "--no-default-config".into(),
                 "-c".into(),
                 conf.display().to_string(),
-                "--user".into(),
+                // `--bus` names the node's bus, where its *user* systemd answers; the
+                // agent's `--user` (session bus) is an alternative to it, not an addition.
                 "--bus".into(),
                 bus_address,
             ],

@@ -52,3 +52,134 @@ fn commands_without_a_sandbox_are_clear_and_down_is_idempotent() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("no sandbox in"), "{}", stderr(&out));
 }
+
+#[test]
+fn up_exec_install_down_round_trip() {
+    let dir = format!("/tmp/drover-sb-cli-up-{}", std::process::id());
+    let out = sandbox(&["up", "--node", "alpha", "--node", "beta", "--dir", &dir]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let printed = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        printed.contains(&format!("export DROVER_BUS='unix:path={dir}/bus'")),
+        "{printed}"
+    );
+    assert!(
+        printed.contains(&format!("export DROVER_SANDBOX_DIR='{dir}'")),
+        "{printed}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(format!("{dir}/sandbox.env")).unwrap(),
+        printed
+    );
+    let state = drover_sandbox::state::State::load(std::path::Path::new(&dir))
+        .unwrap()
+        .unwrap();
+    assert!(state.is_live(), "processes outlive `up`");
+
+    let out = sandbox(&["up", "--nodes", "1", "--dir", &dir]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("already running"), "{}", stderr(&out));
+
+    let out = sandbox(&[
+        "exec",
+        "--dir",
+        &dir,
+        "beta",
+        "--",
+        "systemctl",
+        "--user",
+        "is-system-running",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "running");
+    let out = sandbox(&["exec", "--dir", &dir, "alpha", "--", "sh", "-c", "exit 5"]);
+    assert_eq!(out.status.code(), Some(5));
+
+    let unit = format!("{dir}/round-trip.service");
+    std::fs::write(&unit, "[Service]\nType=oneshot\nExecStart=/bin/true\n").unwrap();
+    let out = sandbox(&["install", "--dir", &dir, "alpha", &unit]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = sandbox(&[
+        "exec",
+        "--dir",
+        &dir,
+        "alpha",
+        "--",
+        "systemctl",
+        "--user",
+        "start",
+        "round-trip.service",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+
+    let out = sandbox(&["down", "--dir", &dir]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(state.cgroups().pids().is_empty());
+    assert!(!state.cgroups().any_exists());
+    assert!(!std::path::Path::new(&dir).exists());
+    let out = sandbox(&["down", "--dir", &dir]);
+    assert_eq!(out.status.code(), Some(0), "down twice is fine");
+}
+
+#[test]
+fn demo_drives_the_cluster_with_droverctl_and_cleans_up() {
+    let out = sandbox(&["demo"]);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{}", stderr(&out));
+    assert!(stdout.contains("$ droverctl status"), "{stdout}");
+    assert!(
+        stdout.contains("Unit drover-demo.service StartUnit operation result: done"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("node3"), "{stdout}");
+    let dir = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("sandbox up in "))
+        .and_then(|l| l.split(' ').next())
+        .expect("demo names its directory");
+    assert!(!std::path::Path::new(dir).exists(), "demo removed {dir}");
+}
+
+#[test]
+fn demo_interrupted_with_ctrl_c_still_cleans_up() {
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_drover-sandbox"))
+        .arg("demo")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = std::io::BufReader::new(stdout).lines();
+    let dir = loop {
+        let line = lines.next().expect("demo prints its directory").unwrap();
+        if let Some(rest) = line.strip_prefix("sandbox up in ") {
+            break rest.split(' ').next().unwrap().to_string();
+        }
+    };
+    let state = drover_sandbox::state::State::load(std::path::Path::new(&dir))
+        .unwrap()
+        .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(
+        status.code(),
+        Some(1),
+        "exited by itself, with an error: {status}"
+    );
+    assert!(
+        err.contains("interrupted"),
+        "stdout: {rest:?}\nstderr: {err}"
+    );
+    assert!(rest.iter().any(|l| l == "tearing down..."), "{rest:?}");
+    assert!(state.cgroups().pids().is_empty());
+    assert!(!state.cgroups().any_exists());
+    assert!(!std::path::Path::new(&dir).exists());
+}

@@ -1,0 +1,175 @@
+//! The whole sandbox with the real drover-manager and drover-agent (built by
+//! `cargo build --workspace`): nodes come online, processes can be stopped, restarted and
+//! signalled, the manager keeps its port across restarts, and nothing is left behind.
+
+use drover_sandbox::state::{State, mounts_below};
+use drover_sandbox::{Cluster, ClusterOptions};
+use nix::sys::signal::Signal;
+use std::time::Duration;
+
+const DETECT: Duration = Duration::from_secs(10);
+
+fn alive(pid: u32) -> bool {
+    drover_sandbox::process::alive(pid)
+}
+
+fn leftovers(state: &State) -> Vec<String> {
+    let mut left = Vec::new();
+    let pids = state.cgroups().pids();
+    if !pids.is_empty() {
+        left.push(format!("processes {pids:?}"));
+    }
+    let mut pids: Vec<u32> = state.agent_pids.values().copied().collect();
+    pids.extend(&state.extra_agent_pids);
+    pids.extend(state.manager_pid);
+    pids.extend(state.bus_pid);
+    pids.extend(state.nodes.iter().filter_map(|n| n.systemd_pid));
+    for pid in pids.into_iter().filter(|p| alive(*p)) {
+        left.push(format!("pid {pid}"));
+    }
+    for p in state.cgroup_parents.iter().filter(|p| p.exists()) {
+        left.push(format!("cgroup {}", p.display()));
+    }
+    if state.dir.exists() {
+        left.push(format!("directory {}", state.dir.display()));
+    }
+    let mounts = mounts_below(&state.dir).unwrap();
+    if !mounts.is_empty() {
+        left.push(format!("mounts {mounts:?}"));
+    }
+    left
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_come_online_and_survive_agent_and_manager_restarts() {
+    let mut cluster = Cluster::start(ClusterOptions::with_nodes(2)).await.unwrap();
+    assert_eq!(cluster.node_names(), ["node1", "node2"]);
+    let port = cluster.manager_port();
+    let manager_pid = cluster.state().manager_pid.unwrap();
+
+    // Every daemon logs to its own file; the manager logs at debug level.
+    let log = std::fs::read_to_string(cluster.log_path("manager")).unwrap();
+    assert!(!log.is_empty());
+    assert!(cluster.log_path("node1").exists());
+
+    // A killed agent makes its node go offline; a new one brings it back.
+    let first = cluster.agent_pid("node1").unwrap();
+    cluster.signal_agent("node1", Signal::SIGKILL).unwrap();
+    cluster
+        .wait_node_status("node1", "offline", DETECT)
+        .await
+        .unwrap();
+    cluster.start_agent("node1").await.unwrap();
+    let second = cluster.agent_pid("node1").unwrap();
+    assert_ne!(first, second);
+    cluster
+        .wait_node_status("node1", "online", DETECT)
+        .await
+        .unwrap();
+
+    // A running agent is not started twice.
+    let err = cluster.start_agent("node1").await.unwrap_err().to_string();
+    assert!(err.contains("still running"), "{err}");
+
+    // stop_agent reaps the agent.
+    cluster.stop_agent("node2").await.unwrap();
+    assert!(!alive(
+        cluster
+            .state()
+            .agent_pids
+            .get("node2")
+            .copied()
+            .unwrap_or(0)
+    ));
+    assert_eq!(cluster.agent_pid("node2"), None);
+    cluster
+        .wait_node_status("node2", "offline", DETECT)
+        .await
+        .unwrap();
+    cluster.start_agent("node2").await.unwrap();
+    cluster
+        .wait_node_status("node2", "online", DETECT)
+        .await
+        .unwrap();
+
+    // The manager restarts on the same port (socket activation); agents reconnect.
+    cluster.stop_manager().await.unwrap();
+    assert!(!alive(manager_pid));
+    let err = cluster
+        .wait_node_status("node1", "online", Duration::from_millis(300))
+        .await;
+    assert!(err.is_err(), "no manager, no status");
+    cluster.start_manager().await.unwrap();
+    assert_eq!(cluster.manager_port(), port);
+    let log = std::fs::read_to_string(cluster.log_path("manager")).unwrap();
+    assert!(
+        log.contains(&format!("127.0.0.1:{port}")),
+        "manager used the passed listener:\n{log}"
+    );
+    for n in ["node1", "node2"] {
+        cluster.wait_node_status(n, "online", DETECT).await.unwrap();
+    }
+
+    let state = cluster.state().clone();
+    cluster.down().await.unwrap();
+    assert_eq!(leftovers(&state), Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extra_agents_and_custom_options_are_torn_down_too() {
+    let opts = ClusterOptions {
+        heartbeat_interval_ms: 200,
+        heartbeat_threshold_ms: 1000,
+        allowed_nodes: Some(vec!["node1".into(), "spare".into()]),
+        manager_extra_config: "[node spare]\nAllowDependenciesOn=node1\n".into(),
+        ..ClusterOptions::with_nodes(1)
+    };
+    let mut cluster = Cluster::start(opts).await.unwrap();
+    let conf = std::fs::read_to_string(cluster.dir().join("manager.conf")).unwrap();
+    assert!(conf.contains("AllowedNodeNames=node1,spare"), "{conf}");
+    assert!(conf.contains("HeartbeatInterval=200"), "{conf}");
+    assert!(
+        conf.ends_with("[node spare]\nAllowDependenciesOn=node1\n"),
+        "{conf}"
+    );
+
+    // An extra agent on node1's bus registers as the allowed name "spare".
+    let pid = cluster.start_agent_named("node1", "spare").await.unwrap();
+    assert!(alive(pid));
+    cluster
+        .wait_node_status("spare", "online", DETECT)
+        .await
+        .unwrap();
+    cluster
+        .wait_node_status("node1", "online", DETECT)
+        .await
+        .unwrap();
+
+    let state = cluster.state().clone();
+    assert!(state.extra_agent_pids.contains(&pid));
+    cluster.down().await.unwrap();
+    assert!(!alive(pid));
+    assert_eq!(leftovers(&state), Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_without_agents_has_a_manager_and_offline_nodes() {
+    let opts = ClusterOptions {
+        start_agents: false,
+        ..ClusterOptions::with_nodes(2)
+    };
+    let mut cluster = Cluster::start(opts).await.unwrap();
+    assert_eq!(cluster.agent_pid("node1"), None);
+    cluster
+        .wait_node_status("node2", "offline", DETECT)
+        .await
+        .unwrap();
+    cluster.start_agent("node2").await.unwrap();
+    cluster
+        .wait_node_status("node2", "online", DETECT)
+        .await
+        .unwrap();
+    let state = cluster.state().clone();
+    drop(cluster); // Drop without down() cleans up as well
+    assert_eq!(leftovers(&state), Vec::<String>::new());
+}
