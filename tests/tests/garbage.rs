@@ -10,7 +10,10 @@ use tokio::net::TcpStream;
 
 async fn all_online(cluster: &drover_sandbox::Cluster) -> bool {
     let conn = bus(cluster).await;
-    list_nodes(&conn).await.iter().all(|(_, s, _)| s == "online")
+    list_nodes(&conn)
+        .await
+        .iter()
+        .all(|(_, s, _)| s == "online")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -22,13 +25,21 @@ async fn garbage_on_the_agent_port_leaves_the_manager_serving() {
     // a frame that claims to be a handshake from another protocol version.
     let mut inputs: Vec<Vec<u8>> = vec![
         b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
-        (0..4096u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect(),
+        (0..4096u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+            .collect(),
         vec![0xff, 0xff, 0xff, 0xff, 1, 2, 3],
         vec![0, 0, 0, 100, b'D', b'R'],
     ];
     let mut other_version = b"DRVR".to_vec();
     other_version.push(77); // postcard varint u32 = 77
-    inputs.push([&(other_version.len() as u32).to_be_bytes()[..], &other_version].concat());
+    inputs.push(
+        [
+            &(other_version.len() as u32).to_be_bytes()[..],
+            &other_version,
+        ]
+        .concat(),
+    );
 
     for input in &inputs {
         let mut s = TcpStream::connect(addr).await.unwrap();
@@ -44,7 +55,11 @@ async fn garbage_on_the_agent_port_leaves_the_manager_serving() {
             }
         })
         .await;
-        assert!(res.is_ok(), "manager closed the connection after {:?}", &input[..input.len().min(8)]);
+        assert!(
+            res.is_ok(),
+            "manager closed the connection after {:?}",
+            &input[..input.len().min(8)]
+        );
     }
     // Many idle connections that never speak don't stop registration of others.
     let idle: Vec<TcpStream> = futures::future::join_all((0..50).map(|_| TcpStream::connect(addr)))
@@ -57,7 +72,10 @@ async fn garbage_on_the_agent_port_leaves_the_manager_serving() {
     let mut cluster = cluster;
     cluster.stop_agent("node2").await.unwrap();
     cluster.start_agent("node2").await.unwrap();
-    cluster.wait_node_status("node2", "online", Duration::from_secs(10)).await.unwrap();
+    cluster
+        .wait_node_status("node2", "online", Duration::from_secs(10))
+        .await
+        .unwrap();
     drop(idle);
     ok(&droverctl(&cluster, &["list-units", "node1"]).await);
     cluster.down().await.unwrap();
@@ -70,26 +88,53 @@ async fn bad_dbus_arguments_get_errors_and_change_nothing() {
     let n = node(&conn, "node1").await;
     let mut jobs = JobWatch::new(&conn).await;
 
-    for bad in ["", "no-suffix", "a b.service", "../../etc/passwd.service", "x.nope", &"y".repeat(300)] {
+    for bad in [
+        "",
+        "no-suffix",
+        "a b.service",
+        "../../etc/passwd.service",
+        "x.nope",
+        &"y".repeat(300),
+    ] {
         let err = job_call(&n, "StartUnit", bad).await.unwrap_err();
         assert!(err.to_string().contains("InvalidArgs"), "{bad:?}: {err}");
     }
     // Wrong signature: zbus/the bus rejects it before our code runs.
-    let err = n.call::<_, _, zbus::zvariant::OwnedObjectPath>("StartUnit", &(1u32,)).await.unwrap_err();
-    assert!(err.to_string().contains("InvalidArgs") || err.to_string().contains("signature"), "{err}");
+    let err = n
+        .call::<_, _, zbus::OwnedObjectPath>("StartUnit", &(1u32,))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("InvalidArgs") || err.to_string().contains("signature"),
+        "{err}"
+    );
     let err = controller(&conn)
         .await
-        .call::<_, _, zbus::zvariant::OwnedObjectPath>("GetNode", &("no_such node",))
+        .call::<_, _, zbus::OwnedObjectPath>("GetNode", &("no_such node",))
         .await
         .unwrap_err();
     assert!(err.to_string().contains("ServiceUnknown"), "{err}");
 
     // No job was created by any of that, and the node is fine.
-    jobs.no_more_removed("/org/eclipse/bluechi/job/1", Duration::from_millis(300)).await.unwrap();
-    cluster.install_unit("node1", "quick.service", ONESHOT_OK).await.unwrap();
+    jobs.no_more_removed("/org/eclipse/bluechi/job/1", Duration::from_millis(300))
+        .await
+        .unwrap();
+    cluster
+        .install_unit("node1", "quick.service", ONESHOT_OK)
+        .await
+        .unwrap();
     let path = job_call(&n, "StartUnit", "quick.service").await.unwrap();
-    assert_eq!(path, "/org/eclipse/bluechi/job/1", "bad calls consumed no job id");
-    assert_eq!(jobs.removed(&path, Duration::from_secs(10)).await.unwrap().result, "done");
+    assert_eq!(
+        path, "/org/eclipse/bluechi/job/1",
+        "bad calls consumed no job id"
+    );
+    assert_eq!(
+        jobs.removed(&path, Duration::from_secs(10))
+            .await
+            .unwrap()
+            .result,
+        "done"
+    );
     cluster.down().await.unwrap();
 }
 
@@ -109,8 +154,16 @@ async fn droverctl_rejects_bad_arguments_clearly() {
     ];
     for (args, code) in cases {
         let out = droverctl(&cluster, args).await;
-        assert_eq!(out.status.code(), Some(*code), "droverctl {args:?}: {}", stderr(&out));
-        assert!(!stderr(&out).is_empty(), "droverctl {args:?} explains itself");
+        assert_eq!(
+            out.status.code(),
+            Some(*code),
+            "droverctl {args:?}: {}",
+            stderr(&out)
+        );
+        assert!(
+            !stderr(&out).is_empty(),
+            "droverctl {args:?} explains itself"
+        );
     }
     // An unreachable manager is one clear line, exit 1.
     let out = tokio::process::Command::new(bin("droverctl"))

@@ -31,7 +31,10 @@ async fn agents_register_and_show_online() {
 
     let out = ok(&droverctl(&cluster, &["status"]).await);
     for n in ["node1", "node2", "node3"] {
-        let line = out.lines().find(|l| l.starts_with(n)).unwrap_or_else(|| panic!("{n} in:\n{out}"));
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(n))
+            .unwrap_or_else(|| panic!("{n} in:\n{out}"));
         assert!(line.contains("online") && line.contains("now"), "{line}");
     }
 
@@ -44,14 +47,20 @@ async fn agents_register_and_show_online() {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_micros() as u64;
-    assert!(seen > 0 && seen <= now_us && now_us - seen < 10_000_000, "last seen {seen} vs now {now_us}");
+    assert!(
+        seen > 0 && seen <= now_us && now_us - seen < 10_000_000,
+        "last seen {seen} vs now {now_us}"
+    );
     cluster.down().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_node_name_is_refused_and_never_appears() {
     let mut cluster = cluster(2).await;
-    let pid = cluster.start_agent_named("node1", "intruder").await.unwrap();
+    let pid = cluster
+        .start_agent_named("node1", "intruder")
+        .await
+        .unwrap();
     let conn = bus(&cluster).await;
 
     // The refused agent keeps retrying; whatever it does, it never shows up.
@@ -61,7 +70,7 @@ async fn unknown_node_name_is_refused_and_never_appears() {
     assert_eq!(nodes.len(), 2);
     let err = controller(&conn)
         .await
-        .call::<_, _, zbus::zvariant::OwnedObjectPath>("GetNode", &("intruder",))
+        .call::<_, _, zbus::OwnedObjectPath>("GetNode", &("intruder",))
         .await
         .unwrap_err();
     assert!(err.to_string().contains("ServiceUnknown"), "{err}");
@@ -72,7 +81,10 @@ async fn unknown_node_name_is_refused_and_never_appears() {
     // The manager says whom it refused, so an operator can find the typo.
     assert!(pid > 0);
     let log = std::fs::read_to_string(cluster.log_path("manager")).unwrap();
-    assert!(log.contains("intruder"), "manager log names the refused node:\n{log}");
+    assert!(
+        log.contains("intruder"),
+        "manager log names the refused node:\n{log}"
+    );
     cluster.down().await.unwrap();
 }
 
@@ -88,16 +100,28 @@ async fn duplicate_name_of_a_live_node_is_refused_and_the_first_stays_online() {
     let status: String = node2.get_property("Status").await.unwrap();
     assert_eq!(status, "online");
     // The original agent still serves node2: a job there runs on node2's systemd.
-    cluster.install_unit("node2", "only-on-2.service", ONESHOT_OK).await.unwrap();
+    cluster
+        .install_unit("node2", "only-on-2.service", ONESHOT_OK)
+        .await
+        .unwrap();
     let mut jobs = JobWatch::new(&conn).await;
-    let path = job_call(&node2, "StartUnit", "only-on-2.service").await.unwrap();
+    let path = job_call(&node2, "StartUnit", "only-on-2.service")
+        .await
+        .unwrap();
     assert_eq!(jobs.removed(&path, DETECT).await.unwrap().result, "done");
     assert_eq!(cluster.agent_pid("node2"), Some(first_pid));
     cluster.down().await.unwrap();
 }
 
-async fn pending_job(cluster: &Cluster, conn: &zbus::Connection, node_name: &str) -> (JobWatch, String) {
-    cluster.install_unit(node_name, "slow.service", SLOW_START).await.unwrap();
+async fn pending_job(
+    cluster: &Cluster,
+    conn: &zbus::Connection,
+    node_name: &str,
+) -> (JobWatch, String) {
+    cluster
+        .install_unit(node_name, "slow.service", SLOW_START)
+        .await
+        .unwrap();
     let mut jobs = JobWatch::new(conn).await;
     let n = node(conn, node_name).await;
     let path = job_call(&n, "StartUnit", "slow.service").await.unwrap();
@@ -115,10 +139,18 @@ async fn killed_agent_goes_offline_and_its_pending_job_ends() {
     cluster.signal_agent("node2", Signal::SIGKILL).unwrap();
     let removed = jobs.removed(&path, DETECT).await.unwrap();
     assert_eq!(removed.result, "disconnected");
-    assert_eq!((removed.node.as_str(), removed.unit.as_str()), ("node2", "slow.service"));
-    cluster.wait_node_status("node2", "offline", DETECT).await.unwrap();
+    assert_eq!(
+        (removed.node.as_str(), removed.unit.as_str()),
+        ("node2", "slow.service")
+    );
+    cluster
+        .wait_node_status("node2", "offline", DETECT)
+        .await
+        .unwrap();
     assert!(started.elapsed() < DETECT);
-    jobs.no_more_removed(&path, Duration::from_millis(500)).await.unwrap();
+    jobs.no_more_removed(&path, Duration::from_millis(500))
+        .await
+        .unwrap();
 
     let controller = controller(&conn).await;
     let status: String = controller.get_property("Status").await.unwrap();
@@ -126,7 +158,10 @@ async fn killed_agent_goes_offline_and_its_pending_job_ends() {
     // Calls on the offline node get BlueChi's Offline error.
     let n = node(&conn, "node2").await;
     let err = job_call(&n, "StartUnit", "slow.service").await.unwrap_err();
-    assert!(err.to_string().contains("org.eclipse.bluechi.Offline"), "{err}");
+    assert!(
+        err.to_string().contains("org.eclipse.bluechi.Offline"),
+        "{err}"
+    );
     let ip: String = n.get_property("PeerIp").await.unwrap();
     assert_eq!(ip, "");
     cluster.down().await.unwrap();
@@ -140,14 +175,26 @@ async fn frozen_agent_goes_offline_within_the_threshold_and_comes_back() {
 
     let started = std::time::Instant::now();
     cluster.signal_agent("node1", Signal::SIGSTOP).unwrap();
-    cluster.wait_node_status("node1", "offline", DETECT).await.unwrap();
+    cluster
+        .wait_node_status("node1", "offline", DETECT)
+        .await
+        .unwrap();
     let elapsed = started.elapsed();
-    assert!(elapsed >= Duration::from_millis(1500), "not before the threshold: {elapsed:?}");
-    assert_eq!(jobs.removed(&path, DETECT).await.unwrap().result, "disconnected");
+    assert!(
+        elapsed >= Duration::from_millis(1500),
+        "not before the threshold: {elapsed:?}"
+    );
+    assert_eq!(
+        jobs.removed(&path, DETECT).await.unwrap().result,
+        "disconnected"
+    );
 
     // Thawed, the agent finds its link dead and registers again by itself.
     cluster.signal_agent("node1", Signal::SIGCONT).unwrap();
-    cluster.wait_node_status("node1", "online", Duration::from_secs(10)).await.unwrap();
+    cluster
+        .wait_node_status("node1", "online", Duration::from_secs(10))
+        .await
+        .unwrap();
     cluster.down().await.unwrap();
 }
 
@@ -156,22 +203,39 @@ async fn restarted_agent_and_restarted_manager_converge_to_all_online() {
     let mut cluster = cluster(3).await;
 
     cluster.stop_agent("node3").await.unwrap();
-    cluster.wait_node_status("node3", "offline", DETECT).await.unwrap();
+    cluster
+        .wait_node_status("node3", "offline", DETECT)
+        .await
+        .unwrap();
     cluster.start_agent("node3").await.unwrap();
-    cluster.wait_node_status("node3", "online", Duration::from_secs(10)).await.unwrap();
+    cluster
+        .wait_node_status("node3", "online", Duration::from_secs(10))
+        .await
+        .unwrap();
 
     cluster.stop_manager().await.unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     cluster.start_manager().await.unwrap();
     for n in ["node1", "node2", "node3"] {
-        cluster.wait_node_status(n, "online", Duration::from_secs(10)).await.unwrap();
+        cluster
+            .wait_node_status(n, "online", Duration::from_secs(10))
+            .await
+            .unwrap();
     }
     let conn = bus(&cluster).await;
-    let status: String = controller(&conn).await.get_property("Status").await.unwrap();
+    let status: String = controller(&conn)
+        .await
+        .get_property("Status")
+        .await
+        .unwrap();
     assert_eq!(status, "up");
     // And the fleet is usable again.
     let out = ok(&droverctl(&cluster, &["list-units", "node1"]).await);
-    assert!(out.lines().any(|l| l.contains("init.scope") || l.contains(".service")), "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.contains("init.scope") || l.contains(".service")),
+        "{out}"
+    );
     cluster.down().await.unwrap();
 }
 
@@ -192,6 +256,10 @@ async fn node_status_changes_are_signalled() {
         false
     })
     .await;
-    assert_eq!(got.ok(), Some(true), "PropertiesChanged(Status=offline) arrives");
+    assert_eq!(
+        got.ok(),
+        Some(true),
+        "PropertiesChanged(Status=offline) arrives"
+    );
     cluster.down().await.unwrap();
 }

@@ -8,7 +8,7 @@ use futures::StreamExt;
 use std::path::PathBuf;
 use std::process::Output;
 use std::time::Duration;
-use zbus::zvariant::OwnedObjectPath;
+use zbus::OwnedObjectPath;
 
 pub const BUS_NAME: &str = "org.eclipse.bluechi";
 pub const CONTROLLER_PATH: &str = "/org/eclipse/bluechi";
@@ -69,7 +69,6 @@ pub fn ok(out: &Output) -> String {
 
 pub async fn bus(cluster: &Cluster) -> zbus::Connection {
     zbus::connection::Builder::address(cluster.bus_address())
-        .expect("bus address parses")
         .build()
         .await
         .expect("connects to the manager's bus")
@@ -124,7 +123,10 @@ pub struct JobWatch {
 impl JobWatch {
     pub async fn new(conn: &zbus::Connection) -> Self {
         let ctl = controller(conn).await;
-        let removed = ctl.receive_signal("JobRemoved").await.expect("match JobRemoved");
+        let removed = ctl
+            .receive_signal("JobRemoved")
+            .await
+            .expect("match JobRemoved");
         let new = ctl.receive_signal("JobNew").await.expect("match JobNew");
         Self { removed, new }
     }
@@ -152,7 +154,13 @@ impl JobWatch {
                 let (id, p, node, unit, result): (u32, OwnedObjectPath, String, String, String) =
                     msg.body().deserialize()?;
                 if p.as_str() == path {
-                    return Ok(JobRemoved { id, path: p.to_string(), node, unit, result });
+                    return Ok(JobRemoved {
+                        id,
+                        path: p.to_string(),
+                        node,
+                        unit,
+                        result,
+                    });
                 }
             }
             bail!("signal stream ended")
@@ -182,11 +190,7 @@ impl JobWatch {
 }
 
 /// Calls `Node.<method>(unit, "replace")` and returns the job path.
-pub async fn job_call(
-    node: &zbus::Proxy<'_>,
-    method: &str,
-    unit: &str,
-) -> zbus::Result<String> {
+pub async fn job_call(node: &zbus::Proxy<'_>, method: &str, unit: &str) -> zbus::Result<String> {
     let path: OwnedObjectPath = node.call(method, &(unit, "replace")).await?;
     Ok(path.to_string())
 }

@@ -1,0 +1,202 @@
+//! drover benchmarks. Run by hand (`make bench`), not in CI: timings on a
+//! shared 2-core machine are noisy, so every comparison is interleaved in one
+//! run against its baseline, and medians and tails are reported.
+//!
+//! * `start-unit`: remote `StartUnit` of a trivial oneshot through manager +
+//!   agent, until `JobRemoved`, vs the same call made directly on that node's
+//!   systemd bus, until systemd's `JobRemoved`. Target: overhead ≤ 1 ms median.
+//! * also reports the idle RSS of the manager and of each agent.
+
+mod stats;
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use drover_sandbox::{Cluster, ClusterOptions};
+use futures::StreamExt;
+use stats::{ms, paired_overhead, summarize};
+use std::time::{Duration, Instant};
+use zbus::OwnedObjectPath;
+
+#[derive(Parser)]
+#[command(about = "drover benchmarks (run on an otherwise idle machine)")]
+struct Args {
+    /// Which benchmark: start-unit, rss or all.
+    #[arg(default_value = "all")]
+    which: String,
+    /// Samples per side.
+    #[arg(long, default_value_t = 300)]
+    samples: usize,
+}
+
+const UNIT: &str = "bench-noop.service";
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    let mut opts = ClusterOptions::with_nodes(2);
+    opts.heartbeat_interval_ms = 2000;
+    opts.heartbeat_threshold_ms = 6000;
+    let cluster = Cluster::start(opts).await?;
+    let res = run(&cluster, &args).await;
+    cluster.down().await?;
+    res
+}
+
+async fn run(cluster: &Cluster, args: &Args) -> Result<()> {
+    if matches!(args.which.as_str(), "start-unit" | "all") {
+        start_unit(cluster, args.samples).await?;
+    }
+    if matches!(args.which.as_str(), "rss" | "all") {
+        rss(cluster)?;
+    }
+    Ok(())
+}
+
+async fn start_unit(cluster: &Cluster, samples: usize) -> Result<()> {
+    cluster
+        .install_unit(
+            "node2",
+            UNIT,
+            "[Service]\nType=oneshot\nExecStart=/bin/true\n",
+        )
+        .await?;
+
+    // Direct path: the node's own systemd.
+    let node_bus = zbus::connection::Builder::address(cluster.node_bus_address("node2").as_str())
+        .build()
+        .await?;
+    let systemd = zbus::Proxy::new(
+        &node_bus,
+        "org.freedesktop.systemd1",
+        "/org/freedesktop/systemd1",
+        "org.freedesktop.systemd1.Manager",
+    )
+    .await?;
+    let _: () = systemd.call("Subscribe", &()).await?;
+    let mut systemd_removed = systemd.receive_signal("JobRemoved").await?;
+
+    // drover path: the manager's public API.
+    let api = zbus::connection::Builder::address(cluster.bus_address())
+        .build()
+        .await?;
+    let controller = zbus::Proxy::new(
+        &api,
+        "org.eclipse.bluechi",
+        "/org/eclipse/bluechi",
+        "org.eclipse.bluechi.Controller",
+    )
+    .await?;
+    let node_path: OwnedObjectPath = controller.call("GetNode", &("node2",)).await?;
+    let node = zbus::Proxy::new(
+        &api,
+        "org.eclipse.bluechi",
+        node_path,
+        "org.eclipse.bluechi.Node",
+    )
+    .await?;
+    let mut drover_removed = controller.receive_signal("JobRemoved").await?;
+
+    let mut d = Vec::with_capacity(samples);
+    let mut r = Vec::with_capacity(samples);
+    // Warm-up, then interleave, alternating which side goes first.
+    for i in 0..(samples + 20) {
+        let (a, b) = if i % 2 == 0 {
+            let a = time_direct(&systemd, &mut systemd_removed).await?;
+            let b = time_drover(&node, &mut drover_removed).await?;
+            (a, b)
+        } else {
+            let b = time_drover(&node, &mut drover_removed).await?;
+            let a = time_direct(&systemd, &mut systemd_removed).await?;
+            (a, b)
+        };
+        if i >= 20 {
+            d.push(a);
+            r.push(b);
+        }
+    }
+    let (sd, sr) = (summarize(&d), summarize(&r));
+    let over = paired_overhead(&r, &d);
+    println!("start-unit: trivial oneshot on node2, {samples} interleaved pairs");
+    for (label, s) in [("direct systemd", &sd), ("via drover    ", &sr)] {
+        println!(
+            "  {label}  n={}  min {}  median {}  p90 {}  p99 {}",
+            s.n,
+            ms(s.min),
+            ms(s.median),
+            ms(s.p90),
+            ms(s.p99)
+        );
+    }
+    println!(
+        "  overhead        median of medians {:.3} ms, median of paired differences {:.3} ms (target <= 1 ms)",
+        (sr.median.as_secs_f64() - sd.median.as_secs_f64()) * 1000.0,
+        stats::median_f64(&over)
+    );
+    Ok(())
+}
+
+async fn time_direct(
+    systemd: &zbus::Proxy<'_>,
+    removed: &mut zbus::proxy::SignalStream<'_>,
+) -> Result<Duration> {
+    let t = Instant::now();
+    let job: OwnedObjectPath = systemd.call("StartUnit", &(UNIT, "replace")).await?;
+    wait_removed(removed, job.as_str()).await?;
+    Ok(t.elapsed())
+}
+
+async fn time_drover(
+    node: &zbus::Proxy<'_>,
+    removed: &mut zbus::proxy::SignalStream<'_>,
+) -> Result<Duration> {
+    let t = Instant::now();
+    let job: OwnedObjectPath = node.call("StartUnit", &(UNIT, "replace")).await?;
+    wait_removed(removed, job.as_str()).await?;
+    Ok(t.elapsed())
+}
+
+/// Waits for the JobRemoved of `path`: systemd's is (u o s s), drover's
+/// (u o s s s); the job path is the second field in both.
+async fn wait_removed(stream: &mut zbus::proxy::SignalStream<'_>, path: &str) -> Result<()> {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(msg) = stream.next().await {
+            let body = msg.body();
+            let p: Option<OwnedObjectPath> = body
+                .deserialize::<(u32, OwnedObjectPath, String, String)>()
+                .map(|t| t.1)
+                .or_else(|_| {
+                    body.deserialize::<(u32, OwnedObjectPath, String, String, String)>()
+                        .map(|t| t.1)
+                })
+                .ok();
+            if p.as_ref().map(|p| p.as_str()) == Some(path) {
+                return Ok(());
+            }
+        }
+        bail!("signal stream ended")
+    })
+    .await
+    .context("job did not finish within 10 s")?
+}
+
+fn rss_kib(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("VmRSS")
+}
+
+fn rss(cluster: &Cluster) -> Result<()> {
+    std::thread::sleep(Duration::from_secs(3));
+    if let Some(pid) = cluster.state().manager_pid {
+        println!("rss: manager {} KiB (2 nodes, idle)", rss_kib(pid)?);
+    }
+    for n in cluster.node_names() {
+        if let Some(pid) = cluster.agent_pid(&n) {
+            println!("rss: agent {n} {} KiB (idle)", rss_kib(pid)?);
+        }
+    }
+    Ok(())
+}
