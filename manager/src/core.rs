@@ -68,6 +68,10 @@ pub struct Timeouts {
     pub request: Duration,
     /// For the agent's hello and for sending the verdict.
     pub handshake: Duration,
+    /// Per node in a fleet-wide fan-out (`Controller.ListUnits`): below the
+    /// 25 s default method timeout of D-Bus clients, so one hung node makes
+    /// the answer slow and partial, never a client-side timeout.
+    pub fanout: Duration,
 }
 
 impl Default for Timeouts {
@@ -75,6 +79,7 @@ impl Default for Timeouts {
         Self {
             request: Duration::from_secs(30),
             handshake: Duration::from_secs(5),
+            fanout: Duration::from_secs(20),
         }
     }
 }
@@ -498,12 +503,12 @@ impl Core {
     }
 
     /// `Controller.ListUnits`: all online nodes in parallel, each with the
-    /// request timeout. A node that fails or times out is left out of the
+    /// fan-out timeout. A node that fails or times out is left out of the
     /// answer and logged (BlueChi fails the whole call instead; one slow or
     /// broken node should not blind an operator to the rest of the fleet).
     pub async fn list_all_units(&self) -> HashMap<String, Vec<UnitTuple>> {
         let sessions: Vec<_> = self.registry().sessions().cloned().collect();
-        let timeout = self.timeouts.request;
+        let timeout = self.timeouts.fanout;
         let calls = sessions.into_iter().map(|session| async move {
             let result = session.request(Request::ListUnits, timeout).await;
             (session, result)

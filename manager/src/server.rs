@@ -71,6 +71,29 @@ async fn connect(bus: &Bus) -> Result<Connection, StartError> {
         .map_err(|source| StartError::Bus { bus: what, source })
 }
 
+/// Logs when another manager takes `org.eclipse.bluechi` over (we allow
+/// replacement, as BlueChi does): from then on clients talk to that one.
+async fn watch_name(conn: Connection) {
+    use futures::StreamExt;
+    let proxy = match zbus::fdo::DBusProxy::new(&conn).await {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::debug!("cannot watch the bus name: {e}");
+            return;
+        }
+    };
+    let Ok(mut lost) = proxy.receive_name_lost().await else {
+        return;
+    };
+    while let Some(signal) = lost.next().await {
+        if signal.args().is_ok_and(|a| a.name.as_str() == BUS_NAME) {
+            tracing::error!(
+                "another process took over {BUS_NAME}; D-Bus clients no longer reach this manager"
+            );
+        }
+    }
+}
+
 impl Manager {
     /// Connects to `bus`, serves the API, owns the name, and starts
     /// accepting agents on `listener`. Must run inside a tokio runtime.
@@ -116,6 +139,7 @@ impl Manager {
         let tasks = vec![
             tokio::spawn(accept_loop(core.clone(), listener, stop.clone())),
             tokio::spawn(core.clone().heartbeat_loop()),
+            tokio::spawn(watch_name(conn.clone())),
         ];
         tracing::info!(
             "serving {BUS_NAME} with {} allowed node(s); agents connect to {local_addr}",
