@@ -87,6 +87,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn counts_the_instances_this_user_holds() {
+        let before = in_use();
+        // SAFETY: plain syscalls on an fd we own and close.
+        let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
+        assert!(fd >= 0);
+        let during = in_use();
+        unsafe { libc::close(fd) };
+        // Other processes may come and go meanwhile; ours is counted for sure.
+        assert!(during >= 1, "before {before}, during {during}");
+    }
+
+    #[test]
     fn raises_only_when_the_nodes_do_not_fit() {
         assert_eq!(required_limit(10, 128, 3), None);
         // 100 in use + 10 nodes * 4 + 4 = 144 > 128: raise to that plus headroom.
