@@ -172,8 +172,7 @@ impl Cluster {
         let layout = Layout::detect()?;
 
         let id = new_id();
-        let (dir, created_dir) = prepare_dir(opts.dir.as_deref(), &id)?;
-        check_socket_paths(&dir, &opts.nodes)?;
+        let (dir, created_dir) = prepare_dir(opts.dir.as_deref(), &id, &opts.nodes)?;
 
         let cgroups = SandboxCgroups::for_id(&layout, &id);
         let listener =
@@ -720,7 +719,7 @@ fn new_id() -> String {
 }
 
 /// Makes the sandbox directory; cleans a dead sandbox out of it, refuses a live one.
-fn prepare_dir(requested: Option<&Path>, id: &str) -> Result<(PathBuf, bool)> {
+fn prepare_dir(requested: Option<&Path>, id: &str, nodes: &[String]) -> Result<(PathBuf, bool)> {
     let dir = match requested {
         Some(d) if d.is_absolute() => d.to_path_buf(),
         Some(d) => std::env::current_dir()
@@ -738,6 +737,7 @@ fn prepare_dir(requested: Option<&Path>, id: &str) -> Result<(PathBuf, bool)> {
     {
         bail!("sandbox directory {text:?} contains {bad:?}; use letters, digits and / . _ - +");
     }
+    check_socket_paths(&dir, nodes)?;
     if let Some(old) = State::load(&dir)? {
         if old.is_live() {
             bail!(
@@ -1108,6 +1108,21 @@ pub(crate) mod tests {
             .unwrap()
             .to_string();
         assert!(err.contains("contains ' '"), "{err}");
+        let long = format!("/tmp/{}", "d".repeat(100));
+        let opts = ClusterOptions {
+            dir: Some(long.clone().into()),
+            ..ClusterOptions::with_nodes(1)
+        };
+        let err = Cluster::start_base(&opts, Vec::new())
+            .await
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("too long"), "{err}");
+        assert!(
+            !Path::new(&long).exists(),
+            "nothing is created for refused options"
+        );
         assert!(!Path::new("/tmp/has space").exists());
     }
 }
