@@ -29,6 +29,8 @@ pub enum ListenError {
     TooManyFds(String),
     #[error("the socket-activated fd 3 is not a listening TCP socket: {0}")]
     NotTcp(io::Error),
+    #[error("UseTCP=false and no socket-activated listener: agents would have no way to connect")]
+    NoListener,
     #[error("cannot listen on {addr}: {source}")]
     Bind { addr: SocketAddr, source: io::Error },
 }
@@ -103,7 +105,8 @@ pub fn bind(address: Option<IpAddr>, port: u16) -> Result<TcpListener, ListenErr
     }
 }
 
-/// The listener the manager should use: socket-activated, else bound per config.
+/// The listener the manager should use: socket-activated, else bound per
+/// config (unless `UseTCP=false`, which leaves only socket activation).
 pub fn listener_for(config: &ManagerConfig) -> Result<TcpListener, ListenError> {
     match activated_listener()? {
         Some(listener) => {
@@ -113,6 +116,7 @@ pub fn listener_for(config: &ManagerConfig) -> Result<TcpListener, ListenError> 
             );
             Ok(listener)
         }
+        None if !config.use_tcp => Err(ListenError::NoListener),
         None => bind(config.listen_address, config.port),
     }
 }
@@ -234,6 +238,16 @@ mod tests {
     fn no_activation_without_our_pid() {
         // The test process was not socket-activated.
         assert!(activated_listener().unwrap().is_none());
+    }
+
+    #[test]
+    fn use_tcp_false_without_activation_is_a_clear_error() {
+        let config = ManagerConfig {
+            use_tcp: false,
+            ..ManagerConfig::default()
+        };
+        let err = listener_for(&config).unwrap_err();
+        assert!(err.to_string().contains("UseTCP=false"), "{err}");
     }
 
     #[test]
