@@ -27,7 +27,7 @@ pub enum CtlError {
     Usage(String),
 
     /// The bus itself could not be reached.
-    #[error("cannot connect to {bus}: {reason}")]
+    #[error("cannot reach drover-manager: cannot connect to {bus}: {reason}")]
     Connect { bus: String, reason: String },
 
     /// Nobody owns `org.eclipse.bluechi` on the bus we talk to.

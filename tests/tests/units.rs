@@ -274,6 +274,8 @@ async fn daemon_reload_picks_up_a_changed_unit() {
         .unwrap();
     let unit_file = cluster.dir().join("node1/config/systemd/user/web.service");
     assert!(unit_file.exists(), "units live at {}", unit_file.display());
+    // Loaded (running) before the file changes, so systemd holds the old version.
+    ok(&droverctl(&cluster, &["start", "node1", "web.service"]).await);
     std::fs::write(
         &unit_file,
         "[Unit]\nDescription=changed by test\n[Service]\nExecStart=/bin/sleep 600\n",
