@@ -23,6 +23,22 @@
 //! Why this shape: all logic that decides something (admission, job
 //! ordering, status words) is plain data behind a mutex and is unit-tested
 //! without sockets or a bus; the async parts only move messages and call it.
+//!
+//! Where drover deliberately differs from BlueChi (same signatures, other
+//! behaviour):
+//!
+//! * `Controller.ListUnits` leaves out a node that fails or does not answer
+//!   within the fan-out timeout (and logs it) instead of failing the whole
+//!   call: one broken node should not blind an operator to the fleet.
+//! * Every job ends with exactly one `JobRemoved`: `disconnected` when its
+//!   node's session ends, `cancelled due to shutdown` on SIGTERM (BlueChi
+//!   drops jobs of a disconnected node silently).
+//! * A job whose agent reported `JobDone` before the manager replied to
+//!   `StartUnit` gets `JobNew` then `JobRemoved` before the method reply.
+//! * `Job.Cancel` waits for the agent and returns its error, if any
+//!   (BlueChi replies at once and only logs failures).
+//! * `NodeHeartbeatThreshold` is honoured whenever it is > 0, and a dead
+//!   session is replaced by a new registration instead of blocking it.
 
 pub mod api;
 pub mod cli;
