@@ -176,10 +176,16 @@ async fn registration_refusals() {
             other.map(|a| a.accepted.clone())
         ),
     }
+    let nodes = list_nodes(&f).await;
+    assert_eq!(nodes.len(), 1, "refused names never appear: {nodes:?}");
+    assert_eq!(nodes[0].2, "online", "the first session is untouched");
+    let err = f
+        .call::<_, OwnedObjectPath>(CONTROLLER, CTRL_IFACE, "GetNode", &("stranger",))
+        .await
+        .unwrap_err();
     assert_eq!(
-        list_nodes(&f).await[0].2,
-        "online",
-        "the first session is untouched"
+        error_of(&err).0,
+        "org.freedesktop.DBus.Error.ServiceUnknown"
     );
 }
 
