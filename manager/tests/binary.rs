@@ -42,10 +42,27 @@ fn free_port() -> u16 {
     l.local_addr().expect("addr").port()
 }
 
-fn temp_file(name: &str, text: &str) -> std::path::PathBuf {
-    let path =
-        std::env::temp_dir().join(format!("drover-manager-bin-{}-{name}", std::process::id()));
-    std::fs::write(&path, text).expect("write temp file");
+/// A file in the temp dir, removed on drop (also when the test fails).
+struct TempPath(std::path::PathBuf);
+
+impl TempPath {
+    fn new(name: &str) -> Self {
+        let path =
+            std::env::temp_dir().join(format!("drover-manager-bin-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        Self(path)
+    }
+}
+
+impl Drop for TempPath {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn temp_file(name: &str, text: &str) -> TempPath {
+    let path = TempPath::new(name);
+    std::fs::write(&path.0, text).expect("write temp file");
     path
 }
 
@@ -76,10 +93,8 @@ async fn socket_activated_manager_serves_notifies_and_stops_on_sigterm() {
         "activated.conf",
         "[drover-manager]\nAllowedNodeNames=node1\nLogTarget=stderr\nHeartbeatInterval=200\n",
     );
-    let notify_path =
-        std::env::temp_dir().join(format!("drover-manager-notify-{}", std::process::id()));
-    let _ = std::fs::remove_file(&notify_path);
-    let notify = UnixDatagram::bind(&notify_path).expect("notify socket");
+    let notify_path = TempPath::new("notify");
+    let notify = UnixDatagram::bind(&notify_path.0).expect("notify socket");
     notify.set_read_timeout(Some(WAIT)).expect("timeout");
 
     let mut proc = Proc(
@@ -87,11 +102,14 @@ async fn socket_activated_manager_serves_notifies_and_stops_on_sigterm() {
             .arg("-l")
             .arg(format!("127.0.0.1:{port}"))
             // systemd-socket-activate passes only the environment it is told to.
-            .arg(format!("--setenv=NOTIFY_SOCKET={}", notify_path.display()))
+            .arg(format!(
+                "--setenv=NOTIFY_SOCKET={}",
+                notify_path.0.display()
+            ))
             .arg("--")
             .arg(BIN)
             .args(["--no-default-config", "--bus", &bus.address, "-c"])
-            .arg(&conf)
+            .arg(&conf.0)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -152,8 +170,6 @@ async fn socket_activated_manager_serves_notifies_and_stops_on_sigterm() {
         status.success(),
         "SIGTERM ends the manager with 0, got {status}"
     );
-    let _ = std::fs::remove_file(&notify_path);
-    let _ = std::fs::remove_file(&conf);
 }
 
 #[tokio::test]
@@ -194,9 +210,8 @@ async fn running_out_of_descriptors_is_survived() {
         "emfile.conf",
         "[drover-manager]\nAllowedNodeNames=node1\nLogTarget=stderr\n",
     );
-    let log_path =
-        std::env::temp_dir().join(format!("drover-manager-emfile-{}.log", std::process::id()));
-    let log = std::fs::File::create(&log_path).expect("log file");
+    let log_path = TempPath::new("emfile.log");
+    let log = std::fs::File::create(&log_path.0).expect("log file");
     let mut cmd = Command::new(BIN);
     cmd.args([
         "--no-default-config",
@@ -206,7 +221,7 @@ async fn running_out_of_descriptors_is_survived() {
         &port.to_string(),
         "-c",
     ])
-    .arg(&conf)
+    .arg(&conf.0)
     .stdout(Stdio::null())
     .stderr(Stdio::from(log));
     // SAFETY: only setrlimit(2), async-signal-safe, between fork and exec.
@@ -259,7 +274,7 @@ async fn running_out_of_descriptors_is_survived() {
     let mut logged = false;
     for _ in 0..50 {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+        let text = std::fs::read_to_string(&log_path.0).unwrap_or_default();
         if text.contains("cannot accept agents") {
             logged = true;
             break;
@@ -280,6 +295,4 @@ async fn running_out_of_descriptors_is_survived() {
         agent.is_some(),
         "a real agent registers once descriptors are free"
     );
-    let _ = std::fs::remove_file(&log_path);
-    let _ = std::fs::remove_file(&conf);
 }
