@@ -5,7 +5,9 @@
 //! says something that is not drover, is dropped with a typed error.
 
 use crate::codec::{FrameCodec, FrameError, decode_body, encode_body};
-use crate::handshake::{Accepted, Hello, MAGIC, Outcome, PROTOCOL_VERSION, RefuseReason, Welcome, read_prefix};
+use crate::handshake::{
+    Accepted, Hello, MAGIC, Outcome, PROTOCOL_VERSION, RefuseReason, Welcome, read_prefix,
+};
 use crate::message::{ToAgent, ToManager};
 use bytes::BytesMut;
 use futures::{SinkExt, StreamExt};
@@ -29,7 +31,10 @@ pub enum HandshakeError {
     #[error("protocol version mismatch: we speak {ours}, the peer speaks {theirs}")]
     VersionMismatch { ours: u32, theirs: u32 },
     #[error("refused by the manager ({reason:?}): {message}")]
-    Refused { reason: RefuseReason, message: String },
+    Refused {
+        reason: RefuseReason,
+        message: String,
+    },
     #[error(transparent)]
     Frame(#[from] FrameError),
 }
@@ -49,7 +54,10 @@ impl Encoder<Vec<u8>> for RawCodec {
     type Error = FrameError;
     fn encode(&mut self, body: Vec<u8>, dst: &mut BytesMut) -> Result<(), FrameError> {
         if body.len() > crate::MAX_FRAME_LEN {
-            return Err(FrameError::TooLarge { len: body.len(), max: crate::MAX_FRAME_LEN });
+            return Err(FrameError::TooLarge {
+                len: body.len(),
+                max: crate::MAX_FRAME_LEN,
+            });
         }
         dst.extend_from_slice(&(body.len() as u32).to_be_bytes());
         dst.extend_from_slice(&body);
@@ -74,7 +82,10 @@ fn check_prefix(body: &[u8], what: &'static str) -> Result<(), HandshakeError> {
         return Err(HandshakeError::NotDrover(what));
     }
     if version != PROTOCOL_VERSION {
-        return Err(HandshakeError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: version });
+        return Err(HandshakeError::VersionMismatch {
+            ours: PROTOCOL_VERSION,
+            theirs: version,
+        });
     }
     Ok(())
 }
@@ -113,7 +124,9 @@ pub async fn manager_read_hello<IO: AsyncRead + AsyncWrite + Unpin>(
         Ok(hello) => Ok((PendingAgent { framed }, hello)),
         Err(err) => {
             let (reason, message) = match &err {
-                HandshakeError::VersionMismatch { .. } => (RefuseReason::VersionMismatch, err.to_string()),
+                HandshakeError::VersionMismatch { .. } => {
+                    (RefuseReason::VersionMismatch, err.to_string())
+                }
                 _ => (RefuseReason::BadHandshake, format!("bad handshake: {err}")),
             };
             if let Ok(refusal) = encode_body(&Welcome::refused(reason, message)) {
@@ -173,7 +186,8 @@ mod tests {
     #[tokio::test]
     async fn accept_then_messages_flow() {
         let (a, m) = tokio::io::duplex(4096);
-        let agent = tokio::spawn(async move { agent_handshake(a, &Hello::new("n1", "x"), T).await });
+        let agent =
+            tokio::spawn(async move { agent_handshake(a, &Hello::new("n1", "x"), T).await });
         let (pending, hello) = manager_read_hello(m, T).await.unwrap();
         assert_eq!(hello.node, "n1");
         let mut mf = pending.accept(accepted(), T).await.unwrap();
@@ -188,11 +202,17 @@ mod tests {
     #[tokio::test]
     async fn refusal_reaches_the_agent() {
         let (a, m) = tokio::io::duplex(4096);
-        let agent = tokio::spawn(async move { agent_handshake(a, &Hello::new("n1", "x"), T).await });
+        let agent =
+            tokio::spawn(async move { agent_handshake(a, &Hello::new("n1", "x"), T).await });
         let (pending, _) = manager_read_hello(m, T).await.unwrap();
-        pending.refuse(RefuseReason::UnknownNode, "node n1 is not allowed", T).await;
+        pending
+            .refuse(RefuseReason::UnknownNode, "node n1 is not allowed", T)
+            .await;
         match agent.await.unwrap() {
-            Err(HandshakeError::Refused { reason: RefuseReason::UnknownNode, message }) => {
+            Err(HandshakeError::Refused {
+                reason: RefuseReason::UnknownNode,
+                message,
+            }) => {
                 assert!(message.contains("not allowed"))
             }
             other => panic!("unexpected {other:?}", other = other.map(|(_, a)| a)),
@@ -206,9 +226,14 @@ mod tests {
         hello.protocol_version = PROTOCOL_VERSION + 1;
         let agent = tokio::spawn(async move { agent_handshake(a, &hello, T).await });
         let err = manager_read_hello(m, T).await.err().unwrap();
-        assert!(matches!(err, HandshakeError::VersionMismatch { theirs, .. } if theirs == PROTOCOL_VERSION + 1));
+        assert!(
+            matches!(err, HandshakeError::VersionMismatch { theirs, .. } if theirs == PROTOCOL_VERSION + 1)
+        );
         match agent.await.unwrap() {
-            Err(HandshakeError::Refused { reason: RefuseReason::VersionMismatch, .. }) => {}
+            Err(HandshakeError::Refused {
+                reason: RefuseReason::VersionMismatch,
+                ..
+            }) => {}
             other => panic!("unexpected {:?}", other.map(|(_, a)| a)),
         }
     }
@@ -216,12 +241,17 @@ mod tests {
     #[tokio::test]
     async fn garbage_is_not_drover_and_silence_times_out() {
         let (mut a, m) = tokio::io::duplex(4096);
-        tokio::io::AsyncWriteExt::write_all(&mut a, b"\0\0\0\x05GET /").await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut a, b"\0\0\0\x05GET /")
+            .await
+            .unwrap();
         let err = manager_read_hello(m, T).await.err().unwrap();
         assert!(matches!(err, HandshakeError::NotDrover(_)), "{err}");
 
         let (_a, m) = tokio::io::duplex(4096);
-        let err = manager_read_hello(m, Duration::from_millis(50)).await.err().unwrap();
+        let err = manager_read_hello(m, Duration::from_millis(50))
+            .await
+            .err()
+            .unwrap();
         assert!(matches!(err, HandshakeError::Timeout(_)), "{err}");
     }
 }

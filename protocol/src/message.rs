@@ -38,35 +38,102 @@ pub enum ToManager {
 pub enum Request {
     ListUnits,
     ListUnitFiles,
-    StartUnit { unit: UnitName, mode: String, job_id: u32 },
-    StopUnit { unit: UnitName, mode: String, job_id: u32 },
-    RestartUnit { unit: UnitName, mode: String, job_id: u32 },
-    ReloadUnit { unit: UnitName, mode: String, job_id: u32 },
+    StartUnit {
+        unit: UnitName,
+        mode: String,
+        job_id: u32,
+    },
+    StopUnit {
+        unit: UnitName,
+        mode: String,
+        job_id: u32,
+    },
+    RestartUnit {
+        unit: UnitName,
+        mode: String,
+        job_id: u32,
+    },
+    ReloadUnit {
+        unit: UnitName,
+        mode: String,
+        job_id: u32,
+    },
     /// Cancel the systemd job behind this manager job id.
-    JobCancel { job_id: u32 },
+    JobCancel {
+        job_id: u32,
+    },
     /// systemd daemon-reload.
     Reload,
-    GetUnitProperties { unit: UnitName, interface: String },
-    GetUnitProperty { unit: UnitName, interface: String, property: String },
-    SetUnitProperties { unit: UnitName, runtime: bool, properties: Marshalled },
-    FreezeUnit { unit: UnitName },
-    ThawUnit { unit: UnitName },
-    KillUnit { unit: UnitName, whom: String, signal: i32 },
-    EnableUnitFiles { files: Vec<String>, runtime: bool, force: bool },
-    DisableUnitFiles { files: Vec<String>, runtime: bool },
-    GetUnitFileState { file: String },
+    GetUnitProperties {
+        unit: UnitName,
+        interface: String,
+    },
+    GetUnitProperty {
+        unit: UnitName,
+        interface: String,
+        property: String,
+    },
+    SetUnitProperties {
+        unit: UnitName,
+        runtime: bool,
+        properties: Marshalled,
+    },
+    FreezeUnit {
+        unit: UnitName,
+    },
+    ThawUnit {
+        unit: UnitName,
+    },
+    KillUnit {
+        unit: UnitName,
+        whom: String,
+        signal: i32,
+    },
+    EnableUnitFiles {
+        files: Vec<String>,
+        runtime: bool,
+        force: bool,
+    },
+    DisableUnitFiles {
+        files: Vec<String>,
+        runtime: bool,
+    },
+    GetUnitFileState {
+        file: String,
+    },
     ResetFailed,
-    ResetFailedUnit { unit: UnitName },
+    ResetFailedUnit {
+        unit: UnitName,
+    },
     GetDefaultTarget,
-    SetDefaultTarget { target: UnitName, force: bool },
-    StartTransientUnit { unit: UnitName, mode: String, properties: Marshalled, aux: Marshalled, job_id: u32 },
-    SetLogLevel { level: String },
+    SetDefaultTarget {
+        target: UnitName,
+        force: bool,
+    },
+    StartTransientUnit {
+        unit: UnitName,
+        mode: String,
+        properties: Marshalled,
+        aux: Marshalled,
+        job_id: u32,
+    },
+    SetLogLevel {
+        level: String,
+    },
     /// Forward state changes of this unit (`None` = every unit).
-    Subscribe { unit: Option<UnitName> },
-    Unsubscribe { unit: Option<UnitName> },
+    Subscribe {
+        unit: Option<UnitName>,
+    },
+    Unsubscribe {
+        unit: Option<UnitName>,
+    },
     /// Start / stop `drover-dep@UNIT.service` on the target node.
-    StartDep { unit: UnitName },
-    StopDep { unit: UnitName },
+    StartDep {
+        unit: UnitName,
+    },
+    StopDep {
+        unit: UnitName,
+    },
     EnableMetrics,
     DisableMetrics,
 }
@@ -154,14 +221,45 @@ pub enum Event {
     /// The systemd job behind a manager job finished; `result` is systemd's word.
     JobDone { job_id: u32, result: String },
     /// Systemd job duration, reported when metrics are enabled.
-    JobMetrics { unit: UnitName, method: String, micros: u64 },
-    UnitNew { tag: ModTag, unit: UnitName, reason: Reason },
-    UnitStateChanged { tag: ModTag, unit: UnitName, active_state: String, sub_state: String, reason: Reason },
-    UnitPropertiesChanged { tag: ModTag, unit: UnitName, interface: String, properties: Marshalled },
-    UnitRemoved { tag: ModTag, unit: UnitName, reason: Reason },
+    JobMetrics {
+        unit: UnitName,
+        method: String,
+        micros: u64,
+    },
+    UnitNew {
+        tag: ModTag,
+        unit: UnitName,
+        reason: Reason,
+    },
+    UnitStateChanged {
+        tag: ModTag,
+        unit: UnitName,
+        active_state: String,
+        sub_state: String,
+        reason: Reason,
+    },
+    UnitPropertiesChanged {
+        tag: ModTag,
+        unit: UnitName,
+        interface: String,
+        properties: Marshalled,
+    },
+    UnitRemoved {
+        tag: ModTag,
+        unit: UnitName,
+        reason: Reason,
+    },
     /// A local proxy on this (requesting) node wants `unit` on `node`.
-    ProxyNew { node: NodeName, unit: UnitName, proxy_id: u64 },
-    ProxyRemoved { node: NodeName, unit: UnitName, proxy_id: u64 },
+    ProxyNew {
+        node: NodeName,
+        unit: UnitName,
+        proxy_id: u64,
+    },
+    ProxyRemoved {
+        node: NodeName,
+        unit: UnitName,
+        proxy_id: u64,
+    },
 }
 
 #[cfg(test)]
@@ -196,20 +294,41 @@ mod tests {
         prop_oneof![
             Just(Request::ListUnits),
             Just(Request::Reload),
-            (unit(), ".{0,10}", any::<u32>())
-                .prop_map(|(unit, mode, job_id)| Request::StartUnit { unit, mode, job_id }),
-            (unit(), ".{0,10}", any::<u32>())
-                .prop_map(|(unit, mode, job_id)| Request::StopUnit { unit, mode, job_id }),
+            (unit(), ".{0,10}", any::<u32>()).prop_map(|(unit, mode, job_id)| Request::StartUnit {
+                unit,
+                mode,
+                job_id
+            }),
+            (unit(), ".{0,10}", any::<u32>()).prop_map(|(unit, mode, job_id)| Request::StopUnit {
+                unit,
+                mode,
+                job_id
+            }),
             any::<u32>().prop_map(|job_id| Request::JobCancel { job_id }),
             (unit(), any::<bool>(), marshalled()).prop_map(|(unit, runtime, properties)| {
-                Request::SetUnitProperties { unit, runtime, properties }
+                Request::SetUnitProperties {
+                    unit,
+                    runtime,
+                    properties,
+                }
             }),
-            (unit(), ".{0,5}", any::<i32>())
-                .prop_map(|(unit, whom, signal)| Request::KillUnit { unit, whom, signal }),
+            (unit(), ".{0,5}", any::<i32>()).prop_map(|(unit, whom, signal)| Request::KillUnit {
+                unit,
+                whom,
+                signal
+            }),
             proptest::option::of(unit()).prop_map(|unit| Request::Subscribe { unit }),
             unit().prop_map(|unit| Request::StartDep { unit }),
-            (proptest::collection::vec(".{0,20}", 0..4), any::<bool>(), any::<bool>())
-                .prop_map(|(files, runtime, force)| Request::EnableUnitFiles { files, runtime, force }),
+            (
+                proptest::collection::vec(".{0,20}", 0..4),
+                any::<bool>(),
+                any::<bool>()
+            )
+                .prop_map(|(files, runtime, force)| Request::EnableUnitFiles {
+                    files,
+                    runtime,
+                    force
+                }),
         ]
     }
 
@@ -240,19 +359,39 @@ mod tests {
 
     fn event() -> impl Strategy<Value = Event> {
         prop_oneof![
-            (any::<u32>(), ".{0,10}").prop_map(|(job_id, state)| Event::JobStateChanged { job_id, state }),
-            (any::<u32>(), ".{0,10}").prop_map(|(job_id, result)| Event::JobDone { job_id, result }),
-            (tag(), unit(), reason()).prop_map(|(tag, unit, reason)| Event::UnitNew { tag, unit, reason }),
+            (any::<u32>(), ".{0,10}")
+                .prop_map(|(job_id, state)| Event::JobStateChanged { job_id, state }),
+            (any::<u32>(), ".{0,10}")
+                .prop_map(|(job_id, result)| Event::JobDone { job_id, result }),
+            (tag(), unit(), reason()).prop_map(|(tag, unit, reason)| Event::UnitNew {
+                tag,
+                unit,
+                reason
+            }),
             (tag(), unit(), ".{0,8}", ".{0,8}", reason()).prop_map(
                 |(tag, unit, active_state, sub_state, reason)| Event::UnitStateChanged {
-                    tag, unit, active_state, sub_state, reason
+                    tag,
+                    unit,
+                    active_state,
+                    sub_state,
+                    reason
                 }
             ),
-            (tag(), unit(), ".{0,8}", marshalled()).prop_map(|(tag, unit, interface, properties)| {
-                Event::UnitPropertiesChanged { tag, unit, interface, properties }
+            (tag(), unit(), ".{0,8}", marshalled()).prop_map(
+                |(tag, unit, interface, properties)| {
+                    Event::UnitPropertiesChanged {
+                        tag,
+                        unit,
+                        interface,
+                        properties,
+                    }
+                }
+            ),
+            (node(), unit(), any::<u64>()).prop_map(|(node, unit, proxy_id)| Event::ProxyNew {
+                node,
+                unit,
+                proxy_id
             }),
-            (node(), unit(), any::<u64>())
-                .prop_map(|(node, unit, proxy_id)| Event::ProxyNew { node, unit, proxy_id }),
         ]
     }
 

@@ -204,7 +204,17 @@ mod tests {
         for ok in ["node1", "a", "node-bar", "host.example.com", "9lives"] {
             assert!(NodeName::new(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "-x", ".x", "a_b", "a b", "é", "a/b", "a\0b", &"x".repeat(65)] {
+        for bad in [
+            "",
+            "-x",
+            ".x",
+            "a_b",
+            "a b",
+            "é",
+            "a/b",
+            "a\0b",
+            &"x".repeat(65),
+        ] {
             assert!(NodeName::new(bad).is_err(), "{bad:?}");
         }
     }

@@ -85,3 +85,37 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
+
+/// Under `cargo run` (cargo sets `CARGO` and `CARGO_MANIFEST_DIR` for the
+/// program it runs), builds the daemons and droverctl in the same profile as
+/// this executable: `cargo run -p drover-sandbox -- demo` alone builds only the
+/// sandbox, and the demo needs its companions next to it. Outside cargo this
+/// does nothing.
+pub fn build_companions_under_cargo() -> Result<()> {
+    let (Some(cargo), Some(manifest_dir)) = (
+        std::env::var_os("CARGO"),
+        std::env::var_os("CARGO_MANIFEST_DIR"),
+    ) else {
+        return Ok(());
+    };
+    if std::env::var_os("DROVER_BIN_DIR").is_some() {
+        return Ok(());
+    }
+    let workspace = Path::new(&manifest_dir).join("..").join("Cargo.toml");
+    let release = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|d| d.ends_with("release")))
+        .unwrap_or(false);
+    let mut cmd = std::process::Command::new(cargo);
+    cmd.args(["build", "--workspace", "--bins", "--manifest-path"])
+        .arg(&workspace);
+    if release {
+        cmd.arg("--release");
+    }
+    eprintln!("building drover-manager, drover-agent and droverctl...");
+    let status = cmd.status()?;
+    if !status.success() {
+        bail!("building the drover binaries failed ({status})");
+    }
+    Ok(())
+}

@@ -224,6 +224,7 @@ ExecStart=/bin/echo hello from drover-demo
 ";
 
 async fn demo() -> Result<u8> {
+    binaries::build_companions_under_cargo()?;
     let droverctl = binaries::locate("droverctl")?;
     // One stream for the whole run: a Ctrl-C between two waits is not lost.
     let mut interrupt = interrupt_stream()?;
