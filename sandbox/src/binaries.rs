@@ -58,34 +58,6 @@ fn is_executable(path: &Path) -> bool {
     std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn missing_binary_names_it_and_says_how_to_build() {
-        let dir = std::env::temp_dir().join(format!("drover-sandbox-bins-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let err = locate_in("drover-manager", std::slice::from_ref(&dir))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("'drover-manager' not found"), "{err}");
-        assert!(err.contains("cargo build --workspace"), "{err}");
-        assert!(err.contains(&dir.display().to_string()), "{err}");
-
-        // A non-executable file does not count; an executable one does.
-        let file = dir.join("drover-manager");
-        std::fs::write(&file, "#!/bin/sh\n").unwrap();
-        assert!(locate_in("drover-manager", std::slice::from_ref(&dir)).is_err());
-        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o755)).unwrap();
-        assert_eq!(
-            locate_in("drover-manager", std::slice::from_ref(&dir)).unwrap(),
-            file
-        );
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-}
-
 /// Under `cargo run` (cargo sets `CARGO` and `CARGO_MANIFEST_DIR` for the
 /// program it runs), builds the daemons and droverctl in the same profile as
 /// this executable: `cargo run -p drover-sandbox -- demo` alone builds only the
@@ -118,4 +90,32 @@ pub fn build_companions_under_cargo() -> Result<()> {
         bail!("building the drover binaries failed ({status})");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_binary_names_it_and_says_how_to_build() {
+        let dir = std::env::temp_dir().join(format!("drover-sandbox-bins-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let err = locate_in("drover-manager", std::slice::from_ref(&dir))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("'drover-manager' not found"), "{err}");
+        assert!(err.contains("cargo build --workspace"), "{err}");
+        assert!(err.contains(&dir.display().to_string()), "{err}");
+
+        // A non-executable file does not count; an executable one does.
+        let file = dir.join("drover-manager");
+        std::fs::write(&file, "#!/bin/sh\n").unwrap();
+        assert!(locate_in("drover-manager", std::slice::from_ref(&dir)).is_err());
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(
+            locate_in("drover-manager", std::slice::from_ref(&dir)).unwrap(),
+            file
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
