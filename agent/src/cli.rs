@@ -77,7 +77,8 @@ pub fn settings(args: &Args) -> Result<Settings, String> {
         .name
         .clone()
         .unwrap_or_else(|| config.node_name.clone());
-    let node = NodeName::new(name).map_err(|e| format!("node name: {e}"))?;
+    let node = NodeName::new(name)
+        .map_err(|e| format!("node name: {e}; set NodeName= in [drover-agent] or pass -n NAME"))?;
 
     let mut link = LinkConfig::new(node, host, port);
     link.heartbeat_interval =

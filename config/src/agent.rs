@@ -5,9 +5,10 @@
 //! (to unset); for every other key it is an error.
 //!
 //! Invariants after loading: `node_name` is a valid
-//! [`drover_protocol::NodeName`] (the host name, read from
-//! `/proc/sys/kernel/hostname`, when no layer sets it; an unusable host name
-//! is an error that says to set `NodeName=`); `controller_host` is an IP
+//! [`drover_protocol::NodeName`] when a layer set it; otherwise it is the host
+//! name read from `/proc/sys/kernel/hostname`, unvalidated, because the
+//! agent's `-n NAME` may still override it (the agent validates the final
+//! name and says to set `NodeName=` when the host name cannot serve); `controller_host` is an IP
 //! literal or a syntactically valid host name; `controller_address`, when
 //! set, is a valid `tcp:host=H,port=P`. Millisecond values are capped at one
 //! day ([`crate::manager::MAX_MS`]) so timer arithmetic can never overflow.
@@ -144,14 +145,10 @@ impl AgentConfig {
         hostname: &dyn Fn() -> Result<String, ConfigError>,
     ) -> Result<Self, ConfigError> {
         if self.node_name.is_empty() {
-            let host = hostname()?;
-            NodeName::new(host.as_str()).map_err(|e| {
-                ConfigError::Invalid(format!(
-                    "no NodeName is configured and the host name cannot be used: {e}; \
-                     set NodeName= in [{SECTION}]"
-                ))
-            })?;
-            self.node_name = host;
+            // Not validated here: `drover-agent -n NAME` overrides it after
+            // loading, and a host name like `my_host` must not stop that. The
+            // binary validates the final name (see `agent::cli::settings`).
+            self.node_name = hostname()?;
         }
         Ok(self)
     }
@@ -364,13 +361,11 @@ mod tests {
         // NodeName= resets to the host name.
         let c = parse("[drover-agent]\nNodeName=web1\nNodeName=\n").unwrap();
         assert_eq!(c.node_name, "testhost");
-        // An unusable host name is an error only when nothing sets NodeName.
+        // An unusable host name is kept as is: `-n NAME` may still override
+        // it, and the agent validates the final name.
         let bad_host = || Ok::<_, ConfigError>("my_host".to_string());
-        let err = AgentConfig::parse_str_with("", &bad_host).unwrap_err();
-        assert!(
-            matches!(&err, ConfigError::Invalid(m) if m.contains("my_host") && m.contains("NodeName=")),
-            "{err}"
-        );
+        let c = AgentConfig::parse_str_with("", &bad_host).unwrap();
+        assert_eq!(c.node_name, "my_host");
         let c = AgentConfig::parse_str_with("[drover-agent]\nNodeName=ok\n", &bad_host).unwrap();
         assert_eq!(c.node_name, "ok");
         // The real host name is read when needed (this machine's is valid).
