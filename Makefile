@@ -1,7 +1,7 @@
 # One task runner for people and CI (.ci/run calls `make check` and `make test`).
 CARGO ?= cargo
 
-.PHONY: all build demo test check fmt clippy bench install
+.PHONY: all build demo test check fmt clippy bench install pydeps
 
 all: build
 
@@ -14,8 +14,15 @@ demo:
 
 # README command 2: unit tests and integration tests on real systemd nodes.
 # The integration tests start the daemons from target/debug, so build the binaries first.
-test: build
+test: build pydeps
 	$(CARGO) test --workspace
+
+# BlueChi's Python bindings (PyPI `bluechi`, pure Python on Debian's python3-dasbus),
+# used by tests/tests/python_bindings.rs to prove API compatibility.
+BLUECHI_PY_VERSION ?= 1.2.1
+pydeps: target/pylib/bluechi/api.py
+target/pylib/bluechi/api.py:
+	python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --no-deps --target target/pylib bluechi==$(BLUECHI_PY_VERSION)
 
 check: fmt clippy
 
