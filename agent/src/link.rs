@@ -441,6 +441,11 @@ impl<S: Systemd> Link<S> {
                 Ok(None) => return SessionEnd::Closed,
                 Ok(Some(Err(e))) => return SessionEnd::Malformed(e.to_string()),
                 Ok(Some(Ok(ToAgent::Heartbeat))) => continue,
+                Ok(Some(Ok(ToAgent::Notice(notice)))) => {
+                    // Proxies are not served yet; nothing to update.
+                    tracing::debug!(?notice, "notice from the manager ignored");
+                    continue;
+                }
                 Ok(Some(Ok(ToAgent::Request { id, body }))) => (id, body),
             };
             if !in_flight

@@ -25,6 +25,9 @@ pub mod tag;
 
 pub use codec::{FrameCodec, FrameError, MAX_FRAME_LEN};
 pub use handshake::{Hello, PROTOCOL_VERSION, RefuseReason, Welcome};
-pub use message::{Event, RemoteError, Request, Response, ToAgent, ToManager, UnitInfo};
+pub use message::{
+    Event, Marshalled, Notice, Reason, RemoteError, Request, Response, TargetChange, ToAgent,
+    ToManager, UnitInfo,
+};
 pub use names::{NameError, NodeName, UnitName};
 pub use tag::ModTag;

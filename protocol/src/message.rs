@@ -18,8 +18,41 @@ use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum ToAgent {
-    Request { id: u64, body: Request },
+    Request {
+        id: u64,
+        body: Request,
+    },
     Heartbeat,
+    /// One-way news for the agent (no reply): the fate of its proxies.
+    Notice(Notice),
+}
+
+/// Manager → agent news about a proxy the agent announced with
+/// [`Event::ProxyNew`]. Target state flows one way: target agent → manager →
+/// requesting agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Notice {
+    /// The proxy cannot be served (unknown node, not allowed, the target unit
+    /// cannot be started, ...); `message` is one line for the journal.
+    ProxyError { proxy_id: u64, message: String },
+    /// The target unit of the proxy changed (or its state is replayed:
+    /// `reason` virtual).
+    ProxyTarget { proxy_id: u64, change: TargetChange },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum TargetChange {
+    New {
+        reason: Reason,
+    },
+    State {
+        active_state: String,
+        sub_state: String,
+        reason: Reason,
+    },
+    Removed {
+        reason: Reason,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -403,10 +436,38 @@ mod tests {
         ]
     }
 
+    fn notice() -> impl Strategy<Value = Notice> {
+        prop_oneof![
+            (any::<u64>(), ".{0,20}")
+                .prop_map(|(proxy_id, message)| Notice::ProxyError { proxy_id, message }),
+            (any::<u64>(), reason()).prop_map(|(proxy_id, reason)| Notice::ProxyTarget {
+                proxy_id,
+                change: TargetChange::New { reason }
+            }),
+            (any::<u64>(), ".{0,8}", ".{0,8}", reason()).prop_map(
+                |(proxy_id, active_state, sub_state, reason)| {
+                    Notice::ProxyTarget {
+                        proxy_id,
+                        change: TargetChange::State {
+                            active_state,
+                            sub_state,
+                            reason,
+                        },
+                    }
+                }
+            ),
+            (any::<u64>(), reason()).prop_map(|(proxy_id, reason)| Notice::ProxyTarget {
+                proxy_id,
+                change: TargetChange::Removed { reason }
+            }),
+        ]
+    }
+
     fn to_agent() -> impl Strategy<Value = ToAgent> {
         prop_oneof![
             Just(ToAgent::Heartbeat),
             (any::<u64>(), request()).prop_map(|(id, body)| ToAgent::Request { id, body }),
+            notice().prop_map(ToAgent::Notice),
         ]
     }
 
