@@ -133,7 +133,7 @@ pub fn main() -> ExitCode {
         }
         Err(e) => {
             // Under systemd stderr lands in the journal too: one line, one place.
-            eprintln!("drover-agent: {e}");
+            eprintln!("drover-agent: {}", drover_config::logging::error_line(&e));
             ExitCode::from(1)
         }
     }

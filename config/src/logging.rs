@@ -245,3 +245,51 @@ mod tests {
         assert!(!tracing::enabled!(tracing::Level::WARN));
     }
 }
+
+/// One line for a fatal error: the error and its causes joined with `: `,
+/// skipping a cause whose text the line already holds (many errors repeat
+/// their source in their own message, which would print it twice).
+pub fn error_line(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = err.to_string();
+    let mut cause = err.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        cause = c.source();
+    }
+    line
+}
+
+#[cfg(test)]
+mod error_line_tests {
+    use super::error_line;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot connect to the bus: {source}")]
+    struct Outer {
+        source: std::io::Error,
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("starting")]
+    struct Context {
+        #[source]
+        source: Outer,
+    }
+
+    #[test]
+    fn repeated_causes_are_printed_once() {
+        let err = Context {
+            source: Outer {
+                source: std::io::Error::other("no such file"),
+            },
+        };
+        assert_eq!(
+            error_line(&err),
+            "starting: cannot connect to the bus: no such file"
+        );
+    }
+}

@@ -24,7 +24,7 @@ pub struct Cli {
     #[arg(short = 'c', long = "config", value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// TCP port agents connect to (overrides ControllerPort).
-    #[arg(short = 'p', long = "port", value_name = "PORT")]
+    #[arg(short = 'p', long = "port", value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
     pub port: Option<u16>,
     /// Serve the API on the bus at this address.
     #[arg(long = "bus", value_name = "ADDRESS", conflicts_with = "user")]

@@ -23,8 +23,12 @@ fn main() -> ExitCode {
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e:#}");
-            eprintln!("drover-manager: {e:#}");
+            // stderr only: under systemd it lands in the journal, and logging
+            // may itself point at stderr (one line, not two).
+            eprintln!(
+                "drover-manager: {}",
+                drover_config::logging::error_line(e.as_ref())
+            );
             ExitCode::FAILURE
         }
     }
