@@ -5,8 +5,8 @@
 //! `[node NAME]` that appears in several layers (or twice in one file) is one
 //! node whose keys merge, and it keeps the position of its first appearance.
 //! An empty value (`Key=`) resets list and optional keys (`AllowedNodeNames`,
-//! `AllowDependenciesOn`, `Allowed`, `ListenAddress`) to their default; for
-//! numbers, booleans and log words it is an error.
+//! `AllowDependenciesOn`, `Allowed`, `ListenAddress`, `ProxyGracePeriod`) to
+//! their default; for other numbers, booleans and log words it is an error.
 //!
 //! Decisions (checked after the last layer, reported as [`ConfigError::Invalid`]):
 //! * `NodeHeartbeatThreshold` must exceed `HeartbeatInterval` when both are
@@ -49,6 +49,7 @@ const KEYS: &[&str] = &[
     "AllowedNodeNames",
     "HeartbeatInterval",
     "NodeHeartbeatThreshold",
+    "ProxyGracePeriod",
     "TCPKeepAliveTime",
     "TCPKeepAliveInterval",
     "TCPKeepAliveCount",
@@ -78,6 +79,11 @@ pub struct ManagerConfig {
     /// `NodeHeartbeatThreshold` ms, default 6000; unlike BlueChi it is honoured
     /// whenever it is > 0, whatever `HeartbeatInterval` says. 0 disables.
     pub node_heartbeat_threshold_ms: u64,
+    /// `ProxyGracePeriod` ms (drover): how long the references of an offline
+    /// requesting node survive, and how long proxies of an offline target node
+    /// stay active. `None` (unset, or `ProxyGracePeriod=`): see
+    /// [`ManagerConfig::proxy_grace_ms`].
+    pub proxy_grace_period_ms: Option<u64>,
     /// `TCPKeepAliveTime` / `TCPKeepAliveInterval` (s), `TCPKeepAliveCount`: 1, 1, 6.
     pub tcp_keepalive_time_s: u32,
     pub tcp_keepalive_interval_s: u32,
@@ -107,6 +113,7 @@ impl Default for ManagerConfig {
             nodes: Vec::new(),
             heartbeat_interval_ms: 2000,
             node_heartbeat_threshold_ms: 6000,
+            proxy_grace_period_ms: None,
             tcp_keepalive_time_s: 1,
             tcp_keepalive_interval_s: 1,
             tcp_keepalive_count: 6,
@@ -139,6 +146,21 @@ impl ManagerConfig {
         let mut b = Builder::default();
         b.apply(&doc)?;
         b.finish()
+    }
+
+    /// The effective `ProxyGracePeriod` in ms: the configured value, else
+    /// three heartbeat thresholds (a node that misses that many is really
+    /// gone, not blinking). With the threshold disabled (0) the default
+    /// threshold is used for the computation, so an unset key never means
+    /// "drop at once".
+    pub fn proxy_grace_ms(&self) -> u64 {
+        self.proxy_grace_period_ms.unwrap_or_else(|| {
+            let threshold = match self.node_heartbeat_threshold_ms {
+                0 => Self::default().node_heartbeat_threshold_ms,
+                ms => ms,
+            };
+            threshold.saturating_mul(3).min(MAX_MS)
+        })
     }
 
     /// The `[node NAME]` section of `name`, if any.
@@ -253,6 +275,13 @@ impl Builder {
             "AllowedNodeNames" => self.allowed_names = at.node_list()?,
             "HeartbeatInterval" => c.heartbeat_interval_ms = at.number(0, MAX_MS)?,
             "NodeHeartbeatThreshold" => c.node_heartbeat_threshold_ms = at.number(0, MAX_MS)?,
+            "ProxyGracePeriod" => {
+                c.proxy_grace_period_ms = if at.value().is_empty() {
+                    None
+                } else {
+                    Some(at.number(0, MAX_MS)?)
+                }
+            }
             "TCPKeepAliveTime" => c.tcp_keepalive_time_s = at.u32_in(0, KEEPALIVE_SECS_MAX)?,
             "TCPKeepAliveInterval" => {
                 c.tcp_keepalive_interval_s = at.u32_in(0, KEEPALIVE_SECS_MAX)?
@@ -488,6 +517,9 @@ mod tests {
             ("HeartbeatInterval", "-1", "not a number"),
             ("HeartbeatInterval", "86400001", "out of range"),
             ("NodeHeartbeatThreshold", "1e3", "not a number"),
+            ("ProxyGracePeriod", "-5", "not a number"),
+            ("ProxyGracePeriod", "86400001", "out of range"),
+            ("ProxyGracePeriod", "10s", "not a number"),
             ("TCPKeepAliveTime", "32768", "out of range"),
             ("TCPKeepAliveCount", "128", "out of range"),
             ("IPReceiveErrors", "2", "not a boolean"),
@@ -590,6 +622,41 @@ mod tests {
         ] {
             assert!(ManagerConfig::parse_str(text).is_ok(), "{text}");
         }
+    }
+
+    #[test]
+    fn proxy_grace_period() {
+        // Unset: three heartbeat thresholds, following the threshold.
+        let c = ManagerConfig::default();
+        assert_eq!(c.proxy_grace_period_ms, None);
+        assert_eq!(c.proxy_grace_ms(), 18_000);
+        let c =
+            ManagerConfig::parse_str("[drover-manager]\nNodeHeartbeatThreshold=2500\n").unwrap();
+        assert_eq!(c.proxy_grace_ms(), 7_500);
+        // A disabled threshold does not make the grace zero.
+        let c = ManagerConfig::parse_str("[drover-manager]\nNodeHeartbeatThreshold=0\n").unwrap();
+        assert_eq!(c.proxy_grace_ms(), 18_000);
+        // Set explicitly, including 0 (drop at once) and the cap.
+        for (value, want) in [("0", 0), ("1500", 1500), ("86400000", 86_400_000)] {
+            let c = ManagerConfig::parse_str(&format!(
+                "[drover-manager]\nNodeHeartbeatThreshold=3000\nProxyGracePeriod={value}\n"
+            ))
+            .unwrap();
+            assert_eq!(c.proxy_grace_period_ms, Some(want));
+            assert_eq!(c.proxy_grace_ms(), want);
+        }
+        // A huge threshold never yields more than the one-day cap.
+        let c = ManagerConfig::parse_str(
+            "[drover-manager]\nHeartbeatInterval=0\nNodeHeartbeatThreshold=86400000\n",
+        )
+        .unwrap();
+        assert_eq!(c.proxy_grace_ms(), MAX_MS);
+        // An empty value in a later layer resets an earlier one.
+        let c = ManagerConfig::parse_str(
+            "[drover-manager]\nProxyGracePeriod=10\n[drover-manager]\nProxyGracePeriod=\n",
+        )
+        .unwrap();
+        assert_eq!(c.proxy_grace_period_ms, None);
     }
 
     /// Loads `sources` with the given environment.
