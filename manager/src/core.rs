@@ -18,6 +18,7 @@ use crate::jobs::{
 };
 use crate::registry::{Admission, ControllerStatus, Registry};
 use crate::session::{Session, spawn_io};
+use crate::subscriptions::Subscriptions;
 use drover_config::{LogLevel, ManagerConfig};
 use drover_protocol::handshake::Accepted;
 use drover_protocol::link::manager_read_hello;
@@ -98,6 +99,7 @@ pub struct Core {
     conn: OnceLock<Connection>,
     next_session: AtomicU64,
     shutting_down: AtomicBool,
+    subscriptions: Arc<Subscriptions>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -119,6 +121,7 @@ impl Core {
             // manager restarts: they are the guids of modification tags.
             next_session: AtomicU64::new(clock::realtime_us().max(1)),
             shutting_down: AtomicBool::new(false),
+            subscriptions: Subscriptions::new(timeouts.request),
             config,
             timeouts,
         })
@@ -138,6 +141,11 @@ impl Core {
 
     pub fn jobs(&self) -> MutexGuard<'_, Jobs> {
         lock(&self.jobs)
+    }
+
+    /// Unit subscriptions and records (monitors and proxies watch through it).
+    pub fn subscriptions(&self) -> &Arc<Subscriptions> {
+        &self.subscriptions
     }
 
     pub fn log_level(&self) -> LogLevel {
@@ -240,6 +248,7 @@ impl Core {
             agent_version = %hello.agent_version.escape_default(),
             "node registered"
         );
+        self.subscriptions.node_online(&session);
         self.announce_node_locked(&mut announced, session.node())
             .await;
         drop(announced);
@@ -272,6 +281,8 @@ impl Core {
         let was_online = self.registry().detach(session.node(), session.id());
         if was_online {
             tracing::info!(node = %session.node(), session = session.id(), "node disconnected: {why}");
+            self.subscriptions
+                .node_offline(session.node(), session.id());
             self.announce_node_locked(announced, session.node()).await;
         }
         let ended = self.jobs().end_session(session.id(), RESULT_DISCONNECTED);
@@ -391,6 +402,10 @@ impl Core {
                     }
                 }
             }
+            event @ (Event::UnitNew { .. }
+            | Event::UnitStateChanged { .. }
+            | Event::UnitPropertiesChanged { .. }
+            | Event::UnitRemoved { .. }) => self.subscriptions.on_event(session, event),
             other => {
                 tracing::debug!(node = %session.node(), "event not handled by this manager yet: {other:?}")
             }

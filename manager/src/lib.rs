@@ -16,6 +16,8 @@
 //! * [`core`] — the state shared by all of the above and the D-Bus objects,
 //!   and the rules that connect them (disconnect → offline, jobs end,
 //!   requests fail).
+//! * [`subscriptions`] — who watches which unit, the last state of each
+//!   watched unit with its modification tag, fan-out of unit events.
 //! * [`api`] — the D-Bus objects: Controller, Node, Job.
 //! * [`escape`] — object paths (systemd's bus label escaping).
 //! * [`server`] — start/stop of a whole manager; [`cli`] — the command line.
@@ -51,6 +53,7 @@ pub mod listener;
 pub mod registry;
 pub mod server;
 pub mod session;
+pub mod subscriptions;
 
 pub use crate::core::{Core, Timeouts};
 pub use error::ApiError;

@@ -1,0 +1,1434 @@
+//! Unit subscriptions: who watches which unit on which node, the last known
+//! state of every watched unit (with its modification tag), and the fan-out
+//! of unit events to the watchers.
+//!
+//! Vocabulary:
+//!
+//! * A **sink** is one receiver of events: a monitor, a proxy relay, a test.
+//!   It owns a bounded queue ([`Delivery`] items). Create one with
+//!   [`Subscriptions::watcher`]; dropping the returned [`Watcher`] removes
+//!   the sink and all its watches.
+//! * A **watch** is (sink, node, unit or `*`). A sink may hold several watches
+//!   that match the same event (an exact unit and `*`, two monitor
+//!   subscriptions): it still gets the event **once**.
+//!
+//! Rules (docs/architecture.md "Unit subscriptions and modification tags"):
+//!
+//! * Watches are merged per (node, unit or `*`): the first watcher makes the
+//!   node's agent `Subscribe`, the last one `Unsubscribe`. Requests go out
+//!   from one task per node that reconciles "what is watched" with "what the
+//!   agent was told", so they are ordered and never lost; while the node is
+//!   offline nothing is sent, and on (re)registration everything watched is
+//!   replayed.
+//! * Unit events are applied to per-(node, unit) [`Record`]s by the tag rules
+//!   of `drover_protocol::tag` (see [`Records::apply`]); a stale event is
+//!   dropped, a virtual event that changes nothing is not forwarded, and only
+//!   events of the node's current session are accepted (a replaced session's
+//!   reader may still be draining).
+//! * A new watch of a unit known to be loaded gets a virtual `UnitNew` (and a
+//!   virtual `UnitStateChanged` if the state is known) on its own queue; a new
+//!   `*` watch on an online node gets a virtual `UnitNew("*")`, and so do all
+//!   `*` watchers when the node registers again.
+//! * Node disconnect (BlueChi's §2.4): for every loaded record, a virtual
+//!   `UnitStateChanged(inactive, agent-offline)` unless it was already
+//!   inactive, then a virtual `UnitRemoved`; the same pair for `*` watchers.
+//!   The virtual events carry tags that continue the session's index, so a
+//!   client following tags applies them like any other event.
+//! * No queue grows without bound: delivery is `try_send`; a sink whose queue
+//!   is full is **dropped** (its watches are removed and its queue closes
+//!   after the items already in it). Its owner sees the end of the queue and
+//!   decides what that means (a monitor closes itself).
+//!
+//! Locking: one mutex over plain data, never held across an await; applying
+//! an event and queueing it to every sink happen under it, which is what
+//! makes [`Subscriptions::snapshot`] + the queue a stream without gap or
+//! duplicate.
+
+use crate::session::Session;
+use drover_protocol::{Event, Marshalled, ModTag, NodeName, Reason, Request, UnitName};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// The pseudo unit name BlueChi uses for "every unit".
+pub const WILDCARD: &str = "*";
+/// Sub state of the virtual `inactive` BlueChi sends when a node goes offline.
+pub const AGENT_OFFLINE: &str = "agent-offline";
+
+/// A sink (one receiver with one queue).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SinkId(u64);
+
+/// One watch of a sink.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WatchId(u64);
+
+/// What happened to a unit.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Change {
+    New {
+        reason: Reason,
+    },
+    State {
+        active_state: String,
+        sub_state: String,
+        reason: Reason,
+    },
+    /// systemd's PropertiesChanged (`a{sv}` as [`Marshalled`]); always real.
+    Properties {
+        interface: String,
+        properties: Marshalled,
+    },
+    Removed {
+        reason: Reason,
+    },
+}
+
+/// An event as watchers see it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnitEvent {
+    pub node: NodeName,
+    /// `None`: the pseudo unit `*` (virtual events for wildcard watchers).
+    pub unit: Option<UnitName>,
+    pub tag: ModTag,
+    pub change: Change,
+}
+
+impl UnitEvent {
+    /// The unit name as BlueChi's signals carry it (`*` for the pseudo unit).
+    pub fn unit_str(&self) -> &str {
+        self.unit.as_ref().map(UnitName::as_str).unwrap_or(WILDCARD)
+    }
+}
+
+/// One queued item. `follow` is decided when the event is queued: true once
+/// the sink took a snapshot with [`Subscriptions::snapshot`], so everything
+/// after the snapshot, and nothing before it, is marked.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub event: Arc<UnitEvent>,
+    pub follow: bool,
+}
+
+/// The last known state of one unit on one node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// Tag of the last `New`, `State` or `Removed` applied.
+    pub tag: ModTag,
+    pub loaded: bool,
+    /// Empty while unknown (never for a loaded unit after a `New`).
+    pub active_state: String,
+    pub sub_state: String,
+    /// Tag of the last forwarded `Properties` (duplicates are not forwarded).
+    pub props_tag: ModTag,
+}
+
+/// What applying an event did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    /// The record changed (or the event is forwarded for another reason).
+    Changed,
+    /// Only the tag moved: the content was already known.
+    Same,
+    /// Older than (or a duplicate of) what the record holds: dropped.
+    Stale,
+}
+
+/// The records of one node, and the tag rules that change them. Pure data:
+/// order-independent by construction (the outcome is the event with the
+/// largest tag), which the tests check with reordered, duplicated and
+/// interleaved streams.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Records {
+    map: HashMap<UnitName, Record>,
+}
+
+impl Records {
+    pub fn get(&self, unit: &UnitName) -> Option<&Record> {
+        self.map.get(unit)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&UnitName, &Record)> {
+        self.map.iter()
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    pub fn remove(&mut self, unit: &UnitName) {
+        self.map.remove(unit);
+    }
+
+    pub fn retain(&mut self, f: impl FnMut(&UnitName, &mut Record) -> bool) {
+        self.map.retain(f)
+    }
+
+    /// Applies `change` tagged `tag` to `unit`:
+    ///
+    /// * `New` (state becomes `inactive`/`dead`, as the agent's cache does on
+    ///   load) and `State` are updates: applied if `tag` succeeds the record's.
+    /// * `Removed` is applied if `tag` succeeds or equals it; an equal tag on
+    ///   an already removed unit changes nothing.
+    /// * `Properties` does not change the record; it passes if `tag`
+    ///   succeeds both the record's tag and the last passed properties.
+    pub fn apply(&mut self, unit: &UnitName, tag: ModTag, change: &Change) -> Applied {
+        let existing = self.map.get_mut(unit);
+        match change {
+            Change::New { .. } | Change::State { .. } => {
+                let (active, sub) = match change {
+                    Change::State {
+                        active_state,
+                        sub_state,
+                        ..
+                    } => (active_state.as_str(), sub_state.as_str()),
+                    _ => ("inactive", "dead"),
+                };
+                match existing {
+                    Some(rec) if !tag.succeeds(&rec.tag) => Applied::Stale,
+                    Some(rec) => {
+                        let same = rec.loaded && rec.active_state == active && rec.sub_state == sub;
+                        rec.tag = tag;
+                        rec.loaded = true;
+                        if !same {
+                            active.clone_into(&mut rec.active_state);
+                            sub.clone_into(&mut rec.sub_state);
+                        }
+                        if same {
+                            Applied::Same
+                        } else {
+                            Applied::Changed
+                        }
+                    }
+                    None => {
+                        self.map.insert(
+                            unit.clone(),
+                            Record {
+                                tag,
+                                loaded: true,
+                                active_state: active.to_owned(),
+                                sub_state: sub.to_owned(),
+                                props_tag: ModTag::ZERO,
+                            },
+                        );
+                        Applied::Changed
+                    }
+                }
+            }
+            Change::Removed { .. } => match existing {
+                Some(rec) if !tag.may_remove(&rec.tag) => Applied::Stale,
+                Some(rec) if tag == rec.tag && !rec.loaded => Applied::Stale,
+                Some(rec) => {
+                    let was_loaded = rec.loaded;
+                    rec.tag = tag;
+                    rec.loaded = false;
+                    rec.active_state.clear();
+                    rec.sub_state.clear();
+                    if was_loaded {
+                        Applied::Changed
+                    } else {
+                        Applied::Same
+                    }
+                }
+                None => {
+                    // A tombstone, so a late update cannot resurrect the unit.
+                    self.map.insert(
+                        unit.clone(),
+                        Record {
+                            tag,
+                            loaded: false,
+                            active_state: String::new(),
+                            sub_state: String::new(),
+                            props_tag: ModTag::ZERO,
+                        },
+                    );
+                    Applied::Same
+                }
+            },
+            Change::Properties { .. } => match existing {
+                Some(rec) if !tag.succeeds(&rec.tag) || !tag.succeeds(&rec.props_tag) => {
+                    Applied::Stale
+                }
+                Some(rec) => {
+                    rec.props_tag = tag;
+                    Applied::Changed
+                }
+                None => Applied::Changed,
+            },
+        }
+    }
+}
+
+/// One row of [`Subscriptions::snapshot`]: `(node, unit, active_state,
+/// sub_state, guid, index)`, the `a(sssstt)` of `io.drover.Monitor.Follow`.
+pub type SnapshotRow = (String, String, String, String, u64, u64);
+
+struct SinkState {
+    tx: mpsc::Sender<Delivery>,
+    follow: bool,
+    watches: HashSet<WatchId>,
+}
+
+#[derive(Default)]
+struct NodeState {
+    /// Watchers per unit (`None` = `*`): sink → number of its watches there.
+    watchers: HashMap<Option<UnitName>, HashMap<SinkId, usize>>,
+    records: Records,
+    session: Option<Arc<Session>>,
+    /// Guid of the current (or last) session and the largest index seen in it.
+    guid: u64,
+    max_index: u64,
+    /// What the current session's agent was told (confirmed by a reply).
+    sent: HashSet<Option<UnitName>>,
+    /// Session id whose sync task is running, if any.
+    syncing: Option<u64>,
+}
+
+impl NodeState {
+    fn covers(&self, unit: &UnitName) -> bool {
+        self.watchers.contains_key(&None) || self.watchers.contains_key(&Some(unit.clone()))
+    }
+
+    fn next_tag(&mut self) -> ModTag {
+        self.max_index += 1;
+        ModTag::new(self.guid, self.max_index)
+    }
+
+    fn needs_sync(&self) -> bool {
+        let desired = self.watchers.keys().filter(|k| !self.sent.contains(*k));
+        desired.count() > 0 || self.sent.iter().any(|k| !self.watchers.contains_key(k))
+    }
+}
+
+#[derive(Default)]
+struct State {
+    nodes: HashMap<NodeName, NodeState>,
+    watches: HashMap<WatchId, (SinkId, NodeName, Option<UnitName>)>,
+    sinks: HashMap<SinkId, SinkState>,
+    next_id: u64,
+}
+
+/// Sync tasks to start once the lock is released: (node, session).
+type Syncs = Vec<(NodeName, Arc<Session>)>;
+
+impl State {
+    fn id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    /// Queues `event` to `sinks` (deduplicated by the caller); returns the
+    /// sinks that overflowed.
+    fn deliver(&self, sinks: &[SinkId], event: &Arc<UnitEvent>) -> Vec<SinkId> {
+        let mut full = Vec::new();
+        for id in sinks {
+            if let Some(sink) = self.sinks.get(id) {
+                let item = Delivery {
+                    event: event.clone(),
+                    follow: sink.follow,
+                };
+                if let Err(mpsc::error::TrySendError::Full(_)) = sink.tx.try_send(item) {
+                    full.push(*id);
+                }
+            }
+        }
+        full
+    }
+
+    /// Sinks watching (node, unit) exactly or through `*`, each once.
+    fn sinks_for(node: &NodeState, unit: Option<&UnitName>) -> Vec<SinkId> {
+        let mut out: Vec<SinkId> = Vec::new();
+        if let Some(unit) = unit
+            && let Some(w) = node.watchers.get(&Some(unit.clone()))
+        {
+            out.extend(w.keys());
+        }
+        if let Some(w) = node.watchers.get(&None) {
+            out.extend(w.keys());
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// Removes a watch; returns a sync to start if the node needs one.
+    fn remove_watch(&mut self, id: WatchId, syncs: &mut Syncs) -> bool {
+        let Some((sink, node, unit)) = self.watches.remove(&id) else {
+            return false;
+        };
+        if let Some(s) = self.sinks.get_mut(&sink) {
+            s.watches.remove(&id);
+        }
+        if let Some(ns) = self.nodes.get_mut(&node) {
+            if let Some(w) = ns.watchers.get_mut(&unit) {
+                if let Some(n) = w.get_mut(&sink) {
+                    *n -= 1;
+                    if *n == 0 {
+                        w.remove(&sink);
+                    }
+                }
+                if w.is_empty() {
+                    ns.watchers.remove(&unit);
+                    // Records nobody covers any more are forgotten.
+                    match &unit {
+                        Some(u) if !ns.watchers.contains_key(&None) => ns.records.remove(u),
+                        Some(_) => {}
+                        None => {
+                            let watchers = &ns.watchers;
+                            ns.records
+                                .retain(|u, _| watchers.contains_key(&Some(u.clone())));
+                        }
+                    }
+                }
+            }
+            schedule_sync(&node, ns, syncs);
+            if ns.watchers.is_empty() && ns.session.is_none() && ns.syncing.is_none() {
+                self.nodes.remove(&node);
+            }
+        }
+        true
+    }
+
+    fn remove_sink(&mut self, id: SinkId, syncs: &mut Syncs) {
+        if let Some(sink) = self.sinks.remove(&id) {
+            for w in sink.watches {
+                self.remove_watch(w, syncs);
+            }
+        }
+    }
+
+    fn drop_overflowed(&mut self, full: Vec<SinkId>, syncs: &mut Syncs) {
+        for id in full {
+            tracing::warn!(
+                sink = id.0,
+                "a watcher does not keep up with unit events (queue full); dropping it"
+            );
+            self.remove_sink(id, syncs);
+        }
+    }
+}
+
+fn schedule_sync(node: &NodeName, ns: &mut NodeState, syncs: &mut Syncs) {
+    let Some(session) = &ns.session else { return };
+    if ns.syncing == Some(session.id()) || !ns.needs_sync() {
+        return;
+    }
+    ns.syncing = Some(session.id());
+    syncs.push((node.clone(), session.clone()));
+}
+
+/// The subscription table of a manager (see the module docs).
+pub struct Subscriptions {
+    state: Mutex<State>,
+    request_timeout: Duration,
+}
+
+/// A sink handle: watches go through it; dropping it removes them all.
+pub struct Watcher {
+    hub: Arc<Subscriptions>,
+    sink: SinkId,
+}
+
+impl Watcher {
+    pub fn id(&self) -> SinkId {
+        self.sink
+    }
+
+    /// Watches `unit` (`None` = every unit) on `node`; see
+    /// [`Subscriptions::watch`].
+    pub fn watch(&self, node: &NodeName, unit: Option<&UnitName>) -> Option<WatchId> {
+        self.hub.watch(self.sink, node, unit)
+    }
+
+    pub fn unwatch(&self, id: WatchId) -> bool {
+        self.hub.unwatch(id)
+    }
+
+    /// See [`Subscriptions::snapshot`].
+    pub fn snapshot(&self) -> Option<Vec<SnapshotRow>> {
+        self.hub.snapshot(self.sink)
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.hub.drop_sink(self.sink);
+    }
+}
+
+impl Subscriptions {
+    /// `request_timeout` bounds each `Subscribe`/`Unsubscribe` to an agent.
+    pub fn new(request_timeout: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            state: Mutex::new(State::default()),
+            request_timeout,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Sections under this lock do not panic on input; a poisoned lock
+        // still holds consistent data.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A new sink with a queue of `capacity` items (at least 1).
+    pub fn watcher(self: &Arc<Self>, capacity: usize) -> (Watcher, mpsc::Receiver<Delivery>) {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        let mut st = self.lock();
+        let sink = SinkId(st.id());
+        st.sinks.insert(
+            sink,
+            SinkState {
+                tx,
+                follow: false,
+                watches: HashSet::new(),
+            },
+        );
+        drop(st);
+        (
+            Watcher {
+                hub: self.clone(),
+                sink,
+            },
+            rx,
+        )
+    }
+
+    /// Adds a watch of `unit` (`None` = `*`) on `node` for `sink`, queues the
+    /// virtual events of a new watch to that sink, and subscribes the agent
+    /// if this is the first watcher. `None` if the sink is gone (dropped or
+    /// overflowed). The node need not be known or online.
+    pub fn watch(
+        self: &Arc<Self>,
+        sink: SinkId,
+        node: &NodeName,
+        unit: Option<&UnitName>,
+    ) -> Option<WatchId> {
+        let mut syncs = Syncs::new();
+        let mut st = self.lock();
+        if !st.sinks.contains_key(&sink) {
+            return None;
+        }
+        let id = WatchId(st.id());
+        st.watches.insert(id, (sink, node.clone(), unit.cloned()));
+        if let Some(s) = st.sinks.get_mut(&sink) {
+            s.watches.insert(id);
+        }
+        let ns = st.nodes.entry(node.clone()).or_default();
+        *ns.watchers
+            .entry(unit.cloned())
+            .or_default()
+            .entry(sink)
+            .or_default() += 1;
+        // Virtual events for this sink only.
+        let mut virtual_events = Vec::new();
+        match unit {
+            Some(u) => {
+                if let Some(rec) = ns.records.get(u).filter(|r| r.loaded) {
+                    let ev = |change| UnitEvent {
+                        node: node.clone(),
+                        unit: Some(u.clone()),
+                        tag: rec.tag,
+                        change,
+                    };
+                    virtual_events.push(ev(Change::New {
+                        reason: Reason::Virtual,
+                    }));
+                    if !rec.active_state.is_empty() {
+                        virtual_events.push(ev(Change::State {
+                            active_state: rec.active_state.clone(),
+                            sub_state: rec.sub_state.clone(),
+                            reason: Reason::Virtual,
+                        }));
+                    }
+                }
+            }
+            None if ns.session.is_some() => virtual_events.push(UnitEvent {
+                node: node.clone(),
+                unit: None,
+                tag: ModTag::new(ns.guid, ns.max_index),
+                change: Change::New {
+                    reason: Reason::Virtual,
+                },
+            }),
+            None => {}
+        }
+        schedule_sync(node, ns, &mut syncs);
+        let mut full = Vec::new();
+        for ev in virtual_events {
+            full.extend(st.deliver(&[sink], &Arc::new(ev)));
+        }
+        full.dedup();
+        st.drop_overflowed(full, &mut syncs);
+        drop(st);
+        self.start_syncs(syncs);
+        Some(id)
+    }
+
+    /// Removes a watch; unsubscribes the agent if it was the last watcher of
+    /// that unit. False if there is no such watch.
+    pub fn unwatch(self: &Arc<Self>, id: WatchId) -> bool {
+        let mut syncs = Syncs::new();
+        let removed = self.lock().remove_watch(id, &mut syncs);
+        self.start_syncs(syncs);
+        removed
+    }
+
+    /// Removes a sink and all its watches (its queue closes).
+    pub fn drop_sink(self: &Arc<Self>, sink: SinkId) {
+        let mut syncs = Syncs::new();
+        self.lock().remove_sink(sink, &mut syncs);
+        self.start_syncs(syncs);
+    }
+
+    /// True while the sink exists (not dropped, not overflowed).
+    pub fn has_sink(&self, sink: SinkId) -> bool {
+        self.lock().sinks.contains_key(&sink)
+    }
+
+    /// Loaded records of everything `sink` watches, each once, sorted by
+    /// (node, unit); and from now on the sink's deliveries carry
+    /// `follow = true`. Atomic with respect to events. `None` if the sink is
+    /// gone.
+    pub fn snapshot(&self, sink: SinkId) -> Option<Vec<SnapshotRow>> {
+        let mut st = self.lock();
+        let s = st.sinks.get_mut(&sink)?;
+        s.follow = true;
+        let mut rows = Vec::new();
+        let mut seen: HashSet<(&NodeName, &UnitName)> = HashSet::new();
+        let watches: Vec<_> = st.sinks[&sink]
+            .watches
+            .iter()
+            .filter_map(|w| st.watches.get(w))
+            .collect();
+        for (_, node, unit) in watches {
+            let Some(ns) = st.nodes.get(node) else {
+                continue;
+            };
+            let mut add = |u: &'_ UnitName, r: &Record| {
+                if r.loaded {
+                    rows.push((
+                        node.to_string(),
+                        u.to_string(),
+                        r.active_state.clone(),
+                        r.sub_state.clone(),
+                        r.tag.guid,
+                        r.tag.index,
+                    ));
+                }
+            };
+            match unit {
+                Some(u) => {
+                    if let Some((key, r)) = ns.records.map.get_key_value(u)
+                        && seen.insert((node, key))
+                    {
+                        add(key, r);
+                    }
+                }
+                None => {
+                    for (u, r) in ns.records.iter() {
+                        if seen.insert((node, u)) {
+                            add(u, r);
+                        }
+                    }
+                }
+            }
+        }
+        rows.sort();
+        Some(rows)
+    }
+
+    /// The record of (node, unit), if it is watched and known.
+    pub fn record(&self, node: &NodeName, unit: &UnitName) -> Option<Record> {
+        self.lock()
+            .nodes
+            .get(node)
+            .and_then(|n| n.records.get(unit).cloned())
+    }
+
+    /// Units the agent of `node` is (to be) subscribed to, `None` = `*`.
+    pub fn watched(&self, node: &NodeName) -> Vec<Option<UnitName>> {
+        let st = self.lock();
+        let mut v: Vec<_> = st
+            .nodes
+            .get(node)
+            .map(|n| n.watchers.keys().cloned().collect())
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+
+    // ---- hooks from the core --------------------------------------------
+
+    /// A session was admitted for its node (before it reads any event):
+    /// replay the subscriptions, tell `*` watchers with a virtual `UnitNew`.
+    pub fn node_online(self: &Arc<Self>, session: &Arc<Session>) {
+        let mut syncs = Syncs::new();
+        let mut st = self.lock();
+        let node = session.node().clone();
+        let ns = st.nodes.entry(node.clone()).or_default();
+        ns.session = Some(session.clone());
+        ns.guid = session.id();
+        ns.max_index = 0;
+        ns.sent.clear();
+        // Tombstones guard against late events of older sessions, which are
+        // refused by session from now on.
+        ns.records.retain(|_, r| r.loaded);
+        let wildcard = State::sinks_for(ns, None);
+        let event = Arc::new(UnitEvent {
+            node: node.clone(),
+            unit: None,
+            tag: ModTag::new(ns.guid, 0),
+            change: Change::New {
+                reason: Reason::Virtual,
+            },
+        });
+        schedule_sync(&node, ns, &mut syncs);
+        let full = st.deliver(&wildcard, &event);
+        st.drop_overflowed(full, &mut syncs);
+        drop(st);
+        self.start_syncs(syncs);
+    }
+
+    /// The session `session_id` of `node` ended while it was the node's
+    /// current one: virtual offline events (see the module docs).
+    pub fn node_offline(self: &Arc<Self>, node: &NodeName, session_id: u64) {
+        let mut syncs = Syncs::new();
+        let mut st = self.lock();
+        let Some(ns) = st.nodes.get_mut(node) else {
+            return;
+        };
+        if ns.session.as_ref().map(|s| s.id()) != Some(session_id) {
+            return;
+        }
+        ns.session = None;
+        ns.syncing = None;
+        ns.sent.clear();
+        let mut loaded: Vec<(UnitName, bool)> = ns
+            .records
+            .iter()
+            .filter(|(_, r)| r.loaded)
+            .map(|(u, r)| (u.clone(), r.active_state != "inactive"))
+            .collect();
+        loaded.sort();
+        let mut events: Vec<(Vec<SinkId>, Arc<UnitEvent>)> = Vec::new();
+        for (unit, active) in loaded {
+            let sinks = State::sinks_for(ns, Some(&unit));
+            let mut changes = Vec::new();
+            if active {
+                changes.push(Change::State {
+                    active_state: "inactive".into(),
+                    sub_state: AGENT_OFFLINE.into(),
+                    reason: Reason::Virtual,
+                });
+            }
+            changes.push(Change::Removed {
+                reason: Reason::Virtual,
+            });
+            for change in changes {
+                let tag = ns.next_tag();
+                ns.records.apply(&unit, tag, &change);
+                let ev = UnitEvent {
+                    node: node.clone(),
+                    unit: Some(unit.clone()),
+                    tag,
+                    change,
+                };
+                events.push((sinks.clone(), Arc::new(ev)));
+            }
+        }
+        let wildcard = State::sinks_for(ns, None);
+        if !wildcard.is_empty() {
+            let state = Change::State {
+                active_state: "inactive".into(),
+                sub_state: AGENT_OFFLINE.into(),
+                reason: Reason::Virtual,
+            };
+            for change in [
+                state,
+                Change::Removed {
+                    reason: Reason::Virtual,
+                },
+            ] {
+                let ev = UnitEvent {
+                    node: node.clone(),
+                    unit: None,
+                    tag: ModTag::new(ns.guid, ns.max_index),
+                    change,
+                };
+                events.push((wildcard.clone(), Arc::new(ev)));
+            }
+        }
+        let drop_node = ns.watchers.is_empty();
+        if drop_node {
+            st.nodes.remove(node);
+        }
+        let mut full = Vec::new();
+        for (sinks, ev) in &events {
+            full.extend(st.deliver(sinks, ev));
+        }
+        full.sort_unstable();
+        full.dedup();
+        st.drop_overflowed(full, &mut syncs);
+        drop(st);
+        self.start_syncs(syncs);
+    }
+
+    /// A unit event from `session`. Other events are ignored. Events of a
+    /// session that is not the node's current one, tags whose guid is not
+    /// the session id, and events for units nobody watches are dropped.
+    pub fn on_event(self: &Arc<Self>, session: &Session, event: Event) {
+        let (tag, unit, change) = match event {
+            Event::UnitNew { tag, unit, reason } => (tag, unit, Change::New { reason }),
+            Event::UnitStateChanged {
+                tag,
+                unit,
+                active_state,
+                sub_state,
+                reason,
+            } => (
+                tag,
+                unit,
+                Change::State {
+                    active_state,
+                    sub_state,
+                    reason,
+                },
+            ),
+            Event::UnitPropertiesChanged {
+                tag,
+                unit,
+                interface,
+                properties,
+            } => (
+                tag,
+                unit,
+                Change::Properties {
+                    interface,
+                    properties,
+                },
+            ),
+            Event::UnitRemoved { tag, unit, reason } => (tag, unit, Change::Removed { reason }),
+            _ => return,
+        };
+        if tag.guid != session.id() {
+            tracing::debug!(node = %session.node(), "unit event with a foreign tag guid {} dropped", tag.guid);
+            return;
+        }
+        let mut st = self.lock();
+        let Some(ns) = st.nodes.get_mut(session.node()) else {
+            return;
+        };
+        if ns.session.as_ref().map(|s| s.id()) != Some(session.id()) || !ns.covers(&unit) {
+            return;
+        }
+        if tag.index > ns.max_index {
+            ns.max_index = tag.index;
+        }
+        let real = match &change {
+            Change::New { reason } | Change::State { reason, .. } | Change::Removed { reason } => {
+                *reason == Reason::Real
+            }
+            Change::Properties { .. } => true,
+        };
+        match ns.records.apply(&unit, tag, &change) {
+            Applied::Stale => return,
+            Applied::Same if !real => return,
+            _ => {}
+        }
+        let sinks = State::sinks_for(ns, Some(&unit));
+        if sinks.is_empty() {
+            return;
+        }
+        let event = Arc::new(UnitEvent {
+            node: session.node().clone(),
+            unit: Some(unit),
+            tag,
+            change,
+        });
+        let full = st.deliver(&sinks, &event);
+        if !full.is_empty() {
+            let mut syncs = Syncs::new();
+            st.drop_overflowed(full, &mut syncs);
+            drop(st);
+            self.start_syncs(syncs);
+        }
+    }
+
+    // ---- talking to agents ----------------------------------------------
+
+    fn start_syncs(self: &Arc<Self>, syncs: Syncs) {
+        if syncs.is_empty() {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            tracing::error!("subscription changes outside a runtime cannot reach the agents");
+            return;
+        };
+        for (node, session) in syncs {
+            rt.spawn(self.clone().sync_node(node, session));
+        }
+    }
+
+    /// Brings the agent of `session` in line with what is watched, one
+    /// request at a time, until nothing differs or the session ends.
+    async fn sync_node(self: Arc<Self>, node: NodeName, session: Arc<Session>) {
+        loop {
+            let (key, subscribe) = {
+                let mut st = self.lock();
+                let Some(ns) = st.nodes.get_mut(&node) else {
+                    return;
+                };
+                if ns.syncing != Some(session.id()) {
+                    return;
+                }
+                let add = ns.watchers.keys().find(|k| !ns.sent.contains(*k)).cloned();
+                let next = match add {
+                    Some(k) => Some((k, true)),
+                    None => ns
+                        .sent
+                        .iter()
+                        .find(|k| !ns.watchers.contains_key(*k))
+                        .cloned()
+                        .map(|k| (k, false)),
+                };
+                match next {
+                    Some(n) => n,
+                    None => {
+                        ns.syncing = None;
+                        return;
+                    }
+                }
+            };
+            let body = if subscribe {
+                Request::Subscribe { unit: key.clone() }
+            } else {
+                Request::Unsubscribe { unit: key.clone() }
+            };
+            let result = session.request(body, self.request_timeout).await;
+            let what = key.as_ref().map(UnitName::as_str).unwrap_or(WILDCARD);
+            match &result {
+                Err(e) if e.name() == crate::error::OFFLINE => return,
+                Err(e) => tracing::warn!(
+                    node = %node,
+                    unit = what,
+                    "{} failed on the agent (counted as done): {e}",
+                    if subscribe { "Subscribe" } else { "Unsubscribe" }
+                ),
+                Ok(_) => {}
+            }
+            let mut st = self.lock();
+            let Some(ns) = st.nodes.get_mut(&node) else {
+                return;
+            };
+            if ns.syncing != Some(session.id()) {
+                return;
+            }
+            if subscribe {
+                ns.sent.insert(key);
+            } else {
+                ns.sent.remove(&key);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drover_protocol::{Request, Response, ToAgent};
+    use proptest::prelude::*;
+
+    fn unit(s: &str) -> UnitName {
+        UnitName::new(s).unwrap()
+    }
+
+    fn node(s: &str) -> NodeName {
+        NodeName::new(s).unwrap()
+    }
+
+    fn state(a: &str, s: &str, reason: Reason) -> Change {
+        Change::State {
+            active_state: a.into(),
+            sub_state: s.into(),
+            reason,
+        }
+    }
+
+    const REAL: Reason = Reason::Real;
+
+    #[test]
+    fn tag_rules_on_one_record() {
+        let mut r = Records::default();
+        let u = unit("a.service");
+        assert_eq!(
+            r.apply(&u, ModTag::new(1, 1), &Change::New { reason: REAL }),
+            Applied::Changed
+        );
+        assert_eq!(r.get(&u).unwrap().active_state, "inactive");
+        assert_eq!(
+            r.apply(&u, ModTag::new(1, 3), &state("active", "running", REAL)),
+            Applied::Changed
+        );
+        // Late and duplicate updates are stale.
+        assert_eq!(
+            r.apply(&u, ModTag::new(1, 2), &state("activating", "start", REAL)),
+            Applied::Stale
+        );
+        assert_eq!(
+            r.apply(&u, ModTag::new(1, 3), &state("active", "running", REAL)),
+            Applied::Stale
+        );
+        // Properties pass once, only when newer than the state.
+        let props = Change::Properties {
+            interface: "i".into(),
+            properties: Marshalled::default(),
+        };
+        assert_eq!(r.apply(&u, ModTag::new(1, 2), &props), Applied::Stale);
+        assert_eq!(r.apply(&u, ModTag::new(1, 4), &props), Applied::Changed);
+        assert_eq!(r.apply(&u, ModTag::new(1, 4), &props), Applied::Stale);
+        // A removal with an equal tag applies; a second one does nothing.
+        let removed = Change::Removed { reason: REAL };
+        assert_eq!(r.apply(&u, ModTag::new(1, 3), &removed), Applied::Changed);
+        assert!(!r.get(&u).unwrap().loaded);
+        assert_eq!(r.apply(&u, ModTag::new(1, 3), &removed), Applied::Stale);
+        // The tombstone stops a late update from resurrecting the unit.
+        assert_eq!(
+            r.apply(&u, ModTag::new(1, 2), &Change::New { reason: REAL }),
+            Applied::Stale
+        );
+        // A newer session wins over anything of the old one.
+        assert_eq!(
+            r.apply(&u, ModTag::new(2, 1), &state("failed", "failed", REAL)),
+            Applied::Changed
+        );
+        assert_eq!(
+            r.apply(&u, ModTag::new(1, 99), &state("active", "running", REAL)),
+            Applied::Stale
+        );
+        // A virtual replay of the known state only moves the tag.
+        assert_eq!(
+            r.apply(
+                &u,
+                ModTag::new(2, 2),
+                &state("failed", "failed", Reason::Virtual)
+            ),
+            Applied::Same
+        );
+        assert_eq!(r.get(&u).unwrap().tag, ModTag::new(2, 2));
+    }
+
+    /// One event of a stream: (unit index, tag, change).
+    type Ev = (usize, ModTag, Change);
+
+    fn change() -> impl Strategy<Value = Change> {
+        prop_oneof![
+            Just(Change::New { reason: REAL }),
+            Just(Change::Removed { reason: REAL }),
+            (
+                prop_oneof![Just("active"), Just("inactive"), Just("failed")],
+                prop_oneof![Just("running"), Just("dead"), Just("exited")]
+            )
+                .prop_map(|(a, s)| state(a, s, REAL)),
+        ]
+    }
+
+    /// A session's stream: indices rise by one per event, as an agent does.
+    fn session_stream(guid: u64) -> impl Strategy<Value = Vec<Ev>> {
+        proptest::collection::vec((0..3usize, change()), 0..12).prop_map(move |v| {
+            v.into_iter()
+                .enumerate()
+                .map(|(i, (u, c))| (u, ModTag::new(guid, i as u64 + 1), c))
+                .collect()
+        })
+    }
+
+    fn units() -> [UnitName; 3] {
+        [unit("a.service"), unit("b.service"), unit("c.socket")]
+    }
+
+    fn apply_all(events: &[Ev]) -> Records {
+        let units = units();
+        let mut r = Records::default();
+        for (u, tag, c) in events {
+            r.apply(&units[*u], *tag, c);
+        }
+        r
+    }
+
+    proptest! {
+        /// Reordered, duplicated and interleaved streams of two sessions
+        /// converge to what applying both in tag order gives, which for
+        /// every unit the newer session touched is that session's last word.
+        #[test]
+        fn streams_converge_to_the_newest_session(
+            old in session_stream(1),
+            new in session_stream(2),
+            dups in proptest::collection::vec(any::<prop::sample::Index>(), 0..6),
+            seed in any::<u64>(),
+        ) {
+            let mut ordered: Vec<Ev> = old.iter().chain(new.iter()).cloned().collect();
+            let expected = apply_all(&ordered);
+
+            let mut shuffled = ordered.clone();
+            for d in &dups {
+                if !ordered.is_empty() {
+                    shuffled.push(ordered[d.index(ordered.len())].clone());
+                }
+            }
+            // Deterministic shuffle from the seed.
+            let mut x = seed | 1;
+            for i in (1..shuffled.len()).rev() {
+                x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+                shuffled.swap(i, (x % (i as u64 + 1)) as usize);
+            }
+            let got = apply_all(&shuffled);
+            prop_assert_eq!(&got, &expected);
+
+            // The newer session's last event decides each unit it touched.
+            ordered.retain(|(_, t, _)| t.guid == 2);
+            let units = units();
+            for (i, u) in units.iter().enumerate() {
+                if let Some((_, tag, c)) = ordered.iter().rev().find(|(x, _, _)| *x == i) {
+                    let rec = got.get(u).expect("a record for a touched unit");
+                    prop_assert_eq!(rec.tag, *tag);
+                    match c {
+                        Change::Removed { .. } => prop_assert!(!rec.loaded),
+                        Change::New { .. } => prop_assert_eq!((rec.loaded, rec.active_state.as_str()), (true, "inactive")),
+                        Change::State { active_state, sub_state, .. } => {
+                            prop_assert!(rec.loaded);
+                            prop_assert_eq!(&rec.active_state, active_state);
+                            prop_assert_eq!(&rec.sub_state, sub_state);
+                        }
+                        Change::Properties { .. } => {}
+                    }
+                }
+            }
+        }
+    }
+
+    // ---- the hub, with sessions whose requests a test task answers -------
+
+    struct FakeNode {
+        session: Arc<Session>,
+        requests: Arc<Mutex<Vec<Request>>>,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    impl Drop for FakeNode {
+        fn drop(&mut self) {
+            self.task.abort();
+        }
+    }
+
+    fn online(hub: &Arc<Subscriptions>, name: &str, id: u64) -> FakeNode {
+        let (session, mut rx) = Session::new(id, node(name), "127.0.0.1".into());
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let task = {
+            let session = session.clone();
+            let requests = requests.clone();
+            tokio::spawn(async move {
+                while let Some(msg) = rx.recv().await {
+                    if let ToAgent::Request { id, body } = msg {
+                        requests.lock().unwrap().push(body);
+                        session.complete(id, Ok(Response::Empty));
+                    }
+                }
+            })
+        };
+        hub.node_online(&session);
+        FakeNode {
+            session,
+            requests,
+            task,
+        }
+    }
+
+    async fn settle() {
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    fn drain(rx: &mut mpsc::Receiver<Delivery>) -> Vec<(String, Change)> {
+        let mut out = Vec::new();
+        while let Ok(d) = rx.try_recv() {
+            out.push((d.event.unit_str().to_owned(), d.event.change.clone()));
+        }
+        out
+    }
+
+    fn ev_state(tag: ModTag, u: &str, a: &str, s: &str) -> Event {
+        Event::UnitStateChanged {
+            tag,
+            unit: unit(u),
+            active_state: a.into(),
+            sub_state: s.into(),
+            reason: REAL,
+        }
+    }
+
+    #[tokio::test]
+    async fn first_and_last_watcher_drive_the_agent_and_replay_on_registration() {
+        let hub = Subscriptions::new(Duration::from_secs(5));
+        let n = node("n1");
+        let a = unit("a.service");
+        let (w1, _rx1) = hub.watcher(8);
+        let (w2, _rx2) = hub.watcher(8);
+        // Offline: nothing is sent, but the watch is kept.
+        let id1 = w1.watch(&n, Some(&a)).unwrap();
+        let agent = online(&hub, "n1", 10);
+        settle().await;
+        assert_eq!(
+            *agent.requests.lock().unwrap(),
+            vec![Request::Subscribe {
+                unit: Some(a.clone())
+            }]
+        );
+        let id2 = w2.watch(&n, Some(&a)).unwrap();
+        assert!(w1.unwatch(id1));
+        assert!(!w1.unwatch(id1), "twice is an unknown id");
+        settle().await;
+        assert_eq!(
+            agent.requests.lock().unwrap().len(),
+            1,
+            "still watched by w2"
+        );
+        assert!(w2.unwatch(id2));
+        settle().await;
+        assert_eq!(
+            agent.requests.lock().unwrap()[1],
+            Request::Unsubscribe {
+                unit: Some(a.clone())
+            }
+        );
+        // A new session gets every watched unit again.
+        w2.watch(&n, None).unwrap();
+        settle().await;
+        hub.node_offline(&n, 10);
+        let agent2 = online(&hub, "n1", 11);
+        settle().await;
+        assert_eq!(
+            *agent2.requests.lock().unwrap(),
+            vec![Request::Subscribe { unit: None }]
+        );
+        drop(w2);
+        settle().await;
+        assert_eq!(
+            agent2.requests.lock().unwrap()[1],
+            Request::Unsubscribe { unit: None }
+        );
+        assert!(hub.watched(&n).is_empty());
+    }
+
+    #[tokio::test]
+    async fn fan_out_is_deduplicated_per_sink_and_filtered_by_unit() {
+        let hub = Subscriptions::new(Duration::from_secs(5));
+        let n = node("n1");
+        let agent = online(&hub, "n1", 7);
+        let (both, mut rx_both) = hub.watcher(16);
+        let (only_b, mut rx_b) = hub.watcher(16);
+        both.watch(&n, Some(&unit("a.service"))).unwrap();
+        both.watch(&n, None).unwrap();
+        only_b.watch(&n, Some(&unit("b.service"))).unwrap();
+        drain(&mut rx_both);
+        hub.on_event(
+            &agent.session,
+            ev_state(ModTag::new(7, 1), "a.service", "active", "running"),
+        );
+        hub.on_event(
+            &agent.session,
+            ev_state(ModTag::new(7, 2), "b.service", "failed", "failed"),
+        );
+        // Stale, foreign guid, and an event of another session are dropped.
+        hub.on_event(
+            &agent.session,
+            ev_state(ModTag::new(7, 1), "a.service", "inactive", "dead"),
+        );
+        hub.on_event(
+            &agent.session,
+            ev_state(ModTag::new(99, 3), "a.service", "inactive", "dead"),
+        );
+        let (other, _) = Session::new(6, n.clone(), String::new());
+        hub.on_event(
+            &other,
+            ev_state(ModTag::new(6, 3), "a.service", "inactive", "dead"),
+        );
+        let got = drain(&mut rx_both);
+        assert_eq!(
+            got,
+            vec![
+                ("a.service".into(), state("active", "running", REAL)),
+                ("b.service".into(), state("failed", "failed", REAL)),
+            ]
+        );
+        assert_eq!(
+            drain(&mut rx_b),
+            vec![("b.service".into(), state("failed", "failed", REAL))]
+        );
+        // A late watcher of a loaded unit gets the virtual replay, alone.
+        let (late, mut rx_late) = hub.watcher(16);
+        late.watch(&n, Some(&unit("a.service"))).unwrap();
+        assert_eq!(
+            drain(&mut rx_late),
+            vec![
+                (
+                    "a.service".into(),
+                    Change::New {
+                        reason: Reason::Virtual
+                    }
+                ),
+                (
+                    "a.service".into(),
+                    state("active", "running", Reason::Virtual)
+                ),
+            ]
+        );
+        assert!(drain(&mut rx_both).is_empty());
+    }
+
+    #[tokio::test]
+    async fn disconnect_sends_virtual_offline_events_and_wildcard_pseudo_unit() {
+        let hub = Subscriptions::new(Duration::from_secs(5));
+        let n = node("n1");
+        let agent = online(&hub, "n1", 3);
+        let (w, mut rx) = hub.watcher(32);
+        w.watch(&n, None).unwrap();
+        assert_eq!(
+            drain(&mut rx),
+            vec![(
+                "*".into(),
+                Change::New {
+                    reason: Reason::Virtual
+                }
+            )]
+        );
+        hub.on_event(
+            &agent.session,
+            ev_state(ModTag::new(3, 1), "a.service", "active", "running"),
+        );
+        hub.on_event(
+            &agent.session,
+            Event::UnitNew {
+                tag: ModTag::new(3, 2),
+                unit: unit("b.service"),
+                reason: REAL,
+            },
+        );
+        drain(&mut rx);
+        hub.node_offline(&n, 2); // not the current session: ignored
+        assert!(drain(&mut rx).is_empty());
+        hub.node_offline(&n, 3);
+        let removed = Change::Removed {
+            reason: Reason::Virtual,
+        };
+        let offline = state("inactive", AGENT_OFFLINE, Reason::Virtual);
+        assert_eq!(
+            drain(&mut rx),
+            vec![
+                ("a.service".into(), offline.clone()),
+                ("a.service".into(), removed.clone()),
+                // b was inactive: only the removal.
+                ("b.service".into(), removed.clone()),
+                ("*".into(), offline),
+                ("*".into(), removed),
+            ]
+        );
+        let rec = hub.record(&n, &unit("a.service")).unwrap();
+        assert!(!rec.loaded);
+        assert_eq!(
+            rec.tag,
+            ModTag::new(3, 4),
+            "virtual tags continue the index"
+        );
+        // Back online: `*` watchers hear of it.
+        let _agent2 = online(&hub, "n1", 4);
+        assert_eq!(
+            drain(&mut rx),
+            vec![(
+                "*".into(),
+                Change::New {
+                    reason: Reason::Virtual
+                }
+            )]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stuck_watcher_is_dropped_not_buffered() {
+        let hub = Subscriptions::new(Duration::from_secs(5));
+        let n = node("n1");
+        let agent = online(&hub, "n1", 5);
+        let (stuck, mut rx_stuck) = hub.watcher(4);
+        let (fine, mut rx_fine) = hub.watcher(1024);
+        stuck.watch(&n, None).unwrap();
+        fine.watch(&n, None).unwrap();
+        drain(&mut rx_fine);
+        for i in 1..=100u64 {
+            let a = if i % 2 == 0 { "active" } else { "inactive" };
+            hub.on_event(
+                &agent.session,
+                ev_state(ModTag::new(5, i), "a.service", a, "x"),
+            );
+        }
+        assert!(!hub.has_sink(stuck.id()));
+        assert!(hub.has_sink(fine.id()));
+        assert_eq!(drain(&mut rx_fine).len(), 100);
+        // The stuck queue holds what fit and then ends.
+        let mut n_items = 0;
+        while rx_stuck.recv().await.is_some() {
+            n_items += 1;
+        }
+        assert_eq!(n_items, 4);
+        assert!(
+            stuck.watch(&n, None).is_none(),
+            "a dropped sink cannot watch"
+        );
+    }
+
+    #[tokio::test]
+    async fn snapshot_then_stream_has_no_gap_and_no_duplicate() {
+        let hub = Subscriptions::new(Duration::from_secs(5));
+        let n = node("n1");
+        let agent = online(&hub, "n1", 8);
+        let (w, mut rx) = hub.watcher(64);
+        w.watch(&n, None).unwrap();
+        w.watch(&n, Some(&unit("a.service"))).unwrap();
+        hub.on_event(
+            &agent.session,
+            ev_state(ModTag::new(8, 1), "a.service", "active", "running"),
+        );
+        let snap = w.snapshot().unwrap();
+        assert_eq!(
+            snap,
+            vec![(
+                "n1".into(),
+                "a.service".into(),
+                "active".into(),
+                "running".into(),
+                8,
+                1
+            )]
+        );
+        hub.on_event(
+            &agent.session,
+            ev_state(ModTag::new(8, 2), "a.service", "inactive", "dead"),
+        );
+        let items: Vec<_> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
+        let followed: Vec<_> = items.iter().filter(|d| d.follow).collect();
+        assert_eq!(followed.len(), 1);
+        assert_eq!(followed[0].event.tag, ModTag::new(8, 2));
+        assert!(
+            items
+                .iter()
+                .filter(|d| !d.follow)
+                .all(|d| d.event.tag.index <= 1),
+            "what the snapshot holds is not marked"
+        );
+    }
+}
