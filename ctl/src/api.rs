@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use zbus::{ObjectPath, OwnedObjectPath, proxy};
+use zbus::{ObjectPath, OwnedObjectPath, OwnedVariant, proxy};
 
 /// The well-known bus name drover-manager owns.
 pub const BUS_NAME: &str = "org.eclipse.bluechi";
@@ -41,6 +41,20 @@ pub type UnitTuple = (
 /// One entry of `Controller.ListNodes` `a(soss)`: name, object path, status, peer IP.
 pub type NodeTuple = (String, OwnedObjectPath, String, String);
 
+/// One entry of systemd's `ListUnitFiles` `a(ss)`: unit file path, enablement state.
+pub type UnitFileTuple = (String, String);
+
+/// One change of `EnableUnitFiles` & co `a(sss)`: type (`symlink`/`unlink`), file,
+/// destination.
+pub type ChangeTuple = (String, String, String);
+
+/// One entry of `io.drover.Controller.ListProxies` `a(sssssu)`: requesting node, target
+/// node, unit, proxy state, target active state, number of references on the target.
+pub type ProxyTuple = (String, String, String, String, String, u32);
+
+/// The path of the Metrics object (exported only while metrics are enabled).
+pub const METRICS_PATH: &str = "/org/eclipse/bluechi/metrics";
+
 #[proxy(
     interface = "org.eclipse.bluechi.Controller",
     default_service = "org.eclipse.bluechi",
@@ -52,6 +66,21 @@ pub trait Controller {
 
     /// `ListNodes() -> a(soss)`.
     fn list_nodes(&self) -> zbus::Result<Vec<NodeTuple>>;
+
+    /// `ListUnitFiles() -> a{sa(ss)}`: unit files of every online node, keyed by node.
+    fn list_unit_files(&self) -> zbus::Result<HashMap<String, Vec<UnitFileTuple>>>;
+
+    /// `CreateMonitor() -> o`: a monitor owned by this connection.
+    fn create_monitor(&self) -> zbus::Result<OwnedObjectPath>;
+
+    /// `EnableMetrics()`.
+    fn enable_metrics(&self) -> zbus::Result<()>;
+
+    /// `DisableMetrics()`.
+    fn disable_metrics(&self) -> zbus::Result<()>;
+
+    /// `SetLogLevel(s)`: the manager's own log level.
+    fn set_log_level(&self, level: &str) -> zbus::Result<()>;
 
     /// `JobRemoved(u id, o job, s node, s unit, s result)`.
     #[zbus(signal)]
@@ -83,9 +112,127 @@ pub trait Node {
     fn list_units(&self) -> zbus::Result<Vec<UnitTuple>>;
     /// `Reload()`: systemd daemon-reload on the node.
     fn reload(&self) -> zbus::Result<()>;
+    /// `GetUnitProperties(s name, s interface) -> a{sv}` (empty interface = all).
+    fn get_unit_properties(
+        &self,
+        name: &str,
+        interface: &str,
+    ) -> zbus::Result<HashMap<String, OwnedVariant>>;
+    /// `EnableUnitFiles(as files, b runtime, b force) -> (b, a(sss))`.
+    fn enable_unit_files(
+        &self,
+        files: &[&str],
+        runtime: bool,
+        force: bool,
+    ) -> zbus::Result<(bool, Vec<ChangeTuple>)>;
+    /// `DisableUnitFiles(as files, b runtime) -> a(sss)`.
+    fn disable_unit_files(&self, files: &[&str], runtime: bool) -> zbus::Result<Vec<ChangeTuple>>;
+    /// `GetUnitFileState(s file) -> s`.
+    fn get_unit_file_state(&self, file: &str) -> zbus::Result<String>;
+    /// `ListUnitFiles() -> a(ss)`.
+    fn list_unit_files(&self) -> zbus::Result<Vec<UnitFileTuple>>;
+    /// `FreezeUnit(s)`.
+    fn freeze_unit(&self, name: &str) -> zbus::Result<()>;
+    /// `ThawUnit(s)`.
+    fn thaw_unit(&self, name: &str) -> zbus::Result<()>;
+    /// `KillUnit(s name, s who, i signal)`.
+    fn kill_unit(&self, name: &str, who: &str, signal: i32) -> zbus::Result<()>;
+    /// `ResetFailed()`: every failed unit of the node.
+    fn reset_failed(&self) -> zbus::Result<()>;
+    /// `ResetFailedUnit(s)`.
+    fn reset_failed_unit(&self, name: &str) -> zbus::Result<()>;
+    /// `GetDefaultTarget() -> s`.
+    fn get_default_target(&self) -> zbus::Result<String>;
+    /// `SetDefaultTarget(s target, b force) -> a(sss)`.
+    fn set_default_target(&self, target: &str, force: bool) -> zbus::Result<Vec<ChangeTuple>>;
+    /// `SetLogLevel(s)`: the log level of the node's agent.
+    fn set_log_level(&self, level: &str) -> zbus::Result<()>;
     /// Realtime µs of the node's registration or last heartbeat; 0 = never seen.
     #[zbus(property(emits_changed_signal = "false"))]
     fn last_seen_timestamp(&self) -> zbus::Result<u64>;
+}
+
+/// drover's extension of the controller object (not in BlueChi).
+#[proxy(
+    interface = "io.drover.Controller",
+    default_service = "org.eclipse.bluechi",
+    default_path = "/org/eclipse/bluechi"
+)]
+pub trait DroverController {
+    /// `ListProxies() -> a(sssssu)`.
+    fn list_proxies(&self) -> zbus::Result<Vec<ProxyTuple>>;
+}
+
+/// A monitor object (`Controller.CreateMonitor`); signals go only to its owner and peers.
+#[proxy(
+    interface = "org.eclipse.bluechi.Monitor",
+    default_service = "org.eclipse.bluechi",
+    assume_defaults = false
+)]
+pub trait Monitor {
+    /// `Subscribe(s node, s unit) -> u id`; `*` for every node / every unit.
+    fn subscribe(&self, node: &str, unit: &str) -> zbus::Result<u32>;
+    /// `SubscribeList(s node, as units) -> u id`.
+    fn subscribe_list(&self, node: &str, units: &[&str]) -> zbus::Result<u32>;
+    /// `Unsubscribe(u id)`.
+    fn unsubscribe(&self, id: u32) -> zbus::Result<()>;
+    /// `Close()`.
+    fn close(&self) -> zbus::Result<()>;
+
+    /// `UnitNew(s node, s unit, s reason)`.
+    #[zbus(signal)]
+    fn unit_new(&self, node: &str, unit: &str, reason: &str) -> zbus::Result<()>;
+    /// `UnitRemoved(s node, s unit, s reason)`.
+    #[zbus(signal)]
+    fn unit_removed(&self, node: &str, unit: &str, reason: &str) -> zbus::Result<()>;
+    /// `UnitStateChanged(s node, s unit, s active_state, s sub_state, s reason)`.
+    #[zbus(signal)]
+    fn unit_state_changed(
+        &self,
+        node: &str,
+        unit: &str,
+        active_state: &str,
+        sub_state: &str,
+        reason: &str,
+    ) -> zbus::Result<()>;
+    /// `UnitPropertiesChanged(s node, s unit, s interface, a{sv} props)`.
+    #[zbus(signal)]
+    fn unit_properties_changed(
+        &self,
+        node: &str,
+        unit: &str,
+        interface: &str,
+        props: HashMap<String, OwnedVariant>,
+    ) -> zbus::Result<()>;
+}
+
+/// The metrics object; it exists only while metrics are enabled, but its signals can
+/// be matched at any time.
+#[proxy(
+    interface = "org.eclipse.bluechi.Metrics",
+    default_service = "org.eclipse.bluechi",
+    default_path = "/org/eclipse/bluechi/metrics"
+)]
+pub trait Metrics {
+    /// `StartUnitJobMetrics(s node, s job, s unit, t job_us, t unit_start_us)`.
+    #[zbus(signal)]
+    fn start_unit_job_metrics(
+        &self,
+        node_name: &str,
+        job_id: &str,
+        unit: &str,
+        job_measured_time_micros: u64,
+        unit_start_prop_time_micros: u64,
+    ) -> zbus::Result<()>;
+    /// `AgentJobMetrics(s node, s unit, s method, t systemd_job_us)`.
+    #[zbus(signal)]
+    fn agent_job_metrics(
+        &self,
+        node_name: &str,
+        unit: &str,
+        method: &str,
+        systemd_job_time_micros: u64,
+    ) -> zbus::Result<()>;
 }
 
 /// Escape one object-path label the way systemd (and BlueChi) do: every byte that is

@@ -104,6 +104,151 @@ pub fn parse_glob(s: &str) -> Result<glob::Pattern, String> {
     glob::Pattern::new(s).map_err(|e| format!("invalid glob: {e}"))
 }
 
+/// `*` (every node / every unit, as in BlueChi's monitor API) or a name.
+pub const WILDCARD: &str = "*";
+
+/// A node name, or `*` for every node.
+pub fn parse_node_or_wildcard(s: &str) -> Result<String, String> {
+    if s == WILDCARD {
+        return Ok(s.to_owned());
+    }
+    parse_node(s).map(|n| n.to_string())
+}
+
+/// Comma-separated unit names (`a,b.socket`), each may be `*`; without a type suffix
+/// a unit gets `.service`. Empty entries (`a,,b`, a trailing comma) are refused: they
+/// are typos, not wishes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnitList(pub Vec<String>);
+
+pub fn parse_unit_list(s: &str) -> Result<UnitList, String> {
+    let mut units = Vec::new();
+    for part in s.split(',') {
+        if part.is_empty() {
+            return Err(format!("empty unit name in the list '{s}'"));
+        }
+        if part == WILDCARD {
+            units.push(part.to_owned());
+        } else {
+            units.push(parse_unit(part)?.to_string());
+        }
+    }
+    Ok(UnitList(units))
+}
+
+/// Linux signal names `--signal` accepts (with or without `SIG`), and their numbers.
+const SIGNAL_NAMES: &[(&str, i32)] = &[
+    ("HUP", libc::SIGHUP),
+    ("INT", libc::SIGINT),
+    ("QUIT", libc::SIGQUIT),
+    ("ILL", libc::SIGILL),
+    ("TRAP", libc::SIGTRAP),
+    ("ABRT", libc::SIGABRT),
+    ("IOT", libc::SIGIOT),
+    ("BUS", libc::SIGBUS),
+    ("FPE", libc::SIGFPE),
+    ("KILL", libc::SIGKILL),
+    ("USR1", libc::SIGUSR1),
+    ("SEGV", libc::SIGSEGV),
+    ("USR2", libc::SIGUSR2),
+    ("PIPE", libc::SIGPIPE),
+    ("ALRM", libc::SIGALRM),
+    ("TERM", libc::SIGTERM),
+    ("STKFLT", libc::SIGSTKFLT),
+    ("CHLD", libc::SIGCHLD),
+    ("CONT", libc::SIGCONT),
+    ("STOP", libc::SIGSTOP),
+    ("TSTP", libc::SIGTSTP),
+    ("TTIN", libc::SIGTTIN),
+    ("TTOU", libc::SIGTTOU),
+    ("URG", libc::SIGURG),
+    ("XCPU", libc::SIGXCPU),
+    ("XFSZ", libc::SIGXFSZ),
+    ("VTALRM", libc::SIGVTALRM),
+    ("PROF", libc::SIGPROF),
+    ("WINCH", libc::SIGWINCH),
+    ("IO", libc::SIGIO),
+    ("POLL", libc::SIGPOLL),
+    ("PWR", libc::SIGPWR),
+    ("SYS", libc::SIGSYS),
+];
+
+/// Highest signal number Linux has (`SIGRTMAX` of the kernel).
+pub const MAX_SIGNAL: i32 = 64;
+
+/// `--signal`: a number 1..=64, or a name such as `TERM`, `SIGTERM`, `sigkill`,
+/// `RTMIN+3`, `RTMAX-1` (real-time names count from the C library's `SIGRTMIN`, as
+/// `kill -l` does; the nodes run Linux with the same convention).
+pub fn parse_signal(s: &str) -> Result<i32, String> {
+    let bad = || {
+        format!(
+            "invalid signal '{s}': give a number 1..={MAX_SIGNAL} or a name such as TERM, SIGKILL, RTMIN+1"
+        )
+    };
+    if let Ok(n) = s.parse::<i64>() {
+        return match i32::try_from(n) {
+            Ok(n) if (1..=MAX_SIGNAL).contains(&n) => Ok(n),
+            _ => Err(bad()),
+        };
+    }
+    let upper = s.to_ascii_uppercase();
+    let name = upper.strip_prefix("SIG").unwrap_or(&upper);
+    if let Some(&(_, n)) = SIGNAL_NAMES.iter().find(|(known, _)| *known == name) {
+        return Ok(n);
+    }
+    let rt = |base: i32, rest: &str, sign: i32| -> Result<i32, String> {
+        let off: i32 = if rest.is_empty() {
+            0
+        } else {
+            rest.parse().map_err(|_| bad())?
+        };
+        let n = base + sign * off;
+        if off < 0 || !(libc::SIGRTMIN()..=libc::SIGRTMAX()).contains(&n) {
+            return Err(bad());
+        }
+        Ok(n)
+    };
+    if let Some(rest) = name.strip_prefix("RTMIN") {
+        let rest = rest.strip_prefix('+').unwrap_or(rest);
+        return rt(libc::SIGRTMIN(), rest, 1);
+    }
+    if let Some(rest) = name.strip_prefix("RTMAX") {
+        let rest = rest.strip_prefix('-').unwrap_or(rest);
+        return rt(libc::SIGRTMAX(), rest, -1);
+    }
+    Err(bad())
+}
+
+/// The log levels drover-manager and drover-agent accept (BlueChi's words).
+pub const LOG_LEVELS: [&str; 4] = ["DEBUG", "INFO", "WARN", "ERROR"];
+
+/// A log level; any case is accepted and sent upper-case, as the API wants it.
+pub fn parse_log_level(s: &str) -> Result<String, String> {
+    let upper = s.to_ascii_uppercase();
+    if LOG_LEVELS.contains(&upper.as_str()) {
+        Ok(upper)
+    } else {
+        Err(format!(
+            "invalid log level '{s}': one of {}",
+            LOG_LEVELS.join(", ")
+        ))
+    }
+}
+
+/// A target unit (`set-default`); without a suffix `.target` is assumed.
+pub fn parse_target(s: &str) -> Result<UnitName, String> {
+    let with_suffix = if s.contains('.') {
+        s.to_owned()
+    } else {
+        format!("{s}.target")
+    };
+    let unit = parse_unit(&with_suffix)?;
+    if unit.unit_type() != "target" || unit.is_template() {
+        return Err(format!("'{s}' is not a target unit"));
+    }
+    Ok(unit)
+}
+
 /// Longest `--timeout` accepted: a week. Longer is a typo, not a wish.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
 
@@ -150,7 +295,7 @@ mod tests {
         usage_error(&["frob"], "Usage");
         usage_error(&["--frob", "status"], "Usage");
         usage_error(&["status", "--frob"], "Usage");
-        usage_error(&["status", "a", "b"], "Usage");
+        usage_error(&["proxies", "a", "b"], "Usage");
         usage_error(&["start", "a"], "Usage");
         usage_error(&["start"], "Usage");
         usage_error(&["start", "a", "web", "extra"], "Usage");
@@ -235,6 +380,109 @@ mod tests {
         ] {
             parse(cmd).unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
         }
+    }
+
+    #[test]
+    fn signals() {
+        assert_eq!(parse_signal("15"), Ok(15));
+        assert_eq!(parse_signal("1"), Ok(1));
+        assert_eq!(parse_signal("64"), Ok(64));
+        assert_eq!(parse_signal("TERM"), Ok(libc::SIGTERM));
+        assert_eq!(parse_signal("SIGKILL"), Ok(libc::SIGKILL));
+        assert_eq!(parse_signal("sigusr1"), Ok(libc::SIGUSR1));
+        assert_eq!(parse_signal("RTMIN"), Ok(libc::SIGRTMIN()));
+        assert_eq!(parse_signal("RTMIN+2"), Ok(libc::SIGRTMIN() + 2));
+        assert_eq!(parse_signal("SIGRTMAX-1"), Ok(libc::SIGRTMAX() - 1));
+        for bad in [
+            "0",
+            "65",
+            "-9",
+            "99999999999",
+            "",
+            "TERMX",
+            "SIG",
+            "RTMIN+99",
+            "RTMAX-x",
+            "1.5",
+        ] {
+            assert!(parse_signal(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn unit_lists_and_wildcards() {
+        assert_eq!(
+            parse_unit_list("a,b.socket,*").unwrap().0,
+            ["a.service", "b.socket", "*"]
+        );
+        assert!(parse_unit_list("a,,b").is_err());
+        assert!(parse_unit_list("a,").is_err());
+        assert!(parse_unit_list("").is_err());
+        assert!(parse_unit_list("a b").is_err());
+        assert_eq!(parse_node_or_wildcard("*"), Ok("*".to_owned()));
+        assert!(parse_node_or_wildcard("a*").is_err());
+        assert_eq!(parse_log_level("warn"), Ok("WARN".to_owned()));
+        assert!(parse_log_level("TRACE").is_err());
+        assert_eq!(
+            parse_target("multi-user").unwrap().as_str(),
+            "multi-user.target"
+        );
+        assert!(parse_target("web.service").is_err());
+    }
+
+    #[test]
+    fn new_commands_parse_and_reject_garbage() {
+        for cmd in [
+            &["monitor"][..],
+            &["monitor", "*"],
+            &["monitor", "n1", "a,b.socket"],
+            &["monitor", "*", "*"],
+            &["status", "n1", "a", "b.socket", "-w"],
+            &["status", "-w"],
+            &["status", "n1", "--watch"],
+            &["list-unit-files", "n1", "--filter", "web*"],
+            &["enable", "n1", "a", "b", "-f", "--runtime", "--no-reload"],
+            &["disable", "n1", "a", "--runtime", "--no-reload"],
+            &["is-enabled", "n1", "a"],
+            &["freeze", "n1", "a"],
+            &["thaw", "n1", "a"],
+            &["kill", "n1", "a", "--kill-whom=main", "--signal=KILL"],
+            &["kill", "n1", "a", "--signal", "9"],
+            &["reset-failed"],
+            &["reset-failed", "n1"],
+            &["reset-failed", "n1", "a", "b"],
+            &["get-default", "n1"],
+            &["set-default", "n1", "multi-user.target"],
+            &["set-loglevel", "DEBUG"],
+            &["set-loglevel", "n1", "info"],
+            &["metrics", "enable"],
+            &["metrics", "disable"],
+            &["metrics", "listen"],
+            &["proxies"],
+            &["proxies", "n1"],
+        ] {
+            parse(cmd).unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+        }
+        usage_error(&["kill", "n1", "a", "--signal=0"], "invalid signal");
+        usage_error(&["kill", "n1", "a", "--signal=65"], "invalid signal");
+        usage_error(&["kill", "n1", "a", "--signal=TERMINATE"], "invalid signal");
+        usage_error(&["kill", "n1", "a", "--kill-whom=some"], "some");
+        usage_error(&["monitor", "n_1"], "invalid node name");
+        usage_error(&["monitor", "n1", "a,,b"], "empty unit name");
+        usage_error(&["monitor", "n1", "a", "b"], "Usage");
+        usage_error(&["enable", "n1"], "Usage");
+        usage_error(&["enable", "n1", "a b"], "invalid unit name");
+        usage_error(&["disable", "n1", "a", "--force"], "--force");
+        usage_error(&["is-enabled", "n1"], "Usage");
+        usage_error(&["is-enabled", "n1", "a", "b"], "Usage");
+        usage_error(&["set-default", "n1", "web.service"], "not a target");
+        usage_error(&["get-default"], "Usage");
+        usage_error(&["metrics", "start"], "start");
+        usage_error(&["metrics"], "Usage");
+        usage_error(&["set-loglevel"], "Usage");
+        usage_error(&["set-loglevel", "a", "b", "c"], "Usage");
+        usage_error(&["freeze", "n1", "foo@"], "template");
+        usage_error(&["list-unit-files", "--filter", "["], "invalid glob");
     }
 
     #[test]

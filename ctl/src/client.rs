@@ -16,7 +16,10 @@ use std::time::Duration;
 use drover_protocol::{NodeName, UnitName};
 use zbus::{Connection, DBusError as _, proxy::CacheProperties};
 
-use crate::api::{BUS_NAME, ControllerProxy, NodeProxy, node_path};
+use crate::api::{
+    BUS_NAME, ControllerProxy, DroverControllerProxy, MetricsProxy, MonitorProxy, NodeProxy,
+    node_path,
+};
 use crate::error::CtlError;
 
 /// Method calls give up after this long. The manager answers node calls within its
@@ -105,7 +108,9 @@ pub struct CallContext<'a> {
     pub unit: Option<&'a UnitName>,
 }
 
-/// A connection to one bus plus the proxies droverctl needs on it.
+/// A connection to one bus plus the proxies droverctl needs on it. Cloning is cheap
+/// (the connection is shared).
+#[derive(Clone)]
 pub struct Client {
     conn: Connection,
     target: BusTarget,
@@ -147,6 +152,42 @@ impl Client {
             .build()
             .await
             .map_err(|e| self.local_error("creating the node proxy", e))
+    }
+
+    /// drover's extension interface on the controller object.
+    pub async fn drover_controller(&self) -> Result<DroverControllerProxy<'static>, CtlError> {
+        DroverControllerProxy::builder(&self.conn)
+            .cache_properties(CacheProperties::No)
+            .build()
+            .await
+            .map_err(|e| self.local_error("creating the io.drover.Controller proxy", e))
+    }
+
+    /// The monitor at `path` (as `CreateMonitor` returned it).
+    pub async fn monitor(&self, path: &str) -> Result<MonitorProxy<'static>, CtlError> {
+        MonitorProxy::builder(&self.conn)
+            .path(path.to_owned())
+            .cache_properties(CacheProperties::No)
+            .build()
+            .await
+            .map_err(|e| self.local_error("creating the monitor proxy", e))
+    }
+
+    /// The metrics object (its signals can be matched while it is not exported).
+    pub async fn metrics(&self) -> Result<MetricsProxy<'static>, CtlError> {
+        MetricsProxy::builder(&self.conn)
+            .cache_properties(CacheProperties::No)
+            .build()
+            .await
+            .map_err(|e| self.local_error("creating the metrics proxy", e))
+    }
+
+    /// The result of a call, with a failure turned into the user-facing error.
+    pub async fn check<T>(&self, r: zbus::Result<T>, ctx: CallContext<'_>) -> Result<T, CtlError> {
+        match r {
+            Ok(v) => Ok(v),
+            Err(e) => Err(self.classify(e, ctx).await),
+        }
     }
 
     fn local_error(&self, what: &str, e: zbus::Error) -> CtlError {

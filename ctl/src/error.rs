@@ -83,6 +83,25 @@ pub enum CtlError {
         node: String,
     },
 
+    /// drover-manager released its name while a long-running command (`monitor`,
+    /// `status -w`, `metrics listen`) followed it.
+    #[error("drover-manager left {bus}; stopped {what}")]
+    ManagerLeft { bus: String, what: &'static str },
+
+    /// `status NODE UNIT...`: some units do not exist; each was already reported on
+    /// stderr as `Unit X could not be found.` (bluechictl's words).
+    #[error("{} unit(s) not found on node {node}: {}", .units.len(), .units.join(", "))]
+    UnitsNotFound { node: String, units: Vec<String> },
+
+    /// `is-enabled`: the state (already printed) is not an enabled one. Like
+    /// `systemctl is-enabled`, only the exit status says so.
+    #[error("unit {unit} on node {node} is {state}")]
+    NotEnabled {
+        unit: String,
+        node: String,
+        state: String,
+    },
+
     /// Any other D-Bus error, passed through with its name so nothing is hidden.
     #[error("{what} failed: {name}: {message}")]
     DBus {
@@ -103,6 +122,15 @@ impl CtlError {
             CtlError::Usage(_) => EXIT_USAGE,
             _ => EXIT_FAILED,
         }
+    }
+
+    /// Whether the command already told the user everything (stdout or stderr), so
+    /// the binary adds no `droverctl: ...` line, only the exit status.
+    pub fn is_quiet(&self) -> bool {
+        matches!(
+            self,
+            CtlError::UnitsNotFound { .. } | CtlError::NotEnabled { .. }
+        )
     }
 }
 

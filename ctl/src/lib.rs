@@ -12,6 +12,8 @@
 //! * [`commands`]: one file per command, and the list that makes the command enum;
 //! * [`client`]: bus choice, connection, D-Bus error → [`CtlError`] mapping;
 //! * [`api`]: zbus proxies for the members used, node object paths;
+//! * [`follow`]: what `monitor`, `status -w` and `metrics listen` share (one ordered
+//!   signal stream, Ctrl-C, noticing that the manager left);
 //! * [`output`]: tables, JSON, timestamps (pure, unit-tested);
 //! * [`error`]: the error type and the exit-code contract.
 //!
@@ -23,6 +25,7 @@ pub mod cli;
 pub mod client;
 pub mod commands;
 pub mod error;
+pub mod follow;
 pub mod output;
 
 use std::io::Write;
@@ -61,7 +64,9 @@ pub fn main() -> ExitCode {
     match runtime.block_on(run(cli, env_bus.as_deref(), out)) {
         Ok(()) => ExitCode::from(EXIT_OK),
         Err(e) => {
-            eprintln!("droverctl: {e}");
+            if !e.is_quiet() {
+                eprintln!("droverctl: {e}");
+            }
             ExitCode::from(e.exit_code())
         }
     }

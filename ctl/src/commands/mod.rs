@@ -12,9 +12,17 @@ use crate::client::{BusTarget, Client};
 use crate::error::CtlError;
 
 pub mod daemon_reload;
+pub mod default_target;
+pub mod list_unit_files;
 pub mod list_units;
+pub mod loglevel;
+pub mod metrics;
+pub mod monitor;
+pub mod proxies;
 pub mod status;
+pub mod unit_files;
 pub mod unit_job;
+pub mod unit_ops;
 pub mod version;
 
 /// What every command implements.
@@ -45,10 +53,14 @@ macro_rules! commands {
 }
 
 commands! {
-    /// Show the nodes: state, IP address, when last seen
+    /// Show the nodes (state, IP, last seen), or units of a node; -w follows changes
     Status(status::Status),
     /// List the units of all online nodes, or of one node
     ListUnits(list_units::ListUnits),
+    /// List the unit files of all online nodes, or of one node
+    ListUnitFiles(list_unit_files::ListUnitFiles),
+    /// Print unit events (created, state changed, properties changed, removed) until Ctrl-C
+    Monitor(monitor::Monitor),
     /// Start a unit on a node and wait for the job to finish
     Start(unit_job::Start),
     /// Stop a unit on a node and wait for the job to finish
@@ -59,6 +71,30 @@ commands! {
     Reload(unit_job::Reload),
     /// Make systemd on a node reload its unit files
     DaemonReload(daemon_reload::DaemonReload),
+    /// Enable unit files on a node (then daemon-reload unless --no-reload)
+    Enable(unit_files::Enable),
+    /// Disable unit files on a node (then daemon-reload unless --no-reload)
+    Disable(unit_files::Disable),
+    /// Print the enablement state of a unit file; exit 0 only if it is enabled
+    IsEnabled(unit_files::IsEnabled),
+    /// Freeze a unit (its processes are suspended through the cgroup freezer)
+    Freeze(unit_ops::Freeze),
+    /// Thaw a frozen unit
+    Thaw(unit_ops::Thaw),
+    /// Send a signal to the processes of a unit
+    Kill(unit_ops::Kill),
+    /// Reset the failed state of all units of all nodes, of one node, or of some units
+    ResetFailed(unit_ops::ResetFailed),
+    /// Print the default target of a node
+    GetDefault(default_target::GetDefault),
+    /// Set the default target of a node
+    SetDefault(default_target::SetDefault),
+    /// Set the log level of the manager, or of one node's agent
+    SetLoglevel(loglevel::SetLoglevel),
+    /// Enable or disable metrics, or print metrics signals until Ctrl-C
+    Metrics(metrics::Metrics),
+    /// Show cross-node dependencies (proxies): who depends on which unit of which node
+    Proxies(proxies::Proxies),
     /// Print droverctl's version
     Version(version::Version),
 }
@@ -95,6 +131,14 @@ impl Context {
         self.client
             .as_ref()
             .ok_or_else(|| CtlError::Other("no bus connection".to_owned()))
+    }
+
+    /// A message for stderr (bluechictl prints some results there, e.g. the
+    /// symlinks `enable` created).
+    pub fn warn(&mut self, text: &str) {
+        let mut err = std::io::stderr().lock();
+        let _ = err.write_all(text.as_bytes());
+        let _ = err.flush();
     }
 
     /// Write already rendered output (a table or a JSON document) and flush it, so

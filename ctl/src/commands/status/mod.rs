@@ -1,20 +1,28 @@
-//! `status [NODE]`: the nodes drover-manager knows, as bluechictl prints them.
+//! `status [NODE] [-w]`: the nodes drover-manager knows, as bluechictl prints them;
+//! `status NODE UNIT... [-w]`: units of one node (see [`units`]).
 //!
 //! Table `NODE | STATE | IP | LAST SEEN` with bluechictl's column widths (30, 10, 24,
 //! 28). LAST SEEN is `now` for an online node, `never` for an offline node with a zero
 //! `LastSeenTimestamp`, else the local time of the last contact. Data: one
 //! `Controller.ListNodes`, plus `LastSeenTimestamp` of each offline node (online nodes
 //! need none, which keeps a fleet-wide status cheap).
+//!
+//! `-w` reprints the table whenever a node object emits `PropertiesChanged` (its
+//! `Status` changes), until Ctrl-C; on a terminal the screen is cleared first, into a
+//! pipe the tables follow one another (with `--json`: one compact array per line).
+
+pub mod units;
 
 use futures::stream::{self, StreamExt, TryStreamExt};
 use serde::Serialize;
 
-use drover_protocol::NodeName;
+use drover_protocol::{NodeName, UnitName};
 
-use crate::cli::parse_node;
+use crate::cli::{parse_node, parse_unit};
 use crate::client::{CallContext, Client};
 use crate::commands::{Context, Run};
 use crate::error::CtlError;
+use crate::follow::{self, CLEAR_SCREEN, ManagerWatch};
 use crate::output::{Width, json, local_time, table};
 
 /// How many `LastSeenTimestamp` reads are in flight at once.
@@ -25,6 +33,14 @@ pub struct Status {
     /// Show only this node
     #[arg(value_name = "NODE", value_parser = parse_node)]
     pub node: Option<NodeName>,
+
+    /// Show these units of NODE instead; without a type suffix '.service' is assumed
+    #[arg(value_name = "UNIT", value_parser = parse_unit, requires = "node")]
+    pub units: Vec<UnitName>,
+
+    /// Keep watching and reprint on every change, until Ctrl-C
+    #[arg(short, long)]
+    pub watch: bool,
 }
 
 /// When a node was last in contact with the manager.
@@ -101,7 +117,11 @@ pub fn render_table(nodes: &[NodeStatus]) -> String {
 }
 
 pub fn render_json(nodes: &[NodeStatus]) -> String {
-    let docs: Vec<NodeStatusJson<'_>> = nodes
+    json(&json_docs(nodes))
+}
+
+fn json_docs(nodes: &[NodeStatus]) -> Vec<NodeStatusJson<'_>> {
+    nodes
         .iter()
         .map(|n| NodeStatusJson {
             node: &n.name,
@@ -114,8 +134,7 @@ pub fn render_json(nodes: &[NodeStatus]) -> String {
                 LastSeen::At(u) => Some(u),
             },
         })
-        .collect();
-    json(&docs)
+        .collect()
 }
 
 async fn last_seen(client: &Client, name: &str, path: String) -> Result<u64, CtlError> {
@@ -133,56 +152,105 @@ async fn last_seen(client: &Client, name: &str, path: String) -> Result<u64, Ctl
     }
 }
 
+/// The rows for `status [NODE]`.
+async fn fetch(client: &Client, only: Option<&NodeName>) -> Result<Vec<NodeStatus>, CtlError> {
+    let controller = client.controller().await?;
+    let cc = CallContext {
+        what: "ListNodes",
+        ..Default::default()
+    };
+    let listed = client.check(controller.list_nodes().await, cc).await?;
+    let selected: Vec<_> = match only {
+        Some(want) => {
+            let one: Vec<_> = listed
+                .into_iter()
+                .filter(|(name, ..)| name == want.as_str())
+                .collect();
+            if one.is_empty() {
+                return Err(CtlError::NodeNotFound(want.to_string()));
+            }
+            one
+        }
+        None => listed,
+    };
+    stream::iter(selected)
+        .map(|(name, path, state, ip)| async move {
+            let last_seen = if state == "online" {
+                LastSeen::Now
+            } else {
+                LastSeen::from_timestamp(last_seen(client, &name, path.to_string()).await?)
+            };
+            Ok::<_, CtlError>(NodeStatus {
+                name,
+                state,
+                ip,
+                last_seen,
+            })
+        })
+        .buffered(PARALLEL_READS)
+        .try_collect()
+        .await
+}
+
+/// Output for one (re)print. `watch` makes JSON one compact line per table.
+fn render(nodes: &[NodeStatus], json_mode: bool, watch: bool) -> String {
+    match (json_mode, watch) {
+        (true, false) => render_json(nodes),
+        (true, true) => {
+            let mut s = serde_json::to_string(&json_docs(nodes)).unwrap_or_default();
+            s.push('\n');
+            s
+        }
+        (false, _) => render_table(nodes),
+    }
+}
+
 impl Run for Status {
     async fn run(self, ctx: &mut Context) -> Result<(), CtlError> {
-        let client = ctx.client().await?;
-        let controller = client.controller().await?;
-        let listed = match controller.list_nodes().await {
-            Ok(l) => l,
-            Err(e) => {
-                let cc = CallContext {
-                    what: "ListNodes",
-                    ..Default::default()
-                };
-                return Err(client.classify(e, cc).await);
+        if !self.units.is_empty() {
+            let Some(node) = self.node else {
+                return Err(CtlError::Usage("units need a node".to_owned()));
+            };
+            return units::run(ctx, node, self.units, self.watch).await;
+        }
+        let client = ctx.client().await?.clone();
+        if !self.watch {
+            let nodes = fetch(&client, self.node.as_ref()).await?;
+            let text = render(&nodes, ctx.json(), false);
+            return ctx.emit(&text);
+        }
+
+        let mut manager = ManagerWatch::new(&client, "watching").await?;
+        // Subscribe before the first print so no change falls between the two.
+        let mut changes = follow::signal_stream(
+            &client,
+            "/org/eclipse/bluechi/node",
+            true,
+            "org.freedesktop.DBus.Properties",
+        )
+        .await?;
+        let clear = follow::stdout_is_tty();
+        let interrupted = follow::interrupted();
+        tokio::pin!(interrupted);
+        loop {
+            let nodes = fetch(&client, self.node.as_ref()).await?;
+            let mut text = if clear {
+                CLEAR_SCREEN.to_owned()
+            } else {
+                String::new()
+            };
+            text.push_str(&render(&nodes, ctx.json(), true));
+            ctx.emit(&text)?;
+            tokio::select! {
+                msg = follow::next_signal(&mut changes, &client) => { msg?; }
+                gone = manager.gone() => return Err(gone),
+                r = &mut interrupted => return r,
             }
-        };
-        let selected: Vec<_> = match &self.node {
-            Some(want) => {
-                let one: Vec<_> = listed
-                    .into_iter()
-                    .filter(|(name, ..)| name == want.as_str())
-                    .collect();
-                if one.is_empty() {
-                    return Err(CtlError::NodeNotFound(want.to_string()));
-                }
-                one
+            // One reprint for a burst of changes (several nodes at once).
+            while let Some(Some(msg)) = futures::FutureExt::now_or_never(changes.next()) {
+                msg.map_err(|e| CtlError::Other(format!("reading signals failed: {e}")))?;
             }
-            None => listed,
-        };
-        let nodes: Vec<NodeStatus> = stream::iter(selected)
-            .map(|(name, path, state, ip)| async move {
-                let last_seen = if state == "online" {
-                    LastSeen::Now
-                } else {
-                    LastSeen::from_timestamp(last_seen(client, &name, path.to_string()).await?)
-                };
-                Ok::<_, CtlError>(NodeStatus {
-                    name,
-                    state,
-                    ip,
-                    last_seen,
-                })
-            })
-            .buffered(PARALLEL_READS)
-            .try_collect()
-            .await?;
-        let text = if ctx.json() {
-            render_json(&nodes)
-        } else {
-            render_table(&nodes)
-        };
-        ctx.emit(&text)
+        }
     }
 }
 

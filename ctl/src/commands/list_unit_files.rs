@@ -1,0 +1,169 @@
+//! `list-unit-files [NODE] [--filter GLOB]`: unit files of every online node
+//! (`Controller.ListUnitFiles`) or of one node (`Node.ListUnitFiles`).
+//!
+//! Table `NODE | PATH | IS-ENABLED` (bluechictl's), each column as wide as its widest
+//! value, rows sorted by node then path. The glob matches the unit file's name (as
+//! with `systemctl list-unit-files PATTERN`) or its whole path (as bluechictl does),
+//! so both `--filter 'web*'` and `--filter '/etc/*'` work.
+
+use serde::Serialize;
+
+use drover_protocol::NodeName;
+
+use crate::api::UnitFileTuple;
+use crate::cli::{parse_glob, parse_node};
+use crate::client::CallContext;
+use crate::commands::{Context, Run};
+use crate::error::CtlError;
+use crate::output::{Width, json, table};
+
+#[derive(Debug, clap::Args)]
+pub struct ListUnitFiles {
+    /// List only the unit files of this node
+    #[arg(value_name = "NODE", value_parser = parse_node)]
+    pub node: Option<NodeName>,
+
+    /// Show only unit files whose name (or path) matches this glob
+    #[arg(long, value_name = "GLOB", value_parser = parse_glob)]
+    pub filter: Option<glob::Pattern>,
+}
+
+/// One unit file of one node; also the JSON form (keys are a stable interface).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct UnitFileRow {
+    pub node: String,
+    pub path: String,
+    /// The file name, e.g. `web.service`.
+    pub unit: String,
+    pub state: String,
+}
+
+impl UnitFileRow {
+    pub fn from_tuple(node: &str, (path, state): UnitFileTuple) -> UnitFileRow {
+        let unit = path.rsplit('/').next().unwrap_or(&path).to_owned();
+        UnitFileRow {
+            node: node.to_owned(),
+            path,
+            unit,
+            state,
+        }
+    }
+}
+
+pub fn select(mut rows: Vec<UnitFileRow>, filter: Option<&glob::Pattern>) -> Vec<UnitFileRow> {
+    if let Some(p) = filter {
+        rows.retain(|r| p.matches(&r.unit) || p.matches(&r.path));
+    }
+    rows.sort();
+    rows
+}
+
+pub fn render_table(rows: &[UnitFileRow]) -> String {
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| vec![r.node.clone(), r.path.clone(), r.state.clone()])
+        .collect();
+    table(
+        &[
+            ("NODE", Width::Fit),
+            ("PATH", Width::Fit),
+            ("IS-ENABLED", Width::Fit),
+        ],
+        &cells,
+    )
+}
+
+impl Run for ListUnitFiles {
+    async fn run(self, ctx: &mut Context) -> Result<(), CtlError> {
+        let client = ctx.client().await?;
+        let rows: Vec<UnitFileRow> = match &self.node {
+            Some(node) => {
+                let proxy = client.node(node).await?;
+                let what = format!("ListUnitFiles on node {node}");
+                let cc = CallContext {
+                    what: &what,
+                    node: Some(node),
+                    unit: None,
+                };
+                client
+                    .check(proxy.list_unit_files().await, cc)
+                    .await?
+                    .into_iter()
+                    .map(|t| UnitFileRow::from_tuple(node.as_str(), t))
+                    .collect()
+            }
+            None => {
+                let controller = client.controller().await?;
+                let cc = CallContext {
+                    what: "ListUnitFiles",
+                    ..Default::default()
+                };
+                client
+                    .check(controller.list_unit_files().await, cc)
+                    .await?
+                    .into_iter()
+                    .flat_map(|(node, files)| {
+                        files
+                            .into_iter()
+                            .map(move |t| UnitFileRow::from_tuple(&node, t))
+                    })
+                    .collect()
+            }
+        };
+        let rows = select(rows, self.filter.as_ref());
+        let text = if ctx.json() {
+            json(&rows)
+        } else {
+            render_table(&rows)
+        };
+        ctx.emit(&text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows() -> Vec<UnitFileRow> {
+        vec![
+            UnitFileRow::from_tuple(
+                "b",
+                ("/etc/systemd/user/web.service".into(), "enabled".into()),
+            ),
+            UnitFileRow::from_tuple(
+                "a",
+                ("/usr/lib/systemd/user/db.socket".into(), "disabled".into()),
+            ),
+            UnitFileRow::from_tuple(
+                "a",
+                ("/etc/systemd/user/web.service".into(), "static".into()),
+            ),
+        ]
+    }
+
+    #[test]
+    fn glob_matches_name_or_path() {
+        let p = glob::Pattern::new("web*").unwrap();
+        assert_eq!(select(rows(), Some(&p)).len(), 2);
+        let p = glob::Pattern::new("/usr/*").unwrap();
+        let r = select(rows(), Some(&p));
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].unit, "db.socket");
+    }
+
+    #[test]
+    fn table_layout() {
+        let t = render_table(&select(rows(), None));
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(
+            lines[0].split('|').map(str::trim).collect::<Vec<_>>(),
+            ["NODE", "PATH", "IS-ENABLED"]
+        );
+        assert!(lines[1].chars().all(|c| c == '='));
+        assert_eq!(
+            lines[2].split('|').map(str::trim).collect::<Vec<_>>(),
+            ["a", "/etc/systemd/user/web.service", "static"]
+        );
+        assert_eq!(lines.len(), 5);
+    }
+}
