@@ -114,7 +114,9 @@ pub fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let _log = drover_config::logging::init(&settings.config.logging);
+    let log = drover_config::logging::init(&settings.config.logging);
+    // SetLogLevel from the manager changes this subscriber's level.
+    crate::node_api::use_log_handle(log);
 
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()

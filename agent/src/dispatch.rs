@@ -30,6 +30,10 @@ use std::time::Instant;
 pub struct Shared {
     tracker: Mutex<JobTracker>,
     pub outbox: Outbox,
+    /// Unit subscriptions of the manager: `crate::units`.
+    pub units: crate::units::UnitHub,
+    /// Metrics and log level: `crate::node_api`.
+    pub node: crate::node_api::NodeState,
 }
 
 impl Shared {
@@ -43,8 +47,31 @@ impl Shared {
     pub fn on_systemd_event(&self, event: SystemdEvent) {
         let mut tracker = self.tracker();
         for out in tracker.on_event(Instant::now(), event) {
-            self.outbox.send(out.epoch, ToManager::Event(out.event));
+            self.forward_job(out);
         }
+    }
+
+    /// Sends one job output; a `JobDone` is followed by its metrics, if on.
+    fn forward_job(&self, out: crate::jobs::Output) {
+        let done = match &out.event {
+            drover_protocol::Event::JobDone { job_id, .. } => Some(*job_id),
+            _ => None,
+        };
+        self.outbox.send(out.epoch, ToManager::Event(out.event));
+        if let Some(metrics) = done.and_then(|job_id| self.node.job_done(out.epoch, job_id)) {
+            self.outbox.send(out.epoch, ToManager::Event(metrics));
+        }
+    }
+
+    /// A manager session began (`session_id` from its handshake).
+    pub fn session_started(&self, epoch: u64, session_id: u64) {
+        self.units.session_started(epoch, session_id);
+        self.node.session_started();
+    }
+
+    /// The manager session `epoch` ended.
+    pub fn session_ended(&self, epoch: u64) {
+        self.units.session_ended(epoch);
     }
 }
 
@@ -182,12 +209,41 @@ impl<S: Systemd> Dispatcher<S> {
                 let result = self.systemd.reload().await.map(|()| Response::Empty);
                 self.reply(epoch, id, result);
             }
-            _ => {
-                let err = RemoteError::new(
-                    ERR_NOT_SUPPORTED,
-                    format!("{name} is not supported by this drover-agent yet"),
-                );
-                self.reply(epoch, id, Err(err));
+            Request::Subscribe { unit } => {
+                let result = self
+                    .shared
+                    .units
+                    .subscribe(&*self.systemd, &self.shared, epoch, unit)
+                    .await;
+                self.reply(epoch, id, result);
+            }
+            Request::Unsubscribe { unit } => {
+                let result = self.shared.units.unsubscribe(epoch, unit.as_ref());
+                self.reply(epoch, id, result);
+            }
+            Request::StartTransientUnit {
+                unit,
+                mode,
+                properties,
+                aux,
+                job_id,
+            } => {
+                let call = self
+                    .systemd
+                    .start_transient_unit(unit.as_str(), &mode, &properties, &aux);
+                self.job_call(epoch, id, "StartTransientUnit", &unit, job_id, call)
+                    .await
+            }
+            other => {
+                let result = crate::node_api::handle(&*self.systemd, &self.shared, &other)
+                    .await
+                    .unwrap_or_else(|| {
+                        Err(RemoteError::new(
+                            ERR_NOT_SUPPORTED,
+                            format!("{name} is not supported by this drover-agent yet"),
+                        ))
+                    });
+                self.reply(epoch, id, result);
             }
         }
     }
@@ -201,24 +257,40 @@ impl<S: Systemd> Dispatcher<S> {
         mode: &str,
         job_id: u32,
     ) {
+        let call = self.systemd.unit_job(kind, unit.as_str(), mode);
+        self.job_call(epoch, id, kind.method(), unit, job_id, call)
+            .await
+    }
+
+    /// Runs a systemd call that queues a job (`call`, `method` for logs and
+    /// metrics) and tracks the job under the manager's `job_id`.
+    async fn job_call(
+        &self,
+        epoch: u64,
+        id: u64,
+        method: &'static str,
+        unit: &UnitName,
+        job_id: u32,
+        call: impl std::future::Future<Output = Result<crate::systemd::JobPath, RemoteError>>,
+    ) {
         self.shared.tracker().call_started();
-        let result = self.systemd.unit_job(kind, unit.as_str(), mode).await;
+        self.shared.node.job_call(epoch, job_id, unit, method);
+        let result = call.await;
         let mut tracker = self.shared.tracker();
         match result {
             Ok(path) => {
-                tracing::debug!(job_id, %path, unit = unit.as_str(), "{} queued", kind.method());
+                tracing::debug!(job_id, %path, unit = unit.as_str(), "{method} queued");
                 let overtaken = tracker.call_finished(Instant::now(), Some((path, epoch, job_id)));
                 // Still under the lock: reply first, then what overtook it.
                 self.reply(epoch, id, Ok(Response::Empty));
                 for out in overtaken {
-                    self.shared
-                        .outbox
-                        .send(out.epoch, ToManager::Event(out.event));
+                    self.shared.forward_job(out);
                 }
             }
             Err(err) => {
                 tracker.call_finished(Instant::now(), None);
                 drop(tracker);
+                self.shared.node.job_call_failed(epoch, job_id);
                 self.reply(epoch, id, Err(err));
             }
         }
@@ -468,7 +540,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn list_units_and_unsupported_requests() {
+    async fn list_units_and_freeze_reach_systemd() {
         let mut r = rig().await;
         r.fake.add_unit("a.service", Script::Hang);
         r.dispatcher.handle(1, 1, Request::ListUnits).await;
@@ -494,19 +566,14 @@ mod tests {
                 },
             )
             .await;
-        match next(&mut r.rx).await {
+        assert_eq!(
+            next(&mut r.rx).await,
             ToManager::Reply {
                 id: 2,
-                result: Err(e),
-            } => {
-                assert_eq!(e.name, ERR_NOT_SUPPORTED);
-                assert!(e.message.contains("FreezeUnit"));
+                result: Ok(Response::Empty)
             }
-            other => panic!(
-                "unexpected {}",
-                format!("{other:?}").chars().take(300).collect::<String>()
-            ),
-        }
+        );
+        assert_eq!(r.fake.calls().last().map(String::as_str), Some("Freeze a.service"));
     }
 
     #[tokio::test]

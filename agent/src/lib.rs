@@ -17,6 +17,11 @@
 //!   stopped reading.
 //! * [`link`] — TCP connect, handshake, heartbeats, silence threshold,
 //!   reconnect with jittered backoff.
+//! * [`units`] — unit subscriptions of the manager: virtual replay, forwarding
+//!   of real unit events with modification tags, per session.
+//! * [`node_api`] — the rest of the node API (unit properties, unit files,
+//!   kill, freeze, log level, metrics), validated before systemd sees it;
+//!   [`marshal`] converts D-Bus values to and from the protocol's `Marshalled`.
 //! * [`agent`] — wires the above together; [`cli`] — arguments, config,
 //!   logging, signals, `sd_notify` for the thin binary.
 //!
@@ -31,5 +36,8 @@ pub mod cli;
 pub mod dispatch;
 pub mod jobs;
 pub mod link;
+pub mod marshal;
+pub mod node_api;
 pub mod outbox;
 pub mod systemd;
+pub mod units;

@@ -242,6 +242,7 @@ impl<S: Systemd> Link<S> {
                     backoff.reset();
                     epoch += 1;
                     self.shared().tracker().new_session(epoch);
+                    self.shared().session_started(epoch, accepted.session_id);
                     tracing::info!(
                         session = accepted.session_id,
                         manager_version = %accepted.manager_version,
@@ -384,6 +385,7 @@ impl<S: Systemd> Link<S> {
         let end = self.read_loop(epoch, &mut stream, &kill, shutdown).await;
 
         self.shared().outbox.close(epoch);
+        self.shared().session_ended(epoch);
         if let Some(h) = heartbeat {
             h.abort();
         }

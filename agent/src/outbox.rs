@@ -117,6 +117,52 @@ impl Outbox {
     }
 }
 
+impl Outbox {
+    /// Queues `msg` for session `epoch` once at least half of the session's
+    /// queue is free, waiting up to `patience` for the manager to read.
+    ///
+    /// For bulk producers (unit events, whose bursts — a `*` subscription's
+    /// replay, a daemon-reload — can exceed the queue): they slow down to the
+    /// manager's pace instead of overflowing, and the other half stays free
+    /// for [`Outbox::send`], which never waits. A manager that reads nothing
+    /// for `patience` gets its session killed, as an overflow would.
+    pub async fn send_paced(
+        &self,
+        epoch: u64,
+        msg: ToManager,
+        patience: std::time::Duration,
+    ) -> Sent {
+        let (tx, kill) = {
+            let open = self.lock();
+            let Some(o) = open.as_ref().filter(|o| o.epoch == epoch) else {
+                return Sent::Stale;
+            };
+            (o.tx.clone(), o.kill.clone())
+        };
+        let half = (tx.max_capacity() / 2).max(1);
+        let reserved = tokio::select! {
+            _ = kill.token().cancelled() => return Sent::Stale,
+            r = tokio::time::timeout(patience, tx.reserve_many(half)) => r,
+        };
+        match reserved {
+            Ok(Ok(mut permits)) => match permits.next() {
+                Some(permit) => {
+                    permit.send(msg);
+                    Sent::Queued
+                }
+                None => Sent::Stale,
+            },
+            Ok(Err(_)) => Sent::Stale,
+            Err(_) => {
+                kill.kill(format!(
+                    "the manager read nothing for {patience:?} (outgoing queue full)"
+                ));
+                Sent::Overflow
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -147,5 +193,42 @@ mod tests {
         outbox.close(1);
         assert_eq!(outbox.current(), None);
         assert_eq!(outbox.send(1, ToManager::Heartbeat), Sent::Stale);
+    }
+
+    #[tokio::test]
+    async fn paced_sends_leave_half_the_queue_and_give_up_on_a_silent_manager() {
+        let outbox = Outbox::default();
+        let (tx, mut rx) = mpsc::channel(4);
+        let kill = SessionKill::new();
+        outbox.open(1, tx, kill.clone());
+        let patience = std::time::Duration::from_millis(50);
+        assert_eq!(
+            outbox.send_paced(1, ToManager::Heartbeat, patience).await,
+            Sent::Queued
+        );
+        assert_eq!(
+            outbox.send_paced(1, ToManager::Heartbeat, patience).await,
+            Sent::Queued
+        );
+        // Two of four slots used: a paced send waits, a plain send still fits.
+        assert_eq!(outbox.send(1, ToManager::Heartbeat), Sent::Queued);
+        rx.recv().await;
+        rx.recv().await;
+        assert_eq!(
+            outbox.send_paced(1, ToManager::Heartbeat, patience).await,
+            Sent::Queued
+        );
+        assert_eq!(outbox.send(1, ToManager::Heartbeat), Sent::Queued);
+        assert!(!kill.token().is_cancelled());
+        // Three of four used and nobody reads any more: the paced send gives up and kills the session.
+        assert_eq!(
+            outbox.send_paced(1, ToManager::Heartbeat, patience).await,
+            Sent::Overflow
+        );
+        assert!(kill.token().is_cancelled());
+        assert_eq!(
+            outbox.send_paced(2, ToManager::Heartbeat, patience).await,
+            Sent::Stale
+        );
     }
 }

@@ -4,16 +4,20 @@
 //! proxies: the agent uses six methods and two signals, and building their
 //! bodies by hand keeps the compile small and every wire type visible here.
 //!
-//! The event stream joins two match-rule streams (`Manager.JobRemoved`, and
+//! The job event stream joins two match-rule streams (`Manager.JobRemoved`, and
 //! `PropertiesChanged` under `/org/freedesktop/systemd1/job`) with zbus's
 //! ordered join, so a job's `running` state change is never delivered after
-//! its removal.
+//! its removal. The unit signal stream ([`Systemd::subscribe_units`]) joins
+//! `Manager.UnitNew`, `Manager.UnitRemoved` and `PropertiesChanged` under
+//! `/org/freedesktop/systemd1/unit` the same way; unit object paths are
+//! turned back into unit names by reversing systemd's bus label escaping.
 
 use super::{
-    BusTarget, ERR_UNKNOWN_METHOD, EVENT_QUEUE, EventStream, JobKind, JobPath, Systemd,
-    SystemdEvent,
+    BusTarget, ERR_NO_SUCH_UNIT, ERR_UNKNOWN_METHOD, EVENT_QUEUE, EventStream, JobKind, JobPath,
+    Systemd, SystemdEvent, UnitFileChange, UnitSignal, UnitSignalStream,
 };
-use drover_protocol::{RemoteError, UnitInfo};
+use crate::marshal::{self, AuxUnits, PropertyList, PropertyMap};
+use drover_protocol::{Marshalled, RemoteError, UnitInfo};
 use futures::StreamExt;
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
@@ -28,6 +32,7 @@ const MANAGER_IFACE: &str = "org.freedesktop.systemd1.Manager";
 const JOB_IFACE: &str = "org.freedesktop.systemd1.Job";
 const JOB_PATH_PREFIX: &str = "/org/freedesktop/systemd1/job";
 const PROPERTIES_IFACE: &str = "org.freedesktop.DBus.Properties";
+const UNIT_PATH_PREFIX: &str = "/org/freedesktop/systemd1/unit";
 
 /// Could not reach systemd at all (as opposed to systemd refusing a call).
 #[derive(Debug, thiserror::Error)]
@@ -112,6 +117,67 @@ impl ZbusSystemd {
             .await
             .map_err(|e| remote_error(e, method))
     }
+
+    /// A manager call whose reply body is one `T`.
+    async fn manager_get<B, T>(&self, method: &'static str, body: &B) -> Result<T, RemoteError>
+    where
+        B: zbus::export::serde::Serialize + zbus::DynamicType,
+        T: zbus::export::serde::de::DeserializeOwned + zbus::wire::Type,
+    {
+        let reply = self.manager_call(method, body).await?;
+        reply.body().deserialize().map_err(|e| bad_reply(method, e))
+    }
+
+    /// The unit's object path: `GetUnit`, or `LoadUnit` when it is not loaded
+    /// (properties of a unit nobody started are readable too, as with
+    /// `systemctl show`).
+    async fn unit_path(&self, unit: &str) -> Result<OwnedObjectPath, RemoteError> {
+        match self.manager_get("GetUnit", &(unit,)).await {
+            Err(e) if e.name == ERR_NO_SUCH_UNIT => self.manager_get("LoadUnit", &(unit,)).await,
+            other => other,
+        }
+    }
+
+    async fn unit_call<B>(
+        &self,
+        unit: &str,
+        iface: &'static str,
+        method: &'static str,
+        body: &B,
+    ) -> Result<zbus::Message, RemoteError>
+    where
+        B: zbus::export::serde::Serialize + zbus::DynamicType,
+    {
+        let path = self.unit_path(unit).await?;
+        self.conn
+            .call_method(Some(SERVICE), path.as_str(), Some(iface), method, body)
+            .await
+            .map_err(|e| remote_error(e, method))
+    }
+}
+
+/// Reverses systemd's bus label escaping of a unit object path
+/// (`/org/freedesktop/systemd1/unit/foo_2eservice` → `foo.service`): every
+/// `_XX` is the byte with hex value XX. `None` for anything else.
+pub fn unit_name_from_path(path: &str) -> Option<String> {
+    let label = path.strip_prefix(UNIT_PATH_PREFIX)?.strip_prefix('/')?;
+    if label.is_empty() || label.contains('/') {
+        return None;
+    }
+    let bytes = label.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'_' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// Maps a zbus error to the error the manager forwards: systemd's D-Bus
@@ -226,6 +292,252 @@ impl Systemd for ZbusSystemd {
         tokio::spawn(pump(joined, tx));
         Ok(rx)
     }
+
+    async fn subscribe_units(&self) -> Result<UnitSignalStream, RemoteError> {
+        let rule_err = |e| RemoteError::failed(format!("building a D-Bus match rule: {e}"));
+        let manager_rule = |member: &'static str| {
+            MatchRule::builder()
+                .msg_type(MessageType::Signal)
+                .sender(SERVICE)
+                .path(MANAGER_PATH)
+                .interface(MANAGER_IFACE)
+                .member(member)
+                .build()
+                .map_err(rule_err)
+        };
+        let new_rule = manager_rule("UnitNew")?;
+        let removed_rule = manager_rule("UnitRemoved")?;
+        let changed_rule = MatchRule::builder()
+            .msg_type(MessageType::Signal)
+            .sender(SERVICE)
+            .path_namespace(UNIT_PATH_PREFIX)
+            .interface(PROPERTIES_IFACE)
+            .member("PropertiesChanged")
+            .build()
+            .map_err(rule_err)?;
+        let queued = NonZeroUsize::new(EVENT_QUEUE);
+        let mut streams = Vec::new();
+        for rule in [new_rule, removed_rule, changed_rule] {
+            streams.push(
+                MessageStream::for_match_rule(rule, &self.conn, queued)
+                    .await
+                    .map_err(|e| remote_error(e, "AddMatch"))?,
+            );
+        }
+        let (Some(changed), Some(removed), Some(new)) =
+            (streams.pop(), streams.pop(), streams.pop())
+        else {
+            return Err(RemoteError::failed("unit signal streams missing"));
+        };
+        let (tx, rx) = mpsc::channel(EVENT_QUEUE);
+        let joined =
+            ordered_stream::join(ordered_stream::join(new, removed), changed).into_stream();
+        tokio::spawn(pump_units(joined, tx));
+        Ok(rx)
+    }
+
+    async fn get_unit_properties(
+        &self,
+        unit: &str,
+        interface: &str,
+    ) -> Result<Marshalled, RemoteError> {
+        let reply = self
+            .unit_call(unit, PROPERTIES_IFACE, "GetAll", &(interface,))
+            .await?;
+        let map: PropertyMap = reply
+            .body()
+            .deserialize()
+            .map_err(|e| bad_reply("GetAll", e))?;
+        marshal::encode(&map)
+    }
+
+    async fn get_unit_property(
+        &self,
+        unit: &str,
+        interface: &str,
+        property: &str,
+    ) -> Result<Marshalled, RemoteError> {
+        let reply = self
+            .unit_call(unit, PROPERTIES_IFACE, "Get", &(interface, property))
+            .await?;
+        let value: OwnedVariant = reply
+            .body()
+            .deserialize()
+            .map_err(|e| bad_reply("Get", e))?;
+        marshal::encode_variant(&value)
+    }
+
+    async fn set_unit_properties(
+        &self,
+        unit: &str,
+        runtime: bool,
+        properties: &Marshalled,
+    ) -> Result<(), RemoteError> {
+        let props: PropertyList = marshal::decode(properties)?;
+        self.manager_call("SetUnitProperties", &(unit, runtime, props))
+            .await?;
+        Ok(())
+    }
+
+    async fn freeze_unit(&self, unit: &str, freeze: bool) -> Result<(), RemoteError> {
+        let method = if freeze { "Freeze" } else { "Thaw" };
+        self.unit_call(unit, super::UNIT_IFACE, method, &()).await?;
+        Ok(())
+    }
+
+    async fn kill_unit(&self, unit: &str, whom: &str, signal: i32) -> Result<(), RemoteError> {
+        self.manager_call("KillUnit", &(unit, whom, signal)).await?;
+        Ok(())
+    }
+
+    async fn enable_unit_files(
+        &self,
+        files: &[String],
+        runtime: bool,
+        force: bool,
+    ) -> Result<(bool, Vec<UnitFileChange>), RemoteError> {
+        self.manager_get("EnableUnitFiles", &(files, runtime, force))
+            .await
+    }
+
+    async fn disable_unit_files(
+        &self,
+        files: &[String],
+        runtime: bool,
+    ) -> Result<Vec<UnitFileChange>, RemoteError> {
+        self.manager_get("DisableUnitFiles", &(files, runtime))
+            .await
+    }
+
+    async fn get_unit_file_state(&self, file: &str) -> Result<String, RemoteError> {
+        self.manager_get("GetUnitFileState", &(file,)).await
+    }
+
+    async fn list_unit_files(&self) -> Result<Vec<(String, String)>, RemoteError> {
+        self.manager_get("ListUnitFiles", &()).await
+    }
+
+    async fn reset_failed(&self, unit: Option<&str>) -> Result<(), RemoteError> {
+        match unit {
+            None => self.manager_call("ResetFailed", &()).await?,
+            Some(unit) => self.manager_call("ResetFailedUnit", &(unit,)).await?,
+        };
+        Ok(())
+    }
+
+    async fn get_default_target(&self) -> Result<String, RemoteError> {
+        self.manager_get("GetDefaultTarget", &()).await
+    }
+
+    async fn set_default_target(
+        &self,
+        target: &str,
+        force: bool,
+    ) -> Result<Vec<UnitFileChange>, RemoteError> {
+        self.manager_get("SetDefaultTarget", &(target, force)).await
+    }
+
+    async fn start_transient_unit(
+        &self,
+        unit: &str,
+        mode: &str,
+        properties: &Marshalled,
+        aux: &Marshalled,
+    ) -> Result<JobPath, RemoteError> {
+        let props: PropertyList = marshal::decode(properties)?;
+        let aux: AuxUnits = marshal::decode(aux)?;
+        let path: OwnedObjectPath = self
+            .manager_get("StartTransientUnit", &(unit, mode, props, aux))
+            .await?;
+        Ok(path.to_string())
+    }
+}
+
+/// Turns unit signal messages into [`UnitSignal`]s until the connection
+/// closes or nobody listens any more. Malformed signals are logged and skipped.
+async fn pump_units<S>(mut messages: S, tx: mpsc::Sender<UnitSignal>)
+where
+    S: futures::Stream<Item = zbus::Result<zbus::Message>> + Unpin,
+{
+    while let Some(msg) = messages.next().await {
+        let msg = match msg {
+            Ok(msg) => msg,
+            Err(e) => {
+                tracing::warn!("reading systemd unit signals: {e}");
+                continue;
+            }
+        };
+        let Some(signal) = parse_unit_signal(&msg) else {
+            continue;
+        };
+        if tx.send(signal).await.is_err() {
+            return;
+        }
+    }
+    tracing::debug!("systemd unit signal stream ended");
+}
+
+fn parse_unit_signal(msg: &zbus::Message) -> Option<UnitSignal> {
+    let header = msg.header();
+    let member = header.member()?.as_str();
+    match member {
+        "UnitNew" | "UnitRemoved" => {
+            let (unit, _path) = match msg.body().deserialize::<(String, OwnedObjectPath)>() {
+                Ok(body) => body,
+                Err(e) => {
+                    tracing::warn!("ignoring a malformed {member} signal: {e}");
+                    return None;
+                }
+            };
+            Some(if member == "UnitNew" {
+                UnitSignal::New { unit }
+            } else {
+                UnitSignal::Removed { unit }
+            })
+        }
+        "PropertiesChanged" => {
+            let path = header.path()?.as_str();
+            let Some(unit) = unit_name_from_path(path) else {
+                tracing::debug!("PropertiesChanged on {path}, not a unit object");
+                return None;
+            };
+            let (interface, changed, _invalidated) =
+                match msg
+                    .body()
+                    .deserialize::<(String, PropertyMap, Vec<String>)>()
+                {
+                    Ok(body) => body,
+                    Err(e) => {
+                        tracing::warn!(
+                            "ignoring a malformed PropertiesChanged signal on {path}: {e}"
+                        );
+                        return None;
+                    }
+                };
+            let text = |key: &str| {
+                changed
+                    .get(key)
+                    .and_then(|v| String::try_from(v.try_clone().ok()?).ok())
+            };
+            let active_state = text("ActiveState");
+            let sub_state = text("SubState");
+            let properties = match marshal::encode(&changed) {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::warn!("cannot re-encode PropertiesChanged of {unit}: {e}");
+                    return None;
+                }
+            };
+            Some(UnitSignal::Changed {
+                unit,
+                interface,
+                properties,
+                active_state,
+                sub_state,
+            })
+        }
+        _ => None,
+    }
 }
 
 /// Turns signal messages into [`SystemdEvent`]s until the connection closes
@@ -299,6 +611,29 @@ fn parse_signal(msg: &zbus::Message) -> Option<SystemdEvent> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unit_paths_turn_back_into_names() {
+        let name = |p: &str| unit_name_from_path(p);
+        assert_eq!(
+            name("/org/freedesktop/systemd1/unit/foo_2eservice").as_deref(),
+            Some("foo.service")
+        );
+        assert_eq!(
+            name("/org/freedesktop/systemd1/unit/drover_2ddep_40db_5fx_2eservice").as_deref(),
+            Some("drover-dep@db_x.service")
+        );
+        assert_eq!(
+            name("/org/freedesktop/systemd1/unit/_31abc_2etarget").as_deref(),
+            Some("1abc.target")
+        );
+        assert_eq!(name("/org/freedesktop/systemd1/unit/"), None);
+        assert_eq!(name("/org/freedesktop/systemd1/unit/a/b"), None);
+        assert_eq!(name("/org/freedesktop/systemd1/unit/bad_2"), None);
+        assert_eq!(name("/org/freedesktop/systemd1/unit/bad_zz"), None);
+        assert_eq!(name("/org/freedesktop/systemd1/job/1"), None);
+        assert_eq!(name("/org/freedesktop/systemd1/unitx/a"), None);
+    }
 
     #[test]
     fn unknown_method_says_systemd_is_too_old() {

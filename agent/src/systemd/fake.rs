@@ -3,14 +3,20 @@
 //! unit has a [`Script`] saying what a job on it does, and every call is
 //! recorded so tests can assert what the agent asked for.
 //!
+//! Unit subscriptions: [`FakeSystemd::set_state`] sets what `ListUnits`
+//! reports for a unit, [`FakeSystemd::emit_unit`] sends a unit signal as
+//! systemd would. The pass-through methods answer canned values (`NoSuchUnit`
+//! for units never added) and record their arguments.
+//!
 //! The real thing is exercised against `systemd --user` in the tests of
 //! [`super::dbus`].
 
 use super::{
     ERR_NO_SUCH_JOB, ERR_NO_SUCH_UNIT, ERR_UNKNOWN_METHOD, EVENT_QUEUE, EventStream, JobKind,
-    JobPath, Systemd, SystemdEvent,
+    JobPath, Systemd, SystemdEvent, UnitFileChange, UnitSignal, UnitSignalStream,
 };
-use drover_protocol::{RemoteError, UnitInfo};
+use crate::marshal::{self, AuxUnits, PropertyList, PropertyMap};
+use drover_protocol::{Marshalled, RemoteError, UnitInfo};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -40,6 +46,9 @@ struct State {
     call_delay: Duration,
     /// Methods that answer `UnknownMethod`, like an old systemd.
     missing: Vec<&'static str>,
+    /// (active, sub) reported by `ListUnits`; inactive/dead when absent.
+    states: HashMap<String, (String, String)>,
+    unit_events: Option<mpsc::Sender<UnitSignal>>,
 }
 
 /// See the module docs. Cheap to clone; clones share state.
@@ -86,6 +95,47 @@ impl FakeSystemd {
         }
     }
 
+    /// Sets the state `ListUnits` reports for `unit` (which becomes known).
+    pub fn set_state(&self, unit: &str, active: &str, sub: &str) {
+        let mut st = self.lock();
+        st.units
+            .entry(unit.to_string())
+            .or_insert_with(|| Script::Finish("done".into()));
+        st.states
+            .insert(unit.to_string(), (active.to_string(), sub.to_string()));
+    }
+
+    /// Forgets `unit` (systemd unloaded it); `ListUnits` no longer has it.
+    pub fn remove_unit(&self, unit: &str) {
+        let mut st = self.lock();
+        st.units.remove(unit);
+        st.states.remove(unit);
+    }
+
+    /// Sends a unit signal, if the agent subscribed to them.
+    pub async fn emit_unit(&self, signal: UnitSignal) {
+        let tx = self.lock().unit_events.clone();
+        if let Some(tx) = tx {
+            let _ = tx.send(signal).await;
+        }
+    }
+
+    /// True once the agent subscribed to unit signals.
+    pub fn units_subscribed(&self) -> bool {
+        self.lock().unit_events.is_some()
+    }
+
+    fn known(&self, unit: &str) -> Result<(), RemoteError> {
+        if self.lock().units.contains_key(unit) {
+            Ok(())
+        } else {
+            Err(RemoteError::new(
+                ERR_NO_SUCH_UNIT,
+                format!("Unit {unit} not found."),
+            ))
+        }
+    }
+
     /// Ends the event stream, as a lost systemd connection does.
     pub fn disconnect(&self) {
         self.lock().events = None;
@@ -112,53 +162,15 @@ impl FakeSystemd {
     }
 }
 
-fn job_events(id: u32, job: &str, unit: &str, result: &str) -> [SystemdEvent; 2] {
-    [
-        SystemdEvent::JobState {
-            job: job.to_string(),
-            state: "running".into(),
-        },
-        SystemdEvent::JobRemoved {
-            id,
-            job: job.to_string(),
-            unit: unit.to_string(),
-            result: result.to_string(),
-        },
-    ]
-}
-
-impl Systemd for FakeSystemd {
-    async fn list_units(&self) -> Result<Vec<UnitInfo>, RemoteError> {
-        self.enter("ListUnits".into(), "ListUnits").await?;
-        let st = self.lock();
-        Ok(st
-            .units
-            .keys()
-            .map(|name| UnitInfo {
-                name: name.clone(),
-                description: format!("fake {name}"),
-                load_state: "loaded".into(),
-                active_state: "inactive".into(),
-                sub_state: "dead".into(),
-                followed: String::new(),
-                object_path: format!(
-                    "/org/freedesktop/systemd1/unit/{}",
-                    name.replace(['.', '-', '@'], "_")
-                ),
-                job_id: 0,
-                job_type: String::new(),
-                job_path: "/".into(),
-            })
-            .collect())
-    }
-
-    async fn unit_job(
+impl FakeSystemd {
+    /// A job call (`StartUnit`, …, `StartTransientUnit`) on a known unit.
+    async fn unit_job_named(
         &self,
-        kind: JobKind,
+        method: &'static str,
         unit: &str,
         mode: &str,
     ) -> Result<JobPath, RemoteError> {
-        self.enter(format!("{} {unit} {mode}", kind.method()), kind.method())
+        self.enter(format!("{method} {unit} {mode}"), method)
             .await?;
         let (id, job, script, tx) = {
             let mut st = self.lock();
@@ -209,6 +221,73 @@ impl Systemd for FakeSystemd {
         }
         Ok(job)
     }
+}
+
+fn file_changes(kind: &str, files: &[String]) -> Vec<UnitFileChange> {
+    files
+        .iter()
+        .map(|f| {
+            (
+                kind.to_string(),
+                format!("/fake/wants/{f}"),
+                format!("/fake/{f}"),
+            )
+        })
+        .collect()
+}
+
+fn job_events(id: u32, job: &str, unit: &str, result: &str) -> [SystemdEvent; 2] {
+    [
+        SystemdEvent::JobState {
+            job: job.to_string(),
+            state: "running".into(),
+        },
+        SystemdEvent::JobRemoved {
+            id,
+            job: job.to_string(),
+            unit: unit.to_string(),
+            result: result.to_string(),
+        },
+    ]
+}
+
+impl Systemd for FakeSystemd {
+    async fn list_units(&self) -> Result<Vec<UnitInfo>, RemoteError> {
+        self.enter("ListUnits".into(), "ListUnits").await?;
+        let st = self.lock();
+        Ok(st
+            .units
+            .keys()
+            .map(|name| UnitInfo {
+                name: name.clone(),
+                description: format!("fake {name}"),
+                load_state: "loaded".into(),
+                active_state: st
+                    .states
+                    .get(name)
+                    .map_or("inactive", |s| s.0.as_str())
+                    .into(),
+                sub_state: st.states.get(name).map_or("dead", |s| s.1.as_str()).into(),
+                followed: String::new(),
+                object_path: format!(
+                    "/org/freedesktop/systemd1/unit/{}",
+                    name.replace(['.', '-', '@'], "_")
+                ),
+                job_id: 0,
+                job_type: String::new(),
+                job_path: "/".into(),
+            })
+            .collect())
+    }
+
+    async fn unit_job(
+        &self,
+        kind: JobKind,
+        unit: &str,
+        mode: &str,
+    ) -> Result<JobPath, RemoteError> {
+        self.unit_job_named(kind.method(), unit, mode).await
+    }
 
     async fn cancel_job(&self, job: &str) -> Result<(), RemoteError> {
         self.enter(format!("CancelJob {job}"), "CancelJob").await?;
@@ -243,5 +322,169 @@ impl Systemd for FakeSystemd {
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
         self.lock().events = Some(tx);
         Ok(rx)
+    }
+
+    async fn subscribe_units(&self) -> Result<UnitSignalStream, RemoteError> {
+        self.enter("SubscribeUnits".into(), "SubscribeUnits")
+            .await?;
+        let (tx, rx) = mpsc::channel(EVENT_QUEUE);
+        self.lock().unit_events = Some(tx);
+        Ok(rx)
+    }
+
+    async fn get_unit_properties(
+        &self,
+        unit: &str,
+        interface: &str,
+    ) -> Result<Marshalled, RemoteError> {
+        self.enter(format!("GetAll {unit} {interface}"), "GetAll")
+            .await?;
+        self.known(unit)?;
+        let (active, sub) = {
+            let st = self.lock();
+            st.states
+                .get(unit)
+                .cloned()
+                .unwrap_or_else(|| ("inactive".into(), "dead".into()))
+        };
+        let mut map = PropertyMap::new();
+        let text = |s: String| zbus::OwnedVariant::from(zbus::Str::from(s));
+        map.insert("Id".into(), text(unit.to_string()));
+        map.insert("ActiveState".into(), text(active));
+        map.insert("SubState".into(), text(sub));
+        marshal::encode(&map)
+    }
+
+    async fn get_unit_property(
+        &self,
+        unit: &str,
+        interface: &str,
+        property: &str,
+    ) -> Result<Marshalled, RemoteError> {
+        self.enter(format!("Get {unit} {interface} {property}"), "Get")
+            .await?;
+        self.known(unit)?;
+        marshal::encode_variant(&zbus::OwnedVariant::from(zbus::Str::from(unit.to_string())))
+    }
+
+    async fn set_unit_properties(
+        &self,
+        unit: &str,
+        runtime: bool,
+        properties: &Marshalled,
+    ) -> Result<(), RemoteError> {
+        let props: PropertyList = marshal::decode(properties)?;
+        let names: Vec<&str> = props.iter().map(|(k, _)| k.as_str()).collect();
+        self.enter(
+            format!("SetUnitProperties {unit} {runtime} {}", names.join(",")),
+            "SetUnitProperties",
+        )
+        .await?;
+        self.known(unit)
+    }
+
+    async fn freeze_unit(&self, unit: &str, freeze: bool) -> Result<(), RemoteError> {
+        let method = if freeze { "Freeze" } else { "Thaw" };
+        self.enter(format!("{method} {unit}"), method).await?;
+        self.known(unit)
+    }
+
+    async fn kill_unit(&self, unit: &str, whom: &str, signal: i32) -> Result<(), RemoteError> {
+        self.enter(format!("KillUnit {unit} {whom} {signal}"), "KillUnit")
+            .await?;
+        self.known(unit)
+    }
+
+    async fn enable_unit_files(
+        &self,
+        files: &[String],
+        runtime: bool,
+        force: bool,
+    ) -> Result<(bool, Vec<UnitFileChange>), RemoteError> {
+        self.enter(
+            format!("EnableUnitFiles {} {runtime} {force}", files.join(",")),
+            "EnableUnitFiles",
+        )
+        .await?;
+        Ok((true, file_changes("symlink", files)))
+    }
+
+    async fn disable_unit_files(
+        &self,
+        files: &[String],
+        runtime: bool,
+    ) -> Result<Vec<UnitFileChange>, RemoteError> {
+        self.enter(
+            format!("DisableUnitFiles {} {runtime}", files.join(",")),
+            "DisableUnitFiles",
+        )
+        .await?;
+        Ok(file_changes("unlink", files))
+    }
+
+    async fn get_unit_file_state(&self, file: &str) -> Result<String, RemoteError> {
+        self.enter(format!("GetUnitFileState {file}"), "GetUnitFileState")
+            .await?;
+        self.known(file)?;
+        Ok("static".into())
+    }
+
+    async fn list_unit_files(&self) -> Result<Vec<(String, String)>, RemoteError> {
+        self.enter("ListUnitFiles".into(), "ListUnitFiles").await?;
+        let st = self.lock();
+        Ok(st
+            .units
+            .keys()
+            .map(|u| (format!("/fake/{u}"), "static".to_string()))
+            .collect())
+    }
+
+    async fn reset_failed(&self, unit: Option<&str>) -> Result<(), RemoteError> {
+        match unit {
+            None => self.enter("ResetFailed".into(), "ResetFailed").await,
+            Some(unit) => {
+                self.enter(format!("ResetFailedUnit {unit}"), "ResetFailedUnit")
+                    .await?;
+                self.known(unit)
+            }
+        }
+    }
+
+    async fn get_default_target(&self) -> Result<String, RemoteError> {
+        self.enter("GetDefaultTarget".into(), "GetDefaultTarget")
+            .await?;
+        Ok("default.target".into())
+    }
+
+    async fn set_default_target(
+        &self,
+        target: &str,
+        force: bool,
+    ) -> Result<Vec<UnitFileChange>, RemoteError> {
+        self.enter(
+            format!("SetDefaultTarget {target} {force}"),
+            "SetDefaultTarget",
+        )
+        .await?;
+        self.known(target)?;
+        Ok(file_changes("symlink", &[target.to_string()]))
+    }
+
+    async fn start_transient_unit(
+        &self,
+        unit: &str,
+        mode: &str,
+        properties: &Marshalled,
+        aux: &Marshalled,
+    ) -> Result<JobPath, RemoteError> {
+        let props: PropertyList = marshal::decode(properties)?;
+        let _aux: AuxUnits = marshal::decode(aux)?;
+        let script = if props.iter().any(|(k, _)| k == "FakeHang") {
+            Script::Hang
+        } else {
+            Script::Finish("done".into())
+        };
+        self.lock().units.insert(unit.to_string(), script);
+        self.unit_job_named("StartTransientUnit", unit, mode).await
     }
 }

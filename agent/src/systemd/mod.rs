@@ -5,6 +5,16 @@
 //! daemon-reload, and — once, at start — [`Systemd::subscribe`] to a stream of
 //! [`SystemdEvent`]s (job state changes and job removals).
 //!
+//! For unit subscriptions there is a second, separate stream:
+//! [`Systemd::subscribe_units`] yields [`UnitSignal`]s (`UnitNew`,
+//! `UnitRemoved`, and `PropertiesChanged` of unit objects). It is started
+//! lazily, by the first subscription of the manager, so an agent nobody
+//! watches does not wake up for every unit change on the node.
+//!
+//! The remaining methods are plain pass-throughs of the node API (unit
+//! properties, unit files, kill, freeze, …); values whose D-Bus type is only
+//! known at run time travel as [`Marshalled`] (see `crate::marshal`).
+//!
 //! Two implementations: [`dbus::ZbusSystemd`] talks to a real systemd over
 //! D-Bus; [`fake::FakeSystemd`] is an in-memory stand-in for unit tests of the
 //! job tracking and request dispatch logic.
@@ -23,7 +33,7 @@
 pub mod dbus;
 pub mod fake;
 
-use drover_protocol::{RemoteError, UnitInfo};
+use drover_protocol::{Marshalled, RemoteError, UnitInfo};
 use std::future::Future;
 use tokio::sync::mpsc;
 
@@ -83,6 +93,36 @@ pub enum SystemdEvent {
 /// Receiving end of the subscription; ends when the systemd connection is lost.
 pub type EventStream = mpsc::Receiver<SystemdEvent>;
 
+/// What systemd says about units, after [`Systemd::subscribe_units`]. Unit
+/// names are systemd's, not yet validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UnitSignal {
+    /// `Manager.UnitNew`: the unit was loaded.
+    New { unit: String },
+    /// `Manager.UnitRemoved`: the unit was unloaded.
+    Removed { unit: String },
+    /// `PropertiesChanged` on the unit's object for one interface.
+    Changed {
+        unit: String,
+        interface: String,
+        /// The changed properties, `a{sv}`.
+        properties: Marshalled,
+        /// `ActiveState` / `SubState` when the signal carries them
+        /// (interface `org.freedesktop.systemd1.Unit`).
+        active_state: Option<String>,
+        sub_state: Option<String>,
+    },
+}
+
+/// Receiving end of the unit subscription.
+pub type UnitSignalStream = mpsc::Receiver<UnitSignal>;
+
+/// `(type, file, destination)` of `EnableUnitFiles` and friends.
+pub type UnitFileChange = (String, String, String);
+
+/// systemd's D-Bus interface of every unit object.
+pub const UNIT_IFACE: &str = "org.freedesktop.systemd1.Unit";
+
 /// The node's systemd manager, as far as the agent needs it.
 ///
 /// Futures are `Send` so request handlers can run as independent tasks.
@@ -106,6 +146,101 @@ pub trait Systemd: Send + Sync + 'static {
 
     /// `Manager.Subscribe` plus the signal stream. Called once, before any job.
     fn subscribe(&self) -> impl Future<Output = Result<EventStream, RemoteError>> + Send;
+
+    /// The unit signal stream. Match rules are in place when this returns,
+    /// so nothing emitted afterwards is missed. Called once, lazily.
+    fn subscribe_units(&self)
+    -> impl Future<Output = Result<UnitSignalStream, RemoteError>> + Send;
+
+    /// `Properties.GetAll(interface)` on the unit's object (`GetUnit`, falling
+    /// back to `LoadUnit`); an empty interface means all of them. `a{sv}`.
+    fn get_unit_properties(
+        &self,
+        unit: &str,
+        interface: &str,
+    ) -> impl Future<Output = Result<Marshalled, RemoteError>> + Send;
+
+    /// `Properties.Get(interface, property)` on the unit's object. `v`.
+    fn get_unit_property(
+        &self,
+        unit: &str,
+        interface: &str,
+        property: &str,
+    ) -> impl Future<Output = Result<Marshalled, RemoteError>> + Send;
+
+    /// `Manager.SetUnitProperties(unit, runtime, a(sv))`.
+    fn set_unit_properties(
+        &self,
+        unit: &str,
+        runtime: bool,
+        properties: &Marshalled,
+    ) -> impl Future<Output = Result<(), RemoteError>> + Send;
+
+    /// `Unit.Freeze` (`freeze == true`) or `Unit.Thaw` on the unit's object.
+    fn freeze_unit(
+        &self,
+        unit: &str,
+        freeze: bool,
+    ) -> impl Future<Output = Result<(), RemoteError>> + Send;
+
+    /// `Manager.KillUnit(unit, whom, signal)`.
+    fn kill_unit(
+        &self,
+        unit: &str,
+        whom: &str,
+        signal: i32,
+    ) -> impl Future<Output = Result<(), RemoteError>> + Send;
+
+    /// `Manager.EnableUnitFiles`: (carries install info, changes).
+    fn enable_unit_files(
+        &self,
+        files: &[String],
+        runtime: bool,
+        force: bool,
+    ) -> impl Future<Output = Result<(bool, Vec<UnitFileChange>), RemoteError>> + Send;
+
+    /// `Manager.DisableUnitFiles`.
+    fn disable_unit_files(
+        &self,
+        files: &[String],
+        runtime: bool,
+    ) -> impl Future<Output = Result<Vec<UnitFileChange>, RemoteError>> + Send;
+
+    /// `Manager.GetUnitFileState`.
+    fn get_unit_file_state(
+        &self,
+        file: &str,
+    ) -> impl Future<Output = Result<String, RemoteError>> + Send;
+
+    /// `Manager.ListUnitFiles`: (path, state).
+    fn list_unit_files(
+        &self,
+    ) -> impl Future<Output = Result<Vec<(String, String)>, RemoteError>> + Send;
+
+    /// `Manager.ResetFailed` (`None`) or `Manager.ResetFailedUnit`.
+    fn reset_failed(
+        &self,
+        unit: Option<&str>,
+    ) -> impl Future<Output = Result<(), RemoteError>> + Send;
+
+    /// `Manager.GetDefaultTarget`.
+    fn get_default_target(&self) -> impl Future<Output = Result<String, RemoteError>> + Send;
+
+    /// `Manager.SetDefaultTarget`.
+    fn set_default_target(
+        &self,
+        target: &str,
+        force: bool,
+    ) -> impl Future<Output = Result<Vec<UnitFileChange>, RemoteError>> + Send;
+
+    /// `Manager.StartTransientUnit(unit, mode, a(sv), a(sa(sv)))`: the job path.
+    fn start_transient_unit(
+        &self,
+        unit: &str,
+        mode: &str,
+        properties: &Marshalled,
+        aux: &Marshalled,
+    ) -> impl Future<Output = Result<JobPath, RemoteError>> + Send;
 }
 
 /// Where the agent finds systemd.

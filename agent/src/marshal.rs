@@ -1,0 +1,181 @@
+//! D-Bus values ↔ [`Marshalled`], the protocol's carrier for values whose
+//! D-Bus type is only known at run time (unit properties, transient unit
+//! properties).
+//!
+//! A [`Marshalled`] is a D-Bus signature plus the value in D-Bus wire format,
+//! **little endian, starting at offset 0** (alignment counted from there).
+//! Both directions go through zbus's own (de)serializer, so what the manager
+//! receives is exactly what systemd sent, and what the agent hands systemd
+//! was checked against the signature the method needs.
+//!
+//! Invariants: decoding never trusts its input — the signature must be the one
+//! the caller expects, the bytes must decode completely (no trailing bytes),
+//! and any failure is an `org.freedesktop.DBus.Error.InvalidArgs` error with
+//! a one-line reason, never a panic.
+
+use drover_protocol::{Marshalled, RemoteError};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use std::collections::HashMap;
+use zbus::OwnedVariant;
+use zbus::wire::serialized::{Context, Data};
+use zbus::wire::{DynamicType, LE, Type};
+
+/// D-Bus error name for a value that does not decode or has the wrong type.
+pub const ERR_INVALID_ARGS: &str = "org.freedesktop.DBus.Error.InvalidArgs";
+
+/// `a{sv}`: a property dictionary (`GetAll`, `PropertiesChanged`).
+pub type PropertyMap = HashMap<String, OwnedVariant>;
+/// `a(sv)`: a property list (`SetUnitProperties`, `StartTransientUnit`).
+pub type PropertyList = Vec<(String, OwnedVariant)>;
+/// `a(sa(sv))`: auxiliary units of `StartTransientUnit`.
+pub type AuxUnits = Vec<(String, PropertyList)>;
+
+fn context() -> Context {
+    Context::new(LE, 0)
+}
+
+/// Encodes `value` with its own signature.
+pub fn encode<T>(value: &T) -> Result<Marshalled, RemoteError>
+where
+    T: ?Sized + Serialize + DynamicType,
+{
+    let signature = value.signature().to_string();
+    let data = zbus::wire::to_bytes(context(), value).map_err(|e| {
+        RemoteError::failed(format!("cannot encode a `{signature}` D-Bus value: {e}"))
+    })?;
+    Ok(Marshalled {
+        signature,
+        data: data.bytes().to_vec(),
+    })
+}
+
+/// Decodes `m` as a `T`; `m.signature` must be exactly `T`'s signature.
+pub fn decode<T>(m: &Marshalled) -> Result<T, RemoteError>
+where
+    T: DeserializeOwned + Type,
+{
+    let expected = T::SIGNATURE.to_string();
+    if m.signature != expected {
+        return Err(RemoteError::new(
+            ERR_INVALID_ARGS,
+            format!(
+                "expected a D-Bus value of type `{expected}`, got `{}`",
+                m.signature.chars().take(64).collect::<String>()
+            ),
+        ));
+    }
+    let data = Data::new(m.data.as_slice(), context());
+    let (value, used) = data.deserialize::<T>().map_err(|e| {
+        RemoteError::new(
+            ERR_INVALID_ARGS,
+            format!("malformed `{expected}` D-Bus value: {e}"),
+        )
+    })?;
+    if used != m.data.len() {
+        return Err(RemoteError::new(
+            ERR_INVALID_ARGS,
+            format!(
+                "malformed `{expected}` D-Bus value: {} trailing bytes",
+                m.data.len() - used
+            ),
+        ));
+    }
+    Ok(value)
+}
+
+/// Encodes a single variant (`v`), e.g. the reply of `Properties.Get`.
+pub fn encode_variant(value: &OwnedVariant) -> Result<Marshalled, RemoteError> {
+    encode(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use zbus::Variant;
+
+    fn ov<'a>(v: impl Into<Variant<'a>>) -> OwnedVariant {
+        OwnedVariant::try_from(v.into()).unwrap()
+    }
+
+    #[test]
+    fn property_map_round_trips_in_little_endian() {
+        let mut map = PropertyMap::new();
+        map.insert("ActiveState".into(), ov("active"));
+        map.insert("NRestarts".into(), ov(3u32));
+        map.insert("CPUUsageNSec".into(), ov(u64::MAX));
+        let m = encode(&map).unwrap();
+        assert_eq!(m.signature, "a{sv}");
+        // The array length leads, little endian, then padding to the
+        // 8-byte alignment of dict entries.
+        let len = u32::from_le_bytes(m.data[0..4].try_into().unwrap()) as usize;
+        assert_eq!(len, m.data.len() - 8);
+        let back: PropertyMap = decode(&m).unwrap();
+        assert_eq!(back, map);
+    }
+
+    #[test]
+    fn property_list_and_aux_round_trip() {
+        let list: PropertyList = vec![
+            ("Description".into(), ov("hello")),
+            ("RemainAfterExit".into(), ov(true)),
+        ];
+        let m = encode(&list).unwrap();
+        assert_eq!(m.signature, "a(sv)");
+        assert_eq!(decode::<PropertyList>(&m).unwrap(), list);
+        let aux: AuxUnits = vec![];
+        let m = encode(&aux).unwrap();
+        assert_eq!(m.signature, "a(sa(sv))");
+        assert_eq!(decode::<AuxUnits>(&m).unwrap(), aux);
+    }
+
+    #[test]
+    fn a_variant_keeps_its_inner_type() {
+        let m = encode_variant(&ov(42i32)).unwrap();
+        assert_eq!(m.signature, "v");
+        let back: OwnedVariant = decode(&m).unwrap();
+        assert_eq!(i32::try_from(back).unwrap(), 42);
+    }
+
+    #[test]
+    fn wrong_signature_trailing_bytes_and_garbage_are_invalid_args() {
+        let list: PropertyList = vec![("A".into(), ov(1u8))];
+        let m = encode(&list).unwrap();
+        let e = decode::<PropertyMap>(&m).unwrap_err();
+        assert_eq!(e.name, ERR_INVALID_ARGS);
+        assert!(
+            e.message.contains("a{sv}") && e.message.contains("a(sv)"),
+            "{e}"
+        );
+
+        let mut long = m.clone();
+        long.data.push(0);
+        let e = decode::<PropertyList>(&long).unwrap_err();
+        assert!(e.message.contains("trailing"), "{e}");
+
+        let cut = Marshalled {
+            signature: m.signature.clone(),
+            data: m.data[..m.data.len() - 1].to_vec(),
+        };
+        assert_eq!(
+            decode::<PropertyList>(&cut).unwrap_err().name,
+            ERR_INVALID_ARGS
+        );
+    }
+
+    proptest! {
+        /// Random bytes under every signature we accept: an error or a value,
+        /// never a panic.
+        #[test]
+        fn garbage_never_panics(data in proptest::collection::vec(any::<u8>(), 0..256)) {
+            for signature in ["a{sv}", "a(sv)", "a(sa(sv))", "v"] {
+                let m = Marshalled { signature: signature.into(), data: data.clone() };
+                let _ = decode::<PropertyMap>(&m);
+                let _ = decode::<PropertyList>(&m);
+                let _ = decode::<AuxUnits>(&m);
+                let _ = decode::<OwnedVariant>(&m);
+            }
+        }
+    }
+}
