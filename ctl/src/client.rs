@@ -232,6 +232,14 @@ impl Client {
                 unit: ctx.unit.map(|u| u.to_string()).unwrap_or_default(),
                 node: node(),
             },
+            // systemd's answer for a unit *file* that does not exist (GetUnitFileState,
+            // EnableUnitFiles, ...).
+            "org.freedesktop.DBus.Error.FileNotFound" if ctx.unit.is_some() => {
+                CtlError::UnitNotFound {
+                    unit: ctx.unit.map(|u| u.to_string()).unwrap_or_default(),
+                    node: node(),
+                }
+            }
             // The bus daemon says this when nobody owns our destination; the manager
             // says it from GetNode for an unknown node. Ask the bus which one it was.
             "org.freedesktop.DBus.Error.ServiceUnknown"

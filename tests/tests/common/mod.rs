@@ -2,6 +2,8 @@
 //! cluster, talk to the manager's public D-Bus API, follow job signals.
 #![allow(dead_code)]
 
+pub mod follow;
+
 use anyhow::{Context, Result, bail};
 use drover_sandbox::{Cluster, ClusterOptions};
 use futures::StreamExt;
