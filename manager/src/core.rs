@@ -19,6 +19,8 @@ use crate::jobs::{
 use crate::registry::{Admission, ControllerStatus, Registry};
 use crate::session::{Session, spawn_io};
 use crate::subscriptions::Subscriptions;
+use crate::proxies::Proxies;
+use crate::references::Policy;
 use drover_config::{LogLevel, ManagerConfig};
 use drover_protocol::handshake::Accepted;
 use drover_protocol::link::manager_read_hello;
@@ -100,6 +102,7 @@ pub struct Core {
     next_session: AtomicU64,
     shutting_down: AtomicBool,
     subscriptions: Arc<Subscriptions>,
+    proxies: Proxies,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -111,6 +114,12 @@ impl Core {
     pub fn new(config: ManagerConfig, timeouts: Timeouts) -> Arc<Self> {
         let registry = Registry::new(&config.allowed_nodes);
         let controller = registry.controller_status();
+        let subscriptions = Subscriptions::new(timeouts.request);
+        let proxies = Proxies::new(
+            Policy::from_config(&config, config.allowed_nodes.iter().cloned()),
+            subscriptions.clone(),
+            timeouts.request,
+        );
         Arc::new(Self {
             log_level: Mutex::new(config.logging.level),
             registry: Mutex::new(registry),
@@ -121,7 +130,8 @@ impl Core {
             // manager restarts: they are the guids of modification tags.
             next_session: AtomicU64::new(clock::realtime_us().max(1)),
             shutting_down: AtomicBool::new(false),
-            subscriptions: Subscriptions::new(timeouts.request),
+            subscriptions,
+            proxies,
             config,
             timeouts,
         })
@@ -141,6 +151,11 @@ impl Core {
 
     pub fn jobs(&self) -> MutexGuard<'_, Jobs> {
         lock(&self.jobs)
+    }
+
+    /// Cross-node dependencies (see [`crate::proxies`]).
+    pub fn proxies(&self) -> &Proxies {
+        &self.proxies
     }
 
     /// Unit subscriptions and records (monitors and proxies watch through it).
@@ -249,6 +264,7 @@ impl Core {
             "node registered"
         );
         self.subscriptions.node_online(&session);
+        self.proxies.node_online(&session).await;
         self.announce_node_locked(&mut announced, session.node())
             .await;
         drop(announced);
@@ -283,6 +299,9 @@ impl Core {
             tracing::info!(node = %session.node(), session = session.id(), "node disconnected: {why}");
             self.subscriptions
                 .node_offline(session.node(), session.id());
+            self.proxies
+                .node_offline(session.node(), session.id())
+                .await;
             self.announce_node_locked(announced, session.node()).await;
         }
         let ended = self.jobs().end_session(session.id(), RESULT_DISCONNECTED);
@@ -406,6 +425,9 @@ impl Core {
             | Event::UnitStateChanged { .. }
             | Event::UnitPropertiesChanged { .. }
             | Event::UnitRemoved { .. }) => self.subscriptions.on_event(session, event),
+            event @ (Event::ProxyNew { .. } | Event::ProxyRemoved { .. }) => {
+                self.proxies.on_event(session, &event).await
+            }
             other => {
                 tracing::debug!(node = %session.node(), "event not handled by this manager yet: {other:?}")
             }

@@ -19,6 +19,10 @@
 //! * [`subscriptions`] — who watches which unit, the last state of each
 //!   watched unit with its modification tag, fan-out of unit events.
 //! * [`api`] — the D-Bus objects: Controller, Node, Job.
+//! * [`references`] — cross-node dependencies: reference sets per target
+//!   unit and their rules (grace periods, permissions, dep units), as plain
+//!   data; [`proxies`] carries out what they decide; [`reload`] applies a
+//!   reloaded config (SIGHUP).
 //! * [`escape`] — object paths (systemd's bus label escaping).
 //! * [`server`] — start/stop of a whole manager; [`cli`] — the command line.
 //!
@@ -50,7 +54,10 @@ pub mod error;
 pub mod escape;
 pub mod jobs;
 pub mod listener;
+pub mod proxies;
+pub mod references;
 pub mod registry;
+pub mod reload;
 pub mod server;
 pub mod session;
 pub mod subscriptions;

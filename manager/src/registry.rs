@@ -224,6 +224,29 @@ impl Registry {
     pub fn sessions(&self) -> impl Iterator<Item = &Arc<Session>> {
         self.nodes.iter().filter_map(|n| n.session.as_ref())
     }
+
+    /// Adds an offline entry for every name not known yet, after the others
+    /// and in the given order (config reload); returns the added entries'
+    /// names and paths. Known names are left alone: a reload never takes a
+    /// node away.
+    pub fn add_nodes(&mut self, names: &[NodeName]) -> Vec<(NodeName, OwnedObjectPath)> {
+        let mut added = Vec::new();
+        for name in names {
+            if self.index.contains_key(name) {
+                continue;
+            }
+            self.index.insert(name.clone(), self.nodes.len());
+            let path = node_path(name.as_str());
+            self.nodes.push(NodeEntry {
+                name: name.clone(),
+                path: path.clone(),
+                session: None,
+                last_seen: (0, 0),
+            });
+            added.push((name.clone(), path));
+        }
+        added
+    }
 }
 
 #[cfg(test)]
@@ -318,6 +341,27 @@ mod tests {
         assert_eq!(r.online(), 0);
         assert_eq!(r.last_seen("a"), seen, "last seen survives the disconnect");
         assert!(r.session("a").is_none());
+    }
+
+    #[test]
+    fn reload_adds_nodes_after_the_others() {
+        let mut r = Registry::new(&names(&["a", "b"]));
+        r.attach(session(1, "a")).ok().unwrap();
+        let added = r.add_nodes(&names(&["b", "c", "a", "d", "c"]));
+        let added: Vec<_> = added.iter().map(|(n, p)| (n.as_str(), p.as_str())).collect();
+        assert_eq!(
+            added,
+            [
+                ("c", "/org/eclipse/bluechi/node/c"),
+                ("d", "/org/eclipse/bluechi/node/d")
+            ]
+        );
+        let order: Vec<_> = r.nodes().iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(order, ["a", "b", "c", "d"]);
+        assert_eq!(r.get("a").unwrap().status(), ONLINE, "untouched");
+        assert_eq!(r.get("d").unwrap().status(), OFFLINE);
+        assert!(matches!(r.admit("d", 0, 6000), Admission::Accept(_)));
+        assert_eq!(r.controller_status().as_str(), "degraded");
     }
 
     #[test]

@@ -139,6 +139,7 @@ impl Manager {
         let tasks = vec![
             tokio::spawn(accept_loop(core.clone(), listener, stop.clone())),
             tokio::spawn(core.clone().heartbeat_loop()),
+            tokio::spawn(core.proxies().clone().timer_loop()),
             tokio::spawn(watch_name(conn.clone())),
         ];
         tracing::info!(

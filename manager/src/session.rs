@@ -20,7 +20,7 @@ use crate::clock;
 use crate::core::Core;
 use crate::error::{ApiError, NO_REPLY};
 use drover_protocol::link::ManagerFramed;
-use drover_protocol::{NodeName, RemoteError, Request, Response, ToAgent, ToManager};
+use drover_protocol::{Notice, NodeName, RemoteError, Request, Response, ToAgent, ToManager};
 use futures::{SinkExt, StreamExt};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -151,6 +151,19 @@ impl Session {
                 self.lock_pending().remove(&id);
                 Err(self.no_reply(timeout))
             }
+        }
+    }
+
+    /// Queues a one-way notice (proxies), waiting at most `timeout` for room
+    /// in the outgoing queue.
+    pub async fn notify(&self, notice: Notice, timeout: Duration) -> Result<(), ApiError> {
+        if self.is_ended() {
+            return Err(ApiError::offline());
+        }
+        match tokio::time::timeout(timeout, self.outgoing.send(ToAgent::Notice(notice))).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(ApiError::offline()),
+            Err(_) => Err(self.no_reply(timeout)),
         }
     }
 

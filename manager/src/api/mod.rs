@@ -9,6 +9,7 @@
 //! are served — nothing is a stub.
 
 pub mod controller;
+pub mod drover_controller;
 pub mod job;
 pub mod node;
 
@@ -24,6 +25,12 @@ pub async fn export(core: &Arc<Core>, conn: &Connection) -> zbus::Result<()> {
         .at(
             CONTROLLER_PATH,
             controller::ControllerObject::new(core.clone()),
+        )
+        .await?;
+    server
+        .at(
+            CONTROLLER_PATH,
+            drover_controller::DroverControllerObject::new(core.proxies().clone()),
         )
         .await?;
     let nodes: Vec<_> = core

@@ -320,6 +320,8 @@ pub fn never_reply() -> Behavior {
 pub struct FakeAgent {
     task: JoinHandle<()>,
     pub requests: Arc<Mutex<Vec<Request>>>,
+    /// One-way notices from the manager (proxies), in arrival order.
+    pub notices: Arc<Mutex<Vec<drover_protocol::Notice>>>,
     pub accepted: Accepted,
     inject: mpsc::Sender<Injected>,
     /// Stops heartbeats (a hung agent).
@@ -343,10 +345,12 @@ impl FakeAgent {
             .map_err(|e| HandshakeError::Frame(e.into()))?;
         let (framed, accepted) = agent_handshake(stream, &Hello::new(name, "fake"), WAIT).await?;
         let requests = Arc::new(Mutex::new(Vec::new()));
+        let notices = Arc::new(Mutex::new(Vec::new()));
         let silent = Arc::new(AtomicBool::new(false));
         let (inject, mut injected) = mpsc::channel::<Injected>(64);
         let task = {
             let requests = requests.clone();
+            let notices = notices.clone();
             let silent = silent.clone();
             tokio::spawn(async move {
                 let mut framed = framed;
@@ -362,6 +366,7 @@ impl FakeAgent {
                                 }
                             }
                             Some(Ok(ToAgent::Heartbeat)) => {}
+                            Some(Ok(ToAgent::Notice(n))) => notices.lock().expect("notices").push(n),
                             _ => return,
                         },
                         msg = injected.recv() => match msg {
@@ -384,6 +389,7 @@ impl FakeAgent {
         Ok(Self {
             task,
             requests,
+            notices,
             accepted,
             inject,
             silent,

@@ -1,0 +1,386 @@
+//! The async side of cross-node dependencies: carries out what
+//! [`crate::references`] decides and feeds back what happened.
+//!
+//! * Agent events (`ProxyNew`, `ProxyRemoved`), node online/offline and
+//!   config reloads go in through the hooks the core calls.
+//! * Target states come from one [`Watcher`] of the subscription table; a
+//!   relay task feeds them in. If the watcher is dropped for falling behind,
+//!   a new one is made and every target watched again (the subscription
+//!   layer replays the known states as virtual events, so nothing is lost
+//!   that matters: the latest state).
+//! * Dep commands run in one task per command; [`References`] allows at most
+//!   one in flight per target, so they stay ordered. `StartDep` may take as
+//!   long as the target's start (the agent answers when the dep's job is
+//!   done, bounded by 90 s), hence its own, longer timeout.
+//! * A timer task wakes at [`References::next_deadline`] for grace periods
+//!   and orphan sweeps.
+//!
+//! Locking: one async mutex over the reference state and the sessions it
+//! sends to. Notices are queued under it, in the order the state machine
+//! produced them, so a requesting agent sees its target's changes in order.
+//! Queueing a notice waits at most [`NOTICE_TIMEOUT`] (a full queue means the
+//! agent does not read; its session is dropped by the write deadline soon,
+//! and it re-announces its proxies when it is back). Dep requests and
+//! `ListUnits` for sweeps are awaited outside the lock.
+
+use crate::error::OFFLINE;
+use crate::references::{Action, DepCommand, DepOutcome, Policy, ProxyRow, References, dep_target};
+use crate::session::Session;
+use crate::subscriptions::{Change, Delivery, Subscriptions, WatchId, Watcher};
+use drover_protocol::{Event, NodeName, Request, Response, TargetChange, UnitName};
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{Mutex, Notify, mpsc};
+use tokio::time::Instant;
+
+/// Longest wait for room in an agent's outgoing queue for one notice.
+pub const NOTICE_TIMEOUT: Duration = Duration::from_secs(1);
+/// `StartDep`: the agent answers when the dep's start job ends (at most
+/// 90 s, see the agent's `deps` module), plus slack.
+pub const START_DEP_TIMEOUT: Duration = Duration::from_secs(120);
+/// Queue of the target-state watcher.
+pub const WATCH_QUEUE: usize = 4096;
+
+/// `ListProxies` row: (requesting node, target node, unit, proxy state,
+/// target active state or `unknown`, references on the target).
+pub type ProxyTuple = (String, String, String, String, String, u32);
+
+struct Inner {
+    refs: References,
+    /// Current session per online node (the ones notices and deps go to).
+    sessions: HashMap<NodeName, Arc<Session>>,
+    watcher: Option<Watcher>,
+    /// Every watched target; `None` while the watcher is being renewed.
+    watches: HashMap<(NodeName, UnitName), Option<WatchId>>,
+}
+
+struct Shared {
+    inner: Mutex<Inner>,
+    wake: Notify,
+    subs: Arc<Subscriptions>,
+    /// Timeout of `StopDep` and `ListUnits` (the core's request timeout).
+    request_timeout: Duration,
+}
+
+/// Handle to the proxy machinery (cheap to clone).
+#[derive(Clone)]
+pub struct Proxies {
+    shared: Arc<Shared>,
+}
+
+type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+impl Proxies {
+    pub fn new(policy: Policy, subs: Arc<Subscriptions>, request_timeout: Duration) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                inner: Mutex::new(Inner {
+                    refs: References::new(policy),
+                    sessions: HashMap::new(),
+                    watcher: None,
+                    watches: HashMap::new(),
+                }),
+                wake: Notify::new(),
+                subs,
+                request_timeout,
+            }),
+        }
+    }
+
+    // ---- hooks for the core -----------------------------------------------
+
+    /// A session was admitted for its node.
+    pub async fn node_online(&self, session: &Arc<Session>) {
+        let mut inner = self.shared.inner.lock().await;
+        inner
+            .sessions
+            .insert(session.node().clone(), session.clone());
+        let actions = inner
+            .refs
+            .node_online(session.node(), session.id(), Instant::now());
+        self.run(&mut inner, actions).await;
+        self.shared.wake.notify_one();
+    }
+
+    /// The current session of `node` ended.
+    pub async fn node_offline(&self, node: &NodeName, session_id: u64) {
+        let mut inner = self.shared.inner.lock().await;
+        if inner.sessions.get(node).map(|s| s.id()) != Some(session_id) {
+            return;
+        }
+        inner.sessions.remove(node);
+        let actions = inner.refs.node_offline(node, Instant::now());
+        self.run(&mut inner, actions).await;
+        self.shared.wake.notify_one();
+    }
+
+    /// `ProxyNew` / `ProxyRemoved` from `session`'s agent; other events are
+    /// ignored.
+    pub async fn on_event(&self, session: &Session, event: &Event) {
+        let mut inner = self.shared.inner.lock().await;
+        // Events of a session that is no longer current (a replaced one
+        // still draining) must not resurrect references.
+        if inner.sessions.get(session.node()).map(|s| s.id()) != Some(session.id()) {
+            return;
+        }
+        let actions = match event {
+            Event::ProxyNew {
+                node,
+                unit,
+                proxy_id,
+            } => {
+                tracing::debug!(requester = %session.node(), %node, %unit, proxy_id, "proxy announced");
+                inner
+                    .refs
+                    .proxy_new(session.node(), session.id(), node, unit, *proxy_id)
+            }
+            Event::ProxyRemoved {
+                node,
+                unit,
+                proxy_id,
+            } => {
+                tracing::debug!(requester = %session.node(), %node, %unit, proxy_id, "proxy removed");
+                inner
+                    .refs
+                    .proxy_removed(session.node(), node, unit, *proxy_id)
+            }
+            _ => return,
+        };
+        self.run(&mut inner, actions).await;
+        self.shared.wake.notify_one();
+    }
+
+    /// A reloaded configuration.
+    pub async fn reload(&self, policy: Policy) {
+        let mut inner = self.shared.inner.lock().await;
+        let actions = inner.refs.reload(policy);
+        self.run(&mut inner, actions).await;
+        self.shared.wake.notify_one();
+    }
+
+    /// `ListProxies`.
+    pub async fn list(&self) -> Vec<ProxyTuple> {
+        let inner = self.shared.inner.lock().await;
+        inner.refs.rows().into_iter().map(tuple).collect()
+    }
+
+    /// Grace periods and sweeps; runs until the manager stops (abort).
+    pub async fn timer_loop(self) {
+        loop {
+            let next = self.shared.inner.lock().await.refs.next_deadline();
+            let notified = self.shared.wake.notified();
+            match next {
+                Some(at) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(at) => {}
+                        _ = notified => continue,
+                    }
+                }
+                None => {
+                    notified.await;
+                    continue;
+                }
+            }
+            let mut inner = self.shared.inner.lock().await;
+            let actions = inner.refs.tick(Instant::now());
+            self.run(&mut inner, actions).await;
+        }
+    }
+
+    // ---- carrying out -------------------------------------------------------
+
+    /// Carries out `actions`, then sends whatever dep commands are due.
+    /// Boxed with an explicit `Send`: the tasks it spawns call it again.
+    fn run<'a>(
+        &'a self,
+        inner: &'a mut Inner,
+        actions: Vec<Action>,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
+        Box::pin(self.run_inner(inner, actions))
+    }
+
+    async fn run_inner(&self, inner: &mut Inner, actions: Vec<Action>) {
+        for action in actions {
+            match action {
+                Action::Notify {
+                    to,
+                    session,
+                    notice,
+                } => {
+                    let Some(s) = inner.sessions.get(&to).filter(|s| s.id() == session) else {
+                        continue;
+                    };
+                    if let Err(e) = s.notify(notice, NOTICE_TIMEOUT).await {
+                        tracing::warn!(node = %to, "proxy notice not delivered: {e}");
+                    }
+                }
+                Action::Watch { node, unit } => self.watch(inner, node, unit),
+                Action::Unwatch { node, unit } => {
+                    if let (Some(Some(id)), Some(w)) =
+                        (inner.watches.remove(&(node, unit)), &inner.watcher)
+                    {
+                        w.unwatch(id);
+                    }
+                }
+                Action::Sweep { node, session } => {
+                    if let Some(s) = inner.sessions.get(&node).filter(|s| s.id() == session) {
+                        let task: BoxFuture = Box::pin(self.clone().sweep(s.clone()));
+                        tokio::spawn(task);
+                    }
+                }
+            }
+        }
+        for cmd in inner.refs.dep_commands() {
+            match inner.sessions.get(&cmd.node) {
+                Some(s) if s.id() == cmd.session => {
+                    let task: BoxFuture = Box::pin(self.clone().drive(s.clone(), cmd));
+                    tokio::spawn(task);
+                }
+                // Cannot happen (commands are only made for online nodes);
+                // if it did, the want is sent again on the next register.
+                _ => {
+                    let _ = inner.refs.dep_result(&cmd, DepOutcome::Offline);
+                }
+            }
+        }
+    }
+
+    fn watch(&self, inner: &mut Inner, node: NodeName, unit: UnitName) {
+        if inner.watcher.is_none() {
+            let (watcher, rx) = self.shared.subs.watcher(WATCH_QUEUE);
+            let task: BoxFuture = Box::pin(self.clone().relay(rx));
+            tokio::spawn(task);
+            inner.watcher = Some(watcher);
+        }
+        let id = inner
+            .watcher
+            .as_ref()
+            .and_then(|w| w.watch(&node, Some(&unit)));
+        // `None`: the watcher was dropped (overflow); its relay task renews
+        // it and watches everything again, this one included.
+        inner.watches.insert((node, unit), id);
+    }
+
+    /// Feeds target states into the references; renews the watcher when the
+    /// subscription layer dropped it.
+    async fn relay(self, mut rx: mpsc::Receiver<Delivery>) {
+        loop {
+            while let Some(delivery) = rx.recv().await {
+                let event = &delivery.event;
+                let Some(unit) = &event.unit else { continue };
+                let change = match &event.change {
+                    Change::New { reason } => TargetChange::New { reason: *reason },
+                    Change::State {
+                        active_state,
+                        sub_state,
+                        reason,
+                    } => TargetChange::State {
+                        active_state: active_state.clone(),
+                        sub_state: sub_state.clone(),
+                        reason: *reason,
+                    },
+                    Change::Removed { reason } => TargetChange::Removed { reason: *reason },
+                    Change::Properties { .. } => continue,
+                };
+                let mut inner = self.shared.inner.lock().await;
+                let actions = inner.refs.target_event(&event.node, unit, &change);
+                self.run(&mut inner, actions).await;
+            }
+            // The queue closed: dropped for falling behind (or shutdown).
+            let mut inner = self.shared.inner.lock().await;
+            inner.watcher = None;
+            let targets: Vec<(NodeName, UnitName)> = inner.watches.keys().cloned().collect();
+            inner.watches.clear();
+            if targets.is_empty() {
+                return;
+            }
+            tracing::warn!(
+                "proxy target watcher fell behind; watching {} targets again",
+                targets.len()
+            );
+            let (watcher, new_rx) = self.shared.subs.watcher(WATCH_QUEUE);
+            for (node, unit) in targets {
+                let id = watcher.watch(&node, Some(&unit));
+                inner.watches.insert((node, unit), id);
+            }
+            inner.watcher = Some(watcher);
+            rx = new_rx;
+        }
+    }
+
+    /// Sends one dep command and reports how it ended.
+    async fn drive(self, session: Arc<Session>, cmd: DepCommand) {
+        let (body, timeout) = if cmd.start {
+            (
+                Request::StartDep {
+                    unit: cmd.unit.clone(),
+                },
+                START_DEP_TIMEOUT,
+            )
+        } else {
+            (
+                Request::StopDep {
+                    unit: cmd.unit.clone(),
+                },
+                self.shared.request_timeout,
+            )
+        };
+        let what = if cmd.start { "StartDep" } else { "StopDep" };
+        let outcome = match session.request(body, timeout).await {
+            Ok(_) => DepOutcome::Done,
+            Err(e) if e.name() == OFFLINE => DepOutcome::Offline,
+            Err(e) => {
+                tracing::warn!(node = %cmd.node, unit = %cmd.unit, "{what} failed: {}", e.message());
+                DepOutcome::Failed(e.message().to_owned())
+            }
+        };
+        let mut inner = self.shared.inner.lock().await;
+        let actions = inner.refs.dep_result(&cmd, outcome);
+        self.run(&mut inner, actions).await;
+    }
+
+    /// Lists the dep units running on the node of `session` and stops those
+    /// nobody references (see `references`' module docs).
+    async fn sweep(self, session: Arc<Session>) {
+        let units = match session
+            .request(Request::ListUnits, self.shared.request_timeout)
+            .await
+        {
+            Ok(Response::Units(units)) => units,
+            Ok(_) => return,
+            Err(e) => {
+                tracing::info!(node = %session.node(), "cannot list units for the dep sweep: {e}");
+                return;
+            }
+        };
+        let running: Vec<UnitName> = units
+            .iter()
+            .filter(|u| {
+                matches!(
+                    u.active_state.as_str(),
+                    "active" | "activating" | "reloading"
+                )
+            })
+            .filter_map(|u| dep_target(&u.name))
+            .collect();
+        let mut inner = self.shared.inner.lock().await;
+        inner
+            .refs
+            .sweep_result(session.node(), session.id(), &running);
+        self.run(&mut inner, Vec::new()).await;
+    }
+}
+
+fn tuple(row: ProxyRow) -> ProxyTuple {
+    (
+        row.requester.to_string(),
+        row.node.to_string(),
+        row.unit.to_string(),
+        row.state.to_owned(),
+        row.target_state,
+        row.references,
+    )
+}

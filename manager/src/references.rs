@@ -1,0 +1,977 @@
+//! Cross-node dependencies, manager side: per target (node B, unit U) the set
+//! of references (requesting node A, proxy id), and the rules that turn
+//! agents' proxy announcements, target state changes, disconnects, timers and
+//! config reloads into actions (notices to requesting agents, dep starts and
+//! stops on target agents, unit watches).
+//!
+//! This module is plain data: no sockets, no bus, no tasks. Inputs are method
+//! calls with the current [`Instant`]; outputs are [`Action`]s and
+//! [`DepCommand`]s that the async glue ([`crate::proxies`]) carries out and
+//! whose outcome it feeds back ([`References::dep_result`],
+//! [`References::sweep_result`]). Everything here is unit-tested with paused
+//! tokio time.
+//!
+//! # Invariants
+//!
+//! * At most one reference per (A, B, U); a new announcement for the same
+//!   triple replaces the old one, whatever its proxy id.
+//! * A reference is **live** while it is `waiting` or `active`. The dep unit
+//!   `drover-dep@U.service` on B is wanted exactly while (B, U) has a live
+//!   reference. Wants are level-triggered and numbered: every (re)add bumps
+//!   the generation so `StartDep` is sent again (it covers a dep that stopped
+//!   along with its target); the commands for one target are serialised (at
+//!   most one in flight), so a `StopDep` can never overtake a later
+//!   `StartDep`. Whatever B has not acknowledged in its current session is
+//!   sent again when B registers — that is the replay of outstanding dep
+//!   starts, and of dep stops that could not be sent while B was offline.
+//! * The manager applies the agent's own rule to the target states it relays,
+//!   so both sides agree on a proxy's fate without an extra message: a waiting
+//!   proxy becomes active when the target is `active` (real or virtual) and
+//!   fails on a *real* `failed`/`inactive`/removal; an active proxy ends on a
+//!   real `failed`/`inactive`/removal (agent A stops the proxy unit, its later
+//!   `ProxyRemoved` finds nothing). Failed and ended references are not live;
+//!   they are kept (bounded per requesting node) so that a requesting node
+//!   that was away learns the outcome when it re-announces the same proxy, and
+//!   so that `ListProxies` can show failures.
+//! * Notices go only to the session of A that owns the reference, so a stale
+//!   proxy id never reaches a newer agent process.
+//!
+//! # Disconnects (`ProxyGracePeriod`)
+//!
+//! * A offline: its references stay for the grace period, then are dropped
+//!   (dep stopped if it was the last). A re-announcement from A's next session
+//!   within the grace period *resumes* the reference — matched on (A, B, U),
+//!   not on the id, which may be new — and nothing is sent to B; A gets the
+//!   target's current state (or the outcome it missed) replayed.
+//! * B offline: the target states of B become `inactive`/`agent-offline`
+//!   (virtual), so no new proxy completes on stale news. Active proxies on B
+//!   stay active for the grace period; past it every active reference on B
+//!   ends and its requester is told `inactive`/`agent-offline` with reason
+//!   `real`, which makes agent A stop the proxy unit. Waiting proxies keep
+//!   waiting (their own start timeout bounds them).
+//! * B registers: every unacknowledged dep want is sent again; one grace
+//!   period later the manager sweeps B: every running `drover-dep@` unit that
+//!   no live reference wants is stopped. This is what makes a manager restart
+//!   leak nothing: the new manager knows no references, agents re-announce
+//!   theirs (a re-announced reference only restarts a dep that is already
+//!   running, a no-op for systemd), and deps that nobody re-announced within
+//!   the grace period are stopped. A dep someone started by hand is stopped
+//!   by the sweep as well.
+//! * Config reload: references the new `AllowDependenciesOn` (or node list)
+//!   no longer permits are dropped at once, their requesters get
+//!   `ProxyError`; a new grace period applies to disconnects from then on.
+
+use drover_config::ManagerConfig;
+use drover_protocol::{NodeName, Notice, Reason, TargetChange, UnitName};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Failed or ended references kept per requesting node for reporting; the
+/// oldest go first. Bounds what a misbehaving agent can make us hold.
+pub const MAX_DEAD_PER_REQUESTER: usize = 256;
+
+/// The sub state the manager reports for a target whose node is offline.
+pub const AGENT_OFFLINE: &str = "agent-offline";
+
+/// Dep units are `drover-dep@UNIT.service`.
+pub const DEP_PREFIX: &str = "drover-dep@";
+pub const DEP_SUFFIX: &str = ".service";
+
+/// The target unit of a dep unit name, if `unit` is one.
+pub fn dep_target(unit: &str) -> Option<UnitName> {
+    let inner = unit.strip_prefix(DEP_PREFIX)?.strip_suffix(DEP_SUFFIX)?;
+    UnitName::new(inner).ok()
+}
+
+/// Who may depend on whom, and the grace period.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    known: HashSet<NodeName>,
+    allow: HashMap<NodeName, HashSet<NodeName>>,
+    grace: Duration,
+}
+
+impl Policy {
+    /// `known`: the nodes that exist (the registry's names).
+    pub fn new(
+        known: impl IntoIterator<Item = NodeName>,
+        allow: impl IntoIterator<Item = (NodeName, Vec<NodeName>)>,
+        grace: Duration,
+    ) -> Self {
+        let mut map: HashMap<NodeName, HashSet<NodeName>> = HashMap::new();
+        for (a, targets) in allow {
+            map.entry(a).or_default().extend(targets);
+        }
+        Self {
+            known: known.into_iter().collect(),
+            allow: map,
+            grace,
+        }
+    }
+
+    pub fn from_config(config: &ManagerConfig, known: impl IntoIterator<Item = NodeName>) -> Self {
+        Self::new(
+            known,
+            config
+                .nodes
+                .iter()
+                .map(|n| (n.name.clone(), n.allow_dependencies_on.clone())),
+            Duration::from_millis(config.proxy_grace_ms()),
+        )
+    }
+
+    pub fn grace(&self) -> Duration {
+        self.grace
+    }
+
+    /// Ok if A may depend on units of B; else the one-line reason for A.
+    pub fn check(&self, a: &NodeName, b: &NodeName) -> Result<(), String> {
+        if !self.known.contains(b) {
+            return Err(format!("no such node {b}"));
+        }
+        if self.allow.get(a).is_some_and(|set| set.contains(b)) {
+            Ok(())
+        } else {
+            Err(format!(
+                "node {a} may not depend on units of node {b}: add {b} to AllowDependenciesOn in [node {a}]"
+            ))
+        }
+    }
+}
+
+/// What the glue must do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Send `notice` to node `to`, if `session` is still its session.
+    Notify {
+        to: NodeName,
+        session: u64,
+        notice: Notice,
+    },
+    /// Start forwarding state changes of (node, unit) to
+    /// [`References::target_event`]; the known state is fed in the same way.
+    Watch {
+        node: NodeName,
+        unit: UnitName,
+    },
+    Unwatch {
+        node: NodeName,
+        unit: UnitName,
+    },
+    /// List B's units and report its running dep units with
+    /// [`References::sweep_result`] (`session` guards against a newer one).
+    Sweep {
+        node: NodeName,
+        session: u64,
+    },
+}
+
+/// `StartDep`/`StopDep` to send to `node`; report the outcome with
+/// [`References::dep_result`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DepCommand {
+    pub node: NodeName,
+    pub unit: UnitName,
+    pub start: bool,
+    pub generation: u64,
+    /// B's session the command is for.
+    pub session: u64,
+}
+
+/// How a [`DepCommand`] ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DepOutcome {
+    Done,
+    /// B went away before answering: sent again when it registers.
+    Offline,
+    /// The agent (or its systemd) refused: the message goes to the waiting
+    /// requesters of a `StartDep`.
+    Failed(String),
+}
+
+/// One row of `ListProxies`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyRow {
+    pub requester: NodeName,
+    pub node: NodeName,
+    pub unit: UnitName,
+    /// `waiting`, `active` or `failed`.
+    pub state: &'static str,
+    /// The target's active state as last known, or `unknown`.
+    pub target_state: String,
+    /// Live references on the target.
+    pub references: u32,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Known {
+    Unknown,
+    Loaded {
+        active: String,
+        sub: String,
+        reason: Reason,
+    },
+    Removed,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum RefState {
+    Waiting,
+    Active,
+    /// The proxy failed; the message is what its requester was (or will be)
+    /// told.
+    Failed(String),
+    /// The target really stopped after the proxy was active; the change is
+    /// what its requester was (or will be) told.
+    Ended(TargetChange),
+}
+
+impl RefState {
+    fn is_live(&self) -> bool {
+        matches!(self, RefState::Waiting | RefState::Active)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Ref {
+    proxy_id: u64,
+    /// A's session that announced (or resumed) it.
+    session: u64,
+    state: RefState,
+    /// The want generation of its (re)add: a failed `StartDep` fails only the
+    /// waiting references it was sent for.
+    added_gen: u64,
+    /// Set while A is offline: dropped at this instant.
+    grace_until: Option<Instant>,
+    /// Insertion order, to evict the oldest dead references first.
+    seq: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Want {
+    running: bool,
+    generation: u64,
+}
+
+#[derive(Debug)]
+struct Target {
+    refs: BTreeMap<NodeName, Ref>,
+    known: Known,
+    watched: bool,
+    /// `generation == 0`: no dep was ever wanted here, nothing to send.
+    want: Want,
+    /// What B acknowledged in its current session.
+    acked: Option<Want>,
+    in_flight: bool,
+}
+
+impl Target {
+    fn new() -> Self {
+        Self {
+            refs: BTreeMap::new(),
+            known: Known::Unknown,
+            watched: false,
+            want: Want {
+                running: false,
+                generation: 0,
+            },
+            acked: None,
+            in_flight: false,
+        }
+    }
+
+    fn live(&self) -> usize {
+        self.refs.values().filter(|r| r.state.is_live()).count()
+    }
+
+    fn needs_command(&self) -> bool {
+        self.want.generation > 0 && !self.in_flight && self.acked != Some(self.want)
+    }
+
+    fn removable(&self) -> bool {
+        self.refs.is_empty()
+            && !self.watched
+            && !self.in_flight
+            && (self.want.generation == 0 || self.acked == Some(self.want))
+            && !self.want.running
+    }
+}
+
+pub struct References {
+    policy: Policy,
+    /// Online nodes and their session ids.
+    online: HashMap<NodeName, u64>,
+    targets: BTreeMap<(NodeName, UnitName), Target>,
+    /// Target nodes that are offline: when their active proxies end.
+    offline_until: HashMap<NodeName, Instant>,
+    /// Orphan-dep sweeps due: node → (session, when).
+    sweeps: HashMap<NodeName, (u64, Instant)>,
+    next_gen: u64,
+    next_seq: u64,
+}
+
+fn is_down(active: &str) -> bool {
+    matches!(active, "failed" | "inactive")
+}
+
+impl References {
+    pub fn new(policy: Policy) -> Self {
+        Self {
+            policy,
+            online: HashMap::new(),
+            targets: BTreeMap::new(),
+            offline_until: HashMap::new(),
+            sweeps: HashMap::new(),
+            next_gen: 1,
+            next_seq: 1,
+        }
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    fn bump(&mut self) -> u64 {
+        let g = self.next_gen;
+        self.next_gen += 1;
+        g
+    }
+
+    fn session_of(&self, node: &NodeName) -> Option<u64> {
+        self.online.get(node).copied()
+    }
+
+    // ---- node lifecycle -------------------------------------------------
+
+    /// `node` registered with `session`.
+    pub fn node_online(&mut self, node: &NodeName, session: u64, now: Instant) -> Vec<Action> {
+        self.online.insert(node.clone(), session);
+        self.offline_until.remove(node);
+        self.sweeps
+            .insert(node.clone(), (session, now + self.policy.grace));
+        // Its unacknowledged wants go out through `dep_commands`.
+        Vec::new()
+    }
+
+    /// `node`'s session ended.
+    pub fn node_offline(&mut self, node: &NodeName, now: Instant) -> Vec<Action> {
+        if self.online.remove(node).is_none() {
+            return Vec::new();
+        }
+        self.sweeps.remove(node);
+        let until = now + self.policy.grace;
+        self.offline_until.insert(node.clone(), until);
+        for ((b, _), target) in self.targets.iter_mut() {
+            if b == node {
+                // B may have done anything meanwhile; and its last news is stale.
+                target.acked = None;
+                if target.watched {
+                    target.known = Known::Loaded {
+                        active: "inactive".into(),
+                        sub: AGENT_OFFLINE.into(),
+                        reason: Reason::Virtual,
+                    };
+                }
+            }
+            for (a, r) in target.refs.iter_mut() {
+                if a == node && r.grace_until.is_none() {
+                    r.grace_until = Some(until);
+                }
+            }
+        }
+        Vec::new()
+    }
+
+    // ---- agent events -----------------------------------------------------
+
+    /// `Event::ProxyNew` from node `a` in `session`.
+    pub fn proxy_new(
+        &mut self,
+        a: &NodeName,
+        session: u64,
+        b: &NodeName,
+        unit: &UnitName,
+        proxy_id: u64,
+    ) -> Vec<Action> {
+        let mut out = Vec::new();
+        if let Err(message) = self.policy.check(a, b) {
+            out.push(Action::Notify {
+                to: a.clone(),
+                session,
+                notice: Notice::ProxyError {
+                    proxy_id,
+                    message: message.clone(),
+                },
+            });
+            // Shown by ListProxies only for a known target node: an
+            // unknown one would let an agent fill the table with garbage.
+            if self.policy.known.contains(b) {
+                let seq = self.next_seq;
+                self.next_seq += 1;
+                let target = self
+                    .targets
+                    .entry((b.clone(), unit.clone()))
+                    .or_insert_with(Target::new);
+                target.refs.insert(
+                    a.clone(),
+                    Ref {
+                        proxy_id,
+                        session,
+                        state: RefState::Failed(message),
+                        added_gen: 0,
+                        grace_until: None,
+                        seq,
+                    },
+                );
+                self.settle(b, unit, &mut out);
+                self.evict_dead(a);
+            }
+            return out;
+        }
+
+        let key = (b.clone(), unit.clone());
+        let existing = self.targets.get(&key).and_then(|t| t.refs.get(a)).cloned();
+        match existing {
+            // A re-announces after a reconnect: resume, nothing on B.
+            Some(r) if r.state.is_live() && r.session != session => {
+                if let Some(target) = self.targets.get_mut(&key)
+                    && let Some(r) = target.refs.get_mut(a)
+                {
+                    r.session = session;
+                    r.proxy_id = proxy_id;
+                    r.grace_until = None;
+                }
+                self.replay(a, b, unit, &mut out);
+            }
+            // The same proxy again after it failed or ended: tell it again.
+            Some(r) if !r.state.is_live() && r.proxy_id == proxy_id => {
+                if let Some(target) = self.targets.get_mut(&key)
+                    && let Some(r) = target.refs.get_mut(a)
+                {
+                    r.session = session;
+                    r.grace_until = None;
+                }
+                let notice = match r.state {
+                    RefState::Failed(message) => Notice::ProxyError { proxy_id, message },
+                    RefState::Ended(change) => Notice::ProxyTarget { proxy_id, change },
+                    // Excluded by the guard.
+                    RefState::Waiting | RefState::Active => return out,
+                };
+                out.push(Action::Notify {
+                    to: a.clone(),
+                    session,
+                    notice,
+                });
+            }
+            // New, a duplicate, or a new proxy for the same triple: (re)add.
+            _ => {
+                let generation = self.bump();
+                let seq = self.next_seq;
+                self.next_seq += 1;
+                let target = self.targets.entry(key).or_insert_with(Target::new);
+                target.refs.insert(
+                    a.clone(),
+                    Ref {
+                        proxy_id,
+                        session,
+                        state: RefState::Waiting,
+                        added_gen: generation,
+                        grace_until: None,
+                        seq,
+                    },
+                );
+                target.want = Want {
+                    running: true,
+                    generation,
+                };
+                self.settle(b, unit, &mut out);
+                self.replay(a, b, unit, &mut out);
+            }
+        }
+        out
+    }
+
+    /// `Event::ProxyRemoved` from node `a`. Only the reference with this id
+    /// goes: a late removal of an older proxy never drops its replacement.
+    pub fn proxy_removed(
+        &mut self,
+        a: &NodeName,
+        b: &NodeName,
+        unit: &UnitName,
+        proxy_id: u64,
+    ) -> Vec<Action> {
+        let mut out = Vec::new();
+        let key = (b.clone(), unit.clone());
+        let Some(target) = self.targets.get_mut(&key) else {
+            return out;
+        };
+        if target.refs.get(a).is_some_and(|r| r.proxy_id == proxy_id) {
+            target.refs.remove(a);
+            self.settle(b, unit, &mut out);
+        }
+        out
+    }
+
+    /// A state change of a watched target (or the replay of its known state
+    /// right after [`Action::Watch`]).
+    pub fn target_event(
+        &mut self,
+        b: &NodeName,
+        unit: &UnitName,
+        change: &TargetChange,
+    ) -> Vec<Action> {
+        let mut out = Vec::new();
+        let key = (b.clone(), unit.clone());
+        let Some(target) = self.targets.get_mut(&key) else {
+            return out;
+        };
+        if !target.watched {
+            return out;
+        }
+        match change {
+            TargetChange::New { .. } => {
+                if target.known == Known::Removed {
+                    target.known = Known::Unknown;
+                }
+            }
+            TargetChange::State {
+                active_state,
+                sub_state,
+                reason,
+            } => {
+                target.known = Known::Loaded {
+                    active: active_state.clone(),
+                    sub: sub_state.clone(),
+                    reason: *reason,
+                }
+            }
+            TargetChange::Removed { .. } => target.known = Known::Removed,
+        }
+        for (a, r) in target.refs.iter_mut() {
+            if !r.state.is_live() {
+                continue;
+            }
+            if self.online.get(a) == Some(&r.session) {
+                out.push(Action::Notify {
+                    to: a.clone(),
+                    session: r.session,
+                    notice: Notice::ProxyTarget {
+                        proxy_id: r.proxy_id,
+                        change: change.clone(),
+                    },
+                });
+            }
+            apply_rule(r, b, unit, change);
+        }
+        self.settle(b, unit, &mut out);
+        out
+    }
+
+    // ---- dep units on target nodes ----------------------------------------
+
+    /// The dep commands to send now (each target at most one in flight).
+    pub fn dep_commands(&mut self) -> Vec<DepCommand> {
+        let mut out = Vec::new();
+        for ((b, unit), target) in self.targets.iter_mut() {
+            let Some(&session) = self.online.get(b) else {
+                continue;
+            };
+            if target.needs_command() {
+                target.in_flight = true;
+                out.push(DepCommand {
+                    node: b.clone(),
+                    unit: unit.clone(),
+                    start: target.want.running,
+                    generation: target.want.generation,
+                    session,
+                });
+            }
+        }
+        out
+    }
+
+    /// The outcome of a [`DepCommand`].
+    pub fn dep_result(&mut self, cmd: &DepCommand, outcome: DepOutcome) -> Vec<Action> {
+        let mut out = Vec::new();
+        let key = (cmd.node.clone(), cmd.unit.clone());
+        let current = self.online.get(&cmd.node) == Some(&cmd.session);
+        let Some(target) = self.targets.get_mut(&key) else {
+            return out;
+        };
+        target.in_flight = false;
+        let sent = Want {
+            running: cmd.start,
+            generation: cmd.generation,
+        };
+        match outcome {
+            DepOutcome::Done => {
+                if current {
+                    target.acked = Some(sent);
+                }
+            }
+            DepOutcome::Offline => {}
+            // The agent's message already says which unit on which node
+            // cannot start and why; it reaches the requesters unchanged.
+            DepOutcome::Failed(message) if cmd.start => {
+                for (a, r) in target.refs.iter_mut() {
+                    if r.state == RefState::Waiting && r.added_gen <= cmd.generation {
+                        if self.online.get(a) == Some(&r.session) {
+                            out.push(Action::Notify {
+                                to: a.clone(),
+                                session: r.session,
+                                notice: Notice::ProxyError {
+                                    proxy_id: r.proxy_id,
+                                    message: message.clone(),
+                                },
+                            });
+                        }
+                        r.state = RefState::Failed(message.clone());
+                    }
+                }
+                // Not retried: a newer want (a re-add) sends again.
+                if current {
+                    target.acked = Some(sent);
+                }
+                self.settle(&cmd.node, &cmd.unit, &mut out);
+                let requesters: Vec<NodeName> = self
+                    .targets
+                    .get(&key)
+                    .map(|t| t.refs.keys().cloned().collect())
+                    .unwrap_or_default();
+                for a in requesters {
+                    self.evict_dead(&a);
+                }
+            }
+            DepOutcome::Failed(_) => {
+                // A dep that cannot be stopped is not there to stop.
+                if current {
+                    target.acked = Some(sent);
+                }
+            }
+        }
+        if self.targets.get(&key).is_some_and(Target::removable) {
+            self.targets.remove(&key);
+        }
+        out
+    }
+
+    /// The running dep units of `node` (its `session`), listed for a sweep:
+    /// those no live reference wants are stopped.
+    pub fn sweep_result(&mut self, node: &NodeName, session: u64, running: &[UnitName]) {
+        if self.online.get(node) != Some(&session) {
+            return;
+        }
+        for unit in running {
+            let key = (node.clone(), unit.clone());
+            let live = self.targets.get(&key).map(Target::live).unwrap_or(0);
+            if live > 0 {
+                continue;
+            }
+            let generation = self.bump();
+            let target = self.targets.entry(key).or_insert_with(Target::new);
+            target.want = Want {
+                running: false,
+                generation,
+            };
+        }
+    }
+
+    // ---- time and config ----------------------------------------------------
+
+    /// The next instant [`References::tick`] has work.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        let refs = self
+            .targets
+            .values()
+            .flat_map(|t| t.refs.values())
+            .filter_map(|r| r.grace_until);
+        let nodes = self.offline_until.values().copied();
+        let sweeps = self.sweeps.values().map(|(_, at)| *at);
+        refs.chain(nodes).chain(sweeps).min()
+    }
+
+    /// Applies every grace period and sweep that is due at `now`.
+    pub fn tick(&mut self, now: Instant) -> Vec<Action> {
+        let mut out = Vec::new();
+        // Requesting nodes away too long: their references go.
+        let mut touched = Vec::new();
+        for (key, target) in self.targets.iter_mut() {
+            let before = target.refs.len();
+            target
+                .refs
+                .retain(|_, r| r.grace_until.is_none_or(|until| until > now));
+            if target.refs.len() != before {
+                touched.push(key.clone());
+            }
+        }
+        // Target nodes away too long: their active proxies end.
+        let gone: Vec<NodeName> = self
+            .offline_until
+            .iter()
+            .filter(|(_, until)| **until <= now)
+            .map(|(n, _)| n.clone())
+            .collect();
+        let change = TargetChange::State {
+            active_state: "inactive".into(),
+            sub_state: AGENT_OFFLINE.into(),
+            reason: Reason::Real,
+        };
+        for b in &gone {
+            self.offline_until.remove(b);
+            for (key, target) in self.targets.iter_mut() {
+                if &key.0 != b {
+                    continue;
+                }
+                for (a, r) in target.refs.iter_mut() {
+                    if r.state != RefState::Active {
+                        continue;
+                    }
+                    if self.online.get(a) == Some(&r.session) {
+                        out.push(Action::Notify {
+                            to: a.clone(),
+                            session: r.session,
+                            notice: Notice::ProxyTarget {
+                                proxy_id: r.proxy_id,
+                                change: change.clone(),
+                            },
+                        });
+                    }
+                    r.state = RefState::Ended(change.clone());
+                }
+                touched.push(key.clone());
+            }
+        }
+        for (b, unit) in touched {
+            self.settle(&b, &unit, &mut out);
+        }
+        let due: Vec<(NodeName, u64)> = self
+            .sweeps
+            .iter()
+            .filter(|(_, (_, at))| *at <= now)
+            .map(|(n, (s, _))| (n.clone(), *s))
+            .collect();
+        for (node, session) in due {
+            self.sweeps.remove(&node);
+            out.push(Action::Sweep { node, session });
+        }
+        out
+    }
+
+    /// A reloaded config: references it no longer permits are dropped at once
+    /// (their requesters get `ProxyError`); `known` gains new nodes.
+    pub fn reload(&mut self, policy: Policy) -> Vec<Action> {
+        self.policy = policy;
+        let mut out = Vec::new();
+        let mut touched = Vec::new();
+        for ((b, unit), target) in self.targets.iter_mut() {
+            let mut revoked = Vec::new();
+            for (a, r) in &target.refs {
+                if let Err(why) = self.policy.check(a, b) {
+                    revoked.push(a.clone());
+                    if r.state.is_live() && self.online.get(a) == Some(&r.session) {
+                        out.push(Action::Notify {
+                            to: a.clone(),
+                            session: r.session,
+                            notice: Notice::ProxyError {
+                                proxy_id: r.proxy_id,
+                                message: format!("permission revoked by a config reload: {why}"),
+                            },
+                        });
+                    }
+                }
+            }
+            if !revoked.is_empty() {
+                for a in revoked {
+                    target.refs.remove(&a);
+                }
+                touched.push((b.clone(), unit.clone()));
+            }
+        }
+        for (b, unit) in touched {
+            self.settle(&b, &unit, &mut out);
+        }
+        out
+    }
+
+    // ---- reporting --------------------------------------------------------
+
+    /// Every waiting, active or failed proxy, ordered by target, then requester.
+    pub fn rows(&self) -> Vec<ProxyRow> {
+        let mut rows = Vec::new();
+        for ((b, unit), target) in &self.targets {
+            let references = u32::try_from(target.live()).unwrap_or(u32::MAX);
+            let target_state = match &target.known {
+                Known::Unknown => "unknown".to_owned(),
+                Known::Loaded { active, .. } => active.clone(),
+                // An unloaded unit is inactive as far as systemd is concerned.
+                Known::Removed => "inactive".to_owned(),
+            };
+            for (a, r) in &target.refs {
+                let state = match r.state {
+                    RefState::Waiting => "waiting",
+                    RefState::Active => "active",
+                    RefState::Failed(_) => "failed",
+                    RefState::Ended(_) => continue,
+                };
+                rows.push(ProxyRow {
+                    requester: a.clone(),
+                    node: b.clone(),
+                    unit: unit.clone(),
+                    state,
+                    target_state: target_state.clone(),
+                    references,
+                });
+            }
+        }
+        rows
+    }
+
+    /// Live references on (b, unit) (tests, metrics).
+    pub fn live_count(&self, b: &NodeName, unit: &UnitName) -> usize {
+        self.targets
+            .get(&(b.clone(), unit.clone()))
+            .map(Target::live)
+            .unwrap_or(0)
+    }
+
+    /// True if the dep of (b, unit) is currently wanted running.
+    pub fn dep_wanted(&self, b: &NodeName, unit: &UnitName) -> bool {
+        self.targets
+            .get(&(b.clone(), unit.clone()))
+            .is_some_and(|t| t.want.running)
+    }
+
+    // ---- internals --------------------------------------------------------
+
+    /// Replays the known target state to A's reference on (b, unit), and
+    /// applies the agent's rule to it (a known `active` completes it).
+    fn replay(&mut self, a: &NodeName, b: &NodeName, unit: &UnitName, out: &mut Vec<Action>) {
+        let online = self.session_of(a);
+        let Some(target) = self.targets.get_mut(&(b.clone(), unit.clone())) else {
+            return;
+        };
+        let Some(r) = target.refs.get_mut(a) else {
+            return;
+        };
+        let Known::Loaded { active, sub, .. } = &target.known else {
+            return;
+        };
+        let changes = [
+            TargetChange::New {
+                reason: Reason::Virtual,
+            },
+            TargetChange::State {
+                active_state: active.clone(),
+                sub_state: sub.clone(),
+                reason: Reason::Virtual,
+            },
+        ];
+        for change in changes {
+            if online == Some(r.session) {
+                out.push(Action::Notify {
+                    to: a.clone(),
+                    session: r.session,
+                    notice: Notice::ProxyTarget {
+                        proxy_id: r.proxy_id,
+                        change: change.clone(),
+                    },
+                });
+            }
+            apply_rule(r, b, unit, &change);
+        }
+    }
+
+    /// Brings watch and want of (b, unit) in line with its live references,
+    /// and forgets the target once nothing is left to do for it.
+    fn settle(&mut self, b: &NodeName, unit: &UnitName, out: &mut Vec<Action>) {
+        let key = (b.clone(), unit.clone());
+        let Some(target) = self.targets.get_mut(&key) else {
+            return;
+        };
+        let live = target.live();
+        if live > 0 && !target.watched {
+            target.watched = true;
+            out.push(Action::Watch {
+                node: b.clone(),
+                unit: unit.clone(),
+            });
+        } else if live == 0 && target.watched {
+            target.watched = false;
+            target.known = Known::Unknown;
+            out.push(Action::Unwatch {
+                node: b.clone(),
+                unit: unit.clone(),
+            });
+        }
+        if live == 0 && target.want.running {
+            let generation = self.next_gen;
+            self.next_gen += 1;
+            target.want = Want {
+                running: false,
+                generation,
+            };
+        }
+        if target.removable() {
+            self.targets.remove(&key);
+        }
+    }
+
+    /// Keeps at most [`MAX_DEAD_PER_REQUESTER`] failed/ended references of `a`.
+    fn evict_dead(&mut self, a: &NodeName) {
+        loop {
+            let dead: Vec<(u64, (NodeName, UnitName))> = self
+                .targets
+                .iter()
+                .filter_map(|(key, t)| {
+                    t.refs
+                        .get(a)
+                        .filter(|r| !r.state.is_live())
+                        .map(|r| (r.seq, key.clone()))
+                })
+                .collect();
+            if dead.len() <= MAX_DEAD_PER_REQUESTER {
+                return;
+            }
+            let Some((_, key)) = dead.into_iter().min_by_key(|(seq, _)| *seq) else {
+                return;
+            };
+            if let Some(t) = self.targets.get_mut(&key) {
+                t.refs.remove(a);
+            }
+            let mut sink = Vec::new();
+            self.settle(&key.0, &key.1, &mut sink);
+        }
+    }
+}
+
+/// The agent's rule for one reference and one target change.
+fn apply_rule(r: &mut Ref, b: &NodeName, unit: &UnitName, change: &TargetChange) {
+    let real_down = match change {
+        TargetChange::State {
+            active_state,
+            reason: Reason::Real,
+            ..
+        } => is_down(active_state),
+        TargetChange::Removed {
+            reason: Reason::Real,
+        } => true,
+        _ => false,
+    };
+    let up = matches!(change, TargetChange::State { active_state, .. } if active_state == "active");
+    match r.state {
+        RefState::Waiting if up => r.state = RefState::Active,
+        RefState::Waiting if real_down => {
+            let what = match change {
+                TargetChange::State { active_state, .. } => active_state.as_str(),
+                _ => "removed",
+            };
+            r.state = RefState::Failed(format!("unit {unit} on node {b} is {what}"));
+        }
+        RefState::Active if real_down => r.state = RefState::Ended(change.clone()),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests;

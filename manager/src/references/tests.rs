@@ -1,0 +1,780 @@
+//! The reference rules, driven event by event with paused tokio time.
+
+use super::*;
+use tokio::time::advance;
+
+const GRACE: Duration = Duration::from_secs(18);
+const S_A: u64 = 10;
+const S_A2: u64 = 11;
+const S_B: u64 = 20;
+const S_C: u64 = 30;
+
+fn n(s: &str) -> NodeName {
+    NodeName::new(s).unwrap()
+}
+
+fn u(s: &str) -> UnitName {
+    UnitName::new(s).unwrap()
+}
+
+/// Nodes a, b, c, d; a and c may depend on b; d on nothing.
+fn policy() -> Policy {
+    Policy::new(
+        ["a", "b", "c", "d"].map(n),
+        [(n("a"), vec![n("b")]), (n("c"), vec![n("b")])],
+        GRACE,
+    )
+}
+
+fn now() -> Instant {
+    Instant::now()
+}
+
+/// a, b and c online.
+fn setup() -> References {
+    let mut r = References::new(policy());
+    r.node_online(&n("a"), S_A, now());
+    r.node_online(&n("b"), S_B, now());
+    r.node_online(&n("c"), S_C, now());
+    r
+}
+
+fn notices(actions: &[Action]) -> Vec<(String, Notice)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Notify { to, notice, .. } => Some((to.to_string(), notice.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn state(active: &str, reason: Reason) -> TargetChange {
+    TargetChange::State {
+        active_state: active.into(),
+        sub_state: "x".into(),
+        reason,
+    }
+}
+
+fn target_notice(id: u64, change: TargetChange) -> Notice {
+    Notice::ProxyTarget {
+        proxy_id: id,
+        change,
+    }
+}
+
+/// Sends every pending dep command, acknowledges it, and returns them as
+/// (start?, unit) — in the order they would go out.
+fn ack_all(r: &mut References) -> Vec<(bool, String)> {
+    let mut sent = Vec::new();
+    loop {
+        let cmds = r.dep_commands();
+        if cmds.is_empty() {
+            return sent;
+        }
+        for cmd in cmds {
+            sent.push((cmd.start, cmd.unit.to_string()));
+            r.dep_result(&cmd, DepOutcome::Done);
+        }
+    }
+}
+
+fn row_states(r: &References) -> Vec<(String, String, &'static str, String, u32)> {
+    r.rows()
+        .into_iter()
+        .map(|row| {
+            (
+                row.requester.to_string(),
+                format!("{}:{}", row.node, row.unit),
+                row.state,
+                row.target_state,
+                row.references,
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn dep_unit_names() {
+    assert_eq!(
+        dep_target("drover-dep@db.service.service"),
+        Some(u("db.service"))
+    );
+    assert_eq!(
+        dep_target("drover-dep@x@y.socket.service"),
+        Some(u("x@y.socket"))
+    );
+    assert_eq!(dep_target("drover-dep@.service"), None);
+    assert_eq!(dep_target("drover-dep@db.service"), None, "no type left");
+    assert_eq!(dep_target("other@db.service.service"), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn unknown_and_not_allowed_nodes_get_proxy_error() {
+    let mut r = setup();
+    let out = r.proxy_new(&n("a"), S_A, &n("nowhere"), &u("db.service"), 1);
+    assert_eq!(
+        notices(&out),
+        [(
+            "a".into(),
+            Notice::ProxyError {
+                proxy_id: 1,
+                message: "no such node nowhere".into()
+            }
+        )]
+    );
+    let out = r.proxy_new(&n("d"), 40, &n("b"), &u("db.service"), 2);
+    assert_eq!(
+        notices(&out),
+        [(
+            "d".into(),
+            Notice::ProxyError {
+                proxy_id: 2,
+                message: "node d may not depend on units of node b: add b to AllowDependenciesOn in [node d]".into()
+            }
+        )]
+    );
+    // Default deny also covers a node's own units and unlisted pairs.
+    assert!(policy().check(&n("b"), &n("b")).is_err());
+    assert!(policy().check(&n("a"), &n("c")).is_err());
+    // Nothing is watched, nothing sent to b; the refused proxy is listed as
+    // failed (only for a node that exists).
+    assert!(!out.iter().any(|a| matches!(a, Action::Watch { .. })));
+    assert!(r.dep_commands().is_empty());
+    assert_eq!(
+        row_states(&r),
+        [(
+            "d".into(),
+            "b:db.service".into(),
+            "failed",
+            "unknown".into(),
+            0
+        )]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn first_reference_watches_starts_dep_and_relays_state() {
+    let mut r = setup();
+    let out = r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
+    assert_eq!(
+        out,
+        [Action::Watch {
+            node: n("b"),
+            unit: u("db.service")
+        }]
+    );
+    let cmds = r.dep_commands();
+    assert_eq!(cmds.len(), 1);
+    assert!(cmds[0].start);
+    assert_eq!(cmds[0].session, S_B);
+    assert!(
+        r.dep_commands().is_empty(),
+        "one command in flight per target"
+    );
+    r.dep_result(&cmds[0], DepOutcome::Done);
+    assert!(r.dep_commands().is_empty(), "acknowledged");
+    assert_eq!(
+        row_states(&r),
+        [(
+            "a".into(),
+            "b:db.service".into(),
+            "waiting",
+            "unknown".into(),
+            1
+        )]
+    );
+
+    // The watch replays the known state (virtual), then real changes follow.
+    for change in [
+        TargetChange::New {
+            reason: Reason::Virtual,
+        },
+        state("inactive", Reason::Virtual),
+        state("activating", Reason::Real),
+    ] {
+        let out = r.target_event(&n("b"), &u("db.service"), &change);
+        assert_eq!(notices(&out), [("a".into(), target_notice(1, change))]);
+    }
+    assert_eq!(row_states(&r)[0].2, "waiting");
+    r.target_event(&n("b"), &u("db.service"), &state("active", Reason::Real));
+    assert_eq!(
+        row_states(&r),
+        [(
+            "a".into(),
+            "b:db.service".into(),
+            "active",
+            "active".into(),
+            1
+        )]
+    );
+    // Events of other units or unwatched targets are not relayed.
+    assert!(
+        r.target_event(&n("b"), &u("other.service"), &state("failed", Reason::Real))
+            .is_empty()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn second_requester_gets_replay_and_shares_the_dep() {
+    let mut r = setup();
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
+    ack_all(&mut r);
+    r.target_event(&n("b"), &u("db.service"), &state("active", Reason::Real));
+
+    let out = r.proxy_new(&n("c"), S_C, &n("b"), &u("db.service"), 7);
+    assert!(!out.iter().any(|a| matches!(a, Action::Watch { .. })));
+    assert_eq!(
+        notices(&out),
+        [
+            (
+                "c".into(),
+                target_notice(
+                    7,
+                    TargetChange::New {
+                        reason: Reason::Virtual
+                    }
+                )
+            ),
+            (
+                "c".into(),
+                target_notice(7, state_sub("active", "x", Reason::Virtual))
+            ),
+        ]
+    );
+    // The re-add sends StartDep again (it covers a dep stopped with its target).
+    assert_eq!(ack_all(&mut r), [(true, "db.service".into())]);
+    assert_eq!(r.live_count(&n("b"), &u("db.service")), 2);
+    assert!(
+        row_states(&r)
+            .iter()
+            .all(|row| row.2 == "active" && row.4 == 2)
+    );
+
+    // One goes: the dep stays. The last goes: StopDep and unwatch.
+    assert!(
+        r.proxy_removed(&n("a"), &n("b"), &u("db.service"), 1)
+            .is_empty()
+    );
+    assert!(ack_all(&mut r).is_empty());
+    let out = r.proxy_removed(&n("c"), &n("b"), &u("db.service"), 7);
+    assert_eq!(
+        out,
+        [Action::Unwatch {
+            node: n("b"),
+            unit: u("db.service")
+        }]
+    );
+    assert_eq!(ack_all(&mut r), [(false, "db.service".into())]);
+    assert!(r.rows().is_empty());
+    assert!(
+        r.targets.is_empty(),
+        "nothing left once the stop is acknowledged"
+    );
+}
+
+fn state_sub(active: &str, sub: &str, reason: Reason) -> TargetChange {
+    TargetChange::State {
+        active_state: active.into(),
+        sub_state: sub.into(),
+        reason,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn duplicate_proxy_new_replaces_and_restarts_the_dep_in_order() {
+    let mut r = setup();
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
+    let first = r.dep_commands();
+    assert_eq!(first.len(), 1);
+    // While StartDep #1 is in flight: a duplicate with a new id, then a
+    // removal of the *old* id (late) which must not drop the new reference.
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 2);
+    assert!(
+        r.proxy_removed(&n("a"), &n("b"), &u("db.service"), 1)
+            .is_empty()
+    );
+    assert_eq!(r.live_count(&n("b"), &u("db.service")), 1);
+    assert!(
+        r.dep_commands().is_empty(),
+        "serialised behind the one in flight"
+    );
+    r.dep_result(&first[0], DepOutcome::Done);
+    let second = r.dep_commands();
+    assert_eq!(second.len(), 1);
+    assert!(second[0].start && second[0].generation > first[0].generation);
+    r.dep_result(&second[0], DepOutcome::Done);
+    // Only one reference for (a, b, db): the replacement, id 2.
+    let rows = r.rows();
+    assert_eq!(rows.len(), 1);
+    let out = r.target_event(&n("b"), &u("db.service"), &state("active", Reason::Real));
+    assert_eq!(
+        notices(&out),
+        [("a".into(), target_notice(2, state("active", Reason::Real)))]
+    );
+
+    // Removed and then added again while the StopDep is in flight: the
+    // StartDep follows the StopDep, never the other way round.
+    r.proxy_removed(&n("a"), &n("b"), &u("db.service"), 2);
+    let stop = r.dep_commands();
+    assert!(!stop[0].start);
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 3);
+    assert!(r.dep_commands().is_empty());
+    r.dep_result(&stop[0], DepOutcome::Done);
+    assert_eq!(ack_all(&mut r), [(true, "db.service".into())]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn start_dep_failure_fails_the_waiting_requesters_only() {
+    let mut r = setup();
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
+    ack_all(&mut r);
+    r.target_event(&n("b"), &u("db.service"), &state("active", Reason::Real));
+    // c arrives; its StartDep fails (say the dep's unit file broke meanwhile).
+    r.proxy_new(&n("c"), S_C, &n("b"), &u("db.service"), 5);
+    // c was completed by the replay of `active`: make a waiting one instead.
+    r.target_event(
+        &n("b"),
+        &u("db.service"),
+        &state("activating", Reason::Real),
+    );
+    r.proxy_new(&n("c"), S_C, &n("b"), &u("db.service"), 6);
+    let cmds = r.dep_commands();
+    assert_eq!(cmds.len(), 1);
+    let out = r.dep_result(
+        &cmds[0],
+        DepOutcome::Failed("unit db.service on node b cannot be started: bad-setting".into()),
+    );
+    assert_eq!(
+        notices(&out),
+        [(
+            "c".into(),
+            Notice::ProxyError {
+                proxy_id: 6,
+                message: "unit db.service on node b cannot be started: bad-setting".into()
+            }
+        )]
+    );
+    let rows = row_states(&r);
+    assert_eq!(rows[0].2, "active", "a was active and stays");
+    assert_eq!(rows[1].2, "failed");
+    assert_eq!(r.live_count(&n("b"), &u("db.service")), 1);
+    // Not retried on its own.
+    assert!(r.dep_commands().is_empty());
+
+    // A unit that does not exist: the only (waiting) requester fails and
+    // the dep is stopped again.
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("missing.service"), 9);
+    let cmds = r.dep_commands();
+    let out = r.dep_result(
+        &cmds[0],
+        DepOutcome::Failed("Unit missing.service not found.".into()),
+    );
+    assert!(
+        matches!(&notices(&out)[0].1, Notice::ProxyError { proxy_id: 9, message } if message.contains("not found"))
+    );
+    assert!(out.contains(&Action::Unwatch {
+        node: n("b"),
+        unit: u("missing.service")
+    }));
+    assert_eq!(ack_all(&mut r), [(false, "missing.service".into())]);
+    // The agent forgets the failed proxy.
+    r.proxy_removed(&n("a"), &n("b"), &u("missing.service"), 9);
+    assert!(
+        !r.rows()
+            .iter()
+            .any(|row| row.unit.as_str() == "missing.service")
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn real_target_failure_fails_waiting_and_ends_active_proxies() {
+    let mut r = setup();
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
+    ack_all(&mut r);
+    // Virtual inactive/removal while waiting changes nothing.
+    r.target_event(
+        &n("b"),
+        &u("db.service"),
+        &state("inactive", Reason::Virtual),
+    );
+    r.target_event(
+        &n("b"),
+        &u("db.service"),
+        &TargetChange::Removed {
+            reason: Reason::Virtual,
+        },
+    );
+    assert_eq!(row_states(&r)[0].2, "waiting");
+    r.target_event(&n("b"), &u("db.service"), &state("failed", Reason::Real));
+    assert_eq!(row_states(&r)[0].2, "failed");
+    assert_eq!(ack_all(&mut r), [(false, "db.service".into())]);
+
+    // Active, then a real stop: the reference ends (agent a stops its proxy
+    // unit and its ProxyRemoved finds nothing).
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 2);
+    r.target_event(&n("b"), &u("db.service"), &state("active", Reason::Real));
+    ack_all(&mut r);
+    let out = r.target_event(&n("b"), &u("db.service"), &state("inactive", Reason::Real));
+    assert_eq!(notices(&out).len(), 1, "relayed to a");
+    assert_eq!(r.live_count(&n("b"), &u("db.service")), 0);
+    assert!(r.rows().is_empty(), "ended proxies are not listed");
+    assert_eq!(ack_all(&mut r), [(false, "db.service".into())]);
+    assert!(
+        r.proxy_removed(&n("a"), &n("b"), &u("db.service"), 2)
+            .is_empty()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn requester_back_within_grace_resumes_without_touching_the_target() {
+    let mut r = setup();
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("web.service"), 2);
+    ack_all(&mut r);
+    r.target_event(&n("b"), &u("db.service"), &state("active", Reason::Real));
+    r.node_offline(&n("a"), now());
+    // Changes of the target while a is away are not sent anywhere, but
+    // they are applied: web becomes active.
+    let out = r.target_event(&n("b"), &u("web.service"), &state("active", Reason::Real));
+    assert!(notices(&out).is_empty());
+    advance(GRACE - Duration::from_secs(1)).await;
+    assert!(notices(&r.tick(now())).is_empty());
+    assert_eq!(r.live_count(&n("b"), &u("db.service")), 1);
+
+    // Back, with new proxy ids (its agent restarted): matched on (a, b, unit).
+    r.node_online(&n("a"), S_A2, now());
+    let out = r.proxy_new(&n("a"), S_A2, &n("b"), &u("db.service"), 100);
+    assert_eq!(
+        notices(&out),
+        [
+            (
+                "a".into(),
+                target_notice(
+                    100,
+                    TargetChange::New {
+                        reason: Reason::Virtual
+                    }
+                )
+            ),
+            (
+                "a".into(),
+                target_notice(100, state("active", Reason::Virtual))
+            ),
+        ]
+    );
+    r.proxy_new(&n("a"), S_A2, &n("b"), &u("web.service"), 101);
+    assert!(r.dep_commands().is_empty(), "nothing happens on b");
+    // Past the old deadline nothing is dropped.
+    advance(Duration::from_secs(5)).await;
+    r.tick(now());
+    assert_eq!(r.live_count(&n("b"), &u("db.service")), 1);
+    assert_eq!(r.live_count(&n("b"), &u("web.service")), 1);
+    // New ids are the ones notices use now.
+    let out = r.target_event(&n("b"), &u("db.service"), &state("failed", Reason::Real));
+    assert!(matches!(
+        notices(&out)[0].1,
+        Notice::ProxyTarget { proxy_id: 100, .. }
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn requester_away_past_grace_loses_its_references() {
+    let mut r = setup();
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
+    r.proxy_new(&n("c"), S_C, &n("b"), &u("db.service"), 2);
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("web.service"), 3);
+    ack_all(&mut r);
+    r.node_offline(&n("a"), now());
+    assert_eq!(r.next_deadline(), Some(now() + GRACE));
+    // Back online but never re-announcing web (its proxy is gone on a).
+    advance(Duration::from_secs(2)).await;
+    r.node_online(&n("a"), S_A2, now());
+    r.proxy_new(&n("a"), S_A2, &n("b"), &u("db.service"), 1);
+    advance(GRACE).await;
+    let out = r.tick(now());
+    assert!(out.contains(&Action::Unwatch {
+        node: n("b"),
+        unit: u("web.service")
+    }));
+    assert_eq!(r.live_count(&n("b"), &u("db.service")), 2);
+    assert_eq!(ack_all(&mut r), [(false, "web.service".into())]);
+
+    // a goes away for good: db still has c, so only web... nothing else stops.
+    r.node_offline(&n("a"), now());
+    advance(GRACE).await;
+    r.tick(now());
+    assert_eq!(r.live_count(&n("b"), &u("db.service")), 1);
+    assert!(ack_all(&mut r).is_empty(), "c still holds db");
+    r.node_offline(&n("c"), now());
+    advance(GRACE).await;
+    r.tick(now());
+    assert_eq!(ack_all(&mut r), [(false, "db.service".into())]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn zero_grace_drops_at_once() {
+    let mut r = References::new(Policy::new(
+        ["a", "b"].map(n),
+        [(n("a"), vec![n("b")])],
+        Duration::ZERO,
+    ));
+    r.node_online(&n("a"), S_A, now());
+    r.node_online(&n("b"), S_B, now());
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
+    ack_all(&mut r);
+    r.node_offline(&n("a"), now());
+    r.tick(now());
+    assert_eq!(ack_all(&mut r), [(false, "db.service".into())]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn target_node_back_within_grace_keeps_active_proxies() {
+    let mut r = setup();
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
+    ack_all(&mut r);
+    r.target_event(&n("b"), &u("db.service"), &state("active", Reason::Real));
+    r.node_offline(&n("b"), now());
+    // The subscription layer relays the virtual offline news: ignored.
+    let out = r.target_event(
+        &n("b"),
+        &u("db.service"),
+        &state_sub("inactive", AGENT_OFFLINE, Reason::Virtual),
+    );
+    assert_eq!(notices(&out).len(), 1);
+    advance(GRACE - Duration::from_millis(1)).await;
+    assert!(r.tick(now()).is_empty());
+    assert_eq!(row_states(&r)[0].2, "active");
+    // Nothing can be sent to b while it is away.
+    assert!(r.dep_commands().is_empty());
+    r.node_online(&n("b"), 21, now());
+    advance(GRACE).await;
+    let out = r.tick(now());
+    assert!(notices(&out).is_empty(), "the deadline was cancelled");
+    assert_eq!(row_states(&r)[0].2, "active");
+    // The want is replayed to the new session of b.
+    let cmds = r.dep_commands();
+    assert_eq!(cmds.len(), 1);
+    assert!(cmds[0].start);
+    assert_eq!(cmds[0].session, 21);
+}
+
+#[tokio::test(start_paused = true)]
+async fn target_node_away_past_grace_stops_active_proxies_not_waiting_ones() {
+    let mut r = setup();
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
+    r.proxy_new(&n("c"), S_C, &n("b"), &u("db.service"), 2);
+    ack_all(&mut r);
+    r.target_event(&n("b"), &u("db.service"), &state("active", Reason::Real));
+    // c's proxy was re-added and is waiting again.
+    r.target_event(
+        &n("b"),
+        &u("db.service"),
+        &state("activating", Reason::Real),
+    );
+    r.proxy_new(&n("c"), S_C, &n("b"), &u("db.service"), 3);
+    let inflight = r.dep_commands();
+    r.node_offline(&n("b"), now());
+    // The StartDep in flight ends with Offline: not a failure.
+    assert!(r.dep_result(&inflight[0], DepOutcome::Offline).is_empty());
+    // A new proxy while b is away waits; the last news of b is stale, so
+    // what is known is `inactive` (virtual), never the old `active`.
+    let out = r.proxy_new(&n("a"), S_A, &n("b"), &u("web.service"), 4);
+    assert!(notices(&out).is_empty());
+    let rows = row_states(&r);
+    assert_eq!(
+        rows[0],
+        (
+            "a".into(),
+            "b:db.service".into(),
+            "active",
+            "inactive".into(),
+            2
+        )
+    );
+    assert_eq!(rows[1].2, "waiting");
+
+    advance(GRACE).await;
+    let out = r.tick(now());
+    let gone = state_sub("inactive", AGENT_OFFLINE, Reason::Real);
+    assert_eq!(
+        notices(&out),
+        [("a".into(), target_notice(1, gone.clone()))]
+    );
+    // Only waiting proxies are left; they keep waiting.
+    let rows = row_states(&r);
+    assert!(rows.iter().all(|row| row.2 == "waiting"), "{rows:?}");
+    assert_eq!(r.live_count(&n("b"), &u("db.service")), 1);
+
+    // b returns: outstanding StartDeps go out (db for c, web for a).
+    r.node_online(&n("b"), 22, now());
+    let mut sent = ack_all(&mut r);
+    sent.sort();
+    assert_eq!(
+        sent,
+        [(true, "db.service".into()), (true, "web.service".into())]
+    );
+    // a re-announces the ended proxy (same id): it hears the outcome again.
+    r.node_offline(&n("a"), now());
+    r.node_online(&n("a"), S_A2, now());
+    let out = r.proxy_new(&n("a"), S_A2, &n("b"), &u("db.service"), 1);
+    assert_eq!(notices(&out), [("a".into(), target_notice(1, gone))]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn stop_dep_of_an_offline_target_is_sent_when_it_returns() {
+    let mut r = setup();
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
+    ack_all(&mut r);
+    r.node_offline(&n("b"), now());
+    r.proxy_removed(&n("a"), &n("b"), &u("db.service"), 1);
+    assert!(r.dep_commands().is_empty());
+    r.node_online(&n("b"), 23, now());
+    assert_eq!(ack_all(&mut r), [(false, "db.service".into())]);
+    assert!(r.targets.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn reload_revoking_permission_drops_references_at_once() {
+    let mut r = setup();
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
+    r.proxy_new(&n("c"), S_C, &n("b"), &u("db.service"), 2);
+    r.proxy_new(&n("c"), S_C, &n("b"), &u("web.service"), 3);
+    ack_all(&mut r);
+    // c loses its permission; a keeps it; e is a new node a may depend on.
+    let out = r.reload(Policy::new(
+        ["a", "b", "c", "d", "e"].map(n),
+        [(n("a"), vec![n("b"), n("e")])],
+        GRACE,
+    ));
+    let mut got = notices(&out);
+    got.sort_by_key(|(_, n)| format!("{n:?}"));
+    assert_eq!(got.len(), 2);
+    for (to, notice) in &got {
+        assert_eq!(to, "c");
+        assert!(
+            matches!(notice, Notice::ProxyError { message, .. } if message.contains("revoked") && message.contains("AllowDependenciesOn in [node c]")),
+            "{notice:?}"
+        );
+    }
+    assert!(out.contains(&Action::Unwatch {
+        node: n("b"),
+        unit: u("web.service")
+    }));
+    assert_eq!(r.live_count(&n("b"), &u("db.service")), 1);
+    assert_eq!(ack_all(&mut r), [(false, "web.service".into())]);
+    // The new permission works at once.
+    r.node_online(&n("e"), 50, now());
+    let out = r.proxy_new(&n("a"), S_A, &n("e"), &u("x.service"), 9);
+    assert!(out.contains(&Action::Watch {
+        node: n("e"),
+        unit: u("x.service")
+    }));
+    // A reload that removes a known node: references to it are dropped too.
+    r.reload(Policy::new(
+        ["a", "b"].map(n),
+        [(n("a"), vec![n("b"), n("e")])],
+        GRACE,
+    ));
+    assert_eq!(r.live_count(&n("e"), &u("x.service")), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn manager_restart_rebuilds_references_and_stops_only_orphans() {
+    // A fresh manager: b registers first, a re-announces a bit later.
+    let mut r = References::new(policy());
+    r.node_online(&n("b"), S_B, now());
+    assert!(
+        r.dep_commands().is_empty(),
+        "nothing is stopped on register"
+    );
+    advance(Duration::from_secs(3)).await;
+    r.node_online(&n("a"), S_A, now());
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 4);
+    // The re-announce restarts the dep that is running anyway (a no-op).
+    assert_eq!(ack_all(&mut r), [(true, "db.service".into())]);
+    r.target_event(&n("b"), &u("db.service"), &state("active", Reason::Virtual));
+    assert_eq!(row_states(&r)[0].2, "active");
+
+    // One grace period after b registered: sweep its running dep units.
+    advance(GRACE - Duration::from_secs(3)).await;
+    let out = r.tick(now());
+    assert_eq!(
+        out,
+        [Action::Sweep {
+            node: n("b"),
+            session: S_B
+        }]
+    );
+    r.sweep_result(&n("b"), S_B, &[u("db.service"), u("orphan.service")]);
+    assert_eq!(ack_all(&mut r), [(false, "orphan.service".into())]);
+    assert_eq!(r.live_count(&n("b"), &u("db.service")), 1);
+    assert!(!r.targets.contains_key(&(n("b"), u("orphan.service"))));
+    // A sweep answer for an older session of b is ignored.
+    r.sweep_result(&n("b"), 1, &[u("stale.service")]);
+    assert!(r.dep_commands().is_empty());
+    // The sweep is once per registration (a's own sweep comes later).
+    advance(GRACE).await;
+    let out = r.tick(now());
+    assert!(
+        !out.iter()
+            .any(|a| matches!(a, Action::Sweep { node, .. } if node == &n("b")))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_proxy_outcome_is_replayed_to_a_returning_requester() {
+    let mut r = setup();
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
+    let cmds = r.dep_commands();
+    r.node_offline(&n("a"), now());
+    let out = r.dep_result(&cmds[0], DepOutcome::Failed("boom".into()));
+    assert!(notices(&out).is_empty(), "a is away");
+    r.node_online(&n("a"), S_A2, now());
+    let out = r.proxy_new(&n("a"), S_A2, &n("b"), &u("db.service"), 1);
+    assert!(
+        matches!(&notices(&out)[0].1, Notice::ProxyError { proxy_id: 1, message } if message.contains("boom"))
+    );
+    assert_eq!(
+        ack_all(&mut r),
+        [(false, "db.service".into())],
+        "no new StartDep for the old proxy; the dep is stopped"
+    );
+    // A new proxy (new id) is a fresh start.
+    r.proxy_new(&n("a"), S_A2, &n("b"), &u("db.service"), 2);
+    assert_eq!(ack_all(&mut r), [(true, "db.service".into())]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn notices_never_reach_a_newer_session_with_old_ids() {
+    let mut r = setup();
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
+    ack_all(&mut r);
+    r.node_offline(&n("a"), now());
+    r.node_online(&n("a"), S_A2, now());
+    // a is online again but has not re-announced: nothing for it yet.
+    let out = r.target_event(&n("b"), &u("db.service"), &state("active", Reason::Real));
+    assert!(notices(&out).is_empty());
+    for action in r.proxy_new(&n("a"), S_A2, &n("b"), &u("db.service"), 2) {
+        if let Action::Notify { session, .. } = action {
+            assert_eq!(session, S_A2);
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn dead_references_are_bounded_per_requester() {
+    let mut r = setup();
+    for i in 0..(MAX_DEAD_PER_REQUESTER as u64 + 10) {
+        r.proxy_new(&n("d"), 40, &n("b"), &u(&format!("u{i}.service")), i);
+    }
+    let rows = r.rows();
+    assert_eq!(rows.len(), MAX_DEAD_PER_REQUESTER);
+    assert!(rows.iter().all(|row| row.state == "failed"));
+    // The oldest went first.
+    assert!(!rows.iter().any(|row| row.unit.as_str() == "u0.service"));
+    // Unknown target nodes are never stored.
+    r.proxy_new(&n("d"), 40, &n("zz"), &u("x.service"), 1);
+    assert_eq!(r.rows().len(), MAX_DEAD_PER_REQUESTER);
+}

@@ -1,0 +1,425 @@
+//! Cross-node dependencies against fake agents: what the requesting and the
+//! target agents are told, and what `io.drover.Controller.ListProxies` shows.
+
+mod common;
+
+use common::*;
+use drover_config::{ManagerConfig, NodeSection};
+use drover_protocol::{
+    Event, ModTag, NodeName, Notice, Reason, RemoteError, Request, Response, TargetChange,
+    ToManager, UnitName,
+};
+use std::sync::Arc;
+use std::time::Duration;
+
+const DROVER_IFACE: &str = "io.drover.Controller";
+
+type Row = (String, String, String, String, String, u32);
+
+fn nn(s: &str) -> NodeName {
+    NodeName::new(s).unwrap()
+}
+
+fn un(s: &str) -> UnitName {
+    UnitName::new(s).unwrap()
+}
+
+/// Nodes a, b, c; a may depend on b; c may not depend on anything.
+fn proxy_config(grace_ms: u64) -> ManagerConfig {
+    let mut c = config(&["a", "b", "c"]);
+    c.nodes.push(NodeSection {
+        name: nn("a"),
+        allowed: None,
+        allow_dependencies_on: vec![nn("b")],
+    });
+    c.proxy_grace_period_ms = Some(grace_ms);
+    c
+}
+
+async fn list(f: &Fixture) -> Vec<Row> {
+    f.call(CONTROLLER, DROVER_IFACE, "ListProxies", &())
+        .await
+        .expect("ListProxies")
+}
+
+/// Polls `cond` for up to [`WAIT`].
+async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !cond() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn count(agent: &FakeAgent, want: &Request) -> usize {
+    agent
+        .requests
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| *r == want)
+        .count()
+}
+
+fn notices(agent: &FakeAgent) -> Vec<Notice> {
+    agent.notices.lock().unwrap().clone()
+}
+
+fn start_dep(unit: &str) -> Request {
+    Request::StartDep { unit: un(unit) }
+}
+
+fn stop_dep(unit: &str) -> Request {
+    Request::StopDep { unit: un(unit) }
+}
+
+async fn proxy_new(agent: &FakeAgent, node: &str, unit: &str, id: u64) {
+    agent
+        .send(ToManager::Event(Event::ProxyNew {
+            node: nn(node),
+            unit: un(unit),
+            proxy_id: id,
+        }))
+        .await;
+}
+
+async fn proxy_removed(agent: &FakeAgent, node: &str, unit: &str, id: u64) {
+    agent
+        .send(ToManager::Event(Event::ProxyRemoved {
+            node: nn(node),
+            unit: un(unit),
+            proxy_id: id,
+        }))
+        .await;
+}
+
+/// The target agent reports `unit` loaded and in `active` state (real).
+async fn target_state(agent: &FakeAgent, unit: &str, index: u64, active: &str) {
+    let guid = agent.accepted.session_id;
+    agent
+        .send(ToManager::Event(Event::UnitStateChanged {
+            tag: ModTag::new(guid, index),
+            unit: un(unit),
+            active_state: active.into(),
+            sub_state: "running".into(),
+            reason: Reason::Real,
+        }))
+        .await;
+}
+
+#[tokio::test]
+async fn proxy_lifecycle_notices_and_list() {
+    let f = Fixture::start(proxy_config(5_000)).await;
+    let b = f.agent("b", reply_empty()).await;
+    let a = f.agent("a", reply_empty()).await;
+    let c = f.agent("c", reply_empty()).await;
+    assert!(list(&f).await.is_empty());
+
+    proxy_new(&a, "b", "db.service", 1).await;
+    eventually("StartDep and Subscribe on b", || {
+        count(&b, &start_dep("db.service")) == 1
+            && count(
+                &b,
+                &Request::Subscribe {
+                    unit: Some(un("db.service")),
+                },
+            ) == 1
+    })
+    .await;
+    assert_eq!(
+        list(&f).await,
+        [(
+            "a".into(),
+            "b".into(),
+            "db.service".into(),
+            "waiting".into(),
+            "unknown".into(),
+            1
+        )]
+    );
+    // b's agent reports the target; a hears it, in order.
+    let guid = b.accepted.session_id;
+    b.send(ToManager::Event(Event::UnitNew {
+        tag: ModTag::new(guid, 1),
+        unit: un("db.service"),
+        reason: Reason::Real,
+    }))
+    .await;
+    target_state(&b, "db.service", 2, "activating").await;
+    target_state(&b, "db.service", 3, "active").await;
+    eventually("a is told the target is active", || notices(&a).len() == 3).await;
+    let got = notices(&a);
+    assert_eq!(
+        got[0],
+        Notice::ProxyTarget {
+            proxy_id: 1,
+            change: TargetChange::New {
+                reason: Reason::Real
+            }
+        }
+    );
+    assert!(
+        matches!(&got[2], Notice::ProxyTarget { proxy_id: 1, change: TargetChange::State { active_state, reason: Reason::Real, .. } } if active_state == "active"),
+        "{got:?}"
+    );
+    assert_eq!(
+        list(&f).await,
+        [(
+            "a".into(),
+            "b".into(),
+            "db.service".into(),
+            "active".into(),
+            "active".into(),
+            1
+        )]
+    );
+
+    // Not allowed, and an unknown (but valid) node name: ProxyError.
+    proxy_new(&c, "b", "db.service", 7).await;
+    proxy_new(&a, "nosuch", "db.service", 2).await;
+    eventually("c is refused", || !notices(&c).is_empty()).await;
+    assert_eq!(
+        notices(&c),
+        [Notice::ProxyError {
+            proxy_id: 7,
+            message:
+                "node c may not depend on units of node b: add b to AllowDependenciesOn in [node c]"
+                    .into()
+        }]
+    );
+    eventually("a is refused for nosuch", || notices(&a).len() == 4).await;
+    assert_eq!(
+        notices(&a)[3],
+        Notice::ProxyError {
+            proxy_id: 2,
+            message: "no such node nosuch".into()
+        }
+    );
+    let rows = list(&f).await;
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!(
+        rows[1],
+        (
+            "c".into(),
+            "b".into(),
+            "db.service".into(),
+            "failed".into(),
+            "active".into(),
+            1
+        )
+    );
+    assert_eq!(
+        count(&b, &start_dep("db.service")),
+        1,
+        "refusals send nothing"
+    );
+
+    // The proxy goes: StopDep, the target is no longer watched.
+    proxy_removed(&a, "b", "db.service", 1).await;
+    eventually("StopDep on b", || count(&b, &stop_dep("db.service")) == 1).await;
+    eventually("Unsubscribe on b", || {
+        count(
+            &b,
+            &Request::Unsubscribe {
+                unit: Some(un("db.service")),
+            },
+        ) == 1
+    })
+    .await;
+    assert_eq!(
+        list(&f)
+            .await
+            .iter()
+            .map(|r| r.3.as_str())
+            .collect::<Vec<_>>(),
+        ["failed"]
+    );
+}
+
+#[tokio::test]
+async fn failing_start_dep_reaches_the_requester_with_the_agents_message() {
+    let f = Fixture::start(proxy_config(5_000)).await;
+    let b = f
+        .agent(
+            "b",
+            Arc::new(|id, req: &Request| {
+                let result = match req {
+                    Request::StartDep { unit } => Err(RemoteError::new(
+                        "org.freedesktop.systemd1.NoSuchUnit",
+                        format!("unit {unit} on node b cannot be started: not found"),
+                    )),
+                    _ => Ok(Response::Empty),
+                };
+                vec![ToManager::Reply { id, result }]
+            }),
+        )
+        .await;
+    let a = f.agent("a", reply_empty()).await;
+    proxy_new(&a, "b", "nope.service", 3).await;
+    eventually("a gets ProxyError", || !notices(&a).is_empty()).await;
+    assert_eq!(
+        notices(&a),
+        [Notice::ProxyError {
+            proxy_id: 3,
+            message: "unit nope.service on node b cannot be started: not found".into()
+        }]
+    );
+    // The failed want is withdrawn on b.
+    eventually("StopDep after the failure", || {
+        count(&b, &stop_dep("nope.service")) == 1
+    })
+    .await;
+    assert_eq!(list(&f).await[0].3, "failed");
+}
+
+#[tokio::test]
+async fn requester_disconnects_within_and_past_the_grace_period() {
+    let f = Fixture::start(proxy_config(600)).await;
+    let b = f.agent("b", reply_empty()).await;
+    let a = f.agent("a", reply_empty()).await;
+    proxy_new(&a, "b", "db.service", 1).await;
+    eventually("StartDep", || count(&b, &start_dep("db.service")) == 1).await;
+
+    // Away and back within the grace period, with a new proxy id: nothing
+    // happens on b.
+    drop(a);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let a = f.agent("a", reply_empty()).await;
+    proxy_new(&a, "b", "db.service", 100).await;
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert_eq!(count(&b, &start_dep("db.service")), 1);
+    assert_eq!(count(&b, &stop_dep("db.service")), 0);
+    assert_eq!(list(&f).await.len(), 1);
+
+    // Away for good: the reference goes after the grace period.
+    drop(a);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(count(&b, &stop_dep("db.service")), 0, "still in grace");
+    eventually("StopDep after the grace period", || {
+        count(&b, &stop_dep("db.service")) == 1
+    })
+    .await;
+    assert!(list(&f).await.is_empty());
+}
+
+#[tokio::test]
+async fn target_node_offline_past_grace_stops_active_proxies() {
+    let f = Fixture::start(proxy_config(500)).await;
+    let b = f.agent("b", reply_empty()).await;
+    let a = f.agent("a", reply_empty()).await;
+    proxy_new(&a, "b", "db.service", 1).await;
+    eventually("Subscribe", || {
+        count(
+            &b,
+            &Request::Subscribe {
+                unit: Some(un("db.service")),
+            },
+        ) == 1
+    })
+    .await;
+    target_state(&b, "db.service", 1, "active").await;
+    eventually("active", || !notices(&a).is_empty()).await;
+    assert_eq!(list(&f).await[0].3, "active");
+    drop(b);
+    // Virtual offline news first (ignored by agents), then past the grace
+    // period the real stop that makes agent a stop its proxy unit.
+    eventually("a is told b is gone for real", || {
+        notices(&a).iter().any(|n| {
+            matches!(n, Notice::ProxyTarget { proxy_id: 1, change: TargetChange::State { active_state, sub_state, reason: Reason::Real } }
+                if active_state == "inactive" && sub_state == "agent-offline")
+        })
+    })
+    .await;
+    let virtual_first = notices(&a).iter().position(|n| {
+        matches!(
+            n,
+            Notice::ProxyTarget {
+                change: TargetChange::State {
+                    reason: Reason::Virtual,
+                    ..
+                },
+                ..
+            }
+        )
+    });
+    assert!(virtual_first.is_some(), "{:?}", notices(&a));
+    assert!(list(&f).await.is_empty(), "the proxy ended");
+    // b comes back: the dep nobody wants any more is stopped.
+    let b = f.agent("b", reply_empty()).await;
+    eventually("StopDep on the returning b", || {
+        count(&b, &stop_dep("db.service")) == 1
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn reload_revokes_permissions_and_adds_nodes() {
+    let f = Fixture::start(proxy_config(5_000)).await;
+    let b = f.agent("b", reply_empty()).await;
+    let a = f.agent("a", reply_empty()).await;
+    proxy_new(&a, "b", "db.service", 1).await;
+    eventually("StartDep", || count(&b, &start_dep("db.service")) == 1).await;
+    let core = f.manager().core().clone();
+    let conn = f.manager().connection().clone();
+
+    // A config that does not load changes nothing.
+    let bad = ManagerConfig::parse_str("[drover-manager]\nNoSuchKey=1\n");
+    assert!(
+        drover_manager::reload::reload(&core, Some(&conn), bad)
+            .await
+            .is_err()
+    );
+    assert_eq!(list(&f).await.len(), 1);
+
+    // a loses its permission on b; d is a new node.
+    let mut new = config(&["a", "b", "c", "d"]);
+    new.nodes.push(NodeSection {
+        name: nn("c"),
+        allowed: None,
+        allow_dependencies_on: vec![nn("b")],
+    });
+    let report = drover_manager::reload::reload(&core, Some(&conn), Ok(new))
+        .await
+        .expect("reload");
+    assert_eq!(report.added, [nn("d")]);
+    eventually("a is told", || !notices(&a).is_empty()).await;
+    assert!(
+        matches!(&notices(&a)[0], Notice::ProxyError { proxy_id: 1, message } if message.contains("revoked")),
+        "{:?}",
+        notices(&a)
+    );
+    eventually("StopDep", || count(&b, &stop_dep("db.service")) == 1).await;
+    assert!(list(&f).await.is_empty());
+    // d is served and may register; c's new permission works.
+    let path: zbus::OwnedObjectPath = f
+        .call(
+            CONTROLLER,
+            "org.eclipse.bluechi.Controller",
+            "GetNode",
+            &("d",),
+        )
+        .await
+        .expect("d is known after the reload");
+    assert_eq!(path.as_str(), "/org/eclipse/bluechi/node/d");
+    let _d = f.agent("d", reply_empty()).await;
+    let c = f.agent("c", reply_empty()).await;
+    proxy_new(&c, "b", "db.service", 5).await;
+    eventually("c's StartDep", || count(&b, &start_dep("db.service")) == 2).await;
+}
+
+#[tokio::test]
+async fn list_proxies_is_introspectable() {
+    let f = Fixture::start(proxy_config(5_000)).await;
+    let xml = f.introspect(CONTROLLER).await;
+    assert!(
+        xml.contains(r#"<interface name="io.drover.Controller">"#),
+        "{xml}"
+    );
+    assert!(
+        xml.contains(r#"<method name="ListProxies">"#)
+            && xml.contains(r#"<arg name="proxies" type="a(sssssu)" direction="out"/>"#),
+        "{xml}"
+    );
+    // BlueChi's interface is untouched by it.
+    assert!(xml.contains(r#"<interface name="org.eclipse.bluechi.Controller">"#));
+}
