@@ -10,18 +10,20 @@
 
 use crate::api::controller::ControllerObject;
 use crate::api::job::JobObject;
+use crate::api::metrics::Metrics;
 use crate::clock;
 use crate::error::ApiError;
 use crate::escape::{CONTROLLER_PATH, job_path};
 use crate::jobs::{
     Done, JobInfo, JobType, Jobs, RESULT_DISCONNECTED, RESULT_SHUTDOWN, valid_state,
 };
+use crate::monitor::Monitors;
 use crate::registry::{Admission, ControllerStatus, Registry};
 use crate::session::{Session, spawn_io};
 use crate::subscriptions::Subscriptions;
 use crate::proxies::Proxies;
 use crate::references::Policy;
-use drover_config::{LogLevel, ManagerConfig};
+use drover_config::{LogHandle, LogLevel, ManagerConfig};
 use drover_protocol::handshake::Accepted;
 use drover_protocol::link::manager_read_hello;
 use drover_protocol::{Event, NodeName, RefuseReason, Request, Response, UnitInfo, UnitName};
@@ -102,6 +104,9 @@ pub struct Core {
     next_session: AtomicU64,
     shutting_down: AtomicBool,
     subscriptions: Arc<Subscriptions>,
+    monitors: Arc<Monitors>,
+    metrics: Metrics,
+    log_handle: OnceLock<LogHandle>,
     proxies: Proxies,
 }
 
@@ -132,6 +137,9 @@ impl Core {
             shutting_down: AtomicBool::new(false),
             subscriptions,
             proxies,
+            monitors: Monitors::new(),
+            metrics: Metrics::default(),
+            log_handle: OnceLock::new(),
             config,
             timeouts,
         })
@@ -161,6 +169,32 @@ impl Core {
     /// Unit subscriptions and records (monitors and proxies watch through it).
     pub fn subscriptions(&self) -> &Arc<Subscriptions> {
         &self.subscriptions
+    }
+
+    pub fn monitors(&self) -> &Arc<Monitors> {
+        &self.monitors
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The bus connection, once the API is served.
+    pub fn connection(&self) -> Option<&Connection> {
+        self.conn.get()
+    }
+
+    /// Where `SetLogLevel` applies the level (the daemon sets it once).
+    pub fn set_log_handle(&self, handle: LogHandle) {
+        let _ = self.log_handle.set(handle);
+    }
+
+    /// `Controller.SetLogLevel`: the level reported and the level in force.
+    pub fn set_log_level(&self, level: LogLevel) {
+        *lock(&self.log_level) = level;
+        if let Some(h) = self.log_handle.get() {
+            h.set_level(level);
+        }
     }
 
     pub fn log_level(&self) -> LogLevel {
@@ -265,6 +299,7 @@ impl Core {
         );
         self.subscriptions.node_online(&session);
         self.proxies.node_online(&session).await;
+        self.metrics.node_online(&session);
         self.announce_node_locked(&mut announced, session.node())
             .await;
         drop(announced);
@@ -428,8 +463,14 @@ impl Core {
             event @ (Event::ProxyNew { .. } | Event::ProxyRemoved { .. }) => {
                 self.proxies.on_event(session, &event).await
             }
-            other => {
-                tracing::debug!(node = %session.node(), "event not handled by this manager yet: {other:?}")
+            Event::JobMetrics {
+                unit,
+                method,
+                micros,
+            } => {
+                self.metrics
+                    .agent_job(self, session.node(), &unit, &method, micros)
+                    .await
             }
         }
     }
@@ -480,17 +521,8 @@ impl Core {
                 JOB_MODES.join(", ")
             )));
         }
-        if self.is_shutting_down() {
-            return Err(ApiError::failed(
-                "Request not allowed: node is in shutdown state",
-            ));
-        }
-        let session = self.session_of(node)?;
-        let id = self
-            .jobs()
-            .allocate(node.clone(), unit.clone(), job_type, session.id());
         let mode = mode.to_owned();
-        let body = match job_type {
+        self.start_job_with(node, unit.clone(), job_type, move |id| match job_type {
             JobType::Start => Request::StartUnit {
                 unit,
                 mode,
@@ -511,7 +543,31 @@ impl Core {
                 mode,
                 job_id: id,
             },
-        };
+        })
+        .await
+    }
+
+    /// Runs a job: allocates its id, sends `make(id)` to the node, and on
+    /// success exports the job and emits `JobNew` (see [`crate::jobs`]).
+    /// `StartTransientUnit` uses it too.
+    pub async fn start_job_with(
+        self: &Arc<Self>,
+        node: &NodeName,
+        unit: UnitName,
+        job_type: JobType,
+        make: impl FnOnce(u32) -> Request,
+    ) -> Result<OwnedObjectPath, ApiError> {
+        if self.is_shutting_down() {
+            return Err(ApiError::failed(
+                "Request not allowed: node is in shutdown state",
+            ));
+        }
+        let session = self.session_of(node)?;
+        let id = self
+            .jobs()
+            .allocate(node.clone(), unit, job_type, session.id());
+        self.metrics.job_started(id);
+        let body = make(id);
         match session.request(body, self.timeouts.request).await {
             Ok(Response::Empty) => {}
             Ok(other) => {
@@ -568,6 +624,7 @@ impl Core {
 
     async fn job_removed(&self, job: &JobInfo, result: &str) {
         let path = job_path(job.id);
+        self.metrics.job_finished(self, job);
         if let Some(conn) = self.conn.get() {
             match SignalEmitter::new(conn, CONTROLLER_PATH) {
                 Ok(emitter) => {

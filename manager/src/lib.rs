@@ -18,7 +18,10 @@
 //!   requests fail).
 //! * [`subscriptions`] — who watches which unit, the last state of each
 //!   watched unit with its modification tag, fan-out of unit events.
-//! * [`api`] — the D-Bus objects: Controller, Node, Job.
+//! * [`monitor`] — monitors: subscriptions, peers, unicast signals, the
+//!   snapshot + tagged stream of `io.drover.Monitor`.
+//! * [`marshal`] — D-Bus values ↔ the agent wire's `Marshalled`.
+//! * [`api`] — the D-Bus objects: Controller, Node, Job, Monitor, Metrics.
 //! * [`references`] — cross-node dependencies: reference sets per target
 //!   unit and their rules (grace periods, permissions, dep units), as plain
 //!   data; [`proxies`] carries out what they decide; [`reload`] applies a
@@ -54,6 +57,8 @@ pub mod error;
 pub mod escape;
 pub mod jobs;
 pub mod listener;
+pub mod marshal;
+pub mod monitor;
 pub mod proxies;
 pub mod references;
 pub mod registry;

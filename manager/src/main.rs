@@ -1,5 +1,5 @@
 //! `drover-manager`: parse the command line, load the config, set up
-//! logging, run the manager until SIGTERM/SIGINT.
+//! logging, run the manager until SIGTERM/SIGINT; SIGHUP reloads the config.
 
 use anyhow::Context;
 use clap::Parser;
@@ -36,17 +36,38 @@ fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let config = cli.load_config().context("configuration")?;
-    let _log = drover_config::logging::init(&config.logging);
+    let log = drover_config::logging::init(&config.logging);
     let listener = listener::listener_for(&config)?;
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
     let manager = Manager::start(config, &cli.bus(), listener, Timeouts::default()).await?;
+    manager.core().set_log_handle(log);
     if let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Ready]) {
         tracing::debug!("sd_notify: {e}");
     }
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+    loop {
+        tokio::select! {
+            _ = term.recv() => {
+                tracing::info!("SIGTERM: shutting down");
+                break;
+            }
+            _ = int.recv() => {
+                tracing::info!("SIGINT: shutting down");
+                break;
+            }
+            _ = hup.recv() => {
+                tracing::info!("SIGHUP: reloading the configuration");
+                // Same sources and flags as at start; a config that does not
+                // load is logged by `reload` and the running one kept.
+                let _ = drover_manager::reload::reload(
+                    manager.core(),
+                    Some(manager.connection()),
+                    cli.load_config(),
+                )
+                .await;
+            }
+        }
     }
     manager.shutdown().await;
     Ok(())

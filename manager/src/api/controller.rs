@@ -2,11 +2,39 @@
 
 use crate::core::{Core, UnitTuple};
 use crate::error::{ApiError, SERVICE_UNKNOWN};
+use crate::monitor::Monitors;
+use drover_config::LogLevel;
+use drover_protocol::Request;
 use std::collections::HashMap;
 use std::sync::Arc;
 use zbus::interface;
+use zbus::message::Header;
 use zbus::object_server::SignalEmitter;
-use zbus::{ObjectPath, OwnedObjectPath};
+use zbus::{Connection, ObjectPath, OwnedObjectPath};
+
+/// `Controller.ListUnitFiles`: every online node in parallel with the
+/// fan-out timeout; a node that fails or does not answer is left out and
+/// logged, as for `ListUnits`.
+async fn list_all_unit_files(core: &Core) -> HashMap<String, Vec<(String, String)>> {
+    let sessions: Vec<_> = core.registry().sessions().cloned().collect();
+    let timeout = core.timeouts().fanout;
+    let calls = sessions.into_iter().map(|session| async move {
+        let result = session.request(Request::ListUnitFiles, timeout).await;
+        (session, result)
+    });
+    let mut out = HashMap::new();
+    for (session, result) in futures::future::join_all(calls).await {
+        match result.and_then(crate::api::node::unit_files) {
+            Ok(files) => {
+                out.insert(session.node().to_string(), files);
+            }
+            Err(e) => {
+                tracing::warn!(node = %session.node(), "ListUnitFiles left this node out: {e}")
+            }
+        }
+    }
+    out
+}
 
 pub struct ControllerObject {
     core: Arc<Core>,
@@ -56,6 +84,46 @@ impl ControllerObject {
     #[zbus(out_args("units"))]
     async fn list_units(&self) -> HashMap<String, Vec<UnitTuple>> {
         self.core.list_all_units().await
+    }
+
+    /// Unit files of every online node, keyed by node name.
+    #[zbus(out_args("unitfiles"))]
+    async fn list_unit_files(&self) -> HashMap<String, Vec<(String, String)>> {
+        list_all_unit_files(&self.core).await
+    }
+
+    /// A monitor owned by the caller; it closes when the caller leaves the bus.
+    #[zbus(out_args("monitor"))]
+    async fn create_monitor(
+        &self,
+        #[zbus(header)] header: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<OwnedObjectPath, ApiError> {
+        let Some(owner) = header.sender() else {
+            return Err(ApiError::failed("the call carries no sender"));
+        };
+        Monitors::create(&self.core, conn, owner).await
+    }
+
+    async fn enable_metrics(&self) -> Result<(), ApiError> {
+        self.core.metrics().enable(&self.core).await
+    }
+
+    async fn disable_metrics(&self) -> Result<(), ApiError> {
+        self.core.metrics().disable(&self.core).await
+    }
+
+    /// The manager's own log level: DEBUG, INFO, WARN or ERROR. Not persisted.
+    async fn set_log_level(&self, loglevel: String) -> Result<(), ApiError> {
+        let Some(level) = LogLevel::parse(&loglevel) else {
+            return Err(ApiError::invalid_args(format!(
+                "invalid log level '{}': expected DEBUG, INFO, WARN or ERROR",
+                loglevel.escape_default()
+            )));
+        };
+        self.core.set_log_level(level);
+        tracing::info!("log level set to {}", level.as_str());
+        Ok(())
     }
 
     #[zbus(signal)]

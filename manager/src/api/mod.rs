@@ -11,6 +11,8 @@
 pub mod controller;
 pub mod drover_controller;
 pub mod job;
+pub mod metrics;
+pub mod monitor;
 pub mod node;
 
 use crate::core::Core;
@@ -44,5 +46,6 @@ pub async fn export(core: &Arc<Core>, conn: &Connection) -> zbus::Result<()> {
             .at(path.as_str(), node::NodeObject::new(core.clone(), name))
             .await?;
     }
+    tokio::spawn(crate::monitor::watch_owners(core.clone(), conn.clone()));
     Ok(())
 }

@@ -5,14 +5,137 @@
 //! fail with `InvalidArgs` before anything is sent to the agent; systemd's
 //! errors from the node come back with their own names.
 
-use crate::core::{Core, UnitTuple, units_of};
+use crate::core::{Core, JOB_MODES, UnitTuple, units_of};
 use crate::error::ApiError;
 use crate::jobs::JobType;
+use crate::marshal;
 use crate::registry::OFFLINE;
-use drover_protocol::{NodeName, Request, Response};
+use drover_config::LogLevel;
+use drover_protocol::{NodeName, Request, Response, UnitName};
+use std::collections::HashMap;
 use std::sync::Arc;
-use zbus::OwnedObjectPath;
 use zbus::interface;
+use zbus::{OwnedObjectPath, OwnedVariant};
+
+/// `(type, file, destination)` of `EnableUnitFiles` & co.
+pub type Change = (String, String, String);
+/// `KillUnit` targets systemd accepts.
+pub const KILL_WHO: &[&str] = &["main", "control", "all"];
+/// Largest signal number on Linux (SIGRTMAX).
+pub const MAX_SIGNAL: i32 = 64;
+/// Longest unit file argument (a path or a name) passed on.
+const MAX_FILE_ARG: usize = 4096;
+/// Most unit files in one call.
+const MAX_FILES: usize = 1024;
+
+fn unit_arg(name: &str) -> Result<UnitName, ApiError> {
+    UnitName::new(name).map_err(|e| ApiError::invalid_args(e.to_string()))
+}
+
+/// A unit file argument: a unit name or an absolute path.
+fn file_arg(file: &str) -> Result<String, ApiError> {
+    let ok = if file.starts_with('/') {
+        file.len() <= MAX_FILE_ARG && !file.contains('\0') && !file.contains("/../")
+    } else {
+        UnitName::new(file).is_ok()
+    };
+    if ok {
+        Ok(file.to_owned())
+    } else {
+        Err(ApiError::invalid_args(format!(
+            "invalid unit file '{}': expected a unit name or an absolute path",
+            file.escape_default()
+        )))
+    }
+}
+
+fn files_arg(files: &[String]) -> Result<Vec<String>, ApiError> {
+    if files.len() > MAX_FILES {
+        return Err(ApiError::invalid_args(format!(
+            "too many unit files (at most {MAX_FILES})"
+        )));
+    }
+    files.iter().map(|f| file_arg(f)).collect()
+}
+
+/// `interface` of GetUnitProperty/ies: empty (all) or a D-Bus interface name.
+fn interface_arg(interface: &str) -> Result<String, ApiError> {
+    if interface.is_empty() || zbus::names::InterfaceName::try_from(interface).is_ok() {
+        Ok(interface.to_owned())
+    } else {
+        Err(ApiError::invalid_args(format!(
+            "invalid interface name '{}'",
+            interface.escape_default()
+        )))
+    }
+}
+
+fn property_arg(property: &str) -> Result<String, ApiError> {
+    if zbus::names::MemberName::try_from(property).is_ok() {
+        Ok(property.to_owned())
+    } else {
+        Err(ApiError::invalid_args(format!(
+            "invalid property name '{}'",
+            property.escape_default()
+        )))
+    }
+}
+
+fn mode_arg(mode: &str) -> Result<String, ApiError> {
+    if JOB_MODES.contains(&mode) {
+        Ok(mode.to_owned())
+    } else {
+        Err(ApiError::invalid_args(format!(
+            "invalid job mode '{}': expected one of {}",
+            mode.escape_default(),
+            JOB_MODES.join(", ")
+        )))
+    }
+}
+
+fn marshal_err(e: marshal::MarshalError) -> ApiError {
+    ApiError::invalid_args(e.to_string())
+}
+
+fn agent_err(e: marshal::MarshalError) -> ApiError {
+    ApiError::failed(format!("bad value from the agent: {e}"))
+}
+
+fn unexpected() -> ApiError {
+    ApiError::failed("unexpected reply from the agent")
+}
+
+fn empty(r: Response) -> Result<(), ApiError> {
+    match r {
+        Response::Empty => Ok(()),
+        _ => Err(unexpected()),
+    }
+}
+
+fn text(r: Response) -> Result<String, ApiError> {
+    match r {
+        Response::Text(t) => Ok(t),
+        _ => Err(unexpected()),
+    }
+}
+
+fn changes(r: Response) -> Result<(bool, Vec<Change>), ApiError> {
+    match r {
+        Response::Changes {
+            carries_install_info,
+            changes,
+        } => Ok((carries_install_info, changes)),
+        _ => Err(unexpected()),
+    }
+}
+
+/// `ListUnitFiles` replies.
+pub fn unit_files(r: Response) -> Result<Vec<(String, String)>, ApiError> {
+    match r {
+        Response::UnitFiles(f) => Ok(f),
+        _ => Err(unexpected()),
+    }
+}
 
 pub struct NodeObject {
     core: Arc<Core>,
@@ -73,6 +196,220 @@ impl NodeObject {
         }
     }
 
+    /// A transient unit, tracked as a drover job (JobNew/JobRemoved) unlike
+    /// BlueChi, which hands back the node's systemd job path.
+    #[zbus(out_args("job"))]
+    async fn start_transient_unit(
+        &self,
+        name: String,
+        mode: String,
+        properties: Vec<(String, OwnedVariant)>,
+        aux: Vec<(String, Vec<(String, OwnedVariant)>)>,
+    ) -> Result<OwnedObjectPath, ApiError> {
+        let unit = unit_arg(&name)?;
+        let mode = mode_arg(&mode)?;
+        let properties = marshal::properties_to(&properties).map_err(marshal_err)?;
+        let aux = marshal::aux_to(&aux).map_err(marshal_err)?;
+        let for_request = unit.clone();
+        self.core
+            .start_job_with(&self.name, unit, JobType::Start, move |job_id| {
+                Request::StartTransientUnit {
+                    unit: for_request,
+                    mode,
+                    properties,
+                    aux,
+                    job_id,
+                }
+            })
+            .await
+    }
+
+    async fn freeze_unit(&self, name: String) -> Result<(), ApiError> {
+        let unit = unit_arg(&name)?;
+        empty(self.request(Request::FreezeUnit { unit }).await?)
+    }
+
+    async fn thaw_unit(&self, name: String) -> Result<(), ApiError> {
+        let unit = unit_arg(&name)?;
+        empty(self.request(Request::ThawUnit { unit }).await?)
+    }
+
+    /// `who`: main, control or all; `signal`: 1..=64.
+    async fn kill_unit(&self, name: String, who: String, signal: i32) -> Result<(), ApiError> {
+        let unit = unit_arg(&name)?;
+        if !KILL_WHO.contains(&who.as_str()) {
+            return Err(ApiError::invalid_args(format!(
+                "invalid process selection '{}': expected one of {}",
+                who.escape_default(),
+                KILL_WHO.join(", ")
+            )));
+        }
+        if !(1..=MAX_SIGNAL).contains(&signal) {
+            return Err(ApiError::invalid_args(format!(
+                "invalid signal number {signal}: expected 1 to {MAX_SIGNAL}"
+            )));
+        }
+        empty(
+            self.request(Request::KillUnit {
+                unit,
+                whom: who,
+                signal,
+            })
+            .await?,
+        )
+    }
+
+    #[zbus(out_args("props"))]
+    async fn get_unit_properties(
+        &self,
+        name: String,
+        interface: String,
+    ) -> Result<HashMap<String, OwnedVariant>, ApiError> {
+        let unit = unit_arg(&name)?;
+        let interface = interface_arg(&interface)?;
+        match self
+            .request(Request::GetUnitProperties { unit, interface })
+            .await?
+        {
+            Response::Value(m) => marshal::dict_from(&m).map_err(agent_err),
+            _ => Err(unexpected()),
+        }
+    }
+
+    #[zbus(out_args("value"))]
+    async fn get_unit_property(
+        &self,
+        name: String,
+        interface: String,
+        property: String,
+    ) -> Result<OwnedVariant, ApiError> {
+        let unit = unit_arg(&name)?;
+        let interface = interface_arg(&interface)?;
+        let property = property_arg(&property)?;
+        match self
+            .request(Request::GetUnitProperty {
+                unit,
+                interface,
+                property,
+            })
+            .await?
+        {
+            Response::Value(m) => marshal::value_from(&m).map_err(agent_err),
+            _ => Err(unexpected()),
+        }
+    }
+
+    async fn set_unit_properties(
+        &self,
+        name: String,
+        runtime: bool,
+        keyvalues: Vec<(String, OwnedVariant)>,
+    ) -> Result<(), ApiError> {
+        let unit = unit_arg(&name)?;
+        let properties = marshal::properties_to(&keyvalues).map_err(marshal_err)?;
+        empty(
+            self.request(Request::SetUnitProperties {
+                unit,
+                runtime,
+                properties,
+            })
+            .await?,
+        )
+    }
+
+    #[zbus(out_args("carries_install_info", "changes"))]
+    async fn enable_unit_files(
+        &self,
+        files: Vec<String>,
+        runtime: bool,
+        force: bool,
+    ) -> Result<(bool, Vec<Change>), ApiError> {
+        let files = files_arg(&files)?;
+        changes(
+            self.request(Request::EnableUnitFiles {
+                files,
+                runtime,
+                force,
+            })
+            .await?,
+        )
+    }
+
+    #[zbus(out_args("changes"))]
+    async fn disable_unit_files(
+        &self,
+        files: Vec<String>,
+        runtime: bool,
+    ) -> Result<Vec<Change>, ApiError> {
+        let files = files_arg(&files)?;
+        let (_, c) = changes(
+            self.request(Request::DisableUnitFiles { files, runtime })
+                .await?,
+        )?;
+        Ok(c)
+    }
+
+    #[zbus(out_args("unitfiles"))]
+    async fn list_unit_files(&self) -> Result<Vec<(String, String)>, ApiError> {
+        unit_files(self.request(Request::ListUnitFiles).await?)
+    }
+
+    #[zbus(out_args("state"))]
+    async fn get_unit_file_state(&self, file: String) -> Result<String, ApiError> {
+        let file = file_arg(&file)?;
+        text(self.request(Request::GetUnitFileState { file }).await?)
+    }
+
+    async fn reset_failed(&self) -> Result<(), ApiError> {
+        empty(self.request(Request::ResetFailed).await?)
+    }
+
+    async fn reset_failed_unit(&self, name: String) -> Result<(), ApiError> {
+        let unit = unit_arg(&name)?;
+        empty(self.request(Request::ResetFailedUnit { unit }).await?)
+    }
+
+    #[zbus(out_args("defaulttarget"))]
+    async fn get_default_target(&self) -> Result<String, ApiError> {
+        text(self.request(Request::GetDefaultTarget).await?)
+    }
+
+    #[zbus(out_args("out"))]
+    async fn set_default_target(
+        &self,
+        defaulttarget: String,
+        force: bool,
+    ) -> Result<Vec<Change>, ApiError> {
+        let target = unit_arg(&defaulttarget)?;
+        if !target.as_str().ends_with(".target") {
+            return Err(ApiError::invalid_args(format!(
+                "'{target}' is not a target unit"
+            )));
+        }
+        let (_, c) = changes(
+            self.request(Request::SetDefaultTarget { target, force })
+                .await?,
+        )?;
+        Ok(c)
+    }
+
+    /// The agent's log level: DEBUG, INFO, WARN or ERROR (checked here,
+    /// unlike BlueChi).
+    async fn set_log_level(&self, level: String) -> Result<(), ApiError> {
+        let Some(level) = LogLevel::parse(&level) else {
+            return Err(ApiError::invalid_args(format!(
+                "invalid log level '{}': expected DEBUG, INFO, WARN or ERROR",
+                level.escape_default()
+            )));
+        };
+        empty(
+            self.request(Request::SetLogLevel {
+                level: level.as_str().to_owned(),
+            })
+            .await?,
+        )
+    }
+
     #[zbus(property(emits_changed_signal = "const"))]
     fn name(&self) -> String {
         self.name.to_string()
@@ -112,6 +449,10 @@ impl NodeObject {
 }
 
 impl NodeObject {
+    async fn request(&self, body: Request) -> Result<Response, ApiError> {
+        self.core.node_request(&self.name, body).await
+    }
+
     fn last_seen(&self) -> (u64, u64) {
         self.core.registry().last_seen(self.name.as_str())
     }

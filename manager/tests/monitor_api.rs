@@ -1,0 +1,663 @@
+//! Monitors (`org.eclipse.bluechi.Monitor`, `io.drover.Monitor`) against fake
+//! agents: subscriptions reach the agent, events come back as unicast
+//! signals, virtual events on subscribe and disconnect, peers, closing, and
+//! the snapshot + tagged stream.
+
+mod common;
+
+use common::*;
+use drover_protocol::{Event, ModTag, Reason, Request, ToManager, UnitName};
+use futures::StreamExt;
+use std::time::Duration;
+use zbus::message::Message;
+use zbus::{Connection, MessageStream, OwnedObjectPath};
+
+const CTRL_IFACE: &str = "org.eclipse.bluechi.Controller";
+const MON_IFACE: &str = "org.eclipse.bluechi.Monitor";
+const DROVER_MON: &str = "io.drover.Monitor";
+
+fn unit(s: &str) -> UnitName {
+    UnitName::new(s).unwrap()
+}
+
+async fn create_monitor(conn: &Connection) -> OwnedObjectPath {
+    let reply = conn
+        .call_method(
+            Some(BUS_NAME),
+            CONTROLLER,
+            Some(CTRL_IFACE),
+            "CreateMonitor",
+            &(),
+        )
+        .await
+        .expect("CreateMonitor");
+    reply.body().deserialize().unwrap()
+}
+
+async fn mcall<B, R>(conn: &Connection, path: &str, method: &str, body: &B) -> zbus::Result<R>
+where
+    B: serde::Serialize + zbus::DynamicType,
+    R: for<'d> serde::Deserialize<'d> + zbus::Type,
+{
+    let iface = if method == "Follow" {
+        DROVER_MON
+    } else {
+        MON_IFACE
+    };
+    let reply = conn
+        .call_method(Some(BUS_NAME), path, Some(iface), method, body)
+        .await?;
+    reply.body().deserialize::<R>()
+}
+
+/// Every message this connection receives (unicast signals need no match rule).
+fn inbox(conn: &Connection) -> MessageStream {
+    MessageStream::from(conn.clone())
+}
+
+/// Next monitor signal (of `iface`) within the wait time: (member, message).
+async fn next_from(stream: &mut MessageStream, iface: &str) -> (String, Message) {
+    loop {
+        let msg = tokio::time::timeout(WAIT, stream.next())
+            .await
+            .expect("a signal within the wait time")
+            .expect("stream open")
+            .expect("valid message");
+        let h = msg.header();
+        if h.message_type() == zbus::message::Type::Signal
+            && h.interface().is_some_and(|i| i.as_str() == iface)
+        {
+            let member = h.member().map(|m| m.to_string()).unwrap_or_default();
+            return (member, msg.clone());
+        }
+    }
+}
+
+/// True if no signal of `iface` arrives within `ms`.
+async fn quiet(stream: &mut MessageStream, iface: &str, ms: u64) -> bool {
+    tokio::time::timeout(Duration::from_millis(ms), next_from(stream, iface))
+        .await
+        .is_err()
+}
+
+fn strings<const N: usize>(msg: &Message) -> [String; N]
+where
+    [String; N]: for<'d> serde::Deserialize<'d> + zbus::Type,
+{
+    msg.body().deserialize().expect("string arguments")
+}
+
+async fn wait_for_request(agent: &FakeAgent, want: &Request) {
+    for _ in 0..100 {
+        if agent.requests.lock().unwrap().contains(want) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!(
+        "agent never got {want:?}; got {:?}",
+        agent.requests.lock().unwrap()
+    );
+}
+
+async fn client(f: &Fixture) -> Connection {
+    zbus::connection::Builder::address(f.bus.address.as_str())
+        .build()
+        .await
+        .expect("client connects")
+}
+
+fn state_event(guid: u64, index: u64, u: &str, a: &str, s: &str) -> ToManager {
+    ToManager::Event(Event::UnitStateChanged {
+        tag: ModTag::new(guid, index),
+        unit: unit(u),
+        active_state: a.into(),
+        sub_state: s.into(),
+        reason: Reason::Real,
+    })
+}
+
+#[tokio::test]
+async fn subscribe_forwards_events_unicast_to_the_owner_only() {
+    let f = Fixture::start(config(&["node1", "node2"])).await;
+    let agent = f.agent("node1", reply_empty()).await;
+    let guid = agent.accepted.session_id;
+    let owner = client(&f).await;
+    let other = client(&f).await;
+    let mut owner_in = inbox(&owner);
+    let mut other_in = inbox(&other);
+    // A bystander listening broadly sees nothing: signals are unicast.
+    other
+        .call_method(
+            Some("org.freedesktop.DBus"),
+            "/org/freedesktop/DBus",
+            Some("org.freedesktop.DBus"),
+            "AddMatch",
+            &("type='signal',interface='org.eclipse.bluechi.Monitor'",),
+        )
+        .await
+        .unwrap();
+
+    let path = create_monitor(&owner).await;
+    assert_eq!(path.as_str(), "/org/eclipse/bluechi/monitor/1");
+    let id: u32 = mcall(&owner, path.as_str(), "Subscribe", &("node1", "a.service"))
+        .await
+        .unwrap();
+    assert_eq!(id, 2, "BlueChi's subscription ids start at 2");
+    wait_for_request(
+        &agent,
+        &Request::Subscribe {
+            unit: Some(unit("a.service")),
+        },
+    )
+    .await;
+
+    agent
+        .send(ToManager::Event(Event::UnitNew {
+            tag: ModTag::new(guid, 1),
+            unit: unit("a.service"),
+            reason: Reason::Real,
+        }))
+        .await;
+    agent
+        .send(state_event(guid, 2, "a.service", "active", "running"))
+        .await;
+    // Not subscribed: never forwarded.
+    agent
+        .send(state_event(guid, 3, "b.service", "active", "running"))
+        .await;
+
+    let (member, msg) = next_from(&mut owner_in, MON_IFACE).await;
+    assert_eq!(member, "UnitNew");
+    assert_eq!(
+        msg.header().destination().map(|d| d.to_string()),
+        owner.unique_name().map(|n| n.to_string()),
+        "sent to the owner by name"
+    );
+    assert_eq!(
+        strings::<3>(&msg),
+        ["node1".to_owned(), "a.service".into(), "real".into()]
+    );
+    let (member, msg) = next_from(&mut owner_in, MON_IFACE).await;
+    assert_eq!(member, "UnitStateChanged");
+    assert_eq!(
+        strings::<5>(&msg),
+        [
+            "node1".to_owned(),
+            "a.service".into(),
+            "active".into(),
+            "running".into(),
+            "real".into()
+        ]
+    );
+    assert!(
+        quiet(&mut owner_in, MON_IFACE, 300).await,
+        "b.service is not watched"
+    );
+    assert!(quiet(&mut other_in, MON_IFACE, 100).await, "no broadcast");
+
+    // A second monitor subscribing later gets the virtual replay.
+    let path2 = create_monitor(&other).await;
+    let _: u32 = mcall(&other, path2.as_str(), "Subscribe", &("*", "a.service"))
+        .await
+        .unwrap();
+    let (member, msg) = next_from(&mut other_in, MON_IFACE).await;
+    assert_eq!(member, "UnitNew");
+    assert_eq!(strings::<3>(&msg)[2], "virtual");
+    let (member, msg) = next_from(&mut other_in, MON_IFACE).await;
+    assert_eq!(member, "UnitStateChanged");
+    assert_eq!(strings::<5>(&msg)[2..], ["active", "running", "virtual"]);
+    assert_eq!(
+        agent
+            .requests
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| matches!(r, Request::Subscribe { .. }))
+            .count(),
+        1,
+        "watchers are merged per unit"
+    );
+
+    // Unsubscribe: the last watcher of the unit makes the agent unsubscribe.
+    let () = mcall(&owner, path.as_str(), "Unsubscribe", &(id,))
+        .await
+        .unwrap();
+    let () = mcall(&other, path2.as_str(), "Close", &()).await.unwrap();
+    wait_for_request(
+        &agent,
+        &Request::Unsubscribe {
+            unit: Some(unit("a.service")),
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn bad_arguments_get_the_documented_errors_and_change_nothing() {
+    let f = Fixture::start(config(&["node1"])).await;
+    let agent = f.agent("node1", reply_empty()).await;
+    let owner = client(&f).await;
+    let path = create_monitor(&owner).await;
+    let p = path.as_str();
+
+    let err = mcall::<_, ()>(&owner, p, "Unsubscribe", &(77u32,))
+        .await
+        .unwrap_err();
+    assert_eq!(error_of(&err).0, "org.freedesktop.DBus.Error.Failed");
+    assert!(error_of(&err).1.contains("77"));
+
+    for (node, u) in [
+        ("node1", "no-suffix"),
+        ("node1", ""),
+        ("bad node!", "a.service"),
+        ("", "a.service"),
+    ] {
+        let err = mcall::<_, u32>(&owner, p, "Subscribe", &(node, u))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            error_of(&err).0,
+            "org.freedesktop.DBus.Error.InvalidArgs",
+            "{node:?} {u:?}"
+        );
+    }
+    // One bad unit in a list refuses the whole list.
+    let err = mcall::<_, u32>(
+        &owner,
+        p,
+        "SubscribeList",
+        &("node1", vec!["a.service", "bad unit"]),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(error_of(&err).0, "org.freedesktop.DBus.Error.InvalidArgs");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(agent.request_count(), 0, "nothing reached the agent");
+
+    // A valid but unknown node is accepted (BlueChi logs it).
+    let id: u32 = mcall(&owner, p, "Subscribe", &("elsewhere", "a.service"))
+        .await
+        .unwrap();
+    let () = mcall(&owner, p, "Unsubscribe", &(id,)).await.unwrap();
+    let err = mcall::<_, ()>(&owner, p, "Unsubscribe", &(id,))
+        .await
+        .unwrap_err();
+    assert_eq!(error_of(&err).0, "org.freedesktop.DBus.Error.Failed");
+
+    // Peers: invalid, the owner, duplicates.
+    let own = owner.unique_name().unwrap().to_string();
+    for name in ["not-unique", "", &own] {
+        let err = mcall::<_, u32>(&owner, p, "AddPeer", &(name,))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            error_of(&err).0,
+            "org.freedesktop.DBus.Error.InvalidArgs",
+            "{name}"
+        );
+    }
+    let listener = client(&f).await;
+    let lname = listener.unique_name().unwrap().to_string();
+    let _: u32 = mcall(&owner, p, "AddPeer", &(lname.as_str(),))
+        .await
+        .unwrap();
+    let err = mcall::<_, u32>(&owner, p, "AddPeer", &(lname.as_str(),))
+        .await
+        .unwrap_err();
+    assert_eq!(error_of(&err).0, "org.freedesktop.DBus.Error.InvalidArgs");
+    let err = mcall::<_, ()>(&owner, p, "RemovePeer", &(999u32, "x"))
+        .await
+        .unwrap_err();
+    assert_eq!(error_of(&err).0, "org.freedesktop.DBus.Error.Failed");
+}
+
+#[tokio::test]
+async fn peers_receive_events_and_peer_removed() {
+    let f = Fixture::start(config(&["node1"])).await;
+    let agent = f.agent("node1", reply_empty()).await;
+    let guid = agent.accepted.session_id;
+    let owner = client(&f).await;
+    let listener = client(&f).await;
+    let bystander = client(&f).await;
+    let mut listener_in = inbox(&listener);
+    let mut bystander_in = inbox(&bystander);
+    let path = create_monitor(&owner).await;
+    let p = path.as_str();
+    let lname = listener.unique_name().unwrap().to_string();
+    let peer: u32 = mcall(&owner, p, "AddPeer", &(lname.as_str(),))
+        .await
+        .unwrap();
+    let _: u32 = mcall(&owner, p, "Subscribe", &("node1", "*"))
+        .await
+        .unwrap();
+    let (member, msg) = next_from(&mut listener_in, MON_IFACE).await;
+    assert_eq!(
+        (member.as_str(), strings::<3>(&msg)),
+        (
+            "UnitNew",
+            ["node1".to_owned(), "*".into(), "virtual".into()]
+        ),
+        "a wildcard subscription starts with the pseudo unit"
+    );
+    wait_for_request(&agent, &Request::Subscribe { unit: None }).await;
+    agent
+        .send(state_event(guid, 1, "x.service", "failed", "failed"))
+        .await;
+    let (member, msg) = next_from(&mut listener_in, MON_IFACE).await;
+    assert_eq!(member, "UnitStateChanged");
+    assert_eq!(strings::<5>(&msg)[1], "x.service");
+    assert!(quiet(&mut bystander_in, MON_IFACE, 200).await);
+
+    let () = mcall(&owner, p, "RemovePeer", &(peer, "bye"))
+        .await
+        .unwrap();
+    let (member, msg) = next_from(&mut listener_in, MON_IFACE).await;
+    assert_eq!(member, "PeerRemoved");
+    assert_eq!(strings::<1>(&msg), ["bye".to_owned()]);
+    agent
+        .send(state_event(guid, 2, "x.service", "active", "running"))
+        .await;
+    assert!(
+        quiet(&mut listener_in, MON_IFACE, 300).await,
+        "removed peers get nothing"
+    );
+
+    // Close: remaining peers get PeerRemoved("monitor closed"), the agent unsubscribes.
+    let bname = bystander.unique_name().unwrap().to_string();
+    let _: u32 = mcall(&owner, p, "AddPeer", &(bname.as_str(),))
+        .await
+        .unwrap();
+    let () = mcall(&owner, p, "Close", &()).await.unwrap();
+    let (member, msg) = next_from(&mut bystander_in, MON_IFACE).await;
+    assert_eq!(member, "PeerRemoved");
+    assert_eq!(strings::<1>(&msg), ["monitor closed".to_owned()]);
+    wait_for_request(&agent, &Request::Unsubscribe { unit: None }).await;
+    let err = mcall::<_, u32>(&owner, p, "Subscribe", &("node1", "*"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error_of(&err).0,
+        "org.freedesktop.DBus.Error.UnknownObject",
+        "the monitor is unexported"
+    );
+}
+
+#[tokio::test]
+async fn monitor_closes_when_its_owner_leaves_the_bus() {
+    let f = Fixture::start(config(&["node1"])).await;
+    let agent = f.agent("node1", reply_empty()).await;
+    let owner = client(&f).await;
+    let path = create_monitor(&owner).await;
+    let _: u32 = mcall(&owner, path.as_str(), "Subscribe", &("node1", "a.service"))
+        .await
+        .unwrap();
+    wait_for_request(
+        &agent,
+        &Request::Subscribe {
+            unit: Some(unit("a.service")),
+        },
+    )
+    .await;
+    drop(owner);
+    wait_for_request(
+        &agent,
+        &Request::Unsubscribe {
+            unit: Some(unit("a.service")),
+        },
+    )
+    .await;
+    let err = f
+        .call::<_, String>(
+            path.as_str(),
+            "org.freedesktop.DBus.Properties",
+            "Get",
+            &(MON_IFACE, "X"),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(error_of(&err).0, "org.freedesktop.DBus.Error.UnknownObject");
+    assert!(f.manager().core().monitors().is_empty());
+}
+
+#[tokio::test]
+async fn node_disconnect_sends_virtual_events_and_reconnect_replays() {
+    let f = Fixture::start(config(&["node1"])).await;
+    let agent = f.agent("node1", reply_empty()).await;
+    let guid = agent.accepted.session_id;
+    let owner = client(&f).await;
+    let mut inbox_ = inbox(&owner);
+    let path = create_monitor(&owner).await;
+    let p = path.as_str();
+    let _: u32 = mcall(
+        &owner,
+        p,
+        "SubscribeList",
+        &("node1", vec!["a.service", "*"]),
+    )
+    .await
+    .unwrap();
+    assert_eq!(next_from(&mut inbox_, MON_IFACE).await.0, "UnitNew"); // "*"
+    agent
+        .send(state_event(guid, 1, "a.service", "active", "running"))
+        .await;
+    let (member, msg) = next_from(&mut inbox_, MON_IFACE).await;
+    assert_eq!(member, "UnitStateChanged");
+    assert_eq!(
+        strings::<5>(&msg)[1],
+        "a.service",
+        "deduplicated: once per monitor"
+    );
+    assert!(quiet(&mut inbox_, MON_IFACE, 200).await);
+
+    drop(agent);
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        let (member, msg) = next_from(&mut inbox_, MON_IFACE).await;
+        let args: Vec<String> = match member.as_str() {
+            "UnitStateChanged" => strings::<5>(&msg).to_vec(),
+            _ => strings::<3>(&msg).to_vec(),
+        };
+        got.push((member, args));
+    }
+    let v = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        got,
+        vec![
+            (
+                "UnitStateChanged".to_owned(),
+                v(&["node1", "a.service", "inactive", "agent-offline", "virtual"])
+            ),
+            (
+                "UnitRemoved".to_owned(),
+                v(&["node1", "a.service", "virtual"])
+            ),
+            (
+                "UnitStateChanged".to_owned(),
+                v(&["node1", "*", "inactive", "agent-offline", "virtual"])
+            ),
+            ("UnitRemoved".to_owned(), v(&["node1", "*", "virtual"])),
+        ]
+    );
+    // Reconnect: the manager replays both subscriptions, `*` watchers hear of it.
+    let agent2 = f.agent("node1", reply_empty()).await;
+    let (member, msg) = next_from(&mut inbox_, MON_IFACE).await;
+    assert_eq!(
+        (member.as_str(), strings::<3>(&msg)),
+        (
+            "UnitNew",
+            ["node1".to_owned(), "*".into(), "virtual".into()]
+        )
+    );
+    wait_for_request(&agent2, &Request::Subscribe { unit: None }).await;
+    wait_for_request(
+        &agent2,
+        &Request::Subscribe {
+            unit: Some(unit("a.service")),
+        },
+    )
+    .await;
+}
+
+type Row = (String, String, String, String, u64, u64);
+type Changed = (String, String, String, String, String, String, u64, u64);
+
+#[tokio::test]
+async fn follow_returns_a_snapshot_then_tagged_events_across_reconnects() {
+    let f = Fixture::start(config(&["node1"])).await;
+    let agent = f.agent("node1", reply_empty()).await;
+    let g1 = agent.accepted.session_id;
+    let owner = client(&f).await;
+    let mut inbox_ = inbox(&owner);
+    let path = create_monitor(&owner).await;
+    let p = path.as_str();
+    let _: u32 = mcall(&owner, p, "Subscribe", &("node1", "*"))
+        .await
+        .unwrap();
+    wait_for_request(&agent, &Request::Subscribe { unit: None }).await;
+    agent
+        .send(state_event(g1, 1, "a.service", "active", "running"))
+        .await;
+    agent
+        .send(state_event(g1, 2, "b.service", "failed", "failed"))
+        .await;
+    // Wait until both went through.
+    let mut seen = 0;
+    while seen < 2 {
+        if next_from(&mut inbox_, MON_IFACE).await.0 == "UnitStateChanged" {
+            seen += 1;
+        }
+    }
+    let snap: Vec<Row> = mcall(&owner, p, "Follow", &()).await.unwrap();
+    assert_eq!(
+        snap,
+        vec![
+            (
+                "node1".into(),
+                "a.service".into(),
+                "active".into(),
+                "running".into(),
+                g1,
+                1
+            ),
+            (
+                "node1".into(),
+                "b.service".into(),
+                "failed".into(),
+                "failed".into(),
+                g1,
+                2
+            ),
+        ]
+    );
+    agent
+        .send(state_event(g1, 3, "a.service", "deactivating", "stop"))
+        .await;
+    let (_, msg) = next_from(&mut inbox_, DROVER_MON).await;
+    let c: Changed = msg.body().deserialize().unwrap();
+    assert_eq!(
+        c,
+        (
+            "node1".into(),
+            "a.service".into(),
+            "state".into(),
+            "deactivating".into(),
+            "stop".into(),
+            "real".into(),
+            g1,
+            3
+        )
+    );
+    // Disconnect: tagged virtual events continue the index.
+    drop(agent);
+    let mut tags = Vec::new();
+    for _ in 0..4 {
+        let (_, msg) = next_from(&mut inbox_, DROVER_MON).await;
+        let c: Changed = msg.body().deserialize().unwrap();
+        tags.push((c.1, c.2, c.5, c.6, c.7));
+    }
+    assert_eq!(
+        tags,
+        vec![
+            ("a.service".into(), "state".into(), "virtual".into(), g1, 4),
+            (
+                "a.service".into(),
+                "removed".into(),
+                "virtual".into(),
+                g1,
+                5
+            ),
+            // b was failed, not inactive: it also gets the virtual inactive.
+            ("b.service".into(), "state".into(), "virtual".into(), g1, 6),
+            (
+                "b.service".into(),
+                "removed".into(),
+                "virtual".into(),
+                g1,
+                7
+            ),
+        ]
+    );
+    // A new session's events carry its guid and succeed everything before.
+    let agent2 = f.agent("node1", reply_empty()).await;
+    let g2 = agent2.accepted.session_id;
+    assert!(g2 > g1);
+    wait_for_request(&agent2, &Request::Subscribe { unit: None }).await;
+    agent2
+        .send(ToManager::Event(Event::UnitNew {
+            tag: ModTag::new(g2, 1),
+            unit: unit("a.service"),
+            reason: Reason::Virtual,
+        }))
+        .await;
+    // A stale event from the old guid on the new session is dropped.
+    agent2
+        .send(state_event(g1, 99, "a.service", "active", "running"))
+        .await;
+    let (_, msg) = next_from(&mut inbox_, DROVER_MON).await;
+    let c: Changed = msg.body().deserialize().unwrap();
+    assert_eq!((c.2.as_str(), c.6, c.7), ("new", g2, 1));
+    assert!(quiet(&mut inbox_, DROVER_MON, 300).await);
+    let snap: Vec<Row> = mcall(&owner, p, "Follow", &()).await.unwrap();
+    assert_eq!(
+        snap,
+        vec![(
+            "node1".into(),
+            "a.service".into(),
+            "inactive".into(),
+            "dead".into(),
+            g2,
+            1
+        )]
+    );
+}
+
+#[tokio::test]
+async fn introspection_describes_monitor_members() {
+    let f = Fixture::start(config(&["node1"])).await;
+    let owner = client(&f).await;
+    let path = create_monitor(&owner).await;
+    let xml = f.introspect(path.as_str()).await;
+    for needle in [
+        r#"<interface name="org.eclipse.bluechi.Monitor">"#,
+        r#"<method name="Subscribe">"#,
+        r#"<method name="SubscribeList">"#,
+        r#"<arg name="units" type="as" direction="in"/>"#,
+        r#"<method name="Unsubscribe">"#,
+        r#"<method name="AddPeer">"#,
+        r#"<method name="RemovePeer">"#,
+        r#"<method name="Close">"#,
+        r#"<signal name="UnitNew">"#,
+        r#"<signal name="UnitRemoved">"#,
+        r#"<signal name="UnitStateChanged">"#,
+        r#"<signal name="UnitPropertiesChanged">"#,
+        r#"<arg name="props" type="a{sv}"/>"#,
+        r#"<signal name="PeerRemoved">"#,
+        r#"<interface name="io.drover.Monitor">"#,
+        r#"<method name="Follow">"#,
+        r#"<arg name="units" type="a(sssstt)" direction="out"/>"#,
+        r#"<signal name="UnitChanged">"#,
+    ] {
+        assert!(xml.contains(needle), "missing {needle} in\n{xml}");
+    }
+}
