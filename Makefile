@@ -43,9 +43,14 @@ install:
 	install -Dm755 target/release/drover-manager $(DESTDIR)$(PREFIX)/libexec/drover-manager
 	install -Dm755 target/release/drover-agent $(DESTDIR)$(PREFIX)/libexec/drover-agent
 	install -Dm755 target/release/droverctl $(DESTDIR)$(PREFIX)/bin/droverctl
+	install -Dm755 target/release/drover-proxy $(DESTDIR)$(PREFIX)/libexec/drover-proxy
 	install -Dm644 units/drover-manager.service $(DESTDIR)$(PREFIX)/lib/systemd/system/drover-manager.service
 	install -Dm644 units/drover-agent.service $(DESTDIR)$(PREFIX)/lib/systemd/system/drover-agent.service
 	install -Dm644 units/drover-agent-user.service $(DESTDIR)$(PREFIX)/lib/systemd/user/drover-agent.service
+	install -Dm644 units/drover-proxy@.service $(DESTDIR)$(PREFIX)/lib/systemd/system/drover-proxy@.service
+	install -Dm644 units/drover-dep@.service $(DESTDIR)$(PREFIX)/lib/systemd/system/drover-dep@.service
+	install -Dm644 units/drover-proxy-user@.service $(DESTDIR)$(PREFIX)/lib/systemd/user/drover-proxy@.service
+	install -Dm644 units/drover-dep@.service $(DESTDIR)$(PREFIX)/lib/systemd/user/drover-dep@.service
 	install -Dm644 units/org.eclipse.bluechi.conf $(DESTDIR)$(PREFIX)/share/dbus-1/system.d/org.eclipse.bluechi.conf
 	install -Dm644 units/org.eclipse.bluechi.Agent.conf $(DESTDIR)$(PREFIX)/share/dbus-1/system.d/org.eclipse.bluechi.Agent.conf
 	install -Dm644 units/manager.conf $(DESTDIR)$(PREFIX)/share/drover/manager.conf

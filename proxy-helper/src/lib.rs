@@ -1,0 +1,22 @@
+//! drover-proxy: the helper run by `drover-proxy@NODE_UNIT.service`.
+//!
+//! A unit on this node that says `Wants=`/`Requires=`/`BindsTo=` and `After=`
+//! `drover-proxy@node2_db.service` makes systemd run `drover-proxy create
+//! node2_db`. The helper checks the instance name, asks the local drover agent
+//! (`org.eclipse.bluechi.Agent.CreateProxy`) to have `db.service` started on
+//! `node2`, and exits 0 once it is active — so the proxy unit becomes active
+//! and the dependent unit starts — or 1 with a one-line reason. `ExecStop=`
+//! runs `drover-proxy remove node2_db` (`RemoveProxy`).
+//!
+//! The helper holds no state: the agent keeps the proxy, the manager the
+//! references. Layout:
+//! * [`instance`]: the `NODE_UNIT` instance name and its validation;
+//! * [`agent`]: the D-Bus client of the local agent and its error mapping;
+//! * [`cli`]: arguments, exit codes, signal handling.
+
+pub mod agent;
+pub mod cli;
+pub mod instance;
+
+pub use agent::{AgentClient, AgentError, Bus};
+pub use instance::{InstanceError, ProxyInstance};

@@ -1,0 +1,321 @@
+//! The `drover-proxy` binary against a fake agent on a private dbus-daemon:
+//! exit codes, the one-line reasons, what is (and is not) sent, and the release
+//! on SIGTERM while waiting. The real agent and systemd are exercised in
+//! tests/tests/proxies.rs; this pins the helper's own contract.
+
+use std::io::BufRead;
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use zbus::message::{Header, Message};
+use zbus::names::ErrorName;
+
+/// A private dbus-daemon in a temp dir; killed and removed on drop.
+struct PrivateBus {
+    child: Child,
+    dir: PathBuf,
+    address: String,
+}
+
+impl PrivateBus {
+    fn start(tag: &str) -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("drover-proxy-test-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let conf = dir.join("bus.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "<busconfig><type>session</type><listen>unix:path={}</listen><auth>EXTERNAL</auth>\
+                 <policy context=\"default\"><allow send_destination=\"*\" eavesdrop=\"true\"/>\
+                 <allow eavesdrop=\"true\"/><allow own=\"*\"/></policy></busconfig>",
+                dir.join("bus").display()
+            ),
+        )
+        .unwrap();
+        let mut child = Command::new("dbus-daemon")
+            .args(["--nofork", "--print-address"])
+            .arg(format!("--config-file={}", conf.display()))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("dbus-daemon runs (package dbus)");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.starts_with("unix:"), "dbus-daemon printed {line:?}");
+        Self {
+            child,
+            dir: dir.clone(),
+            address: format!("unix:path={}", dir.join("bus").display()),
+        }
+    }
+}
+
+impl Drop for PrivateBus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[derive(Debug)]
+struct Refusal(String);
+
+impl zbus::DBusError for Refusal {
+    fn create_reply(&self, call: &Header<'_>) -> zbus::Result<Message> {
+        Message::error(call, "org.eclipse.bluechi.ActivationFailed").build(&(self.0.as_str(),))
+    }
+    fn name(&self) -> ErrorName<'_> {
+        ErrorName::from_static_str_unchecked("org.eclipse.bluechi.ActivationFailed")
+    }
+    fn description(&self) -> Option<&str> {
+        Some(&self.0)
+    }
+}
+
+type Calls = Arc<Mutex<Vec<(String, String, String, String)>>>;
+
+/// Behaves by target node: `ok` succeeds, `slow` never answers, anything else
+/// is refused with "no such node".
+struct FakeAgent {
+    calls: Calls,
+}
+
+#[zbus::interface(name = "org.eclipse.bluechi.Agent")]
+impl FakeAgent {
+    async fn create_proxy(
+        &self,
+        service: String,
+        node: String,
+        unit: String,
+    ) -> Result<(), Refusal> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(("create".into(), service, node.clone(), unit));
+        match node.as_str() {
+            "ok" => Ok(()),
+            "slow" => std::future::pending().await,
+            other => Err(Refusal(format!("no such node '{other}'"))),
+        }
+    }
+
+    async fn remove_proxy(&self, service: String, node: String, unit: String) {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(("remove".into(), service, node, unit));
+    }
+}
+
+async fn serve_agent(bus: &PrivateBus) -> (zbus::Connection, Calls) {
+    let calls = Calls::default();
+    let build = zbus::connection::Builder::address(bus.address.as_str())
+        .name("org.eclipse.bluechi.Agent")
+        .serve_at(
+            "/org/eclipse/bluechi",
+            FakeAgent {
+                calls: calls.clone(),
+            },
+        )
+        .build();
+    let conn = tokio::time::timeout(Duration::from_secs(10), build)
+        .await
+        .expect("the fake agent gets on the bus in time")
+        .unwrap();
+    (conn, calls)
+}
+
+fn helper(bus: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_drover-proxy"));
+    cmd.arg("--bus").arg(bus).args(args);
+    cmd
+}
+
+async fn run(bus: &str, args: &[&str]) -> Output {
+    let mut cmd = tokio::process::Command::from(helper(bus, args));
+    tokio::time::timeout(Duration::from_secs(20), cmd.output())
+        .await
+        .expect("helper finishes")
+        .expect("helper runs")
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn one_line(text: &str) -> &str {
+    let t = text.trim_end();
+    assert!(!t.contains('\n'), "more than one line: {text:?}");
+    t
+}
+
+fn tuple(verb: &str, service: &str, node: &str, unit: &str) -> (String, String, String, String) {
+    (verb.into(), service.into(), node.into(), unit.into())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_and_remove_talk_to_the_agent_and_report_in_one_line() {
+    let bus = PrivateBus::start("calls");
+    let (_conn, calls) = serve_agent(&bus).await;
+
+    let out = run(&bus.address, &["create", "ok_db"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "drover-proxy: db.service on node ok is active"
+    );
+
+    let out = run(&bus.address, &["create", "ok_data.mount"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+
+    let out = run(&bus.address, &["create", "node9_db"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        one_line(&stderr(&out)),
+        "drover-proxy: cannot start db.service on node node9: no such node 'node9'"
+    );
+
+    let out = run(&bus.address, &["remove", "ok_db"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+
+    assert_eq!(
+        *calls.lock().unwrap(),
+        vec![
+            tuple("create", "drover-proxy@ok_db.service", "ok", "db.service"),
+            tuple(
+                "create",
+                "drover-proxy@ok_data.mount.service",
+                "ok",
+                "data.mount"
+            ),
+            tuple(
+                "create",
+                "drover-proxy@node9_db.service",
+                "node9",
+                "db.service"
+            ),
+            tuple("remove", "drover-proxy@ok_db.service", "ok", "db.service"),
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_instances_exit_2_and_send_nothing() {
+    let bus = PrivateBus::start("garbage");
+    let (_conn, calls) = serve_agent(&bus).await;
+    for (instance, why) in [
+        ("bad", "no '_' between node and unit"),
+        ("_x", "bad target node: node name is empty"),
+        ("node_", "bad target unit: unit name is empty"),
+        ("a b_c", "bad target node: invalid node name 'a b'"),
+        ("ok_tpl@", "is a template"),
+        ("", "the proxy instance is empty"),
+    ] {
+        for verb in ["create", "remove"] {
+            let out = run(&bus.address, &[verb, instance]).await;
+            assert_eq!(out.status.code(), Some(2), "{verb} {instance:?}");
+            let err = stderr(&out);
+            let line = one_line(&err);
+            assert!(line.starts_with("drover-proxy: "), "{line}");
+            assert!(line.contains(why), "{verb} {instance:?}: {line}");
+        }
+    }
+    assert!(
+        calls.lock().unwrap().is_empty(),
+        "{:?}",
+        calls.lock().unwrap()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_agent_on_the_bus_is_named_create_fails_remove_has_nothing_to_do() {
+    let bus = PrivateBus::start("noagent");
+    let out = run(&bus.address, &["create", "ok_db"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert_eq!(
+        one_line(&err),
+        format!(
+            "drover-proxy: cannot start db.service on node ok: the drover agent is not running on this node \
+             (nobody owns org.eclipse.bluechi.Agent on bus {})",
+            bus.address
+        )
+    );
+    let out = run(&bus.address, &["remove", "ok_db"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("nothing to release"));
+
+    let gone = format!("unix:path={}/no-such-socket", bus.dir.display());
+    let out = run(&gone, &["create", "ok_db"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        one_line(&err).starts_with(&format!(
+            "drover-proxy: cannot start db.service on node ok: cannot connect to bus {gone}:"
+        )),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_while_waiting_releases_the_proxy_and_ends_by_sigterm() {
+    let bus = PrivateBus::start("sigterm");
+    let (_conn, calls) = serve_agent(&bus).await;
+    let child = helper(&bus.address, &["create", "slow_db"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while calls.lock().unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "CreateProxy never arrived");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        out.status.signal(),
+        Some(libc_sigterm()),
+        "the helper ends by SIGTERM so SuccessExitStatus=SIGTERM applies: {:?}",
+        out.status
+    );
+    assert!(
+        stderr(&out).contains("releasing the proxy"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        *calls.lock().unwrap(),
+        vec![
+            tuple(
+                "create",
+                "drover-proxy@slow_db.service",
+                "slow",
+                "db.service"
+            ),
+            tuple(
+                "remove",
+                "drover-proxy@slow_db.service",
+                "slow",
+                "db.service"
+            ),
+        ]
+    );
+}
+
+fn libc_sigterm() -> i32 {
+    nix::sys::signal::Signal::SIGTERM as i32
+}
