@@ -9,12 +9,14 @@
 //!   the requesting agent gets `ProxyError` so its proxy unit stops), new
 //!   permissions apply to the next `ProxyNew`;
 //! * `ProxyGracePeriod`: for disconnects from then on (running grace periods
-//!   keep their deadline).
+//!   keep their deadline);
+//! * `LogLevel` (as `Controller.SetLogLevel` would).
 //!
 //! What it does not change: a node removed from the list stays known until
 //! the manager restarts (its session, jobs and object are not torn down by a
 //! config edit; it does lose every dependency permission the new file does
-//! not grant); listener, heartbeat and logging keys apply at the next start.
+//! not grant); listener, heartbeat, `LogTarget` and `LogIsQuiet` apply at the
+//! next start.
 //! Both are logged. A config that does not load is logged and the running
 //! one is kept, whole.
 
@@ -78,6 +80,10 @@ pub async fn reload(
     core.proxies()
         .reload(Policy::from_config(&new, known))
         .await;
+    if core.log_level() != new.logging.level {
+        tracing::info!("config reload: log level {}", new.logging.level.as_str());
+        core.set_log_level(new.logging.level);
+    }
 
     for node in &report.added {
         tracing::info!(%node, "config reload: node added");
@@ -130,7 +136,8 @@ fn restart_only(old: &ManagerConfig, new: &ManagerConfig) -> Vec<&'static str> {
         old.ip_receive_errors != new.ip_receive_errors,
         "IPReceiveErrors",
     );
-    check(old.logging != new.logging, "LogLevel/LogTarget/LogIsQuiet");
+    check(old.logging.target != new.logging.target, "LogTarget");
+    check(old.logging.quiet != new.logging.quiet, "LogIsQuiet");
     keys
 }
 
@@ -144,13 +151,13 @@ mod tests {
         assert!(restart_only(&old, &old).is_empty());
         let new = ManagerConfig::parse_str(
             "[drover-manager]\nControllerPort=900\nHeartbeatInterval=1000\n\
-             ProxyGracePeriod=5\n[node a]\nAllowDependenciesOn=b\n",
+             ProxyGracePeriod=5\nLogLevel=DEBUG\n[node a]\nAllowDependenciesOn=b\n",
         )
         .unwrap();
         assert_eq!(
             restart_only(&old, &new),
             ["ControllerPort", "HeartbeatInterval"],
-            "grace and permissions apply at once"
+            "grace, log level and permissions apply at once"
         );
     }
 }

@@ -423,3 +423,57 @@ async fn list_proxies_is_introspectable() {
     // BlueChi's interface is untouched by it.
     assert!(xml.contains(r#"<interface name="org.eclipse.bluechi.Controller">"#));
 }
+
+fn dep_unit(name: &str, active: &str) -> drover_protocol::UnitInfo {
+    drover_protocol::UnitInfo {
+        name: name.into(),
+        description: String::new(),
+        load_state: "loaded".into(),
+        active_state: active.into(),
+        sub_state: String::new(),
+        followed: String::new(),
+        object_path: "/".into(),
+        job_id: 0,
+        job_type: String::new(),
+        job_path: "/".into(),
+    }
+}
+
+/// A fresh manager (as after a restart) meets a target node that still runs
+/// dep units: those a requester re-announces within the grace period stay,
+/// the others are stopped.
+#[tokio::test]
+async fn orphan_deps_are_stopped_one_grace_period_after_the_target_registers() {
+    let f = Fixture::start(proxy_config(400)).await;
+    let b = f
+        .agent(
+            "b",
+            Arc::new(|id, req: &Request| {
+                let result = match req {
+                    Request::ListUnits => Ok(Response::Units(vec![
+                        dep_unit("drover-dep@db.service.service", "active"),
+                        dep_unit("drover-dep@orphan.service.service", "active"),
+                        dep_unit("drover-dep@gone.service.service", "inactive"),
+                        dep_unit("db.service", "active"),
+                    ])),
+                    _ => Ok(Response::Empty),
+                };
+                vec![ToManager::Reply { id, result }]
+            }),
+        )
+        .await;
+    let a = f.agent("a", reply_empty()).await;
+    proxy_new(&a, "b", "db.service", 1).await;
+    eventually("the sweep lists b's units", || {
+        count(&b, &Request::ListUnits) == 1
+    })
+    .await;
+    eventually("the orphan is stopped", || {
+        count(&b, &stop_dep("orphan.service")) == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(count(&b, &stop_dep("db.service")), 0, "db is referenced");
+    assert_eq!(count(&b, &stop_dep("gone.service")), 0, "not running");
+    assert_eq!(list(&f).await.len(), 1);
+}

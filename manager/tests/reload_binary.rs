@@ -90,7 +90,8 @@ async fn sighup_reloads_good_config_and_keeps_running_on_a_bad_one() {
 
     std::fs::write(
         &conf,
-        "[drover-manager]\nAllowedNodeNames=a,b\nLogTarget=stderr\n[node a]\nAllowDependenciesOn=b\n",
+        "[drover-manager]\nAllowedNodeNames=a,b\nLogTarget=stderr\nLogLevel=DEBUG\n\
+         [node a]\nAllowDependenciesOn=b\n",
     )
     .expect("config");
     signal(&run.child, libc::SIGHUP);
@@ -103,6 +104,20 @@ async fn sighup_reloads_good_config_and_keeps_running_on_a_bad_one() {
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     assert!(added, "node b appears after SIGHUP");
+    let level: zbus::OwnedVariant = client
+        .call_method(
+            Some(BUS_NAME),
+            CONTROLLER,
+            Some("org.freedesktop.DBus.Properties"),
+            "Get",
+            &("org.eclipse.bluechi.Controller", "LogLevel"),
+        )
+        .await
+        .expect("LogLevel")
+        .body()
+        .deserialize()
+        .expect("variant");
+    assert_eq!(String::try_from(level).expect("string"), "DEBUG");
 
     // A broken file: logged, the running config kept, the manager alive.
     std::fs::write(&conf, "[drover-manager]\nAllowedNodeNames=a,b\nBogus=1\n").expect("config");
