@@ -5,13 +5,19 @@
 //! announced once systemd answers — the manager may be down for a long time
 //! and the node's own units must not wait for it.
 //!
+//! The local `org.eclipse.bluechi.Agent` API ([`crate::api`]) is served on
+//! the systemd bus before readiness, so a proxy unit ordered after the agent
+//! finds it.
+//!
 //! The agent stops when asked to (shutdown token) or when its systemd
-//! connection is lost (an error: the service manager restarts it).
+//! connection is lost (an error: the service manager restarts it). A clean
+//! stop closes the proxies first (see [`crate::proxy`]), then the link.
 
 use crate::dispatch::{Shared, pump_events};
 use crate::link::{Link, LinkConfig};
 use crate::systemd::dbus::{ConnectError, ZbusSystemd};
-use crate::systemd::{BusTarget, Systemd};
+use crate::systemd::{BusTarget, JobKind, Systemd};
+use drover_config::logging::LoggingConfig;
 use drover_protocol::RemoteError;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
@@ -24,6 +30,8 @@ pub enum AgentError {
     Subscribe(RemoteError),
     #[error("lost the connection to systemd")]
     SystemdLost,
+    #[error("cannot serve the local API: {0}")]
+    Api(#[from] crate::api::ServeError),
 }
 
 /// Runs the agent against the systemd on `bus` until `shutdown`.
@@ -34,24 +42,102 @@ pub async fn run(
     shutdown: CancellationToken,
     on_ready: impl FnOnce(),
 ) -> Result<(), AgentError> {
-    let systemd = ZbusSystemd::connect(bus).await?;
-    tracing::info!("connected to systemd on {bus}");
-    run_with(Arc::new(systemd), link, shutdown, on_ready).await
+    run_configured(bus, link, &LoggingConfig::default(), shutdown, on_ready).await
 }
 
-/// [`run`] with any [`Systemd`] (the fake in tests).
+/// [`run`], with the logging settings the local API shows; the local
+/// `org.eclipse.bluechi.Agent` API is served on `bus` before `on_ready`.
+pub async fn run_configured(
+    bus: &BusTarget,
+    link: LinkConfig,
+    logging: &LoggingConfig,
+    shutdown: CancellationToken,
+    on_ready: impl FnOnce(),
+) -> Result<(), AgentError> {
+    let systemd = ZbusSystemd::connect(bus).await?;
+    tracing::info!("connected to systemd on {bus}");
+    let api_bus = systemd.connection().clone();
+    run_inner(
+        Arc::new(systemd),
+        Some(api_bus),
+        link,
+        logging,
+        shutdown,
+        on_ready,
+    )
+    .await
+}
+
+/// [`run`] with any [`Systemd`] (the fake in tests), without the local API.
 pub async fn run_with<S: Systemd>(
     systemd: Arc<S>,
     link: LinkConfig,
     shutdown: CancellationToken,
     on_ready: impl FnOnce(),
 ) -> Result<(), AgentError> {
+    let logging = LoggingConfig::default();
+    run_inner(systemd, None, link, &logging, shutdown, on_ready).await
+}
+
+async fn run_inner<S: Systemd>(
+    systemd: Arc<S>,
+    api_bus: Option<zbus::Connection>,
+    link: LinkConfig,
+    logging: &LoggingConfig,
+    shutdown: CancellationToken,
+    on_ready: impl FnOnce(),
+) -> Result<(), AgentError> {
     let events = systemd.subscribe().await.map_err(AgentError::Subscribe)?;
-    on_ready();
     let shared = Arc::new(Shared::default());
-    let link = Link::new(link, systemd, shared.clone());
+    shared.deps.set_node(link.node.clone());
+    shared.status.set_log_level(logging.level.as_str());
+    shared.status.set_log_target(logging.target.as_str());
+    shared.status.set_controller(&link.host, link.port);
+    let _served = match &api_bus {
+        Some(conn) => Some(crate::api::serve(conn, shared.clone()).await?),
+        None => None,
+    };
+    on_ready();
+    let link = Link::new(link, systemd.clone(), shared.clone());
+    // On shutdown the proxies go first, while the link can still tell the
+    // manager and the local API still answers their ExecStop.
+    let link_stop = CancellationToken::new();
+    let close = async {
+        shutdown.cancelled().await;
+        close_proxies(&*systemd, &shared).await;
+        link_stop.cancel();
+        std::future::pending::<()>().await
+    };
     tokio::select! {
-        () = link.run(shutdown) => Ok(()),
-        () = pump_events(events, shared) => Err(AgentError::SystemdLost),
+        () = link.run(link_stop.clone()) => Ok(()),
+        () = pump_events(events, shared.clone()) => Err(AgentError::SystemdLost),
+        () = shared.proxies.run_stopper(&*systemd) => Ok(()),
+        () = close => Ok(()),
     }
 }
+
+/// Clean shutdown of the proxies (bluechi-facts §3.6): waiting ones fail,
+/// active ones have their local unit stopped so `BindsTo=` dependents stop;
+/// each stop is waited for a few seconds at most.
+async fn close_proxies<S: Systemd>(systemd: &S, shared: &Shared) {
+    let active = shared.proxies.shutdown(&shared.outbox);
+    let stops = active.iter().map(|unit| async move {
+        let r = shared
+            .deps
+            .run_job(
+                systemd,
+                JobKind::Stop,
+                unit.as_str(),
+                "replace",
+                PROXY_STOP_BOUND,
+            )
+            .await;
+        if let Err(e) = r {
+            tracing::warn!("cannot stop {unit} on shutdown: {e}");
+        }
+    });
+    futures::future::join_all(stops).await;
+}
+
+/// How long a clean shutdown waits for each proxy unit to stop.
+const PROXY_STOP_BOUND: std::time::Duration = std::time::Duration::from_secs(5);

@@ -144,13 +144,15 @@ pub fn main() -> ExitCode {
 async fn serve(settings: Settings) -> Result<(), crate::agent::AgentError> {
     let shutdown = CancellationToken::new();
     spawn_signal_handler(shutdown.clone());
-    let result = crate::agent::run(&settings.bus, settings.link, shutdown, || {
-        // Not under systemd, NOTIFY_SOCKET is unset and this does nothing.
-        if let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Ready]) {
-            tracing::warn!("sd_notify READY=1 failed: {e}");
-        }
-    })
-    .await;
+    let logging = &settings.config.logging;
+    let result =
+        crate::agent::run_configured(&settings.bus, settings.link, logging, shutdown, || {
+            // Not under systemd, NOTIFY_SOCKET is unset and this does nothing.
+            if let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Ready]) {
+                tracing::warn!("sd_notify READY=1 failed: {e}");
+            }
+        })
+        .await;
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     result
 }

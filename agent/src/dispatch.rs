@@ -30,6 +30,12 @@ use std::time::Instant;
 pub struct Shared {
     tracker: Mutex<JobTracker>,
     pub outbox: Outbox,
+    /// Proxies of this (requesting) node: `crate::proxy`.
+    pub proxies: crate::proxy::Proxies,
+    /// Dep units of this (target) node: `crate::deps`.
+    pub deps: crate::deps::Deps,
+    /// The link as the local API shows it: `crate::api`.
+    pub status: crate::api::AgentStatus,
     /// Unit subscriptions of the manager: `crate::units`.
     pub units: crate::units::UnitHub,
     /// Metrics and log level: `crate::node_api`.
@@ -45,6 +51,7 @@ impl Shared {
 
     /// Feeds one systemd event to the tracker and forwards what it produced.
     pub fn on_systemd_event(&self, event: SystemdEvent) {
+        self.deps.on_event(&event);
         let mut tracker = self.tracker();
         for out in tracker.on_event(Instant::now(), event) {
             self.forward_job(out);
@@ -207,6 +214,14 @@ impl<S: Systemd> Dispatcher<S> {
             }
             Request::Reload => {
                 let result = self.systemd.reload().await.map(|()| Response::Empty);
+                self.reply(epoch, id, result);
+            }
+            Request::StartDep { unit } => {
+                let result = self.shared.deps.start_dep(&*self.systemd, &unit).await;
+                self.reply(epoch, id, result);
+            }
+            Request::StopDep { unit } => {
+                let result = self.shared.deps.stop_dep(&*self.systemd, &unit).await;
                 self.reply(epoch, id, result);
             }
             Request::Subscribe { unit } => {

@@ -22,6 +22,10 @@
 //! * [`node_api`] — the rest of the node API (unit properties, unit files,
 //!   kill, freeze, log level, metrics), validated before systemd sees it;
 //!   [`marshal`] converts D-Bus values to and from the protocol's `Marshalled`.
+//! * [`proxy`] — proxies of this node on units of other nodes (the state
+//!   behind `drover-proxy@.service`); [`api`] — the local
+//!   `org.eclipse.bluechi.Agent` D-Bus API the proxy helper calls;
+//!   [`deps`] — `drover-dep@` units for other nodes' proxies on units here.
 //! * [`agent`] — wires the above together; [`cli`] — arguments, config,
 //!   logging, signals, `sd_notify` for the thin binary.
 //!
@@ -32,12 +36,15 @@
 //! `disconnected` (docs/architecture.md, "Jobs").
 
 pub mod agent;
+pub mod api;
 pub mod cli;
+pub mod deps;
 pub mod dispatch;
 pub mod jobs;
 pub mod link;
 pub mod marshal;
 pub mod node_api;
 pub mod outbox;
+pub mod proxy;
 pub mod systemd;
 pub mod units;

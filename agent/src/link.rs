@@ -366,6 +366,11 @@ impl<S: Systemd> Link<S> {
         let (tx, rx) = mpsc::channel(self.cfg.outbox_capacity.max(1));
         let kill = SessionKill::new();
         self.shared().outbox.open(epoch, tx, kill.clone());
+        // The outbox routes now: proxies re-announced here cannot be lost.
+        self.shared().status.connected();
+        self.shared()
+            .proxies
+            .on_session(epoch, &self.shared().outbox);
         let mut writer = tokio::spawn(write_loop(sink, rx, kill.clone()));
         let heartbeat = self.heartbeat_interval(manager_threshold_ms).map(|every| {
             let shared = self.shared().clone();
@@ -386,6 +391,7 @@ impl<S: Systemd> Link<S> {
 
         self.shared().outbox.close(epoch);
         self.shared().session_ended(epoch);
+        self.shared().status.disconnected();
         if let Some(h) = heartbeat {
             h.abort();
         }
@@ -438,14 +444,18 @@ impl<S: Systemd> Link<S> {
                 _ = kill.token().cancelled() => return SessionEnd::Killed(kill.reason().unwrap_or_default()),
                 next = next_within(stream, threshold) => next,
             };
+            if let Ok(Some(Ok(_))) = &next {
+                self.shared().status.seen();
+            }
             let (id, body) = match next {
                 Err(()) => return SessionEnd::HeartbeatExpired(threshold),
                 Ok(None) => return SessionEnd::Closed,
                 Ok(Some(Err(e))) => return SessionEnd::Malformed(e.to_string()),
                 Ok(Some(Ok(ToAgent::Heartbeat))) => continue,
                 Ok(Some(Ok(ToAgent::Notice(notice)))) => {
-                    // Proxies are not served yet; nothing to update.
-                    tracing::debug!(?notice, "notice from the manager ignored");
+                    self.shared()
+                        .proxies
+                        .on_notice(notice, &self.shared().outbox);
                     continue;
                 }
                 Ok(Some(Ok(ToAgent::Request { id, body }))) => (id, body),

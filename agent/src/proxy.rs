@@ -1,0 +1,856 @@
+//! Proxies on the requesting node: the state behind `drover-proxy@NODE_UNIT.service`.
+//!
+//! `drover-proxy create` calls the local API's `CreateProxy(local, node, unit)`
+//! ([`crate::api`]); this module keeps one [`Proxy`] per call and decides how
+//! the call ends. The manager relays the target's fate as [`Notice`]s; the
+//! agent announces its proxies with `Event::ProxyNew` / `Event::ProxyRemoved`.
+//!
+//! Life of a proxy:
+//!
+//! ```text
+//!   CreateProxy ──► Waiting ──(target active, real or virtual)──► Active
+//!                     │  (target failed/inactive/removed real,       │ (target failed/inactive/
+//!                     │   ProxyError, RemoveProxy, caller left,      │  removed real, ProxyError)
+//!                     │   agent shutdown)                            ▼
+//!                     └──► reply ActivationFailed, forget     stop the local proxy unit, forget
+//!                                                             (RemoveProxy: forget only)
+//! ```
+//!
+//! Invariants:
+//! * **One proxy per (local unit, node, unit).** A second `CreateProxy` for a
+//!   triple that is waiting or active is refused; nothing changes.
+//! * **Ids are unique per agent process** (a counter from 1, never reused), so
+//!   the manager can tell a re-announced proxy from a new one.
+//! * **Every waiting call ends exactly once**: its reply channel is consumed by
+//!   the first verdict; a forgotten proxy has no channel left.
+//! * **The manager hears of every live proxy in every session.** A `ProxyNew`
+//!   goes out at once when a session is open; [`Proxies::on_session`] re-sends
+//!   it for every live proxy not yet announced in that session (the manager
+//!   rebuilds its references from these). A `ProxyRemoved` that could not be
+//!   sent (no session) for a proxy the manager had heard of is kept (bounded)
+//!   and sent first thing in the next session, so references converge.
+//! * Virtual target events (node offline, replays) never fail or stop a proxy:
+//!   the target may well still run. Only `real` ones, and `ProxyError`, do.
+//! * Disconnects change nothing here: waiting proxies keep waiting (the proxy
+//!   unit's start timeout bounds them), active ones stay active.
+//!
+//! Pure bookkeeping under one mutex; the only I/O is queueing messages on the
+//! [`Outbox`] (never blocks) and handing local units to stop to
+//! [`Proxies::run_stopper`].
+
+use crate::outbox::{Outbox, Sent};
+use crate::systemd::{JobKind, Systemd};
+use drover_protocol::{Event, NodeName, Notice, Reason, TargetChange, ToManager, UnitName};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Mutex, MutexGuard};
+use tokio::sync::{Notify, oneshot};
+
+/// Every local proxy unit is an instance of this template.
+pub const PROXY_UNIT_PREFIX: &str = "drover-proxy@";
+
+/// Removals kept for the next session at most (oldest dropped first).
+pub const UNSENT_REMOVALS_CAP: usize = 4096;
+
+/// How a `CreateProxy` call ends: `Err` carries the one-line reason.
+pub type Outcome = Result<(), String>;
+
+/// The validated arguments of `CreateProxy` / `RemoveProxy`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ProxyKey {
+    /// The local proxy unit, `drover-proxy@NODE_UNIT.service`.
+    pub local: UnitName,
+    /// The target node.
+    pub node: NodeName,
+    /// The target unit on that node.
+    pub unit: UnitName,
+}
+
+impl ProxyKey {
+    /// Validates the three strings of a D-Bus call; the error says which one
+    /// is wrong and why.
+    pub fn parse(local: &str, node: &str, unit: &str) -> Result<Self, String> {
+        let local_name = UnitName::new(local)
+            .map_err(|e| format!("local_service_name: {e}"))
+            .and_then(|name| {
+                let instance_ok = name
+                    .as_str()
+                    .strip_prefix(PROXY_UNIT_PREFIX)
+                    .is_some_and(|rest| !rest.starts_with('.'));
+                if instance_ok {
+                    Ok(name)
+                } else {
+                    Err(format!(
+                        "local_service_name '{}' is not an instance of {PROXY_UNIT_PREFIX}.service",
+                        local.escape_default()
+                    ))
+                }
+            })?;
+        let node = NodeName::new(node).map_err(|e| format!("node: {e}"))?;
+        let unit = UnitName::new(unit).map_err(|e| format!("unit: {e}"))?;
+        if unit.is_template() {
+            return Err(format!(
+                "unit: '{}' is a template; name an instance",
+                unit.as_str()
+            ));
+        }
+        Ok(Self {
+            local: local_name,
+            node,
+            unit,
+        })
+    }
+}
+
+/// Why `CreateProxy` was refused before anything happened.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CreateError {
+    #[error("proxy already exists: {local} for {unit} on node {node} is {phase}")]
+    Duplicate {
+        local: String,
+        node: String,
+        unit: String,
+        phase: &'static str,
+    },
+    #[error("drover-agent is shutting down")]
+    ShuttingDown,
+}
+
+/// Phase of a proxy, as [`Proxies::list`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Waiting,
+    Active,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Waiting => "waiting",
+            Phase::Active => "active",
+        }
+    }
+}
+
+/// One live proxy, as [`Proxies::list`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyInfo {
+    pub id: u64,
+    pub key: ProxyKey,
+    pub phase: Phase,
+}
+
+struct Proxy {
+    key: ProxyKey,
+    /// `Some` while waiting: the deferred reply of `CreateProxy`.
+    reply: Option<oneshot::Sender<Outcome>>,
+    /// The session in which the manager was last told about it.
+    announced: Option<u64>,
+}
+
+impl Proxy {
+    fn phase(&self) -> Phase {
+        if self.reply.is_some() {
+            Phase::Waiting
+        } else {
+            Phase::Active
+        }
+    }
+}
+
+#[derive(Default)]
+struct Table {
+    last_id: u64,
+    by_id: BTreeMap<u64, Proxy>,
+    by_key: HashMap<ProxyKey, u64>,
+    unsent_removals: VecDeque<Event>,
+    stops: VecDeque<UnitName>,
+    closed: bool,
+}
+
+/// The verdict a target notice carries.
+enum Verdict {
+    Active,
+    Down(String),
+    Ignore,
+}
+
+fn verdict(key: &ProxyKey, notice: Notice) -> Verdict {
+    let target = format!("{} on node {}", key.unit, key.node);
+    match notice {
+        Notice::ProxyError { message, .. } => Verdict::Down(one_line(&message)),
+        Notice::ProxyTarget { change, .. } => match change {
+            TargetChange::State { active_state, .. } if active_state == "active" => Verdict::Active,
+            TargetChange::State {
+                active_state,
+                sub_state,
+                reason: Reason::Real,
+            } if active_state == "failed" || active_state == "inactive" => Verdict::Down(format!(
+                "{target} is {} ({})",
+                one_line(&active_state),
+                one_line(&sub_state)
+            )),
+            TargetChange::Removed {
+                reason: Reason::Real,
+            } => Verdict::Down(format!("{target} was unloaded")),
+            _ => Verdict::Ignore,
+        },
+    }
+}
+
+/// The reason goes to the journal through the helper: one printable line.
+fn one_line(s: &str) -> String {
+    s.chars()
+        .take(400)
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
+}
+
+/// Queues `event` on the open session; the session it went to, if any.
+fn tell(outbox: &Outbox, event: Event) -> Option<u64> {
+    let epoch = outbox.current()?;
+    (outbox.send(epoch, ToManager::Event(event)) == Sent::Queued).then_some(epoch)
+}
+
+impl Table {
+    /// Forgets proxy `id` and tells the manager (now, or next session).
+    fn forget(&mut self, id: u64, outbox: &Outbox) -> Option<Proxy> {
+        let proxy = self.by_id.remove(&id)?;
+        self.by_key.remove(&proxy.key);
+        let removed = Event::ProxyRemoved {
+            node: proxy.key.node.clone(),
+            unit: proxy.key.unit.clone(),
+            proxy_id: id,
+        };
+        // A manager that never heard of it needs no removal.
+        if proxy.announced.is_some() && tell(outbox, removed.clone()).is_none() {
+            if self.unsent_removals.len() >= UNSENT_REMOVALS_CAP {
+                self.unsent_removals.pop_front();
+                tracing::warn!(
+                    "more than {UNSENT_REMOVALS_CAP} proxy removals wait for the manager; dropping the oldest"
+                );
+            }
+            self.unsent_removals.push_back(removed);
+        }
+        Some(proxy)
+    }
+}
+
+/// See the module docs.
+#[derive(Default)]
+pub struct Proxies {
+    table: Mutex<Table>,
+    stop_wake: Notify,
+}
+
+impl Proxies {
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        // Sections under the lock do not panic; a poisoned lock still holds
+        // consistent state.
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Registers a proxy and announces it if a session is open. The receiver
+    /// yields the outcome of the call (see the module docs).
+    pub fn create(
+        &self,
+        key: ProxyKey,
+        outbox: &Outbox,
+    ) -> Result<(u64, oneshot::Receiver<Outcome>), CreateError> {
+        let mut t = self.lock();
+        if t.closed {
+            return Err(CreateError::ShuttingDown);
+        }
+        if let Some(id) = t.by_key.get(&key) {
+            let phase = t.by_id.get(id).map_or("waiting", |p| p.phase().as_str());
+            return Err(CreateError::Duplicate {
+                local: key.local.to_string(),
+                node: key.node.to_string(),
+                unit: key.unit.to_string(),
+                phase,
+            });
+        }
+        t.last_id += 1;
+        let id = t.last_id;
+        let (tx, rx) = oneshot::channel();
+        // Under the table lock: `on_session` either already ran (then the
+        // session is open and this sends) or runs after us and sends it.
+        let announced = tell(
+            outbox,
+            Event::ProxyNew {
+                node: key.node.clone(),
+                unit: key.unit.clone(),
+                proxy_id: id,
+            },
+        );
+        tracing::info!(
+            proxy = id,
+            "proxy {} for {} on node {} created{}",
+            key.local,
+            key.unit,
+            key.node,
+            if announced.is_some() {
+                ""
+            } else {
+                " (the manager is told once connected)"
+            }
+        );
+        t.by_key.insert(key.clone(), id);
+        t.by_id.insert(
+            id,
+            Proxy {
+                key,
+                reply: Some(tx),
+                announced,
+            },
+        );
+        Ok((id, rx))
+    }
+
+    /// `RemoveProxy`: forgets the proxy if it exists (a waiting call fails).
+    /// Returns whether it existed.
+    pub fn remove(&self, key: &ProxyKey, outbox: &Outbox) -> bool {
+        let mut t = self.lock();
+        let Some(id) = t.by_key.get(key).copied() else {
+            return false;
+        };
+        if let Some(mut proxy) = t.forget(id, outbox)
+            && let Some(reply) = proxy.reply.take()
+        {
+            let _ = reply.send(Err(format!(
+                "{} was removed before {} on node {} became active",
+                key.local, key.unit, key.node
+            )));
+        }
+        tracing::info!(proxy = id, "proxy {} removed", key.local);
+        true
+    }
+
+    /// The `CreateProxy` caller left the bus while the proxy was waiting (its
+    /// `ExecStart` was killed: stop or start timeout). systemd runs no
+    /// `ExecStop` for a start that failed, so nobody would remove it: forget it.
+    pub fn abandon(&self, id: u64, outbox: &Outbox) {
+        let mut t = self.lock();
+        if t.by_id.get(&id).is_some_and(|p| p.reply.is_some())
+            && let Some(proxy) = t.forget(id, outbox)
+        {
+            tracing::info!(
+                proxy = id,
+                "the caller of CreateProxy for {} left before the target was active; proxy dropped",
+                proxy.key.local
+            );
+        }
+    }
+
+    /// A session with the manager is open (its outbox is routing): tell it
+    /// about removals it missed, then about every live proxy.
+    pub fn on_session(&self, epoch: u64, outbox: &Outbox) {
+        let mut t = self.lock();
+        while let Some(removed) = t.unsent_removals.pop_front() {
+            if outbox.send(epoch, ToManager::Event(removed.clone())) != Sent::Queued {
+                // The session is already gone; the next one gets it.
+                t.unsent_removals.push_front(removed);
+                return;
+            }
+        }
+        for (id, proxy) in t.by_id.iter_mut() {
+            if proxy.announced == Some(epoch) {
+                continue;
+            }
+            let event = Event::ProxyNew {
+                node: proxy.key.node.clone(),
+                unit: proxy.key.unit.clone(),
+                proxy_id: *id,
+            };
+            if outbox.send(epoch, ToManager::Event(event)) != Sent::Queued {
+                return;
+            }
+            proxy.announced = Some(epoch);
+        }
+    }
+
+    /// News from the manager about one of our proxies (see the module docs).
+    pub fn on_notice(&self, notice: Notice, outbox: &Outbox) {
+        let id = match &notice {
+            Notice::ProxyError { proxy_id, .. } | Notice::ProxyTarget { proxy_id, .. } => *proxy_id,
+        };
+        let mut t = self.lock();
+        let Some(proxy) = t.by_id.get_mut(&id) else {
+            // Late news about a proxy that is gone: nothing to do.
+            tracing::debug!(proxy = id, ?notice, "notice for an unknown proxy ignored");
+            return;
+        };
+        let key = proxy.key.clone();
+        match verdict(&key, notice) {
+            Verdict::Ignore => {}
+            Verdict::Active => {
+                let Some(reply) = proxy.reply.take() else {
+                    return;
+                };
+                if reply.send(Ok(())).is_ok() {
+                    tracing::info!(
+                        proxy = id,
+                        "{} is active on node {}: proxy {} started",
+                        key.unit,
+                        key.node,
+                        key.local
+                    );
+                } else {
+                    // The call already ended (caller gone): nobody will
+                    // ever remove this proxy, so do it now.
+                    t.forget(id, outbox);
+                }
+            }
+            Verdict::Down(why) => {
+                let reply = proxy.reply.take();
+                t.forget(id, outbox);
+                match reply {
+                    Some(reply) => {
+                        tracing::warn!(proxy = id, "proxy {} cannot start: {why}", key.local);
+                        let _ = reply.send(Err(why));
+                    }
+                    None => {
+                        tracing::warn!(proxy = id, "stopping proxy {}: {why}", key.local);
+                        t.stops.push_back(key.local);
+                        drop(t);
+                        self.stop_wake.notify_one();
+                    }
+                }
+            }
+        }
+    }
+
+    /// Clean shutdown: no new proxies; waiting calls fail; the manager is
+    /// told every proxy is gone. Returns the local units of the active ones,
+    /// which the caller stops (so `BindsTo=` dependents stop too).
+    pub fn shutdown(&self, outbox: &Outbox) -> Vec<UnitName> {
+        let mut t = self.lock();
+        t.closed = true;
+        let ids: Vec<u64> = t.by_id.keys().copied().collect();
+        let mut active = Vec::new();
+        for id in ids {
+            if let Some(mut proxy) = t.forget(id, outbox) {
+                match proxy.reply.take() {
+                    Some(reply) => {
+                        let _ = reply.send(Err("drover-agent is shutting down".into()));
+                    }
+                    None => active.push(proxy.key.local),
+                }
+            }
+        }
+        active
+    }
+
+    /// The live proxies, by id.
+    pub fn list(&self) -> Vec<ProxyInfo> {
+        self.lock()
+            .by_id
+            .iter()
+            .map(|(id, p)| ProxyInfo {
+                id: *id,
+                key: p.key.clone(),
+                phase: p.phase(),
+            })
+            .collect()
+    }
+
+    /// Local units waiting to be stopped (tests; [`Proxies::run_stopper`]
+    /// drains them).
+    pub fn pending_stops(&self) -> Vec<UnitName> {
+        self.lock().stops.iter().cloned().collect()
+    }
+
+    /// Stops the local proxy units this module gave up on, forever. Each stop
+    /// is `StopUnit(unit, "replace")`; a failure is logged (the unit's
+    /// dependents then stay up, which is what the log line must say).
+    pub async fn run_stopper<S: Systemd>(&self, systemd: &S) {
+        loop {
+            let next = self.lock().stops.pop_front();
+            let Some(unit) = next else {
+                self.stop_wake.notified().await;
+                continue;
+            };
+            if let Err(e) = systemd
+                .unit_job(JobKind::Stop, unit.as_str(), "replace")
+                .await
+            {
+                tracing::error!(
+                    "cannot stop {unit} after its target went down; units bound to it keep running: {e}"
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::outbox::SessionKill;
+    use crate::systemd::fake::{FakeSystemd, Script};
+    use std::sync::Arc;
+    use std::time::Duration;
+    use tokio::sync::mpsc;
+
+    fn key(local: &str, node: &str, unit: &str) -> ProxyKey {
+        ProxyKey::parse(local, node, unit).unwrap()
+    }
+
+    fn db() -> ProxyKey {
+        key("drover-proxy@bar_db.service", "bar", "db.service")
+    }
+
+    /// A fake manager link: an outbox with session `epoch` open.
+    fn session(outbox: &Outbox, epoch: u64) -> mpsc::Receiver<ToManager> {
+        let (tx, rx) = mpsc::channel(64);
+        outbox.open(epoch, tx, SessionKill::new());
+        rx
+    }
+
+    fn drain(rx: &mut mpsc::Receiver<ToManager>) -> Vec<Event> {
+        let mut out = Vec::new();
+        while let Ok(msg) = rx.try_recv() {
+            match msg {
+                ToManager::Event(e) => out.push(e),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        out
+    }
+
+    fn new(id: u64) -> Event {
+        Event::ProxyNew {
+            node: NodeName::new("bar").unwrap(),
+            unit: UnitName::new("db.service").unwrap(),
+            proxy_id: id,
+        }
+    }
+
+    fn removed(id: u64) -> Event {
+        Event::ProxyRemoved {
+            node: NodeName::new("bar").unwrap(),
+            unit: UnitName::new("db.service").unwrap(),
+            proxy_id: id,
+        }
+    }
+
+    fn state(id: u64, active: &str, sub: &str, reason: Reason) -> Notice {
+        Notice::ProxyTarget {
+            proxy_id: id,
+            change: TargetChange::State {
+                active_state: active.into(),
+                sub_state: sub.into(),
+                reason,
+            },
+        }
+    }
+
+    #[test]
+    fn arguments_are_validated_with_a_clear_reason() {
+        assert!(ProxyKey::parse("drover-proxy@bar_db.service", "bar", "db.service").is_ok());
+        assert!(ProxyKey::parse("drover-proxy@bar_t.timer", "bar", "t.timer").is_ok());
+        for (local, node, unit, says) in [
+            ("db.service", "bar", "db.service", "not an instance"),
+            (
+                "drover-proxy@.service",
+                "bar",
+                "db.service",
+                "not an instance",
+            ),
+            ("drover-proxy@x", "bar", "db.service", "local_service_name"),
+            ("drover-proxy@bar_db.service", "bar_x", "db.service", "node"),
+            ("drover-proxy@bar_db.service", "", "db.service", "node"),
+            ("drover-proxy@bar_db.service", "bar", "db", "unit"),
+            (
+                "drover-proxy@bar_db.service",
+                "bar",
+                "a@.service",
+                "template",
+            ),
+            ("drover-proxy@bar_db.service", "bar", "a b.service", "unit"),
+        ] {
+            let err = ProxyKey::parse(local, node, unit).unwrap_err();
+            assert!(err.contains(says), "{local} {node} {unit}: {err}");
+        }
+    }
+
+    #[tokio::test]
+    async fn waiting_proxy_succeeds_on_active_and_is_announced_at_once() {
+        let outbox = Outbox::default();
+        let mut rx = session(&outbox, 1);
+        let p = Proxies::default();
+        let (id, reply) = p.create(db(), &outbox).unwrap();
+        assert_eq!(id, 1);
+        assert_eq!(drain(&mut rx), vec![new(1)]);
+        // Replays and virtual news do not end the wait.
+        p.on_notice(
+            Notice::ProxyTarget {
+                proxy_id: 1,
+                change: TargetChange::New {
+                    reason: Reason::Virtual,
+                },
+            },
+            &outbox,
+        );
+        p.on_notice(state(1, "inactive", "dead", Reason::Virtual), &outbox);
+        p.on_notice(
+            Notice::ProxyTarget {
+                proxy_id: 1,
+                change: TargetChange::Removed {
+                    reason: Reason::Virtual,
+                },
+            },
+            &outbox,
+        );
+        p.on_notice(state(1, "activating", "start", Reason::Real), &outbox);
+        assert_eq!(p.list()[0].phase, Phase::Waiting);
+        p.on_notice(state(1, "active", "running", Reason::Virtual), &outbox);
+        assert_eq!(reply.await.unwrap(), Ok(()));
+        assert_eq!(p.list()[0].phase, Phase::Active);
+        assert!(drain(&mut rx).is_empty(), "nothing more to tell");
+    }
+
+    #[tokio::test]
+    async fn real_failure_error_and_removal_fail_a_waiting_proxy() {
+        let outbox = Outbox::default();
+        let mut rx = session(&outbox, 1);
+        let p = Proxies::default();
+        let cases: [(Notice, &str); 4] = [
+            (
+                state(1, "failed", "failed", Reason::Real),
+                "db.service on node bar is failed (failed)",
+            ),
+            (
+                state(2, "inactive", "dead", Reason::Real),
+                "db.service on node bar is inactive (dead)",
+            ),
+            (
+                Notice::ProxyTarget {
+                    proxy_id: 3,
+                    change: TargetChange::Removed {
+                        reason: Reason::Real,
+                    },
+                },
+                "db.service on node bar was unloaded",
+            ),
+            (
+                Notice::ProxyError {
+                    proxy_id: 4,
+                    message: "node foo may not depend on node bar\n".into(),
+                },
+                "node foo may not depend on node bar ",
+            ),
+        ];
+        for (n, (notice, want)) in cases.into_iter().enumerate() {
+            let id = n as u64 + 1;
+            let (got, reply) = p.create(db(), &outbox).unwrap();
+            assert_eq!(got, id);
+            p.on_notice(notice, &outbox);
+            assert_eq!(reply.await.unwrap(), Err(want.to_string()));
+            assert!(p.list().is_empty(), "a failed proxy is forgotten");
+            assert_eq!(drain(&mut rx), vec![new(id), removed(id)]);
+        }
+        assert!(p.pending_stops().is_empty(), "nothing was active");
+    }
+
+    #[tokio::test]
+    async fn real_stop_after_success_stops_the_local_unit_once() {
+        let outbox = Outbox::default();
+        let mut rx = session(&outbox, 1);
+        let p = Arc::new(Proxies::default());
+        let (id, reply) = p.create(db(), &outbox).unwrap();
+        p.on_notice(state(id, "active", "running", Reason::Real), &outbox);
+        assert_eq!(reply.await.unwrap(), Ok(()));
+        // The target node went offline: keep running.
+        p.on_notice(
+            state(id, "inactive", "agent-offline", Reason::Virtual),
+            &outbox,
+        );
+        assert_eq!(p.list().len(), 1);
+        p.on_notice(state(id, "deactivating", "stop", Reason::Real), &outbox);
+        assert_eq!(p.list().len(), 1);
+        p.on_notice(state(id, "inactive", "dead", Reason::Real), &outbox);
+        assert!(p.list().is_empty());
+        assert_eq!(drain(&mut rx), vec![new(id), removed(id)]);
+        assert_eq!(
+            p.pending_stops(),
+            vec![UnitName::new("drover-proxy@bar_db.service").unwrap()]
+        );
+        // A late duplicate changes nothing.
+        p.on_notice(state(id, "failed", "failed", Reason::Real), &outbox);
+        assert_eq!(p.pending_stops().len(), 1);
+
+        let fake = FakeSystemd::new();
+        fake.add_unit("drover-proxy@bar_db.service", Script::Finish("done".into()));
+        let stopper = {
+            let p = p.clone();
+            let fake = fake.clone();
+            tokio::spawn(async move { p.run_stopper(&fake).await })
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !fake
+            .calls()
+            .contains(&"StopUnit drover-proxy@bar_db.service replace".to_string())
+        {
+            assert!(tokio::time::Instant::now() < deadline, "{:?}", fake.calls());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(p.pending_stops().is_empty());
+        stopper.abort();
+    }
+
+    #[tokio::test]
+    async fn duplicates_are_refused_and_remove_unknown_is_fine() {
+        let outbox = Outbox::default();
+        let p = Proxies::default();
+        let (_, _reply) = p.create(db(), &outbox).unwrap();
+        let err = p.create(db(), &outbox).unwrap_err();
+        assert!(err.to_string().starts_with("proxy already exists"), "{err}");
+        assert_eq!(p.list().len(), 1, "the refusal changed nothing");
+        // Another local unit, node or unit is another proxy.
+        let (id2, _r2) = p
+            .create(
+                key("drover-proxy@bar_db.service", "bar", "db.socket"),
+                &outbox,
+            )
+            .unwrap();
+        assert_eq!(id2, 2);
+        assert!(!p.remove(
+            &key("drover-proxy@baz_db.service", "baz", "db.service"),
+            &outbox
+        ));
+        assert_eq!(p.list().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn remove_fails_a_waiting_call_and_tells_the_manager() {
+        let outbox = Outbox::default();
+        let mut rx = session(&outbox, 3);
+        let p = Proxies::default();
+        let (id, reply) = p.create(db(), &outbox).unwrap();
+        assert!(p.remove(&db(), &outbox));
+        let why = reply.await.unwrap().unwrap_err();
+        assert!(why.contains("removed"), "{why}");
+        assert_eq!(drain(&mut rx), vec![new(id), removed(id)]);
+        // And the triple can be created again, with a fresh id.
+        let (id2, _r) = p.create(db(), &outbox).unwrap();
+        assert_eq!(id2, id + 1);
+    }
+
+    #[tokio::test]
+    async fn offline_proxies_are_announced_on_every_session_and_removals_catch_up() {
+        let outbox = Outbox::default();
+        let p = Proxies::default();
+        // Created while no session is open: waits, nothing sent.
+        let (a, _ra) = p.create(db(), &outbox).unwrap();
+        let mut rx = session(&outbox, 1);
+        p.on_session(1, &outbox);
+        assert_eq!(drain(&mut rx), vec![new(a)]);
+        // Calling it twice for one session does not repeat it.
+        p.on_session(1, &outbox);
+        assert!(drain(&mut rx).is_empty());
+        let (b, _rb) = p
+            .create(
+                key("drover-proxy@bar_x.service", "bar", "x.service"),
+                &outbox,
+            )
+            .unwrap();
+        assert_eq!(drain(&mut rx).len(), 1);
+
+        // The link drops; `a` is removed meanwhile; a new session opens.
+        outbox.close(1);
+        assert!(p.remove(&db(), &outbox));
+        let mut rx2 = session(&outbox, 2);
+        p.on_session(2, &outbox);
+        assert_eq!(
+            drain(&mut rx2),
+            vec![
+                removed(a),
+                Event::ProxyNew {
+                    node: NodeName::new("bar").unwrap(),
+                    unit: UnitName::new("x.service").unwrap(),
+                    proxy_id: b,
+                }
+            ]
+        );
+        // A proxy removed before the manager ever heard of it is not mentioned.
+        outbox.close(2);
+        let (c, _rc) = p
+            .create(
+                key("drover-proxy@bar_y.service", "bar", "y.service"),
+                &outbox,
+            )
+            .unwrap();
+        assert!(p.remove(
+            &key("drover-proxy@bar_y.service", "bar", "y.service"),
+            &outbox
+        ));
+        let mut rx3 = session(&outbox, 3);
+        p.on_session(3, &outbox);
+        let got = drain(&mut rx3);
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert!(!format!("{got:?}").contains(&format!("proxy_id: {c}")));
+    }
+
+    #[tokio::test]
+    async fn abandoned_waiting_proxy_is_forgotten_but_an_active_one_is_not() {
+        let outbox = Outbox::default();
+        let mut rx = session(&outbox, 1);
+        let p = Proxies::default();
+        let (a, ra) = p.create(db(), &outbox).unwrap();
+        drop(ra);
+        p.abandon(a, &outbox);
+        assert!(p.list().is_empty());
+        assert_eq!(drain(&mut rx), vec![new(a), removed(a)]);
+
+        let (b, rb) = p.create(db(), &outbox).unwrap();
+        p.on_notice(state(b, "active", "running", Reason::Real), &outbox);
+        assert_eq!(rb.await.unwrap(), Ok(()));
+        p.abandon(b, &outbox);
+        assert_eq!(p.list().len(), 1, "the helper exits after success");
+
+        // Success arriving after the caller left: nobody will remove it later.
+        let (c, rc) = p
+            .create(
+                key("drover-proxy@bar_x.service", "bar", "x.service"),
+                &outbox,
+            )
+            .unwrap();
+        drop(rc);
+        p.on_notice(state(c, "active", "running", Reason::Real), &outbox);
+        assert_eq!(p.list().len(), 1);
+        assert_eq!(p.list()[0].id, b);
+    }
+
+    #[tokio::test]
+    async fn shutdown_fails_waiting_returns_active_and_refuses_new() {
+        let outbox = Outbox::default();
+        let mut rx = session(&outbox, 1);
+        let p = Proxies::default();
+        let (a, ra) = p.create(db(), &outbox).unwrap();
+        p.on_notice(state(a, "active", "running", Reason::Real), &outbox);
+        assert_eq!(ra.await.unwrap(), Ok(()));
+        let (b, rb) = p
+            .create(
+                key("drover-proxy@bar_x.service", "bar", "x.service"),
+                &outbox,
+            )
+            .unwrap();
+        let active = p.shutdown(&outbox);
+        assert_eq!(
+            active,
+            vec![UnitName::new("drover-proxy@bar_db.service").unwrap()]
+        );
+        assert_eq!(
+            rb.await.unwrap(),
+            Err("drover-agent is shutting down".into())
+        );
+        assert!(p.list().is_empty());
+        let events = drain(&mut rx);
+        assert!(events.contains(&removed(a)), "{events:?}");
+        assert_eq!(events.len(), 4, "two new, two removed: {events:?}");
+        assert_eq!(b, 2);
+        assert_eq!(
+            p.create(db(), &outbox).unwrap_err(),
+            CreateError::ShuttingDown
+        );
+    }
+}

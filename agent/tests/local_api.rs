@@ -1,0 +1,517 @@
+//! The local `org.eclipse.bluechi.Agent` API on a private dbus-daemon, as the
+//! proxy helper and `bluechi-is-online`-style watchers see it. The manager
+//! link is a fake: an outbox session whose messages the test reads.
+
+use drover_agent::api::{self, AGENT_BUS_NAME, AGENT_IFACE, AGENT_PATH};
+use drover_agent::dispatch::Shared;
+use drover_agent::outbox::SessionKill;
+use drover_agent::proxy::Phase;
+use drover_protocol::{Event, NodeName, Notice, Reason, TargetChange, ToManager, UnitName};
+use futures::StreamExt;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use tokio::sync::mpsc;
+use zbus::{Connection, MatchRule, MessageStream, OwnedVariant};
+
+const WAIT: Duration = Duration::from_secs(5);
+const PROPS: &str = "org.freedesktop.DBus.Properties";
+static SEQ: AtomicUsize = AtomicUsize::new(0);
+
+/// A private `dbus-daemon`, killed and cleaned up on drop.
+struct TestBus {
+    child: Child,
+    dir: PathBuf,
+    address: String,
+}
+
+impl TestBus {
+    fn start() -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "drover-agent-api-test-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let conf = dir.join("bus.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>session</type>
+  <listen>unix:path={}/bus</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow send_destination="*" eavesdrop="true"/>
+    <allow eavesdrop="true"/>
+    <allow own="*"/>
+  </policy>
+</busconfig>
+"#,
+                dir.display()
+            ),
+        )
+        .unwrap();
+        let mut child = Command::new("dbus-daemon")
+            .arg("--nofork")
+            .arg("--print-address")
+            .arg(format!("--config-file={}", conf.display()))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("dbus-daemon must be installed (package dbus)");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let address = line.trim().to_owned();
+        assert!(address.starts_with("unix:"), "{address:?}");
+        Self {
+            child,
+            dir,
+            address,
+        }
+    }
+
+    async fn connect(&self) -> Connection {
+        zbus::connection::Builder::address(self.address.as_str())
+            .build()
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for TestBus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The agent's side (API served, a fake manager session open) and a client.
+struct Rig {
+    bus: TestBus,
+    shared: Arc<Shared>,
+    manager: mpsc::Receiver<ToManager>,
+    client: Connection,
+    _agent_conn: Connection,
+    _served: api::Served,
+}
+
+async fn rig() -> Rig {
+    let bus = TestBus::start();
+    let shared = Arc::new(Shared::default());
+    shared.status.set_controller("10.0.0.1", 842);
+    shared.status.set_log_target("stderr");
+    let (tx, manager) = mpsc::channel(64);
+    shared.outbox.open(1, tx, SessionKill::new());
+    let agent_conn = bus.connect().await;
+    let served = api::serve(&agent_conn, shared.clone()).await.unwrap();
+    let client = bus.connect().await;
+    Rig {
+        bus,
+        shared,
+        manager,
+        client,
+        _agent_conn: agent_conn,
+        _served: served,
+    }
+}
+
+async fn call(
+    conn: &Connection,
+    method: &str,
+    args: (&str, &str, &str),
+) -> Result<(), (String, String)> {
+    match conn
+        .call_method(
+            Some(AGENT_BUS_NAME),
+            AGENT_PATH,
+            Some(AGENT_IFACE),
+            method,
+            &args,
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(zbus::Error::MethodError(name, msg, _)) => {
+            Err((name.to_string(), msg.unwrap_or_default()))
+        }
+        Err(zbus::Error::FDO(e)) => Err((
+            zbus::DBusError::name(&*e).to_string(),
+            zbus::DBusError::description(&*e)
+                .unwrap_or_default()
+                .to_owned(),
+        )),
+        Err(e) => panic!("{method}: {e}"),
+    }
+}
+
+async fn get<T>(conn: &Connection, name: &str) -> T
+where
+    T: TryFrom<OwnedVariant>,
+    T::Error: std::fmt::Debug,
+{
+    let reply = conn
+        .call_method(
+            Some(AGENT_BUS_NAME),
+            AGENT_PATH,
+            Some(PROPS),
+            "Get",
+            &(AGENT_IFACE, name),
+        )
+        .await
+        .unwrap();
+    let v: OwnedVariant = reply.body().deserialize().unwrap();
+    T::try_from(v).unwrap()
+}
+
+async fn next_event(rx: &mut mpsc::Receiver<ToManager>) -> Event {
+    match tokio::time::timeout(WAIT, rx.recv()).await {
+        Ok(Some(ToManager::Event(e))) => e,
+        other => panic!("expected an event for the manager, got {other:?}"),
+    }
+}
+
+/// Waits until the proxy list has `n` entries (the call is in flight).
+async fn wait_proxies(shared: &Shared, n: usize) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while shared.proxies.list().len() != n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "expected {n} proxies, have {:?}",
+            shared.proxies.list()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+const LOCAL: &str = "drover-proxy@bar_db.service";
+
+fn target(active: &str, reason: Reason, id: u64) -> Notice {
+    Notice::ProxyTarget {
+        proxy_id: id,
+        change: TargetChange::State {
+            active_state: active.into(),
+            sub_state: "x".into(),
+            reason,
+        },
+    }
+}
+
+#[tokio::test]
+async fn garbage_arguments_are_invalid_args_and_change_nothing() {
+    let mut r = rig().await;
+    for (args, says) in [
+        (("bogus.service", "bar", "db.service"), "local_service_name"),
+        ((LOCAL, "bar_baz", "db.service"), "node"),
+        ((LOCAL, "bar", "db"), "unit"),
+        ((LOCAL, "bar", "../x.service"), "unit"),
+        ((LOCAL, "", "db.service"), "node"),
+        ((LOCAL, "bar", "t@.service"), "template"),
+    ] {
+        for method in ["CreateProxy", "RemoveProxy"] {
+            let (name, msg) = call(&r.client, method, args).await.unwrap_err();
+            assert_eq!(name, "org.freedesktop.DBus.Error.InvalidArgs", "{args:?}");
+            assert!(msg.contains(says), "{method} {args:?}: {msg}");
+        }
+    }
+    // Wrong signature: zbus refuses before our code runs.
+    let err = r
+        .client
+        .call_method(
+            Some(AGENT_BUS_NAME),
+            AGENT_PATH,
+            Some(AGENT_IFACE),
+            "CreateProxy",
+            &(1u32,),
+        )
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("InvalidArgs"), "{err}");
+    assert!(r.shared.proxies.list().is_empty());
+    assert!(r.manager.try_recv().is_err(), "nothing told to the manager");
+}
+
+#[tokio::test]
+async fn create_waits_for_the_target_duplicate_is_refused_remove_unknown_succeeds() {
+    let mut r = rig().await;
+    let client = r.client.clone();
+    let pending =
+        tokio::spawn(
+            async move { call(&client, "CreateProxy", (LOCAL, "bar", "db.service")).await },
+        );
+    let id = match next_event(&mut r.manager).await {
+        Event::ProxyNew {
+            node,
+            unit,
+            proxy_id,
+        } => {
+            assert_eq!((node.as_str(), unit.as_str()), ("bar", "db.service"));
+            proxy_id
+        }
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(r.shared.proxies.list()[0].phase, Phase::Waiting);
+
+    let (name, msg) = call(&r.client, "CreateProxy", (LOCAL, "bar", "db.service"))
+        .await
+        .unwrap_err();
+    assert_eq!(name, "org.freedesktop.DBus.Error.Failed");
+    assert!(msg.starts_with("proxy already exists"), "{msg}");
+    assert_eq!(r.shared.proxies.list().len(), 1);
+
+    // Unknown proxies: success, nothing told.
+    call(
+        &r.client,
+        "RemoveProxy",
+        ("drover-proxy@baz_db.service", "baz", "db.service"),
+    )
+    .await
+    .unwrap();
+    assert!(r.manager.try_recv().is_err());
+
+    r.shared
+        .proxies
+        .on_notice(target("inactive", Reason::Virtual, id), &r.shared.outbox);
+    assert!(
+        !pending.is_finished(),
+        "a virtual stop does not end the wait"
+    );
+    r.shared
+        .proxies
+        .on_notice(target("active", Reason::Real, id), &r.shared.outbox);
+    assert_eq!(pending.await.unwrap(), Ok(()));
+    assert_eq!(r.shared.proxies.list()[0].phase, Phase::Active);
+
+    // ExecStop: RemoveProxy → ProxyRemoved.
+    call(&r.client, "RemoveProxy", (LOCAL, "bar", "db.service"))
+        .await
+        .unwrap();
+    assert_eq!(
+        next_event(&mut r.manager).await,
+        Event::ProxyRemoved {
+            node: NodeName::new("bar").unwrap(),
+            unit: UnitName::new("db.service").unwrap(),
+            proxy_id: id
+        }
+    );
+    assert!(r.shared.proxies.list().is_empty());
+}
+
+#[tokio::test]
+async fn a_refused_proxy_fails_with_activation_failed_and_its_reason() {
+    let mut r = rig().await;
+    let client = r.client.clone();
+    let pending =
+        tokio::spawn(
+            async move { call(&client, "CreateProxy", (LOCAL, "bar", "db.service")).await },
+        );
+    let Event::ProxyNew { proxy_id, .. } = next_event(&mut r.manager).await else {
+        panic!("expected ProxyNew");
+    };
+    r.shared.proxies.on_notice(
+        Notice::ProxyError {
+            proxy_id,
+            message: "unit db.service on node bar cannot be started: not found".into(),
+        },
+        &r.shared.outbox,
+    );
+    assert_eq!(
+        pending.await.unwrap(),
+        Err((
+            "org.eclipse.bluechi.ActivationFailed".into(),
+            "unit db.service on node bar cannot be started: not found".into()
+        ))
+    );
+    assert!(matches!(
+        next_event(&mut r.manager).await,
+        Event::ProxyRemoved { .. }
+    ));
+    assert!(r.shared.proxies.list().is_empty());
+}
+
+#[tokio::test]
+async fn a_caller_that_leaves_the_bus_drops_its_waiting_proxy() {
+    let mut r = rig().await;
+    let helper = r.bus.connect().await;
+    let call_helper = helper.clone();
+    let pending = tokio::spawn(async move {
+        let _ = call(&call_helper, "CreateProxy", (LOCAL, "bar", "db.service")).await;
+    });
+    assert!(matches!(
+        next_event(&mut r.manager).await,
+        Event::ProxyNew { .. }
+    ));
+    // The helper is killed (stop or start timeout of the proxy unit).
+    pending.abort();
+    let _ = pending.await;
+    drop(helper);
+    assert!(matches!(
+        next_event(&mut r.manager).await,
+        Event::ProxyRemoved { .. }
+    ));
+    wait_proxies(&r.shared, 0).await;
+    // The triple is free again.
+    let client = r.client.clone();
+    let again =
+        tokio::spawn(
+            async move { call(&client, "CreateProxy", (LOCAL, "bar", "db.service")).await },
+        );
+    assert!(matches!(
+        next_event(&mut r.manager).await,
+        Event::ProxyNew { .. }
+    ));
+    again.abort();
+}
+
+#[tokio::test]
+async fn properties_follow_the_link_and_status_changes_are_signalled() {
+    let r = rig().await;
+    assert_eq!(get::<String>(&r.client, "Status").await, "offline");
+    assert_eq!(get::<String>(&r.client, "LogLevel").await, "INFO");
+    assert_eq!(get::<String>(&r.client, "LogTarget").await, "stderr");
+    assert_eq!(
+        get::<String>(&r.client, "ControllerAddress").await,
+        "tcp:host=10.0.0.1,port=842"
+    );
+    assert_eq!(get::<u64>(&r.client, "LastSeenTimestamp").await, 0);
+
+    let rule = MatchRule::builder()
+        .msg_type(zbus::message::Type::Signal)
+        .path(AGENT_PATH)
+        .interface(PROPS)
+        .member("PropertiesChanged")
+        .build()
+        .unwrap();
+    let mut signals = MessageStream::for_match_rule(rule, &r.client, None)
+        .await
+        .unwrap();
+    let mut next_status = async || -> String {
+        let msg = tokio::time::timeout(WAIT, signals.next())
+            .await
+            .expect("PropertiesChanged in time")
+            .unwrap()
+            .unwrap();
+        let (iface, changed, _): (
+            String,
+            std::collections::HashMap<String, OwnedVariant>,
+            Vec<String>,
+        ) = msg.body().deserialize().unwrap();
+        assert_eq!(iface, AGENT_IFACE);
+        String::try_from(
+            changed
+                .get("Status")
+                .expect("Status changed")
+                .try_clone()
+                .unwrap(),
+        )
+        .unwrap()
+    };
+
+    r.shared.status.connected();
+    assert_eq!(next_status().await, "online");
+    assert_eq!(get::<String>(&r.client, "Status").await, "online");
+    let seen: u64 = get(&r.client, "LastSeenTimestamp").await;
+    let seen_mono: u64 = get(&r.client, "LastSeenTimestampMonotonic").await;
+    assert!(
+        seen > 1_600_000_000_000_000 && seen_mono > 0,
+        "{seen} {seen_mono}"
+    );
+    assert_eq!(get::<u64>(&r.client, "DisconnectTimestamp").await, 0);
+
+    r.shared.status.disconnected();
+    assert_eq!(next_status().await, "offline");
+    let gone: u64 = get(&r.client, "DisconnectTimestamp").await;
+    let gone_mono: u64 = get(&r.client, "DisconnectTimestampMonotonic").await;
+    assert!(gone >= seen && gone_mono >= seen_mono, "{gone} {gone_mono}");
+    // Last seen is kept while offline.
+    assert_eq!(get::<u64>(&r.client, "LastSeenTimestamp").await, seen);
+}
+
+#[tokio::test]
+async fn introspection_describes_exactly_what_is_served() {
+    let r = rig().await;
+    let reply = r
+        .client
+        .call_method(
+            Some(AGENT_BUS_NAME),
+            AGENT_PATH,
+            Some("org.freedesktop.DBus.Introspectable"),
+            "Introspect",
+            &(),
+        )
+        .await
+        .unwrap();
+    let xml: String = reply.body().deserialize().unwrap();
+    for want in [
+        r#"<interface name="org.eclipse.bluechi.Agent">"#,
+        r#"<method name="CreateProxy">"#,
+        r#"<arg name="local_service_name" type="s" direction="in"/>"#,
+        r#"<arg name="node" type="s" direction="in"/>"#,
+        r#"<arg name="unit" type="s" direction="in"/>"#,
+        r#"<method name="RemoveProxy">"#,
+        r#"<property name="Status" type="s" access="read"/>"#,
+        r#"<property name="ControllerAddress" type="s" access="read"/>"#,
+        r#"<property name="LogLevel" type="s" access="read">"#,
+        r#"<property name="LogTarget" type="s" access="read">"#,
+        r#"<property name="DisconnectTimestamp" type="t" access="read">"#,
+        r#"<property name="DisconnectTimestampMonotonic" type="t" access="read">"#,
+        r#"<property name="LastSeenTimestamp" type="t" access="read">"#,
+        r#"<property name="LastSeenTimestampMonotonic" type="t" access="read">"#,
+        r#"value="const""#,
+        r#"value="false""#,
+    ] {
+        assert!(xml.contains(want), "XML lacks {want}:\n{xml}");
+    }
+    for absent in ["SwitchController", "JobCancel", "header", "connection"] {
+        assert!(!xml.contains(absent), "XML must not show {absent}:\n{xml}");
+    }
+}
+
+#[tokio::test]
+async fn a_name_owner_that_refuses_replacement_is_a_clear_error_and_replacement_works() {
+    let bus = TestBus::start();
+    let squatter = bus.connect().await;
+    squatter
+        .request_name_with_flags(AGENT_BUS_NAME, zbus::fdo::RequestNameFlags::DO_NOT_QUEUE)
+        .await
+        .unwrap();
+    let conn = bus.connect().await;
+    let err = api::serve(&conn, Arc::new(Shared::default()))
+        .await
+        .err()
+        .expect("the name is taken");
+    let text = err.to_string();
+    assert!(
+        text.contains(AGENT_BUS_NAME) && text.contains("does not allow replacement"),
+        "{text}"
+    );
+    drop(squatter);
+
+    // An agent that allows replacement gives the name to a newer one.
+    let bus = TestBus::start();
+    let first = bus.connect().await;
+    let _a = api::serve(&first, Arc::new(Shared::default()))
+        .await
+        .unwrap();
+    let second = bus.connect().await;
+    let _b = api::serve(&second, Arc::new(Shared::default()))
+        .await
+        .unwrap();
+    let dbus = zbus::fdo::DBusProxy::new(&second).await.unwrap();
+    let owner = dbus
+        .get_name_owner(AGENT_BUS_NAME.try_into().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        Some(owner.as_str()),
+        second.unique_name().map(|n| n.as_str())
+    );
+}
