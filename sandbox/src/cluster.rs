@@ -2,7 +2,10 @@
 //!
 //! Start order: nodes (in parallel), the manager's private dbus-daemon, the manager (its
 //! TCP listener is bound once here and passed as fd 3 on every start, so the port survives
-//! `stop_manager`/`start_manager`), then one agent per node. `start` returns once every
+//! `stop_manager`/`start_manager`), then one agent per node. Every node's unit directory
+//! holds the user-mode `drover-proxy@.service` (running the `drover-proxy` found next to
+//! the daemons) and `drover-dep@.service` before its systemd starts, so cross-node
+//! dependencies work in every sandbox. `start` returns once every
 //! started agent's node is `online` on the manager's public API.
 //!
 //! Ownership: the value owns every process it started. `down()` stops them in order and
@@ -58,6 +61,10 @@ pub struct ClusterOptions {
     pub allowed_nodes: Option<Vec<String>>,
     /// Appended to the manager config file.
     pub manager_extra_config: String,
+    /// Every node may depend on every node (`AllowDependenciesOn` = all nodes; default
+    /// true). Without it proxies are denied, as in the product's default, unless
+    /// `manager_extra_config` allows some.
+    pub allow_all_proxies: bool,
     /// Start one agent per node (default true).
     pub start_agents: bool,
 }
@@ -78,6 +85,7 @@ impl ClusterOptions {
             heartbeat_threshold_ms: 2000,
             allowed_nodes: None,
             manager_extra_config: String::new(),
+            allow_all_proxies: true,
             start_agents: true,
         }
     }
@@ -125,6 +133,11 @@ pub struct Cluster {
     extra_counter: u32,
     /// Where drover binaries are looked up (see [`binaries`]).
     bin_dirs: Vec<PathBuf>,
+    /// The `drover-proxy` the nodes' proxy template runs (None: not found, so the nodes
+    /// got no proxy templates; [`Cluster::start`] refuses to run without it).
+    proxy_bin: Option<PathBuf>,
+    /// `AllowedNodeNames` as written into manager.conf (kept for [`Cluster::reconfigure_manager`]).
+    allowed: Vec<String>,
     /// Set once torn down or detached: `Drop` then does nothing.
     finished: bool,
 }
@@ -137,19 +150,15 @@ impl Cluster {
         binaries::locate_in("drover-manager", &bin_dirs)?;
         if opts.start_agents {
             binaries::locate_in("drover-agent", &bin_dirs)?;
+            // Every node gets the proxy templates, and they run this helper.
+            binaries::locate_in("drover-proxy", &bin_dirs)?;
         }
         let mut cluster = Self::start_base(&opts, bin_dirs).await?;
-        let allowed = opts
+        cluster.allowed = opts
             .allowed_nodes
             .clone()
             .unwrap_or_else(|| opts.nodes.clone());
-        let manager_conf = files::manager_config(
-            &cluster.settings,
-            &opts.nodes,
-            &allowed,
-            &opts.manager_extra_config,
-        );
-        write_file(&cluster.dir().join("manager.conf"), &manager_conf)?;
+        cluster.write_manager_config(opts.allow_all_proxies, &opts.manager_extra_config)?;
         cluster.start_manager().await?;
 
         if opts.start_agents {
@@ -194,6 +203,7 @@ impl Cluster {
         state.save()?;
 
         let procs_join = cgroups.join_spec(PROCS_GROUP)?;
+        let proxy_bin = binaries::locate_in("drover-proxy", &bin_dirs).ok();
         let mut cluster = Cluster {
             state,
             layout,
@@ -212,6 +222,8 @@ impl Cluster {
             extra_agents: Vec::new(),
             extra_counter: 0,
             bin_dirs,
+            proxy_bin,
+            allowed: opts.nodes.clone(),
             finished: false,
         };
         // Any error from here on drops `cluster`, and Drop tears down what was started.
@@ -356,6 +368,34 @@ impl Cluster {
         self.extra_agents.push(child);
         self.state.save()?;
         Ok(pid)
+    }
+
+    /// Rewrites manager.conf as [`Cluster::start`] does, with `allow_all_proxies` and
+    /// `extra` in place of the options' values, and sends the manager SIGHUP (config
+    /// reload). Returns once the signal is sent; the reload itself is the manager's.
+    pub fn reconfigure_manager(&self, allow_all_proxies: bool, extra: &str) -> Result<()> {
+        self.write_manager_config(allow_all_proxies, extra)?;
+        self.signal_manager(Signal::SIGHUP)
+    }
+
+    /// Sends `sig` to the manager.
+    pub fn signal_manager(&self, sig: Signal) -> Result<()> {
+        let pid = self
+            .state
+            .manager_pid
+            .context("the manager is not running")?;
+        process::signal(pid, sig)
+    }
+
+    fn write_manager_config(&self, allow_all_proxies: bool, extra: &str) -> Result<()> {
+        let text = files::manager_config(
+            &self.settings,
+            &self.node_names(),
+            &self.allowed,
+            allow_all_proxies,
+            extra,
+        );
+        write_file(&self.dir().join("manager.conf"), &text)
     }
 
     /// SIGTERM the manager, wait (SIGKILL after a grace period) and reap. The TCP port
@@ -549,6 +589,13 @@ impl Cluster {
 
     fn spawn_node(&mut self, name: &str) -> Result<()> {
         node::prepare_dirs(&self.state.dir, name)?;
+        // Written before the node's systemd starts, so no reload is needed.
+        if let Some(bin) = &self.proxy_bin {
+            let units = files::proxy_units(bin).map_err(|e| anyhow!(e))?;
+            for (file, text) in units {
+                write_file(&node::unit_dir(&self.state.dir, name).join(file), &text)?;
+            }
+        }
         self.cgroups.create_group(name)?;
         let join = self.cgroups.join_spec(name)?;
         let child = node::spawn(

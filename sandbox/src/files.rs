@@ -38,11 +38,14 @@ fn xml_escape(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
-/// The manager config: every node allowed and allowed to depend on every node.
+/// The manager config: the `allowed` nodes may register; with `allow_all_proxies` every
+/// node may depend on every node (`AllowDependenciesOn`), without it no proxy is allowed
+/// unless `extra` says so (the product's default: deny).
 pub fn manager_config(
     settings: &DaemonSettings,
     nodes: &[String],
     allowed: &[String],
+    allow_all_proxies: bool,
     extra: &str,
 ) -> String {
     let mut text = format!(
@@ -58,7 +61,7 @@ pub fn manager_config(
         settings.heartbeat_interval_ms,
         settings.heartbeat_threshold_ms,
     );
-    for node in nodes {
+    for node in nodes.iter().filter(|_| allow_all_proxies) {
         text.push_str(&format!(
             "\n[node {node}]\nAllowDependenciesOn={}\n",
             nodes.join(",")
@@ -72,6 +75,42 @@ pub fn manager_config(
         }
     }
     text
+}
+
+/// The user-mode proxy template as shipped in `units/`; the sandbox points its
+/// `ExecStart=`/`ExecStop=` at the `drover-proxy` it found.
+const PROXY_USER_TEMPLATE: &str = include_str!("../../units/drover-proxy-user@.service");
+/// The dep template as shipped in `units/` (the same file for system and user managers).
+const DEP_TEMPLATE: &str = include_str!("../../units/drover-dep@.service");
+/// Where the shipped templates expect the helper.
+const SHIPPED_PROXY_PATH: &str = "/usr/libexec/drover-proxy";
+
+/// The unit templates every node gets, as (file name, contents): `drover-proxy@.service`
+/// (user mode: the helper finds the agent on the node's session bus) running `proxy_bin`,
+/// and `drover-dep@.service`.
+pub fn proxy_units(proxy_bin: &Path) -> Result<Vec<(&'static str, String)>, String> {
+    let path = proxy_bin
+        .to_str()
+        .ok_or_else(|| format!("{} is not valid UTF-8", proxy_bin.display()))?;
+    // An ExecStart= word: no quoting games, and '%' would be a specifier.
+    if !proxy_bin.is_absolute()
+        || path
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || "\"'\\;".contains(c))
+    {
+        return Err(format!(
+            "{path} cannot be used in a unit file's ExecStart= (it must be absolute, without \
+             spaces, quotes, backslashes or ';')"
+        ));
+    }
+    let escaped = path.replace('%', "%%");
+    Ok(vec![
+        (
+            "drover-proxy@.service",
+            PROXY_USER_TEMPLATE.replace(SHIPPED_PROXY_PATH, &escaped),
+        ),
+        ("drover-dep@.service", DEP_TEMPLATE.to_string()),
+    ])
 }
 
 /// An agent config for the node called `name`.
@@ -117,7 +156,13 @@ mod tests {
     #[test]
     fn manager_config_allows_all_dependencies_and_appends_extra() {
         let nodes = vec!["node1".to_string(), "node2".to_string()];
-        let text = manager_config(&settings(), &nodes, &nodes, "[node node9]\nAllowed=true");
+        let text = manager_config(
+            &settings(),
+            &nodes,
+            &nodes,
+            true,
+            "[node node9]\nAllowed=true",
+        );
         assert!(
             text.starts_with("[drover-manager]\nControllerPort=4242\n"),
             "{text}"
@@ -136,6 +181,44 @@ mod tests {
             "{text}"
         );
         assert!(text.ends_with("[node node9]\nAllowed=true\n"), "{text}");
+    }
+
+    #[test]
+    fn without_allow_all_proxies_no_dependency_is_allowed() {
+        let nodes = vec!["node1".to_string(), "node2".to_string()];
+        let text = manager_config(&settings(), &nodes, &nodes, false, "");
+        assert!(!text.contains("AllowDependenciesOn"), "{text}");
+        assert!(!text.contains("[node "), "{text}");
+        assert!(text.contains("AllowedNodeNames=node1,node2\n"), "{text}");
+    }
+
+    #[test]
+    fn proxy_units_run_the_found_helper_in_user_mode() {
+        let units = proxy_units(Path::new("/opt/x%y/drover-proxy")).unwrap();
+        let names: Vec<&str> = units.iter().map(|(n, _)| *n).collect();
+        assert_eq!(names, ["drover-proxy@.service", "drover-dep@.service"]);
+        let proxy = &units[0].1;
+        for line in [
+            "ExecStart=/opt/x%%y/drover-proxy create --user %i",
+            "ExecStop=/opt/x%%y/drover-proxy remove --user %i",
+            "Type=oneshot",
+            "RemainAfterExit=yes",
+            "StopWhenUnneeded=yes",
+        ] {
+            assert!(proxy.lines().any(|l| l == line), "missing {line}: {proxy}");
+        }
+        assert!(!proxy.contains("/usr/libexec"), "{proxy}");
+        let dep = &units[1].1;
+        for line in ["BindsTo=%i", "After=%i", "ExecStop=/bin/true"] {
+            assert!(dep.lines().any(|l| l == line), "missing {line}: {dep}");
+        }
+        for bad in [
+            "relative/drover-proxy",
+            "/has space/drover-proxy",
+            "/a\"b/x",
+        ] {
+            assert!(proxy_units(Path::new(bad)).is_err(), "{bad}");
+        }
     }
 
     #[test]
