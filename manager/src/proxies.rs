@@ -145,7 +145,7 @@ impl Proxies {
                 tracing::debug!(requester = %session.node(), %node, %unit, proxy_id, "proxy removed");
                 inner
                     .refs
-                    .proxy_removed(session.node(), node, unit, *proxy_id)
+                    .proxy_removed(session.node(), node, unit, *proxy_id, Instant::now())
             }
             _ => return,
         };

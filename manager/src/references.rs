@@ -32,7 +32,8 @@
 //!   `ProxyRemoved` finds nothing). Failed and ended references are not live;
 //!   they are kept (bounded per requesting node) so that a requesting node
 //!   that was away learns the outcome when it re-announces the same proxy, and
-//!   so that `ListProxies` can show failures.
+//!   so that `ListProxies` can show failures (a failed one for a grace period
+//!   after its agent removed it).
 //! * Notices go only to the session of A that owns the reference, so a stale
 //!   proxy id never reaches a newer agent process.
 //!
@@ -494,22 +495,34 @@ impl References {
 
     /// `Event::ProxyRemoved` from node `a`. Only the reference with this id
     /// goes: a late removal of an older proxy never drops its replacement.
+    /// A failed one stays listed for one grace period (the agent forgets a
+    /// failed proxy at once; an operator running `droverctl proxies` a bit
+    /// later should still see why it failed).
     pub fn proxy_removed(
         &mut self,
         a: &NodeName,
         b: &NodeName,
         unit: &UnitName,
         proxy_id: u64,
+        now: Instant,
     ) -> Vec<Action> {
         let mut out = Vec::new();
         let key = (b.clone(), unit.clone());
+        let grace = self.policy.grace;
         let Some(target) = self.targets.get_mut(&key) else {
             return out;
         };
-        if target.refs.get(a).is_some_and(|r| r.proxy_id == proxy_id) {
-            target.refs.remove(a);
-            self.settle(b, unit, &mut out);
+        match target.refs.get_mut(a) {
+            Some(r) if r.proxy_id == proxy_id => {
+                if matches!(r.state, RefState::Failed(_)) {
+                    r.grace_until = Some(now + grace);
+                } else {
+                    target.refs.remove(a);
+                }
+            }
+            _ => return out,
         }
+        self.settle(b, unit, &mut out);
         out
     }
 

@@ -254,11 +254,11 @@ async fn second_requester_gets_replay_and_shares_the_dep() {
 
     // One goes: the dep stays. The last goes: StopDep and unwatch.
     assert!(
-        r.proxy_removed(&n("a"), &n("b"), &u("db.service"), 1)
+        r.proxy_removed(&n("a"), &n("b"), &u("db.service"), 1, now())
             .is_empty()
     );
     assert!(ack_all(&mut r).is_empty());
-    let out = r.proxy_removed(&n("c"), &n("b"), &u("db.service"), 7);
+    let out = r.proxy_removed(&n("c"), &n("b"), &u("db.service"), 7, now());
     assert_eq!(
         out,
         [Action::Unwatch {
@@ -292,7 +292,7 @@ async fn duplicate_proxy_new_replaces_and_restarts_the_dep_in_order() {
     // removal of the *old* id (late) which must not drop the new reference.
     r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 2);
     assert!(
-        r.proxy_removed(&n("a"), &n("b"), &u("db.service"), 1)
+        r.proxy_removed(&n("a"), &n("b"), &u("db.service"), 1, now())
             .is_empty()
     );
     assert_eq!(r.live_count(&n("b"), &u("db.service")), 1);
@@ -316,7 +316,7 @@ async fn duplicate_proxy_new_replaces_and_restarts_the_dep_in_order() {
 
     // Removed and then added again while the StopDep is in flight: the
     // StartDep follows the StopDep, never the other way round.
-    r.proxy_removed(&n("a"), &n("b"), &u("db.service"), 2);
+    r.proxy_removed(&n("a"), &n("b"), &u("db.service"), 2, now());
     let stop = r.dep_commands();
     assert!(!stop[0].start);
     r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 3);
@@ -379,8 +379,15 @@ async fn start_dep_failure_fails_the_waiting_requesters_only() {
         unit: u("missing.service")
     }));
     assert_eq!(ack_all(&mut r), [(false, "missing.service".into())]);
-    // The agent forgets the failed proxy.
-    r.proxy_removed(&n("a"), &n("b"), &u("missing.service"), 9);
+    // The agent forgets the failed proxy: it stays listed for a grace period.
+    r.proxy_removed(&n("a"), &n("b"), &u("missing.service"), 9, now());
+    assert!(
+        r.rows()
+            .iter()
+            .any(|row| row.unit.as_str() == "missing.service" && row.state == "failed")
+    );
+    advance(GRACE).await;
+    r.tick(now());
     assert!(
         !r.rows()
             .iter()
@@ -422,7 +429,7 @@ async fn real_target_failure_fails_waiting_and_ends_active_proxies() {
     assert!(r.rows().is_empty(), "ended proxies are not listed");
     assert_eq!(ack_all(&mut r), [(false, "db.service".into())]);
     assert!(
-        r.proxy_removed(&n("a"), &n("b"), &u("db.service"), 2)
+        r.proxy_removed(&n("a"), &n("b"), &u("db.service"), 2, now())
             .is_empty()
     );
 }
@@ -628,7 +635,7 @@ async fn stop_dep_of_an_offline_target_is_sent_when_it_returns() {
     r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
     ack_all(&mut r);
     r.node_offline(&n("b"), now());
-    r.proxy_removed(&n("a"), &n("b"), &u("db.service"), 1);
+    r.proxy_removed(&n("a"), &n("b"), &u("db.service"), 1, now());
     assert!(r.dep_commands().is_empty());
     r.node_online(&n("b"), 23, now());
     assert_eq!(ack_all(&mut r), [(false, "db.service".into())]);
