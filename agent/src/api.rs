@@ -416,8 +416,31 @@ pub async fn serve(conn: &Connection, shared: Arc<Shared>) -> Result<Served, Ser
         Err(e) => return Err(ServeError::Name(e.to_string())),
     }
     tracing::info!("serving {AGENT_BUS_NAME} at {AGENT_PATH}");
-    let task = tokio::spawn(announce_changes(conn.clone(), shared));
+    let (c1, c2) = (conn.clone(), conn.clone());
+    let task = tokio::spawn(async move {
+        tokio::join!(announce_changes(c1, shared), watch_name(c2));
+    });
     Ok(Served { task })
+}
+
+/// Says so when a newer agent takes the name over (we allowed it): proxy
+/// units on this node then talk to that one.
+async fn watch_name(conn: Connection) {
+    let lost = async {
+        let dbus = zbus::fdo::DBusProxy::new(&conn).await?;
+        let mut lost = dbus.receive_name_lost().await?;
+        while let Some(signal) = lost.next().await {
+            if signal.args().is_ok_and(|a| a.name() == AGENT_BUS_NAME) {
+                tracing::error!(
+                    "another process took over {AGENT_BUS_NAME}; the proxy helper on this node no longer reaches this agent"
+                );
+            }
+        }
+        Ok::<(), zbus::Error>(())
+    };
+    if let Err(e) = lost.await {
+        tracing::debug!("cannot watch for the loss of {AGENT_BUS_NAME}: {e}");
+    }
 }
 
 /// Emits `PropertiesChanged` for `Status` and `ControllerAddress` whenever
