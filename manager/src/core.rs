@@ -18,11 +18,11 @@ use crate::jobs::{
     Done, JobInfo, JobType, Jobs, RESULT_DISCONNECTED, RESULT_SHUTDOWN, valid_state,
 };
 use crate::monitor::Monitors;
+use crate::proxies::Proxies;
+use crate::references::Policy;
 use crate::registry::{Admission, ControllerStatus, Registry};
 use crate::session::{Session, spawn_io};
 use crate::subscriptions::Subscriptions;
-use crate::proxies::Proxies;
-use crate::references::Policy;
 use drover_config::{LogHandle, LogLevel, ManagerConfig};
 use drover_protocol::handshake::Accepted;
 use drover_protocol::link::manager_read_hello;

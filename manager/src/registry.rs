@@ -348,7 +348,10 @@ mod tests {
         let mut r = Registry::new(&names(&["a", "b"]));
         r.attach(session(1, "a")).ok().unwrap();
         let added = r.add_nodes(&names(&["b", "c", "a", "d", "c"]));
-        let added: Vec<_> = added.iter().map(|(n, p)| (n.as_str(), p.as_str())).collect();
+        let added: Vec<_> = added
+            .iter()
+            .map(|(n, p)| (n.as_str(), p.as_str()))
+            .collect();
         assert_eq!(
             added,
             [

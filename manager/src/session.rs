@@ -20,7 +20,7 @@ use crate::clock;
 use crate::core::Core;
 use crate::error::{ApiError, NO_REPLY};
 use drover_protocol::link::ManagerFramed;
-use drover_protocol::{Notice, NodeName, RemoteError, Request, Response, ToAgent, ToManager};
+use drover_protocol::{NodeName, Notice, RemoteError, Request, Response, ToAgent, ToManager};
 use futures::{SinkExt, StreamExt};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
