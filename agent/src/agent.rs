@@ -98,6 +98,7 @@ async fn run_inner<S: Systemd>(
         None => None,
     };
     on_ready();
+    adopt_proxies(&*systemd, &shared).await;
     let link = Link::new(link, systemd.clone(), shared.clone());
     // On shutdown the proxies go first, while the link can still tell the
     // manager and the local API still answers their ExecStop.
@@ -113,6 +114,23 @@ async fn run_inner<S: Systemd>(
         () = pump_events(events, shared.clone()) => Err(AgentError::SystemdLost),
         () = shared.proxies.run_stopper(&*systemd) => Ok(()),
         () = close => Ok(()),
+    }
+}
+
+/// Proxy units left active by a previous agent process (one that crashed)
+/// are followed again (see [`crate::proxy::Proxies::adopt`]).
+async fn adopt_proxies<S: Systemd>(systemd: &S, shared: &Shared) {
+    let units = match systemd.list_units().await {
+        Ok(units) => units,
+        Err(e) => {
+            tracing::warn!("cannot look for proxy units left by an earlier agent: {e}");
+            return;
+        }
+    };
+    for unit in units.iter().filter(|u| u.active_state == "active") {
+        if let Some(key) = crate::proxy::ProxyKey::from_unit_name(&unit.name) {
+            shared.proxies.adopt(key, &shared.outbox);
+        }
     }
 }
 

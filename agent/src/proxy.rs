@@ -33,6 +33,10 @@
 //!   the target may well still run. Only `real` ones, and `ProxyError`, do.
 //! * Disconnects change nothing here: waiting proxies keep waiting (the proxy
 //!   unit's start timeout bounds them), active ones stay active.
+//! * An agent that starts after a crash adopts the proxy units it finds
+//!   active ([`Proxies::adopt`]): they are followed again instead of staying
+//!   up with nobody watching their target. A clean stop, in contrast, stops
+//!   every active proxy unit ([`Proxies::shutdown`], as BlueChi does).
 //!
 //! Pure bookkeeping under one mutex; the only I/O is queueing messages on the
 //! [`Outbox`] (never blocks) and handing local units to stop to
@@ -98,6 +102,20 @@ impl ProxyKey {
             node,
             unit,
         })
+    }
+}
+
+impl ProxyKey {
+    /// The key behind a proxy unit's own name, by the helper's rule: the
+    /// instance splits at the first `_` into node and unit, and a unit
+    /// without a type suffix means `.service`. `None` for anything else.
+    pub fn from_unit_name(local: &str) -> Option<Self> {
+        let instance = local
+            .strip_prefix(PROXY_UNIT_PREFIX)?
+            .strip_suffix(".service")?;
+        let (node, unit) = instance.split_once('_')?;
+        let unit = UnitName::with_default_suffix(unit).ok()?;
+        Self::parse(local, node, unit.as_str()).ok()
     }
 }
 
@@ -304,6 +322,45 @@ impl Proxies {
             },
         );
         Ok((id, rx))
+    }
+
+    /// Takes over a proxy unit that is already active (a previous agent
+    /// process started it and died without stopping it): it becomes an
+    /// active proxy with a fresh id, announced like any other, so the
+    /// manager keeps its reference and a real stop of the target still stops
+    /// the unit. `None` if the triple is already known.
+    pub fn adopt(&self, key: ProxyKey, outbox: &Outbox) -> Option<u64> {
+        let mut t = self.lock();
+        if t.closed || t.by_key.contains_key(&key) {
+            return None;
+        }
+        t.last_id += 1;
+        let id = t.last_id;
+        let announced = tell(
+            outbox,
+            Event::ProxyNew {
+                node: key.node.clone(),
+                unit: key.unit.clone(),
+                proxy_id: id,
+            },
+        );
+        tracing::info!(
+            proxy = id,
+            "{} was already active: following {} on node {} again",
+            key.local,
+            key.unit,
+            key.node
+        );
+        t.by_key.insert(key.clone(), id);
+        t.by_id.insert(
+            id,
+            Proxy {
+                key,
+                reply: None,
+                announced,
+            },
+        );
+        Some(id)
     }
 
     /// `RemoveProxy`: forgets the proxy if it exists (a waiting call fails).
@@ -818,6 +875,39 @@ mod tests {
         p.on_notice(state(c, "active", "running", Reason::Real), &outbox);
         assert_eq!(p.list().len(), 1);
         assert_eq!(p.list()[0].id, b);
+    }
+
+    #[test]
+    fn unit_names_map_back_to_their_proxy() {
+        let k = ProxyKey::from_unit_name("drover-proxy@bar_db.service").unwrap();
+        assert_eq!((k.node.as_str(), k.unit.as_str()), ("bar", "db.service"));
+        let k = ProxyKey::from_unit_name("drover-proxy@bar_my_db.socket.service").unwrap();
+        assert_eq!((k.node.as_str(), k.unit.as_str()), ("bar", "my_db.socket"));
+        for bad in [
+            "drover-proxy@.service",
+            "drover-proxy@bar.service",
+            "drover-proxy@_db.service",
+            "drover-proxy@bar_.service",
+            "drover-proxy@bar_db.socket",
+            "other@bar_db.service",
+        ] {
+            assert!(ProxyKey::from_unit_name(bad).is_none(), "{bad}");
+        }
+    }
+
+    #[tokio::test]
+    async fn adopted_proxies_are_active_announced_and_stopped_on_a_real_stop() {
+        let outbox = Outbox::default();
+        let p = Proxies::default();
+        let id = p.adopt(db(), &outbox).unwrap();
+        assert_eq!(p.adopt(db(), &outbox), None, "once");
+        assert_eq!(p.list()[0].phase, Phase::Active);
+        let mut rx = session(&outbox, 1);
+        p.on_session(1, &outbox);
+        assert_eq!(drain(&mut rx), vec![new(id)]);
+        p.on_notice(state(id, "failed", "failed", Reason::Real), &outbox);
+        assert_eq!(drain(&mut rx), vec![removed(id)]);
+        assert_eq!(p.pending_stops(), vec![db().local]);
     }
 
     #[tokio::test]

@@ -431,3 +431,93 @@ async fn proxy_unit_follows_the_target_across_reconnects_and_shutdown() {
     wait("need-db.service", "inactive").await;
     wait("drover-proxy@bar_db.service", "inactive").await;
 }
+
+/// The agent binary on the node's bus, with a kill -9 for a crash.
+struct AgentProcess(Child);
+
+impl AgentProcess {
+    fn start(node: &Node, port: u16) -> AgentProcess {
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_drover-agent"))
+            .args(["--no-default-config", "-n", "foo", "-H", "127.0.0.1"])
+            .args(["-p", &port.to_string(), "-i", "200"])
+            .args(["--bus", &node::bus_address(&node.dir, NODE)])
+            .env("DROVER_LOG_TARGET", "stderr")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("drover-agent starts");
+        AgentProcess(child)
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_restarted_after_a_crash_follows_the_proxy_units_left_active() {
+    let node = Node::start().await;
+    node.write_unit("drover-proxy@.service", PROXY_UNIT);
+    node.write_unit("need-db.service", NEED_DB);
+    let systemd = Arc::new(node.systemd().await);
+    systemd.reload().await.unwrap();
+    let state = async |unit: &str| unit_status(&*systemd, unit).await.unwrap().active_state;
+    let wait = async |unit: &str, want: &str| {
+        let deadline = Instant::now() + T;
+        loop {
+            let got = state(unit).await;
+            if got == want {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{unit} is {got}, expected {want}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+
+    let mut first = AgentProcess::start(&node, port);
+    let mut m = accept(&listener, 1).await;
+    systemd
+        .unit_job(
+            drover_agent::systemd::JobKind::Start,
+            "need-db.service",
+            "replace",
+        )
+        .await
+        .unwrap();
+    let Event::ProxyNew { proxy_id: a, .. } = proxy_event(&mut m).await else {
+        panic!("expected ProxyNew");
+    };
+    tell(&mut m, a, "active").await;
+    wait("need-db.service", "active").await;
+
+    // kill -9: nothing is stopped, the proxy unit stays active.
+    first.0.kill().unwrap();
+    first.0.wait().unwrap();
+    drop(m);
+    assert_eq!(state("drover-proxy@bar_db.service").await, "active");
+
+    let _second = AgentProcess::start(&node, port);
+    let mut m = accept(&listener, 2).await;
+    let Event::ProxyNew {
+        node: target_node,
+        unit,
+        proxy_id: b,
+    } = proxy_event(&mut m).await
+    else {
+        panic!("expected ProxyNew");
+    };
+    assert_eq!((target_node.as_str(), unit.as_str()), ("bar", "db.service"));
+    // The adopted proxy still follows the target: a real failure stops it.
+    tell(&mut m, b, "failed").await;
+    assert_eq!(proxy_event(&mut m).await, db_removed(b));
+    wait("drover-proxy@bar_db.service", "inactive").await;
+    wait("need-db.service", "inactive").await;
+}
