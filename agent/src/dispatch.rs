@@ -228,7 +228,7 @@ impl<S: Systemd> Dispatcher<S> {
                 let result = self
                     .shared
                     .units
-                    .subscribe(&*self.systemd, &self.shared, epoch, unit)
+                    .subscribe(&self.systemd, &self.shared, epoch, unit)
                     .await;
                 self.reply(epoch, id, result);
             }

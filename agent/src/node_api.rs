@@ -294,6 +294,7 @@ pub async fn handle<S: Systemd>(
                     handle.set_level(parsed);
                 }
                 *node.level.lock().unwrap_or_else(|p| p.into_inner()) = Some(parsed);
+                shared.status.set_log_level(parsed.as_str());
                 tracing::info!("log level set to {}", parsed.as_str());
                 Ok(Response::Empty)
             }

@@ -22,6 +22,16 @@
 //! applied, in order, on top of it — so nothing between the two is lost, and
 //! a subscriber sees the snapshot first and real changes after it.
 //!
+//! **Daemon-reload.** systemd unloads every unit (`UnitRemoved`) and
+//! re-creates it (`UnitNew`, without a state signal) between `Reloading(true)`
+//! and shortly after `Reloading(false)`. Forwarding that would tell the
+//! manager every unit vanished and came back inactive — and stop every proxy
+//! on the node. Instead, removals during a reload are held back with their
+//! state; a `UnitNew` for a held-back (or still cached) unit is no news; and
+//! when the reload ends a `ListUnits` settles what really changed: units gone
+//! get a real `UnitRemoved`, new ones a real `UnitNew` (+ state), changed
+//! states a real `UnitStateChanged`.
+//!
 //! Invariants:
 //! * **Sessions.** Subscriptions belong to one manager session; they are
 //!   dropped when it ends ([`UnitHub::session_ended`]) and start empty in the
@@ -43,7 +53,7 @@
 use crate::dispatch::Shared;
 use crate::systemd::{Systemd, UNIT_IFACE, UnitSignal, UnitSignalStream};
 use drover_protocol::tag::TagCounter;
-use drover_protocol::{Event, Reason, RemoteError, Response, ToManager, UnitName};
+use drover_protocol::{Event, ModTag, Reason, RemoteError, Response, ToManager, UnitName};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -57,6 +67,9 @@ pub const MAX_WATCHED: usize = 65_536;
 /// How long unit events wait for the manager to read before the session is
 /// given up (the heartbeat threshold normally notices a dead manager first).
 pub const SEND_PATIENCE: Duration = Duration::from_secs(30);
+
+/// How long after the last `Reloading` signal a daemon-reload is settled.
+pub const RELOAD_SETTLE: Duration = Duration::from_millis(500);
 
 const INACTIVE: &str = "inactive";
 const DEAD: &str = "dead";
@@ -95,6 +108,13 @@ struct Inner {
     cache: HashMap<UnitName, UnitState>,
     session: Option<Session>,
     cache_full_logged: bool,
+    /// From `Reloading(true)` until the resync [`RELOAD_SETTLE`] after the
+    /// last `Reloading(false)`: removals are held back, with the last state,
+    /// in `reload_removed`. Most units come back.
+    reloading: bool,
+    /// `Reloading(true)` signals not yet matched by a `Reloading(false)`.
+    reloads_open: u32,
+    reload_removed: HashMap<UnitName, UnitState>,
 }
 
 impl Inner {
@@ -186,7 +206,7 @@ impl UnitHub {
     /// needed, records the subscription and sends the virtual replay.
     pub async fn subscribe<S: Systemd>(
         &self,
-        systemd: &S,
+        systemd: &Arc<S>,
         shared: &Arc<Shared>,
         epoch: u64,
         unit: Option<UnitName>,
@@ -195,7 +215,12 @@ impl UnitHub {
         let _order = self.send_order.lock().await;
         let batch = {
             let mut inner = self.lock();
-            let Inner { cache, session, .. } = &mut *inner;
+            let Inner {
+                cache,
+                session,
+                reload_removed,
+                ..
+            } = &mut *inner;
             let Some(session) = session.as_mut().filter(|s| s.epoch == epoch) else {
                 return Err(failed(
                     "the manager session of this request has ended".into(),
@@ -214,7 +239,7 @@ impl UnitHub {
             let mut replay: Vec<(&UnitName, &UnitState)> = match &unit {
                 None => {
                     session.all = true;
-                    cache.iter().collect()
+                    cache.iter().chain(reload_removed.iter()).collect()
                 }
                 Some(u) => {
                     if session.watched.len() >= MAX_WATCHED {
@@ -224,7 +249,11 @@ impl UnitHub {
                         ));
                     }
                     session.watched.insert(u.clone());
-                    cache.get_key_value(u).into_iter().collect()
+                    cache
+                        .get_key_value(u)
+                        .or_else(|| reload_removed.get_key_value(u))
+                        .into_iter()
+                        .collect()
                 }
             };
             replay.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
@@ -281,7 +310,7 @@ impl UnitHub {
     /// the subscription's error; the next subscription tries again.
     async fn start<S: Systemd>(
         &self,
-        systemd: &S,
+        systemd: &Arc<S>,
         shared: &Arc<Shared>,
     ) -> Result<(), RemoteError> {
         self.started
@@ -307,7 +336,7 @@ impl UnitHub {
                     }
                 }
                 tracing::debug!(units = self.cached_units(), "following systemd's units");
-                tokio::spawn(pump_units(stream, Arc::downgrade(shared)));
+                tokio::spawn(pump_units(stream, systemd.clone(), Arc::downgrade(shared)));
                 Ok(())
             })
             .await
@@ -318,6 +347,18 @@ impl UnitHub {
     /// current session must hear about it.
     fn on_signal(&self, signal: UnitSignal) -> Option<Batch> {
         let raw = match &signal {
+            UnitSignal::Reloading { active } => {
+                let mut inner = self.lock();
+                if *active {
+                    inner.reloading = true;
+                    inner.reloads_open = inner.reloads_open.saturating_add(1);
+                    tracing::debug!("systemd reloads");
+                } else {
+                    inner.reloads_open = inner.reloads_open.saturating_sub(1);
+                }
+                // The end of a reload is settled later (see `pump_units`).
+                return None;
+            }
             UnitSignal::New { unit }
             | UnitSignal::Removed { unit }
             | UnitSignal::Changed { unit, .. } => unit,
@@ -332,21 +373,40 @@ impl UnitHub {
         let mut inner = self.lock();
         let mut events = Vec::new();
         match signal {
+            UnitSignal::Reloading { .. } => {}
             UnitSignal::New { .. } => {
-                inner.cache_insert(unit.clone(), UnitState::inactive());
-                events.push(Event::UnitNew {
-                    tag: drover_protocol::ModTag::ZERO,
-                    unit: unit.clone(),
-                    reason: Reason::Real,
-                });
+                if inner.cache.contains_key(&unit) {
+                    // Announced again after a reload resync: no news.
+                } else if let Some(state) = inner.reload_removed.remove(&unit) {
+                    // Re-created by a daemon-reload: still the same unit, in
+                    // the same state (systemd sends no state signal).
+                    inner.cache_insert(unit, state);
+                } else {
+                    inner.cache_insert(unit.clone(), UnitState::inactive());
+                    events.push(Event::UnitNew {
+                        tag: ModTag::ZERO,
+                        unit,
+                        reason: Reason::Real,
+                    });
+                }
             }
             UnitSignal::Removed { .. } => {
-                inner.cache.remove(&unit);
-                events.push(Event::UnitRemoved {
-                    tag: drover_protocol::ModTag::ZERO,
-                    unit: unit.clone(),
-                    reason: Reason::Real,
-                });
+                let state = inner.cache.remove(&unit);
+                if inner.reloading {
+                    // Most units come back when the reload finishes; which
+                    // did not is settled by the resync.
+                    if inner.reload_removed.len() < MAX_UNITS {
+                        inner
+                            .reload_removed
+                            .insert(unit, state.unwrap_or_else(UnitState::inactive));
+                    }
+                } else {
+                    events.push(Event::UnitRemoved {
+                        tag: ModTag::ZERO,
+                        unit,
+                        reason: Reason::Real,
+                    });
+                }
             }
             UnitSignal::Changed {
                 interface,
@@ -376,37 +436,138 @@ impl UnitHub {
                         None
                     };
                 events.push(Event::UnitPropertiesChanged {
-                    tag: drover_protocol::ModTag::ZERO,
+                    tag: ModTag::ZERO,
                     unit: unit.clone(),
                     interface,
                     properties,
                 });
                 if let Some(now) = changed_state {
-                    events.push(Event::UnitStateChanged {
-                        tag: drover_protocol::ModTag::ZERO,
-                        unit: unit.clone(),
-                        active_state: now.active,
-                        sub_state: now.sub,
-                        reason: Reason::Real,
-                    });
+                    events.push(state_event(&unit, &now, Reason::Real));
                 }
             }
         }
-        let session = inner.session.as_mut()?;
-        if !session.watches(&unit) {
-            return None;
+        inner.tag_for_session(events)
+    }
+
+    /// After `Reloading(false)`: `ListUnits` says which units the reload
+    /// really unloaded, loaded or changed; only those are news.
+    fn resync(&self, listed: Vec<drover_protocol::UnitInfo>) -> Option<Batch> {
+        let mut inner = self.lock();
+        inner.reloading = false;
+        inner.reloads_open = 0;
+        let mut removed = std::mem::take(&mut inner.reload_removed);
+        let mut seen = HashSet::new();
+        let mut events = Vec::new();
+        for u in listed {
+            let Ok(unit) = UnitName::new(u.name.as_str()) else {
+                continue;
+            };
+            let now = UnitState {
+                active: u.active_state,
+                sub: u.sub_state,
+            };
+            seen.insert(unit.clone());
+            let before = match inner.cache.get(&unit) {
+                Some(s) => Some(s.clone()),
+                None => removed.remove(&unit),
+            };
+            match before {
+                Some(before) if before == now => {
+                    inner.cache_insert(unit, now);
+                }
+                Some(_) => {
+                    inner.cache_insert(unit.clone(), now.clone());
+                    events.push(state_event(&unit, &now, Reason::Real));
+                }
+                None => {
+                    inner.cache_insert(unit.clone(), now.clone());
+                    events.push(Event::UnitNew {
+                        tag: ModTag::ZERO,
+                        unit: unit.clone(),
+                        reason: Reason::Real,
+                    });
+                    if now != UnitState::inactive() {
+                        events.push(state_event(&unit, &now, Reason::Real));
+                    }
+                }
+            }
         }
-        for event in &mut events {
-            set_tag(event, session.tags.next_tag());
+        let gone: Vec<UnitName> = inner
+            .cache
+            .keys()
+            .filter(|u| !seen.contains(*u))
+            .cloned()
+            .collect();
+        for unit in gone {
+            inner.cache.remove(&unit);
+            removed.insert(unit, UnitState::inactive());
         }
-        Some(Batch {
+        let mut gone: Vec<UnitName> = removed.into_keys().collect();
+        gone.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        for unit in gone {
+            events.push(Event::UnitRemoved {
+                tag: ModTag::ZERO,
+                unit,
+                reason: Reason::Real,
+            });
+        }
+        tracing::debug!(changes = events.len(), "resynced after a systemd reload");
+        inner.tag_for_session(events)
+    }
+
+    /// A reload finished but `ListUnits` failed: assume every unit came back
+    /// as it was (the next state signals correct what changed).
+    fn resync_failed(&self) {
+        let mut inner = self.lock();
+        inner.reloading = false;
+        inner.reloads_open = 0;
+        let back = std::mem::take(&mut inner.reload_removed);
+        for (unit, state) in back {
+            inner.cache_insert(unit, state);
+        }
+    }
+}
+
+impl Inner {
+    /// Tags the events the current session watches (in order) into a batch.
+    fn tag_for_session(&mut self, events: Vec<Event>) -> Option<Batch> {
+        let session = self.session.as_mut()?;
+        let mut out = Vec::new();
+        for mut event in events {
+            let watched = event_unit(&event).is_some_and(|u| session.watches(u));
+            if watched {
+                set_tag(&mut event, session.tags.next_tag());
+                out.push(event);
+            }
+        }
+        (!out.is_empty()).then_some(Batch {
             epoch: session.epoch,
-            events,
+            events: out,
         })
     }
 }
 
-fn set_tag(event: &mut Event, new: drover_protocol::ModTag) {
+fn state_event(unit: &UnitName, state: &UnitState, reason: Reason) -> Event {
+    Event::UnitStateChanged {
+        tag: ModTag::ZERO,
+        unit: unit.clone(),
+        active_state: state.active.clone(),
+        sub_state: state.sub.clone(),
+        reason,
+    }
+}
+
+fn event_unit(event: &Event) -> Option<&UnitName> {
+    match event {
+        Event::UnitNew { unit, .. }
+        | Event::UnitRemoved { unit, .. }
+        | Event::UnitStateChanged { unit, .. }
+        | Event::UnitPropertiesChanged { unit, .. } => Some(unit),
+        _ => None,
+    }
+}
+
+fn set_tag(event: &mut Event, new: ModTag) {
     match event {
         Event::UnitNew { tag, .. }
         | Event::UnitRemoved { tag, .. }
@@ -432,11 +593,58 @@ async fn send(shared: &Shared, batch: Batch) {
 
 /// Applies systemd's unit signals until the stream ends (systemd connection
 /// lost) or the agent is gone.
-async fn pump_units(mut stream: UnitSignalStream, shared: Weak<Shared>) {
-    while let Some(signal) = stream.recv().await {
+///
+/// A daemon-reload is settled [`RELOAD_SETTLE`] after its `Reloading(false)`
+/// with a `ListUnits`: systemd sends that signal and the `UnitNew` burst from
+/// its idle queue, so neither their order nor their timing is exact (the
+/// `false` of one reload can even arrive after the `true` of the next); a
+/// settle that finds a reload still open waits another round.
+async fn pump_units<S: Systemd>(
+    mut stream: UnitSignalStream,
+    systemd: Arc<S>,
+    shared: Weak<Shared>,
+) {
+    let mut settle_at: Option<tokio::time::Instant> = None;
+    // Rounds a settle waited for a reload that never said it ended.
+    let mut waited = 0u32;
+    loop {
+        let signal = match settle_at {
+            Some(at) => tokio::select! {
+                s = stream.recv() => s,
+                () = tokio::time::sleep_until(at) => {
+                    settle_at = None;
+                    let Some(shared) = shared.upgrade() else { return };
+                    let hub = &shared.units;
+                    if hub.lock().reloads_open > 0 && waited < 20 {
+                        waited += 1;
+                        settle_at = Some(tokio::time::Instant::now() + RELOAD_SETTLE);
+                        continue;
+                    }
+                    waited = 0;
+                    let _order = hub.send_order.lock().await;
+                    let batch = match systemd.list_units().await {
+                        Ok(listed) => hub.resync(listed),
+                        Err(e) => {
+                            tracing::warn!("cannot list units after a systemd reload: {e}");
+                            hub.resync_failed();
+                            None
+                        }
+                    };
+                    if let Some(batch) = batch {
+                        send(&shared, batch).await;
+                    }
+                    continue;
+                }
+            },
+            None => stream.recv().await,
+        };
+        let Some(signal) = signal else { break };
         let Some(shared) = shared.upgrade() else {
             return;
         };
+        if matches!(signal, UnitSignal::Reloading { .. }) {
+            settle_at = Some(tokio::time::Instant::now() + RELOAD_SETTLE);
+        }
         let hub = &shared.units;
         let _order = hub.send_order.lock().await;
         if let Some(batch) = hub.on_signal(signal) {
@@ -906,6 +1114,89 @@ mod tests {
         r.d.handle(1, 9, Request::Subscribe { unit: None }).await;
         assert!(r.rx.try_recv().is_err());
         assert_eq!(r.shared.units.watching(2), Some((false, 1)));
+    }
+
+    #[tokio::test]
+    async fn a_daemon_reload_is_no_news_but_what_it_changed_is() {
+        let mut r = rig();
+        r.fake.set_state("a.service", "active", "running");
+        r.fake.set_state("b.service", "active", "running");
+        r.fake.set_state("c.service", "failed", "failed");
+        subscribe(&mut r, 1, None).await.unwrap(); // tags 1..=6
+        // The reload: b's file is gone, c was reset, d appeared.
+        r.fake.remove_unit("b.service");
+        r.fake.set_state("c.service", "inactive", "dead");
+        r.fake.set_state("d.service", "active", "running");
+        for signal in [
+            UnitSignal::Reloading { active: true },
+            UnitSignal::Removed {
+                unit: "a.service".into(),
+            },
+            UnitSignal::Removed {
+                unit: "b.service".into(),
+            },
+            UnitSignal::Removed {
+                unit: "c.service".into(),
+            },
+            UnitSignal::Reloading { active: false },
+            UnitSignal::New {
+                unit: "a.service".into(),
+            },
+        ] {
+            r.fake.emit_unit(signal).await;
+        }
+        // Settled after RELOAD_SETTLE: only what changed, all real.
+        let got = [
+            next_event(&mut r.rx).await,
+            next_event(&mut r.rx).await,
+            next_event(&mut r.rx).await,
+            next_event(&mut r.rx).await,
+        ];
+        assert_eq!(
+            got,
+            [
+                state(7, "c.service", "inactive", "dead", Reason::Real),
+                Event::UnitNew {
+                    tag: ModTag::new(77, 8),
+                    unit: unit("d.service"),
+                    reason: Reason::Real
+                },
+                state(9, "d.service", "active", "running", Reason::Real),
+                Event::UnitRemoved {
+                    tag: ModTag::new(77, 10),
+                    unit: unit("b.service"),
+                    reason: Reason::Real
+                },
+            ]
+        );
+        // The late UnitNew burst for units already known is no news either;
+        // a's state survived the reload.
+        r.fake
+            .emit_unit(UnitSignal::New {
+                unit: "c.service".into(),
+            })
+            .await;
+        assert_eq!(
+            r.shared.units.cached_state("a.service"),
+            Some(("active".into(), "running".into()))
+        );
+        r.fake
+            .emit_unit(state_signal("a.service", "deactivating", "stop-sigterm"))
+            .await;
+        assert!(matches!(
+            next_event(&mut r.rx).await,
+            Event::UnitPropertiesChanged { .. }
+        ));
+        assert_eq!(
+            next_event(&mut r.rx).await,
+            state(
+                12,
+                "a.service",
+                "deactivating",
+                "stop-sigterm",
+                Reason::Real
+            )
+        );
     }
 
     #[tokio::test]

@@ -465,3 +465,7 @@ async fn agent_runs_a_remote_start_end_to_end() {
         .unwrap();
     assert!(ended.is_ok(), "{ended:?}");
 }
+
+/// Node API pass-throughs and unit subscriptions.
+#[path = "real_systemd/node_api.rs"]
+mod node_api;

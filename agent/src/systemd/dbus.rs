@@ -294,45 +294,20 @@ impl Systemd for ZbusSystemd {
     }
 
     async fn subscribe_units(&self) -> Result<UnitSignalStream, RemoteError> {
-        let rule_err = |e| RemoteError::failed(format!("building a D-Bus match rule: {e}"));
-        let manager_rule = |member: &'static str| {
-            MatchRule::builder()
-                .msg_type(MessageType::Signal)
-                .sender(SERVICE)
-                .path(MANAGER_PATH)
-                .interface(MANAGER_IFACE)
-                .member(member)
-                .build()
-                .map_err(rule_err)
-        };
-        let new_rule = manager_rule("UnitNew")?;
-        let removed_rule = manager_rule("UnitRemoved")?;
-        let changed_rule = MatchRule::builder()
+        // One match rule for every signal of systemd, filtered here: the
+        // order between `Reloading`, `UnitRemoved`, `UnitNew` and the state
+        // signals matters, and separate streams do not keep it reliably.
+        let rule = MatchRule::builder()
             .msg_type(MessageType::Signal)
             .sender(SERVICE)
-            .path_namespace(UNIT_PATH_PREFIX)
-            .interface(PROPERTIES_IFACE)
-            .member("PropertiesChanged")
             .build()
-            .map_err(rule_err)?;
-        let queued = NonZeroUsize::new(EVENT_QUEUE);
-        let mut streams = Vec::new();
-        for rule in [new_rule, removed_rule, changed_rule] {
-            streams.push(
-                MessageStream::for_match_rule(rule, &self.conn, queued)
-                    .await
-                    .map_err(|e| remote_error(e, "AddMatch"))?,
-            );
-        }
-        let (Some(changed), Some(removed), Some(new)) =
-            (streams.pop(), streams.pop(), streams.pop())
-        else {
-            return Err(RemoteError::failed("unit signal streams missing"));
-        };
+            .map_err(|e| RemoteError::failed(format!("building a D-Bus match rule: {e}")))?;
+        let stream =
+            MessageStream::for_match_rule(rule, &self.conn, NonZeroUsize::new(EVENT_QUEUE))
+                .await
+                .map_err(|e| remote_error(e, "AddMatch"))?;
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
-        let joined =
-            ordered_stream::join(ordered_stream::join(new, removed), changed).into_stream();
-        tokio::spawn(pump_units(joined, tx));
+        tokio::spawn(pump_units(stream, tx));
         Ok(rx)
     }
 
@@ -480,7 +455,26 @@ where
 fn parse_unit_signal(msg: &zbus::Message) -> Option<UnitSignal> {
     let header = msg.header();
     let member = header.member()?.as_str();
+    let interface = header.interface()?.as_str();
+    let path = header.path()?.as_str();
+    let wanted = match member {
+        "Reloading" | "UnitNew" | "UnitRemoved" => {
+            interface == MANAGER_IFACE && path == MANAGER_PATH
+        }
+        "PropertiesChanged" => interface == PROPERTIES_IFACE && path.starts_with(UNIT_PATH_PREFIX),
+        _ => false,
+    };
+    if !wanted {
+        return None;
+    }
     match member {
+        "Reloading" => match msg.body().deserialize::<bool>() {
+            Ok(active) => Some(UnitSignal::Reloading { active }),
+            Err(e) => {
+                tracing::warn!("ignoring a malformed Reloading signal: {e}");
+                None
+            }
+        },
         "UnitNew" | "UnitRemoved" => {
             let (unit, _path) = match msg.body().deserialize::<(String, OwnedObjectPath)>() {
                 Ok(body) => body,

@@ -101,6 +101,11 @@ pub enum UnitSignal {
     New { unit: String },
     /// `Manager.UnitRemoved`: the unit was unloaded.
     Removed { unit: String },
+    /// `Manager.Reloading(active)`: a daemon-reload starts (`true`) or has
+    /// finished (`false`). During one, systemd unloads and re-creates every
+    /// unit, announcing each with `UnitRemoved` and a later `UnitNew`
+    /// without any state change signal.
+    Reloading { active: bool },
     /// `PropertiesChanged` on the unit's object for one interface.
     Changed {
         unit: String,
