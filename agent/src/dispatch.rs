@@ -243,9 +243,9 @@ impl<S: Systemd> Dispatcher<S> {
                 aux,
                 job_id,
             } => {
-                let call = self
-                    .systemd
-                    .start_transient_unit(unit.as_str(), &mode, &properties, &aux);
+                let call =
+                    self.systemd
+                        .start_transient_unit(unit.as_str(), &mode, &properties, &aux);
                 self.job_call(epoch, id, "StartTransientUnit", &unit, job_id, call)
                     .await
             }
@@ -588,7 +588,10 @@ mod tests {
                 result: Ok(Response::Empty)
             }
         );
-        assert_eq!(r.fake.calls().last().map(String::as_str), Some("Freeze a.service"));
+        assert_eq!(
+            r.fake.calls().last().map(String::as_str),
+            Some("Freeze a.service")
+        );
     }
 
     #[tokio::test]

@@ -218,12 +218,9 @@ async fn a_slow_systemd_call_blocks_neither_heartbeats_nor_other_requests() {
     let quick = Request::SetLogLevel {
         level: "bogus".into(),
     };
-    m.send(ToAgent::Request {
-        id: 2,
-        body: quick,
-    })
-    .await
-    .unwrap();
+    m.send(ToAgent::Request { id: 2, body: quick })
+        .await
+        .unwrap();
     let sent = Instant::now();
     let mut heartbeats = 0;
     let mut order = Vec::new();
