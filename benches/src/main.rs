@@ -5,8 +5,11 @@
 //! * `start-unit`: remote `StartUnit` of a trivial oneshot through manager +
 //!   agent, until `JobRemoved`, vs the same call made directly on that node's
 //!   systemd bus, until systemd's `JobRemoved`. Target: overhead ≤ 1 ms median.
+//! * `events`: unit events/s from fake agents through a release manager to
+//!   1 and 10 monitors, with manager CPU and RSS (see `events.rs`).
 //! * also reports the idle RSS of the manager and of each agent.
 
+mod events;
 mod stats;
 
 use anyhow::{Context, Result, bail};
@@ -20,7 +23,7 @@ use zbus::OwnedObjectPath;
 #[derive(Parser)]
 #[command(about = "drover benchmarks (run on an otherwise idle machine)")]
 struct Args {
-    /// Which benchmark: start-unit, rss or all.
+    /// Which benchmark: start-unit, rss, events or all (events runs alone).
     #[arg(default_value = "all")]
     which: String,
     /// Samples per side.
@@ -33,6 +36,10 @@ const UNIT: &str = "bench-noop.service";
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
+    if args.which == "events" {
+        // Fake agents and a real manager; no systemd nodes needed.
+        return events::main().await;
+    }
     let mut opts = ClusterOptions::with_nodes(2);
     opts.heartbeat_interval_ms = 2000;
     opts.heartbeat_threshold_ms = 6000;
