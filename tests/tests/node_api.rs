@@ -230,7 +230,10 @@ async fn enable_disable_is_enabled_and_unit_files_match_systemd() {
     // A unit file that does not exist: an error, exit 1.
     let (code, out, err) = run(&cluster, &["is-enabled", "node1", "nosuch"]).await;
     assert_eq!(code, 1, "{out}");
-    assert_eq!(err, "droverctl: unit nosuch.service not found on node node1\n");
+    assert_eq!(
+        err,
+        "droverctl: unit nosuch.service not found on node node1\n"
+    );
     cluster.down().await.unwrap();
 }
 

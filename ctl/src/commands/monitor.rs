@@ -21,7 +21,8 @@
 //! ```
 //!
 //! (the indent is one tab; property lines only for string-valued properties, sorted
-//! by name). `--json` prints JSON Lines: first `{"event": "Subscribed", ...}`, then one
+//! by name). An unknown NODE is an error (BlueChi silently watches nothing).
+//! `--json` prints JSON Lines: first `{"event": "Subscribed", ...}`, then one
 //! object per event. Ctrl-C closes the monitor and exits 0; drover-manager leaving
 //! the bus exits 1.
 
@@ -263,6 +264,18 @@ impl Run for Monitor {
         let client = ctx.client().await?.clone();
         let mut manager = ManagerWatch::new(&client, "monitoring").await?;
         let controller = client.controller().await?;
+        // BlueChi accepts a subscription to a node it does not know (and then shows
+        // nothing forever); a typo deserves an error instead.
+        if node != WILDCARD {
+            let cc = CallContext {
+                what: "ListNodes",
+                ..Default::default()
+            };
+            let nodes = client.check(controller.list_nodes().await, cc).await?;
+            if !nodes.iter().any(|(name, ..)| *name == node) {
+                return Err(CtlError::NodeNotFound(node));
+            }
+        }
         let cc = CallContext {
             what: "CreateMonitor",
             ..Default::default()

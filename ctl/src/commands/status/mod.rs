@@ -233,7 +233,17 @@ impl Run for Status {
         let interrupted = follow::interrupted();
         tokio::pin!(interrupted);
         loop {
-            let nodes = fetch(&client, self.node.as_ref()).await?;
+            let nodes = match fetch(&client, self.node.as_ref()).await {
+                Ok(n) => n,
+                // A change signal can beat the owner change when the manager exits.
+                Err(CtlError::ManagerUnreachable { bus }) => {
+                    return Err(CtlError::ManagerLeft {
+                        bus,
+                        what: "watching",
+                    });
+                }
+                Err(e) => return Err(e),
+            };
             let mut text = if clear {
                 CLEAR_SCREEN.to_owned()
             } else {

@@ -272,6 +272,13 @@ pub async fn run(
                 ctx.emit(&text)?;
                 ctx.warn(&missing_lines(&f.missing));
             }
+            // A change signal can beat the owner change when the manager exits.
+            Err(CtlError::ManagerUnreachable { bus }) => {
+                return Err(CtlError::ManagerLeft {
+                    bus,
+                    what: "watching",
+                });
+            }
             Err(e @ (CtlError::NodeNotFound(_) | CtlError::BusClosed { .. })) => {
                 let _ = tokio::time::timeout(CLOSE_TIMEOUT, monitor.close()).await;
                 return Err(e);

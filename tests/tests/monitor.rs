@@ -1,0 +1,817 @@
+//! Monitoring on real systemd nodes: every case of BlueChi's "Monitoring" test list
+//! (bluechi-facts §6.3) through droverctl and over D-Bus, the peer rules, and
+//! drover's snapshot + tagged stream (`io.drover.Monitor.Follow`) across an agent
+//! restart.
+
+mod common;
+
+use common::follow::{CtlFollower, Ev, MonitorWatch};
+use common::*;
+use drover_protocol::ModTag;
+use drover_sandbox::Cluster;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(10);
+/// How long "nothing arrives" is watched for.
+const QUIET: Duration = Duration::from_millis(1500);
+
+async fn systemctl(cluster: &Cluster, node: &str, args: &[&str]) {
+    let out = cluster.systemctl(node, args).await.unwrap();
+    assert!(
+        out.status.success(),
+        "systemctl {args:?} on {node}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn is_state(ev: &Ev, node: &str, unit: &str, active: &str, reason: &str) -> bool {
+    matches!(ev, Ev::State { node: n, unit: u, active: a, reason: r, .. }
+        if n == node && u == unit && a == active && r == reason)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn droverctl_monitor_sees_a_service_restart_and_ctrl_c_ends_it() {
+    let cluster = cluster(2).await;
+    cluster
+        .install_unit("node1", "web.service", SLEEPER)
+        .await
+        .unwrap();
+    systemctl(&cluster, "node1", &["start", "web.service"]).await;
+
+    let mut mon = CtlFollower::spawn(&cluster, &["monitor", "node1", "web"]);
+    let first = mon
+        .expect_line("monitor path", T, |l| l.starts_with("Monitor path: "))
+        .await
+        .unwrap();
+    assert!(mon.seen[first].starts_with("Monitor path: /org/eclipse/bluechi/monitor/"));
+    mon.expect_line("subscription line", T, |l| {
+        l == "Subscribing to node 'node1' and unit 'web.service'"
+    })
+    .await
+    .unwrap();
+    // The already running unit is announced virtually.
+    mon.expect_line("virtual new", T, |l| {
+        l == "\tUnit created (reason: virtual)"
+    })
+    .await
+    .unwrap();
+    mon.expect_line("virtual state", T, |l| l == "\tActive: active (running)")
+        .await
+        .unwrap();
+
+    ok(&droverctl(&cluster, &["restart", "node1", "web"]).await);
+    let i = mon
+        .expect_line("real state change", T, |l| {
+            l == "\tUnit state changed (reason: real)"
+        })
+        .await
+        .unwrap();
+    assert_eq!(mon.seen[i - 1], "[node1] web.service");
+    mon.expect_line("stopped", T, |l| l == "\tActive: inactive (dead)")
+        .await
+        .unwrap();
+    mon.expect_line("running again", T, |l| l == "\tActive: active (running)")
+        .await
+        .unwrap();
+    mon.settle(Duration::from_millis(300)).await;
+    assert!(
+        mon.seen
+            .iter()
+            .any(|l| l == "\tUnit properties changed (Interface: org.freedesktop.systemd1.Unit)"),
+        "{:?}",
+        mon.seen
+    );
+    // Only node1's web.service is shown.
+    assert!(
+        mon.seen
+            .iter()
+            .filter(|l| l.starts_with('['))
+            .all(|l| l == "[node1] web.service"),
+        "{:?}",
+        mon.seen
+    );
+    let status = mon.interrupt(T).await.unwrap();
+    assert!(status.success(), "Ctrl-C ends monitor with 0: {status:?}");
+
+    // An unknown node is an error, not a silent empty watch (bounded: a monitor
+    // that wrongly starts would run forever).
+    let mut typo = CtlFollower::spawn(&cluster, &["monitor", "nodeX"]);
+    let status = typo.wait_exit(T).await.unwrap();
+    assert_eq!(status.code(), Some(1));
+    let err = typo.drain_stderr();
+    assert!(err.contains("node 'nodeX' not found"), "{err}");
+    let mut typo = CtlFollower::spawn(&cluster, &["monitor", "node1", "a,,b"]);
+    assert_eq!(typo.wait_exit(T).await.unwrap().code(), Some(2));
+    cluster.down().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn droverctl_monitor_shows_units_created_and_removed() {
+    let cluster = cluster(1).await;
+    cluster
+        .install_unit("node1", "created.service", ONESHOT_OK)
+        .await
+        .unwrap();
+    let mut all = CtlFollower::spawn(&cluster, &["monitor", "node1"]);
+    all.expect_line("subscribed", T, |l| {
+        l == "Subscribing to node 'node1' and unit '*'"
+    })
+    .await
+    .unwrap();
+    let mut json = CtlFollower::spawn(&cluster, &["--json", "monitor", "node1", "created"]);
+    let head = json
+        .expect_line("json header", T, |l| l.contains("\"Subscribed\""))
+        .await
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&json.seen[head]).unwrap();
+    assert_eq!(v["node"], "node1");
+    assert_eq!(v["units"], serde_json::json!(["created.service"]));
+    // Let both subscriptions settle before the unit appears.
+    all.settle(Duration::from_millis(500)).await;
+    all.skip_seen();
+
+    // Starting the unloaded oneshot loads it; once it is done systemd unloads it.
+    ok(&droverctl(&cluster, &["start", "node1", "created"]).await);
+    let i = all
+        .expect_line("created", T, |l| l == "\tUnit created (reason: real)")
+        .await
+        .unwrap();
+    assert_eq!(all.seen[i - 1], "[node1] created.service");
+    let i = all
+        .expect_line("removed", T, |l| l == "\tUnit removed (reason: real)")
+        .await
+        .unwrap();
+    assert_eq!(all.seen[i - 1], "[node1] created.service");
+
+    let mut kinds = Vec::new();
+    for _ in 0..2 {
+        let i = json
+            .expect_line("json event", T, |l| {
+                l.contains("\"UnitNew\"") || l.contains("\"UnitRemoved\"")
+            })
+            .await
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_str(&json.seen[i]).unwrap();
+        assert_eq!(
+            (v["node"].as_str(), v["unit"].as_str()),
+            (Some("node1"), Some("created.service"))
+        );
+        kinds.push((
+            v["event"].as_str().unwrap().to_string(),
+            v["reason"].as_str().unwrap().to_string(),
+        ));
+    }
+    assert_eq!(
+        kinds,
+        [
+            ("UnitNew".to_string(), "real".to_string()),
+            ("UnitRemoved".to_string(), "real".to_string())
+        ]
+    );
+    assert!(all.interrupt(T).await.unwrap().success());
+    assert!(json.interrupt(T).await.unwrap().success());
+    cluster.down().await.unwrap();
+}
+
+/// The rows of a node status table, as (node, state).
+fn node_rows(lines: &[String]) -> Vec<(String, String)> {
+    lines
+        .iter()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split('|').map(str::trim).collect();
+            (f.len() == 4 && f[0] != "NODE").then(|| (f[0].to_string(), f[1].to_string()))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_watch_reprints_nodes_and_units_on_changes() {
+    let mut cluster = cluster(2).await;
+    cluster
+        .install_unit("node1", "web.service", SLEEPER)
+        .await
+        .unwrap();
+
+    let mut nodes = CtlFollower::spawn(&cluster, &["status", "-w"]);
+    nodes
+        .expect_line("node2 online", T, |l| {
+            l.starts_with("node2 ") && l.contains("| online")
+        })
+        .await
+        .unwrap();
+    let mut units = CtlFollower::spawn(&cluster, &["status", "node1", "web", "-w"]);
+    units
+        .expect_line("web inactive", T, |l| {
+            let f: Vec<&str> = l.split('|').map(str::trim).collect();
+            f.first() == Some(&"web.service") && f.get(2) == Some(&"inactive")
+        })
+        .await
+        .unwrap();
+
+    cluster.stop_agent("node2").await.unwrap();
+    nodes
+        .expect_line("node2 offline", T, |l| {
+            l.starts_with("node2 ") && l.contains("| offline")
+        })
+        .await
+        .unwrap();
+    // Every reprint is a whole table: header, separator, both nodes.
+    let rows = node_rows(&nodes.seen);
+    assert!(rows.len() >= 4 && rows.len().is_multiple_of(2), "{rows:?}");
+    cluster.start_agent("node2").await.unwrap();
+    nodes
+        .expect_line("node2 back online", T, |l| {
+            l.starts_with("node2 ") && l.contains("| online")
+        })
+        .await
+        .unwrap();
+
+    ok(&droverctl(&cluster, &["start", "node1", "web"]).await);
+    units
+        .expect_line("web active", T, |l| {
+            let f: Vec<&str> = l.split('|').map(str::trim).collect();
+            f.first() == Some(&"web.service")
+                && f.get(2) == Some(&"active")
+                && f.get(3) == Some(&"running")
+        })
+        .await
+        .unwrap();
+    assert!(nodes.interrupt(T).await.unwrap().success());
+    assert!(units.interrupt(T).await.unwrap().success());
+
+    // The manager leaving ends a watch with exit 1 and says why.
+    let mut watch = CtlFollower::spawn(&cluster, &["status", "-w"]);
+    watch
+        .expect_line("first table", T, |l| l.starts_with("node1 "))
+        .await
+        .unwrap();
+    cluster.stop_manager().await.unwrap();
+    let status = watch.wait_exit(T).await.unwrap();
+    assert_eq!(status.code(), Some(1));
+    let err = watch.drain_stderr();
+    assert!(err.contains("drover-manager left"), "{err}");
+    cluster.start_manager().await.unwrap();
+    cluster.down().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monitor_open_close_and_unsubscribe() {
+    let cluster = cluster(1).await;
+    cluster
+        .install_unit("node1", "web.service", SLEEPER)
+        .await
+        .unwrap();
+    let mut m = MonitorWatch::create(&cluster).await;
+    assert!(
+        m.path.starts_with("/org/eclipse/bluechi/monitor/"),
+        "{}",
+        m.path
+    );
+    let xml: String = zbus::Proxy::new(
+        &m.conn,
+        BUS_NAME,
+        m.path.clone(),
+        "org.freedesktop.DBus.Introspectable",
+    )
+    .await
+    .unwrap()
+    .call("Introspect", &())
+    .await
+    .unwrap();
+    assert!(xml.contains("org.eclipse.bluechi.Monitor") && xml.contains("io.drover.Monitor"));
+
+    let id = m.subscribe("node1", "web.service").await.unwrap();
+    ok(&droverctl(&cluster, &["start", "node1", "web"]).await);
+    m.expect("web active", T, |e| {
+        is_state(e, "node1", "web.service", "active", "real")
+    })
+    .await
+    .unwrap();
+
+    // Unsubscribed: nothing more; the id is gone.
+    let _: () = m.proxy.call("Unsubscribe", &(id,)).await.unwrap();
+    m.settle(Duration::from_millis(200)).await;
+    let mark = m.mark();
+    ok(&droverctl(&cluster, &["restart", "node1", "web"]).await);
+    m.settle(QUIET).await;
+    assert!(m.since(mark).is_empty(), "{:?}", m.since(mark));
+    for bad in [id, 4242] {
+        let e = m
+            .proxy
+            .call::<_, _, ()>("Unsubscribe", &(bad,))
+            .await
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("org.freedesktop.DBus.Error.Failed"),
+            "{e}"
+        );
+    }
+    // Bad subscriptions: refused, nothing subscribed.
+    for (node, unit) in [("node1", "a b"), ("no_de", "web.service"), ("node1", "")] {
+        let e = m.subscribe(node, unit).await.unwrap_err();
+        assert!(e.to_string().contains("InvalidArgs"), "{node} {unit}: {e}");
+    }
+    let e = m.subscribe_list("node1", &[]).await.unwrap_err();
+    assert!(e.to_string().contains("InvalidArgs"), "{e}");
+
+    // Close: the object goes; a second Close or a Subscribe fails.
+    let _: () = m.proxy.call("Close", &()).await.unwrap();
+    assert!(m.proxy.call::<_, _, ()>("Close", &()).await.is_err());
+    assert!(m.subscribe("node1", "web.service").await.is_err());
+
+    // A monitor whose owner leaves the bus is closed: its peer is told.
+    let owner = MonitorWatch::create(&cluster).await;
+    owner.subscribe("node1", "*").await.unwrap();
+    let peer_conn = bus(&cluster).await;
+    let peer_name = peer_conn.unique_name().unwrap().to_string();
+    let mut peer = MonitorWatch::listen(peer_conn, &owner.path).await;
+    let _: u32 = owner
+        .proxy
+        .call("AddPeer", &(peer_name.as_str(),))
+        .await
+        .unwrap();
+    let path = owner.path.clone();
+    drop(owner);
+    peer.expect("PeerRemoved", T, |e| matches!(e, Ev::PeerRemoved { .. }))
+        .await
+        .unwrap();
+    let probe = zbus::Proxy::new(&peer.conn, BUS_NAME, path, "org.eclipse.bluechi.Monitor")
+        .await
+        .unwrap();
+    eventually(T, "the monitor object is gone", || async {
+        probe
+            .call::<_, _, u32>("Subscribe", &("node1", "web.service"))
+            .await
+            .is_err()
+    })
+    .await
+    .unwrap();
+    cluster.down().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monitor_specific_node_and_unit_gets_every_signal_and_nothing_else() {
+    let cluster = cluster(2).await;
+    for n in ["node1", "node2"] {
+        cluster
+            .install_unit(n, "web.service", SLEEPER)
+            .await
+            .unwrap();
+        cluster
+            .install_unit(n, "other.service", SLEEPER)
+            .await
+            .unwrap();
+    }
+    let mut m = MonitorWatch::create(&cluster).await;
+    m.subscribe("node1", "web.service").await.unwrap();
+    m.settle(Duration::from_millis(300)).await;
+
+    for n in ["node1", "node2"] {
+        for u in ["web.service", "other.service"] {
+            systemctl(&cluster, n, &["start", u]).await;
+        }
+    }
+    m.expect("new", T, |e| matches!(e, Ev::New { node, unit, reason } if node == "node1" && unit == "web.service" && reason == "real"))
+        .await
+        .unwrap();
+    m.expect("active", T, |e| {
+        is_state(e, "node1", "web.service", "active", "real")
+    })
+    .await
+    .unwrap();
+    systemctl(&cluster, "node1", &["stop", "web.service"]).await;
+    m.expect("inactive", T, |e| {
+        is_state(e, "node1", "web.service", "inactive", "real")
+    })
+    .await
+    .unwrap();
+    m.settle(QUIET).await;
+    assert!(
+        m.seen.iter().any(|e| matches!(e, Ev::Props { node, unit, .. } if node == "node1" && unit == "web.service")),
+        "properties changes are forwarded: {:?}",
+        m.seen
+    );
+    for e in &m.seen {
+        assert_eq!(e.unit(), Some(("node1", "web.service")), "{e:?}");
+    }
+    cluster.down().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monitor_multiple_nodes_and_units_stay_separate() {
+    let cluster = cluster(2).await;
+    for n in ["node1", "node2"] {
+        for u in ["a.service", "b.service", "c.service"] {
+            cluster.install_unit(n, u, SLEEPER).await.unwrap();
+        }
+    }
+    let mut m = MonitorWatch::create(&cluster).await;
+    m.subscribe_list("node1", &["a.service", "b.service"])
+        .await
+        .unwrap();
+    m.subscribe_list("node2", &["c.service"]).await.unwrap();
+    for n in ["node1", "node2"] {
+        for u in ["a.service", "b.service", "c.service"] {
+            systemctl(&cluster, n, &["start", u]).await;
+        }
+    }
+    let wanted = [
+        ("node1", "a.service"),
+        ("node1", "b.service"),
+        ("node2", "c.service"),
+    ];
+    for (n, u) in wanted {
+        m.expect(&format!("{u} on {n} active"), T, |e| {
+            is_state(e, n, u, "active", "real")
+        })
+        .await
+        .unwrap();
+    }
+    m.settle(QUIET).await;
+    let got: BTreeSet<(String, String)> = m
+        .seen
+        .iter()
+        .filter_map(|e| e.unit().map(|(n, u)| (n.to_string(), u.to_string())))
+        .collect();
+    let want: BTreeSet<(String, String)> = wanted
+        .iter()
+        .map(|(n, u)| (n.to_string(), u.to_string()))
+        .collect();
+    assert_eq!(got, want);
+    cluster.down().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monitor_wildcard_unit_sees_every_unit_of_its_node() {
+    let cluster = cluster(2).await;
+    for n in ["node1", "node2"] {
+        cluster.install_unit(n, "x.service", SLEEPER).await.unwrap();
+    }
+    let mut m = MonitorWatch::create(&cluster).await;
+    m.subscribe("node1", "*").await.unwrap();
+    // The pseudo unit `*` and every loaded unit are announced virtually.
+    m.expect("virtual *", T, |e| matches!(e, Ev::New { node, unit, reason } if node == "node1" && unit == "*" && reason == "virtual"))
+        .await
+        .unwrap();
+    m.expect("init.scope replayed", T, |e| matches!(e, Ev::New { node, unit, reason } if node == "node1" && unit == "init.scope" && reason == "virtual"))
+        .await
+        .unwrap();
+    m.settle(Duration::from_millis(300)).await;
+    systemctl(&cluster, "node2", &["start", "x.service"]).await;
+    systemctl(&cluster, "node1", &["start", "x.service"]).await;
+    m.expect("x new", T, |e| matches!(e, Ev::New { node, unit, reason } if node == "node1" && unit == "x.service" && reason == "real"))
+        .await
+        .unwrap();
+    m.expect("x active", T, |e| {
+        is_state(e, "node1", "x.service", "active", "real")
+    })
+    .await
+    .unwrap();
+    m.settle(Duration::from_millis(500)).await;
+    assert!(
+        m.seen
+            .iter()
+            .all(|e| e.unit().is_none_or(|(n, _)| n == "node1")),
+        "{:?}",
+        m.seen
+    );
+    cluster.down().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monitor_wildcard_node_sees_virtual_events_on_disconnect_and_reconnect() {
+    let mut cluster = cluster(2).await;
+    cluster
+        .install_unit("node1", "web.service", SLEEPER)
+        .await
+        .unwrap();
+    systemctl(&cluster, "node1", &["start", "web.service"]).await;
+    let mut m = MonitorWatch::create(&cluster).await;
+    m.subscribe("*", "*").await.unwrap();
+    for n in ["node1", "node2"] {
+        m.expect(&format!("virtual * of {n}"), T, |e| matches!(e, Ev::New { node, unit, reason } if node == n && unit == "*" && reason == "virtual"))
+            .await
+            .unwrap();
+    }
+    m.expect("web replayed", T, |e| {
+        is_state(e, "node1", "web.service", "active", "virtual")
+    })
+    .await
+    .unwrap();
+    m.settle(Duration::from_millis(500)).await;
+    let mark = m.mark();
+
+    cluster.stop_agent("node1").await.unwrap();
+    m.expect("web offline", T, |e| matches!(e, Ev::State { node, unit, active, sub, reason } if node == "node1" && unit == "web.service" && active == "inactive" && sub == "agent-offline" && reason == "virtual"))
+        .await
+        .unwrap();
+    m.expect("web removed", T, |e| matches!(e, Ev::Removed { node, unit, reason } if node == "node1" && unit == "web.service" && reason == "virtual"))
+        .await
+        .unwrap();
+    m.settle(Duration::from_millis(500)).await;
+    assert!(
+        m.since(mark).iter().any(|e| matches!(e, Ev::Removed { node, unit, reason } if node == "node1" && unit == "*" && reason == "virtual")),
+        "the pseudo unit * goes too: {:?}",
+        m.since(mark)
+    );
+    assert!(
+        m.since(mark)
+            .iter()
+            .all(|e| e.unit().is_none_or(|(n, _)| n == "node1")),
+        "node2 is untouched: {:?}",
+        m.since(mark)
+    );
+
+    cluster.start_agent("node1").await.unwrap();
+    m.expect("* back", T, |e| matches!(e, Ev::New { node, unit, reason } if node == "node1" && unit == "*" && reason == "virtual"))
+        .await
+        .unwrap();
+    m.expect("web back", T, |e| {
+        is_state(e, "node1", "web.service", "active", "virtual")
+    })
+    .await
+    .unwrap();
+    cluster.down().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monitor_peers_receive_exactly_while_added() {
+    let cluster = cluster(1).await;
+    cluster
+        .install_unit("node1", "web.service", SLEEPER)
+        .await
+        .unwrap();
+    let mut owner = MonitorWatch::create(&cluster).await;
+    owner.subscribe("node1", "web.service").await.unwrap();
+    let owner_name = owner.conn.unique_name().unwrap().to_string();
+
+    let peer_conn = bus(&cluster).await;
+    let peer_name = peer_conn.unique_name().unwrap().to_string();
+    let mut peer = MonitorWatch::listen(peer_conn, &owner.path).await;
+    let stranger_conn = bus(&cluster).await;
+    let mut stranger = MonitorWatch::listen(stranger_conn, &owner.path).await;
+
+    // Owner as peer, duplicates, garbage: refused.
+    let e = owner
+        .proxy
+        .call::<_, _, u32>("AddPeer", &(owner_name.as_str(),))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("InvalidArgs"), "owner as peer: {e}");
+    let id: u32 = owner
+        .proxy
+        .call("AddPeer", &(peer_name.as_str(),))
+        .await
+        .unwrap();
+    let e = owner
+        .proxy
+        .call::<_, _, u32>("AddPeer", &(peer_name.as_str(),))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("InvalidArgs"), "added twice: {e}");
+    let e = owner
+        .proxy
+        .call::<_, _, u32>("AddPeer", &("not a bus name",))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("InvalidArgs"), "{e}");
+    let e = owner
+        .proxy
+        .call::<_, _, ()>("RemovePeer", &(9999u32, "x"))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("Failed"), "{e}");
+
+    systemctl(&cluster, "node1", &["start", "web.service"]).await;
+    owner
+        .expect("owner sees it", T, |e| {
+            is_state(e, "node1", "web.service", "active", "real")
+        })
+        .await
+        .unwrap();
+    peer.expect("peer sees it", T, |e| {
+        is_state(e, "node1", "web.service", "active", "real")
+    })
+    .await
+    .unwrap();
+    stranger.settle(QUIET).await;
+    assert!(
+        stranger.seen.is_empty(),
+        "not a peer, nothing: {:?}",
+        stranger.seen
+    );
+
+    // Removed: told why, then nothing more.
+    let _: () = owner.proxy.call("RemovePeer", &(id, "bye")).await.unwrap();
+    peer.expect("PeerRemoved", T, |e| {
+        *e == Ev::PeerRemoved {
+            reason: "bye".into(),
+        }
+    })
+    .await
+    .unwrap();
+    let mark = peer.mark();
+    systemctl(&cluster, "node1", &["stop", "web.service"]).await;
+    owner
+        .expect("owner still sees", T, |e| {
+            is_state(e, "node1", "web.service", "inactive", "real")
+        })
+        .await
+        .unwrap();
+    peer.settle(QUIET).await;
+    assert!(peer.since(mark).is_empty(), "{:?}", peer.since(mark));
+    assert!(
+        owner
+            .seen
+            .iter()
+            .all(|e| !matches!(e, Ev::PeerRemoved { .. })),
+        "PeerRemoved goes only to the peer"
+    );
+    cluster.down().await.unwrap();
+}
+
+/// Starts (even rounds) or stops (odd rounds) f2 and f3 on node1.
+async fn toggle(cluster: &Cluster, round: usize) {
+    for u in ["f2.service", "f3.service"] {
+        let verb = if round.is_multiple_of(2) {
+            "start"
+        } else {
+            "stop"
+        };
+        systemctl(cluster, "node1", &[verb, u]).await;
+    }
+}
+
+/// A unit's record as a client following a monitor holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Record {
+    active: String,
+    sub: String,
+    tag: ModTag,
+}
+
+type Snapshot = BTreeMap<String, Record>;
+
+fn snapshot_map(rows: Vec<(String, String, String, String, u64, u64)>) -> Snapshot {
+    rows.into_iter()
+        .map(|(node, unit, active, sub, guid, index)| {
+            assert_eq!(node, "node1");
+            (
+                unit,
+                Record {
+                    active,
+                    sub,
+                    tag: ModTag::new(guid, index),
+                },
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follow_gives_a_snapshot_then_a_stream_without_gap_or_duplicate_across_an_agent_restart() {
+    let mut cluster = cluster(1).await;
+    let units = ["f1.service", "f2.service", "f3.service"];
+    for u in units {
+        cluster.install_unit("node1", u, SLEEPER).await.unwrap();
+    }
+    systemctl(&cluster, "node1", &["start", "f1.service"]).await;
+    let mut m = MonitorWatch::create(&cluster).await;
+    m.subscribe_list("node1", &units).await.unwrap();
+    // Activity right around the snapshot, so events race it.
+    systemctl(&cluster, "node1", &["start", "--no-block", "f2.service"]).await;
+    let snapshot = snapshot_map(m.follow().await.unwrap());
+    assert!(
+        snapshot
+            .get("f1.service")
+            .is_some_and(|r| r.active == "active"),
+        "{snapshot:?}"
+    );
+
+    for round in 0..4 {
+        toggle(&cluster, round).await;
+    }
+    cluster.stop_agent("node1").await.unwrap();
+    cluster
+        .wait_node_status("node1", "offline", T)
+        .await
+        .unwrap();
+    // Changes while the agent is away are caught up by the replay.
+    systemctl(&cluster, "node1", &["start", "f3.service"]).await;
+    systemctl(&cluster, "node1", &["stop", "f1.service"]).await;
+    cluster.start_agent("node1").await.unwrap();
+    cluster
+        .wait_node_status("node1", "online", T)
+        .await
+        .unwrap();
+    for round in 0..3 {
+        toggle(&cluster, round).await;
+    }
+    m.settle(Duration::from_secs(2)).await;
+
+    // Apply the stream on top of the snapshot by the tag rules.
+    let mut held = snapshot.clone();
+    let mut last_index: BTreeMap<(String, u64), u64> = BTreeMap::new();
+    let mut seen_tags = BTreeSet::new();
+    let changes: Vec<_> = m
+        .seen
+        .iter()
+        .filter_map(|e| match e {
+            Ev::Changed {
+                node,
+                unit,
+                kind,
+                active,
+                sub,
+                reason,
+                guid,
+                index,
+            } => Some((
+                node,
+                unit,
+                kind,
+                active,
+                sub,
+                reason,
+                ModTag::new(*guid, *index),
+            )),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        !changes.is_empty(),
+        "Follow() turns on UnitChanged: {:?}",
+        m.seen
+    );
+    let mut guids = BTreeSet::new();
+    for (node, unit, kind, active, sub, _reason, tag) in &changes {
+        assert_eq!(node.as_str(), "node1");
+        assert!(
+            units.contains(&unit.as_str()),
+            "only subscribed units: {unit}"
+        );
+        guids.insert(tag.guid);
+        if kind.as_str() != "removed" {
+            // No duplicate: nothing the snapshot already holds, nothing twice, and
+            // within one session a unit's tags only rise.
+            if let Some(s) = snapshot.get(unit.as_str())
+                && s.tag.guid == tag.guid
+            {
+                assert!(
+                    tag.index > s.tag.index,
+                    "{unit}: {tag:?} is already in the snapshot {s:?}"
+                );
+            }
+            assert!(
+                seen_tags.insert((unit.to_string(), *tag)),
+                "{unit}: {tag:?} twice"
+            );
+            if let Some(prev) = last_index.insert((unit.to_string(), tag.guid), tag.index) {
+                assert!(tag.index > prev, "{unit}: {tag:?} after index {prev}");
+            }
+        }
+        match kind.as_str() {
+            "removed" => {
+                if held
+                    .get(unit.as_str())
+                    .is_some_and(|r| tag.may_remove(&r.tag))
+                {
+                    held.remove(unit.as_str());
+                }
+            }
+            "new" | "state" => {
+                let newer = held.get(unit.as_str()).is_none_or(|r| tag.succeeds(&r.tag));
+                if newer {
+                    held.insert(
+                        unit.to_string(),
+                        Record {
+                            active: active.to_string(),
+                            sub: sub.to_string(),
+                            tag: *tag,
+                        },
+                    );
+                }
+            }
+            other => panic!("unknown kind {other}"),
+        }
+    }
+    assert!(
+        guids.len() >= 2,
+        "the restart made a new session: {guids:?}"
+    );
+
+    // No gap: what the follower holds is exactly what a fresh snapshot says, and
+    // what systemd says.
+    let mut fresh = MonitorWatch::create(&cluster).await;
+    fresh.subscribe_list("node1", &units).await.unwrap();
+    fresh.settle(Duration::from_millis(300)).await;
+    let now = snapshot_map(fresh.follow().await.unwrap());
+    assert_eq!(held, now, "snapshot + stream == a fresh snapshot");
+    for u in units {
+        let real = unit_prop(&cluster, "node1", u, "ActiveState").await;
+        let held_state = held.get(u).map(|r| r.active.as_str()).unwrap_or("inactive");
+        assert_eq!(held_state, real, "{u}");
+    }
+    cluster.down().await.unwrap();
+}
