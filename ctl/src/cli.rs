@@ -17,11 +17,13 @@ const AFTER_HELP: &str = "\
 Bus: --bus ADDRESS, else --user (session bus), else $DROVER_BUS, else the system bus.
 
 Exit status:
-  0  success (for start/stop/restart/reload: the job result was 'done')
+  0  success (start/stop/restart/reload: the job result was 'done'; is-enabled: the
+     unit file is enabled; monitor, status -w, metrics listen: ended with Ctrl-C)
   1  the operation failed: job result not 'done', node offline, unknown node or unit,
-     drover-manager unreachable, timeout, any other D-Bus error
+     status NODE UNIT...: a unit could not be found, is-enabled: not enabled,
+     drover-manager unreachable or gone, timeout, any other D-Bus error
   2  usage error: unknown command or option, wrong number of arguments, invalid
-     node or unit name; nothing was sent
+     node or unit name, signal, log level or target; nothing was sent
 
 Environment:
   DROVER_BUS  D-Bus address of the bus drover-manager is on (when neither --bus nor --user)";
@@ -52,7 +54,8 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub user: bool,
 
-    /// Print one JSON document (an array of objects) instead of a table
+    /// Print JSON instead of text: one array of objects, or for monitor, status -w and
+    /// metrics listen one JSON value per line
     #[arg(long, global = true)]
     pub json: bool,
 

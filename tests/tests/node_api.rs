@@ -900,3 +900,75 @@ async fn unknown_nodes_and_bad_names_change_nothing() {
     );
     cluster.down().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn droverctl_proxies_lists_cross_node_dependencies() {
+    let cluster = cluster(3).await;
+    cluster
+        .install_unit("node2", "db.service", SLEEPER)
+        .await
+        .unwrap();
+    cluster
+        .install_unit(
+            "node1",
+            "need-db.service",
+            "[Unit]\nWants=drover-proxy@node2_db.service\nAfter=drover-proxy@node2_db.service\n[Service]\nExecStart=/bin/sleep 600\n",
+        )
+        .await
+        .unwrap();
+    let empty = ok(&droverctl(&cluster, &["proxies"]).await);
+    assert_eq!(
+        empty.lines().count(),
+        2,
+        "header and separator only: {empty}"
+    );
+    ok(&droverctl(&cluster, &["start", "node1", "need-db"]).await);
+    assert_eq!(
+        active_state(&cluster, "node2", "db.service").await,
+        "active"
+    );
+
+    let out = ok(&droverctl(&cluster, &["proxies"]).await);
+    let lines: Vec<&str> = out.lines().collect();
+    let fields = |l: &str| {
+        l.split('|')
+            .map(str::trim)
+            .map(String::from)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        fields(lines[0]),
+        [
+            "REQUESTER",
+            "TARGET NODE",
+            "UNIT",
+            "STATE",
+            "TARGET STATE",
+            "REFS"
+        ]
+    );
+    assert!(lines[1].chars().all(|c| c == '='), "{out}");
+    assert_eq!(
+        fields(lines[2]),
+        ["node1", "node2", "db.service", "active", "active", "1"]
+    );
+    assert_eq!(lines.len(), 3, "{out}");
+    // NODE filters on requester or target.
+    for n in ["node1", "node2"] {
+        let v: serde_json::Value =
+            serde_json::from_str(&ok(&droverctl(&cluster, &["--json", "proxies", n]).await))
+                .unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!([{"requester": "node1", "target_node": "node2", "unit": "db.service",
+                "state": "active", "target_state": "active", "refs": 1}]),
+            "{n}"
+        );
+    }
+    let node3 = ok(&droverctl(&cluster, &["proxies", "node3"]).await);
+    assert_eq!(node3.lines().count(), 2, "node3 is not involved: {node3}");
+    let (code, _, err) = run(&cluster, &["proxies", "nodeX"]).await;
+    assert_eq!(code, 1);
+    assert!(err.contains("node 'nodeX' not found"), "{err}");
+    cluster.down().await.unwrap();
+}
