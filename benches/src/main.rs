@@ -5,11 +5,15 @@
 //! * `start-unit`: remote `StartUnit` of a trivial oneshot through manager +
 //!   agent, until `JobRemoved`, vs the same call made directly on that node's
 //!   systemd bus, until systemd's `JobRemoved`. Target: overhead ≤ 1 ms median.
+//! * `proxy`: start of a unit whose dependency lives on another node (through
+//!   `drover-proxy@`), vs the same pair on one node (see `proxy.rs`). Target:
+//!   overhead ≤ 5 ms median.
 //! * `events`: unit events/s from fake agents through a release manager to
 //!   1 and 10 monitors, with manager CPU and RSS (see `events.rs`).
 //! * also reports the idle RSS of the manager and of each agent.
 
 mod events;
+mod proxy;
 mod stats;
 
 use anyhow::{Context, Result, bail};
@@ -23,7 +27,7 @@ use zbus::OwnedObjectPath;
 #[derive(Parser)]
 #[command(about = "drover benchmarks (run on an otherwise idle machine)")]
 struct Args {
-    /// Which benchmark: start-unit, rss, events or all (events runs alone).
+    /// Which benchmark: start-unit, proxy, rss, events or all (events runs alone).
     #[arg(default_value = "all")]
     which: String,
     /// Samples per side.
@@ -52,6 +56,9 @@ async fn main() -> Result<()> {
 async fn run(cluster: &Cluster, args: &Args) -> Result<()> {
     if matches!(args.which.as_str(), "start-unit" | "all") {
         start_unit(cluster, args.samples).await?;
+    }
+    if matches!(args.which.as_str(), "proxy" | "all") {
+        proxy::proxy(cluster, args.samples).await?;
     }
     if matches!(args.which.as_str(), "rss" | "all") {
         rss(cluster)?;

@@ -302,6 +302,20 @@ impl Cluster {
         bus::reload_systemd(&self.node_bus_address(node)).await
     }
 
+    /// What the node's proxy units printed (`drover-proxy@…` only: nodes have no journal,
+    /// so the sandbox's proxy template appends the helper's output to a file per unit).
+    /// Empty when the unit printed nothing yet.
+    pub fn unit_log(&self, node: &str, unit: &str) -> Result<String> {
+        self.node_pid(node)?;
+        let unit = UnitName::new(unit)?;
+        let path = node::unit_log_dir(&self.state.dir, node).join(format!("{unit}.log"));
+        match std::fs::read_to_string(&path) {
+            Ok(text) => Ok(text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(String::new()),
+            Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+        }
+    }
+
     /// The pid of the node's agent, while the cluster holds one.
     pub fn agent_pid(&self, node: &str) -> Option<u32> {
         self.agents.get(node).map(Child::id)
@@ -591,7 +605,10 @@ impl Cluster {
         node::prepare_dirs(&self.state.dir, name)?;
         // Written before the node's systemd starts, so no reload is needed.
         if let Some(bin) = &self.proxy_bin {
-            let units = files::proxy_units(bin).map_err(|e| anyhow!(e))?;
+            let logs = node::unit_log_dir(&self.state.dir, name);
+            std::fs::create_dir_all(&logs)
+                .with_context(|| format!("creating {}", logs.display()))?;
+            let units = files::proxy_units(bin, &logs).map_err(|e| anyhow!(e))?;
             for (file, text) in units {
                 write_file(&node::unit_dir(&self.state.dir, name).join(file), &text)?;
             }

@@ -87,8 +87,12 @@ const SHIPPED_PROXY_PATH: &str = "/usr/libexec/drover-proxy";
 
 /// The unit templates every node gets, as (file name, contents): `drover-proxy@.service`
 /// (user mode: the helper finds the agent on the node's session bus) running `proxy_bin`,
-/// and `drover-dep@.service`.
-pub fn proxy_units(proxy_bin: &Path) -> Result<Vec<(&'static str, String)>, String> {
+/// and `drover-dep@.service`. Nodes have no journal, so the proxy units' output (the
+/// helper's one-line reasons) goes to `log_dir/<unit name>.log` instead.
+pub fn proxy_units(
+    proxy_bin: &Path,
+    log_dir: &Path,
+) -> Result<Vec<(&'static str, String)>, String> {
     let path = proxy_bin
         .to_str()
         .ok_or_else(|| format!("{} is not valid UTF-8", proxy_bin.display()))?;
@@ -104,11 +108,16 @@ pub fn proxy_units(proxy_bin: &Path) -> Result<Vec<(&'static str, String)>, Stri
         ));
     }
     let escaped = path.replace('%', "%%");
+    let logs = log_dir.display().to_string().replace('%', "%%");
+    let output = format!(
+        "[Service]\n# drover-sandbox: nodes have no journal; the helper's lines go here.\n\
+         StandardOutput=append:{logs}/%n.log\nStandardError=inherit\n"
+    );
+    let proxy = PROXY_USER_TEMPLATE
+        .replace(SHIPPED_PROXY_PATH, &escaped)
+        .replacen("[Service]\n", &output, 1);
     Ok(vec![
-        (
-            "drover-proxy@.service",
-            PROXY_USER_TEMPLATE.replace(SHIPPED_PROXY_PATH, &escaped),
-        ),
+        ("drover-proxy@.service", proxy),
         ("drover-dep@.service", DEP_TEMPLATE.to_string()),
     ])
 }
@@ -194,7 +203,8 @@ mod tests {
 
     #[test]
     fn proxy_units_run_the_found_helper_in_user_mode() {
-        let units = proxy_units(Path::new("/opt/x%y/drover-proxy")).unwrap();
+        let units =
+            proxy_units(Path::new("/opt/x%y/drover-proxy"), Path::new("/sb/n1/logs")).unwrap();
         let names: Vec<&str> = units.iter().map(|(n, _)| *n).collect();
         assert_eq!(names, ["drover-proxy@.service", "drover-dep@.service"]);
         let proxy = &units[0].1;
@@ -204,6 +214,7 @@ mod tests {
             "Type=oneshot",
             "RemainAfterExit=yes",
             "StopWhenUnneeded=yes",
+            "StandardOutput=append:/sb/n1/logs/%n.log",
         ] {
             assert!(proxy.lines().any(|l| l == line), "missing {line}: {proxy}");
         }
@@ -217,7 +228,10 @@ mod tests {
             "/has space/drover-proxy",
             "/a\"b/x",
         ] {
-            assert!(proxy_units(Path::new(bad)).is_err(), "{bad}");
+            assert!(
+                proxy_units(Path::new(bad), Path::new("/l")).is_err(),
+                "{bad}"
+            );
         }
     }
 

@@ -2,7 +2,8 @@
 //!
 //! Layout of a node directory `<dir>/<node>/`: it is the node's `HOME`; `rt/` is its
 //! `XDG_RUNTIME_DIR` (systemd's socket-activated dbus-daemon listens on `rt/bus`);
-//! `config/` is its `XDG_CONFIG_HOME`, so unit files go to `config/systemd/user/`.
+//! `config/` is its `XDG_CONFIG_HOME`, so unit files go to `config/systemd/user/`;
+//! `unit-logs/` holds what the proxy units print (a node has no journal).
 //! The node's process tree is `unshare` → `sh` (mounts) → `exec systemd --user`: one pid,
 //! which is the pid `nsenter` uses to run commands inside the node.
 //!
@@ -34,6 +35,11 @@ pub fn runtime_dir(dir: &Path, node: &str) -> PathBuf {
 /// Where the node's user unit files live.
 pub fn unit_dir(dir: &Path, node: &str) -> PathBuf {
     home(dir, node).join("config").join("systemd").join("user")
+}
+
+/// Where the node's proxy units write their output (the node has no journal).
+pub fn unit_log_dir(dir: &Path, node: &str) -> PathBuf {
+    home(dir, node).join("unit-logs")
 }
 
 /// `unix:path=<node>/rt/bus`: the node's bus, where its systemd is `org.freedesktop.systemd1`.
