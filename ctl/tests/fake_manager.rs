@@ -169,6 +169,7 @@ struct Shared {
     next_job: AtomicU32,
     calls: Mutex<Vec<String>>,
     slow_job_started: Notify,
+    monitor_subscribed: Notify,
 }
 
 #[derive(Clone)]
@@ -225,6 +226,87 @@ fn fleet() -> Vec<NodeSpec> {
 
 struct FakeController {
     nodes: Vec<NodeSpec>,
+    shared: Arc<Shared>,
+}
+
+/// Events a subscription replays before its reply: more than zbus queues by
+/// default, so droverctl must print them while the call is still in flight.
+const REPLAYED_STATES: usize = 200;
+
+/// A monitor: records calls, and answers `SubscribeList` with a burst of events
+/// unicast to its owner (BlueChi sends monitor signals only to owner and peers).
+struct FakeMonitor {
+    path: String,
+    shared: Arc<Shared>,
+}
+
+#[interface(name = "org.eclipse.bluechi.Monitor")]
+impl FakeMonitor {
+    async fn subscribe_list(
+        &self,
+        node: &str,
+        units: Vec<String>,
+        #[zbus(connection)] conn: &Connection,
+        #[zbus(header)] hdr: Header<'_>,
+    ) -> Result<u32, NamedError> {
+        self.shared
+            .calls
+            .lock()
+            .await
+            .push(format!("SubscribeList {node} {}", units.join(",")));
+        let owner = hdr.sender().expect("caller").to_owned();
+        let iface = "org.eclipse.bluechi.Monitor";
+        let path = self.path.as_str();
+        for unit in &units {
+            conn.emit_signal(
+                Some(&owner),
+                path,
+                iface,
+                "UnitNew",
+                &(node, unit.as_str(), "virtual"),
+            )
+            .await
+            .expect("emit");
+            for i in 0..REPLAYED_STATES {
+                conn.emit_signal(
+                    Some(&owner),
+                    path,
+                    iface,
+                    "UnitStateChanged",
+                    &(node, unit.as_str(), "active", format!("s{i}"), "virtual"),
+                )
+                .await
+                .expect("emit");
+            }
+            let mut props: HashMap<&str, zbus::Variant<'_>> = HashMap::new();
+            props.insert("SubState", zbus::Variant::from("running"));
+            props.insert("NRestarts", zbus::Variant::from(3u32));
+            conn.emit_signal(
+                Some(&owner),
+                path,
+                iface,
+                "UnitPropertiesChanged",
+                &(node, unit.as_str(), "org.freedesktop.systemd1.Unit", props),
+            )
+            .await
+            .expect("emit");
+            conn.emit_signal(
+                Some(&owner),
+                path,
+                iface,
+                "UnitRemoved",
+                &(node, unit.as_str(), "real"),
+            )
+            .await
+            .expect("emit");
+        }
+        self.shared.monitor_subscribed.notify_one();
+        Ok(2)
+    }
+
+    async fn close(&self) {
+        self.shared.calls.lock().await.push("Close".to_owned());
+    }
 }
 
 #[interface(name = "org.eclipse.bluechi.Controller")]
@@ -241,6 +323,32 @@ impl FakeController {
                 )
             })
             .collect()
+    }
+
+    async fn create_monitor(
+        &self,
+        #[zbus(object_server)] server: &zbus::ObjectServer,
+    ) -> OwnedObjectPath {
+        let path = "/org/eclipse/bluechi/monitor/1";
+        let monitor = FakeMonitor {
+            path: path.to_owned(),
+            shared: self.shared.clone(),
+        };
+        server.at(path, monitor).await.expect("export monitor");
+        self.shared
+            .calls
+            .lock()
+            .await
+            .push("CreateMonitor".to_owned());
+        OwnedObjectPath::try_from(path).expect("path")
+    }
+
+    async fn set_log_level(&self, level: &str) {
+        self.shared
+            .calls
+            .lock()
+            .await
+            .push(format!("SetLogLevel {level}"));
     }
 
     fn list_units(&self) -> HashMap<String, Vec<UnitTuple>> {
@@ -387,6 +495,37 @@ impl FakeNode {
         Ok(self.spec.units.clone())
     }
 
+    async fn kill_unit(&self, name: &str, who: &str, signal: i32) -> Result<(), NamedError> {
+        self.shared
+            .calls
+            .lock()
+            .await
+            .push(format!("{} KillUnit {name} {who} {signal}", self.spec.name));
+        self.check_online()
+    }
+
+    async fn set_log_level(&self, level: &str) -> Result<(), NamedError> {
+        self.shared
+            .calls
+            .lock()
+            .await
+            .push(format!("{} SetLogLevel {level}", self.spec.name));
+        self.check_online()
+    }
+
+    fn get_unit_file_state(&self, file: &str) -> Result<String, NamedError> {
+        self.check_online()?;
+        match file {
+            "web.service" => Ok("enabled".to_owned()),
+            "db.service" => Ok("disabled".to_owned()),
+            "static.service" => Ok("static".to_owned()),
+            _ => Err(NamedError::new(
+                "org.freedesktop.DBus.Error.FileNotFound",
+                "No such file or directory",
+            )),
+        }
+    }
+
     async fn reload(&self) -> Result<(), NamedError> {
         self.shared
             .calls
@@ -410,6 +549,7 @@ async fn serve(bus: &Bus) -> (Connection, Arc<Shared>) {
         "/org/eclipse/bluechi",
         FakeController {
             nodes: nodes.clone(),
+            shared: shared.clone(),
         },
     );
     for spec in nodes {
@@ -738,5 +878,243 @@ async fn version_needs_no_bus() {
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
         format!("droverctl version {}\n", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+/// A droverctl that runs until interrupted, its stdout read line by line.
+struct Following {
+    child: tokio::process::Child,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl Following {
+    fn spawn(bus: &Bus, args: &[&str]) -> Following {
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_droverctl"))
+            .arg("--bus")
+            .arg(&bus.address)
+            .args(args)
+            .env_remove("DROVER_BUS")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("run droverctl");
+        let out = child.stdout.take().expect("stdout");
+        Following {
+            child,
+            lines: tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(out)),
+        }
+    }
+
+    /// The next `n` lines (a missing line is a failure, not a hang).
+    async fn read(&mut self, n: usize) -> Vec<String> {
+        let mut v = Vec::new();
+        for _ in 0..n {
+            let line = tokio::time::timeout(Duration::from_secs(10), self.lines.next_line())
+                .await
+                .unwrap_or_else(|_| panic!("no line after {v:?}"))
+                .expect("read stdout")
+                .unwrap_or_else(|| panic!("stdout closed after {v:?}"));
+            v.push(line);
+        }
+        v
+    }
+
+    /// Waits for the exit; returns (code, stderr).
+    async fn exit(mut self) -> (Option<i32>, String) {
+        let out = tokio::time::timeout(Duration::from_secs(10), async {
+            let status = self.child.wait().await.expect("wait");
+            let mut err = String::new();
+            if let Some(mut e) = self.child.stderr.take() {
+                tokio::io::AsyncReadExt::read_to_string(&mut e, &mut err)
+                    .await
+                    .expect("stderr");
+            }
+            (status.code(), err)
+        })
+        .await;
+        out.expect("droverctl did not exit")
+    }
+
+    fn interrupt(&self) {
+        let pid = self.child.id().expect("running");
+        let pid = libc::pid_t::try_from(pid).expect("pid fits");
+        // SAFETY: kill(2) only sends SIGINT to our own, still running child.
+        unsafe { libc::kill(pid, libc::SIGINT) };
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monitor_prints_bluechictl_lines_in_bus_order_and_ctrl_c_closes_it() {
+    let bus = Bus::start();
+    let (_mgr, shared) = serve(&bus).await;
+    let mut m = Following::spawn(&bus, &["monitor", "node-a", "web,db.socket"]);
+    assert_eq!(
+        m.read(3).await,
+        [
+            "Monitor path: /org/eclipse/bluechi/monitor/1",
+            "Subscribing to node 'node-a' and unit 'web.service'",
+            "Subscribing to node 'node-a' and unit 'db.socket'",
+        ]
+    );
+    for unit in ["web.service", "db.socket"] {
+        assert_eq!(
+            m.read(2).await,
+            [
+                format!("[node-a] {unit}"),
+                "\tUnit created (reason: virtual)".to_owned()
+            ]
+        );
+        // Every state in the order it was sent, though all came before the reply.
+        for i in 0..REPLAYED_STATES {
+            assert_eq!(
+                m.read(3).await,
+                [
+                    format!("[node-a] {unit}"),
+                    "\tUnit state changed (reason: virtual)".to_owned(),
+                    format!("\tActive: active (s{i})"),
+                ]
+            );
+        }
+        // Only string-valued properties get a line.
+        assert_eq!(
+            m.read(3).await,
+            [
+                format!("[node-a] {unit}"),
+                "\tUnit properties changed (Interface: org.freedesktop.systemd1.Unit)".to_owned(),
+                "\tSubState: running".to_owned(),
+            ]
+        );
+        assert_eq!(
+            m.read(2).await,
+            [
+                format!("[node-a] {unit}"),
+                "\tUnit removed (reason: real)".to_owned()
+            ]
+        );
+    }
+    m.interrupt();
+    let (code, err) = m.exit().await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        *shared.calls.lock().await,
+        [
+            "CreateMonitor",
+            "SubscribeList node-a web.service,db.socket",
+            "Close"
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monitor_json_lines_and_exit_1_when_the_manager_leaves() {
+    let bus = Bus::start();
+    let (mgr, shared) = serve(&bus).await;
+    let mut m = Following::spawn(&bus, &["--json", "monitor"]);
+    let head: serde_json::Value = serde_json::from_str(&m.read(1).await[0]).expect("json");
+    assert_eq!(
+        head,
+        serde_json::json!({"event": "Subscribed", "monitor": "/org/eclipse/bluechi/monitor/1",
+                           "node": "*", "units": ["*"]})
+    );
+    let new: serde_json::Value = serde_json::from_str(&m.read(1).await[0]).expect("json");
+    assert_eq!(
+        new,
+        serde_json::json!({"event": "UnitNew", "node": "*", "unit": "*", "reason": "virtual"})
+    );
+    let state: serde_json::Value = serde_json::from_str(&m.read(1).await[0]).expect("json");
+    assert_eq!(state["event"], "UnitStateChanged");
+    assert_eq!(state["sub_state"], "s0");
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        shared.monitor_subscribed.notified(),
+    )
+    .await
+    .expect("subscribed");
+    mgr.release_name(BUS_NAME).await.expect("release name");
+    let (code, err) = m.exit().await;
+    assert_eq!(code, Some(1), "{err}");
+    assert_eq!(
+        err,
+        format!(
+            "droverctl: drover-manager left bus {}; stopped monitoring\n",
+            bus.address
+        )
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_is_enabled_and_set_loglevel_send_what_was_asked_or_nothing() {
+    let bus = Bus::start();
+    let (_mgr, shared) = serve(&bus).await;
+
+    let r = droverctl(
+        &bus,
+        &[
+            "kill",
+            "node-a",
+            "web",
+            "--kill-whom=main",
+            "--signal=SIGKILL",
+        ],
+    )
+    .await;
+    assert_eq!((r.code, r.stdout.as_str()), (0, ""), "{}", r.stderr);
+    let r = droverctl(&bus, &["kill", "node-a", "web"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let r = droverctl(&bus, &["set-loglevel", "warn"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let r = droverctl(&bus, &["set-loglevel", "node-a", "DEBUG"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+
+    for (unit, code, state) in [
+        ("web", 0, "enabled"),
+        ("static", 0, "static"),
+        ("db", 1, "disabled"),
+    ] {
+        let r = droverctl(&bus, &["is-enabled", "node-a", unit]).await;
+        assert_eq!(
+            (r.code, r.stdout.trim(), r.stderr.as_str()),
+            (code, state, ""),
+            "{unit}"
+        );
+    }
+    let r = droverctl(&bus, &["is-enabled", "node-a", "nosuch"]).await;
+    assert_eq!(
+        (r.code, r.stderr.as_str()),
+        (
+            1,
+            "droverctl: unit nosuch.service not found on node node-a\n"
+        )
+    );
+    let r = droverctl(&bus, &["set-loglevel", "node-b", "INFO"]).await;
+    assert_eq!(
+        (r.code, r.stderr.as_str()),
+        (1, "droverctl: node node-b is offline\n")
+    );
+
+    let before = shared.calls.lock().await.clone();
+    for bad in [
+        &["kill", "node-a", "web", "--signal=0"][..],
+        &["kill", "node-a", "web", "--signal=SIGNOPE"],
+        &["kill", "node-a", "web", "--kill-whom=nobody"],
+        &["set-loglevel", "LOUD"],
+        &["set-loglevel", "node-a", "TRACE"],
+        &["set-loglevel", "node_a", "INFO"],
+    ] {
+        let r = droverctl(&bus, bad).await;
+        assert_eq!(r.code, 2, "{bad:?}: {}", r.stderr);
+    }
+    let after = shared.calls.lock().await.clone();
+    assert_eq!(after, before, "nothing was sent for bad arguments");
+    assert_eq!(
+        after,
+        [
+            "node-a KillUnit web.service main 9",
+            "node-a KillUnit web.service all 15",
+            "SetLogLevel WARN",
+            "node-a SetLogLevel DEBUG",
+            "node-b SetLogLevel INFO",
+        ]
     );
 }
