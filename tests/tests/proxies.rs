@@ -474,6 +474,48 @@ async fn other_unit_types_are_targets_too() {
     wait_live(&c, vec![row("node1", "node2", "data.target", "active", 1)]).await;
     stop_ok(&c, "node1", NEED_DB).await;
     wait_state(&c, "node2", "drover-dep@data.target.service", "inactive").await;
+    // An instance of a template is a unit like any other.
+    let proxy = "drover-proxy@node2_worker@1.service";
+    c.install_unit("node2", "worker@.service", SLEEPER)
+        .await
+        .unwrap();
+    start_ok(&c, "node1", proxy).await;
+    assert_eq!(state(&c, "node2", "worker@1.service").await, "active");
+    assert_eq!(
+        state(&c, "node2", "drover-dep@worker@1.service.service").await,
+        "active"
+    );
+    c.down().await.unwrap();
+}
+
+/// Restarting the target is a real stop: the proxy ends. A requester that says
+/// `Upholds=` gets its proxy (and so the dependency) back by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn target_restart_ends_the_proxy_and_upholds_brings_it_back() {
+    let c = start_cluster(ClusterOptions::with_nodes(2)).await;
+    c.install_unit("node2", DB, SLEEPER).await.unwrap();
+    let upholder =
+        format!("[Unit]\nUpholds={PROXY}\nAfter={PROXY}\n[Service]\nExecStart=/bin/sleep 600\n");
+    c.install_unit("node1", NEED_DB, &upholder).await.unwrap();
+    start_ok(&c, "node1", NEED_DB).await;
+    wait_state(&c, "node1", PROXY, "active").await;
+    wait_state(&c, "node2", DB, "active").await;
+    let first = invocation(&c, "node1", PROXY).await;
+    let out = systemctl(&c, "node2", &["restart", DB]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let res = eventually(T, "a new, active run of the proxy", || async {
+        state(&c, "node1", PROXY).await == "active"
+            && unit_prop(&c, "node1", PROXY, "InvocationID").await != first
+    })
+    .await;
+    assert!(
+        res.is_ok(),
+        "{res:?}: proxy is {}",
+        state(&c, "node1", PROXY).await
+    );
+    assert_eq!(state(&c, "node1", NEED_DB).await, "active");
+    wait_state(&c, "node2", DEP, "active").await;
+    wait_live(&c, vec![row("node1", "node2", DB, "active", 1)]).await;
     c.down().await.unwrap();
 }
 
