@@ -291,7 +291,8 @@ async fn monitor_open_close_and_unsubscribe() {
 
     // Unsubscribed: nothing more; the id is gone.
     let _: () = m.proxy.call("Unsubscribe", &(id,)).await.unwrap();
-    m.settle(Duration::from_millis(200)).await;
+    // Events of the start that were already on their way may still arrive.
+    m.settle(Duration::from_millis(700)).await;
     let mark = m.mark();
     ok(&droverctl(&cluster, &["restart", "node1", "web"]).await);
     m.settle(QUIET).await;
@@ -515,10 +516,12 @@ async fn monitor_wildcard_node_sees_virtual_events_on_disconnect_and_reconnect()
         "the pseudo unit * goes too: {:?}",
         m.since(mark)
     );
+    // node2's units may change on their own (timers); what must not happen is a
+    // virtual event for node2 because node1 went away.
     assert!(
-        m.since(mark)
-            .iter()
-            .all(|e| e.unit().is_none_or(|(n, _)| n == "node1")),
+        !m.since(mark).iter().any(|e| matches!(e,
+            Ev::New { node, reason, .. } | Ev::Removed { node, reason, .. } | Ev::State { node, reason, .. }
+                if node == "node2" && reason == "virtual")),
         "node2 is untouched: {:?}",
         m.since(mark)
     );
