@@ -100,6 +100,20 @@ impl Systemd {
         Ok(unit_proxy.get_property::<String>("ActiveState").await?)
     }
 
+    /// A `u64` property of the loaded `unit` (timestamps: CLOCK_MONOTONIC µs, one clock
+    /// for every node of a sandbox, so node1's and node2's can be subtracted).
+    async fn u64_prop(&self, unit: &str, prop: &str) -> Result<u64> {
+        let path: OwnedObjectPath = self.manager.call("GetUnit", &(unit,)).await?;
+        let unit_proxy = zbus::Proxy::new(
+            self.manager.connection(),
+            "org.freedesktop.systemd1",
+            path,
+            "org.freedesktop.systemd1.Unit",
+        )
+        .await?;
+        Ok(unit_proxy.get_property::<u64>(prop).await?)
+    }
+
     async fn wait_state(&self, unit: &str, want: &str) -> Result<()> {
         let deadline = Instant::now() + STEP_TIMEOUT;
         loop {
@@ -127,9 +141,10 @@ pub async fn proxy(cluster: &Cluster, samples: usize) -> Result<()> {
     let mut node2 = Systemd::connect(&cluster.node_bus_address("node2")).await?;
 
     let mut remote = Vec::with_capacity(samples);
+    let mut legs: [Vec<Duration>; 3] = Default::default();
     let mut local = Vec::with_capacity(samples);
     for i in 0..(samples + WARMUP) {
-        let (r, l) = if i % 2 == 0 {
+        let ((r, leg), l) = if i % 2 == 0 {
             let r = time_remote(&mut node1, &mut node2).await?;
             (r, time_local(&mut node1).await?)
         } else {
@@ -139,6 +154,9 @@ pub async fn proxy(cluster: &Cluster, samples: usize) -> Result<()> {
         if i >= WARMUP {
             remote.push(r);
             local.push(l);
+            for (all, one) in legs.iter_mut().zip(leg) {
+                all.push(one);
+            }
         }
     }
     let (sr, sl) = (summarize(&remote), summarize(&local));
@@ -156,6 +174,14 @@ pub async fn proxy(cluster: &Cluster, samples: usize) -> Result<()> {
             ms(s.p99)
         );
     }
+    println!("  where the cross-node time goes (medians, systemd's own timestamps):");
+    for (label, leg) in [
+        ("proxy starting -> db active on node2", &legs[0]),
+        ("db active -> proxy active on node1  ", &legs[1]),
+        ("proxy active -> need-db active      ", &legs[2]),
+    ] {
+        println!("    {label}  {}", ms(summarize(leg).median));
+    }
     let mut sorted = over.clone();
     sorted.sort_by(|a, b| a.total_cmp(b));
     let p99 = sorted[((sorted.len() * 99).div_ceil(100)).clamp(1, sorted.len()) - 1];
@@ -168,14 +194,34 @@ pub async fn proxy(cluster: &Cluster, samples: usize) -> Result<()> {
     Ok(())
 }
 
-/// One cross-node sample, from and back to "everything down".
-async fn time_remote(node1: &mut Systemd, node2: &mut Systemd) -> Result<Duration> {
+/// One cross-node sample, from and back to "everything down": the total, and its
+/// legs (proxy starting → db active, db active → proxy active, proxy → need-db active).
+async fn time_remote(
+    node1: &mut Systemd,
+    node2: &mut Systemd,
+) -> Result<(Duration, [Duration; 3])> {
     let t = Instant::now();
     let result = node1.job("StartUnit", NEED_DB).await?;
     let took = t.elapsed();
     if result != "done" {
         bail!("starting {NEED_DB} on node1 ended with '{result}'");
     }
+    let proxy_start = node1
+        .u64_prop(PROXY, "InactiveExitTimestampMonotonic")
+        .await?;
+    let proxy_up = node1
+        .u64_prop(PROXY, "ActiveEnterTimestampMonotonic")
+        .await?;
+    let need_up = node1
+        .u64_prop(NEED_DB, "ActiveEnterTimestampMonotonic")
+        .await?;
+    let db_up = node2.u64_prop(DB, "ActiveEnterTimestampMonotonic").await?;
+    let leg = |from: u64, to: u64| Duration::from_micros(to.saturating_sub(from));
+    let legs = [
+        leg(proxy_start, db_up),
+        leg(db_up, proxy_up),
+        leg(proxy_up, need_up),
+    ];
     // need-db only runs after the proxy, which only succeeds once db runs on node2.
     if node1.active_state(PROXY).await? != "active" || node2.active_state(DB).await? != "active" {
         bail!("need-db is up but the proxy or db on node2 is not");
@@ -185,7 +231,7 @@ async fn time_remote(node1: &mut Systemd, node2: &mut Systemd) -> Result<Duratio
     node1.wait_state(PROXY, "inactive").await?;
     node2.wait_state(DEP, "inactive").await?;
     node2.job("StopUnit", DB).await?;
-    Ok(took)
+    Ok((took, legs))
 }
 
 /// One local sample, from and back to "everything down".
