@@ -479,7 +479,16 @@ async fn other_unit_types_are_targets_too() {
     c.install_unit("node2", "worker@.service", SLEEPER)
         .await
         .unwrap();
-    start_ok(&c, "node1", proxy).await;
+    // (Through a requester: a proxy nothing needs is stopped at once, StopWhenUnneeded=.)
+    c.install_unit(
+        "node1",
+        "need-worker.service",
+        &requester("Requires", proxy),
+    )
+    .await
+    .unwrap();
+    start_ok(&c, "node1", "need-worker.service").await;
+    assert_eq!(state(&c, "node1", proxy).await, "active");
     assert_eq!(state(&c, "node2", "worker@1.service").await, "active");
     assert_eq!(
         state(&c, "node2", "drover-dep@worker@1.service.service").await,
@@ -630,6 +639,32 @@ async fn pending_proxy_waits_for_an_offline_target_node() {
     wait_state(&c, "node1", NEED_DB, "active").await;
     assert_eq!(state(&c, "node2", DB).await, "active");
     assert_eq!(state(&c, "node2", DEP).await, "active");
+    c.down().await.unwrap();
+}
+
+/// Stopping a proxy that still waits (here: its target node is away) releases its
+/// reference: systemd runs no ExecStop= for a unit stopped while starting, so the
+/// helper does it on SIGTERM, and the unit ends inactive, not failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_a_waiting_proxy_releases_its_reference() {
+    let c = start_cluster(with_grace(2, 15_000)).await;
+    c.install_unit("node2", DB, SLEEPER).await.unwrap();
+    c.install_unit("node1", NEED_DB, &requester("Requires", PROXY))
+        .await
+        .unwrap();
+    pause_agent(&c, "node2").await;
+    let out = systemctl(&c, "node1", &["start", "--no-block", NEED_DB]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    wait_state(&c, "node1", PROXY, "activating").await;
+    wait_live(&c, vec![row("node1", "node2", DB, "waiting", 1)]).await;
+    stop_ok(&c, "node1", PROXY).await;
+    assert_eq!(state(&c, "node1", PROXY).await, "inactive");
+    assert_ne!(state(&c, "node1", NEED_DB).await, "active");
+    wait_live(&c, vec![]).await;
+    // node2 back: nothing is started there for the released reference.
+    resume_agent(&c, "node2").await;
+    stays(&c, "node2", DEP, "inactive", Duration::from_secs(2)).await;
+    assert_eq!(state(&c, "node2", DB).await, "inactive");
     c.down().await.unwrap();
 }
 
