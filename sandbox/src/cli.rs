@@ -223,6 +223,24 @@ RemainAfterExit=yes
 ExecStart=/bin/echo hello from drover-demo
 ";
 
+/// The cross-node part of the demo: need-db on node1 depends on db on node3.
+const DEMO_DB: &str = "\
+[Unit]
+Description=drover demo: a database on node3
+
+[Service]
+ExecStart=/bin/sleep infinity
+";
+const DEMO_NEED_DB: &str = "\
+[Unit]
+Description=drover demo: needs db.service on node3
+Wants=drover-proxy@node3_db.service
+After=drover-proxy@node3_db.service
+
+[Service]
+ExecStart=/bin/sleep infinity
+";
+
 async fn demo() -> Result<u8> {
     binaries::build_companions_under_cargo()?;
     let droverctl = binaries::locate("droverctl")?;
@@ -276,6 +294,24 @@ async fn demo_steps(cluster: &Cluster, droverctl: &Path) -> Result<()> {
     )
     .await?;
     droverctl_step(cluster, droverctl, &["status"]).await?;
+
+    // A cross-node dependency: starting need-db on node1 starts db on node3 first.
+    cluster.install_unit("node3", "db.service", DEMO_DB).await?;
+    cluster
+        .install_unit("node1", "need-db.service", DEMO_NEED_DB)
+        .await?;
+    println!(
+        "\n(installed db.service on node3, and need-db.service on node1 with\n \
+         Wants=drover-proxy@node3_db.service + After=drover-proxy@node3_db.service)"
+    );
+    droverctl_step(cluster, droverctl, &["start", "node1", "need-db.service"]).await?;
+    droverctl_step(
+        cluster,
+        droverctl,
+        &["list-units", "node3", "--filter", "*db.service*"],
+    )
+    .await?;
+    droverctl_step(cluster, droverctl, &["proxies"]).await?;
     Ok(())
 }
 

@@ -132,6 +132,24 @@ fn demo_drives_the_cluster_with_droverctl_and_cleans_up() {
         "{stdout}"
     );
     assert!(stdout.contains("node3"), "{stdout}");
+    // The cross-node step: need-db on node1 started db on node3 through a proxy.
+    assert!(
+        stdout.contains("Unit need-db.service StartUnit operation result: done"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.lines().any(|l| l.contains("node1")
+            && l.contains("node3")
+            && l.contains("db.service")
+            && l.contains("active")),
+        "droverctl proxies lists the dependency: {stdout}"
+    );
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.contains("drover-dep@db.service.service") && l.contains("active")),
+        "{stdout}"
+    );
     let dir = stdout
         .lines()
         .find_map(|l| l.strip_prefix("sandbox up in "))
