@@ -11,9 +11,15 @@
 //! (a monitor that falls further behind is dropped by design, which would end
 //! the measurement, not speed it up).
 //!
+//! Two delivery modes are measured for each monitor count: `bluechi` (the
+//! monitors get BlueChi's one signal per event) and `follow` (each monitor
+//! calls `io.drover.Monitor.Follow()` and gets the batched
+//! `UnitsChanged(a(sssssstt))` stream instead).
+//!
 //! Knobs (environment): `DROVER_BENCH_AGENTS` (default 10),
 //! `DROVER_BENCH_SECONDS` (default 10), `DROVER_BENCH_MONITORS` (default
-//! "1,10"). Output: one line per monitor count.
+//! "1,10"), `DROVER_BENCH_MODES` (default "bluechi,follow"). Output: one line
+//! per mode and monitor count.
 
 use anyhow::{Context, Result, bail};
 use drover_protocol::link::agent_handshake;
@@ -221,7 +227,37 @@ async fn fake_agent(addr: std::net::SocketAddr, name: String, flow: Arc<Flow>) -
     }
 }
 
-async fn monitor(address: String, slot: usize, flow: Arc<Flow>) -> Result<()> {
+/// How the monitors receive events.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    /// BlueChi's `UnitStateChanged`, one signal per event.
+    Bluechi,
+    /// `Follow()`, then `UnitsChanged` batches.
+    Follow,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Bluechi => "bluechi",
+            Mode::Follow => "follow",
+        }
+    }
+}
+
+/// One `UnitsChanged` entry, borrowed from the message.
+type TaggedRow<'a> = (
+    &'a str,
+    &'a str,
+    &'a str,
+    &'a str,
+    &'a str,
+    &'a str,
+    u64,
+    u64,
+);
+
+async fn monitor(address: String, slot: usize, flow: Arc<Flow>, mode: Mode) -> Result<()> {
     let conn = zbus::connection::Builder::address(address.as_str())
         .build()
         .await?;
@@ -244,16 +280,38 @@ async fn monitor(address: String, slot: usize, flow: Arc<Flow>) -> Result<()> {
         &("*", "*"),
     )
     .await?;
+    if mode == Mode::Follow {
+        conn.call_method(
+            Some("org.eclipse.bluechi"),
+            path.as_str(),
+            Some("io.drover.Monitor"),
+            "Follow",
+            &(),
+        )
+        .await?;
+    }
     let mut n = 0u64;
+    let mut reported = 0u64;
     while let Some(msg) = inbox.next().await {
         let msg = msg?;
         let h = msg.header();
-        if h.member().is_some_and(|m| m.as_str() == "UnitStateChanged") {
-            n += 1;
-            if n.is_multiple_of(256) {
-                flow.received[slot].store(n, Ordering::Relaxed);
-                flow.room.notify_waiters();
+        match (mode, h.member().as_ref().map(|m| m.as_str())) {
+            (Mode::Bluechi, Some("UnitStateChanged")) => n += 1,
+            (Mode::Follow, Some("UnitsChanged")) => {
+                // Decoded as a client would, so its cost is part of the run.
+                let body = msg.body();
+                let (rows,): (Vec<TaggedRow<'_>>,) = body.deserialize()?;
+                n += rows.iter().filter(|r| r.2 == "state").count() as u64;
             }
+            (Mode::Follow, Some("UnitStateChanged")) => {
+                bail!("a followed monitor got a BlueChi per-event signal")
+            }
+            _ => {}
+        }
+        if n - reported >= 256 {
+            reported = n;
+            flow.received[slot].store(n, Ordering::Relaxed);
+            flow.room.notify_waiters();
         }
         if flow.stop.load(Ordering::Relaxed) {
             break;
@@ -262,7 +320,7 @@ async fn monitor(address: String, slot: usize, flow: Arc<Flow>) -> Result<()> {
     Ok(())
 }
 
-async fn run_once(n_agents: usize, n_monitors: usize, seconds: u64) -> Result<()> {
+async fn run_once(n_agents: usize, n_monitors: usize, seconds: u64, mode: Mode) -> Result<()> {
     let nodes: Vec<String> = (1..=n_agents).map(|i| format!("bench{i}")).collect();
     let port = free_port()?;
     let (daemons, address) = start_daemons(&nodes, port)?;
@@ -292,7 +350,12 @@ async fn run_once(n_agents: usize, n_monitors: usize, seconds: u64) -> Result<()
     });
     let mut monitors = Vec::new();
     for slot in 0..n_monitors {
-        monitors.push(tokio::spawn(monitor(address.clone(), slot, flow.clone())));
+        monitors.push(tokio::spawn(monitor(
+            address.clone(),
+            slot,
+            flow.clone(),
+            mode,
+        )));
     }
     // Let the subscriptions settle before the load starts.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -341,9 +404,10 @@ async fn run_once(n_agents: usize, n_monitors: usize, seconds: u64) -> Result<()
     let pct = |a: u64, b: u64| (b - a) as f64 / ticks_per_s / elapsed * 100.0;
     let cpu = pct(c0, c1);
     println!(
-        "events: {n_agents} agents -> {n_monitors} monitor(s): {mean:.0} events/s per monitor (slowest {min:.0}), \
-         {:.0} signals/s in all; manager CPU {cpu:.0}% of one core, RSS {rss} KiB (peak {hwm} KiB); \
+        "events [{}]: {n_agents} agents -> {n_monitors} monitor(s): {mean:.0} events/s per monitor (slowest {min:.0}), \
+         {:.0} events/s delivered in all; manager CPU {cpu:.0}% of one core, RSS {rss} KiB (peak {hwm} KiB); \
          dbus-daemon CPU {:.0}%, load generator + monitors CPU {:.0}%; {elapsed:.1} s measured",
+        mode.name(),
         mean * n_monitors as f64,
         pct(b0, b1),
         pct(s0, s1),
@@ -370,9 +434,21 @@ pub async fn main() -> Result<()> {
     let agents = env_num("DROVER_BENCH_AGENTS", 10) as usize;
     let seconds = env_num("DROVER_BENCH_SECONDS", 10);
     let monitors = std::env::var("DROVER_BENCH_MONITORS").unwrap_or_else(|_| "1,10".into());
-    for m in monitors.split(',') {
-        let m: usize = m.trim().parse().context("DROVER_BENCH_MONITORS")?;
-        run_once(agents.max(1), m.max(1), seconds.max(1)).await?;
+    let modes = std::env::var("DROVER_BENCH_MODES").unwrap_or_else(|_| "bluechi,follow".into());
+    let mut runs = Vec::new();
+    for mode in modes.split(',') {
+        let mode = match mode.trim() {
+            "bluechi" => Mode::Bluechi,
+            "follow" => Mode::Follow,
+            other => bail!("DROVER_BENCH_MODES: unknown mode '{other}' (bluechi, follow)"),
+        };
+        for m in monitors.split(',') {
+            let m: usize = m.trim().parse().context("DROVER_BENCH_MONITORS")?;
+            runs.push((mode, m.max(1)));
+        }
+    }
+    for (mode, m) in runs {
+        run_once(agents.max(1), m, seconds.max(1), mode).await?;
     }
     Ok(())
 }

@@ -19,10 +19,17 @@
 //!   unit name.
 //! * Ids: monitors from 1, subscriptions from 2 (BlueChi's first value),
 //!   peers from 1, each from one manager-wide counter.
-//! * After `Follow()` (io.drover.Monitor) every event also goes out as
-//!   `UnitChanged` with its modification tag; the snapshot and the switch
-//!   happen under the subscription lock, so there is no gap and no
-//!   duplicate between them.
+//! * After `Follow()` (io.drover.Monitor) the monitor's events go out ONLY
+//!   as `UnitsChanged(a(sssssstt))`, to the owner and each peer: every
+//!   tagged event taken from the queue for one socket write, in order, in
+//!   as few signals as the bounds allow ([`MAX_ROWS_PER_SIGNAL`],
+//!   [`MAX_SIGNAL_BYTES`]); BlueChi's per-event signals stop for that
+//!   monitor, so a follower pays one message per batch instead of one per
+//!   event. Events the tagged stream does not carry (property changes, the
+//!   pseudo unit `*`) are then not sent at all. Events queued before the
+//!   switch still go out as BlueChi's signals, before the first batch. The
+//!   snapshot and the switch happen under the subscription lock, so there
+//!   is no gap and no duplicate between them.
 
 use crate::api::monitor::{DroverMonitorObject, MonitorObject};
 use crate::core::Core;
@@ -45,8 +52,13 @@ pub const MONITOR_QUEUE: usize = 8192;
 pub const MAX_MONITORS: usize = 1024;
 /// Peers per monitor.
 pub const MAX_PEERS: usize = 64;
-/// Events turned into signals per socket write.
-const BATCH: usize = 512;
+/// Events taken from a monitor's queue per socket write.
+const BATCH: usize = 4096;
+/// Rows per `UnitsChanged` signal at most.
+pub const MAX_ROWS_PER_SIGNAL: usize = 4096;
+/// Marshalled rows per `UnitsChanged` signal at most (about; see
+/// [`row_bytes`]), far below D-Bus's message size limit.
+pub const MAX_SIGNAL_BYTES: usize = 512 * 1024;
 
 pub const REASON_CLOSED: &str = "monitor closed";
 pub const REASON_OWNER_GONE: &str = "monitor owner left the bus";
@@ -425,12 +437,12 @@ fn reason_str(change: &Change) -> &'static str {
     }
 }
 
-/// The messages of one event for one destination.
-fn messages_for(
+/// BlueChi's signal for one event to one destination (pushed onto `out`).
+/// Only for deliveries queued before `Follow()`.
+fn bluechi_message(
     path: &OwnedObjectPath,
     dest: &OwnedUniqueName,
     event: &UnitEvent,
-    follow: bool,
     out: &mut Vec<Message>,
 ) -> zbus::Result<()> {
     let node = event.node.as_str();
@@ -471,33 +483,137 @@ fn messages_for(
         },
     };
     out.push(msg);
-    if follow && event.unit.is_some() {
-        let (kind, active, sub) = match &event.change {
-            Change::New { .. } => ("new", "inactive", "dead"),
-            Change::State {
-                active_state,
-                sub_state,
-                ..
-            } => ("state", active_state.as_str(), sub_state.as_str()),
-            Change::Removed { .. } => ("removed", "", ""),
-            Change::Properties { .. } => return Ok(()),
-        };
-        out.push(
-            Message::signal(path.as_ref(), DROVER_MONITOR_IFACE, "UnitChanged")
-                .destination(dest.as_ref())
-                .build(&(
-                    node,
-                    unit,
-                    kind,
-                    active,
-                    sub,
-                    reason,
-                    event.tag.guid,
-                    event.tag.index,
-                ))?,
-        );
-    }
     Ok(())
+}
+
+/// One entry of `io.drover.Monitor.UnitsChanged`, `(sssssstt)`: node, unit,
+/// kind, active_state, sub_state, reason, guid, index. Borrowed from the
+/// queued events, so building a batch copies no string.
+type TaggedRow<'a> = (
+    &'a str,
+    &'a str,
+    &'a str,
+    &'a str,
+    &'a str,
+    &'a str,
+    u64,
+    u64,
+);
+
+/// The tagged entry of an event, or `None` for what the tagged stream does
+/// not carry (property changes, the pseudo unit `*`).
+fn tagged_row(event: &UnitEvent) -> Option<TaggedRow<'_>> {
+    event.unit.as_ref()?;
+    let (kind, active, sub) = match &event.change {
+        Change::New { .. } => ("new", "inactive", "dead"),
+        Change::State {
+            active_state,
+            sub_state,
+            ..
+        } => ("state", active_state.as_str(), sub_state.as_str()),
+        Change::Removed { .. } => ("removed", "", ""),
+        Change::Properties { .. } => return None,
+    };
+    Some((
+        event.node.as_str(),
+        event.unit_str(),
+        kind,
+        active,
+        sub,
+        reason_str(&event.change),
+        event.tag.guid,
+        event.tag.index,
+    ))
+}
+
+/// Upper bound of a row's marshalled size: struct alignment (8), each
+/// string's length word, NUL and padding (at most 8 over its length), the
+/// two u64 with their alignment.
+fn row_bytes(row: &TaggedRow<'_>) -> usize {
+    let strings = [row.0, row.1, row.2, row.3, row.4, row.5];
+    8 + strings.iter().map(|s| s.len() + 8).sum::<usize>() + 24
+}
+
+/// Tagged rows waiting to go out as `UnitsChanged`, cut into signals of at
+/// most [`MAX_ROWS_PER_SIGNAL`] rows and about [`MAX_SIGNAL_BYTES`].
+struct TaggedBatch<'a> {
+    /// Finished chunks (each one signal per destination), in order.
+    chunks: Vec<Vec<TaggedRow<'a>>>,
+    bytes: usize,
+}
+
+impl<'a> TaggedBatch<'a> {
+    fn new() -> Self {
+        Self {
+            chunks: Vec::new(),
+            bytes: 0,
+        }
+    }
+
+    fn push(&mut self, row: TaggedRow<'a>) {
+        let size = row_bytes(&row);
+        let full = self
+            .chunks
+            .last()
+            .is_none_or(|c| c.len() >= MAX_ROWS_PER_SIGNAL || self.bytes + size > MAX_SIGNAL_BYTES);
+        if full {
+            self.chunks.push(Vec::new());
+            self.bytes = 0;
+        }
+        self.bytes += size;
+        if let Some(c) = self.chunks.last_mut() {
+            c.push(row);
+        }
+    }
+
+    /// Appends one `UnitsChanged` per chunk per destination (chunk-major,
+    /// so each destination sees the rows in order) and empties the batch.
+    fn flush(
+        &mut self,
+        path: &OwnedObjectPath,
+        dests: &[OwnedUniqueName],
+        out: &mut Vec<Message>,
+    ) -> zbus::Result<()> {
+        for chunk in self.chunks.drain(..) {
+            for dest in dests {
+                out.push(
+                    Message::signal(path.as_ref(), DROVER_MONITOR_IFACE, "UnitsChanged")
+                        .destination(dest.as_ref())
+                        .build(&(&chunk,))?,
+                );
+            }
+        }
+        self.bytes = 0;
+        Ok(())
+    }
+}
+
+/// Turns one drained batch of deliveries into the messages for every
+/// destination, in queue order: deliveries queued before `Follow()` as
+/// BlueChi's per-event signals, those after it as `UnitsChanged` batches
+/// only.
+fn messages_for_batch(
+    path: &OwnedObjectPath,
+    dests: &[OwnedUniqueName],
+    batch: &[Delivery],
+    out: &mut Vec<Message>,
+) -> zbus::Result<()> {
+    let mut tagged = TaggedBatch::new();
+    for d in batch {
+        if d.follow {
+            if let Some(row) = tagged_row(&d.event) {
+                tagged.push(row);
+            }
+            continue;
+        }
+        // A plain delivery after followed ones cannot happen (follow only
+        // turns on), but keep the order right regardless.
+        tagged.flush(path, dests, out)?;
+        for dest in dests {
+            bluechi_message(path, dest, &d.event, out)?;
+        }
+    }
+    tagged.flush(path, dests, out)
 }
 
 /// Drains the monitor's queue in batches into unicast signals. The queue
@@ -510,7 +626,7 @@ async fn emit_loop(
     mut rx: mpsc::Receiver<Delivery>,
 ) {
     let mut batch = Vec::with_capacity(BATCH);
-    let mut msgs = Vec::with_capacity(BATCH * 2);
+    let mut msgs = Vec::new();
     loop {
         if rx.recv_many(&mut batch, BATCH).await == 0 {
             break;
@@ -519,13 +635,10 @@ async fn emit_loop(
             break;
         }
         let dests = monitor.destinations();
-        for d in batch.drain(..) {
-            for dest in &dests {
-                if let Err(e) = messages_for(&monitor.path, dest, &d.event, d.follow, &mut msgs) {
-                    tracing::error!(monitor = monitor.id, "cannot build a monitor signal: {e}");
-                }
-            }
+        if let Err(e) = messages_for_batch(&monitor.path, &dests, &batch, &mut msgs) {
+            tracing::error!(monitor = monitor.id, "cannot build a monitor signal: {e}");
         }
+        batch.clear();
         if let Err(e) = conn.send_all(&msgs).await {
             tracing::warn!(monitor = monitor.id, "cannot send monitor signals: {e}");
         }

@@ -744,8 +744,23 @@ async fn follow_gives_a_snapshot_then_a_stream_without_gap_or_duplicate_across_a
         .collect();
     assert!(
         !changes.is_empty(),
-        "Follow() turns on UnitChanged: {:?}",
+        "Follow() turns on UnitsChanged: {:?}",
         m.seen
+    );
+    // Once the batched stream has begun, the monitor gets nothing else: no
+    // BlueChi per-event signal follows the first tagged entry.
+    let first = m
+        .seen
+        .iter()
+        .position(|e| matches!(e, Ev::Changed { .. }))
+        .unwrap_or(m.seen.len());
+    let after: Vec<_> = m.seen[first..]
+        .iter()
+        .filter(|e| !matches!(e, Ev::Changed { .. }))
+        .collect();
+    assert!(
+        after.is_empty(),
+        "BlueChi signals after Follow(): {after:?}"
     );
     let mut guids = BTreeSet::new();
     for (node, unit, kind, active, sub, _reason, tag) in &changes {

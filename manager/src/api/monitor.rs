@@ -103,48 +103,40 @@ impl MonitorObject {
     async fn peer_removed(emitter: &SignalEmitter<'_>, reason: &str) -> zbus::Result<()>;
 }
 
-pub use drover::DroverMonitorObject;
+/// One entry of `UnitsChanged`: (node, unit, kind, active_state, sub_state,
+/// reason, guid, index).
+pub type UnitsChangedRow = (String, String, String, String, String, String, u64, u64);
 
-// `UnitChanged` has eight arguments by contract (docs/architecture.md), and
-// the lint fires on code the interface macro generates.
-#[allow(clippy::too_many_arguments)]
-mod drover {
-    use super::*;
+/// drover's extension on the same object: snapshot + batched tagged stream.
+pub struct DroverMonitorObject {
+    monitor: Arc<Monitor>,
+}
 
-    /// drover's extension on the same object: snapshot + tagged stream.
-    pub struct DroverMonitorObject {
-        monitor: Arc<Monitor>,
+impl DroverMonitorObject {
+    pub fn new(_core: Arc<Core>, monitor: Arc<Monitor>) -> Self {
+        Self { monitor }
+    }
+}
+
+#[interface(name = "io.drover.Monitor", introspection_docs = false)]
+impl DroverMonitorObject {
+    /// Current records of every loaded unit this monitor subscribes to:
+    /// `(node, unit, active_state, sub_state, guid, index)`. From the
+    /// snapshot on, the monitor's events (to the owner and every peer) come
+    /// only as `UnitsChanged` batches, no longer as BlueChi's signals; drop
+    /// each entry whose `(guid, index)` does not succeed the record you hold.
+    #[zbus(out_args("units"))]
+    async fn follow(&self) -> Result<Vec<SnapshotRow>, ApiError> {
+        Monitors::follow(&self.monitor)
     }
 
-    impl DroverMonitorObject {
-        pub fn new(_core: Arc<Core>, monitor: Arc<Monitor>) -> Self {
-            Self { monitor }
-        }
-    }
-
-    #[interface(name = "io.drover.Monitor", introspection_docs = false)]
-    impl DroverMonitorObject {
-        /// Current records of every loaded unit this monitor subscribes to:
-        /// `(node, unit, active_state, sub_state, guid, index)`. From the
-        /// snapshot on, every event is also sent as `UnitChanged`; drop those
-        /// whose `(guid, index)` does not succeed the record you hold.
-        #[zbus(out_args("units"))]
-        async fn follow(&self) -> Result<Vec<SnapshotRow>, ApiError> {
-            Monitors::follow(&self.monitor)
-        }
-
-        /// `kind`: `new`, `state` or `removed`; `reason`: `real` or `virtual`.
-        #[zbus(signal)]
-        async fn unit_changed(
-            emitter: &SignalEmitter<'_>,
-            node: &str,
-            unit: &str,
-            kind: &str,
-            active_state: &str,
-            sub_state: &str,
-            reason: &str,
-            guid: u64,
-            index: u64,
-        ) -> zbus::Result<()>;
-    }
+    /// Every tagged event queued for the monitor at one socket write, in
+    /// order. Entry: `(node, unit, kind, active_state, sub_state, reason,
+    /// guid, index)`; `kind`: `new`, `state` or `removed`; `reason`: `real`
+    /// or `virtual`.
+    #[zbus(signal)]
+    async fn units_changed(
+        emitter: &SignalEmitter<'_>,
+        units: Vec<UnitsChangedRow>,
+    ) -> zbus::Result<()>;
 }

@@ -170,7 +170,7 @@ pub enum Ev {
     PeerRemoved {
         reason: String,
     },
-    /// io.drover.Monitor.UnitChanged
+    /// One entry of io.drover.Monitor.UnitsChanged (the batched tagged stream).
     Changed {
         node: String,
         unit: String,
@@ -195,7 +195,38 @@ impl Ev {
         }
     }
 
-    fn parse(msg: &zbus::Message) -> Option<Ev> {
+    /// The events one signal carries: one for BlueChi's signals, every entry
+    /// of a `UnitsChanged` batch, none for anything else.
+    fn parse(msg: &zbus::Message) -> Vec<Ev> {
+        if msg
+            .header()
+            .member()
+            .is_some_and(|m| m.as_str() == "UnitsChanged")
+        {
+            type Row = (String, String, String, String, String, String, u64, u64);
+            let Ok((rows,)) = msg.body().deserialize::<(Vec<Row>,)>() else {
+                return Vec::new();
+            };
+            return rows
+                .into_iter()
+                .map(
+                    |(node, unit, kind, active, sub, reason, guid, index)| Ev::Changed {
+                        node,
+                        unit,
+                        kind,
+                        active,
+                        sub,
+                        reason,
+                        guid,
+                        index,
+                    },
+                )
+                .collect();
+        }
+        Self::parse_one(msg).into_iter().collect()
+    }
+
+    fn parse_one(msg: &zbus::Message) -> Option<Ev> {
         let h = msg.header();
         let member = h.member()?.as_str().to_owned();
         let b = msg.body();
@@ -237,19 +268,6 @@ impl Ev {
             "PeerRemoved" => {
                 let (reason,) = b.deserialize().ok()?;
                 Ev::PeerRemoved { reason }
-            }
-            "UnitChanged" => {
-                let (node, unit, kind, active, sub, reason, guid, index) = b.deserialize().ok()?;
-                Ev::Changed {
-                    node,
-                    unit,
-                    kind,
-                    active,
-                    sub,
-                    reason,
-                    guid,
-                    index,
-                }
             }
             _ => return None,
         })
@@ -342,9 +360,7 @@ impl MonitorWatch {
             }
             match tokio::time::timeout_at(deadline, self.stream.next()).await {
                 Ok(Some(Ok(msg))) => {
-                    if let Some(ev) = Ev::parse(&msg) {
-                        self.seen.push(ev);
-                    }
+                    self.seen.extend(Ev::parse(&msg));
                 }
                 Ok(_) => bail!("signal stream ended before: {what}"),
                 Err(_) => bail!(
@@ -363,9 +379,7 @@ impl MonitorWatch {
     pub async fn settle(&mut self, d: Duration) {
         let deadline = tokio::time::Instant::now() + d;
         while let Ok(Some(Ok(msg))) = tokio::time::timeout_at(deadline, self.stream.next()).await {
-            if let Some(ev) = Ev::parse(&msg) {
-                self.seen.push(ev);
-            }
+            self.seen.extend(Ev::parse(&msg));
         }
     }
 
