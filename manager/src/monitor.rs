@@ -676,3 +676,190 @@ pub async fn watch_owners(core: Arc<Core>, conn: Connection) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drover_protocol::{ModTag, Reason};
+
+    fn event(unit: Option<&str>, index: u64, change: Change) -> Delivery {
+        event_on("node1", unit, index, change)
+    }
+
+    fn event_on(node: &str, unit: Option<&str>, index: u64, change: Change) -> Delivery {
+        Delivery {
+            event: Arc::new(UnitEvent {
+                node: NodeName::new(node).unwrap(),
+                unit: unit.map(|u| UnitName::new(u).unwrap()),
+                tag: ModTag::new(7, index),
+                change,
+            }),
+            follow: true,
+        }
+    }
+
+    fn state(index: u64) -> Delivery {
+        event(
+            Some("a.service"),
+            index,
+            Change::State {
+                active_state: "active".into(),
+                sub_state: "running".into(),
+                reason: Reason::Real,
+            },
+        )
+    }
+
+    fn path() -> OwnedObjectPath {
+        OwnedObjectPath::try_from("/org/eclipse/bluechi/monitor/1").unwrap()
+    }
+
+    fn dests(names: &[&str]) -> Vec<OwnedUniqueName> {
+        names
+            .iter()
+            .map(|n| UniqueName::try_from(*n).unwrap().into())
+            .collect()
+    }
+
+    type Row = (String, String, String, String, String, String, u64, u64);
+
+    /// (destination, member, rows) of each message, in order.
+    fn decode(msgs: &[Message]) -> Vec<(String, String, Vec<Row>)> {
+        msgs.iter()
+            .map(|m| {
+                let h = m.header();
+                let dest = h.destination().map(|d| d.to_string()).unwrap_or_default();
+                let member = h.member().map(|m| m.to_string()).unwrap_or_default();
+                let rows = if member == "UnitsChanged" {
+                    m.body().deserialize::<(Vec<Row>,)>().unwrap().0
+                } else {
+                    Vec::new()
+                };
+                (dest, member, rows)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn followed_events_go_out_as_one_batch_per_destination_in_order() {
+        let batch: Vec<Delivery> = (1..=100).map(state).collect();
+        let mut out = Vec::new();
+        messages_for_batch(&path(), &dests(&[":1.5", ":1.9"]), &batch, &mut out).unwrap();
+        let got = decode(&out);
+        assert_eq!(got.len(), 2, "one UnitsChanged per destination");
+        for (dest, (d, member, rows)) in [":1.5", ":1.9"].iter().zip(&got) {
+            assert_eq!(d, dest);
+            assert_eq!(member, "UnitsChanged");
+            let indexes: Vec<u64> = rows.iter().map(|r| r.7).collect();
+            assert_eq!(indexes, (1..=100).collect::<Vec<_>>());
+            assert_eq!(
+                rows[0],
+                (
+                    "node1".into(),
+                    "a.service".into(),
+                    "state".into(),
+                    "active".into(),
+                    "running".into(),
+                    "real".into(),
+                    7,
+                    1
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn batches_stay_within_the_entry_and_size_bounds() {
+        // Many small entries: cut by count.
+        let batch: Vec<Delivery> = (1..=(MAX_ROWS_PER_SIGNAL as u64 * 2 + 5))
+            .map(state)
+            .collect();
+        let mut out = Vec::new();
+        messages_for_batch(&path(), &dests(&[":1.5"]), &batch, &mut out).unwrap();
+        let sizes: Vec<usize> = decode(&out).iter().map(|m| m.2.len()).collect();
+        assert_eq!(sizes, vec![MAX_ROWS_PER_SIGNAL, MAX_ROWS_PER_SIGNAL, 5]);
+        // Large entries (long unit names): cut by bytes; the estimate must
+        // bound the real marshalled size, and nothing is lost or reordered.
+        let long = "x".repeat(240);
+        let batch: Vec<Delivery> = (1..=3000)
+            .map(|i| {
+                event(
+                    Some(&format!("{long}{i}.service")),
+                    i,
+                    Change::New {
+                        reason: Reason::Virtual,
+                    },
+                )
+            })
+            .collect();
+        let mut out = Vec::new();
+        messages_for_batch(&path(), &dests(&[":1.5"]), &batch, &mut out).unwrap();
+        assert!(out.len() >= 2, "split by size: {} signal(s)", out.len());
+        for m in &out {
+            assert!(
+                m.body().len() <= MAX_SIGNAL_BYTES,
+                "{} bytes in one signal",
+                m.body().len()
+            );
+        }
+        let indexes: Vec<u64> = decode(&out)
+            .into_iter()
+            .flat_map(|m| m.2)
+            .map(|r| r.7)
+            .collect();
+        assert_eq!(indexes, (1..=3000).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn events_queued_before_follow_go_first_as_bluechi_signals_and_untagged_ones_are_dropped() {
+        let mut early = state(1);
+        early.follow = false;
+        let batch = vec![
+            early,
+            state(2),
+            // The pseudo unit and property changes have no tagged entry.
+            event(
+                None,
+                3,
+                Change::New {
+                    reason: Reason::Virtual,
+                },
+            ),
+            event(
+                Some("a.service"),
+                4,
+                Change::Properties {
+                    interface: "org.freedesktop.systemd1.Unit".into(),
+                    properties: drover_protocol::Marshalled::default(),
+                },
+            ),
+            event(
+                Some("a.service"),
+                5,
+                Change::Removed {
+                    reason: Reason::Real,
+                },
+            ),
+        ];
+        let mut out = Vec::new();
+        messages_for_batch(&path(), &dests(&[":1.5"]), &batch, &mut out).unwrap();
+        let got = decode(&out);
+        let members: Vec<&str> = got.iter().map(|m| m.1.as_str()).collect();
+        assert_eq!(members, vec!["UnitStateChanged", "UnitsChanged"]);
+        let rows: Vec<(&str, u64)> = got[1].2.iter().map(|r| (r.2.as_str(), r.7)).collect();
+        assert_eq!(rows, vec![("state", 2), ("removed", 5)]);
+        assert_eq!(
+            got[1].2[1],
+            (
+                "node1".into(),
+                "a.service".into(),
+                "removed".into(),
+                "".into(),
+                "".into(),
+                "real".into(),
+                7,
+                5
+            )
+        );
+    }
+}

@@ -666,6 +666,67 @@ async fn follow_returns_a_snapshot_then_tagged_events_across_reconnects() {
 }
 
 #[tokio::test]
+async fn a_followed_monitor_sends_every_event_in_batches_to_its_owner_and_peers_only() {
+    let f = Fixture::start(config(&["node1"])).await;
+    let agent = f.agent("node1", reply_empty()).await;
+    let g = agent.accepted.session_id;
+    let owner = client(&f).await;
+    let peer = client(&f).await;
+    let bystander = client(&f).await;
+    let mut owner_in = inbox(&owner);
+    let mut peer_in = inbox(&peer);
+    let mut bystander_in = inbox(&bystander);
+    let path = create_monitor(&owner).await;
+    let p = path.as_str();
+    let pname = peer.unique_name().unwrap().to_string();
+    let _: u32 = mcall(&owner, p, "AddPeer", &(pname.as_str(),))
+        .await
+        .unwrap();
+    let _: u32 = mcall(&owner, p, "Subscribe", &("node1", "x.service"))
+        .await
+        .unwrap();
+    wait_for_request(
+        &agent,
+        &Request::Subscribe {
+            unit: Some(unit("x.service")),
+        },
+    )
+    .await;
+    let snap: Vec<Row> = mcall(&owner, p, "Follow", &()).await.unwrap();
+    assert!(snap.is_empty(), "{snap:?}");
+    const N: u64 = 3000;
+    for i in 1..=N {
+        let (a, s) = if i % 2 == 0 {
+            ("active", "running")
+        } else {
+            ("activating", "start")
+        };
+        agent.send(state_event(g, i, "x.service", a, s)).await;
+    }
+    for (who, stream) in [("owner", &mut owner_in), ("peer", &mut peer_in)] {
+        let mut pending = Vec::new();
+        let rows = next_tagged(stream, &mut pending, N as usize).await;
+        let indexes: Vec<u64> = rows.iter().map(|r| r.7).collect();
+        assert_eq!(
+            indexes,
+            (1..=N).collect::<Vec<_>>(),
+            "{who}: every event once, in order"
+        );
+        assert!(
+            rows.iter()
+                .all(|r| r.1 == "x.service" && r.2 == "state" && r.6 == g)
+        );
+        assert_eq!(rows[1].3, "active");
+        assert!(pending.is_empty(), "{who}: {pending:?}");
+        assert!(
+            quiet(stream, MON_IFACE, 200).await,
+            "{who}: no BlueChi signal"
+        );
+    }
+    assert!(quiet(&mut bystander_in, DROVER_MON, 200).await);
+}
+
+#[tokio::test]
 async fn introspection_describes_monitor_members() {
     let f = Fixture::start(config(&["node1"])).await;
     let owner = client(&f).await;
