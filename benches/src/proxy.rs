@@ -144,12 +144,22 @@ pub async fn proxy(cluster: &Cluster, samples: usize) -> Result<()> {
     let mut legs: [Vec<Duration>; 3] = Default::default();
     let mut local = Vec::with_capacity(samples);
     for i in 0..(samples + WARMUP) {
-        let ((r, leg), l) = if i % 2 == 0 {
-            let r = time_remote(&mut node1, &mut node2).await?;
-            (r, time_local(&mut node1).await?)
-        } else {
-            let l = time_local(&mut node1).await?;
-            (time_remote(&mut node1, &mut node2).await?, l)
+        let sample = async {
+            if i % 2 == 0 {
+                let r = time_remote(&mut node1, &mut node2).await?;
+                anyhow::Ok((r, time_local(&mut node1).await?))
+            } else {
+                let l = time_local(&mut node1).await?;
+                anyhow::Ok((time_remote(&mut node1, &mut node2).await?, l))
+            }
+        };
+        let ((r, leg), l) = match sample.await {
+            Ok(v) => v,
+            Err(e) => {
+                let log = cluster.unit_log("node1", PROXY).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(4).collect();
+                bail!("sample {i}: {e:#}; the proxy's last lines: {tail:?}");
+            }
         };
         if i >= WARMUP {
             remote.push(r);
@@ -223,8 +233,12 @@ async fn time_remote(
         leg(proxy_up, need_up),
     ];
     // need-db only runs after the proxy, which only succeeds once db runs on node2.
-    if node1.active_state(PROXY).await? != "active" || node2.active_state(DB).await? != "active" {
-        bail!("need-db is up but the proxy or db on node2 is not");
+    let (proxy, db) = (
+        node1.active_state(PROXY).await?,
+        node2.active_state(DB).await?,
+    );
+    if proxy != "active" || db != "active" {
+        bail!("need-db is up but the proxy is {proxy} and db on node2 is {db}");
     }
     node1.job("StopUnit", NEED_DB).await?;
     // StopWhenUnneeded= takes the proxy down; the released reference stops the dep.
