@@ -437,53 +437,66 @@ fn reason_str(change: &Change) -> &'static str {
     }
 }
 
-/// BlueChi's signal for one event to one destination (pushed onto `out`).
-/// Only for deliveries queued before `Follow()`.
-fn bluechi_message(
-    path: &OwnedObjectPath,
-    dest: &OwnedUniqueName,
-    event: &UnitEvent,
-    out: &mut Vec<Message>,
-) -> zbus::Result<()> {
-    let node = event.node.as_str();
-    let unit = event.unit_str();
-    let signal = |member: &'static str| {
-        Message::signal(path.as_ref(), MONITOR_IFACE, member).destination(dest.as_ref())
-    };
-    let reason = reason_str(&event.change);
-    let msg = match &event.change {
-        Change::New { .. } => signal("UnitNew").build(&(node, unit, reason))?,
-        Change::Removed { .. } => signal("UnitRemoved").build(&(node, unit, reason))?,
-        Change::State {
-            active_state,
-            sub_state,
-            ..
-        } => signal("UnitStateChanged").build(&(
-            node,
-            unit,
-            active_state.as_str(),
-            sub_state.as_str(),
-            reason,
-        ))?,
-        Change::Properties {
-            interface,
-            properties,
-        } => match crate::marshal::dict_from(properties) {
-            Ok(props) => {
-                signal("UnitPropertiesChanged").build(&(node, unit, interface.as_str(), props))?
-            }
-            Err(e) => {
-                tracing::debug!(
-                    node,
-                    unit,
-                    "undecodable properties from the agent dropped: {e}"
-                );
-                return Ok(());
-            }
-        },
-    };
-    out.push(msg);
-    Ok(())
+/// BlueChi's signal for one event, prepared once and then built for each
+/// destination (so property dictionaries are decoded once per event, not
+/// once per owner and peer). Only for deliveries queued before `Follow()`.
+enum BluechiSignal<'a> {
+    /// `UnitNew` / `UnitRemoved`: (node, unit, reason).
+    Short(&'static str, (&'a str, &'a str, &'static str)),
+    /// `UnitStateChanged`: (node, unit, active, sub, reason).
+    State((&'a str, &'a str, &'a str, &'a str, &'static str)),
+    /// `UnitPropertiesChanged`: (node, unit, interface, props).
+    Properties(
+        (
+            &'a str,
+            &'a str,
+            &'a str,
+            HashMap<String, zbus::OwnedVariant>,
+        ),
+    ),
+}
+
+impl<'a> BluechiSignal<'a> {
+    /// `None` for properties the agent sent undecodable (dropped, logged).
+    fn of(event: &'a UnitEvent) -> Option<Self> {
+        let node = event.node.as_str();
+        let unit = event.unit_str();
+        let reason = reason_str(&event.change);
+        Some(match &event.change {
+            Change::New { .. } => Self::Short("UnitNew", (node, unit, reason)),
+            Change::Removed { .. } => Self::Short("UnitRemoved", (node, unit, reason)),
+            Change::State {
+                active_state,
+                sub_state,
+                ..
+            } => Self::State((node, unit, active_state, sub_state, reason)),
+            Change::Properties {
+                interface,
+                properties,
+            } => match crate::marshal::dict_from(properties) {
+                Ok(props) => Self::Properties((node, unit, interface, props)),
+                Err(e) => {
+                    tracing::debug!(
+                        node,
+                        unit,
+                        "undecodable properties from the agent dropped: {e}"
+                    );
+                    return None;
+                }
+            },
+        })
+    }
+
+    fn build(&self, path: &OwnedObjectPath, dest: &OwnedUniqueName) -> zbus::Result<Message> {
+        let signal = |member: &'static str| {
+            Message::signal(path.as_ref(), MONITOR_IFACE, member).destination(dest.as_ref())
+        };
+        match self {
+            Self::Short(member, body) => signal(member).build(body),
+            Self::State(body) => signal("UnitStateChanged").build(body),
+            Self::Properties(body) => signal("UnitPropertiesChanged").build(body),
+        }
+    }
 }
 
 /// One entry of `io.drover.Monitor.UnitsChanged`, `(sssssstt)`: node, unit,
@@ -609,8 +622,10 @@ fn messages_for_batch(
         // A plain delivery after followed ones cannot happen (follow only
         // turns on), but keep the order right regardless.
         tagged.flush(path, dests, out)?;
-        for dest in dests {
-            bluechi_message(path, dest, &d.event, out)?;
+        if let Some(signal) = BluechiSignal::of(&d.event) {
+            for dest in dests {
+                out.push(signal.build(path, dest)?);
+            }
         }
     }
     tagged.flush(path, dests, out)

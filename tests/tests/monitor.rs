@@ -682,6 +682,13 @@ async fn follow_gives_a_snapshot_then_a_stream_without_gap_or_duplicate_across_a
     systemctl(&cluster, "node1", &["start", "f1.service"]).await;
     let mut m = MonitorWatch::create(&cluster).await;
     m.subscribe_list("node1", &units).await.unwrap();
+    // The agent's replay of f1 has reached the manager (the snapshot is built
+    // from what the manager knows, so before that it could not hold f1).
+    m.expect("f1's replayed state", T, |e| {
+        matches!(e, Ev::State { unit, active, .. } if unit == "f1.service" && active == "active")
+    })
+    .await
+    .unwrap();
     // Activity right around the snapshot, so events race it.
     systemctl(&cluster, "node1", &["start", "--no-block", "f2.service"]).await;
     let snapshot = snapshot_map(m.follow().await.unwrap());
