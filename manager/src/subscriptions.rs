@@ -290,8 +290,10 @@ struct NodeState {
 }
 
 impl NodeState {
-    fn covers(&self, unit: &UnitName) -> bool {
-        self.watchers.contains_key(&None) || self.watchers.contains_key(&Some(unit.clone()))
+    /// `key`: `Some(unit)` as the watcher map spells it (taken by
+    /// reference so the per-event path does not copy the name to look up).
+    fn covers(&self, key: &Option<UnitName>) -> bool {
+        self.watchers.contains_key(&None) || self.watchers.contains_key(key)
     }
 
     fn next_tag(&mut self) -> ModTag {
@@ -341,10 +343,11 @@ impl State {
     }
 
     /// Sinks watching (node, unit) exactly or through `*`, each once.
-    fn sinks_for(node: &NodeState, unit: Option<&UnitName>) -> Vec<SinkId> {
+    /// `key`: `Some(unit)` or `None` for the pseudo unit `*` alone.
+    fn sinks_for(node: &NodeState, key: &Option<UnitName>) -> Vec<SinkId> {
         let mut out: Vec<SinkId> = Vec::new();
-        if let Some(unit) = unit
-            && let Some(w) = node.watchers.get(&Some(unit.clone()))
+        if key.is_some()
+            && let Some(w) = node.watchers.get(key)
         {
             out.extend(w.keys());
         }
@@ -679,7 +682,7 @@ impl Subscriptions {
         // Tombstones guard against late events of older sessions, which are
         // refused by session from now on.
         ns.records.retain(|_, r| r.loaded);
-        let wildcard = State::sinks_for(ns, None);
+        let wildcard = State::sinks_for(ns, &None);
         let event = Arc::new(UnitEvent {
             node: node.clone(),
             unit: None,
@@ -718,7 +721,7 @@ impl Subscriptions {
         loaded.sort();
         let mut events: Vec<(Vec<SinkId>, Arc<UnitEvent>)> = Vec::new();
         for (unit, active) in loaded {
-            let sinks = State::sinks_for(ns, Some(&unit));
+            let sinks = State::sinks_for(ns, &Some(unit.clone()));
             let mut changes = Vec::new();
             if active {
                 changes.push(Change::State {
@@ -742,7 +745,7 @@ impl Subscriptions {
                 events.push((sinks.clone(), Arc::new(ev)));
             }
         }
-        let wildcard = State::sinks_for(ns, None);
+        let wildcard = State::sinks_for(ns, &None);
         if !wildcard.is_empty() {
             let state = Change::State {
                 active_state: "inactive".into(),
@@ -824,7 +827,8 @@ impl Subscriptions {
         let Some(ns) = st.nodes.get_mut(session.node()) else {
             return;
         };
-        if ns.session.as_ref().map(|s| s.id()) != Some(session.id()) || !ns.covers(&unit) {
+        let key = Some(unit);
+        if ns.session.as_ref().map(|s| s.id()) != Some(session.id()) || !ns.covers(&key) {
             return;
         }
         if tag.index > ns.max_index {
@@ -836,18 +840,19 @@ impl Subscriptions {
             }
             Change::Properties { .. } => true,
         };
-        match ns.records.apply(&unit, tag, &change) {
+        let Some(unit) = key.as_ref() else { return };
+        match ns.records.apply(unit, tag, &change) {
             Applied::Stale => return,
             Applied::Same if !real => return,
             _ => {}
         }
-        let sinks = State::sinks_for(ns, Some(&unit));
+        let sinks = State::sinks_for(ns, &key);
         if sinks.is_empty() {
             return;
         }
         let event = Arc::new(UnitEvent {
             node: session.node().clone(),
-            unit: Some(unit),
+            unit: key,
             tag,
             change,
         });

@@ -22,6 +22,8 @@ pub struct CtlFollower {
     child: tokio::process::Child,
     lines: mpsc::UnboundedReceiver<String>,
     stderr: mpsc::UnboundedReceiver<String>,
+    /// Stderr lines taken from `stderr` and not yet returned.
+    stderr_seen: Vec<String>,
     /// Every stdout line read so far.
     pub seen: Vec<String>,
     /// How many of `seen` `expect_line` has already looked at.
@@ -62,6 +64,7 @@ impl CtlFollower {
             child,
             lines,
             stderr,
+            stderr_seen: Vec::new(),
             seen: Vec::new(),
             cursor: 0,
         }
@@ -114,12 +117,12 @@ impl CtlFollower {
         self.cursor = self.seen.len();
     }
 
+    /// Stderr lines read so far (after [`Self::wait_exit`]: all of them).
     pub fn drain_stderr(&mut self) -> String {
-        let mut v = Vec::new();
         while let Ok(l) = self.stderr.try_recv() {
-            v.push(l);
+            self.stderr_seen.push(l);
         }
-        v.join("\n")
+        std::mem::take(&mut self.stderr_seen).join("\n")
     }
 
     /// Sends SIGINT (Ctrl-C) and waits for the exit.
@@ -132,12 +135,19 @@ impl CtlFollower {
         self.wait_exit(timeout).await
     }
 
-    /// Waits for droverctl to exit by itself.
+    /// Waits for droverctl to exit by itself, then for the reader of its
+    /// stderr to reach the end, so [`Self::drain_stderr`] has every line (the
+    /// exit can be seen before the reader task has read what was written).
     pub async fn wait_exit(&mut self, timeout: Duration) -> Result<ExitStatus> {
-        tokio::time::timeout(timeout, self.child.wait())
+        let status = tokio::time::timeout(timeout, self.child.wait())
             .await
             .with_context(|| format!("droverctl did not exit within {timeout:?}"))?
-            .context("waiting for droverctl")
+            .context("waiting for droverctl")?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        while let Ok(Some(l)) = tokio::time::timeout_at(deadline, self.stderr.recv()).await {
+            self.stderr_seen.push(l);
+        }
+        Ok(status)
     }
 }
 
