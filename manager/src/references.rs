@@ -316,6 +316,26 @@ fn is_down(active: &str) -> bool {
     matches!(active, "failed" | "inactive")
 }
 
+/// A real stop, failure or unload of the target.
+fn is_real_down(change: &TargetChange) -> bool {
+    match change {
+        TargetChange::State {
+            active_state,
+            reason: Reason::Real,
+            ..
+        } => is_down(active_state),
+        TargetChange::Removed {
+            reason: Reason::Real,
+        } => true,
+        _ => false,
+    }
+}
+
+/// Whether B confirmed a dep start at least as new as `generation`.
+fn covers(acked: Option<Want>, generation: u64) -> bool {
+    acked.is_some_and(|w| w.running && w.generation >= generation)
+}
+
 impl References {
     pub fn new(policy: Policy) -> Self {
         Self {
@@ -561,8 +581,21 @@ impl References {
             }
             TargetChange::Removed { .. } => target.known = Known::Removed,
         }
+        let acked = target.acked;
         for (a, r) in target.refs.iter_mut() {
             if !r.state.is_live() {
+                continue;
+            }
+            // Until B confirms the dep start that covers a waiting reference,
+            // "down" news of the target is from before that start (the unit
+            // not yet started, or loaded and garbage-collected by a probe) and
+            // must not fail the proxy: the dep start's own outcome decides
+            // (its error names the real reason). Held-back news is not
+            // replayed after a successful start: the start reply can overtake
+            // the target's "active", and replaying the older "inactive" would
+            // fail a healthy proxy; a target that went down during its own
+            // start leaves the proxy waiting until its start timeout.
+            if r.state == RefState::Waiting && is_real_down(change) && !covers(acked, r.added_gen) {
                 continue;
             }
             if self.online.get(a) == Some(&r.session) {
@@ -960,17 +993,7 @@ impl References {
 
 /// The agent's rule for one reference and one target change.
 fn apply_rule(r: &mut Ref, b: &NodeName, unit: &UnitName, change: &TargetChange) {
-    let real_down = match change {
-        TargetChange::State {
-            active_state,
-            reason: Reason::Real,
-            ..
-        } => is_down(active_state),
-        TargetChange::Removed {
-            reason: Reason::Real,
-        } => true,
-        _ => false,
-    };
+    let real_down = is_real_down(change);
     let up = matches!(change, TargetChange::State { active_state, .. } if active_state == "active");
     match r.state {
         RefState::Waiting if up => r.state = RefState::Active,

@@ -319,6 +319,57 @@ async fn proxy_fails_on_a_node_that_does_not_exist() {
     c.down().await.unwrap();
 }
 
+/// proxy-service-fails-on-non-existent-service
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_fails_on_a_unit_that_does_not_exist() {
+    let c = start_cluster(ClusterOptions::with_nodes(2)).await;
+    let proxy = "drover-proxy@node2_nope.service";
+    c.install_unit("node1", NEED_DB, &requester("Requires", proxy))
+        .await
+        .unwrap();
+    let out = systemctl(&c, "node1", &["start", NEED_DB]).await;
+    assert!(!out.status.success());
+    wait_state(&c, "node1", proxy, "failed").await;
+    let log = proxy_log(&c, "node1", proxy);
+    assert!(
+        log.contains("cannot start nope.service on node node2")
+            && log.to_lowercase().contains("not found"),
+        "the reason says the unit does not exist: {log}"
+    );
+    assert_eq!(
+        state(&c, "node2", "drover-dep@nope.service.service").await,
+        "inactive"
+    );
+    assert!(live(&c).await.is_empty());
+    c.down().await.unwrap();
+}
+
+/// proxy-service-fails-on-typo-in-file
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_fails_on_a_target_unit_file_with_a_typo() {
+    let c = start_cluster(ClusterOptions::with_nodes(2)).await;
+    // "ExecStrat": the unit has no ExecStart= and cannot be loaded.
+    c.install_unit("node2", DB, "[Service]\nExecStrat=/bin/sleep 600\n")
+        .await
+        .unwrap();
+    assert_eq!(unit_prop(&c, "node2", DB, "LoadState").await, "bad-setting");
+    c.install_unit("node1", NEED_DB, &requester("Requires", PROXY))
+        .await
+        .unwrap();
+    let out = systemctl(&c, "node1", &["start", NEED_DB]).await;
+    assert!(!out.status.success());
+    wait_state(&c, "node1", PROXY, "failed").await;
+    let log = proxy_log(&c, "node1", PROXY);
+    assert!(
+        log.contains("cannot start db.service on node node2")
+            && log.to_lowercase().contains("setting"),
+        "the reason says the unit file is bad: {log}"
+    );
+    assert_eq!(state(&c, "node2", DEP).await, "inactive");
+    assert!(live(&c).await.is_empty());
+    c.down().await.unwrap();
+}
+
 /// proxy-service-propagate-target-service-failure
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn target_failure_propagates_through_binds_to() {
@@ -446,6 +497,32 @@ async fn two_nodes_on_one_target_hold_it_together() {
     stop_ok(&c, "node3", NEED_DB).await;
     wait_state(&c, "node2", DEP, "inactive").await;
     assert_eq!(state(&c, "node2", DB).await, "active");
+    c.down().await.unwrap();
+}
+
+/// Start and stop the chain back to back, the target stopped between rounds: every
+/// start must find the target running behind an active proxy. News of the previous
+/// round (db stopped, db unloaded by systemd) must never fail the next one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn back_to_back_rounds_never_fail_on_news_of_the_previous_round() {
+    let c = start_cluster(ClusterOptions::with_nodes(2)).await;
+    chain_up(&c, "Wants", SLEEPER).await;
+    for round in 0..40 {
+        stop_ok(&c, "node1", NEED_DB).await;
+        wait_state(&c, "node1", PROXY, "inactive").await;
+        wait_state(&c, "node2", DEP, "inactive").await;
+        stop_ok(&c, "node2", DB).await;
+        start_ok(&c, "node1", NEED_DB).await;
+        let (proxy, db) = (
+            state(&c, "node1", PROXY).await,
+            state(&c, "node2", DB).await,
+        );
+        assert!(
+            proxy == "active" && db == "active",
+            "round {round}: need-db started but the proxy is {proxy} and db is {db}; proxy log: {}",
+            proxy_log(&c, "node1", PROXY)
+        );
+    }
     c.down().await.unwrap();
 }
 

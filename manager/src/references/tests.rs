@@ -785,3 +785,62 @@ async fn dead_references_are_bounded_per_requester() {
     r.proxy_new(&n("d"), 40, &n("zz"), &u("x.service"), 1);
     assert_eq!(r.rows().len(), MAX_DEAD_PER_REQUESTER);
 }
+
+#[tokio::test(start_paused = true)]
+async fn down_news_before_the_dep_start_is_confirmed_does_not_fail_a_waiting_proxy() {
+    let mut r = setup();
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
+    let cmds = r.dep_commands();
+    assert_eq!(cmds.len(), 1);
+    // While StartDep runs, the target's old state and a probe's load/unload
+    // arrive as real news: they are not relayed and fail nothing.
+    let out = r.target_event(&n("b"), &u("db.service"), &state("inactive", Reason::Real));
+    assert!(notices(&out).is_empty(), "{out:?}");
+    let out = r.target_event(
+        &n("b"),
+        &u("db.service"),
+        &TargetChange::Removed {
+            reason: Reason::Real,
+        },
+    );
+    assert!(notices(&out).is_empty(), "{out:?}");
+    assert_eq!(row_states(&r)[0].2, "waiting");
+    // The start fails: its error is the reason the requester hears.
+    let out = r.dep_result(
+        &cmds[0],
+        DepOutcome::Failed("unit db.service on node b cannot be started: not found".into()),
+    );
+    assert_eq!(
+        notices(&out),
+        [(
+            "a".to_string(),
+            Notice::ProxyError {
+                proxy_id: 1,
+                message: "unit db.service on node b cannot be started: not found".into()
+            }
+        )]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn down_news_is_relayed_once_the_dep_start_is_confirmed() {
+    let mut r = setup();
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
+    let cmds = r.dep_commands();
+    // Old news during the start is held back, and not replayed after a
+    // successful start (the start reply may overtake the target's "active").
+    r.target_event(&n("b"), &u("db.service"), &state("inactive", Reason::Real));
+    let out = r.dep_result(&cmds[0], DepOutcome::Done);
+    assert!(notices(&out).is_empty(), "{out:?}");
+    assert_eq!(row_states(&r)[0].2, "waiting");
+    // News after the confirmation is relayed and decides.
+    let out = r.target_event(&n("b"), &u("db.service"), &state("failed", Reason::Real));
+    assert_eq!(
+        notices(&out),
+        [(
+            "a".to_string(),
+            target_notice(1, state("failed", Reason::Real))
+        )]
+    );
+    assert_eq!(row_states(&r)[0].2, "failed");
+}
