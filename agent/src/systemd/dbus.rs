@@ -289,7 +289,7 @@ impl Systemd for ZbusSystemd {
 
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
         let joined = ordered_stream::join(removed, states).into_stream();
-        tokio::spawn(pump(joined, tx));
+        tokio::spawn(pump(joined, tx, parse_signal, "systemd signals"));
         Ok(rx)
     }
 
@@ -307,7 +307,7 @@ impl Systemd for ZbusSystemd {
                 .await
                 .map_err(|e| remote_error(e, "AddMatch"))?;
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
-        tokio::spawn(pump_units(stream, tx));
+        tokio::spawn(pump(stream, tx, parse_unit_signal, "systemd unit signals"));
         Ok(rx)
     }
 
@@ -428,30 +428,6 @@ impl Systemd for ZbusSystemd {
     }
 }
 
-/// Turns unit signal messages into [`UnitSignal`]s until the connection
-/// closes or nobody listens any more. Malformed signals are logged and skipped.
-async fn pump_units<S>(mut messages: S, tx: mpsc::Sender<UnitSignal>)
-where
-    S: futures::Stream<Item = zbus::Result<zbus::Message>> + Unpin,
-{
-    while let Some(msg) = messages.next().await {
-        let msg = match msg {
-            Ok(msg) => msg,
-            Err(e) => {
-                tracing::warn!("reading systemd unit signals: {e}");
-                continue;
-            }
-        };
-        let Some(signal) = parse_unit_signal(&msg) else {
-            continue;
-        };
-        if tx.send(signal).await.is_err() {
-            return;
-        }
-    }
-    tracing::debug!("systemd unit signal stream ended");
-}
-
 fn parse_unit_signal(msg: &zbus::Message) -> Option<UnitSignal> {
     let header = msg.header();
     let member = header.member()?.as_str();
@@ -534,28 +510,33 @@ fn parse_unit_signal(msg: &zbus::Message) -> Option<UnitSignal> {
     }
 }
 
-/// Turns signal messages into [`SystemdEvent`]s until the connection closes
-/// or nobody listens any more. Malformed signals are logged and skipped.
-async fn pump<S>(mut messages: S, tx: mpsc::Sender<SystemdEvent>)
-where
+/// Turns signal messages into events with `parse` (malformed signals give
+/// `None` and are skipped) until the connection closes or nobody listens any
+/// more. `what` names the stream in logs.
+async fn pump<S, T>(
+    mut messages: S,
+    tx: mpsc::Sender<T>,
+    parse: fn(&zbus::Message) -> Option<T>,
+    what: &'static str,
+) where
     S: futures::Stream<Item = zbus::Result<zbus::Message>> + Unpin,
 {
     while let Some(msg) = messages.next().await {
         let msg = match msg {
             Ok(msg) => msg,
             Err(e) => {
-                tracing::warn!("reading systemd signals: {e}");
+                tracing::warn!("reading {what}: {e}");
                 continue;
             }
         };
-        let Some(event) = parse_signal(&msg) else {
+        let Some(event) = parse(&msg) else {
             continue;
         };
         if tx.send(event).await.is_err() {
             return;
         }
     }
-    tracing::debug!("systemd signal stream ended");
+    tracing::debug!("{what} stream ended");
 }
 
 fn parse_signal(msg: &zbus::Message) -> Option<SystemdEvent> {
