@@ -16,7 +16,7 @@
 use crate::dispatch::{Shared, pump_events};
 use crate::link::{Link, LinkConfig};
 use crate::systemd::dbus::{ConnectError, ZbusSystemd};
-use crate::systemd::{BusTarget, JobKind, Systemd};
+use crate::systemd::{BusTarget, Systemd};
 use drover_config::logging::LoggingConfig;
 use drover_protocol::RemoteError;
 use std::sync::Arc;
@@ -105,13 +105,13 @@ async fn run_inner<S: Systemd>(
     let link_stop = CancellationToken::new();
     let close = async {
         shutdown.cancelled().await;
-        close_proxies(&*systemd, &shared).await;
+        close_proxies(&shared);
         link_stop.cancel();
         std::future::pending::<()>().await
     };
     tokio::select! {
         () = link.run(link_stop.clone()) => Ok(()),
-        () = pump_events(events, shared.clone()) => Err(AgentError::SystemdLost),
+        () = pump_events(events, shared.clone(), systemd.clone()) => Err(AgentError::SystemdLost),
         () = shared.proxies.run_stopper(&*systemd) => Ok(()),
         () = close => Ok(()),
     }
@@ -134,28 +134,18 @@ async fn adopt_proxies<S: Systemd>(systemd: &S, shared: &Shared) {
     }
 }
 
-/// Clean shutdown of the proxies (bluechi-facts §3.6): waiting ones fail,
-/// active ones have their local unit stopped so `BindsTo=` dependents stop;
-/// each stop is waited for a few seconds at most.
-async fn close_proxies<S: Systemd>(systemd: &S, shared: &Shared) {
-    let active = shared.proxies.shutdown(&shared.outbox);
-    let stops = active.iter().map(|unit| async move {
-        let r = shared
-            .deps
-            .run_job(
-                systemd,
-                JobKind::Stop,
-                unit.as_str(),
-                "replace",
-                PROXY_STOP_BOUND,
-            )
-            .await;
-        if let Err(e) = r {
-            tracing::warn!("cannot stop {unit} on shutdown: {e}");
-        }
-    });
-    futures::future::join_all(stops).await;
+/// Clean shutdown of the proxies: waiting ones fail; active ones keep their
+/// units running, for the next agent to adopt (see [`crate::proxy`]; BlueChi
+/// stops them, which takes down every unit bound to a proxy on a mere
+/// `systemctl restart` of the agent).
+fn close_proxies(shared: &Shared) {
+    let kept = shared.proxies.shutdown(&shared.outbox);
+    if !kept.is_empty() {
+        let names: Vec<&str> = kept.iter().map(|u| u.as_str()).collect();
+        tracing::info!(
+            "leaving {} active proxy unit(s) running for the next agent: {}",
+            kept.len(),
+            names.join(", ")
+        );
+    }
 }
-
-/// How long a clean shutdown waits for each proxy unit to stop.
-const PROXY_STOP_BOUND: std::time::Duration = std::time::Duration::from_secs(5);

@@ -32,6 +32,8 @@ pub struct Shared {
     pub outbox: Outbox,
     /// Proxies of this (requesting) node: `crate::proxy`.
     pub proxies: crate::proxy::Proxies,
+    /// Proxy start jobs being classified: `crate::ahead`.
+    pub ahead: crate::ahead::Ahead,
     /// Dep units of this (target) node: `crate::deps`.
     pub deps: crate::deps::Deps,
     /// The link as the local API shows it: `crate::api`.
@@ -50,12 +52,15 @@ impl Shared {
     }
 
     /// Feeds one systemd event to the tracker and forwards what it produced.
-    pub fn on_systemd_event(&self, event: SystemdEvent) {
+    /// Returns a proxy start job to classify (see `crate::ahead`).
+    pub fn on_systemd_event(&self, event: SystemdEvent) -> Option<crate::systemd::JobPath> {
         self.deps.on_event(&event);
+        let classify = self.ahead.on_event(&event, &self.proxies, &self.outbox);
         let mut tracker = self.tracker();
         for out in tracker.on_event(Instant::now(), event) {
             self.forward_job(out);
         }
+        classify
     }
 
     /// Sends one job output; a `JobDone` is followed by its metrics, if on.
@@ -83,10 +88,24 @@ impl Shared {
 }
 
 /// Drains systemd's event stream into the tracker until it ends (systemd
-/// connection lost).
-pub async fn pump_events(mut events: crate::systemd::EventStream, shared: Arc<Shared>) {
+/// connection lost). Proxy start jobs are classified by their own tasks, so
+/// the stream never waits for systemd's answer.
+pub async fn pump_events<S: Systemd>(
+    mut events: crate::systemd::EventStream,
+    shared: Arc<Shared>,
+    systemd: Arc<S>,
+) {
     while let Some(event) = events.recv().await {
-        shared.on_systemd_event(event);
+        if let Some(job) = shared.on_systemd_event(event) {
+            let (shared, systemd) = (shared.clone(), systemd.clone());
+            tokio::spawn(async move {
+                let info = systemd.job_info(&job).await;
+
+                shared
+                    .ahead
+                    .classified(&job, info, &shared.proxies, &shared.outbox);
+            });
+        }
     }
 }
 
@@ -331,7 +350,7 @@ mod tests {
         let fake = FakeSystemd::new();
         let shared = Arc::new(Shared::default());
         let events = fake.subscribe().await.unwrap();
-        tokio::spawn(pump_events(events, shared.clone()));
+        tokio::spawn(pump_events(events, shared.clone(), Arc::new(fake.clone())));
         let (tx, rx) = mpsc::channel(64);
         shared.outbox.open(1, tx, SessionKill::new());
         let dispatcher = Arc::new(Dispatcher::new(Arc::new(fake.clone()), shared));

@@ -73,7 +73,9 @@ impl Default for JobTracker {
 
 fn event_path(ev: &SystemdEvent) -> &str {
     match ev {
-        SystemdEvent::JobRemoved { job, .. } | SystemdEvent::JobState { job, .. } => job,
+        SystemdEvent::JobNew { job, .. }
+        | SystemdEvent::JobRemoved { job, .. }
+        | SystemdEvent::JobState { job, .. } => job,
     }
 }
 
@@ -148,6 +150,10 @@ impl JobTracker {
     /// Processes one systemd event; returns what to tell the manager (one
     /// output per manager job that owns the systemd job).
     pub fn on_event(&mut self, now: Instant, event: SystemdEvent) -> Vec<Output> {
+        if matches!(event, SystemdEvent::JobNew { .. }) {
+            // A job is followed from the reply that names it, not its birth.
+            return Vec::new();
+        }
         let path = event_path(&event);
         if !self.by_path.contains_key(path) {
             if self.calls_in_flight > 0 {
@@ -176,6 +182,7 @@ impl JobTracker {
                     })
                     .collect()
             }
+            SystemdEvent::JobNew { .. } => Vec::new(),
             SystemdEvent::JobRemoved { job, result, .. } => {
                 let Some(tracked) = self.by_path.remove(&job) else {
                     return Vec::new();

@@ -36,6 +36,7 @@
 //! `disconnected` (docs/architecture.md, "Jobs").
 
 pub mod agent;
+pub mod ahead;
 pub mod api;
 pub mod cli;
 pub mod deps;

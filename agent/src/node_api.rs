@@ -338,7 +338,7 @@ mod tests {
         let fake = FakeSystemd::new();
         let shared = Arc::new(Shared::default());
         let events = fake.subscribe().await.unwrap();
-        tokio::spawn(pump_events(events, shared.clone()));
+        tokio::spawn(pump_events(events, shared.clone(), Arc::new(fake.clone())));
         let (tx, rx) = mpsc::channel(64);
         shared.outbox.open(1, tx, SessionKill::new());
         shared.session_started(1, 5);

@@ -16,9 +16,17 @@
 //!                                                             (RemoveProxy: forget only)
 //! ```
 //!
+//! A proxy may also begin before its call: when systemd runs the proxy unit's
+//! start job, [`crate::ahead`] announces it ([`Proxies::start_ahead`]) so the
+//! target starts while the helper process starts. The helper's `CreateProxy`
+//! then *claims* it (answered at once if the target is already active, or with
+//! the reason if it already failed); a proxy nobody claims is dropped when its
+//! job ends ([`Proxies::job_ended`]).
+//!
 //! Invariants:
 //! * **One proxy per (local unit, node, unit).** A second `CreateProxy` for a
-//!   triple that is waiting or active is refused; nothing changes.
+//!   triple that is waiting or active is refused; nothing changes. (Claiming a
+//!   proxy started ahead is not a second call: it is the first.)
 //! * **Ids are unique per agent process** (a counter from 1, never reused), so
 //!   the manager can tell a re-announced proxy from a new one.
 //! * **Every waiting call ends exactly once**: its reply channel is consumed by
@@ -33,17 +41,20 @@
 //!   the target may well still run. Only `real` ones, and `ProxyError`, do.
 //! * Disconnects change nothing here: waiting proxies keep waiting (the proxy
 //!   unit's start timeout bounds them), active ones stay active.
-//! * An agent that starts after a crash adopts the proxy units it finds
-//!   active ([`Proxies::adopt`]): they are followed again instead of staying
-//!   up with nobody watching their target. A clean stop, in contrast, stops
-//!   every active proxy unit ([`Proxies::shutdown`], as BlueChi does).
+//! * An agent that starts adopts the proxy units it finds active
+//!   ([`Proxies::adopt`]): they are followed again instead of staying up with
+//!   nobody watching their target. A stop of the agent, clean or not, leaves
+//!   active proxy units (and what is bound to them) running, and the manager
+//!   keeps their references for its grace period ([`Proxies::shutdown`]), so
+//!   `systemctl restart drover-agent` disturbs nothing. (BlueChi stops every
+//!   active proxy unit on a clean stop.)
 //!
 //! Pure bookkeeping under one mutex; the only I/O is queueing messages on the
 //! [`Outbox`] (never blocks) and handing local units to stop to
 //! [`Proxies::run_stopper`].
 
 use crate::outbox::{Outbox, Sent};
-use crate::systemd::{JobKind, Systemd};
+use crate::systemd::{JobKind, JobPath, Systemd};
 use drover_protocol::{Event, NodeName, Notice, Reason, TargetChange, ToManager, UnitName};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard};
@@ -54,6 +65,12 @@ pub const PROXY_UNIT_PREFIX: &str = "drover-proxy@";
 
 /// Removals kept for the next session at most (oldest dropped first).
 pub const UNSENT_REMOVALS_CAP: usize = 4096;
+/// Failures of proxies started ahead kept for their helpers at most.
+pub const AHEAD_FAILURES_CAP: usize = 1024;
+
+/// The id [`Proxies::create`] returns when the call ended before any proxy
+/// existed (a target that failed while its proxy was started ahead).
+pub const NO_PROXY: u64 = 0;
 
 /// How a `CreateProxy` call ends: `Err` carries the one-line reason.
 pub type Outcome = Result<(), String>;
@@ -159,20 +176,33 @@ pub struct ProxyInfo {
 
 struct Proxy {
     key: ProxyKey,
-    /// `Some` while waiting: the deferred reply of `CreateProxy`.
+    /// `Some` while a `CreateProxy` call waits: its deferred reply.
     reply: Option<oneshot::Sender<Outcome>>,
+    /// The manager reported the target active.
+    active: bool,
+    /// Started ahead of its helper ([`Proxies::start_ahead`]): the proxy
+    /// unit's start job, until a `CreateProxy` claims the proxy.
+    ahead: Option<JobPath>,
     /// The session in which the manager was last told about it.
     announced: Option<u64>,
 }
 
 impl Proxy {
     fn phase(&self) -> Phase {
-        if self.reply.is_some() {
-            Phase::Waiting
-        } else {
+        if self.active {
             Phase::Active
+        } else {
+            Phase::Waiting
         }
     }
+}
+
+/// A proxy started ahead of its helper whose target failed before the helper
+/// asked: the helper gets the reason. Kept until claimed, or until the start
+/// job or a `RemoveProxy` ends it.
+struct AheadFailure {
+    job: JobPath,
+    why: String,
 }
 
 #[derive(Default)]
@@ -182,6 +212,7 @@ struct Table {
     by_key: HashMap<ProxyKey, u64>,
     unsent_removals: VecDeque<Event>,
     stops: VecDeque<UnitName>,
+    failed_ahead: HashMap<ProxyKey, AheadFailure>,
     closed: bool,
 }
 
@@ -278,6 +309,33 @@ impl Proxies {
         if t.closed {
             return Err(CreateError::ShuttingDown);
         }
+        let (tx, rx) = oneshot::channel();
+        if let Some(failure) = t.failed_ahead.remove(&key) {
+            // Started ahead, and the target failed before we were asked.
+            let _ = tx.send(Err(failure.why));
+            return Ok((NO_PROXY, rx));
+        }
+        if let Some(&id) = t.by_key.get(&key)
+            && let Some(proxy) = t.by_id.get_mut(&id)
+            && proxy.ahead.take().is_some()
+        {
+            tracing::info!(
+                proxy = id,
+                "proxy {} claimed by its helper{}",
+                key.local,
+                if proxy.active {
+                    ": the target is already active"
+                } else {
+                    ""
+                }
+            );
+            if proxy.active {
+                let _ = tx.send(Ok(()));
+            } else {
+                proxy.reply = Some(tx);
+            }
+            return Ok((id, rx));
+        }
         if let Some(id) = t.by_key.get(&key) {
             let phase = t.by_id.get(id).map_or("waiting", |p| p.phase().as_str());
             return Err(CreateError::Duplicate {
@@ -289,7 +347,6 @@ impl Proxies {
         }
         t.last_id += 1;
         let id = t.last_id;
-        let (tx, rx) = oneshot::channel();
         // Under the table lock: `on_session` either already ran (then the
         // session is open and this sends) or runs after us and sends it.
         let announced = tell(
@@ -318,6 +375,8 @@ impl Proxies {
             Proxy {
                 key,
                 reply: Some(tx),
+                active: false,
+                ahead: None,
                 announced,
             },
         );
@@ -357,16 +416,88 @@ impl Proxies {
             Proxy {
                 key,
                 reply: None,
+                active: true,
+                ahead: None,
                 announced,
             },
         );
         Some(id)
     }
 
+    /// systemd runs the start job `job` of proxy unit `key.local`: its helper
+    /// is about to be spawned and will call `CreateProxy`. Announcing the
+    /// proxy now lets the target start while the helper process starts; the
+    /// helper's call then claims this proxy instead of creating one. Nothing
+    /// happens if the triple is known or the agent is closing. If no call
+    /// claims it, [`Proxies::job_ended`] drops it when the job ends.
+    pub fn start_ahead(&self, key: ProxyKey, job: JobPath, outbox: &Outbox) -> Option<u64> {
+        let mut t = self.lock();
+        if t.closed || t.by_key.contains_key(&key) || t.failed_ahead.contains_key(&key) {
+            return None;
+        }
+        t.last_id += 1;
+        let id = t.last_id;
+        let announced = tell(
+            outbox,
+            Event::ProxyNew {
+                node: key.node.clone(),
+                unit: key.unit.clone(),
+                proxy_id: id,
+            },
+        );
+        tracing::debug!(
+            proxy = id,
+            "systemd runs {job} for {}: starting {} on node {} ahead of the helper",
+            key.local,
+            key.unit,
+            key.node
+        );
+        t.by_key.insert(key.clone(), id);
+        t.by_id.insert(
+            id,
+            Proxy {
+                key,
+                reply: None,
+                active: false,
+                ahead: Some(job),
+                announced,
+            },
+        );
+        Some(id)
+    }
+
+    /// systemd's job `job` ended: a proxy started ahead for it that no
+    /// `CreateProxy` claimed (the job was cancelled, or the unit failed
+    /// before its helper ran) is dropped, and so is a failure kept for it.
+    pub fn job_ended(&self, job: &str, outbox: &Outbox) {
+        let mut t = self.lock();
+        t.failed_ahead.retain(|_, f| f.job != job);
+        let unclaimed = t
+            .by_id
+            .iter()
+            .find(|(_, p)| p.ahead.as_deref() == Some(job))
+            .map(|(id, _)| *id);
+        if let Some(id) = unclaimed
+            && let Some(proxy) = t.forget(id, outbox)
+        {
+            tracing::info!(
+                proxy = id,
+                "the start job of {} ended before its helper asked; proxy dropped",
+                proxy.key.local
+            );
+        }
+    }
+
+    /// Whether a proxy for `key` is live (waiting or active).
+    pub fn knows(&self, key: &ProxyKey) -> bool {
+        self.lock().by_key.contains_key(key)
+    }
+
     /// `RemoveProxy`: forgets the proxy if it exists (a waiting call fails).
     /// Returns whether it existed.
     pub fn remove(&self, key: &ProxyKey, outbox: &Outbox) -> bool {
         let mut t = self.lock();
+        t.failed_ahead.remove(key);
         let Some(id) = t.by_key.get(key).copied() else {
             return false;
         };
@@ -440,9 +571,11 @@ impl Proxies {
         match verdict(&key, notice) {
             Verdict::Ignore => {}
             Verdict::Active => {
+                proxy.active = true;
                 let Some(reply) = proxy.reply.take() else {
                     return;
                 };
+
                 if reply.send(Ok(())).is_ok() {
                     tracing::info!(
                         proxy = id,
@@ -459,13 +592,21 @@ impl Proxies {
             }
             Verdict::Down(why) => {
                 let reply = proxy.reply.take();
+                let ahead = proxy.ahead.take();
                 t.forget(id, outbox);
-                match reply {
-                    Some(reply) => {
+                match (reply, ahead) {
+                    (Some(reply), _) => {
                         tracing::warn!(proxy = id, "proxy {} cannot start: {why}", key.local);
                         let _ = reply.send(Err(why));
                     }
-                    None => {
+                    (None, Some(job)) => {
+                        tracing::warn!(proxy = id, "proxy {} cannot start: {why}", key.local);
+                        if t.failed_ahead.len() >= AHEAD_FAILURES_CAP {
+                            t.failed_ahead.clear();
+                        }
+                        t.failed_ahead.insert(key, AheadFailure { job, why });
+                    }
+                    (None, None) => {
                         tracing::warn!(proxy = id, "stopping proxy {}: {why}", key.local);
                         t.stops.push_back(key.local);
                         drop(t);
@@ -476,25 +617,31 @@ impl Proxies {
         }
     }
 
-    /// Clean shutdown: no new proxies; waiting calls fail; the manager is
-    /// told every proxy is gone. Returns the local units of the active ones,
-    /// which the caller stops (so `BindsTo=` dependents stop too).
+    /// Clean shutdown: no new proxies; proxies not yet active end (waiting
+    /// calls fail, the manager is told). Active proxies are left as they are:
+    /// their units keep running, the manager is not told (it keeps their
+    /// references for its grace period), and the next agent adopts them.
+    /// Returns the local units left active.
     pub fn shutdown(&self, outbox: &Outbox) -> Vec<UnitName> {
         let mut t = self.lock();
         t.closed = true;
         let ids: Vec<u64> = t.by_id.keys().copied().collect();
-        let mut active = Vec::new();
+        let mut kept = Vec::new();
         for id in ids {
-            if let Some(mut proxy) = t.forget(id, outbox) {
-                match proxy.reply.take() {
-                    Some(reply) => {
-                        let _ = reply.send(Err("drover-agent is shutting down".into()));
-                    }
-                    None => active.push(proxy.key.local),
-                }
+            let Some(proxy) = t.by_id.get(&id) else {
+                continue;
+            };
+            if proxy.active && proxy.ahead.is_none() {
+                kept.push(proxy.key.local.clone());
+                continue;
+            }
+            if let Some(mut proxy) = t.forget(id, outbox)
+                && let Some(reply) = proxy.reply.take()
+            {
+                let _ = reply.send(Err("drover-agent is shutting down".into()));
             }
         }
-        active
+        kept
     }
 
     /// The live proxies, by id.
@@ -663,6 +810,94 @@ mod tests {
         assert_eq!(reply.await.unwrap(), Ok(()));
         assert_eq!(p.list()[0].phase, Phase::Active);
         assert!(drain(&mut rx).is_empty(), "nothing more to tell");
+    }
+
+    const JOB: &str = "/org/freedesktop/systemd1/job/9";
+
+    #[tokio::test]
+    async fn a_proxy_started_ahead_is_claimed_by_its_helper_waiting_or_active() {
+        for active_first in [false, true] {
+            let outbox = Outbox::default();
+            let mut rx = session(&outbox, 1);
+            let p = Proxies::default();
+            assert_eq!(p.start_ahead(db(), JOB.into(), &outbox), Some(1));
+            assert_eq!(drain(&mut rx), vec![new(1)], "announced before any call");
+            assert_eq!(p.list()[0].phase, Phase::Waiting);
+            if active_first {
+                p.on_notice(state(1, "active", "running", Reason::Real), &outbox);
+                assert_eq!(p.list()[0].phase, Phase::Active);
+            }
+            // The helper's call takes the same proxy: no second announcement.
+            let (id, reply) = p.create(db(), &outbox).unwrap();
+            assert_eq!(id, 1);
+            if !active_first {
+                p.on_notice(state(1, "active", "running", Reason::Real), &outbox);
+            }
+            assert_eq!(reply.await.unwrap(), Ok(()));
+            assert!(drain(&mut rx).is_empty());
+            // Claimed: its job's end changes nothing, a second call is a duplicate.
+            p.job_ended(JOB, &outbox);
+            assert_eq!(p.list().len(), 1);
+            assert!(matches!(
+                p.create(db(), &outbox),
+                Err(CreateError::Duplicate { .. })
+            ));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_target_failing_before_the_helper_asks_fails_its_call() {
+        let outbox = Outbox::default();
+        let mut rx = session(&outbox, 1);
+        let p = Proxies::default();
+        p.start_ahead(db(), JOB.into(), &outbox).unwrap();
+        p.on_notice(
+            Notice::ProxyError {
+                proxy_id: 1,
+                message: "no such unit db.service on node bar".into(),
+            },
+            &outbox,
+        );
+        assert!(p.list().is_empty());
+        assert_eq!(drain(&mut rx), vec![new(1), removed(1)]);
+        // Nothing is started again for it before the helper asks.
+        assert_eq!(p.start_ahead(db(), JOB.into(), &outbox), None);
+        let (id, reply) = p.create(db(), &outbox).unwrap();
+        assert_eq!(id, NO_PROXY);
+        assert_eq!(
+            reply.await.unwrap(),
+            Err("no such unit db.service on node bar".into())
+        );
+        assert!(drain(&mut rx).is_empty(), "the call announces nothing");
+        // The failure was for that call only.
+        let (id, _reply) = p.create(db(), &outbox).unwrap();
+        assert_eq!(id, 2);
+    }
+
+    #[tokio::test]
+    async fn an_unclaimed_proxy_goes_with_its_job_and_on_shutdown() {
+        let outbox = Outbox::default();
+        let mut rx = session(&outbox, 1);
+        let p = Proxies::default();
+        p.start_ahead(db(), JOB.into(), &outbox).unwrap();
+        p.on_notice(state(1, "active", "running", Reason::Real), &outbox);
+        p.job_ended("/org/freedesktop/systemd1/job/10", &outbox);
+        assert_eq!(p.list().len(), 1, "another job's end is not ours");
+        p.job_ended(JOB, &outbox);
+        assert!(p.list().is_empty());
+        assert_eq!(drain(&mut rx), vec![new(1), removed(1)]);
+        // A kept failure goes with its job too.
+        p.start_ahead(db(), JOB.into(), &outbox).unwrap();
+        p.on_notice(state(2, "failed", "failed", Reason::Real), &outbox);
+        p.job_ended(JOB, &outbox);
+        let (id, _reply) = p.create(db(), &outbox).unwrap();
+        assert_ne!(id, NO_PROXY, "a new call starts afresh");
+        p.remove(&db(), &outbox);
+        // Shutdown: an unclaimed active proxy has no local unit to stop.
+        p.start_ahead(db(), JOB.into(), &outbox).unwrap();
+        p.on_notice(state(4, "active", "running", Reason::Real), &outbox);
+        assert!(p.shutdown(&outbox).is_empty());
+        assert!(p.pending_stops().is_empty());
     }
 
     #[tokio::test]
@@ -911,7 +1146,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn shutdown_fails_waiting_returns_active_and_refuses_new() {
+    async fn shutdown_fails_waiting_keeps_active_and_refuses_new() {
         let outbox = Outbox::default();
         let mut rx = session(&outbox, 1);
         let p = Proxies::default();
@@ -924,20 +1159,26 @@ mod tests {
                 &outbox,
             )
             .unwrap();
-        let active = p.shutdown(&outbox);
+        let kept = p.shutdown(&outbox);
         assert_eq!(
-            active,
+            kept,
             vec![UnitName::new("drover-proxy@bar_db.service").unwrap()]
         );
         assert_eq!(
             rb.await.unwrap(),
             Err("drover-agent is shutting down".into())
         );
-        assert!(p.list().is_empty());
+        // The active one stays, unannounced as removed: the manager keeps its
+        // reference through its grace period, and nothing is stopped here.
+        assert_eq!(p.list().len(), 1);
+        assert!(p.pending_stops().is_empty());
         let events = drain(&mut rx);
-        assert!(events.contains(&removed(a)), "{events:?}");
-        assert_eq!(events.len(), 4, "two new, two removed: {events:?}");
-        assert_eq!(b, 2);
+        assert_eq!(events.len(), 3, "two new, one removed: {events:?}");
+        assert!(
+            matches!(events.last(), Some(Event::ProxyRemoved { proxy_id, .. }) if *proxy_id == b),
+            "{events:?}"
+        );
+        assert!(!events.contains(&removed(a)), "{events:?}");
         assert_eq!(
             p.create(db(), &outbox).unwrap_err(),
             CreateError::ShuttingDown

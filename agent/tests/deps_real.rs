@@ -127,7 +127,7 @@ impl Rig {
         let shared = Arc::new(Shared::default());
         shared.deps.set_node(NodeName::new(NODE).unwrap());
         let events = systemd.subscribe().await.unwrap();
-        tokio::spawn(pump_events(events, shared.clone()));
+        tokio::spawn(pump_events(events, shared.clone(), systemd.clone()));
         let (tx, rx) = mpsc::channel(64);
         shared.outbox.open(1, tx, SessionKill::new());
         let dispatcher = Dispatcher::new(systemd.clone(), shared);
@@ -419,17 +419,65 @@ async fn proxy_unit_follows_the_target_across_reconnects_and_shutdown() {
     assert_eq!(proxy_event(&mut m).await, db_new(b));
     assert_eq!(state("need-db.service").await, "active");
 
-    // 4. Clean agent shutdown: the manager hears the proxy is gone, and the
-    //    proxy unit (so need-db) is stopped.
+    // 4. Clean agent shutdown (`systemctl restart drover-agent`): the active
+    //    proxy and need-db keep running, the manager is not told the proxy
+    //    is gone, and the next agent adopts it and announces it again.
     shutdown.cancel();
-    assert_eq!(proxy_event(&mut m).await, db_removed(b));
     let ended = tokio::time::timeout(T, agent)
         .await
         .expect("agent stops")
         .unwrap();
     assert!(ended.is_ok(), "{ended:?}");
-    wait("need-db.service", "inactive").await;
+    loop {
+        match tokio::time::timeout(T, m.next()).await {
+            Ok(Some(Ok(ToManager::Event(
+                e @ (Event::ProxyNew { .. } | Event::ProxyRemoved { .. }),
+            )))) => {
+                panic!("a clean stop told the manager {e:?}")
+            }
+            Ok(Some(Ok(_))) => continue,
+            Ok(None | Some(Err(_))) => break,
+            Err(_) => panic!("the stopped agent's session did not end"),
+        }
+    }
+    assert_eq!(state("need-db.service").await, "active");
+    assert_eq!(state("drover-proxy@bar_db.service").await, "active");
+    let shutdown = CancellationToken::new();
+    let mut link = LinkConfig::new(NodeName::new("foo").unwrap(), "127.0.0.1", port);
+    link.heartbeat_interval = Duration::from_millis(100);
+    let agent = tokio::spawn({
+        let shutdown = shutdown.clone();
+        let bus = BusTarget::Address(node::bus_address(&node.dir, NODE));
+        async move { drover_agent::agent::run(&bus, link, shutdown, || {}).await }
+    });
+    let mut m = accept(&listener, 3).await;
+    let Event::ProxyNew { proxy_id: c, .. } = proxy_event(&mut m).await else {
+        panic!("expected the adopted proxy");
+    };
+    assert_eq!(proxy_event_or_none(&mut m).await, None);
+    // Adopted means followed: a real stop of the target still stops it.
+    tell(&mut m, c, "inactive").await;
+    assert_eq!(proxy_event(&mut m).await, db_removed(c));
     wait("drover-proxy@bar_db.service", "inactive").await;
+    wait("need-db.service", "inactive").await;
+    shutdown.cancel();
+    let ended = tokio::time::timeout(T, agent).await.expect("agent stops");
+    assert!(ended.unwrap().is_ok());
+}
+
+/// The next proxy event within a short while, if any.
+async fn proxy_event_or_none(m: &mut ManagerEnd) -> Option<Event> {
+    let until = tokio::time::Instant::now() + Duration::from_millis(500);
+    loop {
+        match tokio::time::timeout_at(until, m.next()).await {
+            Ok(Some(Ok(ToManager::Event(
+                e @ (Event::ProxyNew { .. } | Event::ProxyRemoved { .. }),
+            )))) => return Some(e),
+            Ok(Some(Ok(_))) => continue,
+            Ok(other) => panic!("the session broke: {other:?}"),
+            Err(_) => return None,
+        }
+    }
 }
 
 /// The agent binary on the node's bus, with a kill -9 for a crash.

@@ -224,7 +224,7 @@ async fn dispatcher(
     let systemd = Arc::new(node.connect().await);
     let shared = Arc::new(Shared::default());
     let events = systemd.subscribe().await.unwrap();
-    tokio::spawn(pump_events(events, shared.clone()));
+    tokio::spawn(pump_events(events, shared.clone(), systemd.clone()));
     let (tx, rx) = mpsc::channel(256);
     shared.outbox.open(1, tx, SessionKill::new());
     (Arc::new(Dispatcher::new(systemd, shared)), rx)

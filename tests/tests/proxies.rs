@@ -526,6 +526,73 @@ async fn back_to_back_rounds_never_fail_on_news_of_the_previous_round() {
     c.down().await.unwrap();
 }
 
+// ---------------------------------------------------------------------------------
+// Started ahead of the helper: the agent announces a proxy as soon as systemd runs
+// its start job (agent/src/ahead.rs). That must never start a target a user did
+// not ask for, nor earlier than the proxy unit's own ordering allows.
+// ---------------------------------------------------------------------------------
+
+/// `systemctl stop` (or `try-restart`) of an inactive proxy unit queues a job on it,
+/// but not a start: nothing may start on the target node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_other_than_start_on_an_idle_proxy_start_nothing_remote() {
+    let c = start_cluster(ClusterOptions::with_nodes(2)).await;
+    c.install_unit("node2", DB, SLEEPER).await.unwrap();
+    for verb in ["stop", "try-restart", "stop", "try-restart"] {
+        let out = systemctl(&c, "node1", &[verb, PROXY]).await;
+        assert!(out.status.success(), "{verb}: {}", stderr(&out));
+    }
+    stays(&c, "node2", DB, "inactive", Duration::from_secs(1)).await;
+    assert_eq!(state(&c, "node2", DEP).await, "inactive");
+    assert_eq!(live(&c).await, vec![]);
+    assert_eq!(state(&c, "node1", PROXY).await, "inactive");
+    c.down().await.unwrap();
+}
+
+/// A proxy ordered after a slow local unit: its target starts only once the proxy's
+/// start job runs, and everything comes up in order after that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_waiting_for_its_turn_does_not_start_the_target_early() {
+    let c = start_cluster(ClusterOptions::with_nodes(2)).await;
+    c.install_unit("node2", DB, SLEEPER).await.unwrap();
+    let gate = format!("[Unit]\nBefore={PROXY}\n[Service]\nType=oneshot\nExecStart=/bin/sleep 3\n");
+    c.install_unit("node1", "gate.service", &gate)
+        .await
+        .unwrap();
+    let need = format!(
+        "[Unit]\nWants=gate.service {PROXY}\nAfter={PROXY}\n[Service]\nExecStart=/bin/sleep 600\n"
+    );
+    c.install_unit("node1", NEED_DB, &need).await.unwrap();
+    let out = systemctl(&c, "node1", &["start", "--no-block", NEED_DB]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    wait_state(&c, "node1", "gate.service", "activating").await;
+    // The proxy's job is queued behind gate: no announcement, no remote start.
+    stays(&c, "node2", DB, "inactive", Duration::from_millis(1500)).await;
+    assert_eq!(state(&c, "node1", PROXY).await, "inactive");
+    assert_eq!(live(&c).await, vec![]);
+    wait_state(&c, "node1", NEED_DB, "active").await;
+    assert_eq!(state(&c, "node2", DB).await, "active");
+    let gate_done: u64 = unit_prop(
+        &c,
+        "node1",
+        "gate.service",
+        "InactiveEnterTimestampMonotonic",
+    )
+    .await
+    .parse()
+    .unwrap();
+    let proxy_start: u64 = unit_prop(&c, "node1", PROXY, "InactiveExitTimestampMonotonic")
+        .await
+        .parse()
+        .unwrap();
+    assert!(
+        gate_done <= proxy_start,
+        "the proxy started before gate finished"
+    );
+    wait_live(&c, vec![row("node1", "node2", DB, "active", 1)]).await;
+    c.down().await.unwrap();
+}
+
 /// Not in BlueChi (services only): any unit type can be a target.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn other_unit_types_are_targets_too() {
@@ -662,6 +729,32 @@ async fn requesting_node_away_past_grace_loses_its_references_and_regains_them()
     wait_state(&c, "node2", DEP, "active").await;
     wait_live(&c, vec![row("node1", "node2", DB, "active", 1)]).await;
     assert_eq!(state(&c, "node1", PROXY).await, "active");
+    c.down().await.unwrap();
+}
+
+/// `systemctl restart drover-agent` on the requesting node: a clean stop leaves the
+/// active proxy and what is bound to it running, the target is kept through the
+/// grace period, and the new agent takes the proxy over, so that a later real stop
+/// of the target still reaches the dependents.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarting_the_requesting_agent_leaves_dependents_running() {
+    let mut c = start_cluster(with_grace(2, 15_000)).await;
+    chain_up(&c, "BindsTo", SLEEPER).await;
+    let (need_run, dep_run) = (
+        invocation(&c, "node1", NEED_DB).await,
+        invocation(&c, "node2", DEP).await,
+    );
+    c.stop_agent("node1").await.unwrap();
+    stays(&c, "node1", PROXY, "active", Duration::from_secs(1)).await;
+    assert_eq!(state(&c, "node1", NEED_DB).await, "active");
+    assert_eq!(state(&c, "node2", DEP).await, "active");
+    c.start_agent("node1").await.unwrap();
+    wait_live(&c, vec![row("node1", "node2", DB, "active", 1)]).await;
+    assert_eq!(invocation(&c, "node1", NEED_DB).await, need_run);
+    assert_eq!(invocation(&c, "node2", DEP).await, dep_run);
+    stop_ok(&c, "node2", DB).await;
+    wait_state(&c, "node1", PROXY, "inactive").await;
+    wait_state(&c, "node1", NEED_DB, "inactive").await;
     c.down().await.unwrap();
 }
 

@@ -67,7 +67,7 @@ impl Agent {
         let fake = FakeSystemd::new();
         let shared = Arc::new(Shared::default());
         let events = fake.subscribe().await.unwrap();
-        tokio::spawn(pump_events(events, shared.clone()));
+        tokio::spawn(pump_events(events, shared.clone(), Arc::new(fake.clone())));
         let link = Arc::new(Link::new(cfg, Arc::new(fake.clone()), shared));
         let state = link.watch();
         let shutdown = CancellationToken::new();

@@ -4,7 +4,7 @@
 //! proxies: the agent uses six methods and two signals, and building their
 //! bodies by hand keeps the compile small and every wire type visible here.
 //!
-//! The job event stream joins two match-rule streams (`Manager.JobRemoved`, and
+//! The job event stream joins three match-rule streams (`Manager.JobNew`, `Manager.JobRemoved`, and
 //! `PropertiesChanged` under `/org/freedesktop/systemd1/job`) with zbus's
 //! ordered join, so a job's `running` state change is never delivered after
 //! its removal. The unit signal stream ([`Systemd::subscribe_units`]) joins
@@ -254,6 +254,31 @@ impl Systemd for ZbusSystemd {
         Ok(())
     }
 
+    async fn job_info(&self, job: &str) -> Result<(String, String), RemoteError> {
+        let reply = self
+            .conn
+            .call_method(
+                Some(SERVICE),
+                job,
+                Some(PROPERTIES_IFACE),
+                "GetAll",
+                &(JOB_IFACE,),
+            )
+            .await
+            .map_err(|e| remote_error(e, "Job properties"))?;
+        let mut props: HashMap<String, OwnedVariant> = reply
+            .body()
+            .deserialize()
+            .map_err(|e| RemoteError::failed(format!("reading job properties: {e}")))?;
+        let mut text = |name: &str| {
+            props
+                .remove(name)
+                .and_then(|v| String::try_from(v).ok())
+                .unwrap_or_default()
+        };
+        Ok((text("JobType"), text("State")))
+    }
+
     async fn reload(&self) -> Result<(), RemoteError> {
         self.manager_call("Reload", &()).await?;
         Ok(())
@@ -267,6 +292,14 @@ impl Systemd for ZbusSystemd {
             .path(MANAGER_PATH)
             .interface(MANAGER_IFACE)
             .member("JobRemoved")
+            .build()
+            .map_err(rule_err)?;
+        let new_rule = MatchRule::builder()
+            .msg_type(MessageType::Signal)
+            .sender(SERVICE)
+            .path(MANAGER_PATH)
+            .interface(MANAGER_IFACE)
+            .member("JobNew")
             .build()
             .map_err(rule_err)?;
         let state_rule = MatchRule::builder()
@@ -285,10 +318,14 @@ impl Systemd for ZbusSystemd {
         let states = MessageStream::for_match_rule(state_rule, &self.conn, queued)
             .await
             .map_err(|e| remote_error(e, "AddMatch"))?;
+        let news = MessageStream::for_match_rule(new_rule, &self.conn, queued)
+            .await
+            .map_err(|e| remote_error(e, "AddMatch"))?;
         self.manager_call("Subscribe", &()).await?;
 
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
-        let joined = ordered_stream::join(removed, states).into_stream();
+        let joined =
+            ordered_stream::join(ordered_stream::join(news, removed), states).into_stream();
         tokio::spawn(pump(joined, tx, parse_signal, "systemd signals"));
         Ok(rx)
     }
@@ -543,6 +580,17 @@ fn parse_signal(msg: &zbus::Message) -> Option<SystemdEvent> {
     let header = msg.header();
     let member = header.member()?.as_str();
     match member {
+        "JobNew" => match msg.body().deserialize::<(u32, OwnedObjectPath, String)>() {
+            Ok((id, job, unit)) => Some(SystemdEvent::JobNew {
+                id,
+                job: job.to_string(),
+                unit,
+            }),
+            Err(e) => {
+                tracing::warn!("ignoring a malformed JobNew signal: {e}");
+                None
+            }
+        },
         "JobRemoved" => match msg
             .body()
             .deserialize::<(u32, OwnedObjectPath, String, String)>()

@@ -49,6 +49,8 @@ struct State {
     /// (active, sub) reported by `ListUnits`; inactive/dead when absent.
     states: HashMap<String, (String, String)>,
     unit_events: Option<mpsc::Sender<UnitSignal>>,
+    /// (JobType, State) that `job_info` reports, by job path.
+    job_infos: HashMap<JobPath, (String, String)>,
 }
 
 /// See the module docs. Cheap to clone; clones share state.
@@ -85,6 +87,13 @@ impl FakeSystemd {
     /// Makes `method` answer `UnknownMethod`, like an older systemd.
     pub fn remove_method(&self, method: &'static str) {
         self.lock().missing.push(method);
+    }
+
+    /// Sets what `job_info` reports for `job` (absent: no such job).
+    pub fn set_job_info(&self, job: &str, job_type: &str, state: &str) {
+        self.lock()
+            .job_infos
+            .insert(job.to_string(), (job_type.to_string(), state.to_string()));
     }
 
     /// Sends an arbitrary event (e.g. a job someone else started).
@@ -287,6 +296,15 @@ impl Systemd for FakeSystemd {
         mode: &str,
     ) -> Result<JobPath, RemoteError> {
         self.unit_job_named(kind.method(), unit, mode).await
+    }
+
+    async fn job_info(&self, job: &str) -> Result<(String, String), RemoteError> {
+        self.enter(format!("JobInfo {job}"), "JobInfo").await?;
+        self.lock()
+            .job_infos
+            .get(job)
+            .cloned()
+            .ok_or_else(|| RemoteError::new(ERR_NO_SUCH_JOB, format!("Job {job} does not exist.")))
     }
 
     async fn cancel_job(&self, job: &str) -> Result<(), RemoteError> {

@@ -78,6 +78,8 @@ impl JobKind {
 /// What the agent hears from systemd after subscribing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SystemdEvent {
+    /// `Manager.JobNew(id, job, unit)`: systemd queued a job.
+    JobNew { id: u32, job: JobPath, unit: String },
     /// `Manager.JobRemoved(id, job, unit, result)`: the job finished;
     /// `result` is systemd's word (`done`, `failed`, `canceled`, `timeout`, …).
     JobRemoved {
@@ -142,6 +144,13 @@ pub trait Systemd: Send + Sync + 'static {
         unit: &str,
         mode: &str,
     ) -> impl Future<Output = Result<JobPath, RemoteError>> + Send;
+
+    /// `(JobType, State)` of a job (`start`/`stop`/…, `waiting`/`running`);
+    /// systemd's `NoSuchJob`-like error once the job is gone.
+    fn job_info(
+        &self,
+        job: &str,
+    ) -> impl Future<Output = Result<(String, String), RemoteError>> + Send;
 
     /// `Job.Cancel` on the job object.
     fn cancel_job(&self, job: &str) -> impl Future<Output = Result<(), RemoteError>> + Send;
