@@ -111,16 +111,21 @@ pub fn main() -> ExitCode {
             _ => remove(bus, &proxy).await,
         }
     });
-    match res {
+    let code = match res {
         Ok(msg) => {
             println!("drover-proxy: {msg}");
-            ExitCode::SUCCESS
+            0
         }
         Err(msg) => {
             eprintln!("drover-proxy: {msg}");
-            ExitCode::FAILURE
+            1
         }
-    }
+    };
+    // Exit now: the proxy unit becomes active when this process is gone, and
+    // units ordered after it wait for that. Tearing down the runtime and the
+    // bus connection gains nothing (the kernel closes the socket).
+    let _ = std::io::Write::flush(&mut std::io::stdout());
+    std::process::exit(code)
 }
 
 /// `create`: the Ok text is the success line, the Err text the failure line.
