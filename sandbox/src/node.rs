@@ -22,6 +22,19 @@ pub const SYSTEMD: &str = "/lib/systemd/systemd";
 /// Host PATH for node processes: systemd and its helpers need the usual directories.
 const NODE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
+/// The node's `systemd --user` configuration. A node has no journal: a service
+/// whose output goes to the journal (systemd's default) fails to connect to it,
+/// and its child process reports that on `/dev/console` before exec. On a VM that
+/// is a serial line, milliseconds per line on every service start, and the
+/// host's console fills with it. Services inherit the node's log file instead.
+const MANAGER_CONF: &str = "\
+# Written by drover-sandbox: the node has no journal; service output goes to
+# the node's log (systemd@NODE.log in the sandbox directory).
+[Manager]
+DefaultStandardOutput=inherit
+DefaultStandardError=inherit
+";
+
 /// The node's home directory.
 pub fn home(dir: &Path, node: &str) -> PathBuf {
     dir.join(node)
@@ -72,6 +85,9 @@ pub fn prepare_dirs(dir: &Path, node: &str) -> Result<()> {
     }
     std::fs::create_dir_all(unit_dir(dir, node))
         .with_context(|| format!("creating {}", unit_dir(dir, node).display()))?;
+    let manager_conf = home.join("config").join("systemd").join("user.conf");
+    std::fs::write(&manager_conf, MANAGER_CONF)
+        .with_context(|| format!("writing {}", manager_conf.display()))?;
     let rt = runtime_dir(dir, node);
     std::fs::create_dir_all(&rt).with_context(|| format!("creating {}", rt.display()))?;
     std::fs::set_permissions(&rt, std::fs::Permissions::from_mode(0o700))
