@@ -110,6 +110,12 @@ pub enum CtlError {
         message: String,
     },
 
+    /// Whoever reads our output closed it (`droverctl list-units | head`): nothing
+    /// more to say to anyone, so no message and exit 0, like a tool killed by
+    /// SIGPIPE is silent.
+    #[error("output closed by its reader")]
+    OutputClosed,
+
     /// A local problem that is not D-Bus (e.g. writing to stdout failed).
     #[error("{0}")]
     Other(String),
@@ -120,6 +126,7 @@ impl CtlError {
     pub fn exit_code(&self) -> u8 {
         match self {
             CtlError::Usage(_) => EXIT_USAGE,
+            CtlError::OutputClosed => EXIT_OK,
             _ => EXIT_FAILED,
         }
     }
@@ -129,13 +136,33 @@ impl CtlError {
     pub fn is_quiet(&self) -> bool {
         matches!(
             self,
-            CtlError::UnitsNotFound { .. } | CtlError::NotEnabled { .. }
+            CtlError::UnitsNotFound { .. } | CtlError::NotEnabled { .. } | CtlError::OutputClosed
         )
     }
 }
 
 impl From<std::io::Error> for CtlError {
     fn from(e: std::io::Error) -> Self {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            return CtlError::OutputClosed;
+        }
         CtlError::Other(format!("cannot write output: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_closed_output_is_quiet_success_other_write_errors_fail() {
+        let closed = CtlError::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
+        assert!(matches!(closed, CtlError::OutputClosed));
+        assert!(closed.is_quiet());
+        assert_eq!(closed.exit_code(), EXIT_OK);
+        let full = CtlError::from(std::io::Error::from(std::io::ErrorKind::StorageFull));
+        assert!(!full.is_quiet());
+        assert_eq!(full.exit_code(), EXIT_FAILED);
+        assert!(full.to_string().starts_with("cannot write output"), "{full}");
     }
 }

@@ -37,6 +37,18 @@ async fn agents_register_and_show_online() {
             .unwrap_or_else(|| panic!("{n} in:\n{out}"));
         assert!(line.contains("online") && line.contains("now"), "{line}");
     }
+    // A reader that stops early (`droverctl status | head -0`): no complaint, exit 0.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let closed = tokio::process::Command::new(bin("droverctl"))
+        .arg("status")
+        .env("DROVER_BUS", cluster.bus_address())
+        .stdout(writer)
+        .output()
+        .await
+        .unwrap();
+    assert!(closed.status.success(), "{:?}", closed.status);
+    assert_eq!(stderr(&closed), "");
 
     let node2 = node(&conn, "node2").await;
     assert_eq!(node2.path().as_str(), "/org/eclipse/bluechi/node/node2");
