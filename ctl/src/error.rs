@@ -163,6 +163,9 @@ mod tests {
         let full = CtlError::from(std::io::Error::from(std::io::ErrorKind::StorageFull));
         assert!(!full.is_quiet());
         assert_eq!(full.exit_code(), EXIT_FAILED);
-        assert!(full.to_string().starts_with("cannot write output"), "{full}");
+        assert!(
+            full.to_string().starts_with("cannot write output"),
+            "{full}"
+        );
     }
 }
