@@ -345,6 +345,23 @@ impl Core {
         }
     }
 
+    /// Emits `Controller.Status` when it differs from what was last announced:
+    /// a reload that adds (offline) nodes can change it with no node changing.
+    pub async fn announce_controller(&self) {
+        let mut announced = self.announce.lock().await;
+        let controller = self.registry().controller_status();
+        if controller != announced.controller {
+            announced.controller = controller;
+            self.properties_changed(
+                CONTROLLER_PATH,
+                "org.eclipse.bluechi.Controller",
+                "Status",
+                controller.as_str(),
+            )
+            .await;
+        }
+    }
+
     /// Emits `Node.Status` and, when it crossed a threshold, `Controller.Status`.
     async fn announce_node_locked(&self, announced: &mut Announced, node: &NodeName) {
         let (status, path, controller) = {

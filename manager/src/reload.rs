@@ -77,6 +77,10 @@ pub async fn reload(
         }
     }
     report.added = added.into_iter().map(|(n, _)| n).collect();
+    if !report.added.is_empty() {
+        // New nodes start offline: `up` may have become `degraded`.
+        core.announce_controller().await;
+    }
     core.proxies()
         .reload(Policy::from_config(&new, known))
         .await;

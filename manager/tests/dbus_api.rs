@@ -708,3 +708,23 @@ async fn introspection_describes_exactly_what_is_served() {
         assert!(xml.contains(want), "job XML lacks {want}:\n{xml}");
     }
 }
+
+/// A reload that adds a node (offline until it registers) turns `up` into
+/// `degraded`, and says so with `PropertiesChanged`, as a node going away would.
+#[tokio::test]
+async fn a_reload_adding_nodes_announces_the_controller_status() {
+    let f = Fixture::start(config(&["node1"])).await;
+    let mut ctrl_signals = f.signals(CONTROLLER, PROPS).await;
+    let _agent = f.agent("node1", reply_empty()).await;
+    wait_status(&mut ctrl_signals, "Status", "up").await;
+    let core = f.manager().core().clone();
+    let conn = f.manager().connection().clone();
+    let report =
+        drover_manager::reload::reload(&core, Some(&conn), Ok(config(&["node1", "node-bar"])))
+            .await
+            .expect("reload");
+    assert_eq!(report.added.len(), 1);
+    wait_status(&mut ctrl_signals, "Status", "degraded").await;
+    let status: String = f.get_property(CONTROLLER, CTRL_IFACE, "Status").await;
+    assert_eq!(status, "degraded");
+}
