@@ -19,6 +19,11 @@
 //! e.g. `unit nope.service on node bar cannot be started: not found`. The
 //! manager turns that into `ProxyError` for the requesters.
 //!
+//! The `StartDep` reply also waits until the unit signals systemd sent before
+//! the dep's job ended have gone to the manager ([`crate::news`]): the
+//! manager must see the target's news of this start before the reply that
+//! confirms it, never after.
+//!
 //! `StopDep` replies once systemd accepted the stop job; a dep that is not
 //! loaded has nothing to stop and is a success.
 //!
@@ -29,6 +34,7 @@
 //! tracker ([`crate::jobs`]) follows for manager jobs.
 
 use crate::marshal::{self, PropertyMap};
+use crate::news::JobNews;
 use crate::systemd::{ERR_NO_SUCH_UNIT, JobKind, JobPath, Systemd, SystemdEvent, UNIT_IFACE};
 use drover_protocol::{NodeName, RemoteError, Response, UnitName};
 use std::collections::{HashMap, VecDeque};
@@ -40,6 +46,9 @@ use tokio::sync::oneshot;
 pub const DEP_UNIT_PREFIX: &str = "drover-dep@";
 /// Longest wait for a dep's start job before replying anyway.
 pub const DEP_JOB_BOUND: Duration = Duration::from_secs(90);
+/// Longest wait, once the job ended, for the unit reader to catch up
+/// ([`crate::news`]); it normally takes well under a millisecond.
+pub const NEWS_BOUND: Duration = Duration::from_secs(5);
 /// Removals of not-yet-known jobs kept while a call is in flight.
 const EARLY_CAP: usize = 1024;
 const EARLY_TTL: Duration = Duration::from_secs(10);
@@ -112,7 +121,8 @@ impl Deps {
         }
     }
 
-    /// Queues a systemd job and waits (at most `bound`) for its result.
+    /// Queues a systemd job and waits (at most `bound`) for its result; with
+    /// `news`, also until the unit reader has passed the job's end.
     pub async fn run_job<S: Systemd>(
         &self,
         systemd: &S,
@@ -120,7 +130,27 @@ impl Deps {
         unit: &str,
         mode: &str,
         bound: Duration,
+        news: Option<&JobNews>,
     ) -> Result<JobEnd, RemoteError> {
+        let (path, end) = self.job_end(systemd, kind, unit, mode, bound).await?;
+        if let (Some(news), JobEnd::Finished(_)) = (news, &end)
+            && !news.wait_passed(&path, NEWS_BOUND).await
+        {
+            tracing::warn!(
+                "the unit signals before the end of {path} ({unit}) did not arrive within {NEWS_BOUND:?}; replying anyway"
+            );
+        }
+        Ok(end)
+    }
+
+    async fn job_end<S: Systemd>(
+        &self,
+        systemd: &S,
+        kind: JobKind,
+        unit: &str,
+        mode: &str,
+        bound: Duration,
+    ) -> Result<(JobPath, JobEnd), RemoteError> {
         self.lock().in_flight += 1;
         let called = systemd.unit_job(kind, unit, mode).await;
         let rx = {
@@ -144,7 +174,7 @@ impl Deps {
             }
             let path = called?;
             if let Some((_, _, result)) = early {
-                return Ok(JobEnd::Finished(result));
+                return Ok((path, JobEnd::Finished(result)));
             }
             let (tx, rx) = oneshot::channel();
             w.waiting.entry(path.clone()).or_default().push(tx);
@@ -152,7 +182,7 @@ impl Deps {
         };
         let (path, rx) = rx;
         match tokio::time::timeout(bound, rx).await {
-            Ok(Ok(result)) => Ok(JobEnd::Finished(result)),
+            Ok(Ok(result)) => Ok((path, JobEnd::Finished(result))),
             Ok(Err(_)) | Err(_) => {
                 // Drop our (and any other abandoned) waiter for this job.
                 let mut w = self.lock();
@@ -162,18 +192,21 @@ impl Deps {
                         w.waiting.remove(&path);
                     }
                 }
-                Ok(JobEnd::StillRunning)
+                Ok((path, JobEnd::StillRunning))
             }
         }
     }
 
-    /// `StartDep { unit }` (see the module docs).
+    /// `StartDep { unit }` (see the module docs); `news` when the unit
+    /// reader ran before the call.
     pub async fn start_dep<S: Systemd>(
         &self,
         systemd: &S,
         target: &UnitName,
+        news: Option<&JobNews>,
     ) -> Result<Response, RemoteError> {
-        self.start_dep_within(systemd, target, DEP_JOB_BOUND).await
+        self.start_dep_within(systemd, target, DEP_JOB_BOUND, news)
+            .await
     }
 
     /// [`Deps::start_dep`] with another bound (tests).
@@ -182,10 +215,18 @@ impl Deps {
         systemd: &S,
         target: &UnitName,
         bound: Duration,
+        news: Option<&JobNews>,
     ) -> Result<Response, RemoteError> {
         let dep = dep_unit(target)?;
         match self
-            .run_job(systemd, JobKind::Start, dep.as_str(), "replace", bound)
+            .run_job(
+                systemd,
+                JobKind::Start,
+                dep.as_str(),
+                "replace",
+                bound,
+                news,
+            )
             .await
         {
             Ok(JobEnd::Finished(result)) if result == "done" => {
@@ -412,7 +453,7 @@ mod tests {
             Script::FinishBeforeReply("done".into()),
         );
         assert_eq!(
-            deps.start_dep(&fake, &unit("db.service")).await,
+            deps.start_dep(&fake, &unit("db.service"), None).await,
             Ok(Response::Empty)
         );
         fake.add_unit(
@@ -420,7 +461,7 @@ mod tests {
             Script::Finish("done".into()),
         );
         assert_eq!(
-            deps.start_dep(&fake, &unit("db.service")).await,
+            deps.start_dep(&fake, &unit("db.service"), None).await,
             Ok(Response::Empty)
         );
         assert!(
@@ -428,6 +469,26 @@ mod tests {
                 .contains(&"StartUnit drover-dep@db.service.service replace".to_string())
         );
         assert!(deps.lock().waiting.is_empty() && deps.lock().early.is_empty());
+    }
+
+    #[tokio::test]
+    async fn start_dep_replies_only_once_the_unit_reader_passed_the_job_end() {
+        let (fake, deps) = rig().await;
+        fake.add_unit(
+            "drover-dep@db.service.service",
+            Script::Finish("done".into()),
+        );
+        let news = JobNews::default();
+        let db = unit("db.service");
+        let reply = deps.start_dep(&fake, &db, Some(&news));
+        tokio::pin!(reply);
+        // The job ends, but the unit signals before its end are not sent yet.
+        let early = tokio::time::timeout(Duration::from_millis(200), &mut reply).await;
+        assert!(early.is_err(), "replied before the unit news: {early:?}");
+        assert!(deps.lock().waiting.is_empty(), "the job did end");
+        news.passed("/org/freedesktop/systemd1/job/1");
+        assert_eq!(reply.await, Ok(Response::Empty));
+        assert_eq!(news.pending(), (0, 0));
     }
 
     #[tokio::test]
@@ -440,7 +501,7 @@ mod tests {
             Script::Finish("dependency".into()),
         );
         let err = deps
-            .start_dep(&fake, &unit("nope.service"))
+            .start_dep(&fake, &unit("nope.service"), None)
             .await
             .unwrap_err();
         assert_eq!(err.name, ERR_NO_SUCH_UNIT);
@@ -459,7 +520,7 @@ mod tests {
             Script::Finish("dependency".into()),
         );
         let err = deps
-            .start_dep(&fake, &unit("bad.service"))
+            .start_dep(&fake, &unit("bad.service"), None)
             .await
             .unwrap_err();
         assert!(
@@ -470,7 +531,7 @@ mod tests {
         // The target exists, but no drover-dep@ template is installed.
         fake.add_unit("db.service", Script::Finish("done".into()));
         let err = deps
-            .start_dep(&fake, &unit("db.service"))
+            .start_dep(&fake, &unit("db.service"), None)
             .await
             .unwrap_err();
         assert_eq!(err.name, ERR_NO_SUCH_UNIT);
@@ -486,7 +547,12 @@ mod tests {
         fake.add_unit("slow.service", Script::Hang);
         fake.add_unit("drover-dep@slow.service.service", Script::Hang);
         let r = deps
-            .start_dep_within(&fake, &unit("slow.service"), Duration::from_millis(50))
+            .start_dep_within(
+                &fake,
+                &unit("slow.service"),
+                Duration::from_millis(50),
+                None,
+            )
             .await;
         assert_eq!(r, Ok(Response::Empty));
         assert!(deps.lock().waiting.is_empty());

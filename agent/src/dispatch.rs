@@ -36,6 +36,8 @@ pub struct Shared {
     pub ahead: crate::ahead::Ahead,
     /// Dep units of this (target) node: `crate::deps`.
     pub deps: crate::deps::Deps,
+    /// Job ends the unit reader has passed: `crate::news`.
+    pub news: crate::news::JobNews,
     /// The link as the local API shows it: `crate::api`.
     pub status: crate::api::AgentStatus,
     /// Unit subscriptions of the manager: `crate::units`.
@@ -236,7 +238,14 @@ impl<S: Systemd> Dispatcher<S> {
                 self.reply(epoch, id, result);
             }
             Request::StartDep { unit } => {
-                let result = self.shared.deps.start_dep(&*self.systemd, &unit).await;
+                // Decided before the job is queued: only a unit stream that
+                // already runs is sure to see the job's end (crate::news).
+                let news = self.shared.units.streaming().then_some(&self.shared.news);
+                let result = self
+                    .shared
+                    .deps
+                    .start_dep(&*self.systemd, &unit, news)
+                    .await;
                 self.reply(epoch, id, result);
             }
             Request::StopDep { unit } => {

@@ -44,6 +44,7 @@ pub mod dispatch;
 pub mod jobs;
 pub mod link;
 pub mod marshal;
+pub mod news;
 pub mod node_api;
 pub mod outbox;
 pub mod proxy;

@@ -189,6 +189,12 @@ impl UnitHub {
         Some((s.all, s.watched.len()))
     }
 
+    /// True once the unit signal stream runs (it then sees every later
+    /// `JobRemoved` too: `crate::news`).
+    pub fn streaming(&self) -> bool {
+        self.started.initialized()
+    }
+
     /// Number of loaded units the cache follows.
     pub fn cached_units(&self) -> usize {
         self.lock().cache.len()
@@ -359,6 +365,8 @@ impl UnitHub {
                 // The end of a reload is settled later (see `pump_units`).
                 return None;
             }
+            // Not unit news: `pump_units` reports it to `crate::news`.
+            UnitSignal::JobRemoved { .. } => return None,
             UnitSignal::New { unit }
             | UnitSignal::Removed { unit }
             | UnitSignal::Changed { unit, .. } => unit,
@@ -373,7 +381,7 @@ impl UnitHub {
         let mut inner = self.lock();
         let mut events = Vec::new();
         match signal {
-            UnitSignal::Reloading { .. } => {}
+            UnitSignal::Reloading { .. } | UnitSignal::JobRemoved { .. } => {}
             UnitSignal::New { .. } => {
                 if inner.cache.contains_key(&unit) {
                     // Announced again after a reload resync: no news.
@@ -647,6 +655,11 @@ async fn pump_units<S: Systemd>(
         }
         let hub = &shared.units;
         let _order = hub.send_order.lock().await;
+        if let UnitSignal::JobRemoved { job } = &signal {
+            // Everything systemd said before this job ended has been sent.
+            shared.news.passed(job);
+            continue;
+        }
         if let Some(batch) = hub.on_signal(signal) {
             send(&shared, batch).await;
         }

@@ -24,6 +24,11 @@
 //!   `StartDep`. Whatever B has not acknowledged in its current session is
 //!   sent again when B registers — that is the replay of outstanding dep
 //!   starts, and of dep stops that could not be sent while B was offline.
+//! * A waiting reference hears nothing of its target until B confirms the dep
+//!   start that covers it (news from before that start says nothing about
+//!   it); the confirmation replays the target's state as known, and B's agent
+//!   sends it only after the target's news up to the end of the start job.
+//!   Failing starts reach it as `ProxyError` with B's reason.
 //! * The manager applies the agent's own rule to the target states it relays,
 //!   so both sides agree on a proxy's fate without an extra message: a waiting
 //!   proxy becomes active when the target is `active` (real or virtual) and
@@ -506,8 +511,9 @@ impl References {
                     running: true,
                     generation,
                 };
+                // Nothing is replayed: a waiting reference hears of its
+                // target once B confirms the dep start (see `target_event`).
                 self.settle(b, unit, &mut out);
-                self.replay(a, b, unit, &mut out);
             }
         }
         out
@@ -587,15 +593,17 @@ impl References {
                 continue;
             }
             // Until B confirms the dep start that covers a waiting reference,
-            // "down" news of the target is from before that start (the unit
-            // not yet started, or loaded and garbage-collected by a probe) and
-            // must not fail the proxy: the dep start's own outcome decides
-            // (its error names the real reason). Held-back news is not
-            // replayed after a successful start: the start reply can overtake
-            // the target's "active", and replaying the older "inactive" would
-            // fail a healthy proxy; a target that went down during its own
-            // start leaves the proxy waiting until its start timeout.
-            if r.state == RefState::Waiting && is_real_down(change) && !covers(acked, r.added_gen) {
+            // news of the target may be from before that start and says
+            // nothing about it: an "inactive" of a stop just before (or of a
+            // unit loaded and garbage-collected by a probe) would fail a
+            // healthy proxy, and an "active" that B's agent replays from a
+            // cache that has not yet seen that stop would complete a proxy
+            // whose target is going down. So a waiting reference hears nothing
+            // until the confirmation; B's agent sends that only after the
+            // target's news up to the end of the dep's start job (agent
+            // `news.rs`), and then the reference gets the state as known
+            // ([`References::dep_result`]), or the start's error.
+            if r.state == RefState::Waiting && !covers(acked, r.added_gen) {
                 continue;
             }
             if self.online.get(a) == Some(&r.session) {
@@ -654,6 +662,28 @@ impl References {
             DepOutcome::Done => {
                 if current {
                     target.acked = Some(sent);
+                    // The waiting references this start covers get the
+                    // target's state now (see `target_event`): `active`
+                    // completes them. What is down was down before or during
+                    // the start, and is left to the next real change (or the
+                    // proxy's start timeout), as the agent ignores virtual
+                    // "down" news.
+                    let covered: Vec<NodeName> = if sent.running {
+                        target
+                            .refs
+                            .iter()
+                            .filter(|(_, r)| {
+                                r.state == RefState::Waiting && r.added_gen <= sent.generation
+                            })
+                            .map(|(a, _)| a.clone())
+                            .collect()
+                    } else {
+                        Vec::new()
+                    };
+                    for a in covered {
+                        self.replay(&a, &cmd.node, &cmd.unit, &mut out);
+                    }
+                    self.settle(&cmd.node, &cmd.unit, &mut out);
                 }
             }
             DepOutcome::Offline => {}
@@ -891,15 +921,21 @@ impl References {
     // ---- internals --------------------------------------------------------
 
     /// Replays the known target state to A's reference on (b, unit), and
-    /// applies the agent's rule to it (a known `active` completes it).
+    /// applies the agent's rule to it (a known `active` completes it). Not to
+    /// a waiting reference whose dep start B has not confirmed yet (see
+    /// `target_event`).
     fn replay(&mut self, a: &NodeName, b: &NodeName, unit: &UnitName, out: &mut Vec<Action>) {
         let online = self.session_of(a);
         let Some(target) = self.targets.get_mut(&(b.clone(), unit.clone())) else {
             return;
         };
+        let acked = target.acked;
         let Some(r) = target.refs.get_mut(a) else {
             return;
         };
+        if r.state == RefState::Waiting && !covers(acked, r.added_gen) {
+            return;
+        }
         let Known::Loaded { active, sub, .. } = &target.known else {
             return;
         };

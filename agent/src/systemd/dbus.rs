@@ -471,7 +471,7 @@ fn parse_unit_signal(msg: &zbus::Message) -> Option<UnitSignal> {
     let interface = header.interface()?.as_str();
     let path = header.path()?.as_str();
     let wanted = match member {
-        "Reloading" | "UnitNew" | "UnitRemoved" => {
+        "Reloading" | "UnitNew" | "UnitRemoved" | "JobRemoved" => {
             interface == MANAGER_IFACE && path == MANAGER_PATH
         }
         "PropertiesChanged" => interface == PROPERTIES_IFACE && path.starts_with(UNIT_PATH_PREFIX),
@@ -485,6 +485,18 @@ fn parse_unit_signal(msg: &zbus::Message) -> Option<UnitSignal> {
             Ok(active) => Some(UnitSignal::Reloading { active }),
             Err(e) => {
                 tracing::warn!("ignoring a malformed Reloading signal: {e}");
+                None
+            }
+        },
+        "JobRemoved" => match msg
+            .body()
+            .deserialize::<(u32, OwnedObjectPath, String, String)>()
+        {
+            Ok((_, job, _, _)) => Some(UnitSignal::JobRemoved {
+                job: job.to_string(),
+            }),
+            Err(e) => {
+                tracing::warn!("ignoring a malformed JobRemoved signal: {e}");
                 None
             }
         },

@@ -98,10 +98,22 @@ impl FakeSystemd {
 
     /// Sends an arbitrary event (e.g. a job someone else started).
     pub async fn emit(&self, event: SystemdEvent) {
-        let tx = self.lock().events.clone();
+        let (tx, units) = self.job_streams();
         if let Some(tx) = tx {
-            let _ = tx.send(event).await;
+            deliver(&tx, units.as_ref(), event).await;
         }
+    }
+
+    /// Where job events go: the job stream and, for `JobRemoved`, the unit
+    /// stream too, as systemd's one signal reaches both of the agent's.
+    fn job_streams(
+        &self,
+    ) -> (
+        Option<mpsc::Sender<SystemdEvent>>,
+        Option<mpsc::Sender<UnitSignal>>,
+    ) {
+        let st = self.lock();
+        (st.events.clone(), st.unit_events.clone())
     }
 
     /// Sets the state `ListUnits` reports for `unit` (which becomes known).
@@ -181,7 +193,7 @@ impl FakeSystemd {
     ) -> Result<JobPath, RemoteError> {
         self.enter(format!("{method} {unit} {mode}"), method)
             .await?;
-        let (id, job, script, tx) = {
+        let (id, job, script, tx, units) = {
             let mut st = self.lock();
             let Some(script) = st.units.get(unit).cloned() else {
                 return Err(RemoteError::new(
@@ -195,7 +207,7 @@ impl FakeSystemd {
             if script == Script::Hang {
                 st.hanging.insert(job.clone(), (id, unit.to_string()));
             }
-            (id, job, script, st.events.clone())
+            (id, job, script, st.events.clone(), st.unit_events.clone())
         };
         let Some(tx) = tx else { return Ok(job) };
         match script {
@@ -205,13 +217,13 @@ impl FakeSystemd {
                     // After the reply, as on an idle systemd.
                     tokio::task::yield_now().await;
                     for ev in events {
-                        let _ = tx.send(ev).await;
+                        deliver(&tx, units.as_ref(), ev).await;
                     }
                 });
             }
             Script::FinishBeforeReply(result) => {
                 for ev in job_events(id, &job, unit, &result) {
-                    let _ = tx.send(ev).await;
+                    deliver(&tx, units.as_ref(), ev).await;
                 }
                 // Give the agent's event pump the chance to see the removal
                 // before the reply, as happens on a busy real node.
@@ -243,6 +255,22 @@ fn file_changes(kind: &str, files: &[String]) -> Vec<UnitFileChange> {
             )
         })
         .collect()
+}
+
+/// Sends a job event; a `JobRemoved` also to the unit stream, after it.
+async fn deliver(
+    tx: &mpsc::Sender<SystemdEvent>,
+    units: Option<&mpsc::Sender<UnitSignal>>,
+    event: SystemdEvent,
+) {
+    let removed = match &event {
+        SystemdEvent::JobRemoved { job, .. } => Some(job.clone()),
+        _ => None,
+    };
+    let _ = tx.send(event).await;
+    if let (Some(units), Some(job)) = (units, removed) {
+        let _ = units.send(UnitSignal::JobRemoved { job }).await;
+    }
 }
 
 fn job_events(id: u32, job: &str, unit: &str, result: &str) -> [SystemdEvent; 2] {
@@ -309,9 +337,13 @@ impl Systemd for FakeSystemd {
 
     async fn cancel_job(&self, job: &str) -> Result<(), RemoteError> {
         self.enter(format!("CancelJob {job}"), "CancelJob").await?;
-        let (found, tx) = {
+        let (found, tx, units) = {
             let mut st = self.lock();
-            (st.hanging.remove(job), st.events.clone())
+            (
+                st.hanging.remove(job),
+                st.events.clone(),
+                st.unit_events.clone(),
+            )
         };
         let Some((id, unit)) = found else {
             return Err(RemoteError::new(
@@ -326,7 +358,7 @@ impl Systemd for FakeSystemd {
                 unit,
                 result: "canceled".into(),
             };
-            let _ = tx.send(removed).await;
+            deliver(&tx, units.as_ref(), removed).await;
         }
         Ok(())
     }

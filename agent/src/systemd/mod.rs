@@ -108,6 +108,9 @@ pub enum UnitSignal {
     /// unit, announcing each with `UnitRemoved` and a later `UnitNew`
     /// without any state change signal.
     Reloading { active: bool },
+    /// `Manager.JobRemoved`: every unit signal systemd sent before it has
+    /// been delivered (see `crate::news`).
+    JobRemoved { job: String },
     /// `PropertiesChanged` on the unit's object for one interface.
     Changed {
         unit: String,
