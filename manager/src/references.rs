@@ -683,7 +683,6 @@ impl References {
                     for a in covered {
                         self.replay(&a, &cmd.node, &cmd.unit, &mut out);
                     }
-                    self.settle(&cmd.node, &cmd.unit, &mut out);
                 }
             }
             DepOutcome::Offline => {}
