@@ -4,29 +4,37 @@
 //! `drover-proxy@bar_db.service`: it forks, execs `drover-proxy create`, and
 //! the helper connects to the bus and calls `CreateProxy`. That takes a few
 //! milliseconds in which nothing happens on node `bar`. So the agent watches
-//! systemd's job signals as well: once a proxy unit's **start** job is
-//! **running**, the proxy is announced to the manager at once
+//! systemd's job signals as well: once a proxy unit's **start** job runs, or
+//! may run, the proxy is announced to the manager at once
 //! ([`Proxies::start_ahead`]) and the target starts while the helper process
 //! starts; the helper's call then claims that proxy and is answered as soon
 //! as the target is active (at once if it already is).
 //!
-//! * Only when the job *runs*, not when it is queued: a proxy unit ordered
-//!   after other local units (`After=`) must not start its target before them.
-//! * Only start jobs (`start`, `restart`): a stop job of an inactive proxy
-//!   unit must never start anything anywhere.
+//! * Only when systemd's ordering lets the job run: a proxy unit ordered
+//!   after other local units (`After=`) must not start its target before
+//!   them. `JobNew` names the unit but not the job's type or state, so each
+//!   proxy job costs one [`Systemd::job_info`](crate::systemd::Systemd::job_info)
+//!   query, which also reads the jobs of the units the proxy is ordered
+//!   against. systemd answers it before it forks the helper (its run queue
+//!   comes last in its loop), so a start job that nothing holds back
+//!   ([`JobInfo::may_run`]) starts the target about a millisecond earlier
+//!   than waiting for the job's `running` signal, which follows the fork.
+//!   A job held back waits for that signal.
+//! * Only start jobs: a stop job of an inactive proxy unit must never start
+//!   anything anywhere. A `restart` job counts once it runs (it stops
+//!   first, so ordering treats it as a stop until then).
 //! * A job that ends without a helper having claimed its proxy (cancelled,
 //!   or the unit failed before its helper ran) releases it
 //!   ([`Proxies::job_ended`]), so a target is never left wanted by nobody.
 //!
-//! `JobNew` names the unit but not the job's type or state, so each proxy
-//! start job costs one `job_info` query. Signals keep arriving meanwhile: a
-//! `running` state or a removal that overtakes the answer is recorded here,
-//! and the pending table's lock is held while a proxy is started or released,
-//! so the outcome is the same in every order.
+//! Signals keep arriving while the query runs: a `running` state or a
+//! removal that overtakes the answer is recorded here, and the pending
+//! table's lock is held while a proxy is started or released, so the
+//! outcome is the same in every order.
 
 use crate::outbox::Outbox;
 use crate::proxy::{Proxies, ProxyKey};
-use crate::systemd::{JobPath, SystemdEvent};
+use crate::systemd::{JobInfo, JobPath, SystemdEvent};
 use drover_protocol::RemoteError;
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
@@ -38,8 +46,8 @@ pub const PENDING_CAP: usize = 1024;
 #[derive(Debug)]
 struct Pending {
     key: ProxyKey,
-    /// systemd said the job is running.
-    running: bool,
+    /// systemd runs the job, or will at its next turn.
+    runs: bool,
     /// `Some(true)` for a start job, once known.
     start: Option<bool>,
 }
@@ -56,15 +64,15 @@ impl Ahead {
         self.pending.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// One systemd event, in systemd's order. Returns the job to ask
-    /// `job_info` about when a proxy unit nobody follows got a job; the answer
-    /// goes to [`Ahead::classified`].
+    /// One systemd event, in systemd's order. Returns the job (and its unit)
+    /// to ask `job_info` about when a proxy unit nobody follows got a job;
+    /// the answer goes to [`Ahead::classified`].
     pub fn on_event(
         &self,
         event: &SystemdEvent,
         proxies: &Proxies,
         outbox: &Outbox,
-    ) -> Option<JobPath> {
+    ) -> Option<(JobPath, String)> {
         match event {
             SystemdEvent::JobNew { job, unit, .. } => {
                 let key = ProxyKey::from_unit_name(unit)?;
@@ -80,14 +88,14 @@ impl Ahead {
                     job.clone(),
                     Pending {
                         key,
-                        running: false,
+                        runs: false,
                         start: None,
                     },
                 );
-                Some(job.clone())
+                Some((job.clone(), unit.clone()))
             }
             SystemdEvent::JobState { job, state } if state == "running" => {
-                self.update(job, proxies, outbox, |p| p.running = true);
+                self.update(job, proxies, outbox, |p| p.runs = true);
                 None
             }
             SystemdEvent::JobState { .. } => None,
@@ -100,19 +108,20 @@ impl Ahead {
         }
     }
 
-    /// The answer to `job_info(job)`: (JobType, State), or an error when the
-    /// job is already gone.
+    /// The answer to `job_info(job)`, or an error when the job is already
+    /// gone.
     pub fn classified(
         &self,
         job: &str,
-        info: Result<(String, String), RemoteError>,
+        info: Result<JobInfo, RemoteError>,
         proxies: &Proxies,
         outbox: &Outbox,
     ) {
         match info {
-            Ok((kind, state)) => self.update(job, proxies, outbox, |p| {
-                p.start = Some(kind == "start" || kind == "restart");
-                p.running |= state == "running";
+            Ok(info) => self.update(job, proxies, outbox, |p| {
+                p.start = Some(info.kind == "start" || info.kind == "restart");
+                p.runs |= info.state == "running"
+                    || (info.kind == "start" && info.state == "waiting" && info.may_run);
             }),
             Err(e) => {
                 tracing::debug!("no start ahead for {job}: {}", e.message);
@@ -132,7 +141,7 @@ impl Ahead {
             return;
         };
         f(p);
-        match (p.start, p.running) {
+        match (p.start, p.runs) {
             (Some(false), _) => {
                 pending.remove(job);
             }
@@ -199,8 +208,69 @@ mod tests {
         out
     }
 
-    fn info(kind: &str, state: &str) -> Result<(String, String), RemoteError> {
-        Ok((kind.into(), state.into()))
+    /// A job whose ordering holds it back (`may_run: false`).
+    fn info(kind: &str, state: &str) -> Result<JobInfo, RemoteError> {
+        Ok(JobInfo {
+            kind: kind.into(),
+            state: state.into(),
+            may_run: false,
+        })
+    }
+
+    fn free(kind: &str) -> Result<JobInfo, RemoteError> {
+        Ok(JobInfo {
+            kind: kind.into(),
+            state: "waiting".into(),
+            may_run: true,
+        })
+    }
+
+    fn announced(rx: &mut mpsc::Receiver<ToManager>) -> bool {
+        let sent = events(rx);
+        match sent.as_slice() {
+            [] => false,
+            [Event::ProxyNew { node, unit, .. }]
+                if node.as_str() == "bar" && unit.as_str() == "db.service" =>
+            {
+                true
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_start_job_nothing_holds_back_announces_the_proxy_before_it_runs() {
+        let (ahead, proxies, outbox, mut rx) = rig();
+        ahead.on_event(&new_job(), &proxies, &outbox);
+        ahead.classified(JOB, free("start"), &proxies, &outbox);
+        assert!(announced(&mut rx));
+        assert_eq!(ahead.pending(), 0);
+        // The running signal that follows changes nothing.
+        ahead.on_event(&running(), &proxies, &outbox);
+        assert!(events(&mut rx).is_empty());
+    }
+
+    #[test]
+    fn a_start_job_held_back_by_ordering_waits_until_it_runs() {
+        let (ahead, proxies, outbox, mut rx) = rig();
+        ahead.on_event(&new_job(), &proxies, &outbox);
+        ahead.classified(JOB, info("start", "waiting"), &proxies, &outbox);
+        assert!(!announced(&mut rx));
+        ahead.on_event(&running(), &proxies, &outbox);
+        assert!(announced(&mut rx));
+    }
+
+    #[test]
+    fn only_start_jobs_are_announced_before_they_run() {
+        for kind in ["restart", "stop", "verify-active", "reload", "nop"] {
+            let (ahead, proxies, outbox, mut rx) = rig();
+            ahead.on_event(&new_job(), &proxies, &outbox);
+            ahead.classified(JOB, free(kind), &proxies, &outbox);
+            assert!(!announced(&mut rx), "{kind}");
+            ahead.on_event(&running(), &proxies, &outbox);
+            assert_eq!(announced(&mut rx), kind == "restart", "{kind}");
+            assert_eq!(ahead.pending(), 0, "{kind}");
+        }
     }
 
     #[test]
@@ -208,8 +278,8 @@ mod tests {
         for state_first in [false, true] {
             let (ahead, proxies, outbox, mut rx) = rig();
             assert_eq!(
-                ahead.on_event(&new_job(), &proxies, &outbox).as_deref(),
-                Some(JOB)
+                ahead.on_event(&new_job(), &proxies, &outbox),
+                Some((JOB.to_string(), UNIT.to_string()))
             );
             if state_first {
                 ahead.on_event(&running(), &proxies, &outbox);

@@ -593,6 +593,54 @@ async fn a_proxy_waiting_for_its_turn_does_not_start_the_target_early() {
     c.down().await.unwrap();
 }
 
+/// The agent starts the target before the proxy's helper runs only when
+/// systemd's ordering lets the proxy's start job run: a stop of a unit
+/// ordered after the proxy goes first, so the target waits for it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_start_waits_for_the_stop_of_a_unit_ordered_after_it() {
+    let c = start_cluster(ClusterOptions::with_nodes(2)).await;
+    c.install_unit("node2", DB, SLEEPER).await.unwrap();
+    let later = format!(
+        "[Unit]\nAfter={PROXY}\n[Service]\nExecStart=/bin/sleep 600\nExecStop=/bin/sleep 2\n"
+    );
+    c.install_unit("node1", "later.service", &later)
+        .await
+        .unwrap();
+    start_ok(&c, "node1", "later.service").await;
+    let out = systemctl(&c, "node1", &["stop", "--no-block", "later.service"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    wait_state(&c, "node1", "later.service", "deactivating").await;
+    c.install_unit("node1", NEED_DB, &requester("Wants", PROXY))
+        .await
+        .unwrap();
+    let out = systemctl(&c, "node1", &["start", "--no-block", NEED_DB]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    // The proxy's start job waits behind the stop: nothing starts on node2.
+    stays(&c, "node2", DB, "inactive", Duration::from_millis(1200)).await;
+    assert_eq!(live(&c).await, vec![]);
+    wait_state(&c, "node1", NEED_DB, "active").await;
+    assert_eq!(state(&c, "node1", PROXY).await, "active");
+    assert_eq!(state(&c, "node2", DB).await, "active");
+    let stopped: u64 = unit_prop(
+        &c,
+        "node1",
+        "later.service",
+        "InactiveEnterTimestampMonotonic",
+    )
+    .await
+    .parse()
+    .unwrap();
+    let db_started: u64 = unit_prop(&c, "node2", DB, "InactiveExitTimestampMonotonic")
+        .await
+        .parse()
+        .unwrap();
+    assert!(
+        stopped <= db_started,
+        "db started on node2 before later.service had stopped on node1"
+    );
+    c.down().await.unwrap();
+}
+
 /// Not in BlueChi (services only): any unit type can be a target.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn other_unit_types_are_targets_too() {

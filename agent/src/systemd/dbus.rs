@@ -13,8 +13,9 @@
 //! turned back into unit names by reversing systemd's bus label escaping.
 
 use super::{
-    BusTarget, ERR_NO_SUCH_UNIT, ERR_UNKNOWN_METHOD, EVENT_QUEUE, EventStream, JobKind, JobPath,
-    Systemd, SystemdEvent, UnitFileChange, UnitSignal, UnitSignalStream,
+    BusTarget, ERR_NO_SUCH_JOB, ERR_NO_SUCH_UNIT, ERR_UNKNOWN_METHOD, EVENT_QUEUE, EventStream,
+    JobInfo, JobKind, JobPath, Systemd, SystemdEvent, UnitFileChange, UnitSignal, UnitSignalStream,
+    ordering_lets_start_run,
 };
 use crate::marshal::{self, AuxUnits, PropertyList, PropertyMap};
 use drover_protocol::{Marshalled, RemoteError, UnitInfo};
@@ -60,6 +61,16 @@ type RawUnit = (
     OwnedObjectPath,
     u32,
     String,
+    OwnedObjectPath,
+);
+
+/// systemd's `ListJobs` tuple `(usssoo)`: id, unit, type, state, job, unit path.
+type RawJob = (
+    u32,
+    String,
+    String,
+    String,
+    OwnedObjectPath,
     OwnedObjectPath,
 );
 
@@ -138,6 +149,26 @@ impl ZbusSystemd {
         }
     }
 
+    /// A unit-name list property (`After`, `Before`, …) of the unit at `path`.
+    async fn unit_names(&self, path: &str, property: &str) -> Result<Vec<String>, RemoteError> {
+        let reply = self
+            .conn
+            .call_method(
+                Some(SERVICE),
+                path,
+                Some(PROPERTIES_IFACE),
+                "Get",
+                &(super::UNIT_IFACE, property),
+            )
+            .await
+            .map_err(|e| remote_error(e, "Get"))?;
+        let value: OwnedVariant = reply
+            .body()
+            .deserialize()
+            .map_err(|e| bad_reply("Get", e))?;
+        Vec::<String>::try_from(value).map_err(|e| bad_reply("Get", e.into()))
+    }
+
     async fn unit_call<B>(
         &self,
         unit: &str,
@@ -154,6 +185,26 @@ impl ZbusSystemd {
             .await
             .map_err(|e| remote_error(e, method))
     }
+}
+
+/// systemd's object path of the unit named `name` (its bus label escaping:
+/// every byte but ASCII letters and digits becomes `_XX`, lowercase hex, and
+/// so does a leading digit).
+pub fn unit_path(name: &str) -> String {
+    let mut path = String::with_capacity(UNIT_PATH_PREFIX.len() + 1 + name.len() * 3);
+    path.push_str(UNIT_PATH_PREFIX);
+    path.push('/');
+    if name.is_empty() {
+        path.push('_');
+    }
+    for (i, b) in name.bytes().enumerate() {
+        if b.is_ascii_alphabetic() || (i > 0 && b.is_ascii_digit()) {
+            path.push(char::from(b));
+        } else {
+            path.push_str(&format!("_{b:02x}"));
+        }
+    }
+    path
 }
 
 /// Reverses systemd's bus label escaping of a unit object path
@@ -254,29 +305,42 @@ impl Systemd for ZbusSystemd {
         Ok(())
     }
 
-    async fn job_info(&self, job: &str) -> Result<(String, String), RemoteError> {
-        let reply = self
-            .conn
-            .call_method(
-                Some(SERVICE),
-                job,
-                Some(PROPERTIES_IFACE),
-                "GetAll",
-                &(JOB_IFACE,),
-            )
-            .await
-            .map_err(|e| remote_error(e, "Job properties"))?;
-        let mut props: HashMap<String, OwnedVariant> = reply
-            .body()
-            .deserialize()
-            .map_err(|e| RemoteError::failed(format!("reading job properties: {e}")))?;
-        let mut text = |name: &str| {
-            props
-                .remove(name)
-                .and_then(|v| String::try_from(v).ok())
-                .unwrap_or_default()
+    async fn job_info(&self, job: &str, unit: &str) -> Result<JobInfo, RemoteError> {
+        // Sent together: systemd answers all three in one turn of its loop,
+        // before it runs the jobs it just queued.
+        let path = unit_path(unit);
+        let (jobs, after, before) = futures::join!(
+            self.manager_get::<_, Vec<RawJob>>("ListJobs", &()),
+            self.unit_names(&path, "After"),
+            self.unit_names(&path, "Before"),
+        );
+        let jobs = jobs?;
+        let Some(own) = jobs.iter().find(|j| j.4.as_str() == job) else {
+            return Err(RemoteError::new(
+                ERR_NO_SUCH_JOB,
+                format!("Job {job} does not exist."),
+            ));
         };
-        Ok((text("JobType"), text("State")))
+        let may_run = match (after, before) {
+            (Ok(after), Ok(before)) => {
+                let kinds_on = |units: &[String]| {
+                    jobs.iter()
+                        .filter(|j| units.contains(&j.1))
+                        .map(|j| j.2.as_str())
+                        .collect::<Vec<_>>()
+                };
+                ordering_lets_start_run(kinds_on(&after), kinds_on(&before))
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::debug!("cannot read the ordering of {unit}: {}", e.message);
+                false
+            }
+        };
+        Ok(JobInfo {
+            kind: own.2.clone(),
+            state: own.3.clone(),
+            may_run,
+        })
     }
 
     async fn reload(&self) -> Result<(), RemoteError> {
@@ -668,6 +732,22 @@ mod tests {
         assert_eq!(name("/org/freedesktop/systemd1/unit/bad_zz"), None);
         assert_eq!(name("/org/freedesktop/systemd1/job/1"), None);
         assert_eq!(name("/org/freedesktop/systemd1/unitx/a"), None);
+    }
+
+    #[test]
+    fn unit_names_escape_as_systemd_does() {
+        assert_eq!(
+            unit_path("drover-proxy@node2_db.service"),
+            "/org/freedesktop/systemd1/unit/drover_2dproxy_40node2_5fdb_2eservice"
+        );
+        assert_eq!(
+            unit_path("1abc.target"),
+            "/org/freedesktop/systemd1/unit/_31abc_2etarget"
+        );
+        assert_eq!(unit_path(""), "/org/freedesktop/systemd1/unit/_");
+        for name in ["a-b@c\\x2d.service", "é.service", "x.y_z.mount"] {
+            assert_eq!(unit_name_from_path(&unit_path(name)).as_deref(), Some(name));
+        }
     }
 
     #[test]

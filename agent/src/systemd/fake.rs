@@ -12,8 +12,8 @@
 //! [`super::dbus`].
 
 use super::{
-    ERR_NO_SUCH_JOB, ERR_NO_SUCH_UNIT, ERR_UNKNOWN_METHOD, EVENT_QUEUE, EventStream, JobKind,
-    JobPath, Systemd, SystemdEvent, UnitFileChange, UnitSignal, UnitSignalStream,
+    ERR_NO_SUCH_JOB, ERR_NO_SUCH_UNIT, ERR_UNKNOWN_METHOD, EVENT_QUEUE, EventStream, JobInfo,
+    JobKind, JobPath, Systemd, SystemdEvent, UnitFileChange, UnitSignal, UnitSignalStream,
 };
 use crate::marshal::{self, AuxUnits, PropertyList, PropertyMap};
 use drover_protocol::{Marshalled, RemoteError, UnitInfo};
@@ -49,8 +49,8 @@ struct State {
     /// (active, sub) reported by `ListUnits`; inactive/dead when absent.
     states: HashMap<String, (String, String)>,
     unit_events: Option<mpsc::Sender<UnitSignal>>,
-    /// (JobType, State) that `job_info` reports, by job path.
-    job_infos: HashMap<JobPath, (String, String)>,
+    /// What `job_info` reports, by job path.
+    job_infos: HashMap<JobPath, JobInfo>,
 }
 
 /// See the module docs. Cheap to clone; clones share state.
@@ -90,10 +90,8 @@ impl FakeSystemd {
     }
 
     /// Sets what `job_info` reports for `job` (absent: no such job).
-    pub fn set_job_info(&self, job: &str, job_type: &str, state: &str) {
-        self.lock()
-            .job_infos
-            .insert(job.to_string(), (job_type.to_string(), state.to_string()));
+    pub fn set_job_info(&self, job: &str, info: JobInfo) {
+        self.lock().job_infos.insert(job.to_string(), info);
     }
 
     /// Sends an arbitrary event (e.g. a job someone else started).
@@ -326,7 +324,7 @@ impl Systemd for FakeSystemd {
         self.unit_job_named(kind.method(), unit, mode).await
     }
 
-    async fn job_info(&self, job: &str) -> Result<(String, String), RemoteError> {
+    async fn job_info(&self, job: &str, _unit: &str) -> Result<JobInfo, RemoteError> {
         self.enter(format!("JobInfo {job}"), "JobInfo").await?;
         self.lock()
             .job_infos

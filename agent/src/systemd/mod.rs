@@ -130,6 +130,33 @@ pub type UnitSignalStream = mpsc::Receiver<UnitSignal>;
 /// `(type, file, destination)` of `EnableUnitFiles` and friends.
 pub type UnitFileChange = (String, String, String);
 
+/// What [`Systemd::job_info`] tells about one job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobInfo {
+    /// `JobType`: `start`, `stop`, `restart`, `verify-active`, `reload`, `nop`.
+    pub kind: String,
+    /// `State`: `waiting` or `running`.
+    pub state: String,
+    /// Nothing the job's unit is ordered against holds the job back: see
+    /// [`ordering_lets_start_run`]. `false` when that could not be read.
+    pub may_run: bool,
+}
+
+/// Whether a waiting **start** job may run now, by systemd's own rule
+/// (`job_is_runnable()` with `job_compare()`): it waits while any unit it is
+/// ordered after (`After=`) has a job other than `nop`, or any unit it is
+/// ordered before (`Before=`) has a `stop` or `restart` job, since stops go
+/// first. The arguments are the job types found on those units.
+pub fn ordering_lets_start_run<'a>(
+    after: impl IntoIterator<Item = &'a str>,
+    before: impl IntoIterator<Item = &'a str>,
+) -> bool {
+    !after.into_iter().any(|kind| kind != "nop")
+        && !before
+            .into_iter()
+            .any(|kind| kind == "stop" || kind == "restart")
+}
+
 /// systemd's D-Bus interface of every unit object.
 pub const UNIT_IFACE: &str = "org.freedesktop.systemd1.Unit";
 
@@ -148,12 +175,14 @@ pub trait Systemd: Send + Sync + 'static {
         mode: &str,
     ) -> impl Future<Output = Result<JobPath, RemoteError>> + Send;
 
-    /// `(JobType, State)` of a job (`start`/`stop`/…, `waiting`/`running`);
-    /// systemd's `NoSuchJob`-like error once the job is gone.
+    /// Type and state of `job`, a job of `unit`, and whether systemd's
+    /// ordering lets it run now ([`JobInfo`]); systemd's `NoSuchJob`-like
+    /// error once the job is gone.
     fn job_info(
         &self,
         job: &str,
-    ) -> impl Future<Output = Result<(String, String), RemoteError>> + Send;
+        unit: &str,
+    ) -> impl Future<Output = Result<JobInfo, RemoteError>> + Send;
 
     /// `Job.Cancel` on the job object.
     fn cancel_job(&self, job: &str) -> impl Future<Output = Result<(), RemoteError>> + Send;
@@ -278,5 +307,33 @@ impl std::fmt::Display for BusTarget {
             BusTarget::Session => f.write_str("the session bus"),
             BusTarget::Address(a) => write!(f, "bus {a}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ordering_lets_start_run;
+
+    #[test]
+    fn a_start_waits_for_jobs_it_is_ordered_after() {
+        let none: [&str; 0] = [];
+        assert!(ordering_lets_start_run(none, none));
+        for kind in ["start", "stop", "restart", "verify-active", "reload"] {
+            assert!(!ordering_lets_start_run([kind], none), "{kind} after");
+        }
+        assert!(ordering_lets_start_run(["nop"], none));
+    }
+
+    #[test]
+    fn a_start_waits_only_for_stops_of_units_it_is_ordered_before() {
+        let none: [&str; 0] = [];
+        // need-db.service (After= the proxy) starting is the usual case.
+        for kind in ["start", "verify-active", "reload", "nop"] {
+            assert!(ordering_lets_start_run(none, [kind]), "{kind} before");
+        }
+        for kind in ["stop", "restart"] {
+            assert!(!ordering_lets_start_run(none, [kind]), "{kind} before");
+        }
+        assert!(!ordering_lets_start_run(none, ["start", "stop"]));
     }
 }
