@@ -166,7 +166,7 @@ impl ZbusSystemd {
             .body()
             .deserialize()
             .map_err(|e| bad_reply("Get", e))?;
-        Vec::<String>::try_from(value).map_err(|e| bad_reply("Get", e.into()))
+        Vec::<String>::try_from(value).map_err(|e| bad_reply("Get", e))
     }
 
     async fn unit_call<B>(
