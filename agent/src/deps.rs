@@ -22,7 +22,9 @@
 //! The `StartDep` reply also waits until the unit signals systemd sent before
 //! the dep's job ended have gone to the manager ([`crate::news`]): the
 //! manager must see the target's news of this start before the reply that
-//! confirms it, never after.
+//! confirms it, never after. It comes earlier when the unit stream shows the
+//! target active after the dep's job was queued (also [`crate::news`]): the
+//! dep, which only waits for its target, cannot fail after that.
 //!
 //! `StopDep` replies once systemd accepted the stop job; a dep that is not
 //! loaded has nothing to stop and is a success.
@@ -69,6 +71,9 @@ pub fn dep_unit(target: &UnitName) -> Result<UnitName, RemoteError> {
 pub enum JobEnd {
     /// systemd removed the job with this result (`done`, `dependency`, …).
     Finished(String),
+    /// A dep's target went active after its start job was queued, and that
+    /// news went to the manager first ([`crate::news`]).
+    TargetActive,
     /// Still running when the bound passed.
     StillRunning,
 }
@@ -132,7 +137,7 @@ impl Deps {
         bound: Duration,
         news: Option<&JobNews>,
     ) -> Result<JobEnd, RemoteError> {
-        let (path, end) = self.job_end(systemd, kind, unit, mode, bound).await?;
+        let (path, end) = self.job_end(systemd, kind, unit, mode, bound, news).await?;
         if let (Some(news), JobEnd::Finished(_)) = (news, &end)
             && !news.wait_passed(&path, NEWS_BOUND).await
         {
@@ -143,6 +148,8 @@ impl Deps {
         Ok(end)
     }
 
+    /// Queues the job and waits for its end; for a dep's start with `news`,
+    /// the target going active ends the wait as well ([`crate::news`]).
     async fn job_end<S: Systemd>(
         &self,
         systemd: &S,
@@ -150,7 +157,15 @@ impl Deps {
         unit: &str,
         mode: &str,
         bound: Duration,
+        news: Option<&JobNews>,
     ) -> Result<(JobPath, JobEnd), RemoteError> {
+        let target = unit
+            .strip_prefix(DEP_UNIT_PREFIX)
+            .and_then(|rest| rest.strip_suffix(".service"));
+        let mut watch = match (news, target, kind) {
+            (Some(news), Some(target), JobKind::Start) => Some(news.watch_start(unit, target)),
+            _ => None,
+        };
         self.lock().in_flight += 1;
         let called = systemd.unit_job(kind, unit, mode).await;
         let rx = {
@@ -181,7 +196,15 @@ impl Deps {
             (path, rx)
         };
         let (path, rx) = rx;
-        match tokio::time::timeout(bound, rx).await {
+        let removed = tokio::time::timeout(bound, rx);
+        let removed = match &mut watch {
+            Some(watch) => tokio::select! {
+                r = removed => r,
+                () = watch.target_active_after(&path) => return Ok((path, JobEnd::TargetActive)),
+            },
+            None => removed.await,
+        };
+        match removed {
             Ok(Ok(result)) => Ok((path, JobEnd::Finished(result))),
             Ok(Err(_)) | Err(_) => {
                 // Drop our (and any other abandoned) waiter for this job.
@@ -229,6 +252,10 @@ impl Deps {
             )
             .await
         {
+            Ok(JobEnd::TargetActive) => {
+                tracing::info!("{dep} starting, {target} active: it is wanted by another node");
+                Ok(Response::Empty)
+            }
             Ok(JobEnd::Finished(result)) if result == "done" => {
                 tracing::info!("{dep} started: {target} is wanted by another node");
                 Ok(Response::Empty)
@@ -489,6 +516,27 @@ mod tests {
         news.passed("/org/freedesktop/systemd1/job/1");
         assert_eq!(reply.await, Ok(Response::Empty));
         assert_eq!(news.pending(), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn start_dep_replies_once_the_target_is_active_after_the_job_was_queued() {
+        let (fake, deps) = rig().await;
+        // The dep's job does not end by itself: only the target's news can
+        // confirm the start.
+        fake.add_unit("drover-dep@db.service.service", Script::Hang);
+        let news = JobNews::default();
+        let db = unit("db.service");
+        let reply = deps.start_dep(&fake, &db, Some(&news));
+        tokio::pin!(reply);
+        let job = "/org/freedesktop/systemd1/job/1";
+        // An `active` from before the job was queued is old news.
+        news.active("db.service");
+        let early = tokio::time::timeout(Duration::from_millis(200), &mut reply).await;
+        assert!(early.is_err(), "replied on old news: {early:?}");
+        news.queued(job, "drover-dep@db.service.service");
+        news.active("db.service");
+        assert_eq!(reply.await, Ok(Response::Empty));
+        assert!(news.watches_empty(), "the watch ended with the reply");
     }
 
     #[tokio::test]

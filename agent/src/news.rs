@@ -25,6 +25,17 @@
 //! unit stream already ran when the job was queued (see
 //! [`crate::units::UnitHub::streaming`]); otherwise there is nothing to wait
 //! for.
+//!
+//! **Earlier, at the target's `active`.** The dep's job only ends after
+//! systemd has sent the target's state changes, the dep's own and the job
+//! signals of both, one message at a time through the bus daemon: on a busy
+//! machine a few milliseconds after the target is already active. So a
+//! `StartDep` also watches the unit stream ([`JobNews::watch_start`]): once
+//! the reader has passed the `JobNew` of the dep's job (everything after it
+//! reflects states after the job was queued) and then an `active` of the
+//! target, which it sends on first, the start is confirmed. Anything else,
+//! such as a target that was already active and does not change, waits for
+//! the job's end as above.
 
 use crate::systemd::JobPath;
 use std::collections::{HashMap, VecDeque};
@@ -41,6 +52,43 @@ pub const PASSED_CAP: usize = 1024;
 struct Inner {
     waiting: HashMap<JobPath, Vec<oneshot::Sender<()>>>,
     passed: VecDeque<JobPath>,
+    watches: Vec<Watch>,
+    next_watch: u64,
+}
+
+/// One `StartDep` watching for its target to go active.
+struct Watch {
+    id: u64,
+    dep: String,
+    target: String,
+    /// The latest job of `dep` the reader passed, once it did.
+    queued: Option<JobPath>,
+    fire: Option<oneshot::Sender<JobPath>>,
+}
+
+/// A watch made by [`JobNews::watch_start`]; dropping it ends the watch.
+pub struct StartWatch<'a> {
+    news: &'a JobNews,
+    id: u64,
+    fired: oneshot::Receiver<JobPath>,
+}
+
+impl StartWatch<'_> {
+    /// Resolves once the target went active after `job` (the dep's start
+    /// job) was queued; never, if it went active after another job of the
+    /// dep, or not at all.
+    pub async fn target_active_after(&mut self, job: &str) {
+        match (&mut self.fired).await {
+            Ok(fired) if fired == job => {}
+            _ => std::future::pending().await,
+        }
+    }
+}
+
+impl Drop for StartWatch<'_> {
+    fn drop(&mut self) {
+        self.news.lock().watches.retain(|w| w.id != self.id);
+    }
 }
 
 /// See the module docs.
@@ -98,6 +146,49 @@ impl JobNews {
         passed
     }
 
+    /// Before `StartUnit(dep)`: see the module docs.
+    pub fn watch_start(&self, dep: &str, target: &str) -> StartWatch<'_> {
+        let (tx, rx) = oneshot::channel();
+        let mut inner = self.lock();
+        inner.next_watch += 1;
+        let id = inner.next_watch;
+        inner.watches.push(Watch {
+            id,
+            dep: dep.to_string(),
+            target: target.to_string(),
+            queued: None,
+            fire: Some(tx),
+        });
+        StartWatch {
+            news: self,
+            id,
+            fired: rx,
+        }
+    }
+
+    /// The unit reader passed `JobNew` of `job`, a job of `unit`.
+    pub fn queued(&self, job: &str, unit: &str) {
+        for w in self.lock().watches.iter_mut().filter(|w| w.dep == unit) {
+            w.queued = Some(job.to_string());
+        }
+    }
+
+    /// The unit reader sent an `active` of `unit` to the manager.
+    pub fn active(&self, unit: &str) {
+        for w in self.lock().watches.iter_mut().filter(|w| w.target == unit) {
+            if let Some(job) = w.queued.take()
+                && let Some(fire) = w.fire.take()
+            {
+                let _ = fire.send(job);
+            }
+        }
+    }
+
+    /// No `StartDep` is watching (tests).
+    pub fn watches_empty(&self) -> bool {
+        self.lock().watches.is_empty()
+    }
+
     /// Waiters and remembered job ends (tests).
     pub fn pending(&self) -> (usize, usize) {
         let inner = self.lock();
@@ -139,6 +230,38 @@ mod tests {
         let news = JobNews::default();
         assert!(!news.wait_passed(J, Duration::from_millis(300)).await);
         assert_eq!(news.pending(), (0, 0), "the timed-out waiter is gone");
+    }
+
+    const DEP: &str = "drover-dep@db.service.service";
+
+    #[tokio::test]
+    async fn a_start_is_confirmed_by_the_first_active_after_its_job_was_queued() {
+        let news = JobNews::default();
+        let mut watch = news.watch_start(DEP, "db.service");
+        news.active("db.service");
+        news.queued(J, "other.service");
+        news.active("db.service");
+        news.queued(J, DEP);
+        news.active("other.service");
+        news.active("db.service");
+        tokio::time::timeout(Duration::from_secs(5), watch.target_active_after(J))
+            .await
+            .expect("confirmed");
+        drop(watch);
+        assert!(news.watches_empty(), "a dropped watch is gone");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_active_after_another_job_of_the_dep_confirms_nothing() {
+        let news = JobNews::default();
+        let mut watch = news.watch_start(DEP, "db.service");
+        news.queued("/org/freedesktop/systemd1/job/6", DEP);
+        news.active("db.service");
+        news.queued(J, DEP);
+        news.active("db.service");
+        let waited =
+            tokio::time::timeout(Duration::from_secs(60), watch.target_active_after(J)).await;
+        assert!(waited.is_err(), "falls back to the job's end");
     }
 
     #[test]

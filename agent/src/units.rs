@@ -366,7 +366,7 @@ impl UnitHub {
                 return None;
             }
             // Not unit news: `pump_units` reports it to `crate::news`.
-            UnitSignal::JobRemoved { .. } => return None,
+            UnitSignal::JobNew { .. } | UnitSignal::JobRemoved { .. } => return None,
             UnitSignal::New { unit }
             | UnitSignal::Removed { unit }
             | UnitSignal::Changed { unit, .. } => unit,
@@ -381,7 +381,9 @@ impl UnitHub {
         let mut inner = self.lock();
         let mut events = Vec::new();
         match signal {
-            UnitSignal::Reloading { .. } | UnitSignal::JobRemoved { .. } => {}
+            UnitSignal::Reloading { .. }
+            | UnitSignal::JobNew { .. }
+            | UnitSignal::JobRemoved { .. } => {}
             UnitSignal::New { .. } => {
                 if inner.cache.contains_key(&unit) {
                     // Announced again after a reload resync: no news.
@@ -655,13 +657,33 @@ async fn pump_units<S: Systemd>(
         }
         let hub = &shared.units;
         let _order = hub.send_order.lock().await;
-        if let UnitSignal::JobRemoved { job } = &signal {
-            // Everything systemd said before this job ended has been sent.
-            shared.news.passed(job);
-            continue;
+        match &signal {
+            UnitSignal::JobRemoved { job } => {
+                // Everything systemd said before this job ended has been sent.
+                shared.news.passed(job);
+                continue;
+            }
+            UnitSignal::JobNew { job, unit } => {
+                shared.news.queued(job, unit);
+                continue;
+            }
+            _ => {}
         }
+        let active = match &signal {
+            UnitSignal::Changed {
+                unit,
+                active_state: Some(state),
+                ..
+            } if state == "active" => Some(unit.clone()),
+            _ => None,
+        };
         if let Some(batch) = hub.on_signal(signal) {
             send(&shared, batch).await;
+        }
+        if let Some(unit) = active {
+            // After it went to the manager: a StartDep reply it releases
+            // must not overtake it.
+            shared.news.active(&unit);
         }
     }
     tracing::warn!("systemd's unit signal stream ended; unit events stop");

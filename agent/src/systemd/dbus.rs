@@ -535,7 +535,7 @@ fn parse_unit_signal(msg: &zbus::Message) -> Option<UnitSignal> {
     let interface = header.interface()?.as_str();
     let path = header.path()?.as_str();
     let wanted = match member {
-        "Reloading" | "UnitNew" | "UnitRemoved" | "JobRemoved" => {
+        "Reloading" | "UnitNew" | "UnitRemoved" | "JobNew" | "JobRemoved" => {
             interface == MANAGER_IFACE && path == MANAGER_PATH
         }
         "PropertiesChanged" => interface == PROPERTIES_IFACE && path.starts_with(UNIT_PATH_PREFIX),
@@ -549,6 +549,16 @@ fn parse_unit_signal(msg: &zbus::Message) -> Option<UnitSignal> {
             Ok(active) => Some(UnitSignal::Reloading { active }),
             Err(e) => {
                 tracing::warn!("ignoring a malformed Reloading signal: {e}");
+                None
+            }
+        },
+        "JobNew" => match msg.body().deserialize::<(u32, OwnedObjectPath, String)>() {
+            Ok((_, job, unit)) => Some(UnitSignal::JobNew {
+                job: job.to_string(),
+                unit,
+            }),
+            Err(e) => {
+                tracing::warn!("ignoring a malformed JobNew signal: {e}");
                 None
             }
         },

@@ -255,19 +255,24 @@ fn file_changes(kind: &str, files: &[String]) -> Vec<UnitFileChange> {
         .collect()
 }
 
-/// Sends a job event; a `JobRemoved` also to the unit stream, after it.
+/// Sends a job event; a `JobNew` or `JobRemoved` also to the unit stream,
+/// after it, as real systemd's signals reach both streams.
 async fn deliver(
     tx: &mpsc::Sender<SystemdEvent>,
     units: Option<&mpsc::Sender<UnitSignal>>,
     event: SystemdEvent,
 ) {
-    let removed = match &event {
-        SystemdEvent::JobRemoved { job, .. } => Some(job.clone()),
+    let copy = match &event {
+        SystemdEvent::JobRemoved { job, .. } => Some(UnitSignal::JobRemoved { job: job.clone() }),
+        SystemdEvent::JobNew { job, unit, .. } => Some(UnitSignal::JobNew {
+            job: job.clone(),
+            unit: unit.clone(),
+        }),
         _ => None,
     };
     let _ = tx.send(event).await;
-    if let (Some(units), Some(job)) = (units, removed) {
-        let _ = units.send(UnitSignal::JobRemoved { job }).await;
+    if let (Some(units), Some(signal)) = (units, copy) {
+        let _ = units.send(signal).await;
     }
 }
 

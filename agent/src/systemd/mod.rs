@@ -108,6 +108,9 @@ pub enum UnitSignal {
     /// unit, announcing each with `UnitRemoved` and a later `UnitNew`
     /// without any state change signal.
     Reloading { active: bool },
+    /// `Manager.JobNew`: what follows reflects states after `job` was
+    /// queued (see `crate::news`).
+    JobNew { job: String, unit: String },
     /// `Manager.JobRemoved`: every unit signal systemd sent before it has
     /// been delivered (see `crate::news`).
     JobRemoved { job: String },
