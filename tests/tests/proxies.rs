@@ -45,6 +45,14 @@ async fn state(c: &Cluster, node: &str, unit: &str) -> String {
     unit_prop(c, node, unit, "ActiveState").await
 }
 
+/// A `…TimestampMonotonic` property: microseconds on the one clock all
+/// sandbox nodes share, so the times of two nodes compare.
+async fn timestamp(c: &Cluster, node: &str, unit: &str, prop: &str) -> u64 {
+    let raw = unit_prop(c, node, unit, prop).await;
+    raw.parse()
+        .unwrap_or_else(|e| panic!("{prop} of {unit} on {node} is {raw:?}: {e}"))
+}
+
 /// Waits until `unit` on `node` is `want`; the error names the last state seen.
 async fn wait_state(c: &Cluster, node: &str, unit: &str, want: &str) {
     let res = eventually(T, &format!("{unit} on {node} to be {want}"), || async {
@@ -223,14 +231,8 @@ async fn proxy_start_brings_up_the_remote_target_first() {
     let c = start_cluster(ClusterOptions::with_nodes(2)).await;
     chain_up(&c, "Wants", SLEEPER).await;
     // After=: need-db started only once the target was active, i.e. after the proxy.
-    let proxy_up: u64 = unit_prop(&c, "node1", PROXY, "ActiveEnterTimestampMonotonic")
-        .await
-        .parse()
-        .unwrap();
-    let need_db_up: u64 = unit_prop(&c, "node1", NEED_DB, "ActiveEnterTimestampMonotonic")
-        .await
-        .parse()
-        .unwrap();
+    let proxy_up = timestamp(&c, "node1", PROXY, "ActiveEnterTimestampMonotonic").await;
+    let need_db_up = timestamp(&c, "node1", NEED_DB, "ActiveEnterTimestampMonotonic").await;
     assert!(proxy_up > 0 && proxy_up <= need_db_up);
     wait_live(&c, vec![row("node1", "node2", DB, "active", 1)]).await;
     let rows = proxies(&c).await;
@@ -572,19 +574,14 @@ async fn a_proxy_waiting_for_its_turn_does_not_start_the_target_early() {
     assert_eq!(live(&c).await, vec![]);
     wait_state(&c, "node1", NEED_DB, "active").await;
     assert_eq!(state(&c, "node2", DB).await, "active");
-    let gate_done: u64 = unit_prop(
+    let gate_done = timestamp(
         &c,
         "node1",
         "gate.service",
         "InactiveEnterTimestampMonotonic",
     )
-    .await
-    .parse()
-    .unwrap();
-    let proxy_start: u64 = unit_prop(&c, "node1", PROXY, "InactiveExitTimestampMonotonic")
-        .await
-        .parse()
-        .unwrap();
+    .await;
+    let proxy_start = timestamp(&c, "node1", PROXY, "InactiveExitTimestampMonotonic").await;
     assert!(
         gate_done <= proxy_start,
         "the proxy started before gate finished"
@@ -621,19 +618,14 @@ async fn a_proxy_start_waits_for_the_stop_of_a_unit_ordered_after_it() {
     wait_state(&c, "node1", NEED_DB, "active").await;
     assert_eq!(state(&c, "node1", PROXY).await, "active");
     assert_eq!(state(&c, "node2", DB).await, "active");
-    let stopped: u64 = unit_prop(
+    let stopped = timestamp(
         &c,
         "node1",
         "later.service",
         "InactiveEnterTimestampMonotonic",
     )
-    .await
-    .parse()
-    .unwrap();
-    let db_started: u64 = unit_prop(&c, "node2", DB, "InactiveExitTimestampMonotonic")
-        .await
-        .parse()
-        .unwrap();
+    .await;
+    let db_started = timestamp(&c, "node2", DB, "InactiveExitTimestampMonotonic").await;
     assert!(
         stopped <= db_started,
         "db started on node2 before later.service had stopped on node1"
