@@ -7,96 +7,27 @@ use drover_agent::dispatch::Shared;
 use drover_agent::outbox::SessionKill;
 use drover_agent::proxy::Phase;
 use drover_protocol::{Event, NodeName, Notice, Reason, TargetChange, ToManager, UnitName};
+use drover_sandbox::PrivateBus;
 use futures::StreamExt;
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use zbus::{Connection, MatchRule, MessageStream, OwnedVariant};
 
 const WAIT: Duration = Duration::from_secs(5);
 const PROPS: &str = "org.freedesktop.DBus.Properties";
-static SEQ: AtomicUsize = AtomicUsize::new(0);
 
-/// A private `dbus-daemon`, killed and cleaned up on drop.
-struct TestBus {
-    child: Child,
-    dir: PathBuf,
-    address: String,
-}
-
-impl TestBus {
-    fn start() -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "drover-agent-api-test-{}-{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        let conf = dir.join("bus.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
- "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-<busconfig>
-  <type>session</type>
-  <listen>unix:path={}/bus</listen>
-  <auth>EXTERNAL</auth>
-  <policy context="default">
-    <allow send_destination="*" eavesdrop="true"/>
-    <allow eavesdrop="true"/>
-    <allow own="*"/>
-  </policy>
-</busconfig>
-"#,
-                dir.display()
-            ),
-        )
-        .unwrap();
-        let mut child = Command::new("dbus-daemon")
-            .arg("--nofork")
-            .arg("--print-address")
-            .arg(format!("--config-file={}", conf.display()))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("dbus-daemon must be installed (package dbus)");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let address = line.trim().to_owned();
-        assert!(address.starts_with("unix:"), "{address:?}");
-        Self {
-            child,
-            dir,
-            address,
-        }
-    }
-
-    async fn connect(&self) -> Connection {
-        zbus::connection::Builder::address(self.address.as_str())
-            .build()
-            .await
-            .unwrap()
-    }
-}
-
-impl Drop for TestBus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+/// Connects a new client to the test's private bus.
+async fn connect(bus: &PrivateBus) -> Connection {
+    zbus::connection::Builder::address(bus.address())
+        .build()
+        .await
+        .unwrap()
 }
 
 /// The agent's side (API served, a fake manager session open) and a client.
 struct Rig {
-    bus: TestBus,
+    bus: PrivateBus,
     shared: Arc<Shared>,
     manager: mpsc::Receiver<ToManager>,
     client: Connection,
@@ -105,15 +36,15 @@ struct Rig {
 }
 
 async fn rig() -> Rig {
-    let bus = TestBus::start();
+    let bus = PrivateBus::start("drover-agent-api-test").unwrap();
     let shared = Arc::new(Shared::default());
     shared.status.set_controller("10.0.0.1", 842);
     shared.status.set_log_target("stderr");
     let (tx, manager) = mpsc::channel(64);
     shared.outbox.open(1, tx, SessionKill::new());
-    let agent_conn = bus.connect().await;
+    let agent_conn = connect(&bus).await;
     let served = api::serve(&agent_conn, shared.clone()).await.unwrap();
-    let client = bus.connect().await;
+    let client = connect(&bus).await;
     Rig {
         bus,
         shared,
@@ -340,7 +271,7 @@ async fn a_refused_proxy_fails_with_activation_failed_and_its_reason() {
 #[tokio::test]
 async fn a_caller_that_leaves_the_bus_drops_its_waiting_proxy() {
     let mut r = rig().await;
-    let helper = r.bus.connect().await;
+    let helper = connect(&r.bus).await;
     let call_helper = helper.clone();
     let pending = tokio::spawn(async move {
         let _ = call(&call_helper, "CreateProxy", (LOCAL, "bar", "db.service")).await;
@@ -477,13 +408,13 @@ async fn introspection_describes_exactly_what_is_served() {
 
 #[tokio::test]
 async fn a_name_owner_that_refuses_replacement_is_a_clear_error_and_replacement_works() {
-    let bus = TestBus::start();
-    let squatter = bus.connect().await;
+    let bus = PrivateBus::start("drover-agent-api-test").unwrap();
+    let squatter = connect(&bus).await;
     squatter
         .request_name_with_flags(AGENT_BUS_NAME, zbus::fdo::RequestNameFlags::DO_NOT_QUEUE)
         .await
         .unwrap();
-    let conn = bus.connect().await;
+    let conn = connect(&bus).await;
     let err = api::serve(&conn, Arc::new(Shared::default()))
         .await
         .err()
@@ -496,12 +427,12 @@ async fn a_name_owner_that_refuses_replacement_is_a_clear_error_and_replacement_
     drop(squatter);
 
     // An agent that allows replacement gives the name to a newer one.
-    let bus = TestBus::start();
-    let first = bus.connect().await;
+    let bus = PrivateBus::start("drover-agent-api-test").unwrap();
+    let first = connect(&bus).await;
     let _a = api::serve(&first, Arc::new(Shared::default()))
         .await
         .unwrap();
-    let second = bus.connect().await;
+    let second = connect(&bus).await;
     let _b = api::serve(&second, Arc::new(Shared::default()))
         .await
         .unwrap();

@@ -24,9 +24,8 @@
 use anyhow::{Context, Result, bail};
 use drover_protocol::link::agent_handshake;
 use drover_protocol::{Event, Hello, ModTag, Reason, Response, ToAgent, ToManager, UnitName};
+use drover_sandbox::PrivateBus;
 use futures::{SinkExt, StreamExt};
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -45,19 +44,16 @@ fn env_num(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
+/// The manager, then (dropped after it) its bus.
 struct Daemons {
-    bus: Child,
     manager: Child,
-    dir: PathBuf,
+    bus: PrivateBus,
 }
 
 impl Drop for Daemons {
     fn drop(&mut self) {
         let _ = self.manager.kill();
         let _ = self.manager.wait();
-        let _ = self.bus.kill();
-        let _ = self.bus.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -67,39 +63,9 @@ fn free_port() -> Result<u16> {
 }
 
 fn start_daemons(nodes: &[String], port: u16) -> Result<(Daemons, String)> {
-    let dir = std::env::temp_dir().join(format!("drover-bench-events-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let conf = dir.join("bus.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
- "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-<busconfig>
-  <type>session</type>
-  <listen>unix:path={}/bus</listen>
-  <auth>EXTERNAL</auth>
-  <policy context="default">
-    <allow send_destination="*" eavesdrop="true"/>
-    <allow eavesdrop="true"/>
-    <allow own="*"/>
-  </policy>
-</busconfig>
-"#,
-            dir.display()
-        ),
-    )?;
-    let mut bus = Command::new("dbus-daemon")
-        .arg("--nofork")
-        .arg("--print-address")
-        .arg(format!("--config-file={}", conf.display()))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("dbus-daemon (package dbus)")?;
-    let mut line = String::new();
-    BufReader::new(bus.stdout.take().context("bus stdout")?).read_line(&mut line)?;
-    let address = line.trim().to_owned();
+    let bus = PrivateBus::start("drover-bench-events")?;
+    let address = bus.address().to_string();
+    let dir = bus.dir();
     let manager_conf = dir.join("manager.conf");
     std::fs::write(
         &manager_conf,
@@ -128,7 +94,7 @@ fn start_daemons(nodes: &[String], port: u16) -> Result<(Daemons, String)> {
         .stdout(Stdio::null())
         .spawn()
         .with_context(|| format!("starting {}", manager_bin.display()))?;
-    Ok((Daemons { bus, manager, dir }, address))
+    Ok((Daemons { manager, bus }, address))
 }
 
 /// utime + stime of `pid` in clock ticks.
@@ -325,7 +291,7 @@ async fn run_once(n_agents: usize, n_monitors: usize, seconds: u64, mode: Mode) 
     let port = free_port()?;
     let (daemons, address) = start_daemons(&nodes, port)?;
     let pid = daemons.manager.id();
-    let bus_pid = daemons.bus.id();
+    let bus_pid = daemons.bus.pid();
     let me = std::process::id();
     // Wait for the manager's API.
     let probe = zbus::connection::Builder::address(address.as_str())

@@ -10,12 +10,12 @@
 //! kills it and removes the dir, also when a test fails.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use drover_sandbox::PrivateBus;
 use tokio::sync::{Mutex, Notify};
 use zbus::message::Header;
 use zbus::{Connection, DBusError, Message, ObjectPath, OwnedObjectPath, interface};
@@ -25,80 +25,11 @@ const BUS_NAME: &str = "org.eclipse.bluechi";
 // ---------------------------------------------------------------------------------
 // A private bus
 
-struct Bus {
-    child: std::process::Child,
-    dir: PathBuf,
-    address: String,
-}
+/// This test's own dbus-daemon.
+type Bus = PrivateBus;
 
-impl Bus {
-    fn start() -> Bus {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "droverctl-test-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        ));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let socket = dir.join("bus");
-        let config = dir.join("bus.conf");
-        std::fs::write(
-            &config,
-            format!(
-                r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
- "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-<busconfig>
-  <type>session</type>
-  <listen>unix:path={}</listen>
-  <auth>EXTERNAL</auth>
-  <policy context="default">
-    <allow send_destination="*" eavesdrop="true"/>
-    <allow eavesdrop="true"/>
-    <allow own="*"/>
-  </policy>
-</busconfig>
-"#,
-                socket.display()
-            ),
-        )
-        .expect("bus config");
-        // The daemon's chatter (e.g. about fd limits) goes to a log, quoted on failure.
-        let log = dir.join("dbus-daemon.log");
-        let log_file = std::fs::File::create(&log).expect("daemon log");
-        let mut child = std::process::Command::new("dbus-daemon")
-            .arg(format!("--config-file={}", config.display()))
-            .arg("--nofork")
-            .arg("--print-address=1")
-            .stdout(Stdio::piped())
-            .stderr(log_file)
-            .spawn()
-            .expect("dbus-daemon (package dbus) must be installed");
-        let stdout = child.stdout.take().expect("stdout");
-        // Owned by `bus` from here: a failed assert below still tears it down.
-        let bus = Bus {
-            child,
-            dir,
-            address: format!("unix:path={}", socket.display()),
-        };
-        // The daemon prints its address once it listens (or exits: EOF).
-        let mut line = String::new();
-        let n = std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)
-            .expect("read dbus-daemon address");
-        assert!(
-            n > 0,
-            "dbus-daemon did not start: {}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
-        bus
-    }
-}
-
-impl Drop for Bus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+fn private_bus() -> Bus {
+    PrivateBus::start("droverctl-test").expect("private dbus-daemon")
 }
 
 // ---------------------------------------------------------------------------------
@@ -545,7 +476,7 @@ impl FakeNode {
 async fn serve(bus: &Bus) -> (Connection, Arc<Shared>) {
     let shared = Arc::new(Shared::default());
     let nodes = fleet();
-    let mut builder = zbus::connection::Builder::address(bus.address.as_str()).serve_at(
+    let mut builder = zbus::connection::Builder::address(bus.address()).serve_at(
         "/org/eclipse/bluechi",
         FakeController {
             nodes: nodes.clone(),
@@ -581,7 +512,7 @@ struct Run {
 async fn droverctl(bus: &Bus, args: &[&str]) -> Run {
     let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_droverctl"))
         .arg("--bus")
-        .arg(&bus.address)
+        .arg(bus.address())
         .args(args)
         .env_remove("DROVER_BUS")
         .kill_on_drop(true)
@@ -607,7 +538,7 @@ fn fields(line: &str) -> Vec<&str> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_lists_every_node_like_bluechictl() {
-    let bus = Bus::start();
+    let bus = private_bus();
     let (_mgr, _) = serve(&bus).await;
 
     let r = droverctl(&bus, &["status"]).await;
@@ -638,7 +569,7 @@ async fn status_lists_every_node_like_bluechictl() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_units_all_nodes_one_node_and_filter() {
-    let bus = Bus::start();
+    let bus = private_bus();
     let (_mgr, _) = serve(&bus).await;
 
     let r = droverctl(&bus, &["list-units"]).await;
@@ -682,7 +613,7 @@ async fn list_units_all_nodes_one_node_and_filter() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn start_waits_for_its_own_job_and_exit_code_follows_the_result() {
-    let bus = Bus::start();
+    let bus = private_bus();
     let (_mgr, shared) = serve(&bus).await;
 
     // The job ends before the reply, after another job's JobRemoved.
@@ -742,7 +673,7 @@ async fn start_waits_for_its_own_job_and_exit_code_follows_the_result() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn errors_are_friendly_and_exit_1() {
-    let bus = Bus::start();
+    let bus = private_bus();
     let (_mgr, shared) = serve(&bus).await;
 
     let r = droverctl(&bus, &["start", "node-b", "web"]).await;
@@ -787,7 +718,7 @@ async fn errors_are_friendly_and_exit_1() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn daemon_reload() {
-    let bus = Bus::start();
+    let bus = private_bus();
     let (_mgr, shared) = serve(&bus).await;
     let r = droverctl(&bus, &["daemon-reload", "node-a"]).await;
     assert_eq!(r.code, 0, "{}", r.stderr);
@@ -797,7 +728,7 @@ async fn daemon_reload() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timeout_gives_up_with_exit_1() {
-    let bus = Bus::start();
+    let bus = private_bus();
     let (_mgr, _) = serve(&bus).await;
     let started = std::time::Instant::now();
     let r = droverctl(&bus, &["start", "node-a", "slow", "--timeout", "0.5"]).await;
@@ -817,9 +748,9 @@ async fn timeout_gives_up_with_exit_1() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manager_leaving_while_waiting_is_reported_not_a_hang() {
-    let bus = Bus::start();
+    let bus = private_bus();
     let (mgr, shared) = serve(&bus).await;
-    let address = bus.address.clone();
+    let address = bus.address().to_string();
     let run = tokio::spawn(async move {
         let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_droverctl"))
             .args(["--bus", &address, "start", "node-a", "slow"])
@@ -848,7 +779,7 @@ async fn manager_leaving_while_waiting_is_reported_not_a_hang() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_manager_on_the_bus() {
-    let bus = Bus::start();
+    let bus = private_bus();
     for args in [
         &["status"][..],
         &["list-units"],
@@ -860,7 +791,7 @@ async fn no_manager_on_the_bus() {
             r.stderr,
             format!(
                 "droverctl: cannot reach drover-manager on bus {}: is it running?\n",
-                bus.address
+                bus.address()
             ),
             "{args:?}"
         );
@@ -891,7 +822,7 @@ impl Following {
     fn spawn(bus: &Bus, args: &[&str]) -> Following {
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_droverctl"))
             .arg("--bus")
-            .arg(&bus.address)
+            .arg(bus.address())
             .args(args)
             .env_remove("DROVER_BUS")
             .stdout(Stdio::piped())
@@ -946,7 +877,7 @@ impl Following {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn monitor_prints_bluechictl_lines_in_bus_order_and_ctrl_c_closes_it() {
-    let bus = Bus::start();
+    let bus = private_bus();
     let (_mgr, shared) = serve(&bus).await;
     let mut m = Following::spawn(&bus, &["monitor", "node-a", "web,db.socket"]);
     assert_eq!(
@@ -1008,7 +939,7 @@ async fn monitor_prints_bluechictl_lines_in_bus_order_and_ctrl_c_closes_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn monitor_json_lines_and_exit_1_when_the_manager_leaves() {
-    let bus = Bus::start();
+    let bus = private_bus();
     let (mgr, shared) = serve(&bus).await;
     let mut m = Following::spawn(&bus, &["--json", "monitor"]);
     let head: serde_json::Value = serde_json::from_str(&m.read(1).await[0]).expect("json");
@@ -1038,14 +969,14 @@ async fn monitor_json_lines_and_exit_1_when_the_manager_leaves() {
         err,
         format!(
             "droverctl: drover-manager left bus {}; stopped monitoring\n",
-            bus.address
+            bus.address()
         )
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_is_enabled_and_set_loglevel_send_what_was_asked_or_nothing() {
-    let bus = Bus::start();
+    let bus = private_bus();
     let (_mgr, shared) = serve(&bus).await;
 
     let r = droverctl(

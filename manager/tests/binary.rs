@@ -87,7 +87,7 @@ fn version_and_usage() {
 
 #[tokio::test]
 async fn socket_activated_manager_serves_notifies_and_stops_on_sigterm() {
-    let bus = TestBus::start();
+    let bus = test_bus();
     let port = free_port();
     let conf = temp_file(
         "activated.conf",
@@ -108,7 +108,7 @@ async fn socket_activated_manager_serves_notifies_and_stops_on_sigterm() {
             ))
             .arg("--")
             .arg(BIN)
-            .args(["--no-default-config", "--bus", &bus.address, "-c"])
+            .args(["--no-default-config", "--bus", bus.address(), "-c"])
             .arg(&conf.0)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -138,7 +138,7 @@ async fn socket_activated_manager_serves_notifies_and_stops_on_sigterm() {
     .expect("join");
     assert!(notify_msg.contains("READY=1"), "{notify_msg}");
 
-    let client = zbus::connection::Builder::address(bus.address.as_str())
+    let client = zbus::connection::Builder::address(bus.address())
         .build()
         .await
         .expect("client");
@@ -174,8 +174,8 @@ async fn socket_activated_manager_serves_notifies_and_stops_on_sigterm() {
 
 #[tokio::test]
 async fn a_name_owner_that_refuses_replacement_means_exit_1() {
-    let bus = TestBus::start();
-    let squatter = zbus::connection::Builder::address(bus.address.as_str())
+    let bus = test_bus();
+    let squatter = zbus::connection::Builder::address(bus.address())
         .build()
         .await
         .expect("connect");
@@ -185,7 +185,7 @@ async fn a_name_owner_that_refuses_replacement_means_exit_1() {
         .expect("take the name");
     let port = free_port().to_string();
     let out = tokio::task::spawn_blocking({
-        let address = bus.address.clone();
+        let address = bus.address().to_string();
         move || {
             Command::new(BIN)
                 .args(["--no-default-config", "--bus", &address, "-p", &port])
@@ -204,7 +204,7 @@ async fn a_name_owner_that_refuses_replacement_means_exit_1() {
 #[tokio::test]
 async fn running_out_of_descriptors_is_survived() {
     use std::os::unix::process::CommandExt;
-    let bus = TestBus::start();
+    let bus = test_bus();
     let port = free_port();
     let conf = temp_file(
         "emfile.conf",
@@ -216,7 +216,7 @@ async fn running_out_of_descriptors_is_survived() {
     cmd.args([
         "--no-default-config",
         "--bus",
-        &bus.address,
+        bus.address(),
         "-p",
         &port.to_string(),
         "-c",
@@ -241,7 +241,7 @@ async fn running_out_of_descriptors_is_survived() {
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
 
     // Wait until it serves, then flood it with more connections than it has descriptors.
-    let client = zbus::connection::Builder::address(bus.address.as_str())
+    let client = zbus::connection::Builder::address(bus.address())
         .build()
         .await
         .expect("client");

@@ -101,7 +101,7 @@ async fn wait_for_request(agent: &FakeAgent, want: &Request) {
 }
 
 async fn client(f: &Fixture) -> Connection {
-    zbus::connection::Builder::address(f.bus.address.as_str())
+    zbus::connection::Builder::address(f.bus.address())
         .build()
         .await
         .expect("client connects")

@@ -47,7 +47,7 @@ async fn node_known(client: &zbus::Connection, name: &str) -> bool {
 
 #[tokio::test]
 async fn sighup_reloads_good_config_and_keeps_running_on_a_bad_one() {
-    let bus = TestBus::start();
+    let bus = test_bus();
     let dir = std::env::temp_dir();
     let conf = dir.join(format!("drover-reload-{}.conf", std::process::id()));
     let log = dir.join(format!("drover-reload-{}.log", std::process::id()));
@@ -61,7 +61,7 @@ async fn sighup_reloads_good_config_and_keeps_running_on_a_bad_one() {
         .expect("port")
         .port();
     let child = Command::new(BIN)
-        .args(["--no-default-config", "--bus", &bus.address, "-p"])
+        .args(["--no-default-config", "--bus", bus.address(), "-p"])
         .arg(port.to_string())
         .arg("-c")
         .arg(&conf)
@@ -73,7 +73,7 @@ async fn sighup_reloads_good_config_and_keeps_running_on_a_bad_one() {
         child,
         files: vec![conf.clone(), log.clone()],
     };
-    let client = zbus::connection::Builder::address(bus.address.as_str())
+    let client = zbus::connection::Builder::address(bus.address())
         .build()
         .await
         .expect("client");

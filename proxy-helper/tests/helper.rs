@@ -3,65 +3,17 @@
 //! on SIGTERM while waiting. The real agent and systemd are exercised in
 //! tests/tests/proxies.rs; this pins the helper's own contract.
 
-use std::io::BufRead;
+use drover_sandbox::PrivateBus;
 use std::os::unix::process::ExitStatusExt;
-use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use zbus::message::{Header, Message};
 use zbus::names::ErrorName;
 
-/// A private dbus-daemon in a temp dir; killed and removed on drop.
-struct PrivateBus {
-    child: Child,
-    dir: PathBuf,
-    address: String,
-}
-
-impl PrivateBus {
-    fn start(tag: &str) -> Self {
-        let dir =
-            std::env::temp_dir().join(format!("drover-proxy-test-{}-{tag}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let conf = dir.join("bus.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "<busconfig><type>session</type><listen>unix:path={}</listen><auth>EXTERNAL</auth>\
-                 <policy context=\"default\"><allow send_destination=\"*\" eavesdrop=\"true\"/>\
-                 <allow eavesdrop=\"true\"/><allow own=\"*\"/></policy></busconfig>",
-                dir.join("bus").display()
-            ),
-        )
-        .unwrap();
-        let mut child = Command::new("dbus-daemon")
-            .args(["--nofork", "--print-address"])
-            .arg(format!("--config-file={}", conf.display()))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("dbus-daemon runs (package dbus)");
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert!(line.starts_with("unix:"), "dbus-daemon printed {line:?}");
-        Self {
-            child,
-            dir: dir.clone(),
-            address: format!("unix:path={}", dir.join("bus").display()),
-        }
-    }
-}
-
-impl Drop for PrivateBus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+/// A private dbus-daemon of this test's own.
+fn private_bus(tag: &str) -> PrivateBus {
+    PrivateBus::start(&format!("drover-proxy-test-{tag}")).expect("private dbus-daemon")
 }
 
 #[derive(Debug)]
@@ -116,7 +68,7 @@ impl FakeAgent {
 
 async fn serve_agent(bus: &PrivateBus) -> (zbus::Connection, Calls) {
     let calls = Calls::default();
-    let build = zbus::connection::Builder::address(bus.address.as_str())
+    let build = zbus::connection::Builder::address(bus.address())
         .name("org.eclipse.bluechi.Agent")
         .serve_at(
             "/org/eclipse/bluechi",
@@ -162,27 +114,27 @@ fn tuple(verb: &str, service: &str, node: &str, unit: &str) -> (String, String, 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_and_remove_talk_to_the_agent_and_report_in_one_line() {
-    let bus = PrivateBus::start("calls");
+    let bus = private_bus("calls");
     let (_conn, calls) = serve_agent(&bus).await;
 
-    let out = run(&bus.address, &["create", "ok_db"]).await;
+    let out = run(bus.address(), &["create", "ok_db"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
         "drover-proxy: db.service on node ok is active"
     );
 
-    let out = run(&bus.address, &["create", "ok_data.mount"]).await;
+    let out = run(bus.address(), &["create", "ok_data.mount"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
 
-    let out = run(&bus.address, &["create", "node9_db"]).await;
+    let out = run(bus.address(), &["create", "node9_db"]).await;
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(
         one_line(&stderr(&out)),
         "drover-proxy: cannot start db.service on node node9: no such node 'node9'"
     );
 
-    let out = run(&bus.address, &["remove", "ok_db"]).await;
+    let out = run(bus.address(), &["remove", "ok_db"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
 
     assert_eq!(
@@ -208,7 +160,7 @@ async fn create_and_remove_talk_to_the_agent_and_report_in_one_line() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_instances_exit_2_and_send_nothing() {
-    let bus = PrivateBus::start("garbage");
+    let bus = private_bus("garbage");
     let (_conn, calls) = serve_agent(&bus).await;
     for (instance, why) in [
         ("bad", "no '_' between node and unit"),
@@ -219,7 +171,7 @@ async fn malformed_instances_exit_2_and_send_nothing() {
         ("", "the proxy instance is empty"),
     ] {
         for verb in ["create", "remove"] {
-            let out = run(&bus.address, &[verb, instance]).await;
+            let out = run(bus.address(), &[verb, instance]).await;
             assert_eq!(out.status.code(), Some(2), "{verb} {instance:?}");
             let err = stderr(&out);
             let line = one_line(&err);
@@ -236,8 +188,8 @@ async fn malformed_instances_exit_2_and_send_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_agent_on_the_bus_is_named_create_fails_remove_has_nothing_to_do() {
-    let bus = PrivateBus::start("noagent");
-    let out = run(&bus.address, &["create", "ok_db"]).await;
+    let bus = private_bus("noagent");
+    let out = run(bus.address(), &["create", "ok_db"]).await;
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
     assert_eq!(
@@ -245,14 +197,14 @@ async fn no_agent_on_the_bus_is_named_create_fails_remove_has_nothing_to_do() {
         format!(
             "drover-proxy: cannot start db.service on node ok: the drover agent is not running on this node \
              (nobody owns org.eclipse.bluechi.Agent on bus {})",
-            bus.address
+            bus.address()
         )
     );
-    let out = run(&bus.address, &["remove", "ok_db"]).await;
+    let out = run(bus.address(), &["remove", "ok_db"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("nothing to release"));
 
-    let gone = format!("unix:path={}/no-such-socket", bus.dir.display());
+    let gone = format!("unix:path={}/no-such-socket", bus.dir().display());
     let out = run(&gone, &["create", "ok_db"]).await;
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
@@ -266,9 +218,9 @@ async fn no_agent_on_the_bus_is_named_create_fails_remove_has_nothing_to_do() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_while_waiting_releases_the_proxy_and_ends_by_sigterm() {
-    let bus = PrivateBus::start("sigterm");
+    let bus = private_bus("sigterm");
     let (_conn, calls) = serve_agent(&bus).await;
-    let child = helper(&bus.address, &["create", "slow_db"])
+    let child = helper(bus.address(), &["create", "slow_db"])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();

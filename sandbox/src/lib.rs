@@ -15,6 +15,7 @@
 //! * [`state`]: `state.json`, so a sandbox can be cleaned up without its creator;
 //! * [`files`]: the config files and `sandbox.env` the sandbox writes;
 //! * [`bus`]: the few D-Bus calls the sandbox itself makes;
+//! * [`private_bus`]: a throwaway dbus-daemon for tests and benchmarks without systemd;
 //! * [`binaries`], [`inotify`]: finding drover binaries, the inotify limit;
 //! * [`cli`]: the `drover-sandbox` command (`up`, `exec`, `install`, `down`, `demo`).
 //!
@@ -29,7 +30,9 @@ pub mod cluster;
 pub mod files;
 pub mod inotify;
 pub mod node;
+pub mod private_bus;
 pub mod process;
 pub mod state;
 
 pub use cluster::{Cluster, ClusterOptions};
+pub use private_bus::PrivateBus;

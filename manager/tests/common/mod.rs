@@ -11,11 +11,8 @@ use drover_protocol::handshake::Accepted;
 use drover_protocol::link::{HandshakeError, agent_handshake};
 use drover_protocol::{Hello, NodeName, Request, ToAgent, ToManager};
 use futures::{SinkExt, StreamExt};
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -26,76 +23,12 @@ pub const WAIT: Duration = Duration::from_secs(5);
 pub const BUS_NAME: &str = "org.eclipse.bluechi";
 pub const CONTROLLER: &str = "/org/eclipse/bluechi";
 
-static DIR_SEQ: AtomicUsize = AtomicUsize::new(0);
+/// The private `dbus-daemon` every manager test runs on.
+pub use drover_sandbox::PrivateBus as TestBus;
 
-/// A private `dbus-daemon` listening on a unix socket in a temp dir.
-pub struct TestBus {
-    child: Child,
-    dir: PathBuf,
-    pub address: String,
-}
-
-impl TestBus {
-    pub fn start() -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "drover-manager-test-{}-{}",
-            std::process::id(),
-            DIR_SEQ.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let conf = dir.join("bus.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
- "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-<busconfig>
-  <type>session</type>
-  <listen>unix:path={}/bus</listen>
-  <auth>EXTERNAL</auth>
-  <policy context="default">
-    <allow send_destination="*" eavesdrop="true"/>
-    <allow eavesdrop="true"/>
-    <allow own="*"/>
-  </policy>
-</busconfig>
-"#,
-                dir.display()
-            ),
-        )
-        .expect("bus config");
-        let mut child = Command::new("dbus-daemon")
-            .arg("--nofork")
-            .arg("--print-address")
-            .arg(format!("--config-file={}", conf.display()))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("dbus-daemon must be installed (package dbus)");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("bus address");
-        let address = line.trim().to_owned();
-        assert!(
-            address.starts_with("unix:"),
-            "dbus-daemon printed {address:?}"
-        );
-        Self {
-            child,
-            dir,
-            address,
-        }
-    }
-}
-
-impl Drop for TestBus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+/// Starts a [`TestBus`].
+pub fn test_bus() -> TestBus {
+    TestBus::start("drover-manager-test").expect("private dbus-daemon")
 }
 
 pub fn config(nodes: &[&str]) -> ManagerConfig {
@@ -133,18 +66,18 @@ impl Fixture {
     }
 
     pub async fn start_with(config: ManagerConfig, timeouts: Timeouts) -> Self {
-        let bus = TestBus::start();
+        let bus = test_bus();
         let listener = listener::bind(Some("127.0.0.1".parse().expect("ip")), 0).expect("bind");
         let manager = Manager::start(
             config,
-            &drover_manager::Bus::Address(bus.address.clone()),
+            &drover_manager::Bus::Address(bus.address().to_string()),
             listener,
             timeouts,
         )
         .await
         .expect("manager starts");
         let addr = manager.local_addr();
-        let client = zbus::connection::Builder::address(bus.address.as_str())
+        let client = zbus::connection::Builder::address(bus.address())
             .build()
             .await
             .expect("client connects");
