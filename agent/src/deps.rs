@@ -36,7 +36,7 @@
 //! tracker ([`crate::jobs`]) follows for manager jobs.
 
 use crate::marshal::{self, PropertyMap};
-use crate::news::JobNews;
+use crate::news::{JobNews, StartWatch};
 use crate::systemd::{ERR_NO_SUCH_UNIT, JobKind, JobPath, Systemd, SystemdEvent, UNIT_IFACE};
 use drover_protocol::{NodeName, RemoteError, Response, UnitName};
 use std::collections::{HashMap, VecDeque};
@@ -126,48 +126,42 @@ impl Deps {
         }
     }
 
-    /// Queues a systemd job and waits (at most `bound`) for its result; with
-    /// `news`, also until the unit reader has passed the job's end.
-    pub async fn run_job<S: Systemd>(
+    /// Starts `dep`, the dep unit of `target`, and waits (at most `bound`)
+    /// for the job's result; with `news`, also until the unit reader has
+    /// passed the job's end, or until it has shown `target` active after the
+    /// job was queued ([`crate::news`]).
+    async fn start_and_wait<S: Systemd>(
         &self,
         systemd: &S,
-        kind: JobKind,
-        unit: &str,
-        mode: &str,
+        dep: &UnitName,
+        target: &UnitName,
         bound: Duration,
         news: Option<&JobNews>,
     ) -> Result<JobEnd, RemoteError> {
-        let (path, end) = self.job_end(systemd, kind, unit, mode, bound, news).await?;
+        let mut watch = news.map(|news| news.watch_start(dep.as_str(), target.as_str()));
+        let (path, end) = self
+            .job_end(systemd, dep.as_str(), bound, watch.as_mut())
+            .await?;
         if let (Some(news), JobEnd::Finished(_)) = (news, &end)
             && !news.wait_passed(&path, NEWS_BOUND).await
         {
             tracing::warn!(
-                "the unit signals before the end of {path} ({unit}) did not arrive within {NEWS_BOUND:?}; replying anyway"
+                "the unit signals before the end of {path} ({dep}) did not arrive within {NEWS_BOUND:?}; replying anyway"
             );
         }
         Ok(end)
     }
 
-    /// Queues the job and waits for its end; for a dep's start with `news`,
-    /// the target going active ends the wait as well ([`crate::news`]).
+    /// Queues the start job of `unit` and waits for its end, or for `watch`.
     async fn job_end<S: Systemd>(
         &self,
         systemd: &S,
-        kind: JobKind,
         unit: &str,
-        mode: &str,
         bound: Duration,
-        news: Option<&JobNews>,
+        watch: Option<&mut StartWatch<'_>>,
     ) -> Result<(JobPath, JobEnd), RemoteError> {
-        let target = unit
-            .strip_prefix(DEP_UNIT_PREFIX)
-            .and_then(|rest| rest.strip_suffix(".service"));
-        let mut watch = match (news, target, kind) {
-            (Some(news), Some(target), JobKind::Start) => Some(news.watch_start(unit, target)),
-            _ => None,
-        };
         self.lock().in_flight += 1;
-        let called = systemd.unit_job(kind, unit, mode).await;
+        let called = systemd.unit_job(JobKind::Start, unit, "replace").await;
         let rx = {
             let mut w = self.lock();
             w.in_flight = w.in_flight.saturating_sub(1);
@@ -197,27 +191,27 @@ impl Deps {
         };
         let (path, rx) = rx;
         let removed = tokio::time::timeout(bound, rx);
-        let removed = match &mut watch {
+        let removed = match watch {
             Some(watch) => tokio::select! {
-                r = removed => r,
-                () = watch.target_active_after(&path) => return Ok((path, JobEnd::TargetActive)),
+                r = removed => Some(r),
+                () = watch.target_active_after(&path) => None,
             },
-            None => removed.await,
+            None => Some(removed.await),
         };
-        match removed {
-            Ok(Ok(result)) => Ok((path, JobEnd::Finished(result))),
-            Ok(Err(_)) | Err(_) => {
-                // Drop our (and any other abandoned) waiter for this job.
-                let mut w = self.lock();
-                if let Some(list) = w.waiting.get_mut(&path) {
-                    list.retain(|tx| !tx.is_closed());
-                    if list.is_empty() {
-                        w.waiting.remove(&path);
-                    }
-                }
-                Ok((path, JobEnd::StillRunning))
+        let end = match removed {
+            Some(Ok(Ok(result))) => return Ok((path, JobEnd::Finished(result))),
+            Some(Ok(Err(_)) | Err(_)) => JobEnd::StillRunning,
+            None => JobEnd::TargetActive,
+        };
+        // Drop our (and any other abandoned) waiter for this job.
+        let mut w = self.lock();
+        if let Some(list) = w.waiting.get_mut(&path) {
+            list.retain(|tx| !tx.is_closed());
+            if list.is_empty() {
+                w.waiting.remove(&path);
             }
         }
+        Ok((path, end))
     }
 
     /// `StartDep { unit }` (see the module docs); `news` when the unit
@@ -242,14 +236,7 @@ impl Deps {
     ) -> Result<Response, RemoteError> {
         let dep = dep_unit(target)?;
         match self
-            .run_job(
-                systemd,
-                JobKind::Start,
-                dep.as_str(),
-                "replace",
-                bound,
-                news,
-            )
+            .start_and_wait(systemd, &dep, target, bound, news)
             .await
         {
             Ok(JobEnd::TargetActive) => {
