@@ -552,27 +552,11 @@ fn parse_unit_signal(msg: &zbus::Message) -> Option<UnitSignal> {
                 None
             }
         },
-        "JobNew" => match msg.body().deserialize::<(u32, OwnedObjectPath, String)>() {
-            Ok((_, job, unit)) => Some(UnitSignal::JobNew {
-                job: job.to_string(),
-                unit,
-            }),
-            Err(e) => {
-                tracing::warn!("ignoring a malformed JobNew signal: {e}");
-                None
-            }
-        },
-        "JobRemoved" => match msg
-            .body()
-            .deserialize::<(u32, OwnedObjectPath, String, String)>()
-        {
-            Ok((_, job, _, _)) => Some(UnitSignal::JobRemoved {
-                job: job.to_string(),
-            }),
-            Err(e) => {
-                tracing::warn!("ignoring a malformed JobRemoved signal: {e}");
-                None
-            }
+        // The job stream's parser, so both streams read these alike.
+        "JobNew" | "JobRemoved" => match parse_signal(msg)? {
+            SystemdEvent::JobNew { job, unit, .. } => Some(UnitSignal::JobNew { job, unit }),
+            SystemdEvent::JobRemoved { job, .. } => Some(UnitSignal::JobRemoved { job }),
+            SystemdEvent::JobState { .. } => None,
         },
         "UnitNew" | "UnitRemoved" => {
             let (unit, _path) = match msg.body().deserialize::<(String, OwnedObjectPath)>() {
@@ -742,6 +726,41 @@ mod tests {
         assert_eq!(name("/org/freedesktop/systemd1/unit/bad_zz"), None);
         assert_eq!(name("/org/freedesktop/systemd1/job/1"), None);
         assert_eq!(name("/org/freedesktop/systemd1/unitx/a"), None);
+    }
+
+    fn manager_signal<B>(member: &str, body: &B) -> zbus::Message
+    where
+        B: zbus::export::serde::Serialize + zbus::DynamicType,
+    {
+        zbus::Message::signal(MANAGER_PATH, MANAGER_IFACE, member)
+            .build(body)
+            .unwrap()
+    }
+
+    #[test]
+    fn the_unit_stream_reads_job_signals_and_skips_malformed_ones() {
+        let job = OwnedObjectPath::try_from("/org/freedesktop/systemd1/job/7").unwrap();
+        let unit = "drover-dep@db.service.service".to_string();
+        let new = manager_signal("JobNew", &(7u32, job.clone(), unit.clone()));
+        assert!(matches!(
+            parse_unit_signal(&new),
+            Some(UnitSignal::JobNew { job: j, unit: u })
+                if j == job.as_str() && u == unit
+        ));
+        let removed = manager_signal("JobRemoved", &(7u32, job.clone(), unit.clone(), "done"));
+        assert!(matches!(
+            parse_unit_signal(&removed),
+            Some(UnitSignal::JobRemoved { job: j }) if j == job.as_str()
+        ));
+        // Wrong body types or arity: skipped, not guessed at.
+        assert!(parse_unit_signal(&manager_signal("JobNew", &("7", unit.clone()))).is_none());
+        assert!(parse_unit_signal(&manager_signal("JobNew", &(7u32,))).is_none());
+        assert!(parse_unit_signal(&manager_signal("JobRemoved", &(7u32, job.clone()))).is_none());
+        // The same member on another object is not systemd's manager speaking.
+        let elsewhere = zbus::Message::signal("/somewhere/else", MANAGER_IFACE, "JobNew")
+            .build(&(7u32, job, unit))
+            .unwrap();
+        assert!(parse_unit_signal(&elsewhere).is_none());
     }
 
     #[test]
