@@ -34,7 +34,8 @@ impl PrivateBus {
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let socket = dir.join("bus");
         let conf = dir.join("bus.conf");
-        std::fs::write(&conf, config(&socket)).context("writing the bus config")?;
+        std::fs::write(&conf, crate::files::bus_config(&socket))
+            .context("writing the bus config")?;
         // The daemon's chatter (e.g. about fd limits) goes to a log, quoted on failure.
         let log = dir.join("dbus-daemon.log");
         let log_file = std::fs::File::create(&log).context("creating the daemon log")?;
@@ -90,25 +91,6 @@ impl Drop for PrivateBus {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-fn config(socket: &Path) -> String {
-    format!(
-        r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
- "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-<busconfig>
-  <type>session</type>
-  <listen>unix:path={}</listen>
-  <auth>EXTERNAL</auth>
-  <policy context="default">
-    <allow send_destination="*" eavesdrop="true"/>
-    <allow eavesdrop="true"/>
-    <allow own="*"/>
-  </policy>
-</busconfig>
-"#,
-        socket.display()
-    )
 }
 
 #[cfg(test)]
