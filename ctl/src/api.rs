@@ -10,8 +10,8 @@
 //! hard-code the rule). A path that does not exist comes back as
 //! `org.freedesktop.DBus.Error.UnknownObject`, which droverctl reports as an unknown node.
 
+use drover_protocol::bus_label::bus_label_escape;
 use std::collections::HashMap;
-use std::fmt::Write as _;
 
 use zbus::{ObjectPath, OwnedObjectPath, OwnedVariant, proxy};
 
@@ -235,45 +235,14 @@ pub trait Metrics {
     ) -> zbus::Result<()>;
 }
 
-/// Escape one object-path label the way systemd (and BlueChi) do: every byte that is
-/// not an ASCII letter, and a digit in first position, becomes `_` + two lowercase hex
-/// digits; the empty string becomes `_`. The result is always a valid path element.
-pub fn escape_path_label(s: &str) -> String {
-    if s.is_empty() {
-        return "_".to_owned();
-    }
-    let mut out = String::with_capacity(s.len() * 3);
-    for (i, b) in s.bytes().enumerate() {
-        if b.is_ascii_alphabetic() || (i > 0 && b.is_ascii_digit()) {
-            out.push(char::from(b));
-        } else {
-            // Writing to a String cannot fail.
-            let _ = write!(out, "_{b:02x}");
-        }
-    }
-    out
-}
-
 /// The object path of node `name`: `/org/eclipse/bluechi/node/<escaped name>`.
 pub fn node_path(name: &str) -> String {
-    format!("{NODE_PATH_PREFIX}{}", escape_path_label(name))
+    format!("{NODE_PATH_PREFIX}{}", bus_label_escape(name))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn escaping_matches_systemd() {
-        assert_eq!(escape_path_label("node-bar"), "node_2dbar");
-        assert_eq!(escape_path_label("node1"), "node1");
-        assert_eq!(escape_path_label("9lives"), "_39lives");
-        assert_eq!(escape_path_label("a.b"), "a_2eb");
-        assert_eq!(escape_path_label(""), "_");
-        assert_eq!(escape_path_label("A_Z"), "A_5fZ");
-        // Non-ASCII is escaped byte by byte, lowercase hex.
-        assert_eq!(escape_path_label("é"), "_c3_a9");
-    }
 
     #[test]
     fn node_paths_are_valid_object_paths() {

@@ -13,9 +13,11 @@
 //!   (manager → agent), exactly one reply per request, events and heartbeats.
 //! * [`tag`] — modification tags that order unit-state records across reconnects.
 //! * [`names`] — validated node and unit names; every name from outside passes here.
+//! * [`bus_label`] — systemd's object path escaping of names (unit and node paths).
 //! * [`link`] — a framed connection over any `AsyncRead + AsyncWrite` (TCP today,
 //!   TLS later) with the handshake helpers for both sides.
 
+pub mod bus_label;
 pub mod codec;
 pub mod handshake;
 pub mod link;

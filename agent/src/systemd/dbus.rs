@@ -18,6 +18,7 @@ use super::{
     ordering_lets_start_run,
 };
 use crate::marshal::{self, AuxUnits, PropertyList, PropertyMap};
+use drover_protocol::bus_label::{bus_label_escape, bus_label_unescape};
 use drover_protocol::{Marshalled, RemoteError, UnitInfo};
 use futures::StreamExt;
 use std::collections::HashMap;
@@ -187,48 +188,20 @@ impl ZbusSystemd {
     }
 }
 
-/// systemd's object path of the unit named `name` (its bus label escaping:
-/// every byte but ASCII letters and digits becomes `_XX`, lowercase hex, and
-/// so does a leading digit).
+/// systemd's object path of the unit named `name`.
 pub fn unit_path(name: &str) -> String {
-    let mut path = String::with_capacity(UNIT_PATH_PREFIX.len() + 1 + name.len() * 3);
-    path.push_str(UNIT_PATH_PREFIX);
-    path.push('/');
-    if name.is_empty() {
-        path.push('_');
-    }
-    for (i, b) in name.bytes().enumerate() {
-        if b.is_ascii_alphabetic() || (i > 0 && b.is_ascii_digit()) {
-            path.push(char::from(b));
-        } else {
-            path.push_str(&format!("_{b:02x}"));
-        }
-    }
-    path
+    format!("{UNIT_PATH_PREFIX}/{}", bus_label_escape(name))
 }
 
-/// Reverses systemd's bus label escaping of a unit object path
-/// (`/org/freedesktop/systemd1/unit/foo_2eservice` → `foo.service`): every
-/// `_XX` is the byte with hex value XX. `None` for anything else.
+/// The unit named by a unit object path
+/// (`/org/freedesktop/systemd1/unit/foo_2eservice` → `foo.service`); `None`
+/// for anything else.
 pub fn unit_name_from_path(path: &str) -> Option<String> {
     let label = path.strip_prefix(UNIT_PATH_PREFIX)?.strip_prefix('/')?;
-    if label.is_empty() || label.contains('/') {
+    if label.contains('/') {
         return None;
     }
-    let bytes = label.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'_' {
-            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
+    bus_label_unescape(label).filter(|name| !name.is_empty())
 }
 
 /// Maps a zbus error to the error the manager forwards: systemd's D-Bus
