@@ -279,8 +279,9 @@ impl Systemd for ZbusSystemd {
     }
 
     async fn job_info(&self, job: &str, unit: &str) -> Result<JobInfo, RemoteError> {
-        // Sent together: systemd answers all three in one turn of its loop,
-        // before it runs the jobs it just queued.
+        // Sent together, so systemd answers them in one turn of its loop; if
+        // that comes before it runs the jobs it just queued (its run queue goes
+        // last), the target starts before the helper is forked.
         let path = unit_path(unit);
         let (jobs, after, before) = futures::join!(
             self.manager_get::<_, Vec<RawJob>>("ListJobs", &()),
