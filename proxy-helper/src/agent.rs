@@ -11,10 +11,12 @@
 //! Every D-Bus failure is mapped once, here, to a [`AgentError`] whose text is
 //! the one line a user finds in the proxy unit's journal.
 
+use crate::bus::{CallError, Connection};
 use crate::instance::ProxyInstance;
+use crate::wire::Call;
+use nix::sys::signalfd::SignalFd;
 use std::fmt;
 use std::time::Duration;
-use zbus::DBusError;
 
 pub const AGENT_BUS_NAME: &str = "org.eclipse.bluechi.Agent";
 pub const AGENT_PATH: &str = "/org/eclipse/bluechi";
@@ -61,80 +63,89 @@ pub enum AgentError {
 
 /// A connection to the bus the agent serves on.
 pub struct AgentClient {
-    conn: zbus::Connection,
+    conn: Connection,
     bus: Bus,
 }
 
+/// How a call to the agent ended, when it did not end with an answer.
+#[derive(Debug)]
+pub enum CallEnd {
+    Failed(AgentError),
+    /// This signal arrived while waiting (see [`AgentClient::create_proxy`]).
+    Interrupted(nix::sys::signal::Signal),
+}
+
+impl From<AgentError> for CallEnd {
+    fn from(e: AgentError) -> Self {
+        CallEnd::Failed(e)
+    }
+}
+
 impl AgentClient {
-    /// Connects without a method timeout (see the module docs).
-    pub async fn connect(bus: Bus) -> Result<Self, AgentError> {
-        let builder = match &bus {
-            Bus::System => zbus::connection::Builder::system(),
-            Bus::Session => zbus::connection::Builder::session(),
-            Bus::Address(a) => zbus::connection::Builder::address(a.as_str()),
-        };
-        let conn = builder.build().await.map_err(|e| AgentError::Connect {
+    /// Connects and authenticates; the first call carries `Hello`.
+    pub fn connect(bus: Bus) -> Result<Self, AgentError> {
+        let connect_error = |reason: String| AgentError::Connect {
             bus: bus.clone(),
-            reason: one_line(&e.to_string()),
-        })?;
+            reason: one_line(&reason),
+        };
+        let address = match &bus {
+            Bus::System => crate::bus::system_address(),
+            Bus::Session => crate::bus::session_address().map_err(connect_error)?,
+            Bus::Address(a) => a.clone(),
+        };
+        let conn = Connection::open(&address).map_err(connect_error)?;
         Ok(Self { conn, bus })
     }
 
-    /// `CreateProxy(proxy unit, node, unit)`: returns once the target is active.
-    pub async fn create_proxy(&self, p: &ProxyInstance) -> Result<(), AgentError> {
-        self.call("CreateProxy", p, None).await
+    /// `CreateProxy(proxy unit, node, unit)`: returns once the target is
+    /// active. No method timeout (see the module docs); a signal read from
+    /// `interrupt` ends the wait.
+    pub fn create_proxy(&mut self, p: &ProxyInstance, interrupt: &SignalFd) -> Result<(), CallEnd> {
+        self.call("CreateProxy", p, None, Some(interrupt))
     }
 
     /// `RemoveProxy(proxy unit, node, unit)`; `timeout` bounds the wait (a
     /// removal must never hold a unit's stop forever).
-    pub async fn remove_proxy(
-        &self,
-        p: &ProxyInstance,
-        timeout: Option<Duration>,
-    ) -> Result<(), AgentError> {
-        self.call("RemoveProxy", p, timeout).await
+    pub fn remove_proxy(&mut self, p: &ProxyInstance, timeout: Duration) -> Result<(), AgentError> {
+        match self.call("RemoveProxy", p, Some(timeout), None) {
+            Ok(()) => Ok(()),
+            Err(CallEnd::Failed(e)) => Err(e),
+            Err(CallEnd::Interrupted(sig)) => Err(AgentError::Io(format!("interrupted by {sig}"))),
+        }
     }
 
-    async fn call(
-        &self,
+    fn call(
+        &mut self,
         method: &str,
         p: &ProxyInstance,
         timeout: Option<Duration>,
-    ) -> Result<(), AgentError> {
-        let args = (
+        interrupt: Option<&SignalFd>,
+    ) -> Result<(), CallEnd> {
+        let args = [
             p.proxy_unit().as_str(),
             p.node().as_str(),
             p.unit().as_str(),
-        );
-        let call = self.conn.call_method(
-            Some(AGENT_BUS_NAME),
-            AGENT_PATH,
-            Some(AGENT_IFACE),
-            method,
-            &args,
-        );
-        let res = match timeout {
-            None => call.await,
-            Some(t) => match tokio::time::timeout(t, call).await {
-                Ok(r) => r,
-                Err(_) => {
-                    return Err(AgentError::Io(format!(
-                        "no answer to {method} within {} s",
-                        t.as_secs()
-                    )));
-                }
-            },
+        ];
+        let call = Call {
+            destination: AGENT_BUS_NAME,
+            path: AGENT_PATH,
+            interface: AGENT_IFACE,
+            member: method,
+            args: &args,
         };
-        res.map(drop).map_err(|e| self.map_error(e))
-    }
-
-    fn map_error(&self, e: zbus::Error) -> AgentError {
-        match e {
-            zbus::Error::MethodError(name, message, _) => {
-                classify(name.as_str(), message.as_deref().unwrap_or(""), &self.bus)
+        match self.conn.call(&call, timeout, interrupt) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err((name, message))) => Err(classify(&name, &message, &self.bus).into()),
+            Err(CallError::Interrupted(sig)) => Err(CallEnd::Interrupted(sig)),
+            Err(CallError::TimedOut) => Err(AgentError::Io(format!(
+                "no answer to {method} within {} s",
+                timeout.unwrap_or_default().as_secs()
+            ))
+            .into()),
+            Err(CallError::Closed) => {
+                Err(AgentError::Vanished(format!("{} closed the connection", self.bus)).into())
             }
-            zbus::Error::FDO(fdo) => classify(fdo.name().as_str(), &fdo.to_string(), &self.bus),
-            other => AgentError::Io(one_line(&other.to_string())),
+            Err(CallError::Io(e)) => Err(AgentError::Io(one_line(&e)).into()),
         }
     }
 }

@@ -15,54 +15,102 @@
 //! `RemoveProxy` first — systemd runs no `ExecStop=` for a unit stopped while
 //! starting — and then ends the helper by that same signal, so that
 //! `SuccessExitStatus=SIGTERM` applies.
+//!
+//! The arguments are parsed by hand and everything blocks on one thread: the
+//! helper runs once per proxy start, on the path of that start, so it stays
+//! small and quick to exec (see [`crate::wire`]).
 
-use crate::agent::{AgentClient, AgentError, Bus};
+use crate::agent::{AgentClient, AgentError, Bus, CallEnd};
 use crate::instance::ProxyInstance;
-use clap::{Parser, Subcommand};
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
 use std::process::ExitCode;
 use std::time::Duration;
 
 /// How long a removal may take before the helper gives up on it.
 pub const REMOVE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// drover-proxy: backs drover-proxy@NODE_UNIT.service; asks the local drover
-/// agent to start UNIT on NODE (create) or to release it (remove).
-#[derive(Debug, Parser)]
-#[command(name = "drover-proxy", disable_version_flag = true)]
+pub const USAGE: &str = "\
+drover-proxy: backs drover-proxy@NODE_UNIT.service; asks the local drover
+agent to start UNIT on NODE (create) or to release it (remove).
+
+Usage: drover-proxy [--user | --bus ADDRESS] create|remove INSTANCE
+
+  create INSTANCE   ask the agent to start the target; exit 0 once it is active
+  remove INSTANCE   tell the agent this proxy is no longer needed
+                    (INSTANCE is NODE_UNIT, as systemd's %i gives it,
+                    e.g. node2_db for db.service on node2)
+  -u, --user        the agent is on the session bus (user-mode units)
+      --bus ADDRESS the agent is on this D-Bus address
+  -v, --version     print the version and exit
+  -h, --help        print this help and exit";
+
+/// What the command line asks for.
+#[derive(Debug, Default, PartialEq, Eq)]
 pub struct Args {
-    /// The agent is on the session bus (user-mode units).
-    #[arg(short = 'u', long = "user", global = true)]
     pub user: bool,
-    /// The agent is on this D-Bus address.
-    #[arg(
-        long = "bus",
-        value_name = "ADDRESS",
-        conflicts_with = "user",
-        global = true
-    )]
     pub bus: Option<String>,
-    /// Print the version and exit.
-    #[arg(short = 'v', long = "version")]
     pub version: bool,
-    #[command(subcommand)]
+    pub help: bool,
     pub command: Option<Command>,
 }
 
-#[derive(Debug, Subcommand)]
+#[derive(Debug, PartialEq, Eq)]
 pub enum Command {
-    /// Ask the agent to start the target; exit 0 once it is active.
-    Create {
-        /// NODE_UNIT, as systemd's %i gives it (e.g. node2_db for db.service on node2).
-        instance: String,
-    },
-    /// Tell the agent this proxy is no longer needed.
-    Remove {
-        /// NODE_UNIT, as for create.
-        instance: String,
-    },
+    Create { instance: String },
+    Remove { instance: String },
 }
 
 impl Args {
+    /// Options go anywhere on the line; `--` ends them.
+    pub fn parse<I: IntoIterator<Item = String>>(argv: I) -> Result<Self, String> {
+        let mut args = Args::default();
+        let mut words = Vec::new();
+        let mut argv = argv.into_iter();
+        let mut options = true;
+        while let Some(arg) = argv.next() {
+            match arg.as_str() {
+                "--" if options => options = false,
+                "-u" | "--user" if options => args.user = true,
+                "-v" | "--version" if options => args.version = true,
+                "-h" | "--help" if options => args.help = true,
+                "--bus" if options => {
+                    let value = argv.next().ok_or("--bus needs an ADDRESS")?;
+                    args.bus = Some(value);
+                }
+                s if options && s.starts_with("--bus=") => {
+                    args.bus = Some(s["--bus=".len()..].to_string());
+                }
+                s if options && s.starts_with('-') && s.len() > 1 => {
+                    return Err(format!("unknown option '{s}'"));
+                }
+                _ => words.push(arg),
+            }
+        }
+        if args.user && args.bus.is_some() {
+            return Err("--user and --bus exclude each other".into());
+        }
+        if args.help || args.version {
+            return Ok(args);
+        }
+        let mut words = words.into_iter();
+        let verb = words
+            .next()
+            .ok_or("missing command: create or remove (see --help)")?;
+        let instance = words
+            .next()
+            .ok_or_else(|| format!("{verb}: missing INSTANCE (NODE_UNIT)"))?;
+        if let Some(extra) = words.next() {
+            return Err(format!("unexpected argument '{extra}'"));
+        }
+        args.command = Some(match verb.as_str() {
+            "create" => Command::Create { instance },
+            "remove" => Command::Remove { instance },
+            other => return Err(format!("unknown command '{other}': create or remove")),
+        });
+        Ok(args)
+    }
+
     pub fn bus(&self) -> Bus {
         match (&self.bus, self.user) {
             (Some(a), _) => Bus::Address(a.clone()),
@@ -74,18 +122,27 @@ impl Args {
 
 /// The binary's whole life: parse, run, report.
 pub fn main() -> ExitCode {
-    let args = Args::parse();
+    let args = match Args::parse(std::env::args().skip(1)) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("drover-proxy: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if args.help {
+        println!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
     if args.version {
         println!("drover-proxy version {}", env!("CARGO_PKG_VERSION"));
         return ExitCode::SUCCESS;
     }
     let Some(command) = &args.command else {
-        eprintln!("drover-proxy: missing command: create or remove (see --help)");
-        return ExitCode::from(2);
+        unreachable!("Args::parse gives a command unless --help or --version");
     };
-    let (verb, instance) = match command {
-        Command::Create { instance } => ("create", instance),
-        Command::Remove { instance } => ("remove", instance),
+    let (create_it, instance) = match command {
+        Command::Create { instance } => (true, instance),
+        Command::Remove { instance } => (false, instance),
     };
     let proxy = match ProxyInstance::parse(instance) {
         Ok(p) => p,
@@ -94,23 +151,11 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("drover-proxy: cannot start: {e}");
-            return ExitCode::FAILURE;
-        }
+    let res = if create_it {
+        create(args.bus(), &proxy)
+    } else {
+        remove(args.bus(), &proxy)
     };
-    let bus = args.bus();
-    let res = runtime.block_on(async {
-        match verb {
-            "create" => create(bus, &proxy).await,
-            _ => remove(bus, &proxy).await,
-        }
-    });
     let code = match res {
         Ok(msg) => {
             println!("drover-proxy: {msg}");
@@ -122,31 +167,24 @@ pub fn main() -> ExitCode {
         }
     };
     // Exit now: the proxy unit becomes active when this process is gone, and
-    // units ordered after it wait for that. Tearing down the runtime and the
-    // bus connection gains nothing (the kernel closes the socket).
+    // units ordered after it wait for that.
     let _ = std::io::Write::flush(&mut std::io::stdout());
     std::process::exit(code)
 }
 
 /// `create`: the Ok text is the success line, the Err text the failure line.
-pub async fn create(bus: Bus, proxy: &ProxyInstance) -> Result<String, String> {
+pub fn create(bus: Bus, proxy: &ProxyInstance) -> Result<String, String> {
     let what = format!("cannot start {proxy}");
-    // Handlers first: a stop that arrives while connecting must still release.
-    let (mut term, mut int) = signals().map_err(|e| format!("{what}: {e}"))?;
-    let client = AgentClient::connect(bus)
-        .await
-        .map_err(|e| format!("{what}: {e}"))?;
-    let signal = tokio::select! {
-        res = client.create_proxy(proxy) => {
-            return res
-                .map(|()| format!("{proxy} is active"))
-                .map_err(|e| format!("{what}: {e}"));
-        }
-        _ = term.recv() => nix::sys::signal::Signal::SIGTERM,
-        _ = int.recv() => nix::sys::signal::Signal::SIGINT,
+    // Signals first: a stop that arrives while connecting must still release.
+    let stop = stop_signals().map_err(|e| format!("{what}: {e}"))?;
+    let mut client = AgentClient::connect(bus).map_err(|e| format!("{what}: {e}"))?;
+    let signal = match client.create_proxy(proxy, &stop) {
+        Ok(()) => return Ok(format!("{proxy} is active")),
+        Err(CallEnd::Failed(e)) => return Err(format!("{what}: {e}")),
+        Err(CallEnd::Interrupted(sig)) => sig,
     };
     eprintln!("drover-proxy: stopped while waiting for {proxy}; releasing the proxy");
-    if let Err(e) = client.remove_proxy(proxy, Some(REMOVE_TIMEOUT)).await {
+    if let Err(e) = client.remove_proxy(proxy, REMOVE_TIMEOUT) {
         eprintln!("drover-proxy: releasing the proxy for {proxy} failed: {e}");
     }
     die_by(signal)
@@ -154,12 +192,10 @@ pub async fn create(bus: Bus, proxy: &ProxyInstance) -> Result<String, String> {
 
 /// `remove`. An agent that is not running holds no proxy, so there is nothing
 /// to release: that is success (said so in the journal), not a failed stop.
-pub async fn remove(bus: Bus, proxy: &ProxyInstance) -> Result<String, String> {
+pub fn remove(bus: Bus, proxy: &ProxyInstance) -> Result<String, String> {
     let what = format!("cannot release the proxy for {proxy}");
-    let client = AgentClient::connect(bus)
-        .await
-        .map_err(|e| format!("{what}: {e}"))?;
-    match client.remove_proxy(proxy, Some(REMOVE_TIMEOUT)).await {
+    let mut client = AgentClient::connect(bus).map_err(|e| format!("{what}: {e}"))?;
+    match client.remove_proxy(proxy, REMOVE_TIMEOUT) {
         Ok(()) => Ok(format!("released the proxy for {proxy}")),
         Err(e @ AgentError::NotRunning { .. }) => {
             Ok(format!("nothing to release for {proxy}: {e}"))
@@ -168,24 +204,27 @@ pub async fn remove(bus: Bus, proxy: &ProxyInstance) -> Result<String, String> {
     }
 }
 
-type SignalPair = (tokio::signal::unix::Signal, tokio::signal::unix::Signal);
-
-fn signals() -> std::io::Result<SignalPair> {
-    use tokio::signal::unix::{SignalKind, signal};
-    Ok((
-        signal(SignalKind::terminate())?,
-        signal(SignalKind::interrupt())?,
-    ))
+/// SIGTERM and SIGINT, blocked and read from a signalfd instead.
+fn stop_signals() -> nix::Result<SignalFd> {
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGTERM);
+    set.add(Signal::SIGINT);
+    set.thread_block()?;
+    SignalFd::with_flags(&set, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
 }
 
 /// Ends the process by `sig` with its default action, so the exit status says
 /// "killed by SIGTERM" (or SIGINT) exactly as if no handler had been installed.
-fn die_by(sig: nix::sys::signal::Signal) -> ! {
+fn die_by(sig: Signal) -> ! {
     use nix::sys::signal::{SigHandler, raise, signal};
     // SAFETY: restoring the default disposition installs no Rust code as a handler.
     let _ = unsafe { signal(sig, SigHandler::SigDfl) };
+    let mut set = SigSet::empty();
+    set.add(sig);
     let _ = raise(sig);
-    // Only reached if the signal is blocked; the status then is the classic 128+N.
+    let _ = set.thread_unblock();
+    // Only reached if the signal could not be delivered; the status then is
+    // the classic 128+N.
     std::process::exit(128 + sig as i32)
 }
 
@@ -193,39 +232,71 @@ fn die_by(sig: nix::sys::signal::Signal) -> ! {
 mod tests {
     use super::*;
 
-    fn parse(argv: &[&str]) -> Result<Args, clap::Error> {
-        Args::try_parse_from(std::iter::once("drover-proxy").chain(argv.iter().copied()))
+    fn parse(argv: &[&str]) -> Result<Args, String> {
+        Args::parse(argv.iter().map(|s| s.to_string()))
     }
 
     #[test]
     fn flags_choose_the_bus_anywhere_on_the_line() {
         let a = parse(&["create", "n_db"]).unwrap();
         assert_eq!(a.bus(), Bus::System);
-        assert!(matches!(a.command, Some(Command::Create { ref instance }) if instance == "n_db"));
+        assert_eq!(
+            a.command,
+            Some(Command::Create {
+                instance: "n_db".into()
+            })
+        );
         assert_eq!(
             parse(&["--user", "create", "n_db"]).unwrap().bus(),
             Bus::Session
         );
         assert_eq!(
-            parse(&["create", "n_db", "--user"]).unwrap().bus(),
+            parse(&["create", "n_db", "-u"]).unwrap().bus(),
             Bus::Session
         );
+        for argv in [
+            &["remove", "--bus", "unix:path=/x", "n_db"][..],
+            &["--bus=unix:path=/x", "remove", "n_db"],
+        ] {
+            let a = parse(argv).unwrap();
+            assert_eq!(a.bus(), Bus::Address("unix:path=/x".into()));
+            assert_eq!(
+                a.command,
+                Some(Command::Remove {
+                    instance: "n_db".into()
+                })
+            );
+        }
+        assert!(parse(&["--version"]).unwrap().version);
+        assert!(parse(&["create", "-h"]).unwrap().help);
+        // After "--" a word is an instance even if it looks like an option.
         assert_eq!(
-            parse(&["remove", "--bus", "unix:path=/x", "n_db"])
-                .unwrap()
-                .bus(),
-            Bus::Address("unix:path=/x".into())
+            parse(&["create", "--", "-x_db"]).unwrap().command,
+            Some(Command::Create {
+                instance: "-x_db".into()
+            })
         );
     }
 
     #[test]
     fn bad_arguments_are_usage_errors() {
-        assert!(parse(&["--user", "--bus", "unix:path=/x", "create", "n_db"]).is_err());
-        assert!(parse(&["create"]).is_err());
-        assert!(parse(&["create", "a", "b"]).is_err());
-        assert!(parse(&["start", "n_db"]).is_err());
-        for argv in [&["create"][..], &["frobnicate"]] {
-            assert_eq!(parse(argv).unwrap_err().exit_code(), 2);
+        for (argv, why) in [
+            (
+                &["--user", "--bus", "unix:path=/x", "create", "n_db"][..],
+                "exclude",
+            ),
+            (&["create"], "missing INSTANCE"),
+            (&["create", "a", "b"], "unexpected argument 'b'"),
+            (&["start", "n_db"], "unknown command 'start'"),
+            (&[], "missing command"),
+            (&["create", "n_db", "--bus"], "needs an ADDRESS"),
+            (
+                &["--frobnicate", "create", "n_db"],
+                "unknown option '--frobnicate'",
+            ),
+        ] {
+            let err = parse(argv).unwrap_err();
+            assert!(err.contains(why), "{argv:?}: {err}");
         }
     }
 }

@@ -11,12 +11,16 @@
 //! The helper holds no state: the agent keeps the proxy, the manager the
 //! references. Layout:
 //! * [`instance`]: the `NODE_UNIT` instance name and its validation;
-//! * [`agent`]: the D-Bus client of the local agent and its error mapping;
+//! * [`agent`]: the calls to the local agent and their error mapping;
+//! * [`bus`]: a blocking D-Bus connection that makes one call at a time;
+//! * [`wire`]: the D-Bus messages it writes and reads;
 //! * [`cli`]: arguments, exit codes, signal handling.
 
 pub mod agent;
+pub mod bus;
 pub mod cli;
 pub mod instance;
+pub mod wire;
 
 pub use agent::{AgentClient, AgentError, Bus};
 pub use instance::{InstanceError, ProxyInstance};

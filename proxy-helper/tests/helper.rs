@@ -271,3 +271,32 @@ async fn sigterm_while_waiting_releases_the_proxy_and_ends_by_sigterm() {
 fn libc_sigterm() -> i32 {
     nix::sys::signal::Signal::SIGTERM as i32
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_goes_away_while_the_helper_waits_fails_the_start_in_one_line() {
+    let bus = private_bus("vanish");
+    let (conn, calls) = serve_agent(&bus).await;
+    let child = helper(bus.address(), &["create", "slow_db"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while calls.lock().unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "CreateProxy never arrived");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    conn.close().await.unwrap();
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        one_line(&err).starts_with(
+            "drover-proxy: cannot start db.service on node slow: the drover agent went away"
+        ),
+        "{err}"
+    );
+}
