@@ -98,6 +98,22 @@ async fn run(bus: &str, args: &[&str]) -> Output {
         .expect("helper runs")
 }
 
+/// `create slow_db`, once its `CreateProxy` reached the fake agent (which
+/// never answers it).
+async fn waiting_helper(bus: &PrivateBus, calls: &Calls) -> std::process::Child {
+    let child = helper(bus.address(), &["create", "slow_db"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while calls.lock().unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "CreateProxy never arrived");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    child
+}
+
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
@@ -220,15 +236,7 @@ async fn no_agent_on_the_bus_is_named_create_fails_remove_has_nothing_to_do() {
 async fn sigterm_while_waiting_releases_the_proxy_and_ends_by_sigterm() {
     let bus = private_bus("sigterm");
     let (_conn, calls) = serve_agent(&bus).await;
-    let child = helper(bus.address(), &["create", "slow_db"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while calls.lock().unwrap().is_empty() {
-        assert!(Instant::now() < deadline, "CreateProxy never arrived");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let child = waiting_helper(&bus, &calls).await;
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
@@ -276,16 +284,7 @@ fn libc_sigterm() -> i32 {
 async fn an_agent_that_goes_away_while_the_helper_waits_fails_the_start_in_one_line() {
     let bus = private_bus("vanish");
     let (conn, calls) = serve_agent(&bus).await;
-    let child = helper(bus.address(), &["create", "slow_db"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while calls.lock().unwrap().is_empty() {
-        assert!(Instant::now() < deadline, "CreateProxy never arrived");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let child = waiting_helper(&bus, &calls).await;
     conn.close().await.unwrap();
     let out = tokio::task::spawn_blocking(move || child.wait_with_output())
         .await
