@@ -15,7 +15,7 @@ mod common;
 use common::*;
 use drover_sandbox::{Cluster, ClusterOptions};
 use nix::sys::signal::Signal;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const DB: &str = "db.service";
 const PROXY: &str = "drover-proxy@node2_db.service";
@@ -1004,5 +1004,39 @@ async fn malformed_instance_names_are_refused_before_anything_is_sent() {
         assert!(log.contains(why), "{unit}: {log:?}");
     }
     assert!(proxies(&c).await.is_empty(), "nothing reached the manager");
+    c.down().await.unwrap();
+}
+
+/// A target stopped on its own node while it is still starting (here: in its
+/// `ExecStartPre=`) never becomes active: the proxy fails at once with the
+/// reason, instead of waiting for its start timeout, and the requester does
+/// not start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_stopped_during_its_own_start_fails_the_proxy_at_once() {
+    let c = start_cluster(ClusterOptions::with_nodes(2)).await;
+    let slow = "[Service]\nExecStartPre=/bin/sleep 30\nExecStart=/bin/sleep 600\n";
+    c.install_unit("node2", DB, slow).await.unwrap();
+    c.install_unit("node1", NEED_DB, &requester("Requires", PROXY))
+        .await
+        .unwrap();
+    let out = systemctl(&c, "node1", &["start", "--no-block", NEED_DB]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    wait_state(&c, "node2", DB, "activating").await;
+    let stopped = Instant::now();
+    stop_ok(&c, "node2", DB).await;
+    wait_state(&c, "node1", PROXY, "failed").await;
+    assert!(
+        stopped.elapsed() < Duration::from_secs(10),
+        "the proxy failed only after {:?}",
+        stopped.elapsed()
+    );
+    assert_ne!(state(&c, "node1", NEED_DB).await, "active");
+    wait_state(&c, "node2", DEP, "inactive").await;
+    let log = proxy_log(&c, "node1", PROXY);
+    assert!(
+        log.contains("cannot start db.service on node node2"),
+        "{log}"
+    );
+    wait_live(&c, vec![]).await;
     c.down().await.unwrap();
 }
