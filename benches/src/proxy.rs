@@ -143,6 +143,7 @@ pub async fn proxy(cluster: &Cluster, samples: usize) -> Result<()> {
     let mut remote = Vec::with_capacity(samples);
     let mut legs: [Vec<Duration>; 3] = Default::default();
     let mut local = Vec::with_capacity(samples);
+    let mut local_legs = Vec::with_capacity(samples);
     for i in 0..(samples + WARMUP) {
         let sample = async {
             if i % 2 == 0 {
@@ -153,7 +154,7 @@ pub async fn proxy(cluster: &Cluster, samples: usize) -> Result<()> {
                 anyhow::Ok((time_remote(&mut node1, &mut node2).await?, l))
             }
         };
-        let ((r, leg), l) = match sample.await {
+        let ((r, leg), (l, local_leg)) = match sample.await {
             Ok(v) => v,
             Err(e) => {
                 let log = cluster.unit_log("node1", PROXY).unwrap_or_default();
@@ -164,6 +165,7 @@ pub async fn proxy(cluster: &Cluster, samples: usize) -> Result<()> {
         if i >= WARMUP {
             remote.push(r);
             local.push(l);
+            local_legs.push(local_leg);
             for (all, one) in legs.iter_mut().zip(leg) {
                 all.push(one);
             }
@@ -192,6 +194,10 @@ pub async fn proxy(cluster: &Cluster, samples: usize) -> Result<()> {
     ] {
         println!("    {label}  {}", ms(summarize(leg).median));
     }
+    println!(
+        "    (both on node1: db active -> need-db active  {})",
+        ms(summarize(&local_legs).median)
+    );
     let mut sorted = over.clone();
     sorted.sort_by(|a, b| a.total_cmp(b));
     let p99 = sorted[((sorted.len() * 99).div_ceil(100)).clamp(1, sorted.len()) - 1];
@@ -248,15 +254,23 @@ async fn time_remote(
     Ok((took, legs))
 }
 
-/// One local sample, from and back to "everything down".
-async fn time_local(node1: &mut Systemd) -> Result<Duration> {
+/// One local sample, from and back to "everything down": the total, and the
+/// leg db-local active → need-db-local active (what the cross-node legs after
+/// "db active" compare with).
+async fn time_local(node1: &mut Systemd) -> Result<(Duration, Duration)> {
     let t = Instant::now();
     let result = node1.job("StartUnit", NEED_DB_LOCAL).await?;
     let took = t.elapsed();
     if result != "done" {
         bail!("starting {NEED_DB_LOCAL} on node1 ended with '{result}'");
     }
+    let db_up = node1
+        .u64_prop(DB_LOCAL, "ActiveEnterTimestampMonotonic")
+        .await?;
+    let need_up = node1
+        .u64_prop(NEED_DB_LOCAL, "ActiveEnterTimestampMonotonic")
+        .await?;
     node1.job("StopUnit", NEED_DB_LOCAL).await?;
     node1.job("StopUnit", DB_LOCAL).await?;
-    Ok(took)
+    Ok((took, Duration::from_micros(need_up.saturating_sub(db_up))))
 }
