@@ -175,7 +175,7 @@ async fn create_and_remove_talk_to_the_agent_and_report_in_one_line() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn malformed_instances_exit_2_and_send_nothing() {
+async fn malformed_instances_and_arguments_exit_2_and_send_nothing() {
     let bus = private_bus("garbage");
     let (_conn, calls) = serve_agent(&bus).await;
     for (instance, why) in [
@@ -195,6 +195,30 @@ async fn malformed_instances_exit_2_and_send_nothing() {
             assert!(line.contains(why), "{verb} {instance:?}: {line}");
         }
     }
+    // Bad arguments are usage errors too (exit 2), and so are refused
+    // before anything is sent.
+    for (args, why) in [
+        (
+            &["--frobnicate", "create", "ok_db"][..],
+            "unknown option '--frobnicate'",
+        ),
+        (&["create", "ok_db", "extra"], "unexpected argument 'extra'"),
+        (&["start", "ok_db"], "unknown command 'start'"),
+        (&["--user", "create", "ok_db"], "exclude each other"),
+    ] {
+        let out = run(bus.address(), args).await;
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = stderr(&out);
+        assert!(one_line(&err).contains(why), "{args:?}: {err}");
+    }
+    // A bus address the helper cannot use is a one-line connect failure.
+    let out = run("tcp:host=localhost,port=1", &["create", "ok_db"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        one_line(&err).contains("no unix:path= or unix:abstract= entry"),
+        "{err}"
+    );
     assert!(
         calls.lock().unwrap().is_empty(),
         "{:?}",
