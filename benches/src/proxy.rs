@@ -14,6 +14,22 @@
 //! includes the remote start of db. Samples are interleaved, alternating which side
 //! goes first; medians, p90/p99 and the median of paired differences are reported.
 //! Target: overhead ≤ 5 ms median.
+//!
+//! **systemd's own share.** Part of the overhead is work only systemd does, which no
+//! agent or manager can take away: node2's systemd must start the dep and db from a
+//! `StartUnit` call, and node1's systemd must turn the helper's exit into "proxy
+//! active". A third interleaved sample measures the first alone: the bench itself calls
+//! `StartUnit(drover-dep@db.service.service)` on node2, no drover process involved,
+//! until db is active. With systemd's timestamps of the cross-node and local samples
+//! this gives the cross-node time drover would take if its own processes took no time
+//! at all (the *floor*), and so drover's own share of the overhead:
+//!
+//! ```text
+//! floor − local = (StartUnit(need-db) → proxy starting) − (StartUnit(need-db-local) → db-local starting)
+//!               + node2 alone: StartUnit(dep) → db active
+//!               + helper exits → proxy active
+//!               + (proxy active → need-db active) − (db-local active → need-db-local active)
+//! ```
 
 use crate::stats::{ms, paired_overhead, summarize};
 use anyhow::{Context, Result, bail};
@@ -21,6 +37,9 @@ use drover_sandbox::Cluster;
 use futures::StreamExt;
 use std::time::{Duration, Instant};
 use zbus::OwnedObjectPath;
+
+const UNIT_IFACE: &str = "org.freedesktop.systemd1.Unit";
+const SERVICE_IFACE: &str = "org.freedesktop.systemd1.Service";
 
 const DB: &str = "db.service";
 const NEED_DB: &str = "need-db.service";
@@ -103,15 +122,22 @@ impl Systemd {
     /// A `u64` property of the loaded `unit` (timestamps: CLOCK_MONOTONIC µs, one clock
     /// for every node of a sandbox, so node1's and node2's can be subtracted).
     async fn u64_prop(&self, unit: &str, prop: &str) -> Result<u64> {
+        self.u64_prop_of(unit, UNIT_IFACE, prop).await
+    }
+
+    async fn u64_prop_of(&self, unit: &str, iface: &'static str, prop: &str) -> Result<u64> {
         let path: OwnedObjectPath = self.manager.call("GetUnit", &(unit,)).await?;
         let unit_proxy = zbus::Proxy::new(
             self.manager.connection(),
             "org.freedesktop.systemd1",
             path,
-            "org.freedesktop.systemd1.Unit",
+            iface,
         )
         .await?;
-        Ok(unit_proxy.get_property::<u64>(prop).await?)
+        unit_proxy
+            .get_property::<u64>(prop)
+            .await
+            .with_context(|| format!("{prop} of {unit}"))
     }
 
     async fn wait_state(&self, unit: &str, want: &str) -> Result<()> {
@@ -129,6 +155,27 @@ impl Systemd {
     }
 }
 
+/// One cross-node sample: the total and systemd's timestamps along the way.
+struct Remote {
+    total: Duration,
+    /// `StartUnit(need-db)` → the proxy starting (its job runs).
+    to_start: Duration,
+    /// proxy starting → db active on node2, db active → proxy active on node1,
+    /// proxy active → need-db active.
+    legs: [Duration; 3],
+    /// The helper's exit → the proxy active (node1's systemd alone).
+    exit_to_active: Duration,
+}
+
+/// One local sample.
+struct Local {
+    total: Duration,
+    /// `StartUnit(need-db-local)` → db-local starting.
+    to_start: Duration,
+    /// db-local active → need-db-local active.
+    last_leg: Duration,
+}
+
 pub async fn proxy(cluster: &Cluster, samples: usize) -> Result<()> {
     cluster.install_unit("node2", DB, SERVICE).await?;
     let need = |after: &str| format!("[Unit]\nWants={after}\nAfter={after}\n{SERVICE}");
@@ -141,40 +188,49 @@ pub async fn proxy(cluster: &Cluster, samples: usize) -> Result<()> {
     let mut node2 = Systemd::connect(&cluster.node_bus_address("node2")).await?;
 
     let mut remote = Vec::with_capacity(samples);
-    let mut legs: [Vec<Duration>; 3] = Default::default();
     let mut local = Vec::with_capacity(samples);
-    let mut local_legs = Vec::with_capacity(samples);
+    let mut alone = Vec::with_capacity(samples);
     for i in 0..(samples + WARMUP) {
+        // The three kinds take turns at going first.
         let sample = async {
-            if i % 2 == 0 {
-                let r = time_remote(&mut node1, &mut node2).await?;
-                anyhow::Ok((r, time_local(&mut node1).await?))
-            } else {
-                let l = time_local(&mut node1).await?;
-                anyhow::Ok((time_remote(&mut node1, &mut node2).await?, l))
+            let (mut r, mut l, mut a) = (None, None, None);
+            for k in 0..3 {
+                match (i + k) % 3 {
+                    0 => r = Some(time_remote(&mut node1, &mut node2).await?),
+                    1 => l = Some(time_local(&mut node1).await?),
+                    _ => a = Some(time_dep_alone(&mut node2).await?),
+                }
             }
+            anyhow::Ok((r, l, a))
         };
-        let ((r, leg), (l, local_leg)) = match sample.await {
+        let (Some(r), Some(l), Some(a)) = (match sample.await {
             Ok(v) => v,
             Err(e) => {
                 let log = cluster.unit_log("node1", PROXY).unwrap_or_default();
                 let tail: Vec<&str> = log.lines().rev().take(4).collect();
                 bail!("sample {i}: {e:#}; the proxy's last lines: {tail:?}");
             }
+        }) else {
+            unreachable!("every kind runs once per sample")
         };
         if i >= WARMUP {
             remote.push(r);
             local.push(l);
-            local_legs.push(local_leg);
-            for (all, one) in legs.iter_mut().zip(leg) {
-                all.push(one);
-            }
+            alone.push(a);
         }
     }
-    let (sr, sl) = (summarize(&remote), summarize(&local));
-    let over = paired_overhead(&remote, &local);
+    report(samples, &remote, &local, &alone);
+    Ok(())
+}
+
+fn report(samples: usize, remote: &[Remote], local: &[Local], alone: &[Duration]) {
+    let totals = |v: &[Duration]| summarize(v);
+    let remote_totals: Vec<_> = remote.iter().map(|r| r.total).collect();
+    let local_totals: Vec<_> = local.iter().map(|l| l.total).collect();
+    let (sr, sl) = (totals(&remote_totals), totals(&local_totals));
+    let over = paired_overhead(&remote_totals, &local_totals);
     println!(
-        "proxy: start need-db until active, db not running before; {samples} interleaved pairs"
+        "proxy: start need-db until active, db not running before; {samples} interleaved samples of each kind"
     );
     for (label, s) in [("both on node1       ", &sl), ("db on node2 (proxy) ", &sr)] {
         println!(
@@ -186,17 +242,34 @@ pub async fn proxy(cluster: &Cluster, samples: usize) -> Result<()> {
             ms(s.p99)
         );
     }
+    let median = |f: &dyn Fn(&Remote) -> Duration| {
+        ms(summarize(&remote.iter().map(f).collect::<Vec<_>>()).median)
+    };
     println!("  where the cross-node time goes (medians, systemd's own timestamps):");
-    for (label, leg) in [
-        ("proxy starting -> db active on node2", &legs[0]),
-        ("db active -> proxy active on node1  ", &legs[1]),
-        ("proxy active -> need-db active      ", &legs[2]),
-    ] {
-        println!("    {label}  {}", ms(summarize(leg).median));
-    }
+    println!(
+        "    StartUnit(need-db) -> proxy starting  {}  (both on node1: -> db-local starting  {})",
+        median(&|r| r.to_start),
+        ms(summarize(&local.iter().map(|l| l.to_start).collect::<Vec<_>>()).median)
+    );
+    println!(
+        "    proxy starting -> db active on node2  {}",
+        median(&|r| r.legs[0])
+    );
+    println!(
+        "    db active -> proxy active on node1    {}",
+        median(&|r| r.legs[1])
+    );
+    println!(
+        "      of which helper exits -> proxy active  {}",
+        median(&|r| r.exit_to_active)
+    );
+    println!(
+        "    proxy active -> need-db active        {}",
+        median(&|r| r.legs[2])
+    );
     println!(
         "    (both on node1: db active -> need-db active  {})",
-        ms(summarize(&local_legs).median)
+        ms(summarize(&local.iter().map(|l| l.last_leg).collect::<Vec<_>>()).median)
     );
     let mut sorted = over.clone();
     sorted.sort_by(|a, b| a.total_cmp(b));
@@ -207,23 +280,56 @@ pub async fn proxy(cluster: &Cluster, samples: usize) -> Result<()> {
         crate::stats::median_f64(&over),
         p99
     );
-    Ok(())
+    // systemd's share: what the overhead would be if drover's processes took no time.
+    let f = |d: Duration| d.as_secs_f64() * 1000.0;
+    let floor: Vec<f64> = remote
+        .iter()
+        .zip(local)
+        .zip(alone)
+        .map(|((r, l), a)| {
+            f(r.to_start) - f(l.to_start) + f(*a) + f(r.exit_to_active) + f(r.legs[2])
+                - f(l.last_leg)
+        })
+        .collect();
+    let own: Vec<f64> = over.iter().zip(&floor).map(|(o, fl)| o - fl).collect();
+    println!(
+        "  node2 alone: StartUnit(dep) -> db active, no drover process involved  {}",
+        ms(summarize(alone).median)
+    );
+    println!(
+        "  systemd's share of the overhead (the floor; see proxy.rs)  median {:.3} ms",
+        crate::stats::median_f64(&floor)
+    );
+    println!(
+        "  drover's own share (overhead - floor, paired)              median {:.3} ms",
+        crate::stats::median_f64(&own)
+    );
 }
 
-/// One cross-node sample, from and back to "everything down": the total, and its
-/// legs (proxy starting → db active, db active → proxy active, proxy → need-db active).
-async fn time_remote(
-    node1: &mut Systemd,
-    node2: &mut Systemd,
-) -> Result<(Duration, [Duration; 3])> {
-    let t = Instant::now();
+/// CLOCK_MONOTONIC now, in µs: the clock of systemd's `…TimestampMonotonic`.
+fn monotonic_us() -> u64 {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .expect("CLOCK_MONOTONIC is always readable");
+    t.tv_sec() as u64 * 1_000_000 + t.tv_nsec() as u64 / 1_000
+}
+
+fn between(from: u64, to: u64) -> Duration {
+    Duration::from_micros(to.saturating_sub(from))
+}
+
+/// One cross-node sample, from and back to "everything down".
+async fn time_remote(node1: &mut Systemd, node2: &mut Systemd) -> Result<Remote> {
+    let (t, called) = (Instant::now(), monotonic_us());
     let result = node1.job("StartUnit", NEED_DB).await?;
-    let took = t.elapsed();
+    let total = t.elapsed();
     if result != "done" {
         bail!("starting {NEED_DB} on node1 ended with '{result}'");
     }
     let proxy_start = node1
         .u64_prop(PROXY, "InactiveExitTimestampMonotonic")
+        .await?;
+    let helper_exit = node1
+        .u64_prop_of(PROXY, SERVICE_IFACE, "ExecMainExitTimestampMonotonic")
         .await?;
     let proxy_up = node1
         .u64_prop(PROXY, "ActiveEnterTimestampMonotonic")
@@ -232,12 +338,6 @@ async fn time_remote(
         .u64_prop(NEED_DB, "ActiveEnterTimestampMonotonic")
         .await?;
     let db_up = node2.u64_prop(DB, "ActiveEnterTimestampMonotonic").await?;
-    let leg = |from: u64, to: u64| Duration::from_micros(to.saturating_sub(from));
-    let legs = [
-        leg(proxy_start, db_up),
-        leg(db_up, proxy_up),
-        leg(proxy_up, need_up),
-    ];
     // need-db only runs after the proxy, which only succeeds once db runs on node2.
     let (proxy, db) = (
         node1.active_state(PROXY).await?,
@@ -251,19 +351,29 @@ async fn time_remote(
     node1.wait_state(PROXY, "inactive").await?;
     node2.wait_state(DEP, "inactive").await?;
     node2.job("StopUnit", DB).await?;
-    Ok((took, legs))
+    Ok(Remote {
+        total,
+        to_start: between(called, proxy_start),
+        legs: [
+            between(proxy_start, db_up),
+            between(db_up, proxy_up),
+            between(proxy_up, need_up),
+        ],
+        exit_to_active: between(helper_exit, proxy_up),
+    })
 }
 
-/// One local sample, from and back to "everything down": the total, and the
-/// leg db-local active → need-db-local active (what the cross-node legs after
-/// "db active" compare with).
-async fn time_local(node1: &mut Systemd) -> Result<(Duration, Duration)> {
-    let t = Instant::now();
+/// One local sample, from and back to "everything down".
+async fn time_local(node1: &mut Systemd) -> Result<Local> {
+    let (t, called) = (Instant::now(), monotonic_us());
     let result = node1.job("StartUnit", NEED_DB_LOCAL).await?;
-    let took = t.elapsed();
+    let total = t.elapsed();
     if result != "done" {
         bail!("starting {NEED_DB_LOCAL} on node1 ended with '{result}'");
     }
+    let db_start = node1
+        .u64_prop(DB_LOCAL, "InactiveExitTimestampMonotonic")
+        .await?;
     let db_up = node1
         .u64_prop(DB_LOCAL, "ActiveEnterTimestampMonotonic")
         .await?;
@@ -272,5 +382,23 @@ async fn time_local(node1: &mut Systemd) -> Result<(Duration, Duration)> {
         .await?;
     node1.job("StopUnit", NEED_DB_LOCAL).await?;
     node1.job("StopUnit", DB_LOCAL).await?;
-    Ok((took, Duration::from_micros(need_up.saturating_sub(db_up))))
+    Ok(Local {
+        total,
+        to_start: between(called, db_start),
+        last_leg: between(db_up, need_up),
+    })
+}
+
+/// node2's part of a cross-node start without drover: the bench starts the dep
+/// itself, as node2's agent would, and reads when db became active.
+async fn time_dep_alone(node2: &mut Systemd) -> Result<Duration> {
+    let called = monotonic_us();
+    let result = node2.job("StartUnit", DEP).await?;
+    if result != "done" {
+        bail!("starting {DEP} on node2 ended with '{result}'");
+    }
+    let db_up = node2.u64_prop(DB, "ActiveEnterTimestampMonotonic").await?;
+    node2.job("StopUnit", DEP).await?;
+    node2.job("StopUnit", DB).await?;
+    Ok(between(called, db_up))
 }
