@@ -55,10 +55,7 @@ impl Shared {
 
     /// Feeds one systemd event to the tracker and forwards what it produced.
     /// Returns a proxy start job to classify (see `crate::ahead`).
-    pub fn on_systemd_event(
-        &self,
-        event: SystemdEvent,
-    ) -> Option<(crate::systemd::JobPath, String)> {
+    pub fn on_systemd_event(&self, event: SystemdEvent) -> Option<crate::systemd::JobPath> {
         self.deps.on_event(&event);
         let classify = self.ahead.on_event(&event, &self.proxies, &self.outbox);
         let mut tracker = self.tracker();
@@ -101,10 +98,10 @@ pub async fn pump_events<S: Systemd>(
     systemd: Arc<S>,
 ) {
     while let Some(event) = events.recv().await {
-        if let Some((job, unit)) = shared.on_systemd_event(event) {
+        if let Some(job) = shared.on_systemd_event(event) {
             let (shared, systemd) = (shared.clone(), systemd.clone());
             tokio::spawn(async move {
-                let info = systemd.job_info(&job, &unit).await;
+                let info = systemd.job_info(&job).await;
 
                 shared
                     .ahead

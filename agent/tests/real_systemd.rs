@@ -7,7 +7,7 @@ use drover_agent::dispatch::{Dispatcher, Shared, pump_events};
 use drover_agent::link::LinkConfig;
 use drover_agent::outbox::SessionKill;
 use drover_agent::systemd::dbus::ZbusSystemd;
-use drover_agent::systemd::{BusTarget, Systemd};
+use drover_agent::systemd::{BusTarget, JobInfo, JobKind, Systemd};
 use drover_protocol::handshake::Accepted;
 use drover_protocol::link::manager_read_hello;
 use drover_protocol::{Event, NodeName, Request, Response, ToAgent, ToManager, UnitName};
@@ -378,6 +378,57 @@ async fn list_units_and_cancel_a_running_job() {
             result: "canceled".into()
         })
     );
+}
+
+/// `job_info` reads type and state from systemd's own job objects: what the
+/// agent's start-ahead of proxies (agent/src/ahead.rs) decides on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn job_info_reads_type_and_state_of_real_jobs() {
+    let node = UserSystemd::start("jobinfo");
+    node.write_unit(
+        "slow.service",
+        "[Service]\nType=oneshot\nExecStart=/bin/sleep 30\n",
+    );
+    node.write_unit(
+        "later.service",
+        "[Unit]\nAfter=slow.service\n[Service]\nExecStart=/bin/sleep 30\n",
+    );
+    let systemd = node.connect().await;
+    systemd.reload().await.unwrap();
+    let slow = systemd
+        .unit_job(JobKind::Start, "slow.service", "replace")
+        .await
+        .unwrap();
+    let later = systemd
+        .unit_job(JobKind::Start, "later.service", "replace")
+        .await
+        .unwrap();
+    let info = |kind: &str, state: &str| JobInfo {
+        kind: kind.into(),
+        state: state.into(),
+    };
+    // slow runs its ExecStart for 30 s; later waits for it (After=).
+    let deadline = Instant::now() + T;
+    while systemd.job_info(&slow).await.unwrap() != info("start", "running") {
+        assert!(Instant::now() < deadline, "slow.service's job never ran");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        systemd.job_info(&later).await.unwrap(),
+        info("start", "waiting")
+    );
+    let stop = systemd
+        .unit_job(JobKind::Stop, "later.service", "replace")
+        .await
+        .unwrap();
+    // A stop replaces the waiting start: the old job is gone, an error.
+    assert!(systemd.job_info(&later).await.is_err());
+    let deadline = Instant::now() + T;
+    while systemd.job_info(&stop).await.is_ok() {
+        assert!(Instant::now() < deadline, "the stop job never ended");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    systemd.cancel_job(&slow).await.unwrap();
 }
 
 /// The whole agent: real systemd below, a fake manager on TCP above.

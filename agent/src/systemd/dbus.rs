@@ -13,9 +13,8 @@
 //! turned back into unit names by reversing systemd's bus label escaping.
 
 use super::{
-    BusTarget, ERR_NO_SUCH_JOB, ERR_NO_SUCH_UNIT, ERR_UNKNOWN_METHOD, EVENT_QUEUE, EventStream,
-    JobInfo, JobKind, JobPath, Systemd, SystemdEvent, UnitFileChange, UnitSignal, UnitSignalStream,
-    ordering_lets_start_run,
+    BusTarget, ERR_NO_SUCH_UNIT, ERR_UNKNOWN_METHOD, EVENT_QUEUE, EventStream, JobInfo, JobKind,
+    JobPath, Systemd, SystemdEvent, UnitFileChange, UnitSignal, UnitSignalStream,
 };
 use crate::marshal::{self, AuxUnits, PropertyList, PropertyMap};
 use drover_protocol::bus_label::{bus_label_escape, bus_label_unescape};
@@ -62,16 +61,6 @@ type RawUnit = (
     OwnedObjectPath,
     u32,
     String,
-    OwnedObjectPath,
-);
-
-/// systemd's `ListJobs` tuple `(usssoo)`: id, unit, type, state, job, unit path.
-type RawJob = (
-    u32,
-    String,
-    String,
-    String,
-    OwnedObjectPath,
     OwnedObjectPath,
 );
 
@@ -148,26 +137,6 @@ impl ZbusSystemd {
             Err(e) if e.name == ERR_NO_SUCH_UNIT => self.manager_get("LoadUnit", &(unit,)).await,
             other => other,
         }
-    }
-
-    /// A unit-name list property (`After`, `Before`, …) of the unit at `path`.
-    async fn unit_names(&self, path: &str, property: &str) -> Result<Vec<String>, RemoteError> {
-        let reply = self
-            .conn
-            .call_method(
-                Some(SERVICE),
-                path,
-                Some(PROPERTIES_IFACE),
-                "Get",
-                &(super::UNIT_IFACE, property),
-            )
-            .await
-            .map_err(|e| remote_error(e, "Get"))?;
-        let value: OwnedVariant = reply
-            .body()
-            .deserialize()
-            .map_err(|e| bad_reply("Get", e))?;
-        Vec::<String>::try_from(value).map_err(|e| bad_reply("Get", e))
     }
 
     async fn unit_call<B>(
@@ -278,42 +247,32 @@ impl Systemd for ZbusSystemd {
         Ok(())
     }
 
-    async fn job_info(&self, job: &str, unit: &str) -> Result<JobInfo, RemoteError> {
-        // Sent together, so systemd answers them in one turn of its loop; if
-        // that comes before it runs the jobs it just queued (its run queue goes
-        // last), the target starts before the helper is forked.
-        let path = unit_path(unit);
-        let (jobs, after, before) = futures::join!(
-            self.manager_get::<_, Vec<RawJob>>("ListJobs", &()),
-            self.unit_names(&path, "After"),
-            self.unit_names(&path, "Before"),
-        );
-        let jobs = jobs?;
-        let Some(own) = jobs.iter().find(|j| j.4.as_str() == job) else {
-            return Err(RemoteError::new(
-                ERR_NO_SUCH_JOB,
-                format!("Job {job} does not exist."),
-            ));
-        };
-        let may_run = match (after, before) {
-            (Ok(after), Ok(before)) => {
-                let kinds_on = |units: &[String]| {
-                    jobs.iter()
-                        .filter(|j| units.contains(&j.1))
-                        .map(|j| j.2.as_str())
-                        .collect::<Vec<_>>()
-                };
-                ordering_lets_start_run(kinds_on(&after), kinds_on(&before))
-            }
-            (Err(e), _) | (_, Err(e)) => {
-                tracing::debug!("cannot read the ordering of {unit}: {}", e.message);
-                false
-            }
+    async fn job_info(&self, job: &str) -> Result<JobInfo, RemoteError> {
+        let reply = self
+            .conn
+            .call_method(
+                Some(SERVICE),
+                job,
+                Some(PROPERTIES_IFACE),
+                "GetAll",
+                &(JOB_IFACE,),
+            )
+            .await
+            .map_err(|e| remote_error(e, "GetAll"))?;
+        let props: PropertyMap = reply
+            .body()
+            .deserialize()
+            .map_err(|e| bad_reply("GetAll", e))?;
+        let text = |key: &str| -> Result<String, RemoteError> {
+            let value = props
+                .get(key)
+                .ok_or_else(|| RemoteError::failed(format!("job {job} has no {key}")))?;
+            String::try_from(value.try_clone().map_err(|e| bad_reply("GetAll", e))?)
+                .map_err(|e| bad_reply("GetAll", e))
         };
         Ok(JobInfo {
-            kind: own.2.clone(),
-            state: own.3.clone(),
-            may_run,
+            kind: text("JobType")?,
+            state: text("State")?,
         })
     }
 

@@ -329,7 +329,7 @@ impl Systemd for FakeSystemd {
         self.unit_job_named(kind.method(), unit, mode).await
     }
 
-    async fn job_info(&self, job: &str, _unit: &str) -> Result<JobInfo, RemoteError> {
+    async fn job_info(&self, job: &str) -> Result<JobInfo, RemoteError> {
         self.enter(format!("JobInfo {job}"), "JobInfo").await?;
         self.lock()
             .job_infos

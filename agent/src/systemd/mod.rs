@@ -140,24 +140,6 @@ pub struct JobInfo {
     pub kind: String,
     /// `State`: `waiting` or `running`.
     pub state: String,
-    /// Nothing the job's unit is ordered against holds the job back: see
-    /// [`ordering_lets_start_run`]. `false` when that could not be read.
-    pub may_run: bool,
-}
-
-/// Whether a waiting **start** job may run now, by systemd's own rule
-/// (`job_is_runnable()` with `job_compare()`): it waits while any unit it is
-/// ordered after (`After=`) has a job other than `nop`, or any unit it is
-/// ordered before (`Before=`) has a `stop` or `restart` job, since stops go
-/// first. The arguments are the job types found on those units.
-pub fn ordering_lets_start_run<'a>(
-    after: impl IntoIterator<Item = &'a str>,
-    before: impl IntoIterator<Item = &'a str>,
-) -> bool {
-    !after.into_iter().any(|kind| kind != "nop")
-        && !before
-            .into_iter()
-            .any(|kind| kind == "stop" || kind == "restart")
 }
 
 /// systemd's D-Bus interface of every unit object.
@@ -178,14 +160,9 @@ pub trait Systemd: Send + Sync + 'static {
         mode: &str,
     ) -> impl Future<Output = Result<JobPath, RemoteError>> + Send;
 
-    /// Type and state of `job`, a job of `unit`, and whether systemd's
-    /// ordering lets it run now ([`JobInfo`]); systemd's `NoSuchJob`-like
+    /// Type and state of `job` (`Properties.GetAll` on the job object); an
     /// error once the job is gone.
-    fn job_info(
-        &self,
-        job: &str,
-        unit: &str,
-    ) -> impl Future<Output = Result<JobInfo, RemoteError>> + Send;
+    fn job_info(&self, job: &str) -> impl Future<Output = Result<JobInfo, RemoteError>> + Send;
 
     /// `Job.Cancel` on the job object.
     fn cancel_job(&self, job: &str) -> impl Future<Output = Result<(), RemoteError>> + Send;
@@ -310,33 +287,5 @@ impl std::fmt::Display for BusTarget {
             BusTarget::Session => f.write_str("the session bus"),
             BusTarget::Address(a) => write!(f, "bus {a}"),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::ordering_lets_start_run;
-
-    #[test]
-    fn a_start_waits_for_jobs_it_is_ordered_after() {
-        let none: [&str; 0] = [];
-        assert!(ordering_lets_start_run(none, none));
-        for kind in ["start", "stop", "restart", "verify-active", "reload"] {
-            assert!(!ordering_lets_start_run([kind], none), "{kind} after");
-        }
-        assert!(ordering_lets_start_run(["nop"], none));
-    }
-
-    #[test]
-    fn a_start_waits_only_for_stops_of_units_it_is_ordered_before() {
-        let none: [&str; 0] = [];
-        // need-db.service (After= the proxy) starting is the usual case.
-        for kind in ["start", "verify-active", "reload", "nop"] {
-            assert!(ordering_lets_start_run(none, [kind]), "{kind} before");
-        }
-        for kind in ["stop", "restart"] {
-            assert!(!ordering_lets_start_run(none, [kind]), "{kind} before");
-        }
-        assert!(!ordering_lets_start_run(none, ["start", "stop"]));
     }
 }
