@@ -445,12 +445,18 @@ impl UnitHub {
                     } else {
                         None
                     };
-                events.push(Event::UnitPropertiesChanged {
-                    tag: ModTag::ZERO,
-                    unit: unit.clone(),
-                    interface,
-                    properties,
-                });
+                // Decoded only for a watched unit (see `ChangedProperties`).
+                if inner.session.as_ref().is_some_and(|s| s.watches(&unit)) {
+                    match properties.marshal() {
+                        Ok(properties) => events.push(Event::UnitPropertiesChanged {
+                            tag: ModTag::ZERO,
+                            unit: unit.clone(),
+                            interface,
+                            properties,
+                        }),
+                        Err(e) => tracing::warn!("ignoring a signal of {unit}: {}", e.message),
+                    }
+                }
                 if let Some(now) = changed_state {
                     events.push(state_event(&unit, &now, Reason::Real));
                 }
@@ -768,7 +774,8 @@ mod tests {
             properties: Marshalled {
                 signature: "a{sv}".into(),
                 data: vec![0, 0, 0, 0],
-            },
+            }
+            .into(),
             active_state: Some(active.into()),
             sub_state: Some(sub.into()),
         }
@@ -900,7 +907,7 @@ mod tests {
             .emit_unit(UnitSignal::Changed {
                 unit: "a.service".into(),
                 interface: "org.freedesktop.systemd1.Service".into(),
-                properties: Marshalled::default(),
+                properties: Marshalled::default().into(),
                 active_state: None,
                 sub_state: None,
             })
@@ -917,7 +924,7 @@ mod tests {
             .emit_unit(UnitSignal::Changed {
                 unit: "a.service".into(),
                 interface: UNIT_IFACE.into(),
-                properties: Marshalled::default(),
+                properties: Marshalled::default().into(),
                 active_state: None,
                 sub_state: Some("stop-sigkill".into()),
             })

@@ -190,6 +190,12 @@ pub async fn proxy(cluster: &Cluster, samples: usize) -> Result<()> {
     let mut remote = Vec::with_capacity(samples);
     let mut local = Vec::with_capacity(samples);
     let mut alone = Vec::with_capacity(samples);
+    let agents: Vec<(String, u32)> = cluster
+        .node_names()
+        .into_iter()
+        .filter_map(|n| cluster.agent_pid(&n).map(|pid| (n, pid)))
+        .collect();
+    let cpu_before: Vec<Duration> = agents.iter().map(|(_, pid)| cpu_time(*pid)).collect();
     for i in 0..(samples + WARMUP) {
         // The three kinds take turns at going first.
         let sample = async {
@@ -220,7 +226,29 @@ pub async fn proxy(cluster: &Cluster, samples: usize) -> Result<()> {
         }
     }
     report(samples, &remote, &local, &alone);
+    let rounds = (samples + WARMUP) as u32;
+    for ((node, pid), before) in agents.iter().zip(cpu_before) {
+        println!(
+            "  agent CPU on {node}: {} per round (one sample of each kind)",
+            ms(cpu_time(*pid).saturating_sub(before) / rounds)
+        );
+    }
     Ok(())
+}
+
+/// CPU time (user + system) of every thread of process `pid`, from
+/// `/proc/PID/task/*/schedstat` (nanoseconds, unlike the ticks of `stat`);
+/// zero when it cannot be read.
+fn cpu_time(pid: u32) -> Duration {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Duration::ZERO;
+    };
+    let ns: u64 = tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    Duration::from_nanos(ns)
 }
 
 fn report(samples: usize, remote: &[Remote], local: &[Local], alone: &[Duration]) {

@@ -13,8 +13,8 @@
 //! turned back into unit names by reversing systemd's bus label escaping.
 
 use super::{
-    BusTarget, ERR_NO_SUCH_UNIT, ERR_UNKNOWN_METHOD, EVENT_QUEUE, EventStream, JobInfo, JobKind,
-    JobPath, Systemd, SystemdEvent, UnitFileChange, UnitSignal, UnitSignalStream,
+    BusTarget, ChangedProperties, ERR_NO_SUCH_UNIT, ERR_UNKNOWN_METHOD, EVENT_QUEUE, EventStream,
+    JobInfo, JobKind, JobPath, Systemd, SystemdEvent, UnitFileChange, UnitSignal, UnitSignalStream,
 };
 use crate::marshal::{self, AuxUnits, PropertyList, PropertyMap};
 use drover_protocol::bus_label::{bus_label_escape, bus_label_unescape};
@@ -25,7 +25,9 @@ use std::num::NonZeroUsize;
 use tokio::sync::mpsc;
 use zbus::export::ordered_stream::{self, OrderedStreamExt};
 use zbus::message::Type as MessageType;
-use zbus::{Connection, DBusError, MatchRule, MessageStream, OwnedObjectPath, OwnedVariant};
+use zbus::{
+    Connection, DBusError, MatchRule, MessageStream, OwnedObjectPath, OwnedVariant, Variant,
+};
 
 const SERVICE: &str = "org.freedesktop.systemd1";
 const MANAGER_PATH: &str = "/org/freedesktop/systemd1";
@@ -511,43 +513,62 @@ fn parse_unit_signal(msg: &zbus::Message) -> Option<UnitSignal> {
                 tracing::debug!("PropertiesChanged on {path}, not a unit object");
                 return None;
             };
-            let (interface, changed, _invalidated) =
-                match msg
-                    .body()
-                    .deserialize::<(String, PropertyMap, Vec<String>)>()
-                {
-                    Ok(body) => body,
+            // Only the interface and, for the unit interface, the state are
+            // read now; the rest when a subscription wants it.
+            let body = msg.body();
+            if body.signature().to_string_no_parens() != "sa{sv}as" {
+                tracing::warn!(
+                    "ignoring a PropertiesChanged signal on {path} with body `{}`",
+                    body.signature()
+                );
+                return None;
+            }
+            let interface = match body.data().deserialize::<&str>() {
+                Ok((interface, _)) => interface.to_owned(),
+                Err(e) => {
+                    tracing::warn!("ignoring a malformed PropertiesChanged signal on {path}: {e}");
+                    return None;
+                }
+            };
+            let (active_state, sub_state) = if interface == super::UNIT_IFACE {
+                match body.deserialize::<(&str, HashMap<&str, Variant<'_>>, Vec<&str>)>() {
+                    Ok((_, changed, _)) => {
+                        let text = |key: &str| match changed.get(key) {
+                            Some(Variant::Str(s)) => Some(s.as_str().to_owned()),
+                            _ => None,
+                        };
+                        (text("ActiveState"), text("SubState"))
+                    }
                     Err(e) => {
                         tracing::warn!(
                             "ignoring a malformed PropertiesChanged signal on {path}: {e}"
                         );
                         return None;
                     }
-                };
-            let text = |key: &str| {
-                changed
-                    .get(key)
-                    .and_then(|v| String::try_from(v.try_clone().ok()?).ok())
-            };
-            let active_state = text("ActiveState");
-            let sub_state = text("SubState");
-            let properties = match marshal::encode(&changed) {
-                Ok(m) => m,
-                Err(e) => {
-                    tracing::warn!("cannot re-encode PropertiesChanged of {unit}: {e}");
-                    return None;
                 }
+            } else {
+                (None, None)
             };
             Some(UnitSignal::Changed {
                 unit,
                 interface,
-                properties,
+                properties: ChangedProperties::from_signal(msg.clone()),
                 active_state,
                 sub_state,
             })
         }
         _ => None,
     }
+}
+
+/// The changed properties of a `PropertiesChanged` message, as a
+/// [`Marshalled`] `a{sv}` (see [`ChangedProperties`]).
+pub fn changed_properties(msg: &zbus::Message) -> Result<Marshalled, RemoteError> {
+    let (_, changed, _): (String, PropertyMap, Vec<String>) = msg
+        .body()
+        .deserialize()
+        .map_err(|e| RemoteError::failed(format!("malformed PropertiesChanged signal: {e}")))?;
+    marshal::encode(&changed)
 }
 
 /// Turns signal messages into events with `parse` (malformed signals give
@@ -693,6 +714,90 @@ mod tests {
         let elsewhere = zbus::Message::signal("/somewhere/else", MANAGER_IFACE, "JobNew")
             .build(&(7u32, job, unit))
             .unwrap();
+        assert!(parse_unit_signal(&elsewhere).is_none());
+    }
+
+    fn changed_signal<B>(unit: &str, body: &B) -> zbus::Message
+    where
+        B: zbus::export::serde::Serialize + zbus::DynamicType,
+    {
+        zbus::Message::signal(
+            unit_path(unit).as_str(),
+            PROPERTIES_IFACE,
+            "PropertiesChanged",
+        )
+        .build(body)
+        .unwrap()
+    }
+
+    #[test]
+    fn properties_changed_reads_the_state_now_and_the_rest_on_demand() {
+        let none: Vec<String> = Vec::new();
+        let mut props: HashMap<&str, Variant<'_>> = HashMap::new();
+        props.insert("ActiveState", Variant::from("active"));
+        props.insert("SubState", Variant::from("running"));
+        props.insert("NRestarts", Variant::from(3u32));
+        let msg = changed_signal("db.service", &(super::super::UNIT_IFACE, &props, &none));
+        let Some(UnitSignal::Changed {
+            unit,
+            interface,
+            properties,
+            active_state,
+            sub_state,
+        }) = parse_unit_signal(&msg)
+        else {
+            panic!("not a state change");
+        };
+        assert_eq!(unit, "db.service");
+        assert_eq!(interface, super::super::UNIT_IFACE);
+        assert_eq!(active_state.as_deref(), Some("active"));
+        assert_eq!(sub_state.as_deref(), Some("running"));
+        let decoded: PropertyMap = marshal::decode(&properties.marshal().unwrap()).unwrap();
+        assert_eq!(decoded.len(), 3);
+        assert_eq!(u32::try_from(&*decoded["NRestarts"]).unwrap(), 3);
+
+        // Another interface: no state read, the properties still there.
+        let service = "org.freedesktop.systemd1.Service";
+        let msg = changed_signal("db.service", &(service, &props, &none));
+        match parse_unit_signal(&msg) {
+            Some(UnitSignal::Changed {
+                interface,
+                properties,
+                active_state: None,
+                sub_state: None,
+                ..
+            }) => {
+                assert_eq!(interface, service);
+                let decoded: PropertyMap = marshal::decode(&properties.marshal().unwrap()).unwrap();
+                assert_eq!(decoded.len(), 3);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn malformed_properties_changed_is_skipped() {
+        // Bodies of the wrong type, whatever the interface: skipped, not guessed at.
+        for iface in [super::super::UNIT_IFACE, "org.freedesktop.systemd1.Service"] {
+            let msg = changed_signal("db.service", &(iface, 7u32));
+            assert!(parse_unit_signal(&msg).is_none(), "{iface}");
+            let props: HashMap<&str, &str> = HashMap::from([("ActiveState", "active")]);
+            let msg = changed_signal("db.service", &(iface, props));
+            assert!(parse_unit_signal(&msg).is_none(), "{iface}");
+        }
+        assert!(parse_unit_signal(&changed_signal("db.service", &(7u32,))).is_none());
+        // Not a unit object: skipped.
+        let elsewhere = zbus::Message::signal(
+            "/org/freedesktop/systemd1/job/7",
+            PROPERTIES_IFACE,
+            "PropertiesChanged",
+        )
+        .build(&(
+            "org.freedesktop.systemd1.Job",
+            HashMap::<&str, Variant<'_>>::new(),
+            Vec::<String>::new(),
+        ))
+        .unwrap();
         assert!(parse_unit_signal(&elsewhere).is_none());
     }
 

@@ -118,14 +118,67 @@ pub enum UnitSignal {
     Changed {
         unit: String,
         interface: String,
-        /// The changed properties, `a{sv}`.
-        properties: Marshalled,
+        /// The changed properties, `a{sv}`, encoded only when wanted.
+        properties: ChangedProperties,
         /// `ActiveState` / `SubState` when the signal carries them
         /// (interface `org.freedesktop.systemd1.Unit`).
         active_state: Option<String>,
         sub_state: Option<String>,
     },
 }
+
+/// The changed properties of one `PropertiesChanged` signal.
+///
+/// Most unit signals on a node concern units no subscription watches, and a
+/// unit's service interface alone carries dozens of properties. So the real
+/// systemd's signal is kept as it came (a cheap reference to the message) and
+/// decoded into a [`Marshalled`] only for a watched unit
+/// ([`ChangedProperties::marshal`]); only `ActiveState`/`SubState` are read
+/// from every signal. On a single-threaded agent every signal decoded ahead of
+/// the target's `active` delays the reply that confirms it.
+#[derive(Clone, Debug)]
+pub struct ChangedProperties(Changed);
+
+#[derive(Clone, Debug)]
+enum Changed {
+    Encoded(Marshalled),
+    Signal(zbus::Message),
+}
+
+impl ChangedProperties {
+    /// The `a{sv}` of a `PropertiesChanged` message, decoded on demand.
+    pub fn from_signal(msg: zbus::Message) -> Self {
+        Self(Changed::Signal(msg))
+    }
+
+    /// The properties as the protocol carries them; an error when the
+    /// signal's body does not decode.
+    pub fn marshal(&self) -> Result<Marshalled, RemoteError> {
+        match &self.0 {
+            Changed::Encoded(m) => Ok(m.clone()),
+            Changed::Signal(msg) => dbus::changed_properties(msg),
+        }
+    }
+}
+
+impl From<Marshalled> for ChangedProperties {
+    fn from(m: Marshalled) -> Self {
+        Self(Changed::Encoded(m))
+    }
+}
+
+/// Same properties: equal encodings, or the same signal body.
+impl PartialEq for ChangedProperties {
+    fn eq(&self, other: &Self) -> bool {
+        match (&self.0, &other.0) {
+            (Changed::Encoded(a), Changed::Encoded(b)) => a == b,
+            (Changed::Signal(a), Changed::Signal(b)) => a.data().bytes() == b.data().bytes(),
+            _ => false,
+        }
+    }
+}
+
+impl Eq for ChangedProperties {}
 
 /// Receiving end of the unit subscription.
 pub type UnitSignalStream = mpsc::Receiver<UnitSignal>;
