@@ -25,10 +25,10 @@
 //!
 //! Why not earlier: systemd sends `JobNew` and runs its job queue in the same
 //! turn of its loop, so any question asked on `JobNew` is answered after the
-//! helper was forked, and after the `running` signal (measured: the signal
-//! about 0.6 ms after the fork, the answer 0.1–0.4 ms later). Deciding from
-//! the ordering before the job runs therefore never gained anything; this
-//! module only waits for the two facts it needs.
+//! helper was forked, and after the `running` signal (measured on the 2-core
+//! test VM: the signal 0.4–0.6 ms after the fork, the answer 0.2–0.4 ms after
+//! the signal). Deciding from the ordering before the job runs therefore
+//! never gained anything; this module only waits for the two facts it needs.
 //!
 //! Signals keep arriving while the query runs: a `running` state or a
 //! removal that overtakes the answer is recorded here, and the pending
