@@ -38,11 +38,11 @@
 use crate::marshal::{self, PropertyMap};
 use crate::news::{JobNews, StartWatch};
 use crate::systemd::{ERR_NO_SUCH_UNIT, JobKind, JobPath, Systemd, SystemdEvent, UNIT_IFACE};
+use crate::waiters::JobWaiters;
 use drover_protocol::{NodeName, RemoteError, Response, UnitName};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
-use tokio::sync::oneshot;
 
 /// Every dep unit is an instance of this template.
 pub const DEP_UNIT_PREFIX: &str = "drover-dep@";
@@ -82,7 +82,7 @@ pub enum JobEnd {
 struct Waiters {
     in_flight: usize,
     early: VecDeque<(Instant, JobPath, String)>,
-    waiting: HashMap<JobPath, Vec<oneshot::Sender<String>>>,
+    waiting: JobWaiters<String>,
 }
 
 /// See the module docs.
@@ -113,11 +113,7 @@ impl Deps {
             return;
         };
         let mut w = self.lock();
-        if let Some(waiters) = w.waiting.remove(job) {
-            for tx in waiters {
-                let _ = tx.send(result.clone());
-            }
-        } else if w.in_flight > 0 {
+        if !w.waiting.release(job, result.clone()) && w.in_flight > 0 {
             if w.early.len() >= EARLY_CAP {
                 w.early.pop_front();
             }
@@ -185,8 +181,7 @@ impl Deps {
             if let Some((_, _, result)) = early {
                 return Ok((path, JobEnd::Finished(result)));
             }
-            let (tx, rx) = oneshot::channel();
-            w.waiting.entry(path.clone()).or_default().push(tx);
+            let rx = w.waiting.wait(&path);
             (path, rx)
         };
         let (path, rx) = rx;
@@ -204,13 +199,7 @@ impl Deps {
             None => JobEnd::TargetActive,
         };
         // Drop our (and any other abandoned) waiter for this job.
-        let mut w = self.lock();
-        if let Some(list) = w.waiting.get_mut(&path) {
-            list.retain(|tx| !tx.is_closed());
-            if list.is_empty() {
-                w.waiting.remove(&path);
-            }
-        }
+        self.lock().waiting.forget_abandoned(&path);
         Ok((path, end))
     }
 

@@ -25,7 +25,8 @@
 //! * [`proxy`] — proxies of this node on units of other nodes (the state
 //!   behind `drover-proxy@.service`); [`api`] — the local
 //!   `org.eclipse.bluechi.Agent` D-Bus API the proxy helper calls;
-//!   [`deps`] — `drover-dep@` units for other nodes' proxies on units here.
+//!   [`deps`] — `drover-dep@` units for other nodes' proxies on units here,
+//!   waiting for job ends through [`waiters`] and [`news`].
 //! * [`agent`] — wires the above together; [`cli`] — arguments, config,
 //!   logging, signals, `sd_notify` for the thin binary.
 //!
@@ -50,3 +51,4 @@ pub mod outbox;
 pub mod proxy;
 pub mod systemd;
 pub mod units;
+pub mod waiters;

@@ -38,7 +38,8 @@
 //! the job's end as above.
 
 use crate::systemd::JobPath;
-use std::collections::{HashMap, VecDeque};
+use crate::waiters::JobWaiters;
+use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::oneshot;
@@ -50,7 +51,7 @@ pub const PASSED_CAP: usize = 1024;
 
 #[derive(Default)]
 struct Inner {
-    waiting: HashMap<JobPath, Vec<oneshot::Sender<()>>>,
+    waiting: JobWaiters<()>,
     passed: VecDeque<JobPath>,
     watches: Vec<Watch>,
     next_watch: u64,
@@ -107,10 +108,7 @@ impl JobNews {
     /// ended.
     pub fn passed(&self, job: &str) {
         let mut inner = self.lock();
-        if let Some(waiters) = inner.waiting.remove(job) {
-            for tx in waiters {
-                let _ = tx.send(());
-            }
+        if inner.waiting.release(job, ()) {
             return;
         }
         if inner.passed.len() >= PASSED_CAP {
@@ -129,19 +127,11 @@ impl JobNews {
                 inner.passed.remove(i);
                 return true;
             }
-            let (tx, rx) = oneshot::channel();
-            inner.waiting.entry(job.to_string()).or_default().push(tx);
-            rx
+            inner.waiting.wait(job)
         };
         let passed = matches!(tokio::time::timeout(bound, rx).await, Ok(Ok(())));
         if !passed {
-            let mut inner = self.lock();
-            if let Some(list) = inner.waiting.get_mut(job) {
-                list.retain(|tx| !tx.is_closed());
-                if list.is_empty() {
-                    inner.waiting.remove(job);
-                }
-            }
+            self.lock().waiting.forget_abandoned(job);
         }
         passed
     }
