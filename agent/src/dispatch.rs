@@ -389,6 +389,64 @@ mod tests {
         }
     }
 
+    /// The event pump asks systemd about each new proxy job in a task of its
+    /// own and announces the proxy once the start job runs.
+    #[tokio::test]
+    async fn a_running_proxy_start_job_is_announced_through_the_event_pump() {
+        use crate::systemd::{JobInfo, SystemdEvent};
+        let mut r = rig().await;
+        let proxy = "drover-proxy@bar_db.service";
+        let (stop_job, start_job) = (
+            "/org/freedesktop/systemd1/job/1",
+            "/org/freedesktop/systemd1/job/2",
+        );
+        let info = |kind: &str, state: &str| JobInfo {
+            kind: kind.into(),
+            state: state.into(),
+        };
+        r.fake.set_job_info(stop_job, info("stop", "running"));
+        r.fake.set_job_info(start_job, info("start", "waiting"));
+        for (id, job) in [(1, stop_job), (2, start_job)] {
+            r.fake
+                .emit(SystemdEvent::JobNew {
+                    id,
+                    job: job.into(),
+                    unit: proxy.into(),
+                })
+                .await;
+        }
+        // Both asked about; the stop job is dropped, the start job waits.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while r
+            .fake
+            .calls()
+            .iter()
+            .filter(|c| c.starts_with("JobInfo"))
+            .count()
+            < 2
+            || r.dispatcher.shared().ahead.pending() != 1
+        {
+            assert!(std::time::Instant::now() < deadline, "never classified");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(r.rx.try_recv().is_err(), "announced before it ran");
+        r.fake
+            .emit(SystemdEvent::JobState {
+                job: start_job.into(),
+                state: "running".into(),
+            })
+            .await;
+        match next(&mut r.rx).await {
+            ToManager::Event(Event::ProxyNew { node, unit, .. }) => {
+                assert_eq!((node.as_str(), unit.as_str()), ("bar", "db.service"));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert_eq!(r.dispatcher.shared().ahead.pending(), 0);
+        assert!(r.rx.try_recv().is_err(), "announced once");
+    }
+
     #[tokio::test]
     async fn start_replies_empty_then_running_then_one_done() {
         let mut r = rig().await;
