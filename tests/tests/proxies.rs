@@ -61,11 +61,23 @@ async fn wait_state(c: &Cluster, node: &str, unit: &str, want: &str) {
     .await;
     if let Err(e) = res {
         panic!(
-            "{e:#} (it is {}; proxy log on node1: {:?})",
+            "{e:#} (it is {}; proxy log on node1: {:?})\n{}",
             state(c, node, unit).await,
-            c.unit_log("node1", PROXY).unwrap_or_default()
+            c.unit_log("node1", PROXY).unwrap_or_default(),
+            proxy_table(c).await
         );
     }
+}
+
+/// The manager's proxy table, for a failed wait's message (the cluster prints
+/// the manager's and agents' logs itself when a test panics).
+async fn proxy_table(c: &Cluster) -> String {
+    let table = droverctl(c, &["proxies"]).await;
+    format!(
+        "droverctl proxies:\n{}{}",
+        String::from_utf8_lossy(&table.stdout),
+        String::from_utf8_lossy(&table.stderr)
+    )
 }
 
 /// `unit` on `node` stays `want` for `period` (checked every 100 ms).
