@@ -55,12 +55,14 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// One node's systemd manager, spoken to directly over its bus.
 struct Systemd {
+    /// The node's name, for error messages.
+    node: &'static str,
     manager: zbus::Proxy<'static>,
     removed: zbus::proxy::SignalStream<'static>,
 }
 
 impl Systemd {
-    async fn connect(address: &str) -> Result<Self> {
+    async fn connect(node: &'static str, address: &str) -> Result<Self> {
         let conn = zbus::connection::Builder::address(address)
             .build()
             .await
@@ -74,7 +76,11 @@ impl Systemd {
         .await?;
         let _: () = manager.call("Subscribe", &()).await?;
         let removed = manager.receive_signal("JobRemoved").await?;
-        Ok(Self { manager, removed })
+        Ok(Self {
+            node,
+            manager,
+            removed,
+        })
     }
 
     /// `method(unit, "replace")` and wait for the job's `JobRemoved`; returns its result.
@@ -96,6 +102,18 @@ impl Systemd {
         })
         .await
         .with_context(|| format!("{method} {unit} did not finish within {STEP_TIMEOUT:?}"))?
+    }
+
+    /// `StartUnit(unit)` until its job is `done`: how long that took, and when
+    /// it was called (CLOCK_MONOTONIC µs, to compare with systemd's timestamps).
+    async fn start_done(&mut self, unit: &str) -> Result<(Duration, u64)> {
+        let (t, called) = (Instant::now(), monotonic_us());
+        let result = self.job("StartUnit", unit).await?;
+        let took = t.elapsed();
+        if result != "done" {
+            bail!("starting {unit} on {} ended with '{result}'", self.node);
+        }
+        Ok((took, called))
     }
 
     /// `ActiveState` of `unit`; a unit systemd has not loaded is `inactive`.
@@ -184,8 +202,8 @@ pub async fn proxy(cluster: &Cluster, samples: usize) -> Result<()> {
     cluster
         .install_unit("node1", NEED_DB_LOCAL, &need(DB_LOCAL))
         .await?;
-    let mut node1 = Systemd::connect(&cluster.node_bus_address("node1")).await?;
-    let mut node2 = Systemd::connect(&cluster.node_bus_address("node2")).await?;
+    let mut node1 = Systemd::connect("node1", &cluster.node_bus_address("node1")).await?;
+    let mut node2 = Systemd::connect("node2", &cluster.node_bus_address("node2")).await?;
 
     let mut remote = Vec::with_capacity(samples);
     let mut local = Vec::with_capacity(samples);
@@ -347,12 +365,7 @@ fn between(from: u64, to: u64) -> Duration {
 
 /// One cross-node sample, from and back to "everything down".
 async fn time_remote(node1: &mut Systemd, node2: &mut Systemd) -> Result<Remote> {
-    let (t, called) = (Instant::now(), monotonic_us());
-    let result = node1.job("StartUnit", NEED_DB).await?;
-    let total = t.elapsed();
-    if result != "done" {
-        bail!("starting {NEED_DB} on node1 ended with '{result}'");
-    }
+    let (total, called) = node1.start_done(NEED_DB).await?;
     let proxy_start = node1
         .u64_prop(PROXY, "InactiveExitTimestampMonotonic")
         .await?;
@@ -393,12 +406,7 @@ async fn time_remote(node1: &mut Systemd, node2: &mut Systemd) -> Result<Remote>
 
 /// One local sample, from and back to "everything down".
 async fn time_local(node1: &mut Systemd) -> Result<Local> {
-    let (t, called) = (Instant::now(), monotonic_us());
-    let result = node1.job("StartUnit", NEED_DB_LOCAL).await?;
-    let total = t.elapsed();
-    if result != "done" {
-        bail!("starting {NEED_DB_LOCAL} on node1 ended with '{result}'");
-    }
+    let (total, called) = node1.start_done(NEED_DB_LOCAL).await?;
     let db_start = node1
         .u64_prop(DB_LOCAL, "InactiveExitTimestampMonotonic")
         .await?;
@@ -420,11 +428,7 @@ async fn time_local(node1: &mut Systemd) -> Result<Local> {
 /// node2's part of a cross-node start without drover: the bench starts the dep
 /// itself, as node2's agent would, and reads when db became active.
 async fn time_dep_alone(node2: &mut Systemd) -> Result<Duration> {
-    let called = monotonic_us();
-    let result = node2.job("StartUnit", DEP).await?;
-    if result != "done" {
-        bail!("starting {DEP} on node2 ended with '{result}'");
-    }
+    let (_, called) = node2.start_done(DEP).await?;
     let db_up = node2.u64_prop(DB, "ActiveEnterTimestampMonotonic").await?;
     node2.job("StopUnit", DEP).await?;
     node2.job("StopUnit", DB).await?;
