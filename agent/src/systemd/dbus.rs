@@ -261,16 +261,15 @@ impl Systemd for ZbusSystemd {
             )
             .await
             .map_err(|e| remote_error(e, "GetAll"))?;
-        let props: PropertyMap = reply
+        let mut props: PropertyMap = reply
             .body()
             .deserialize()
             .map_err(|e| bad_reply("GetAll", e))?;
-        let text = |key: &str| -> Result<String, RemoteError> {
+        let mut text = |key: &str| -> Result<String, RemoteError> {
             let value = props
-                .get(key)
+                .remove(key)
                 .ok_or_else(|| RemoteError::failed(format!("job {job} has no {key}")))?;
-            String::try_from(value.try_clone().map_err(|e| bad_reply("GetAll", e))?)
-                .map_err(|e| bad_reply("GetAll", e))
+            String::try_from(value).map_err(|e| bad_reply("GetAll", e))
         };
         Ok(JobInfo {
             kind: text("JobType")?,
