@@ -1,0 +1,396 @@
+//! House rules of the source tree, checked on every test run.
+//!
+//! **Imports run one way.** Inside each crate, the graph "file A names an item of
+//! module B" (`use crate::…`, `crate::…` paths in code, `super::…`) has no circle.
+//! A circle means two files can only be understood, tested and changed together.
+//!
+//! What counts as an edge, so the rule is easy to follow:
+//! * a path is resolved to the longest module prefix that has its own file
+//!   (`crate::units::hub::Hub` → `units/hub.rs`); a path through a re-export
+//!   (`crate::Core` when `lib.rs` says `pub use core::Core`) is an edge to the
+//!   re-exporting file, so code inside a crate imports from the defining module;
+//! * a parent module's `mod child;` is not an edge, but a parent that *uses* an item
+//!   of its child is, so a `mod.rs` holds declarations, re-exports and the items its
+//!   children share only when they use none of their siblings' items through it;
+//! * test code is left out: files named `tests.rs`, test directories, and everything
+//!   after a `#[cfg(test)]` line (the convention here: test modules come last).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ lives in the workspace")
+        .to_path_buf()
+}
+
+/// Crate directories with a `src/` (the workspace members).
+fn crate_dirs(root: &Path) -> Vec<PathBuf> {
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).expect("workspace manifest");
+    let start = manifest.find("members").expect("members list");
+    let list = &manifest[start..];
+    let list = &list[list.find('[').unwrap() + 1..list.find(']').unwrap()];
+    list.split(',')
+        .map(|m| m.trim().trim_matches('"'))
+        .filter(|m| !m.is_empty())
+        .map(|m| root.join(m))
+        .filter(|d| d.join("src").is_dir())
+        .collect()
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// Module path of a file under `src/`: `lib.rs` → [], `a/mod.rs` and `a.rs` → [a],
+/// `a/b.rs` → [a, b]. `None` for binary roots and test files.
+fn module_of(src: &Path, file: &Path) -> Option<Vec<String>> {
+    let rel = file.strip_prefix(src).ok()?;
+    let mut parts: Vec<String> = rel
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    let last = parts.pop()?;
+    if parts.iter().any(|p| p == "tests" || p == "bin") {
+        return None;
+    }
+    match last.as_str() {
+        "main.rs" | "tests.rs" => None,
+        "lib.rs" if parts.is_empty() => Some(parts),
+        "mod.rs" => Some(parts),
+        other => {
+            parts.push(other.trim_end_matches(".rs").to_string());
+            Some(parts)
+        }
+    }
+}
+
+/// The production part of a file: everything before its first `#[cfg(test)]` line,
+/// without comments.
+fn production_text(text: &str) -> String {
+    let mut out = String::new();
+    for line in text.lines() {
+        let t = line.trim_start();
+        if t.starts_with("#[cfg(test)]") {
+            break;
+        }
+        if t.starts_with("//") {
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+/// Expands one `use` tree (`a::{b, c::{d, e}}`) into its paths.
+fn expand_use(tree: &str, prefix: &str, out: &mut Vec<String>) {
+    let tree = tree.trim();
+    if let Some(open) = tree.find('{') {
+        let head = tree[..open].trim().trim_end_matches("::");
+        let inner = &tree[open + 1..tree.rfind('}').unwrap_or(tree.len())];
+        let base = join(prefix, head);
+        let mut depth = 0;
+        let mut start = 0;
+        for (i, c) in inner.char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => depth -= 1,
+                ',' if depth == 0 => {
+                    expand_use(&inner[start..i], &base, out);
+                    start = i + 1;
+                }
+                _ => {}
+            }
+        }
+        expand_use(&inner[start..], &base, out);
+    } else if !tree.is_empty() {
+        let path = tree.split(" as ").next().unwrap_or(tree).trim();
+        out.push(join(prefix, path));
+    }
+}
+
+fn join(a: &str, b: &str) -> String {
+    match (a.is_empty(), b.is_empty()) {
+        (true, _) => b.to_string(),
+        (_, true) => a.to_string(),
+        _ => format!("{a}::{b}"),
+    }
+}
+
+/// Every path the file names that starts with `crate`, `super` or `self`.
+fn paths_in(text: &str) -> Vec<String> {
+    let mut paths = Vec::new();
+    // `use` statements, braces and all.
+    let mut rest = text;
+    while let Some(pos) = find_use(rest) {
+        let after = &rest[pos..];
+        let end = after.find(';').unwrap_or(after.len());
+        let stmt = &after[..end];
+        let tree = stmt.trim_start().trim_start_matches("use").trim();
+        expand_use(tree, "", &mut paths);
+        rest = &after[end..];
+    }
+    // Paths written in code: `crate::a::b::f(..)`, `super::x`.
+    let bytes = text.as_bytes();
+    for start in ["crate::", "super::", "self::"] {
+        let mut from = 0;
+        while let Some(i) = text[from..].find(start) {
+            let at = from + i;
+            from = at + start.len();
+            if at > 0 && (bytes[at - 1].is_ascii_alphanumeric() || bytes[at - 1] == b'_') {
+                continue;
+            }
+            let tail = &text[at..];
+            let len = tail
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+                .unwrap_or(tail.len());
+            paths.push(tail[..len].trim_end_matches(':').to_string());
+        }
+    }
+    paths
+}
+
+/// Paths into the child module `child` written without `self::` (`child::Item`),
+/// returned as `self::child::Item`.
+fn child_paths(text: &str, child: &str) -> Vec<String> {
+    let needle = format!("{child}::");
+    let bytes = text.as_bytes();
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(i) = text[from..].find(&needle) {
+        let at = from + i;
+        from = at + needle.len();
+        let prev = if at > 0 { bytes[at - 1] } else { b' ' };
+        if prev.is_ascii_alphanumeric() || prev == b'_' || prev == b':' {
+            continue;
+        }
+        out.push(format!("self::{child}"));
+    }
+    out
+}
+
+fn find_use(text: &str) -> Option<usize> {
+    let mut from = 0;
+    while let Some(i) = text[from..].find("use ") {
+        let at = from + i;
+        let before = text[..at].chars().last();
+        if before.is_none_or(|c| c.is_whitespace() || c == '{' || c == ';' || c == '}') {
+            let line_start = text[..at].rfind('\n').map_or(0, |n| n + 1);
+            let lead = text[line_start..at].trim();
+            if lead.is_empty() || lead == "pub" || lead.starts_with("pub(") {
+                return Some(at);
+            }
+        }
+        from = at + 4;
+    }
+    None
+}
+
+/// Resolves a path named in module `here` to the module file it points into.
+fn resolve(here: &[String], path: &str, modules: &BTreeSet<Vec<String>>) -> Option<Vec<String>> {
+    let mut segs = path.split("::").filter(|s| !s.is_empty());
+    let first = segs.next()?;
+    // `super` is the parent module, whether the file is `a/b.rs` or `a/b/mod.rs`.
+    let mut base: Vec<String> = match first {
+        "crate" => Vec::new(),
+        "self" => here.to_vec(),
+        "super" => {
+            let mut b = here.to_vec();
+            b.pop();
+            b
+        }
+        _ => return None,
+    };
+    let mut rest: Vec<&str> = Vec::new();
+    for s in segs {
+        if s == "super" && rest.is_empty() {
+            base.pop();
+        } else {
+            rest.push(s);
+        }
+    }
+    let mut best = base.clone();
+    let mut cur = base;
+    for s in rest {
+        cur.push(s.to_string());
+        if modules.contains(&cur) {
+            best = cur.clone();
+        } else {
+            break;
+        }
+    }
+    Some(best)
+}
+
+/// Strongly connected components with more than one member (Tarjan).
+fn circles(graph: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>) -> Vec<Vec<Vec<String>>> {
+    struct T<'a> {
+        g: &'a BTreeMap<Vec<String>, BTreeSet<Vec<String>>>,
+        index: BTreeMap<&'a Vec<String>, usize>,
+        low: BTreeMap<&'a Vec<String>, usize>,
+        on: BTreeSet<&'a Vec<String>>,
+        stack: Vec<&'a Vec<String>>,
+        next: usize,
+        out: Vec<Vec<Vec<String>>>,
+    }
+    impl<'a> T<'a> {
+        fn visit(&mut self, v: &'a Vec<String>) {
+            self.index.insert(v, self.next);
+            self.low.insert(v, self.next);
+            self.next += 1;
+            self.stack.push(v);
+            self.on.insert(v);
+            if let Some(ws) = self.g.get(v) {
+                for w in ws {
+                    let Some((w, _)) = self.g.get_key_value(w) else {
+                        continue;
+                    };
+                    if !self.index.contains_key(w) {
+                        self.visit(w);
+                        let l = self.low[w].min(self.low[v]);
+                        self.low.insert(v, l);
+                    } else if self.on.contains(w) {
+                        let l = self.index[w].min(self.low[v]);
+                        self.low.insert(v, l);
+                    }
+                }
+            }
+            if self.low[v] == self.index[v] {
+                let mut comp = Vec::new();
+                while let Some(w) = self.stack.pop() {
+                    self.on.remove(w);
+                    comp.push(w.clone());
+                    if w == v {
+                        break;
+                    }
+                }
+                if comp.len() > 1 {
+                    comp.sort();
+                    self.out.push(comp);
+                }
+            }
+        }
+    }
+    let mut t = T {
+        g: graph,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        on: BTreeSet::new(),
+        stack: Vec::new(),
+        next: 0,
+        out: Vec::new(),
+    };
+    for v in graph.keys() {
+        if !t.index.contains_key(v) {
+            t.visit(v);
+        }
+    }
+    t.out
+}
+
+fn show(m: &[String]) -> String {
+    if m.is_empty() {
+        "lib".into()
+    } else {
+        m.join("::")
+    }
+}
+
+#[test]
+fn imports_between_source_files_have_no_circle() {
+    let root = workspace_root();
+    let mut report = Vec::new();
+    for dir in crate_dirs(&root) {
+        let src = dir.join("src");
+        let mut files = Vec::new();
+        rust_files(&src, &mut files);
+        let mut texts = BTreeMap::new();
+        for f in &files {
+            if let Some(m) = module_of(&src, f) {
+                let text = std::fs::read_to_string(f).expect("read source");
+                texts.insert(m, production_text(&text));
+            }
+        }
+        let modules: BTreeSet<Vec<String>> = texts.keys().cloned().collect();
+        let mut graph: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = BTreeMap::new();
+        for (m, text) in &texts {
+            let edges = graph.entry(m.clone()).or_default();
+            let children = modules
+                .iter()
+                .filter(|c| c.len() == m.len() + 1 && c.starts_with(m))
+                .map(|c| c[m.len()].as_str());
+            let relative = children.flat_map(|c| child_paths(text, c));
+            for p in paths_in(text).into_iter().chain(relative) {
+                if let Some(target) = resolve(m, &p, &modules)
+                    && &target != m
+                {
+                    edges.insert(target);
+                }
+            }
+        }
+        for circle in circles(&graph) {
+            let names: Vec<String> = circle.iter().map(|m| show(m)).collect();
+            let mut why = Vec::new();
+            for a in &circle {
+                for b in &graph[a] {
+                    if circle.contains(b) {
+                        why.push(format!("{} -> {}", show(a), show(b)));
+                    }
+                }
+            }
+            report.push(format!(
+                "{}: {} files in a circle: {}\n    edges: {}",
+                dir.file_name().unwrap().to_string_lossy(),
+                names.len(),
+                names.join(", "),
+                why.join("; ")
+            ));
+        }
+    }
+    assert!(
+        report.is_empty(),
+        "imports run in circles (see tests/tests/house.rs for the rule):\n{}",
+        report.join("\n")
+    );
+}
+
+#[test]
+fn the_checker_finds_a_circle_and_resolves_paths() {
+    let modules: BTreeSet<Vec<String>> = [
+        vec![],
+        vec!["a".to_string()],
+        vec!["a".to_string(), "b".to_string()],
+        vec!["c".to_string()],
+    ]
+    .into_iter()
+    .collect();
+    let a = vec!["a".to_string()];
+    let ab = vec!["a".to_string(), "b".to_string()];
+    assert_eq!(resolve(&ab, "super::X", &modules), Some(a.clone()));
+    assert_eq!(
+        resolve(&[], "crate::a::b::f", &modules),
+        Some(ab.clone())
+    );
+    assert_eq!(resolve(&a, "crate::Core", &modules), Some(vec![]));
+    assert_eq!(resolve(&a, "std::x", &modules), None);
+    let mut p = Vec::new();
+    expand_use("crate::{a::{b::X, Y}, c}", "", &mut p);
+    assert_eq!(p, ["crate::a::b::X", "crate::a::Y", "crate::c"]);
+    let mut g: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = BTreeMap::new();
+    g.entry(a.clone()).or_default().insert(ab.clone());
+    g.entry(ab.clone()).or_default().insert(a.clone());
+    g.entry(vec!["c".to_string()]).or_default().insert(a.clone());
+    assert_eq!(circles(&g), vec![vec![a, ab]]);
+}
