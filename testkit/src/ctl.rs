@@ -1,0 +1,258 @@
+//! Running `droverctl` against a manager's bus: [`Ctl`] says which binary and which bus,
+//! [`CtlRun`] is one finished run (exit code, stdout, stderr), [`CtlFollower`] a run that
+//! prints until interrupted (`monitor`, `status -w`, `metrics listen`), read line by line.
+//!
+//! A run that hangs is a failure after [`HANG`], not a stuck test run.
+
+use anyhow::{Context, Result, bail};
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::sync::mpsc;
+
+use crate::process::bin;
+
+/// The longest a `droverctl` run may take before the test fails.
+pub const HANG: Duration = Duration::from_secs(60);
+
+/// `droverctl` pointed at one bus.
+#[derive(Clone, Debug)]
+pub struct Ctl {
+    bin: PathBuf,
+    bus: String,
+    /// `--bus ADDRESS` (and no `DROVER_BUS`) instead of `DROVER_BUS=ADDRESS`.
+    flag: bool,
+}
+
+impl Ctl {
+    /// The workspace's `droverctl`, told the bus in `DROVER_BUS` as a user's shell would.
+    pub fn env(bus: &str) -> Ctl {
+        Ctl {
+            bin: bin("droverctl"),
+            bus: bus.to_owned(),
+            flag: false,
+        }
+    }
+
+    /// `bin`, told the bus with `--bus` (and `DROVER_BUS` removed from its environment).
+    pub fn flag(bin: impl AsRef<Path>, bus: &str) -> Ctl {
+        Ctl {
+            bin: bin.as_ref().to_owned(),
+            bus: bus.to_owned(),
+            flag: true,
+        }
+    }
+
+    /// The command, for a test that needs more than [`Self::run`] (its own stdout, say).
+    pub fn command(&self, args: &[&str]) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(&self.bin);
+        if self.flag {
+            cmd.arg("--bus").arg(&self.bus).env_remove("DROVER_BUS");
+        } else {
+            cmd.env("DROVER_BUS", &self.bus);
+        }
+        cmd.args(args).kill_on_drop(true);
+        cmd
+    }
+
+    /// Runs `droverctl ARGS` to its end.
+    pub async fn run(&self, args: &[&str]) -> CtlRun {
+        let out = tokio::time::timeout(HANG, self.command(args).output())
+            .await
+            .unwrap_or_else(|_| panic!("droverctl {args:?} hung"))
+            .expect("droverctl runs");
+        CtlRun {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    /// Runs `droverctl ARGS`, asserts it succeeded and returns its stdout.
+    pub async fn ok(&self, args: &[&str]) -> String {
+        self.run(args).await.ok()
+    }
+
+    /// Starts `droverctl ARGS` and collects its output as it comes.
+    pub fn follow(&self, args: &[&str]) -> CtlFollower {
+        CtlFollower::spawn(self.command(args))
+    }
+}
+
+/// One finished `droverctl` run.
+#[derive(Clone, Debug)]
+pub struct CtlRun {
+    /// The exit code; -1 when a signal ended it.
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl CtlRun {
+    pub fn success(&self) -> bool {
+        self.code == 0
+    }
+
+    /// Asserts the run succeeded; returns its stdout.
+    pub fn ok(self) -> String {
+        assert!(
+            self.success(),
+            "droverctl failed ({})\nstdout: {}\nstderr: {}",
+            self.code,
+            self.stdout,
+            self.stderr
+        );
+        self.stdout
+    }
+}
+
+/// A `droverctl` child whose stdout and stderr lines are collected as they come. It is
+/// killed on drop.
+pub struct CtlFollower {
+    child: tokio::process::Child,
+    lines: mpsc::UnboundedReceiver<String>,
+    stderr: mpsc::UnboundedReceiver<String>,
+    /// Stderr lines taken from `stderr` and not yet returned.
+    stderr_seen: Vec<String>,
+    /// Every stdout line read so far.
+    pub seen: Vec<String>,
+    /// How many of `seen` have been looked at ([`Self::expect_line`], [`Self::next_lines`]).
+    cursor: usize,
+}
+
+/// Sends each line `from` gives to `to` until either side ends.
+fn forward_lines(
+    from: impl tokio::io::AsyncRead + Unpin + Send + 'static,
+    to: mpsc::UnboundedSender<String>,
+) {
+    tokio::spawn(async move {
+        let mut r = BufReader::new(from).lines();
+        while let Ok(Some(l)) = r.next_line().await {
+            if to.send(l).is_err() {
+                break;
+            }
+        }
+    });
+}
+
+impl CtlFollower {
+    fn spawn(mut cmd: tokio::process::Command) -> CtlFollower {
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("droverctl starts");
+        let (tx, lines) = mpsc::unbounded_channel();
+        forward_lines(child.stdout.take().expect("stdout"), tx);
+        let (etx, stderr) = mpsc::unbounded_channel();
+        forward_lines(child.stderr.take().expect("stderr"), etx);
+        CtlFollower {
+            child,
+            lines,
+            stderr,
+            stderr_seen: Vec::new(),
+            seen: Vec::new(),
+            cursor: 0,
+        }
+    }
+
+    /// Waits for a stdout line (after those already looked at) for which `pred` holds;
+    /// returns its index in `seen`.
+    pub async fn expect_line(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        pred: impl Fn(&str) -> bool,
+    ) -> Result<usize> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            while self.cursor < self.seen.len() {
+                let i = self.cursor;
+                self.cursor += 1;
+                if pred(&self.seen[i]) {
+                    return Ok(i);
+                }
+            }
+            match tokio::time::timeout_at(deadline, self.lines.recv()).await {
+                Ok(Some(l)) => self.seen.push(l),
+                Ok(None) => bail!(
+                    "droverctl closed stdout before: {what}\nstdout:\n{}\nstderr:\n{}",
+                    self.seen.join("\n"),
+                    self.drain_stderr()
+                ),
+                Err(_) => bail!(
+                    "no line within {timeout:?}: {what}\nstdout:\n{}\nstderr:\n{}",
+                    self.seen.join("\n"),
+                    self.drain_stderr()
+                ),
+            }
+        }
+    }
+
+    /// The next `n` stdout lines, in order, each within `each` (a missing line is a
+    /// failure, not a hang).
+    pub async fn next_lines(&mut self, n: usize, each: Duration) -> Vec<String> {
+        let start = self.cursor;
+        for _ in 0..n {
+            if let Err(e) = self.expect_line("the next line", each, |_| true).await {
+                panic!("after {:?}: {e:#}", &self.seen[start..]);
+            }
+        }
+        self.seen[start..self.cursor].to_vec()
+    }
+
+    /// Reads whatever arrives during `d` (to check afterwards that something did not
+    /// happen).
+    pub async fn settle(&mut self, d: Duration) {
+        let deadline = tokio::time::Instant::now() + d;
+        while let Ok(Some(l)) = tokio::time::timeout_at(deadline, self.lines.recv()).await {
+            self.seen.push(l);
+        }
+    }
+
+    /// Marks everything seen so far as looked at.
+    pub fn skip_seen(&mut self) {
+        self.cursor = self.seen.len();
+    }
+
+    /// Stderr lines read so far (after [`Self::wait_exit`]: all of them).
+    pub fn drain_stderr(&mut self) -> String {
+        while let Ok(l) = self.stderr.try_recv() {
+            self.stderr_seen.push(l);
+        }
+        std::mem::take(&mut self.stderr_seen).join("\n")
+    }
+
+    /// Sends SIGINT (Ctrl-C) and returns at once.
+    pub fn sigint(&self) -> Result<()> {
+        let pid = self.child.id().context("droverctl already exited")?;
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(pid)?),
+            nix::sys::signal::Signal::SIGINT,
+        )?;
+        Ok(())
+    }
+
+    /// Sends SIGINT (Ctrl-C) and waits for the exit.
+    pub async fn interrupt(&mut self, timeout: Duration) -> Result<ExitStatus> {
+        self.sigint()?;
+        self.wait_exit(timeout).await
+    }
+
+    /// Waits for droverctl to exit by itself, then for the reader of its stderr to reach
+    /// the end, so [`Self::drain_stderr`] has every line (the exit can be seen before the
+    /// reader task has read what was written).
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Result<ExitStatus> {
+        let status = tokio::time::timeout(timeout, self.child.wait())
+            .await
+            .with_context(|| format!("droverctl did not exit within {timeout:?}"))?
+            .context("waiting for droverctl")?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        while let Ok(Some(l)) = tokio::time::timeout_at(deadline, self.stderr.recv()).await {
+            self.stderr_seen.push(l);
+        }
+        Ok(status)
+    }
+}

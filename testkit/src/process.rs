@@ -1,0 +1,119 @@
+//! Things a test starts or makes outside a cluster, each undone in `Drop`: a child
+//! process ([`ChildGuard`]), a temp directory ([`TempDir`]); and where the workspace's
+//! binaries are ([`bin`]), a free loopback port ([`free_port`]).
+
+use nix::sys::signal::Signal;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ExitStatus};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// Where cargo put the workspace binary `name`: `$DROVER_BIN_DIR` when set, else
+/// `target/<profile>`, found from the running test binary (`target/<profile>/deps/<test>`).
+/// A crate's tests of its own binary use `env!("CARGO_BIN_EXE_…")` instead, which cargo
+/// builds for them; the others need `cargo build --workspace` first (`make test` does it).
+pub fn bin(name: &str) -> PathBuf {
+    if let Some(dir) = std::env::var_os("DROVER_BIN_DIR") {
+        return PathBuf::from(dir).join(name);
+    }
+    let exe = std::env::current_exe().expect("current exe");
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("test binary lives in target/<profile>/deps");
+    profile_dir.join(name)
+}
+
+/// A port on 127.0.0.1 that was free a moment ago (for a daemon given `-p PORT`).
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    l.local_addr().expect("local address").port()
+}
+
+/// A child process killed and reaped on drop (also when the test fails).
+pub struct ChildGuard(pub Child);
+
+impl ChildGuard {
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// Sends `sig` to the child.
+    pub fn signal(&self, sig: Signal) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.0.id()).expect("pid fits"));
+        nix::sys::signal::kill(pid, sig).unwrap_or_else(|e| panic!("kill -{sig} {pid}: {e}"));
+    }
+
+    /// The exit status, if the child has exited.
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        self.0.try_wait().expect("try_wait on our child")
+    }
+
+    /// Waits up to `limit` for the child to exit; panics if it does not.
+    pub async fn exited(&mut self, limit: Duration) -> ExitStatus {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            if let Some(status) = self.try_wait() {
+                return status;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "pid {} did not exit within {limit:?}",
+                self.0.id()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+static SEQ: AtomicUsize = AtomicUsize::new(0);
+
+/// A fresh directory under the temp dir (`<tag>-<pid>-<n>`), removed on drop.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!(
+            "{tag}-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        TempDir(dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    /// `name` inside the directory (not created).
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+
+    /// Writes `text` to `name` inside the directory; returns its path.
+    pub fn file(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.join(name);
+        std::fs::write(&path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+        path
+    }
+
+    /// The text of `name` inside the directory ("" while it does not exist).
+    pub fn read(&self, name: &str) -> String {
+        std::fs::read_to_string(self.join(name)).unwrap_or_default()
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
