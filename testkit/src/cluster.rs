@@ -8,12 +8,12 @@
 
 use drover_sandbox::{Cluster, ClusterOptions};
 use std::ops::{Deref, DerefMut};
-use std::process::Output;
 use std::time::Duration;
 
 use crate::api::Api;
-use crate::ctl::{Ctl, CtlFollower, CtlRun};
+use crate::ctl::{Ctl, CtlFollower};
 use crate::monitor::MonitorWatch;
+use crate::process::Run;
 use crate::wait::eventually;
 
 /// See the module docs.
@@ -51,21 +51,26 @@ impl TestCluster {
             .unwrap_or_else(|e| panic!("installing {name} on {node}: {e:#}"));
     }
 
+    /// `ARGV` inside `node` (its namespaces and environment), whatever its outcome.
+    /// (Shadows the sandbox's `exec`, which returns errors instead of panicking.)
+    pub async fn exec(&self, node: &str, argv: &[&str]) -> Run {
+        let out = self.0.exec(node, argv).await;
+        Run::from(out.unwrap_or_else(|e| panic!("{argv:?} on {node}: {e:#}")))
+    }
+
     /// `systemctl --user ARGS` inside `node`, whatever its outcome.
-    pub async fn systemctl(&self, node: &str, args: &[&str]) -> Output {
-        self.0
-            .systemctl(node, args)
-            .await
-            .unwrap_or_else(|e| panic!("systemctl {args:?} on {node}: {e:#}"))
+    pub async fn systemctl(&self, node: &str, args: &[&str]) -> Run {
+        let out = self.0.systemctl(node, args).await;
+        Run::from(out.unwrap_or_else(|e| panic!("systemctl {args:?} on {node}: {e:#}")))
     }
 
     /// `systemctl --user ARGS` inside `node`, which must succeed.
     pub async fn systemctl_ok(&self, node: &str, args: &[&str]) {
         let out = self.systemctl(node, args).await;
         assert!(
-            out.status.success(),
+            out.success(),
             "systemctl {args:?} on {node}: {}",
-            String::from_utf8_lossy(&out.stderr)
+            out.stderr
         );
     }
 
@@ -74,7 +79,7 @@ impl TestCluster {
         let out = self
             .systemctl(node, &["show", "-p", prop, "--value", unit])
             .await;
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
+        out.stdout.trim().to_string()
     }
 
     /// The `ActiveState` of `unit` on `node`.
@@ -125,6 +130,20 @@ impl TestCluster {
             .unwrap_or_else(|e| panic!("{e:#}"));
     }
 
+    /// The node's own systemd manager (`org.freedesktop.systemd1.Manager`), straight
+    /// over the node's bus: what a test compares the manager's answers with.
+    pub async fn systemd(&self, node: &str) -> zbus::Proxy<'static> {
+        let conn = crate::api::connect(&self.0.node_bus_address(node)).await;
+        zbus::Proxy::new(
+            &conn,
+            "org.freedesktop.systemd1",
+            "/org/freedesktop/systemd1",
+            "org.freedesktop.systemd1.Manager",
+        )
+        .await
+        .expect("systemd manager proxy")
+    }
+
     // --- clients ---------------------------------------------------------------------
 
     /// A new client connection to the manager's API.
@@ -143,7 +162,7 @@ impl TestCluster {
     }
 
     /// `droverctl ARGS` to its end.
-    pub async fn run(&self, args: &[&str]) -> CtlRun {
+    pub async fn run(&self, args: &[&str]) -> Run {
         self.ctl().run(args).await
     }
 

@@ -1,5 +1,5 @@
 //! Running `droverctl` against a manager's bus: [`Ctl`] says which binary and which bus,
-//! [`CtlRun`] is one finished run (exit code, stdout, stderr), [`CtlFollower`] a run that
+//! [`Run`] is one finished run (exit code, stdout, stderr), [`CtlFollower`] a run that
 //! prints until interrupted (`monitor`, `status -w`, `metrics listen`), read line by line.
 //!
 //! A run that hangs is a failure after [`HANG`], not a stuck test run.
@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc;
 
-use crate::process::bin;
+use crate::process::{Run, bin};
 
 /// The longest a `droverctl` run may take before the test fails.
 pub const HANG: Duration = Duration::from_secs(60);
@@ -57,16 +57,12 @@ impl Ctl {
     }
 
     /// Runs `droverctl ARGS` to its end.
-    pub async fn run(&self, args: &[&str]) -> CtlRun {
+    pub async fn run(&self, args: &[&str]) -> Run {
         let out = tokio::time::timeout(HANG, self.command(args).output())
             .await
             .unwrap_or_else(|_| panic!("droverctl {args:?} hung"))
             .expect("droverctl runs");
-        CtlRun {
-            code: out.status.code().unwrap_or(-1),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
+        Run::from(out)
     }
 
     /// Runs `droverctl ARGS`, asserts it succeeded and returns its stdout.
@@ -77,33 +73,6 @@ impl Ctl {
     /// Starts `droverctl ARGS` and collects its output as it comes.
     pub fn follow(&self, args: &[&str]) -> CtlFollower {
         CtlFollower::spawn(self.command(args))
-    }
-}
-
-/// One finished `droverctl` run.
-#[derive(Clone, Debug)]
-pub struct CtlRun {
-    /// The exit code; -1 when a signal ended it.
-    pub code: i32,
-    pub stdout: String,
-    pub stderr: String,
-}
-
-impl CtlRun {
-    pub fn success(&self) -> bool {
-        self.code == 0
-    }
-
-    /// Asserts the run succeeded; returns its stdout.
-    pub fn ok(self) -> String {
-        assert!(
-            self.success(),
-            "droverctl failed ({})\nstdout: {}\nstderr: {}",
-            self.code,
-            self.stdout,
-            self.stderr
-        );
-        self.stdout
     }
 }
 

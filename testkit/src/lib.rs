@@ -55,9 +55,9 @@ pub mod prelude {
         UnitRow, error_of,
     };
     pub use crate::cluster::TestCluster;
-    pub use crate::ctl::{Ctl, CtlFollower, CtlRun};
+    pub use crate::ctl::{Ctl, CtlFollower};
     pub use crate::monitor::{Ev, MonitorWatch};
-    pub use crate::process::bin;
+    pub use crate::process::{Run, bin};
     pub use crate::units::*;
     pub use crate::wait::eventually;
 }

@@ -1,6 +1,7 @@
 //! Things a test starts or makes outside a cluster, each undone in `Drop`: a child
-//! process ([`ChildGuard`]), a temp directory ([`TempDir`]); and where the workspace's
-//! binaries are ([`bin`]), a free loopback port ([`free_port`]).
+//! process ([`ChildGuard`]), a temp directory ([`TempDir`]); what a finished process
+//! printed ([`Run`]); where the workspace's binaries are ([`bin`]); a free loopback port
+//! ([`free_port`]).
 
 use nix::sys::signal::Signal;
 use std::path::{Path, PathBuf};
@@ -28,6 +29,48 @@ pub fn bin(name: &str) -> PathBuf {
 pub fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
     l.local_addr().expect("local address").port()
+}
+
+/// A process that ran to its end: exit code, stdout and stderr as text.
+#[derive(Clone, Debug)]
+pub struct Run {
+    /// The exit code; -1 when a signal ended it.
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl From<std::process::Output> for Run {
+    fn from(out: std::process::Output) -> Run {
+        Run {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+}
+
+impl Run {
+    /// (exit code, stdout, stderr).
+    pub fn parts(self) -> (i32, String, String) {
+        (self.code, self.stdout, self.stderr)
+    }
+
+    pub fn success(&self) -> bool {
+        self.code == 0
+    }
+
+    /// Asserts the process succeeded; returns its stdout.
+    pub fn ok(self) -> String {
+        assert!(
+            self.success(),
+            "exit code {}\nstdout: {}\nstderr: {}",
+            self.code,
+            self.stdout,
+            self.stderr
+        );
+        self.stdout
+    }
 }
 
 /// A child process killed and reaped on drop (also when the test fails).

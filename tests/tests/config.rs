@@ -1,36 +1,9 @@
 //! The daemons refuse bad configuration and bad flags with a message that
 //! names the file, the line and the key, exit non-zero, and start nothing.
 
-mod common;
-
-use common::bin;
-use std::path::PathBuf;
+use drover_testkit::process::{TempDir, bin};
 use std::process::Output;
 use std::time::Duration;
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let dir =
-            std::env::temp_dir().join(format!("drover-config-test-{}-{tag}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-
-    fn file(&self, name: &str, text: &str) -> PathBuf {
-        let path = self.0.join(name);
-        std::fs::write(&path, text).unwrap();
-        path
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// Runs a daemon that must refuse to start; a daemon that starts anyway is
 /// killed after a few seconds and the test fails.
@@ -52,9 +25,37 @@ fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// Starts `binary` with each config file text in `cases` (text, key, line): each must be
+/// refused with exit 1 and one message naming `file:line` and the key; `one_line` also
+/// checks that the message is a single line.
+async fn refuses_each(binary: &str, tag: &str, cases: &[(&str, &str, u32)], one_line: bool) {
+    let dir = TempDir::new(&format!("drover-config-test-{tag}"));
+    for (i, (text, key, line)) in cases.iter().enumerate() {
+        let file = dir.file(&format!("bad{i}.conf"), text);
+        let file_s = file.to_str().unwrap();
+        let args = [
+            "--no-default-config",
+            "-c",
+            file_s,
+            "--bus",
+            "unix:path=/nonexistent",
+        ];
+        let out = refused(binary, &args).await;
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{text:?}: {err}");
+        assert!(
+            err.contains(&format!("{file_s}:{line}")),
+            "{text:?} names file:line: {err}"
+        );
+        assert!(err.contains(key), "{text:?} names the key: {err}");
+        if one_line {
+            assert_eq!(err.trim().lines().count(), 1, "one clear line: {err}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn manager_refuses_bad_config_files_naming_file_line_and_key() {
-    let dir = TempDir::new("manager");
     let cases = [
         ("[drover-manager]\nControllerPort=0\n", "ControllerPort", 2),
         (
@@ -78,29 +79,7 @@ async fn manager_refuses_bad_config_files_naming_file_line_and_key() {
         ("[node a_b]\nAllowed=true\n", "", 1),
         ("[drover-manager\n", "", 1),
     ];
-    for (i, (text, key, line)) in cases.iter().enumerate() {
-        let file = dir.file(&format!("bad{i}.conf"), text);
-        let file_s = file.to_str().unwrap();
-        let out = refused(
-            "drover-manager",
-            &[
-                "--no-default-config",
-                "-c",
-                file_s,
-                "--bus",
-                "unix:path=/nonexistent",
-            ],
-        )
-        .await;
-        let err = stderr(&out);
-        assert_eq!(out.status.code(), Some(1), "{text:?}: {err}");
-        assert!(
-            err.contains(&format!("{file_s}:{line}")),
-            "{text:?} names file:line: {err}"
-        );
-        assert!(err.contains(key), "{text:?} names the key: {err}");
-        assert_eq!(err.trim().lines().count(), 1, "one clear line: {err}");
-    }
+    refuses_each("drover-manager", "manager", &cases, true).await;
     // A -c file that does not exist is an error too, not an empty config.
     let out = refused(
         "drover-manager",
@@ -117,7 +96,6 @@ async fn manager_refuses_bad_config_files_naming_file_line_and_key() {
 
 #[tokio::test]
 async fn agent_refuses_bad_config_files_naming_file_line_and_key() {
-    let dir = TempDir::new("agent");
     let cases = [
         ("[drover-agent]\nNodeName=has space\n", "NodeName", 2),
         (
@@ -137,28 +115,7 @@ async fn agent_refuses_bad_config_files_naming_file_line_and_key() {
         ),
         ("[bluechi-agent]\nNodeName=x\n", "drover-agent", 1),
     ];
-    for (i, (text, key, line)) in cases.iter().enumerate() {
-        let file = dir.file(&format!("bad{i}.conf"), text);
-        let file_s = file.to_str().unwrap();
-        let out = refused(
-            "drover-agent",
-            &[
-                "--no-default-config",
-                "-c",
-                file_s,
-                "--bus",
-                "unix:path=/nonexistent",
-            ],
-        )
-        .await;
-        let err = stderr(&out);
-        assert_eq!(out.status.code(), Some(1), "{text:?}: {err}");
-        assert!(
-            err.contains(&format!("{file_s}:{line}")),
-            "{text:?} names file:line: {err}"
-        );
-        assert!(err.contains(key), "{text:?} names the key: {err}");
-    }
+    refuses_each("drover-agent", "agent", &cases, false).await;
 }
 
 #[tokio::test]
