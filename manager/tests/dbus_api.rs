@@ -4,7 +4,8 @@ mod common;
 
 use common::*;
 use drover_protocol::link::HandshakeError;
-use drover_protocol::{Event, RefuseReason, RemoteError, Request, Response, ToManager, UnitInfo};
+use drover_protocol::{RefuseReason, RemoteError, Request, Response, UnitInfo};
+use drover_testkit::agent::{job_done, job_state, reply_ok, reply_then};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,10 +14,8 @@ use zbus::OwnedObjectPath;
 
 const NODE1: &str = "/org/eclipse/bluechi/node/node1";
 const NODE_BAR: &str = "/org/eclipse/bluechi/node/node_2dbar";
-const NODE_IFACE: &str = "org.eclipse.bluechi.Node";
-const CTRL_IFACE: &str = "org.eclipse.bluechi.Controller";
-const JOB_IFACE: &str = "org.eclipse.bluechi.Job";
-const PROPS: &str = "org.freedesktop.DBus.Properties";
+const CTRL_IFACE: &str = CONTROLLER_IFACE;
+const PROPS: &str = PROPERTIES_IFACE;
 
 type NodeRow = (String, OwnedObjectPath, String, String);
 
@@ -61,8 +60,8 @@ async fn list_nodes_and_status_changes() {
     let mut node_signals = f.signals(NODE1, PROPS).await;
     let mut ctrl_signals = f.signals(CONTROLLER, PROPS).await;
     let agent = f.agent("node1", reply_empty()).await;
-    wait_status(&mut node_signals, "Status", "online").await;
-    wait_status(&mut ctrl_signals, "Status", "degraded").await;
+    wait_changed(&mut node_signals, "Status", "online").await;
+    wait_changed(&mut ctrl_signals, "Status", "degraded").await;
 
     let nodes = list_nodes(&f).await;
     assert_eq!(
@@ -92,15 +91,15 @@ async fn list_nodes_and_status_changes() {
     );
 
     let bar = f.agent("node-bar", reply_empty()).await;
-    wait_status(&mut ctrl_signals, "Status", "up").await;
+    wait_changed(&mut ctrl_signals, "Status", "up").await;
     assert!(
         bar.accepted.session_id > agent.accepted.session_id,
         "session ids rise"
     );
 
     drop(agent);
-    wait_status(&mut node_signals, "Status", "offline").await;
-    wait_status(&mut ctrl_signals, "Status", "degraded").await;
+    wait_changed(&mut node_signals, "Status", "offline").await;
+    wait_changed(&mut ctrl_signals, "Status", "degraded").await;
     let nodes = list_nodes(&f).await;
     assert_eq!((nodes[0].2.as_str(), nodes[0].3.as_str()), ("offline", ""));
     // Last seen is kept while offline.
@@ -194,13 +193,12 @@ async fn silent_session_is_dropped_and_can_be_replaced() {
     let f = Fixture::start(config(&["node1"])).await;
     let mut node_signals = f.signals(NODE1, PROPS).await;
     let hung = f.agent("node1", reply_empty()).await;
-    wait_status(&mut node_signals, "Status", "online").await;
-    hung.silent
-        .store(true, std::sync::atomic::Ordering::Relaxed);
+    wait_changed(&mut node_signals, "Status", "online").await;
+    hung.silence();
     // Threshold is 1000 ms: the manager drops it on its own.
-    wait_status(&mut node_signals, "Status", "offline").await;
+    wait_changed(&mut node_signals, "Status", "offline").await;
     let fresh = f.agent("node1", reply_empty()).await;
-    wait_status(&mut node_signals, "Status", "online").await;
+    wait_changed(&mut node_signals, "Status", "online").await;
     assert!(fresh.accepted.session_id > hung.accepted.session_id);
 }
 
@@ -208,25 +206,11 @@ async fn silent_session_is_dropped_and_can_be_replaced() {
 async fn start_unit_emits_job_new_then_job_removed() {
     let f = Fixture::start(config(&["node1"])).await;
     // The agent accepts, reports progress, and finishes with "done".
-    let behavior: Behavior = Arc::new(|id, req| match req {
-        Request::StartUnit { job_id, .. } => vec![
-            ToManager::Reply {
-                id,
-                result: Ok(Response::Empty),
-            },
-            ToManager::Event(Event::JobStateChanged {
-                job_id: *job_id,
-                state: "running".into(),
-            }),
-            ToManager::Event(Event::JobDone {
-                job_id: *job_id,
-                result: "done".into(),
-            }),
-        ],
-        _ => vec![ToManager::Reply {
-            id,
-            result: Ok(Response::Empty),
-        }],
+    let behavior = reply_then(|req| match req {
+        Request::StartUnit { job_id, .. } => {
+            vec![job_state(*job_id, "running"), job_done(*job_id, "done")]
+        }
+        _ => vec![],
     });
     let agent = f.agent("node1", behavior).await;
     let mut jobs = f.signals(CONTROLLER, CTRL_IFACE).await;
@@ -252,7 +236,7 @@ async fn start_unit_emits_job_new_then_job_removed() {
             "done".into()
         )
     );
-    match &agent.requests.lock().unwrap()[0] {
+    match &agent.requests()[0] {
         Request::StartUnit { unit, mode, job_id } => {
             assert_eq!(
                 (unit.as_str(), mode.as_str(), *job_id),
@@ -278,20 +262,8 @@ async fn job_done_before_the_reply_still_orders_job_new_first() {
     let f = Fixture::start(config(&["node1"])).await;
     // A fast oneshot: the agent reports JobDone even before its reply.
     let behavior: Behavior = Arc::new(|id, req| match req {
-        Request::RestartUnit { job_id, .. } => vec![
-            ToManager::Event(Event::JobDone {
-                job_id: *job_id,
-                result: "done".into(),
-            }),
-            ToManager::Reply {
-                id,
-                result: Ok(Response::Empty),
-            },
-        ],
-        _ => vec![ToManager::Reply {
-            id,
-            result: Ok(Response::Empty),
-        }],
+        Request::RestartUnit { job_id, .. } => vec![job_done(*job_id, "done"), reply_ok(id)],
+        _ => vec![reply_ok(id)],
     });
     let _agent = f.agent("node1", behavior).await;
     let mut jobs = f.signals(CONTROLLER, CTRL_IFACE).await;
@@ -347,7 +319,7 @@ async fn agent_drop_ends_pending_job_with_disconnected() {
     );
 
     drop(agent);
-    wait_status(&mut node_signals, "Status", "offline").await;
+    wait_changed(&mut node_signals, "Status", "offline").await;
     let (member, msg) = next_signal(&mut jobs).await;
     assert_eq!(member, "JobRemoved");
     let removed: (u32, OwnedObjectPath, String, String, String) = msg.body().deserialize().unwrap();
@@ -366,21 +338,9 @@ async fn agent_drop_ends_pending_job_with_disconnected() {
 #[tokio::test]
 async fn job_state_and_cancel() {
     let f = Fixture::start(config(&["node1"])).await;
-    let behavior: Behavior = Arc::new(|id, req| match req {
-        Request::JobCancel { job_id } => vec![
-            ToManager::Reply {
-                id,
-                result: Ok(Response::Empty),
-            },
-            ToManager::Event(Event::JobDone {
-                job_id: *job_id,
-                result: "canceled".into(),
-            }),
-        ],
-        _ => vec![ToManager::Reply {
-            id,
-            result: Ok(Response::Empty),
-        }],
+    let behavior = reply_then(|req| match req {
+        Request::JobCancel { job_id } => vec![job_done(*job_id, "canceled")],
+        _ => vec![],
     });
     let agent = f.agent("node1", behavior).await;
     let mut jobs = f.signals(CONTROLLER, CTRL_IFACE).await;
@@ -395,13 +355,8 @@ async fn job_state_and_cancel() {
         "waiting"
     );
     let mut job_props = f.signals(path.as_str(), PROPS).await;
-    agent
-        .send(ToManager::Event(Event::JobStateChanged {
-            job_id: 1,
-            state: "running".into(),
-        }))
-        .await;
-    wait_status(&mut job_props, "State", "running").await;
+    agent.send(job_state(1, "running")).await;
+    wait_changed(&mut job_props, "State", "running").await;
     let () = f
         .call(path.as_str(), JOB_IFACE, "Cancel", &())
         .await
@@ -411,13 +366,7 @@ async fn job_state_and_cancel() {
     let (_, _, _, _, result): (u32, OwnedObjectPath, String, String, String) =
         msg.body().deserialize().unwrap();
     assert_eq!(result, "canceled");
-    assert!(
-        agent
-            .requests
-            .lock()
-            .unwrap()
-            .contains(&Request::JobCancel { job_id: 1 })
-    );
+    assert!(agent.requests().contains(&Request::JobCancel { job_id: 1 }));
 }
 
 #[tokio::test]
@@ -453,14 +402,11 @@ async fn bad_arguments_are_invalid_args_and_reach_no_agent() {
 #[tokio::test]
 async fn systemd_errors_come_back_with_their_names() {
     let f = Fixture::start(config(&["node1"])).await;
-    let behavior: Behavior = Arc::new(|id, _| {
-        vec![ToManager::Reply {
-            id,
-            result: Err(RemoteError::new(
-                "org.freedesktop.systemd1.NoSuchUnit",
-                "Unit nope.service not found.",
-            )),
-        }]
+    let behavior = reply_with(|_| {
+        Err(RemoteError::new(
+            "org.freedesktop.systemd1.NoSuchUnit",
+            "Unit nope.service not found.",
+        ))
     });
     let _agent = f.agent("node1", behavior).await;
     let err = f
@@ -495,24 +441,11 @@ fn unit(name: &str) -> UnitInfo {
     }
 }
 
-type UnitRow = (
-    String,
-    String,
-    String,
-    String,
-    String,
-    String,
-    OwnedObjectPath,
-    u32,
-    String,
-    OwnedObjectPath,
-);
-
 #[tokio::test]
 async fn list_units_per_node_and_fleet_wide() {
     let f = Fixture::start(config(&["node1", "node-bar", "node3"])).await;
     let units: Behavior = Arc::new(|id, req| match req {
-        Request::ListUnits => vec![ToManager::Reply {
+        Request::ListUnits => vec![drover_protocol::ToManager::Reply {
             id,
             result: Ok(Response::Units(vec![unit("a.service")])),
         }],
@@ -576,11 +509,11 @@ async fn undecodable_frame_mid_session_drops_the_session() {
     let f = Fixture::start(config(&["node1"])).await;
     let mut node_signals = f.signals(NODE1, PROPS).await;
     let agent = f.agent("node1", reply_empty()).await;
-    wait_status(&mut node_signals, "Status", "online").await;
+    wait_changed(&mut node_signals, "Status", "online").await;
     agent
         .send_raw(vec![0, 0, 0, 4, 0xff, 0xff, 0xff, 0xff])
         .await;
-    wait_status(&mut node_signals, "Status", "offline").await;
+    wait_changed(&mut node_signals, "Status", "offline").await;
     // And the name is free again at once.
     let _again = f.agent("node1", reply_empty()).await;
 }
@@ -716,7 +649,7 @@ async fn a_reload_adding_nodes_announces_the_controller_status() {
     let f = Fixture::start(config(&["node1"])).await;
     let mut ctrl_signals = f.signals(CONTROLLER, PROPS).await;
     let _agent = f.agent("node1", reply_empty()).await;
-    wait_status(&mut ctrl_signals, "Status", "up").await;
+    wait_changed(&mut ctrl_signals, "Status", "up").await;
     let core = f.manager().core().clone();
     let conn = f.manager().connection().clone();
     let report =
@@ -724,7 +657,7 @@ async fn a_reload_adding_nodes_announces_the_controller_status() {
             .await
             .expect("reload");
     assert_eq!(report.added.len(), 1);
-    wait_status(&mut ctrl_signals, "Status", "degraded").await;
+    wait_changed(&mut ctrl_signals, "Status", "degraded").await;
     let status: String = f.get_property(CONTROLLER, CTRL_IFACE, "Status").await;
     assert_eq!(status, "degraded");
 }

@@ -7,34 +7,26 @@ mod common;
 
 use common::*;
 use drover_protocol::{Event, ModTag, Reason, Request, ToManager, UnitName};
-use futures::StreamExt;
+use drover_testkit::agent::unit_state as state_event;
 use std::time::Duration;
+use zbus::OwnedObjectPath;
 use zbus::message::Message;
-use zbus::{Connection, MessageStream, OwnedObjectPath};
 
-const CTRL_IFACE: &str = "org.eclipse.bluechi.Controller";
-const MON_IFACE: &str = "org.eclipse.bluechi.Monitor";
-const DROVER_MON: &str = "io.drover.Monitor";
+const MON_IFACE: &str = MONITOR_IFACE;
+const DROVER_MON: &str = DROVER_MONITOR_IFACE;
 
 fn unit(s: &str) -> UnitName {
-    UnitName::new(s).unwrap()
+    unit_name(s)
 }
 
-async fn create_monitor(conn: &Connection) -> OwnedObjectPath {
-    let reply = conn
-        .call_method(
-            Some(BUS_NAME),
-            CONTROLLER,
-            Some(CTRL_IFACE),
-            "CreateMonitor",
-            &(),
-        )
+async fn create_monitor(api: &Api) -> OwnedObjectPath {
+    api.call(CONTROLLER, CONTROLLER_IFACE, "CreateMonitor", &())
         .await
-        .expect("CreateMonitor");
-    reply.body().deserialize().unwrap()
+        .expect("CreateMonitor")
 }
 
-async fn mcall<B, R>(conn: &Connection, path: &str, method: &str, body: &B) -> zbus::Result<R>
+/// Calls a monitor method (`Follow` is drover's, the rest BlueChi's).
+async fn mcall<B, R>(api: &Api, path: &str, method: &str, body: &B) -> zbus::Result<R>
 where
     B: serde::Serialize + zbus::DynamicType,
     R: for<'d> serde::Deserialize<'d> + zbus::Type,
@@ -44,40 +36,7 @@ where
     } else {
         MON_IFACE
     };
-    let reply = conn
-        .call_method(Some(BUS_NAME), path, Some(iface), method, body)
-        .await?;
-    reply.body().deserialize::<R>()
-}
-
-/// Every message this connection receives (unicast signals need no match rule).
-fn inbox(conn: &Connection) -> MessageStream {
-    MessageStream::from(conn.clone())
-}
-
-/// Next monitor signal (of `iface`) within the wait time: (member, message).
-async fn next_from(stream: &mut MessageStream, iface: &str) -> (String, Message) {
-    loop {
-        let msg = tokio::time::timeout(WAIT, stream.next())
-            .await
-            .expect("a signal within the wait time")
-            .expect("stream open")
-            .expect("valid message");
-        let h = msg.header();
-        if h.message_type() == zbus::message::Type::Signal
-            && h.interface().is_some_and(|i| i.as_str() == iface)
-        {
-            let member = h.member().map(|m| m.to_string()).unwrap_or_default();
-            return (member, msg.clone());
-        }
-    }
-}
-
-/// True if no signal of `iface` arrives within `ms`.
-async fn quiet(stream: &mut MessageStream, iface: &str, ms: u64) -> bool {
-    tokio::time::timeout(Duration::from_millis(ms), next_from(stream, iface))
-        .await
-        .is_err()
+    api.call(path, iface, method, body).await
 }
 
 fn strings<const N: usize>(msg: &Message) -> [String; N]
@@ -87,47 +46,18 @@ where
     msg.body().deserialize().expect("string arguments")
 }
 
-async fn wait_for_request(agent: &FakeAgent, want: &Request) {
-    for _ in 0..100 {
-        if agent.requests.lock().unwrap().contains(want) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!(
-        "agent never got {want:?}; got {:?}",
-        agent.requests.lock().unwrap()
-    );
-}
-
-async fn client(f: &Fixture) -> Connection {
-    zbus::connection::Builder::address(f.bus.address())
-        .build()
-        .await
-        .expect("client connects")
-}
-
-fn state_event(guid: u64, index: u64, u: &str, a: &str, s: &str) -> ToManager {
-    ToManager::Event(Event::UnitStateChanged {
-        tag: ModTag::new(guid, index),
-        unit: unit(u),
-        active_state: a.into(),
-        sub_state: s.into(),
-        reason: Reason::Real,
-    })
-}
-
 #[tokio::test]
 async fn subscribe_forwards_events_unicast_to_the_owner_only() {
     let f = Fixture::start(config(&["node1", "node2"])).await;
     let agent = f.agent("node1", reply_empty()).await;
     let guid = agent.accepted.session_id;
-    let owner = client(&f).await;
-    let other = client(&f).await;
-    let mut owner_in = inbox(&owner);
-    let mut other_in = inbox(&other);
+    let owner = f.client().await;
+    let other = f.client().await;
+    let mut owner_in = owner.inbox();
+    let mut other_in = other.inbox();
     // A bystander listening broadly sees nothing: signals are unicast.
     other
+        .conn
         .call_method(
             Some("org.freedesktop.DBus"),
             "/org/freedesktop/DBus",
@@ -144,13 +74,11 @@ async fn subscribe_forwards_events_unicast_to_the_owner_only() {
         .await
         .unwrap();
     assert_eq!(id, 2, "BlueChi's subscription ids start at 2");
-    wait_for_request(
-        &agent,
-        &Request::Subscribe {
+    agent
+        .wait_for_request(&Request::Subscribe {
             unit: Some(unit("a.service")),
-        },
-    )
-    .await;
+        })
+        .await;
 
     agent
         .send(ToManager::Event(Event::UnitNew {
@@ -167,18 +95,18 @@ async fn subscribe_forwards_events_unicast_to_the_owner_only() {
         .send(state_event(guid, 3, "b.service", "active", "running"))
         .await;
 
-    let (member, msg) = next_from(&mut owner_in, MON_IFACE).await;
+    let (member, msg) = owner_in.next(MON_IFACE).await;
     assert_eq!(member, "UnitNew");
     assert_eq!(
         msg.header().destination().map(|d| d.to_string()),
-        owner.unique_name().map(|n| n.to_string()),
+        owner.conn.unique_name().map(|n| n.to_string()),
         "sent to the owner by name"
     );
     assert_eq!(
         strings::<3>(&msg),
         ["node1".to_owned(), "a.service".into(), "real".into()]
     );
-    let (member, msg) = next_from(&mut owner_in, MON_IFACE).await;
+    let (member, msg) = owner_in.next(MON_IFACE).await;
     assert_eq!(member, "UnitStateChanged");
     assert_eq!(
         strings::<5>(&msg),
@@ -191,27 +119,25 @@ async fn subscribe_forwards_events_unicast_to_the_owner_only() {
         ]
     );
     assert!(
-        quiet(&mut owner_in, MON_IFACE, 300).await,
+        owner_in.quiet(MON_IFACE, 300).await,
         "b.service is not watched"
     );
-    assert!(quiet(&mut other_in, MON_IFACE, 100).await, "no broadcast");
+    assert!(other_in.quiet(MON_IFACE, 100).await, "no broadcast");
 
     // A second monitor subscribing later gets the virtual replay.
     let path2 = create_monitor(&other).await;
     let _: u32 = mcall(&other, path2.as_str(), "Subscribe", &("*", "a.service"))
         .await
         .unwrap();
-    let (member, msg) = next_from(&mut other_in, MON_IFACE).await;
+    let (member, msg) = other_in.next(MON_IFACE).await;
     assert_eq!(member, "UnitNew");
     assert_eq!(strings::<3>(&msg)[2], "virtual");
-    let (member, msg) = next_from(&mut other_in, MON_IFACE).await;
+    let (member, msg) = other_in.next(MON_IFACE).await;
     assert_eq!(member, "UnitStateChanged");
     assert_eq!(strings::<5>(&msg)[2..], ["active", "running", "virtual"]);
     assert_eq!(
         agent
-            .requests
-            .lock()
-            .unwrap()
+            .requests()
             .iter()
             .filter(|r| matches!(r, Request::Subscribe { .. }))
             .count(),
@@ -224,20 +150,18 @@ async fn subscribe_forwards_events_unicast_to_the_owner_only() {
         .await
         .unwrap();
     let () = mcall(&other, path2.as_str(), "Close", &()).await.unwrap();
-    wait_for_request(
-        &agent,
-        &Request::Unsubscribe {
+    agent
+        .wait_for_request(&Request::Unsubscribe {
             unit: Some(unit("a.service")),
-        },
-    )
-    .await;
+        })
+        .await;
 }
 
 #[tokio::test]
 async fn bad_arguments_get_the_documented_errors_and_change_nothing() {
     let f = Fixture::start(config(&["node1"])).await;
     let agent = f.agent("node1", reply_empty()).await;
-    let owner = client(&f).await;
+    let owner = f.client().await;
     let path = create_monitor(&owner).await;
     let p = path.as_str();
 
@@ -286,7 +210,7 @@ async fn bad_arguments_get_the_documented_errors_and_change_nothing() {
     assert_eq!(error_of(&err).0, "org.freedesktop.DBus.Error.Failed");
 
     // Peers: invalid, the owner, duplicates.
-    let own = owner.unique_name().unwrap().to_string();
+    let own = owner.unique_name();
     for name in ["not-unique", "", &own] {
         let err = mcall::<_, u32>(&owner, p, "AddPeer", &(name,))
             .await
@@ -297,8 +221,8 @@ async fn bad_arguments_get_the_documented_errors_and_change_nothing() {
             "{name}"
         );
     }
-    let listener = client(&f).await;
-    let lname = listener.unique_name().unwrap().to_string();
+    let listener = f.client().await;
+    let lname = listener.unique_name();
     let _: u32 = mcall(&owner, p, "AddPeer", &(lname.as_str(),))
         .await
         .unwrap();
@@ -317,21 +241,21 @@ async fn peers_receive_events_and_peer_removed() {
     let f = Fixture::start(config(&["node1"])).await;
     let agent = f.agent("node1", reply_empty()).await;
     let guid = agent.accepted.session_id;
-    let owner = client(&f).await;
-    let listener = client(&f).await;
-    let bystander = client(&f).await;
-    let mut listener_in = inbox(&listener);
-    let mut bystander_in = inbox(&bystander);
+    let owner = f.client().await;
+    let listener = f.client().await;
+    let bystander = f.client().await;
+    let mut listener_in = listener.inbox();
+    let mut bystander_in = bystander.inbox();
     let path = create_monitor(&owner).await;
     let p = path.as_str();
-    let lname = listener.unique_name().unwrap().to_string();
+    let lname = listener.unique_name();
     let peer: u32 = mcall(&owner, p, "AddPeer", &(lname.as_str(),))
         .await
         .unwrap();
     let _: u32 = mcall(&owner, p, "Subscribe", &("node1", "*"))
         .await
         .unwrap();
-    let (member, msg) = next_from(&mut listener_in, MON_IFACE).await;
+    let (member, msg) = listener_in.next(MON_IFACE).await;
     assert_eq!(
         (member.as_str(), strings::<3>(&msg)),
         (
@@ -340,39 +264,43 @@ async fn peers_receive_events_and_peer_removed() {
         ),
         "a wildcard subscription starts with the pseudo unit"
     );
-    wait_for_request(&agent, &Request::Subscribe { unit: None }).await;
+    agent
+        .wait_for_request(&Request::Subscribe { unit: None })
+        .await;
     agent
         .send(state_event(guid, 1, "x.service", "failed", "failed"))
         .await;
-    let (member, msg) = next_from(&mut listener_in, MON_IFACE).await;
+    let (member, msg) = listener_in.next(MON_IFACE).await;
     assert_eq!(member, "UnitStateChanged");
     assert_eq!(strings::<5>(&msg)[1], "x.service");
-    assert!(quiet(&mut bystander_in, MON_IFACE, 200).await);
+    assert!(bystander_in.quiet(MON_IFACE, 200).await);
 
     let () = mcall(&owner, p, "RemovePeer", &(peer, "bye"))
         .await
         .unwrap();
-    let (member, msg) = next_from(&mut listener_in, MON_IFACE).await;
+    let (member, msg) = listener_in.next(MON_IFACE).await;
     assert_eq!(member, "PeerRemoved");
     assert_eq!(strings::<1>(&msg), ["bye".to_owned()]);
     agent
         .send(state_event(guid, 2, "x.service", "active", "running"))
         .await;
     assert!(
-        quiet(&mut listener_in, MON_IFACE, 300).await,
+        listener_in.quiet(MON_IFACE, 300).await,
         "removed peers get nothing"
     );
 
     // Close: remaining peers get PeerRemoved("monitor closed"), the agent unsubscribes.
-    let bname = bystander.unique_name().unwrap().to_string();
+    let bname = bystander.unique_name();
     let _: u32 = mcall(&owner, p, "AddPeer", &(bname.as_str(),))
         .await
         .unwrap();
     let () = mcall(&owner, p, "Close", &()).await.unwrap();
-    let (member, msg) = next_from(&mut bystander_in, MON_IFACE).await;
+    let (member, msg) = bystander_in.next(MON_IFACE).await;
     assert_eq!(member, "PeerRemoved");
     assert_eq!(strings::<1>(&msg), ["monitor closed".to_owned()]);
-    wait_for_request(&agent, &Request::Unsubscribe { unit: None }).await;
+    agent
+        .wait_for_request(&Request::Unsubscribe { unit: None })
+        .await;
     let err = mcall::<_, u32>(&owner, p, "Subscribe", &("node1", "*"))
         .await
         .unwrap_err();
@@ -387,26 +315,22 @@ async fn peers_receive_events_and_peer_removed() {
 async fn monitor_closes_when_its_owner_leaves_the_bus() {
     let f = Fixture::start(config(&["node1"])).await;
     let agent = f.agent("node1", reply_empty()).await;
-    let owner = client(&f).await;
+    let owner = f.client().await;
     let path = create_monitor(&owner).await;
     let _: u32 = mcall(&owner, path.as_str(), "Subscribe", &("node1", "a.service"))
         .await
         .unwrap();
-    wait_for_request(
-        &agent,
-        &Request::Subscribe {
+    agent
+        .wait_for_request(&Request::Subscribe {
             unit: Some(unit("a.service")),
-        },
-    )
-    .await;
+        })
+        .await;
     drop(owner);
-    wait_for_request(
-        &agent,
-        &Request::Unsubscribe {
+    agent
+        .wait_for_request(&Request::Unsubscribe {
             unit: Some(unit("a.service")),
-        },
-    )
-    .await;
+        })
+        .await;
     let err = f
         .call::<_, String>(
             path.as_str(),
@@ -425,8 +349,8 @@ async fn node_disconnect_sends_virtual_events_and_reconnect_replays() {
     let f = Fixture::start(config(&["node1"])).await;
     let agent = f.agent("node1", reply_empty()).await;
     let guid = agent.accepted.session_id;
-    let owner = client(&f).await;
-    let mut inbox_ = inbox(&owner);
+    let owner = f.client().await;
+    let mut inbox_ = owner.inbox();
     let path = create_monitor(&owner).await;
     let p = path.as_str();
     let _: u32 = mcall(
@@ -437,23 +361,23 @@ async fn node_disconnect_sends_virtual_events_and_reconnect_replays() {
     )
     .await
     .unwrap();
-    assert_eq!(next_from(&mut inbox_, MON_IFACE).await.0, "UnitNew"); // "*"
+    assert_eq!(inbox_.next(MON_IFACE).await.0, "UnitNew"); // "*"
     agent
         .send(state_event(guid, 1, "a.service", "active", "running"))
         .await;
-    let (member, msg) = next_from(&mut inbox_, MON_IFACE).await;
+    let (member, msg) = inbox_.next(MON_IFACE).await;
     assert_eq!(member, "UnitStateChanged");
     assert_eq!(
         strings::<5>(&msg)[1],
         "a.service",
         "deduplicated: once per monitor"
     );
-    assert!(quiet(&mut inbox_, MON_IFACE, 200).await);
+    assert!(inbox_.quiet(MON_IFACE, 200).await);
 
     drop(agent);
     let mut got = Vec::new();
     for _ in 0..4 {
-        let (member, msg) = next_from(&mut inbox_, MON_IFACE).await;
+        let (member, msg) = inbox_.next(MON_IFACE).await;
         let args: Vec<String> = match member.as_str() {
             "UnitStateChanged" => strings::<5>(&msg).to_vec(),
             _ => strings::<3>(&msg).to_vec(),
@@ -481,7 +405,7 @@ async fn node_disconnect_sends_virtual_events_and_reconnect_replays() {
     );
     // Reconnect: the manager replays both subscriptions, `*` watchers hear of it.
     let agent2 = f.agent("node1", reply_empty()).await;
-    let (member, msg) = next_from(&mut inbox_, MON_IFACE).await;
+    let (member, msg) = inbox_.next(MON_IFACE).await;
     assert_eq!(
         (member.as_str(), strings::<3>(&msg)),
         (
@@ -489,14 +413,14 @@ async fn node_disconnect_sends_virtual_events_and_reconnect_replays() {
             ["node1".to_owned(), "*".into(), "virtual".into()]
         )
     );
-    wait_for_request(&agent2, &Request::Subscribe { unit: None }).await;
-    wait_for_request(
-        &agent2,
-        &Request::Subscribe {
+    agent2
+        .wait_for_request(&Request::Subscribe { unit: None })
+        .await;
+    agent2
+        .wait_for_request(&Request::Subscribe {
             unit: Some(unit("a.service")),
-        },
-    )
-    .await;
+        })
+        .await;
 }
 
 type Row = (String, String, String, String, u64, u64);
@@ -505,17 +429,9 @@ type Changed = (String, String, String, String, String, String, u64, u64);
 /// The next `n` entries of the batched tagged stream (`UnitsChanged`), in
 /// order, and the number of signals they came in. Fails on any BlueChi
 /// per-event signal: a followed monitor gets only the batched stream.
-async fn next_tagged(
-    stream: &mut MessageStream,
-    pending: &mut Vec<Changed>,
-    n: usize,
-) -> Vec<Changed> {
+async fn next_tagged(stream: &mut Inbox, pending: &mut Vec<Changed>, n: usize) -> Vec<Changed> {
     while pending.len() < n {
-        let msg = tokio::time::timeout(WAIT, stream.next())
-            .await
-            .expect("a signal within the wait time")
-            .expect("stream open")
-            .expect("valid message");
+        let msg = stream.next_message().await;
         let h = msg.header();
         if h.message_type() != zbus::message::Type::Signal {
             continue;
@@ -539,14 +455,16 @@ async fn follow_returns_a_snapshot_then_tagged_events_across_reconnects() {
     let f = Fixture::start(config(&["node1"])).await;
     let agent = f.agent("node1", reply_empty()).await;
     let g1 = agent.accepted.session_id;
-    let owner = client(&f).await;
-    let mut inbox_ = inbox(&owner);
+    let owner = f.client().await;
+    let mut inbox_ = owner.inbox();
     let path = create_monitor(&owner).await;
     let p = path.as_str();
     let _: u32 = mcall(&owner, p, "Subscribe", &("node1", "*"))
         .await
         .unwrap();
-    wait_for_request(&agent, &Request::Subscribe { unit: None }).await;
+    agent
+        .wait_for_request(&Request::Subscribe { unit: None })
+        .await;
     agent
         .send(state_event(g1, 1, "a.service", "active", "running"))
         .await;
@@ -556,7 +474,7 @@ async fn follow_returns_a_snapshot_then_tagged_events_across_reconnects() {
     // Wait until both went through.
     let mut seen = 0;
     while seen < 2 {
-        if next_from(&mut inbox_, MON_IFACE).await.0 == "UnitStateChanged" {
+        if inbox_.next(MON_IFACE).await.0 == "UnitStateChanged" {
             seen += 1;
         }
     }
@@ -632,7 +550,9 @@ async fn follow_returns_a_snapshot_then_tagged_events_across_reconnects() {
     let agent2 = f.agent("node1", reply_empty()).await;
     let g2 = agent2.accepted.session_id;
     assert!(g2 > g1);
-    wait_for_request(&agent2, &Request::Subscribe { unit: None }).await;
+    agent2
+        .wait_for_request(&Request::Subscribe { unit: None })
+        .await;
     agent2
         .send(ToManager::Event(Event::UnitNew {
             tag: ModTag::new(g2, 1),
@@ -649,8 +569,8 @@ async fn follow_returns_a_snapshot_then_tagged_events_across_reconnects() {
     let c = next_tagged(&mut inbox_, &mut pending, 1).await.remove(0);
     assert_eq!((c.2.as_str(), c.6, c.7), ("new", g2, 1));
     assert!(pending.is_empty(), "{pending:?}");
-    assert!(quiet(&mut inbox_, DROVER_MON, 300).await);
-    assert!(quiet(&mut inbox_, MON_IFACE, 300).await);
+    assert!(inbox_.quiet(DROVER_MON, 300).await);
+    assert!(inbox_.quiet(MON_IFACE, 300).await);
     let snap: Vec<Row> = mcall(&owner, p, "Follow", &()).await.unwrap();
     assert_eq!(
         snap,
@@ -670,28 +590,26 @@ async fn a_followed_monitor_sends_every_event_in_batches_to_its_owner_and_peers_
     let f = Fixture::start(config(&["node1"])).await;
     let agent = f.agent("node1", reply_empty()).await;
     let g = agent.accepted.session_id;
-    let owner = client(&f).await;
-    let peer = client(&f).await;
-    let bystander = client(&f).await;
-    let mut owner_in = inbox(&owner);
-    let mut peer_in = inbox(&peer);
-    let mut bystander_in = inbox(&bystander);
+    let owner = f.client().await;
+    let peer = f.client().await;
+    let bystander = f.client().await;
+    let mut owner_in = owner.inbox();
+    let mut peer_in = peer.inbox();
+    let mut bystander_in = bystander.inbox();
     let path = create_monitor(&owner).await;
     let p = path.as_str();
-    let pname = peer.unique_name().unwrap().to_string();
+    let pname = peer.unique_name();
     let _: u32 = mcall(&owner, p, "AddPeer", &(pname.as_str(),))
         .await
         .unwrap();
     let _: u32 = mcall(&owner, p, "Subscribe", &("node1", "x.service"))
         .await
         .unwrap();
-    wait_for_request(
-        &agent,
-        &Request::Subscribe {
+    agent
+        .wait_for_request(&Request::Subscribe {
             unit: Some(unit("x.service")),
-        },
-    )
-    .await;
+        })
+        .await;
     let snap: Vec<Row> = mcall(&owner, p, "Follow", &()).await.unwrap();
     assert!(snap.is_empty(), "{snap:?}");
     const N: u64 = 3000;
@@ -719,17 +637,17 @@ async fn a_followed_monitor_sends_every_event_in_batches_to_its_owner_and_peers_
         assert_eq!(rows[1].3, "active");
         assert!(pending.is_empty(), "{who}: {pending:?}");
         assert!(
-            quiet(stream, MON_IFACE, 200).await,
+            stream.quiet(MON_IFACE, 200).await,
             "{who}: no BlueChi signal"
         );
     }
-    assert!(quiet(&mut bystander_in, DROVER_MON, 200).await);
+    assert!(bystander_in.quiet(DROVER_MON, 200).await);
 }
 
 #[tokio::test]
 async fn introspection_describes_monitor_members() {
     let f = Fixture::start(config(&["node1"])).await;
-    let owner = client(&f).await;
+    let owner = f.client().await;
     let path = create_monitor(&owner).await;
     let xml = f.introspect(path.as_str()).await;
     for needle in [

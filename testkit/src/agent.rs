@@ -20,7 +20,8 @@
 use drover_protocol::handshake::Accepted;
 use drover_protocol::link::{HandshakeError, agent_handshake};
 use drover_protocol::{
-    Event, Hello, NodeName, Notice, RemoteError, Request, Response, ToAgent, ToManager, UnitName,
+    Event, Hello, ModTag, NodeName, Notice, Reason, RemoteError, Request, Response, ToAgent,
+    ToManager, UnitName,
 };
 use futures::{SinkExt, StreamExt};
 use std::net::SocketAddr;
@@ -55,6 +56,51 @@ pub fn reply_with(
             id,
             result: answer(req),
         }]
+    })
+}
+
+/// Answers every request with an empty success, followed by the events `after` gives
+/// for it (a job's progress and end, say).
+pub fn reply_then(after: impl Fn(&Request) -> Vec<ToManager> + Send + Sync + 'static) -> Behavior {
+    Arc::new(move |id, req| {
+        let mut out = vec![reply_ok(id)];
+        out.extend(after(req));
+        out
+    })
+}
+
+/// An empty success reply to request `id`.
+pub fn reply_ok(id: u64) -> ToManager {
+    ToManager::Reply {
+        id,
+        result: Ok(Response::Empty),
+    }
+}
+
+/// `JobStateChanged` of manager job `job_id`.
+pub fn job_state(job_id: u32, state: &str) -> ToManager {
+    ToManager::Event(Event::JobStateChanged {
+        job_id,
+        state: state.into(),
+    })
+}
+
+/// `JobDone` of manager job `job_id` with systemd's `result` word.
+pub fn job_done(job_id: u32, result: &str) -> ToManager {
+    ToManager::Event(Event::JobDone {
+        job_id,
+        result: result.into(),
+    })
+}
+
+/// A real `UnitStateChanged` of `unit` tagged `(guid, index)`.
+pub fn unit_state(guid: u64, index: u64, unit: &str, active: &str, sub: &str) -> ToManager {
+    ToManager::Event(Event::UnitStateChanged {
+        tag: ModTag::new(guid, index),
+        unit: unit_name(unit),
+        active_state: active.into(),
+        sub_state: sub.into(),
+        reason: Reason::Real,
     })
 }
 
@@ -199,6 +245,24 @@ impl FakeAgent {
             inject,
             silent,
         })
+    }
+
+    /// [`Self::connect`], tried again every 50 ms while it fails (a manager still
+    /// starting, or out of descriptors) until `timeout`; the last error otherwise.
+    pub async fn connect_when_up(
+        addr: SocketAddr,
+        name: &str,
+        behavior: Behavior,
+        timeout: Duration,
+    ) -> Result<FakeAgent, HandshakeError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            match Self::connect(addr, name, behavior.clone()).await {
+                Ok(agent) => return Ok(agent),
+                Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
     }
 
     /// The session id the manager gave (the guid of this session's modification tags).

@@ -3,7 +3,7 @@
 //! printed ([`Run`]); where the workspace's binaries are ([`bin`]); a free loopback port
 //! ([`free_port`]).
 
-use nix::sys::signal::Signal;
+pub use nix::sys::signal::Signal;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ExitStatus};
 use std::sync::atomic::{AtomicUsize, Ordering};
