@@ -19,10 +19,7 @@ const PROPS: &str = "org.freedesktop.DBus.Properties";
 
 /// Connects a new client to the test's private bus.
 async fn connect(bus: &PrivateBus) -> Connection {
-    zbus::connection::Builder::address(bus.address())
-        .build()
-        .await
-        .unwrap()
+    drover_testkit::api::connect(bus.address()).await
 }
 
 /// The agent's side (API served, a fake manager session open) and a client.
@@ -52,6 +49,17 @@ async fn rig() -> Rig {
         client,
         _agent_conn: agent_conn,
         _served: served,
+    }
+}
+
+impl Rig {
+    /// `CreateProxy` of node bar's db.service for [`LOCAL`], waiting in a task of its
+    /// own (the call returns once the target is up or refused).
+    fn create_db_proxy(&self) -> tokio::task::JoinHandle<Result<(), (String, String)>> {
+        let client = self.client.clone();
+        tokio::spawn(
+            async move { call(&client, "CreateProxy", (LOCAL, "bar", "db.service")).await },
+        )
     }
 }
 
@@ -173,11 +181,7 @@ async fn garbage_arguments_are_invalid_args_and_change_nothing() {
 #[tokio::test]
 async fn create_waits_for_the_target_duplicate_is_refused_remove_unknown_succeeds() {
     let mut r = rig().await;
-    let client = r.client.clone();
-    let pending =
-        tokio::spawn(
-            async move { call(&client, "CreateProxy", (LOCAL, "bar", "db.service")).await },
-        );
+    let pending = r.create_db_proxy();
     let id = match next_event(&mut r.manager).await {
         Event::ProxyNew {
             node,
@@ -239,11 +243,7 @@ async fn create_waits_for_the_target_duplicate_is_refused_remove_unknown_succeed
 #[tokio::test]
 async fn a_refused_proxy_fails_with_activation_failed_and_its_reason() {
     let mut r = rig().await;
-    let client = r.client.clone();
-    let pending =
-        tokio::spawn(
-            async move { call(&client, "CreateProxy", (LOCAL, "bar", "db.service")).await },
-        );
+    let pending = r.create_db_proxy();
     let Event::ProxyNew { proxy_id, .. } = next_event(&mut r.manager).await else {
         panic!("expected ProxyNew");
     };
@@ -290,11 +290,7 @@ async fn a_caller_that_leaves_the_bus_drops_its_waiting_proxy() {
     ));
     wait_proxies(&r.shared, 0).await;
     // The triple is free again.
-    let client = r.client.clone();
-    let again =
-        tokio::spawn(
-            async move { call(&client, "CreateProxy", (LOCAL, "bar", "db.service")).await },
-        );
+    let again = r.create_db_proxy();
     assert!(matches!(
         next_event(&mut r.manager).await,
         Event::ProxyNew { .. }

@@ -47,7 +47,7 @@ async fn socket_activated_manager_serves_notifies_and_stops_on_sigterm() {
     let notify = UnixDatagram::bind(&notify_path).expect("notify socket");
     notify.set_read_timeout(Some(WAIT)).expect("timeout");
 
-    let mut proc = ChildGuard(
+    let mut proc = ChildGuard::new(
         Command::new("systemd-socket-activate")
             .arg("-l")
             .arg(format!("127.0.0.1:{port}"))
@@ -153,7 +153,7 @@ async fn running_out_of_descriptors_is_survived() {
             Ok(())
         });
     }
-    let _proc = ChildGuard(cmd.spawn().expect("spawn drover-manager"));
+    let _proc = ChildGuard::new(cmd.spawn().expect("spawn drover-manager"));
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
 
     // Wait until it serves, then flood it with more connections than it has descriptors.

@@ -31,7 +31,7 @@ async fn sighup_reloads_good_config_and_keeps_running_on_a_bad_one() {
         "[drover-manager]\nAllowedNodeNames=a\nLogTarget=stderr\n",
     );
     let log = std::fs::File::create(tmp.join("manager.log")).expect("log");
-    let mut run = ChildGuard(
+    let mut run = ChildGuard::new(
         Command::new(BIN)
             .args(["--no-default-config", "--bus", bus.address(), "-p"])
             .arg(free_port().to_string())

@@ -82,7 +82,7 @@ pub struct CtlFollower {
     child: tokio::process::Child,
     lines: mpsc::UnboundedReceiver<String>,
     stderr: mpsc::UnboundedReceiver<String>,
-    /// Stderr lines taken from `stderr` and not yet returned.
+    /// Stderr text taken from `stderr` and not yet returned.
     stderr_seen: Vec<String>,
     /// Every stdout line read so far.
     pub seen: Vec<String>,
@@ -90,7 +90,7 @@ pub struct CtlFollower {
     cursor: usize,
 }
 
-/// Sends each line `from` gives to `to` until either side ends.
+/// Sends each line `from` gives to `to` (without its newline) until either side ends.
 fn forward_lines(
     from: impl tokio::io::AsyncRead + Unpin + Send + 'static,
     to: mpsc::UnboundedSender<String>,
@@ -100,6 +100,28 @@ fn forward_lines(
         while let Ok(Some(l)) = r.next_line().await {
             if to.send(l).is_err() {
                 break;
+            }
+        }
+    });
+}
+
+/// Sends what `from` gives to `to` as it comes, byte for byte (as text), until either
+/// side ends.
+fn forward_text(
+    from: impl tokio::io::AsyncRead + Unpin + Send + 'static,
+    to: mpsc::UnboundedSender<String>,
+) {
+    tokio::spawn(async move {
+        let mut r = BufReader::new(from);
+        loop {
+            let mut chunk = String::new();
+            match r.read_line(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    if to.send(chunk).is_err() {
+                        break;
+                    }
+                }
             }
         }
     });
@@ -116,7 +138,7 @@ impl CtlFollower {
         let (tx, lines) = mpsc::unbounded_channel();
         forward_lines(child.stdout.take().expect("stdout"), tx);
         let (etx, stderr) = mpsc::unbounded_channel();
-        forward_lines(child.stderr.take().expect("stderr"), etx);
+        forward_text(child.stderr.take().expect("stderr"), etx);
         CtlFollower {
             child,
             lines,
@@ -186,12 +208,13 @@ impl CtlFollower {
         self.cursor = self.seen.len();
     }
 
-    /// Stderr lines read so far (after [`Self::wait_exit`]: all of them).
+    /// Stderr text read so far and not returned before, as written (after
+    /// [`Self::wait_exit`]: all of it).
     pub fn drain_stderr(&mut self) -> String {
         while let Ok(l) = self.stderr.try_recv() {
             self.stderr_seen.push(l);
         }
-        std::mem::take(&mut self.stderr_seen).join("\n")
+        std::mem::take(&mut self.stderr_seen).concat()
     }
 
     /// Sends SIGINT (Ctrl-C) and returns at once.

@@ -63,9 +63,14 @@ impl SystemdNode {
         node::bus_address(&self.dir, &self.name)
     }
 
+    /// Where the node's user unit files live.
+    pub fn unit_dir(&self) -> PathBuf {
+        node::unit_dir(&self.dir, &self.name)
+    }
+
     /// Writes a unit file (no reload: see [`Self::reload`]).
     pub fn write_unit(&self, name: &str, text: &str) {
-        let path = node::unit_dir(&self.dir, &self.name).join(name);
+        let path = self.unit_dir().join(name);
         std::fs::write(&path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
     }
 

@@ -74,22 +74,37 @@ impl Run {
 }
 
 /// A child process killed and reaped on drop (also when the test fails).
-pub struct ChildGuard(pub Child);
+pub struct ChildGuard(Option<Child>);
 
 impl ChildGuard {
+    pub fn new(child: Child) -> ChildGuard {
+        ChildGuard(Some(child))
+    }
+
+    fn child(&mut self) -> &mut Child {
+        self.0.as_mut().expect("the child is still guarded")
+    }
+
     pub fn pid(&self) -> u32 {
-        self.0.id()
+        self.0.as_ref().expect("the child is still guarded").id()
     }
 
     /// Sends `sig` to the child.
     pub fn signal(&self, sig: Signal) {
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.0.id()).expect("pid fits"));
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.pid()).expect("pid fits"));
         nix::sys::signal::kill(pid, sig).unwrap_or_else(|e| panic!("kill -{sig} {pid}: {e}"));
+    }
+
+    /// SIGKILL, then reap (a crash, as a test causes one).
+    pub fn kill(&mut self) {
+        let child = self.child();
+        child.kill().expect("kill our child");
+        child.wait().expect("reap our child");
     }
 
     /// The exit status, if the child has exited.
     pub fn try_wait(&mut self) -> Option<ExitStatus> {
-        self.0.try_wait().expect("try_wait on our child")
+        self.child().try_wait().expect("try_wait on our child")
     }
 
     /// Waits up to `limit` for the child to exit; panics if it does not.
@@ -102,17 +117,26 @@ impl ChildGuard {
             assert!(
                 tokio::time::Instant::now() < deadline,
                 "pid {} did not exit within {limit:?}",
-                self.0.id()
+                self.pid()
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// Waits (blocking) for the exit and collects what the child printed to its piped
+    /// stdout and stderr; run it with `spawn_blocking` from async code.
+    pub fn wait_with_output(mut self) -> std::process::Output {
+        let child = self.0.take().expect("the child is still guarded");
+        child.wait_with_output().expect("wait for our child")
     }
 }
 
 impl Drop for ChildGuard {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 

@@ -74,7 +74,7 @@ const SERVICE_IFACE: &str = "org.freedesktop.systemd1.Service";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_pass_through_on_real_systemd() {
-    let node = UserSystemd::start("node-api");
+    let node = user_systemd("node-api").await;
     node.write_unit(
         "a.service",
         "[Unit]\nDescription=drover a\n[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart=/bin/true\n[Install]\nWantedBy=default.target\n",
@@ -608,7 +608,7 @@ fn is_state(e: &Event, u: &str, active: &str, sub: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscription_follows_a_unit_through_start_stop_and_removal() {
-    let node = UserSystemd::start("subs");
+    let node = user_systemd("subs").await;
     node.write_unit("w.service", "[Service]\nExecStart=/bin/sleep infinity\n");
     node.write_unit(
         "other.service",
@@ -863,8 +863,8 @@ async fn subscription_follows_a_unit_through_start_stop_and_removal() {
     assert!(!replayed.iter().any(|u| u == "w.service"), "{replayed:?}");
 }
 
-fn node_unit_path(node: &UserSystemd, name: &str) -> PathBuf {
-    node.dir.join("config/systemd/user").join(name)
+fn node_unit_path(node: &SystemdNode, name: &str) -> PathBuf {
+    node.unit_dir().join(name)
 }
 
 /// A frame whose unit name is not a valid `UnitName` does not decode, so it
