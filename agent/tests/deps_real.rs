@@ -243,21 +243,24 @@ async fn tell(m: &mut ManagerSession, proxy_id: u64, active: &str) {
     .await;
 }
 
-fn db_new(id: u64) -> Event {
+fn db_new(proxy_id: u64) -> Event {
     let (node, unit) = (node_name("bar"), unit_name("db.service"));
     Event::ProxyNew {
         node,
         unit,
-        proxy_id: id,
+        proxy_id,
     }
 }
 
-fn db_removed(id: u64) -> Event {
-    let (node, unit) = (node_name("bar"), unit_name("db.service"));
+/// The end of [`db_new`]'s proxy.
+fn db_removed(proxy_id: u64) -> Event {
+    let Event::ProxyNew { node, unit, .. } = db_new(proxy_id) else {
+        unreachable!("db_new makes a ProxyNew")
+    };
     Event::ProxyRemoved {
         node,
         unit,
-        proxy_id: id,
+        proxy_id,
     }
 }
 

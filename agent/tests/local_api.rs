@@ -8,6 +8,7 @@ use drover_agent::outbox::SessionKill;
 use drover_agent::proxy::Phase;
 use drover_protocol::{Event, NodeName, Notice, Reason, TargetChange, ToManager, UnitName};
 use drover_sandbox::PrivateBus;
+use drover_testkit::api::assert_mentions;
 use futures::StreamExt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -377,26 +378,28 @@ async fn introspection_describes_exactly_what_is_served() {
         .await
         .unwrap();
     let xml: String = reply.body().deserialize().unwrap();
-    for want in [
-        r#"<interface name="org.eclipse.bluechi.Agent">"#,
-        r#"<method name="CreateProxy">"#,
-        r#"<arg name="local_service_name" type="s" direction="in"/>"#,
-        r#"<arg name="node" type="s" direction="in"/>"#,
-        r#"<arg name="unit" type="s" direction="in"/>"#,
-        r#"<method name="RemoveProxy">"#,
-        r#"<property name="Status" type="s" access="read"/>"#,
-        r#"<property name="ControllerAddress" type="s" access="read"/>"#,
-        r#"<property name="LogLevel" type="s" access="read">"#,
-        r#"<property name="LogTarget" type="s" access="read">"#,
-        r#"<property name="DisconnectTimestamp" type="t" access="read">"#,
-        r#"<property name="DisconnectTimestampMonotonic" type="t" access="read">"#,
-        r#"<property name="LastSeenTimestamp" type="t" access="read">"#,
-        r#"<property name="LastSeenTimestampMonotonic" type="t" access="read">"#,
-        r#"value="const""#,
-        r#"value="false""#,
-    ] {
-        assert!(xml.contains(want), "XML lacks {want}:\n{xml}");
-    }
+    assert_mentions(
+        &xml,
+        "XML",
+        &[
+            r#"<interface name="org.eclipse.bluechi.Agent">"#,
+            r#"<method name="CreateProxy">"#,
+            r#"<arg name="local_service_name" type="s" direction="in"/>"#,
+            r#"<arg name="node" type="s" direction="in"/>"#,
+            r#"<arg name="unit" type="s" direction="in"/>"#,
+            r#"<method name="RemoveProxy">"#,
+            r#"<property name="Status" type="s" access="read"/>"#,
+            r#"<property name="ControllerAddress" type="s" access="read"/>"#,
+            r#"<property name="LogLevel" type="s" access="read">"#,
+            r#"<property name="LogTarget" type="s" access="read">"#,
+            r#"<property name="DisconnectTimestamp" type="t" access="read">"#,
+            r#"<property name="DisconnectTimestampMonotonic" type="t" access="read">"#,
+            r#"<property name="LastSeenTimestamp" type="t" access="read">"#,
+            r#"<property name="LastSeenTimestampMonotonic" type="t" access="read">"#,
+            r#"value="const""#,
+            r#"value="false""#,
+        ],
+    );
     for absent in ["SwitchController", "JobCancel", "header", "connection"] {
         assert!(!xml.contains(absent), "XML must not show {absent}:\n{xml}");
     }

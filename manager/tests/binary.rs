@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use drover_testkit::process::{ChildGuard, Signal, TempDir, free_port};
+use drover_testkit::process::{ChildGuard, Signal, free_port};
 use drover_testkit::wait::eventually;
 use std::os::unix::net::UnixDatagram;
 use std::process::{Command, Stdio};
@@ -36,14 +36,11 @@ fn version_and_usage() {
 
 #[tokio::test]
 async fn socket_activated_manager_serves_notifies_and_stops_on_sigterm() {
-    let bus = test_bus();
-    let port = free_port();
-    let tmp = TempDir::new("drover-manager-bin");
-    let conf = tmp.file(
-        "activated.conf",
+    let setup = BinarySetup::new(
         "[drover-manager]\nAllowedNodeNames=node1\nLogTarget=stderr\nHeartbeatInterval=200\n",
     );
-    let notify_path = tmp.join("notify");
+    let (bus, port, conf) = (&setup.bus, setup.port, &setup.conf);
+    let notify_path = conf.with_file_name("notify");
     let notify = UnixDatagram::bind(&notify_path).expect("notify socket");
     notify.set_read_timeout(Some(WAIT)).expect("timeout");
 
@@ -56,7 +53,7 @@ async fn socket_activated_manager_serves_notifies_and_stops_on_sigterm() {
             .arg("--")
             .arg(BIN)
             .args(["--no-default-config", "--bus", bus.address(), "-c"])
-            .arg(&conf)
+            .arg(conf)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -126,20 +123,14 @@ async fn a_name_owner_that_refuses_replacement_means_exit_1() {
 #[tokio::test]
 async fn running_out_of_descriptors_is_survived() {
     use std::os::unix::process::CommandExt;
-    let bus = test_bus();
-    let port = free_port();
-    let tmp = TempDir::new("drover-manager-bin");
-    let conf = tmp.file(
-        "emfile.conf",
-        "[drover-manager]\nAllowedNodeNames=node1\nLogTarget=stderr\n",
-    );
-    let log = std::fs::File::create(tmp.join("emfile.log")).expect("log file");
+    let setup = BinarySetup::new("[drover-manager]\nAllowedNodeNames=node1\nLogTarget=stderr\n");
+    let (bus, port) = (&setup.bus, setup.port);
     let mut cmd = Command::new(BIN);
     cmd.args(["--no-default-config", "--bus", bus.address()])
         .args(["-p", &port.to_string(), "-c"])
-        .arg(&conf)
+        .arg(&setup.conf)
         .stdout(Stdio::null())
-        .stderr(Stdio::from(log));
+        .stderr(Stdio::from(setup.log()));
     // SAFETY: only setrlimit(2), async-signal-safe, between fork and exec.
     unsafe {
         cmd.pre_exec(|| {
@@ -174,7 +165,7 @@ async fn running_out_of_descriptors_is_survived() {
         );
     }
     let logged = eventually(Duration::from_millis(2500), "EMFILE is logged", || async {
-        tmp.read("emfile.log").contains("cannot accept agents")
+        setup.logged().contains("cannot accept agents")
     });
     logged.await.unwrap();
     // Descriptors free up: the manager accepts again.

@@ -6,6 +6,7 @@ use common::*;
 use drover_protocol::link::HandshakeError;
 use drover_protocol::{RefuseReason, RemoteError, Request, Response, UnitInfo};
 use drover_testkit::agent::{job_done, job_state, reply_ok, reply_then};
+use drover_testkit::api::assert_mentions;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -110,14 +111,10 @@ async fn list_nodes_and_status_changes() {
 #[tokio::test]
 async fn unknown_node_and_offline_calls() {
     let f = Fixture::start(config(&["node1"])).await;
-    let err = f
+    let res = f
         .call::<_, OwnedObjectPath>(CONTROLLER, CTRL_IFACE, "GetNode", &("nope",))
-        .await
-        .unwrap_err();
-    assert_eq!(
-        error_of(&err).0,
-        "org.freedesktop.DBus.Error.ServiceUnknown"
-    );
+        .await;
+    assert_eq!(error_name(res), "org.freedesktop.DBus.Error.ServiceUnknown");
 
     let err = f
         .call::<_, OwnedObjectPath>(NODE1, NODE_IFACE, "StartUnit", &("a.service", "replace"))
@@ -130,11 +127,8 @@ async fn unknown_node_and_offline_calls() {
             "Node is offline".into()
         )
     );
-    let err = f
-        .call::<_, ()>(NODE1, NODE_IFACE, "Reload", &())
-        .await
-        .unwrap_err();
-    assert_eq!(error_of(&err).0, "org.eclipse.bluechi.Offline");
+    let res = f.call::<_, ()>(NODE1, NODE_IFACE, "Reload", &()).await;
+    assert_eq!(error_name(res), "org.eclipse.bluechi.Offline");
 }
 
 #[tokio::test]
@@ -178,14 +172,10 @@ async fn registration_refusals() {
     let nodes = list_nodes(&f).await;
     assert_eq!(nodes.len(), 1, "refused names never appear: {nodes:?}");
     assert_eq!(nodes[0].2, "online", "the first session is untouched");
-    let err = f
+    let res = f
         .call::<_, OwnedObjectPath>(CONTROLLER, CTRL_IFACE, "GetNode", &("stranger",))
-        .await
-        .unwrap_err();
-    assert_eq!(
-        error_of(&err).0,
-        "org.freedesktop.DBus.Error.ServiceUnknown"
-    );
+        .await;
+    assert_eq!(error_name(res), "org.freedesktop.DBus.Error.ServiceUnknown");
 }
 
 #[tokio::test]
@@ -391,11 +381,10 @@ async fn bad_arguments_are_invalid_args_and_reach_no_agent() {
         assert!(!message.is_empty());
     }
     // Wrong D-Bus types are refused by the bus layer the same way.
-    let err = f
+    let res = f
         .call::<_, OwnedObjectPath>(NODE1, NODE_IFACE, "StartUnit", &(7u32,))
-        .await
-        .unwrap_err();
-    assert_eq!(error_of(&err).0, "org.freedesktop.DBus.Error.InvalidArgs");
+        .await;
+    assert_eq!(error_name(res), "org.freedesktop.DBus.Error.InvalidArgs");
     assert_eq!(agent.request_count(), 0, "nothing was sent to the agent");
 }
 
@@ -542,104 +531,114 @@ async fn introspection_describes_exactly_what_is_served() {
     let _agent = f.agent("node1", reply_empty()).await;
 
     let xml = f.introspect(CONTROLLER).await;
-    for want in [
-        r#"<interface name="org.eclipse.bluechi.Controller">"#,
-        r#"<method name="ListNodes">"#,
-        r#"<arg name="nodes" type="a(soss)" direction="out"/>"#,
-        r#"<method name="GetNode">"#,
-        r#"<arg name="name" type="s" direction="in"/>"#,
-        r#"<arg name="path" type="o" direction="out"/>"#,
-        r#"<arg name="units" type="a{sa(ssssssouso)}" direction="out"/>"#,
-        r#"<signal name="JobNew">"#,
-        r#"<arg name="id" type="u"/>"#,
-        r#"<arg name="job" type="o"/>"#,
-        r#"<signal name="JobRemoved">"#,
-        r#"<arg name="result" type="s"/>"#,
-        // EmitsChangedSignal=true is the default, so zbus writes no annotation.
-        r#"<property name="Status" type="s" access="read"/>"#,
-        r#"<property name="LogLevel" type="s" access="read">"#,
-        r#"<property name="LogTarget" type="s" access="read">"#,
-        r#"<node name="node">"#,
-    ] {
-        assert!(xml.contains(want), "controller XML lacks {want}:\n{xml}");
-    }
-    for want in [
-        r#"<method name="CreateMonitor">"#,
-        r#"<arg name="monitor" type="o" direction="out"/>"#,
-        r#"<method name="EnableMetrics">"#,
-        r#"<method name="DisableMetrics">"#,
-        r#"<method name="SetLogLevel">"#,
-        r#"<arg name="loglevel" type="s" direction="in"/>"#,
-        r#"<method name="ListUnitFiles">"#,
-        r#"<arg name="unitfiles" type="a{sa(ss)}" direction="out"/>"#,
-    ] {
-        assert!(xml.contains(want), "controller XML lacks {want}:\n{xml}");
-    }
+    assert_mentions(
+        &xml,
+        "controller XML",
+        &[
+            r#"<interface name="org.eclipse.bluechi.Controller">"#,
+            r#"<method name="ListNodes">"#,
+            r#"<arg name="nodes" type="a(soss)" direction="out"/>"#,
+            r#"<method name="GetNode">"#,
+            r#"<arg name="name" type="s" direction="in"/>"#,
+            r#"<arg name="path" type="o" direction="out"/>"#,
+            r#"<arg name="units" type="a{sa(ssssssouso)}" direction="out"/>"#,
+            r#"<signal name="JobNew">"#,
+            r#"<arg name="id" type="u"/>"#,
+            r#"<arg name="job" type="o"/>"#,
+            r#"<signal name="JobRemoved">"#,
+            r#"<arg name="result" type="s"/>"#,
+            // EmitsChangedSignal=true is the default, so zbus writes no annotation.
+            r#"<property name="Status" type="s" access="read"/>"#,
+            r#"<property name="LogLevel" type="s" access="read">"#,
+            r#"<property name="LogTarget" type="s" access="read">"#,
+            r#"<node name="node">"#,
+        ],
+    );
+    assert_mentions(
+        &xml,
+        "controller XML",
+        &[
+            r#"<method name="CreateMonitor">"#,
+            r#"<arg name="monitor" type="o" direction="out"/>"#,
+            r#"<method name="EnableMetrics">"#,
+            r#"<method name="DisableMetrics">"#,
+            r#"<method name="SetLogLevel">"#,
+            r#"<arg name="loglevel" type="s" direction="in"/>"#,
+            r#"<method name="ListUnitFiles">"#,
+            r#"<arg name="unitfiles" type="a{sa(ss)}" direction="out"/>"#,
+        ],
+    );
 
     let xml = f.introspect(NODE1).await;
-    for want in [
-        r#"<method name="StartUnit">"#,
-        r#"<method name="StopUnit">"#,
-        r#"<method name="RestartUnit">"#,
-        r#"<method name="ReloadUnit">"#,
-        r#"<arg name="mode" type="s" direction="in"/>"#,
-        r#"<arg name="job" type="o" direction="out"/>"#,
-        r#"<arg name="units" type="a(ssssssouso)" direction="out"/>"#,
-        r#"<method name="Reload">"#,
-        r#"<property name="Name" type="s" access="read">"#,
-        r#"<property name="PeerIp" type="s" access="read">"#,
-        r#"<property name="LastSeenTimestamp" type="t" access="read">"#,
-        r#"<property name="LastSeenTimestampMonotonic" type="t" access="read">"#,
-        r#"value="const""#,
-        r#"value="false""#,
-    ] {
-        assert!(xml.contains(want), "node XML lacks {want}:\n{xml}");
-    }
-    for want in [
-        r#"<method name="GetUnitProperties">"#,
-        r#"<arg name="props" type="a{sv}" direction="out"/>"#,
-        r#"<method name="GetUnitProperty">"#,
-        r#"<arg name="value" type="v" direction="out"/>"#,
-        r#"<method name="SetUnitProperties">"#,
-        r#"<arg name="keyvalues" type="a(sv)" direction="in"/>"#,
-        r#"<method name="EnableUnitFiles">"#,
-        r#"<arg name="carries_install_info" type="b" direction="out"/>"#,
-        r#"<arg name="changes" type="a(sss)" direction="out"/>"#,
-        r#"<method name="DisableUnitFiles">"#,
-        r#"<method name="GetUnitFileState">"#,
-        r#"<method name="ListUnitFiles">"#,
-        r#"<arg name="unitfiles" type="a(ss)" direction="out"/>"#,
-        r#"<method name="FreezeUnit">"#,
-        r#"<method name="ThawUnit">"#,
-        r#"<method name="KillUnit">"#,
-        r#"<arg name="signal" type="i" direction="in"/>"#,
-        r#"<method name="ResetFailed">"#,
-        r#"<method name="ResetFailedUnit">"#,
-        r#"<method name="GetDefaultTarget">"#,
-        r#"<method name="SetDefaultTarget">"#,
-        r#"<method name="StartTransientUnit">"#,
-        r#"<arg name="aux" type="a(sa(sv))" direction="in"/>"#,
-        r#"<method name="SetLogLevel">"#,
-    ] {
-        assert!(xml.contains(want), "node XML lacks {want}:\n{xml}");
-    }
+    assert_mentions(
+        &xml,
+        "node XML",
+        &[
+            r#"<method name="StartUnit">"#,
+            r#"<method name="StopUnit">"#,
+            r#"<method name="RestartUnit">"#,
+            r#"<method name="ReloadUnit">"#,
+            r#"<arg name="mode" type="s" direction="in"/>"#,
+            r#"<arg name="job" type="o" direction="out"/>"#,
+            r#"<arg name="units" type="a(ssssssouso)" direction="out"/>"#,
+            r#"<method name="Reload">"#,
+            r#"<property name="Name" type="s" access="read">"#,
+            r#"<property name="PeerIp" type="s" access="read">"#,
+            r#"<property name="LastSeenTimestamp" type="t" access="read">"#,
+            r#"<property name="LastSeenTimestampMonotonic" type="t" access="read">"#,
+            r#"value="const""#,
+            r#"value="false""#,
+        ],
+    );
+    assert_mentions(
+        &xml,
+        "node XML",
+        &[
+            r#"<method name="GetUnitProperties">"#,
+            r#"<arg name="props" type="a{sv}" direction="out"/>"#,
+            r#"<method name="GetUnitProperty">"#,
+            r#"<arg name="value" type="v" direction="out"/>"#,
+            r#"<method name="SetUnitProperties">"#,
+            r#"<arg name="keyvalues" type="a(sv)" direction="in"/>"#,
+            r#"<method name="EnableUnitFiles">"#,
+            r#"<arg name="carries_install_info" type="b" direction="out"/>"#,
+            r#"<arg name="changes" type="a(sss)" direction="out"/>"#,
+            r#"<method name="DisableUnitFiles">"#,
+            r#"<method name="GetUnitFileState">"#,
+            r#"<method name="ListUnitFiles">"#,
+            r#"<arg name="unitfiles" type="a(ss)" direction="out"/>"#,
+            r#"<method name="FreezeUnit">"#,
+            r#"<method name="ThawUnit">"#,
+            r#"<method name="KillUnit">"#,
+            r#"<arg name="signal" type="i" direction="in"/>"#,
+            r#"<method name="ResetFailed">"#,
+            r#"<method name="ResetFailedUnit">"#,
+            r#"<method name="GetDefaultTarget">"#,
+            r#"<method name="SetDefaultTarget">"#,
+            r#"<method name="StartTransientUnit">"#,
+            r#"<arg name="aux" type="a(sa(sv))" direction="in"/>"#,
+            r#"<method name="SetLogLevel">"#,
+        ],
+    );
 
     let path: OwnedObjectPath = f
         .call(NODE1, NODE_IFACE, "StartUnit", &("a.service", "replace"))
         .await
         .unwrap();
     let xml = f.introspect(path.as_str()).await;
-    for want in [
-        r#"<interface name="org.eclipse.bluechi.Job">"#,
-        r#"<method name="Cancel">"#,
-        r#"<property name="Id" type="u" access="read">"#,
-        r#"<property name="Node" type="s" access="read">"#,
-        r#"<property name="Unit" type="s" access="read">"#,
-        r#"<property name="JobType" type="s" access="read">"#,
-        r#"<property name="State" type="s" access="read"/>"#,
-    ] {
-        assert!(xml.contains(want), "job XML lacks {want}:\n{xml}");
-    }
+    assert_mentions(
+        &xml,
+        "job XML",
+        &[
+            r#"<interface name="org.eclipse.bluechi.Job">"#,
+            r#"<method name="Cancel">"#,
+            r#"<property name="Id" type="u" access="read">"#,
+            r#"<property name="Node" type="s" access="read">"#,
+            r#"<property name="Unit" type="s" access="read">"#,
+            r#"<property name="JobType" type="s" access="read">"#,
+            r#"<property name="State" type="s" access="read"/>"#,
+        ],
+    );
 }
 
 /// A reload that adds a node (offline until it registers) turns `up` into

@@ -8,6 +8,7 @@ mod common;
 use common::*;
 use drover_protocol::{Event, ModTag, Reason, Request, ToManager, UnitName};
 use drover_testkit::agent::unit_state as state_event;
+use drover_testkit::api::assert_mentions;
 use std::time::Duration;
 use zbus::OwnedObjectPath;
 use zbus::message::Message;
@@ -177,25 +178,22 @@ async fn bad_arguments_get_the_documented_errors_and_change_nothing() {
         ("bad node!", "a.service"),
         ("", "a.service"),
     ] {
-        let err = mcall::<_, u32>(&owner, p, "Subscribe", &(node, u))
-            .await
-            .unwrap_err();
+        let res = mcall::<_, u32>(&owner, p, "Subscribe", &(node, u)).await;
         assert_eq!(
-            error_of(&err).0,
+            error_name(res),
             "org.freedesktop.DBus.Error.InvalidArgs",
             "{node:?} {u:?}"
         );
     }
     // One bad unit in a list refuses the whole list.
-    let err = mcall::<_, u32>(
+    let res = mcall::<_, u32>(
         &owner,
         p,
         "SubscribeList",
         &("node1", vec!["a.service", "bad unit"]),
     )
-    .await
-    .unwrap_err();
-    assert_eq!(error_of(&err).0, "org.freedesktop.DBus.Error.InvalidArgs");
+    .await;
+    assert_eq!(error_name(res), "org.freedesktop.DBus.Error.InvalidArgs");
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(agent.request_count(), 0, "nothing reached the agent");
 
@@ -204,19 +202,15 @@ async fn bad_arguments_get_the_documented_errors_and_change_nothing() {
         .await
         .unwrap();
     let () = mcall(&owner, p, "Unsubscribe", &(id,)).await.unwrap();
-    let err = mcall::<_, ()>(&owner, p, "Unsubscribe", &(id,))
-        .await
-        .unwrap_err();
-    assert_eq!(error_of(&err).0, "org.freedesktop.DBus.Error.Failed");
+    let res = mcall::<_, ()>(&owner, p, "Unsubscribe", &(id,)).await;
+    assert_eq!(error_name(res), "org.freedesktop.DBus.Error.Failed");
 
     // Peers: invalid, the owner, duplicates.
     let own = owner.unique_name();
     for name in ["not-unique", "", &own] {
-        let err = mcall::<_, u32>(&owner, p, "AddPeer", &(name,))
-            .await
-            .unwrap_err();
+        let res = mcall::<_, u32>(&owner, p, "AddPeer", &(name,)).await;
         assert_eq!(
-            error_of(&err).0,
+            error_name(res),
             "org.freedesktop.DBus.Error.InvalidArgs",
             "{name}"
         );
@@ -226,14 +220,10 @@ async fn bad_arguments_get_the_documented_errors_and_change_nothing() {
     let _: u32 = mcall(&owner, p, "AddPeer", &(lname.as_str(),))
         .await
         .unwrap();
-    let err = mcall::<_, u32>(&owner, p, "AddPeer", &(lname.as_str(),))
-        .await
-        .unwrap_err();
-    assert_eq!(error_of(&err).0, "org.freedesktop.DBus.Error.InvalidArgs");
-    let err = mcall::<_, ()>(&owner, p, "RemovePeer", &(999u32, "x"))
-        .await
-        .unwrap_err();
-    assert_eq!(error_of(&err).0, "org.freedesktop.DBus.Error.Failed");
+    let res = mcall::<_, u32>(&owner, p, "AddPeer", &(lname.as_str(),)).await;
+    assert_eq!(error_name(res), "org.freedesktop.DBus.Error.InvalidArgs");
+    let res = mcall::<_, ()>(&owner, p, "RemovePeer", &(999u32, "x")).await;
+    assert_eq!(error_name(res), "org.freedesktop.DBus.Error.Failed");
 }
 
 #[tokio::test]
@@ -301,11 +291,9 @@ async fn peers_receive_events_and_peer_removed() {
     agent
         .wait_for_request(&Request::Unsubscribe { unit: None })
         .await;
-    let err = mcall::<_, u32>(&owner, p, "Subscribe", &("node1", "*"))
-        .await
-        .unwrap_err();
+    let res = mcall::<_, u32>(&owner, p, "Subscribe", &("node1", "*")).await;
     assert_eq!(
-        error_of(&err).0,
+        error_name(res),
         "org.freedesktop.DBus.Error.UnknownObject",
         "the monitor is unexported"
     );
@@ -331,16 +319,15 @@ async fn monitor_closes_when_its_owner_leaves_the_bus() {
             unit: Some(unit("a.service")),
         })
         .await;
-    let err = f
+    let res = f
         .call::<_, String>(
             path.as_str(),
             "org.freedesktop.DBus.Properties",
             "Get",
             &(MON_IFACE, "X"),
         )
-        .await
-        .unwrap_err();
-    assert_eq!(error_of(&err).0, "org.freedesktop.DBus.Error.UnknownObject");
+        .await;
+    assert_eq!(error_name(res), "org.freedesktop.DBus.Error.UnknownObject");
     assert!(f.manager().core().monitors().is_empty());
 }
 
@@ -650,27 +637,29 @@ async fn introspection_describes_monitor_members() {
     let owner = f.client().await;
     let path = create_monitor(&owner).await;
     let xml = f.introspect(path.as_str()).await;
-    for needle in [
-        r#"<interface name="org.eclipse.bluechi.Monitor">"#,
-        r#"<method name="Subscribe">"#,
-        r#"<method name="SubscribeList">"#,
-        r#"<arg name="units" type="as" direction="in"/>"#,
-        r#"<method name="Unsubscribe">"#,
-        r#"<method name="AddPeer">"#,
-        r#"<method name="RemovePeer">"#,
-        r#"<method name="Close">"#,
-        r#"<signal name="UnitNew">"#,
-        r#"<signal name="UnitRemoved">"#,
-        r#"<signal name="UnitStateChanged">"#,
-        r#"<signal name="UnitPropertiesChanged">"#,
-        r#"<arg name="props" type="a{sv}"/>"#,
-        r#"<signal name="PeerRemoved">"#,
-        r#"<interface name="io.drover.Monitor">"#,
-        r#"<method name="Follow">"#,
-        r#"<arg name="units" type="a(sssstt)" direction="out"/>"#,
-        r#"<signal name="UnitsChanged">"#,
-        r#"<arg name="units" type="a(sssssstt)"/>"#,
-    ] {
-        assert!(xml.contains(needle), "missing {needle} in\n{xml}");
-    }
+    assert_mentions(
+        &xml,
+        "monitor XML",
+        &[
+            r#"<interface name="org.eclipse.bluechi.Monitor">"#,
+            r#"<method name="Subscribe">"#,
+            r#"<method name="SubscribeList">"#,
+            r#"<arg name="units" type="as" direction="in"/>"#,
+            r#"<method name="Unsubscribe">"#,
+            r#"<method name="AddPeer">"#,
+            r#"<method name="RemovePeer">"#,
+            r#"<method name="Close">"#,
+            r#"<signal name="UnitNew">"#,
+            r#"<signal name="UnitRemoved">"#,
+            r#"<signal name="UnitStateChanged">"#,
+            r#"<signal name="UnitPropertiesChanged">"#,
+            r#"<arg name="props" type="a{sv}"/>"#,
+            r#"<signal name="PeerRemoved">"#,
+            r#"<interface name="io.drover.Monitor">"#,
+            r#"<method name="Follow">"#,
+            r#"<arg name="units" type="a(sssstt)" direction="out"/>"#,
+            r#"<signal name="UnitsChanged">"#,
+            r#"<arg name="units" type="a(sssssstt)"/>"#,
+        ],
+    );
 }

@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use drover_testkit::process::{ChildGuard, Signal, TempDir, free_port};
+use drover_testkit::process::{ChildGuard, Signal};
 use drover_testkit::wait::poll;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -24,32 +24,26 @@ async fn node_known(client: &Api, name: &str) -> bool {
 
 #[tokio::test]
 async fn sighup_reloads_good_config_and_keeps_running_on_a_bad_one() {
-    let bus = test_bus();
-    let tmp = TempDir::new("drover-reload");
-    let conf = tmp.file(
-        "manager.conf",
-        "[drover-manager]\nAllowedNodeNames=a\nLogTarget=stderr\n",
-    );
-    let log = std::fs::File::create(tmp.join("manager.log")).expect("log");
+    let setup = BinarySetup::new("[drover-manager]\nAllowedNodeNames=a\nLogTarget=stderr\n");
     let mut run = ChildGuard::new(
         Command::new(BIN)
-            .args(["--no-default-config", "--bus", bus.address(), "-p"])
-            .arg(free_port().to_string())
+            .args(["--no-default-config", "--bus", setup.bus.address(), "-p"])
+            .arg(setup.port.to_string())
             .arg("-c")
-            .arg(&conf)
+            .arg(&setup.conf)
             .stdout(Stdio::null())
-            .stderr(Stdio::from(log))
+            .stderr(Stdio::from(setup.log()))
             .spawn()
             .expect("spawn drover-manager"),
     );
-    let client = Api::connect(bus.address()).await;
+    let client = Api::connect(setup.bus.address()).await;
     let up = poll(STEP, EVERY, "the manager serves node a", || {
         node_known(&client, "a")
     });
     up.await.unwrap();
     assert!(!node_known(&client, "b").await);
 
-    tmp.file(
+    setup.tmp.file(
         "manager.conf",
         "[drover-manager]\nAllowedNodeNames=a,b\nLogTarget=stderr\nLogLevel=DEBUG\n\
          [node a]\nAllowDependenciesOn=b\n",
@@ -65,16 +59,16 @@ async fn sighup_reloads_good_config_and_keeps_running_on_a_bad_one() {
     assert_eq!(level, "DEBUG");
 
     // A broken file: logged, the running config kept, the manager alive.
-    tmp.file(
+    setup.tmp.file(
         "manager.conf",
         "[drover-manager]\nAllowedNodeNames=a,b\nBogus=1\n",
     );
     run.signal(Signal::SIGHUP);
     let failed = poll(STEP, EVERY, "the failed reload is logged", || async {
-        tmp.read("manager.log").contains("config reload failed")
+        setup.logged().contains("config reload failed")
     });
     let _ = failed.await;
-    let logged = tmp.read("manager.log");
+    let logged = setup.logged();
     assert!(
         logged.contains("config reload failed") && logged.contains("Bogus"),
         "{logged}"

@@ -13,6 +13,7 @@ use zbus::{Connection, MatchRule, MessageStream, OwnedObjectPath, OwnedVariant};
 
 use crate::wait::WAIT;
 
+/// BlueChi's names: bus, objects, interfaces.
 pub const BUS_NAME: &str = "org.eclipse.bluechi";
 pub const CONTROLLER_PATH: &str = "/org/eclipse/bluechi";
 pub const CONTROLLER_IFACE: &str = "org.eclipse.bluechi.Controller";
@@ -21,11 +22,6 @@ pub const JOB_IFACE: &str = "org.eclipse.bluechi.Job";
 pub const MONITOR_IFACE: &str = "org.eclipse.bluechi.Monitor";
 pub const METRICS_PATH: &str = "/org/eclipse/bluechi/metrics";
 pub const METRICS_IFACE: &str = "org.eclipse.bluechi.Metrics";
-/// drover's extensions, on the same objects as BlueChi's interfaces.
-pub const DROVER_CONTROLLER_IFACE: &str = "io.drover.Controller";
-pub const DROVER_MONITOR_IFACE: &str = "io.drover.Monitor";
-pub const PROPERTIES_IFACE: &str = "org.freedesktop.DBus.Properties";
-pub const INTROSPECTABLE_IFACE: &str = "org.freedesktop.DBus.Introspectable";
 
 /// One row of `ListUnits` (`(ssssssouso)`), as systemd and the manager send it.
 pub type UnitRow = (
@@ -40,6 +36,13 @@ pub type UnitRow = (
     String,
     OwnedObjectPath,
 );
+
+/// drover's extensions, on the same objects as BlueChi's interfaces.
+pub const DROVER_CONTROLLER_IFACE: &str = "io.drover.Controller";
+pub const DROVER_MONITOR_IFACE: &str = "io.drover.Monitor";
+/// The standard interfaces every object has.
+pub const PROPERTIES_IFACE: &str = "org.freedesktop.DBus.Properties";
+pub const INTROSPECTABLE_IFACE: &str = "org.freedesktop.DBus.Introspectable";
 
 /// A new connection to the bus at `address`.
 pub async fn connect(address: &str) -> Connection {
@@ -202,6 +205,22 @@ pub async fn wait_changed(stream: &mut MessageStream, key: &str, want: &str) {
         if member == "PropertiesChanged" && changed_value(&msg, key).as_deref() == Some(want) {
             return;
         }
+    }
+}
+
+/// Asserts that `text` (introspection XML, say) contains every one of `needles`; a
+/// failure names `what` and shows the text.
+pub fn assert_mentions(text: &str, what: &str, needles: &[&str]) {
+    for needle in needles {
+        assert!(text.contains(needle), "{what} lacks {needle}:\n{text}");
+    }
+}
+
+/// The D-Bus error name of a call that must fail; panics if it succeeded.
+pub fn error_name<T: std::fmt::Debug>(res: zbus::Result<T>) -> String {
+    match res {
+        Ok(v) => panic!("the call must fail, it returned {v:?}"),
+        Err(e) => error_of(&e).0,
     }
 }
 

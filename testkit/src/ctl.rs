@@ -12,6 +12,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc;
 
 use crate::process::{Run, bin};
+use crate::wait::{NotSeen, Seen};
 
 /// The longest a `droverctl` run may take before the test fails.
 pub const HANG: Duration = Duration::from_secs(60);
@@ -85,9 +86,7 @@ pub struct CtlFollower {
     /// Stderr text taken from `stderr` and not yet returned.
     stderr_seen: Vec<String>,
     /// Every stdout line read so far.
-    pub seen: Vec<String>,
-    /// How many of `seen` have been looked at ([`Self::expect_line`], [`Self::next_lines`]).
-    cursor: usize,
+    pub seen: Seen<String>,
 }
 
 /// Sends each line `from` gives to `to` (without its newline) until either side ends.
@@ -144,68 +143,53 @@ impl CtlFollower {
             lines,
             stderr,
             stderr_seen: Vec::new(),
-            seen: Vec::new(),
-            cursor: 0,
+            seen: Seen::default(),
         }
     }
 
     /// Waits for a stdout line (after those already looked at) for which `pred` holds;
     /// returns its index in `seen`.
-    pub async fn expect_line(
-        &mut self,
-        what: &str,
-        timeout: Duration,
-        pred: impl Fn(&str) -> bool,
-    ) -> Result<usize> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            while self.cursor < self.seen.len() {
-                let i = self.cursor;
-                self.cursor += 1;
-                if pred(&self.seen[i]) {
-                    return Ok(i);
-                }
-            }
-            match tokio::time::timeout_at(deadline, self.lines.recv()).await {
-                Ok(Some(l)) => self.seen.push(l),
-                Ok(None) => bail!(
-                    "droverctl closed stdout before: {what}\nstdout:\n{}\nstderr:\n{}",
-                    self.seen.join("\n"),
-                    self.drain_stderr()
-                ),
-                Err(_) => bail!(
-                    "no line within {timeout:?}: {what}\nstdout:\n{}\nstderr:\n{}",
-                    self.seen.join("\n"),
-                    self.drain_stderr()
-                ),
-            }
-        }
+    pub async fn expect_line<P>(&mut self, what: &str, timeout: Duration, pred: P) -> Result<usize>
+    where
+        P: Fn(&str) -> bool,
+    {
+        let lines = &mut self.lines;
+        let more = async || lines.recv().await.map(|l| vec![l]);
+        let why = match self.seen.expect(timeout, more, |l| pred(l)).await {
+            Ok(i) => return Ok(i),
+            Err(NotSeen::Ended) => "droverctl closed stdout before".to_string(),
+            Err(NotSeen::Timeout) => format!("no line within {timeout:?}"),
+        };
+        let stderr = self.drain_stderr();
+        bail!(
+            "{why}: {what}\nstdout:\n{}\nstderr:\n{stderr}",
+            self.seen.join("\n")
+        )
     }
 
     /// The next `n` stdout lines, in order, each within `each` (a missing line is a
     /// failure, not a hang).
     pub async fn next_lines(&mut self, n: usize, each: Duration) -> Vec<String> {
-        let start = self.cursor;
+        let start = self.seen.looked_at();
         for _ in 0..n {
             if let Err(e) = self.expect_line("the next line", each, |_| true).await {
-                panic!("after {:?}: {e:#}", &self.seen[start..]);
+                panic!("after {:?}: {e:#}", self.seen.since(start));
             }
         }
-        self.seen[start..self.cursor].to_vec()
+        self.seen[start..self.seen.looked_at()].to_vec()
     }
 
     /// Reads whatever arrives during `d` (to check afterwards that something did not
     /// happen).
     pub async fn settle(&mut self, d: Duration) {
-        let deadline = tokio::time::Instant::now() + d;
-        while let Ok(Some(l)) = tokio::time::timeout_at(deadline, self.lines.recv()).await {
-            self.seen.push(l);
-        }
+        let lines = &mut self.lines;
+        let more = async || lines.recv().await.map(|l| vec![l]);
+        self.seen.settle(d, more).await;
     }
 
     /// Marks everything seen so far as looked at.
     pub fn skip_seen(&mut self) {
-        self.cursor = self.seen.len();
+        self.seen.mark();
     }
 
     /// Stderr text read so far and not returned before, as written (after

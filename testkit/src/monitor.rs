@@ -3,11 +3,14 @@
 //! test can look for an event that already arrived and then check that some other event
 //! never came.
 
+use crate::wait::{NotSeen, Seen};
 use anyhow::{Result, bail};
 use futures::StreamExt;
 use std::collections::HashMap;
 use std::time::Duration;
 use zbus::{MatchRule, MessageStream, OwnedObjectPath, OwnedVariant};
+
+use drover_protocol::ModTag;
 
 use crate::api::{Api, BUS_NAME, DROVER_MONITOR_IFACE, MONITOR_IFACE};
 
@@ -41,16 +44,20 @@ pub enum Ev {
         reason: String,
     },
     /// One entry of io.drover.Monitor.UnitsChanged (the batched tagged stream).
-    Changed {
-        node: String,
-        unit: String,
-        kind: String,
-        active: String,
-        sub: String,
-        reason: String,
-        guid: u64,
-        index: u64,
-    },
+    Changed(Change),
+}
+
+/// One entry of `io.drover.Monitor.UnitsChanged`: a unit's change with its tag.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Change {
+    pub node: String,
+    pub unit: String,
+    /// `new`, `state` or `removed`.
+    pub kind: String,
+    pub active: String,
+    pub sub: String,
+    pub reason: String,
+    pub tag: ModTag,
 }
 
 impl Ev {
@@ -60,7 +67,7 @@ impl Ev {
             | Ev::Removed { node, unit, .. }
             | Ev::State { node, unit, .. }
             | Ev::Props { node, unit, .. }
-            | Ev::Changed { node, unit, .. } => Some((node, unit)),
+            | Ev::Changed(Change { node, unit, .. }) => Some((node, unit)),
             Ev::PeerRemoved { .. } => None,
         }
     }
@@ -77,21 +84,16 @@ impl Ev {
             let Ok((rows,)) = msg.body().deserialize::<(Vec<Row>,)>() else {
                 return Vec::new();
             };
-            return rows
-                .into_iter()
-                .map(
-                    |(node, unit, kind, active, sub, reason, guid, index)| Ev::Changed {
-                        node,
-                        unit,
-                        kind,
-                        active,
-                        sub,
-                        reason,
-                        guid,
-                        index,
-                    },
-                )
-                .collect();
+            let change = |(node, unit, kind, active, sub, reason, guid, index): Row| Change {
+                tag: ModTag::new(guid, index),
+                node,
+                unit,
+                kind,
+                active,
+                sub,
+                reason,
+            };
+            return rows.into_iter().map(|r| Ev::Changed(change(r))).collect();
         }
         Self::parse_one(msg).into_iter().collect()
     }
@@ -150,8 +152,8 @@ pub struct MonitorWatch {
     pub path: String,
     pub proxy: zbus::Proxy<'static>,
     stream: MessageStream,
-    pub seen: Vec<Ev>,
-    cursor: usize,
+    /// Every event received so far.
+    pub seen: Seen<Ev>,
 }
 
 impl MonitorWatch {
@@ -188,8 +190,7 @@ impl MonitorWatch {
             path: path.to_owned(),
             proxy,
             stream,
-            seen: Vec::new(),
-            cursor: 0,
+            seen: Seen::default(),
         }
     }
 
@@ -213,55 +214,48 @@ impl MonitorWatch {
         p.call("Follow", &()).await
     }
 
-    /// Waits for an event (after those already matched) for which `pred` holds.
+    /// Waits for an event (after those already looked at) for which `pred` holds.
     pub async fn expect(
         &mut self,
         what: &str,
         timeout: Duration,
         pred: impl Fn(&Ev) -> bool,
     ) -> Result<Ev> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            while self.cursor < self.seen.len() {
-                let i = self.cursor;
-                self.cursor += 1;
-                if pred(&self.seen[i]) {
-                    return Ok(self.seen[i].clone());
-                }
-            }
-            match tokio::time::timeout_at(deadline, self.stream.next()).await {
-                Ok(Some(Ok(msg))) => {
-                    self.seen.extend(Ev::parse(&msg));
-                }
-                Ok(_) => bail!("signal stream ended before: {what}"),
-                Err(_) => bail!(
+        let stream = &mut self.stream;
+        let more = async || match stream.next().await {
+            Some(Ok(msg)) => Some(Ev::parse(&msg)),
+            _ => None,
+        };
+        match self.seen.expect(timeout, more, pred).await {
+            Ok(i) => Ok(self.seen[i].clone()),
+            Err(NotSeen::Ended) => bail!("signal stream ended before: {what}"),
+            Err(NotSeen::Timeout) => {
+                let seen: Vec<String> = self.seen.iter().map(|e| format!("  {e:?}")).collect();
+                bail!(
                     "no event within {timeout:?}: {what}\nseen:\n{}",
-                    self.seen
-                        .iter()
-                        .map(|e| format!("  {e:?}"))
-                        .collect::<Vec<_>>()
-                        .join("\n")
-                ),
+                    seen.join("\n")
+                )
             }
         }
     }
 
     /// Collects whatever arrives during `d`.
     pub async fn settle(&mut self, d: Duration) {
-        let deadline = tokio::time::Instant::now() + d;
-        while let Ok(Some(Ok(msg))) = tokio::time::timeout_at(deadline, self.stream.next()).await {
-            self.seen.extend(Ev::parse(&msg));
-        }
+        let stream = &mut self.stream;
+        let more = async || match stream.next().await {
+            Some(Ok(msg)) => Some(Ev::parse(&msg)),
+            _ => None,
+        };
+        self.seen.settle(d, more).await;
     }
 
     /// Marks everything seen so far as looked at; returns the mark.
     pub fn mark(&mut self) -> usize {
-        self.cursor = self.seen.len();
-        self.cursor
+        self.seen.mark()
     }
 
     /// Events received since `mark`.
     pub fn since(&self, mark: usize) -> &[Ev] {
-        &self.seen[mark.min(self.seen.len())..]
+        self.seen.since(mark)
     }
 }

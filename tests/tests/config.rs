@@ -25,12 +25,87 @@ fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// Starts `binary` with each config file text in `cases` (text, key, line): each must be
-/// refused with exit 1 and one message naming `file:line` and the key; `one_line` also
-/// checks that the message is a single line.
-async fn refuses_each(binary: &str, tag: &str, cases: &[(&str, &str, u32)], one_line: bool) {
-    let dir = TempDir::new(&format!("drover-config-test-{tag}"));
-    for (i, (text, key, line)) in cases.iter().enumerate() {
+/// Config files each daemon must refuse: (daemon, text, the key the message names, the
+/// line it names).
+const BAD_CONFIGS: &[(&str, &str, &str, u32)] = &[
+    (
+        "drover-manager",
+        "[drover-manager]\nControllerPort=0\n",
+        "ControllerPort",
+        2,
+    ),
+    (
+        "drover-manager",
+        "[drover-manager]\nControllerPort=eight\n",
+        "ControllerPort",
+        2,
+    ),
+    (
+        "drover-manager",
+        "[drover-manager]\nAllowedNodeNames=ok,bad_name\n",
+        "AllowedNodeNames",
+        2,
+    ),
+    (
+        "drover-manager",
+        "[drover-manager]\nNodeHeartbeatThresold=5\n",
+        "NodeHeartbeatThresold",
+        2,
+    ),
+    (
+        "drover-manager",
+        "[drover-manager]\n\nUseTCP=maybe\n",
+        "UseTCP",
+        3,
+    ),
+    (
+        "drover-manager",
+        "[drover-manager]\nLogLevel=loud\n",
+        "LogLevel",
+        2,
+    ),
+    ("drover-manager", "ControllerPort=842\n", "", 1),
+    ("drover-manager", "[node a_b]\nAllowed=true\n", "", 1),
+    ("drover-manager", "[drover-manager\n", "", 1),
+    (
+        "drover-agent",
+        "[drover-agent]\nNodeName=has space\n",
+        "NodeName",
+        2,
+    ),
+    (
+        "drover-agent",
+        "[drover-agent]\nControllerAddress=unix:path=/x\n",
+        "ControllerAddress",
+        2,
+    ),
+    (
+        "drover-agent",
+        "[drover-agent]\nHeartbeatInterval=-1\n",
+        "HeartbeatInterval",
+        2,
+    ),
+    (
+        "drover-agent",
+        "[drover-agent]\nControllerPort=70000\n",
+        "ControllerPort",
+        2,
+    ),
+    (
+        "drover-agent",
+        "[bluechi-agent]\nNodeName=x\n",
+        "drover-agent",
+        1,
+    ),
+];
+
+/// Starts `binary` with each of its [`BAD_CONFIGS`]: each must be refused with exit 1
+/// and a message naming `file:line` and the key; `one_line` also checks that the
+/// message is a single line.
+async fn refuses_bad_configs(binary: &str, one_line: bool) {
+    let dir = TempDir::new(&format!("drover-config-test-{binary}"));
+    let cases = BAD_CONFIGS.iter().filter(|(b, ..)| *b == binary);
+    for (i, (_, text, key, line)) in cases.enumerate() {
         let file = dir.file(&format!("bad{i}.conf"), text);
         let file_s = file.to_str().unwrap();
         let args = [
@@ -56,30 +131,7 @@ async fn refuses_each(binary: &str, tag: &str, cases: &[(&str, &str, u32)], one_
 
 #[tokio::test]
 async fn manager_refuses_bad_config_files_naming_file_line_and_key() {
-    let cases = [
-        ("[drover-manager]\nControllerPort=0\n", "ControllerPort", 2),
-        (
-            "[drover-manager]\nControllerPort=eight\n",
-            "ControllerPort",
-            2,
-        ),
-        (
-            "[drover-manager]\nAllowedNodeNames=ok,bad_name\n",
-            "AllowedNodeNames",
-            2,
-        ),
-        (
-            "[drover-manager]\nNodeHeartbeatThresold=5\n",
-            "NodeHeartbeatThresold",
-            2,
-        ),
-        ("[drover-manager]\n\nUseTCP=maybe\n", "UseTCP", 3),
-        ("[drover-manager]\nLogLevel=loud\n", "LogLevel", 2),
-        ("ControllerPort=842\n", "", 1),
-        ("[node a_b]\nAllowed=true\n", "", 1),
-        ("[drover-manager\n", "", 1),
-    ];
-    refuses_each("drover-manager", "manager", &cases, true).await;
+    refuses_bad_configs("drover-manager", true).await;
     // A -c file that does not exist is an error too, not an empty config.
     let out = refused(
         "drover-manager",
@@ -96,26 +148,7 @@ async fn manager_refuses_bad_config_files_naming_file_line_and_key() {
 
 #[tokio::test]
 async fn agent_refuses_bad_config_files_naming_file_line_and_key() {
-    let cases = [
-        ("[drover-agent]\nNodeName=has space\n", "NodeName", 2),
-        (
-            "[drover-agent]\nControllerAddress=unix:path=/x\n",
-            "ControllerAddress",
-            2,
-        ),
-        (
-            "[drover-agent]\nHeartbeatInterval=-1\n",
-            "HeartbeatInterval",
-            2,
-        ),
-        (
-            "[drover-agent]\nControllerPort=70000\n",
-            "ControllerPort",
-            2,
-        ),
-        ("[bluechi-agent]\nNodeName=x\n", "drover-agent", 1),
-    ];
-    refuses_each("drover-agent", "agent", &cases, false).await;
+    refuses_bad_configs("drover-agent", false).await;
 }
 
 #[tokio::test]

@@ -4,6 +4,7 @@
 //! restart.
 
 use drover_protocol::ModTag;
+use drover_testkit::monitor::Change;
 use drover_testkit::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -682,28 +683,11 @@ async fn follow_gives_a_snapshot_then_a_stream_without_gap_or_duplicate_across_a
     let mut held = snapshot.clone();
     let mut last_index: BTreeMap<(String, u64), u64> = BTreeMap::new();
     let mut seen_tags = BTreeSet::new();
-    let changes: Vec<_> = m
+    let changes: Vec<&Change> = m
         .seen
         .iter()
         .filter_map(|e| match e {
-            Ev::Changed {
-                node,
-                unit,
-                kind,
-                active,
-                sub,
-                reason,
-                guid,
-                index,
-            } => Some((
-                node,
-                unit,
-                kind,
-                active,
-                sub,
-                reason,
-                ModTag::new(*guid, *index),
-            )),
+            Ev::Changed(change) => Some(change),
             _ => None,
         })
         .collect();
@@ -728,7 +712,16 @@ async fn follow_gives_a_snapshot_then_a_stream_without_gap_or_duplicate_across_a
         "BlueChi signals after Follow(): {after:?}"
     );
     let mut guids = BTreeSet::new();
-    for (node, unit, kind, active, sub, _reason, tag) in &changes {
+    for Change {
+        node,
+        unit,
+        kind,
+        active,
+        sub,
+        tag,
+        ..
+    } in changes
+    {
         assert_eq!(node.as_str(), "node1");
         assert!(
             units.contains(&unit.as_str()),

@@ -12,6 +12,7 @@
 
 use drover_sandbox::ClusterOptions;
 use drover_testkit::prelude::*;
+use drover_testkit::wait::poll;
 use nix::sys::signal::Signal;
 use std::time::{Duration, Instant};
 
@@ -127,17 +128,12 @@ fn row(
 }
 
 async fn wait_live(c: &TestCluster, want: Vec<(String, String, String, String, u64)>) {
-    let deadline = tokio::time::Instant::now() + T;
-    loop {
-        let seen = live(c).await;
-        if seen == want {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "droverctl proxies: want {want:?}, still {seen:?} after {T:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let what = format!("droverctl proxies to show {want:?}");
+    let res = poll(T, Duration::from_millis(100), &what, || async {
+        live(c).await == want
+    });
+    if let Err(e) = res.await {
+        panic!("{e:#}: still {:?}", live(c).await);
     }
 }
 

@@ -12,17 +12,26 @@ fn workspace() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// Runs `tests/python/SCRIPT` with BlueChi's bindings against the cluster's bus (within
-/// `limit`), and checks it passed.
-async fn python_check(c: &TestCluster, script: &str, limit: Duration) {
+/// Installs `units` on node1 of a two-node cluster, then runs `tests/python/SCRIPT`
+/// with BlueChi's bindings against the cluster's bus and checks that it passed.
+async fn python_check(units: &[(&str, &str)], script: &str) {
     let pylib = workspace().join("target/pylib");
+    assert!(
+        pylib.join("bluechi/api.py").exists(),
+        "BlueChi's Python bindings are missing from {}: run `make pydeps`",
+        pylib.display()
+    );
+    let c = TestCluster::start(2).await;
+    for (name, text) in units {
+        c.install("node1", name, text).await;
+    }
     let run = tokio::process::Command::new("/usr/bin/python3")
         .arg(workspace().join("tests/python").join(script))
         .arg(c.bus_address())
         .env("PYTHONPATH", &pylib)
         .kill_on_drop(true)
         .output();
-    let out = tokio::time::timeout(limit, run)
+    let out = tokio::time::timeout(Duration::from_secs(120), run)
         .await
         .expect("the python check finishes")
         .expect("python3 runs");
@@ -30,26 +39,16 @@ async fn python_check(c: &TestCluster, script: &str, limit: Duration) {
     let se = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{script} failed:\n{so}\n{se}");
     assert!(so.contains("all checks passed"), "{so}");
-}
-
-/// A cluster of two nodes, once the bindings are known to be there.
-async fn cluster_with_bindings() -> TestCluster {
-    let pylib = workspace().join("target/pylib");
-    assert!(
-        pylib.join("bluechi/api.py").exists(),
-        "BlueChi's Python bindings are missing from {}: run `make pydeps`",
-        pylib.display()
-    );
-    TestCluster::start(2).await
+    c.down().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bluechi_python_bindings_drive_drover() {
-    let c = cluster_with_bindings().await;
-    c.install("node1", "compat-ok.service", ONESHOT_OK).await;
-    c.install("node1", "compat-slow.service", SLOW_START).await;
-    python_check(&c, "bluechi_compat.py", Duration::from_secs(120)).await;
-    c.down().await;
+    let units = [
+        ("compat-ok.service", ONESHOT_OK),
+        ("compat-slow.service", SLOW_START),
+    ];
+    python_check(&units, "bluechi_compat.py").await;
 }
 
 /// BlueChi's `Monitor` (create_monitor, subscribe, on_unit_state_changed on a
@@ -57,9 +56,6 @@ async fn bluechi_python_bindings_drive_drover() {
 /// `bluechi.ext.Unit`, kill, reset-failed, log levels) against the sandbox.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bluechi_python_monitor_and_node_api_drive_drover() {
-    let c = cluster_with_bindings().await;
-    c.install("node1", "pyweb.service", SLEEPER).await;
-    c.install("node1", "pyinst.service", INSTALLABLE).await;
-    python_check(&c, "bluechi_monitor_node.py", Duration::from_secs(120)).await;
-    c.down().await;
+    let units = [("pyweb.service", SLEEPER), ("pyinst.service", INSTALLABLE)];
+    python_check(&units, "bluechi_monitor_node.py").await;
 }

@@ -9,6 +9,7 @@
 pub use drover_testkit::agent::{node_name, unit_name};
 pub use drover_testkit::manager::{FakeManager, ManagerSession};
 pub use drover_testkit::node::SystemdNode;
+use drover_testkit::wait::poll;
 
 use drover_agent::agent::AgentError;
 use drover_agent::deps::unit_status;
@@ -38,17 +39,13 @@ pub async fn active_state(systemd: &ZbusSystemd, unit: &str) -> String {
 
 /// Waits up to `timeout` until `unit` is `want` (looked at every 20 ms).
 pub async fn wait_state(systemd: &ZbusSystemd, unit: &str, want: &str, timeout: Duration) {
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        let got = active_state(systemd, unit).await;
-        if got == want {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{unit} is {got}, expected {want}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    let every = Duration::from_millis(20);
+    let what = format!("{unit} to be {want}");
+    let res = poll(timeout, every, &what, || async {
+        active_state(systemd, unit).await == want
+    });
+    if let Err(e) = res.await {
+        panic!("{e:#}: it is {}", active_state(systemd, unit).await);
     }
 }
 

@@ -12,13 +12,15 @@ pub use drover_testkit::agent::{
 pub use drover_testkit::api::{
     Api, BUS_NAME, CONTROLLER_IFACE, CONTROLLER_PATH as CONTROLLER, DROVER_CONTROLLER_IFACE,
     DROVER_MONITOR_IFACE, INTROSPECTABLE_IFACE, Inbox, JOB_IFACE, METRICS_IFACE, METRICS_PATH,
-    MONITOR_IFACE, NODE_IFACE, PROPERTIES_IFACE, UnitRow, error_of, next_signal, wait_changed,
+    MONITOR_IFACE, NODE_IFACE, PROPERTIES_IFACE, UnitRow, error_name, error_of, next_signal,
+    wait_changed,
 };
 pub use drover_testkit::wait::WAIT;
 
 use drover_config::ManagerConfig;
 use drover_manager::{Manager, Timeouts, listener};
 use drover_sandbox::PrivateBus;
+use drover_testkit::process::{TempDir, free_port};
 use std::net::SocketAddr;
 use std::ops::Deref;
 use std::time::Duration;
@@ -45,6 +47,38 @@ pub fn fast_timeouts() -> Timeouts {
         request: Duration::from_secs(2),
         handshake: Duration::from_millis(300),
         fanout: Duration::from_secs(1),
+    }
+}
+
+/// What a test of the `drover-manager` binary needs around it: a private bus, a free
+/// port, and a temp dir holding its config file `manager.conf` (and its log), all gone
+/// on drop.
+pub struct BinarySetup {
+    pub bus: PrivateBus,
+    pub port: u16,
+    pub tmp: TempDir,
+    pub conf: std::path::PathBuf,
+}
+
+impl BinarySetup {
+    pub fn new(conf: &str) -> BinarySetup {
+        let tmp = TempDir::new("drover-manager-bin");
+        BinarySetup {
+            bus: test_bus(),
+            port: free_port(),
+            conf: tmp.file("manager.conf", conf),
+            tmp,
+        }
+    }
+
+    /// A fresh `manager.log` in the temp dir, for the manager's stderr.
+    pub fn log(&self) -> std::fs::File {
+        std::fs::File::create(self.tmp.join("manager.log")).expect("log file")
+    }
+
+    /// What the manager logged so far.
+    pub fn logged(&self) -> String {
+        self.tmp.read("manager.log")
     }
 }
 
