@@ -383,6 +383,8 @@ async fn introspection_describes_exactly_what_is_served() {
         "XML",
         &[
             r#"<interface name="org.eclipse.bluechi.Agent">"#,
+            r#"value="const""#,
+            r#"value="false""#,
             r#"<method name="CreateProxy">"#,
             r#"<arg name="local_service_name" type="s" direction="in"/>"#,
             r#"<arg name="node" type="s" direction="in"/>"#,
@@ -396,8 +398,6 @@ async fn introspection_describes_exactly_what_is_served() {
             r#"<property name="DisconnectTimestampMonotonic" type="t" access="read">"#,
             r#"<property name="LastSeenTimestamp" type="t" access="read">"#,
             r#"<property name="LastSeenTimestampMonotonic" type="t" access="read">"#,
-            r#"value="const""#,
-            r#"value="false""#,
         ],
     );
     for absent in ["SwitchController", "JobCancel", "header", "connection"] {

@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use drover_protocol::{Event, ModTag, Reason, Request, ToManager, UnitName};
+use drover_protocol::{Reason, Request, UnitName};
 use drover_testkit::agent::unit_state as state_event;
 use drover_testkit::api::assert_mentions;
 use std::time::Duration;
@@ -47,11 +47,20 @@ where
     msg.body().deserialize().expect("string arguments")
 }
 
+/// node1 served by a fake agent, and a monitor owned by a client of its own: (the
+/// fixture, the agent, the owner, the monitor's path).
+async fn monitored() -> (Fixture, FakeAgent, Api, OwnedObjectPath) {
+    let f = Fixture::start(config(&["node1"])).await;
+    let agent = f.agent("node1", reply_empty()).await;
+    let owner = f.client().await;
+    let path = create_monitor(&owner).await;
+    (f, agent, owner, path)
+}
+
 #[tokio::test]
 async fn subscribe_forwards_events_unicast_to_the_owner_only() {
     let f = Fixture::start(config(&["node1", "node2"])).await;
     let agent = f.agent("node1", reply_empty()).await;
-    let guid = agent.accepted.session_id;
     let owner = f.client().await;
     let other = f.client().await;
     let mut owner_in = owner.inbox();
@@ -81,20 +90,10 @@ async fn subscribe_forwards_events_unicast_to_the_owner_only() {
         })
         .await;
 
-    agent
-        .send(ToManager::Event(Event::UnitNew {
-            tag: ModTag::new(guid, 1),
-            unit: unit("a.service"),
-            reason: Reason::Real,
-        }))
-        .await;
-    agent
-        .send(state_event(guid, 2, "a.service", "active", "running"))
-        .await;
+    agent.unit_new(1, "a.service", Reason::Real).await;
+    agent.unit_state(2, "a.service", "active", "running").await;
     // Not subscribed: never forwarded.
-    agent
-        .send(state_event(guid, 3, "b.service", "active", "running"))
-        .await;
+    agent.unit_state(3, "b.service", "active", "running").await;
 
     let (member, msg) = owner_in.next(MON_IFACE).await;
     assert_eq!(member, "UnitNew");
@@ -160,10 +159,7 @@ async fn subscribe_forwards_events_unicast_to_the_owner_only() {
 
 #[tokio::test]
 async fn bad_arguments_get_the_documented_errors_and_change_nothing() {
-    let f = Fixture::start(config(&["node1"])).await;
-    let agent = f.agent("node1", reply_empty()).await;
-    let owner = f.client().await;
-    let path = create_monitor(&owner).await;
+    let (f, agent, owner, path) = monitored().await;
     let p = path.as_str();
 
     let err = mcall::<_, ()>(&owner, p, "Unsubscribe", &(77u32,))
@@ -228,15 +224,11 @@ async fn bad_arguments_get_the_documented_errors_and_change_nothing() {
 
 #[tokio::test]
 async fn peers_receive_events_and_peer_removed() {
-    let f = Fixture::start(config(&["node1"])).await;
-    let agent = f.agent("node1", reply_empty()).await;
-    let guid = agent.accepted.session_id;
-    let owner = f.client().await;
+    let (f, agent, owner, path) = monitored().await;
     let listener = f.client().await;
     let bystander = f.client().await;
     let mut listener_in = listener.inbox();
     let mut bystander_in = bystander.inbox();
-    let path = create_monitor(&owner).await;
     let p = path.as_str();
     let lname = listener.unique_name();
     let peer: u32 = mcall(&owner, p, "AddPeer", &(lname.as_str(),))
@@ -257,9 +249,7 @@ async fn peers_receive_events_and_peer_removed() {
     agent
         .wait_for_request(&Request::Subscribe { unit: None })
         .await;
-    agent
-        .send(state_event(guid, 1, "x.service", "failed", "failed"))
-        .await;
+    agent.unit_state(1, "x.service", "failed", "failed").await;
     let (member, msg) = listener_in.next(MON_IFACE).await;
     assert_eq!(member, "UnitStateChanged");
     assert_eq!(strings::<5>(&msg)[1], "x.service");
@@ -271,9 +261,7 @@ async fn peers_receive_events_and_peer_removed() {
     let (member, msg) = listener_in.next(MON_IFACE).await;
     assert_eq!(member, "PeerRemoved");
     assert_eq!(strings::<1>(&msg), ["bye".to_owned()]);
-    agent
-        .send(state_event(guid, 2, "x.service", "active", "running"))
-        .await;
+    agent.unit_state(2, "x.service", "active", "running").await;
     assert!(
         listener_in.quiet(MON_IFACE, 300).await,
         "removed peers get nothing"
@@ -301,10 +289,7 @@ async fn peers_receive_events_and_peer_removed() {
 
 #[tokio::test]
 async fn monitor_closes_when_its_owner_leaves_the_bus() {
-    let f = Fixture::start(config(&["node1"])).await;
-    let agent = f.agent("node1", reply_empty()).await;
-    let owner = f.client().await;
-    let path = create_monitor(&owner).await;
+    let (f, agent, owner, path) = monitored().await;
     let _: u32 = mcall(&owner, path.as_str(), "Subscribe", &("node1", "a.service"))
         .await
         .unwrap();
@@ -333,12 +318,8 @@ async fn monitor_closes_when_its_owner_leaves_the_bus() {
 
 #[tokio::test]
 async fn node_disconnect_sends_virtual_events_and_reconnect_replays() {
-    let f = Fixture::start(config(&["node1"])).await;
-    let agent = f.agent("node1", reply_empty()).await;
-    let guid = agent.accepted.session_id;
-    let owner = f.client().await;
+    let (f, agent, owner, path) = monitored().await;
     let mut inbox_ = owner.inbox();
-    let path = create_monitor(&owner).await;
     let p = path.as_str();
     let _: u32 = mcall(
         &owner,
@@ -349,9 +330,7 @@ async fn node_disconnect_sends_virtual_events_and_reconnect_replays() {
     .await
     .unwrap();
     assert_eq!(inbox_.next(MON_IFACE).await.0, "UnitNew"); // "*"
-    agent
-        .send(state_event(guid, 1, "a.service", "active", "running"))
-        .await;
+    agent.unit_state(1, "a.service", "active", "running").await;
     let (member, msg) = inbox_.next(MON_IFACE).await;
     assert_eq!(member, "UnitStateChanged");
     assert_eq!(
@@ -439,12 +418,9 @@ async fn next_tagged(stream: &mut Inbox, pending: &mut Vec<Changed>, n: usize) -
 
 #[tokio::test]
 async fn follow_returns_a_snapshot_then_tagged_events_across_reconnects() {
-    let f = Fixture::start(config(&["node1"])).await;
-    let agent = f.agent("node1", reply_empty()).await;
+    let (f, agent, owner, path) = monitored().await;
     let g1 = agent.accepted.session_id;
-    let owner = f.client().await;
     let mut inbox_ = owner.inbox();
-    let path = create_monitor(&owner).await;
     let p = path.as_str();
     let _: u32 = mcall(&owner, p, "Subscribe", &("node1", "*"))
         .await
@@ -452,12 +428,8 @@ async fn follow_returns_a_snapshot_then_tagged_events_across_reconnects() {
     agent
         .wait_for_request(&Request::Subscribe { unit: None })
         .await;
-    agent
-        .send(state_event(g1, 1, "a.service", "active", "running"))
-        .await;
-    agent
-        .send(state_event(g1, 2, "b.service", "failed", "failed"))
-        .await;
+    agent.unit_state(1, "a.service", "active", "running").await;
+    agent.unit_state(2, "b.service", "failed", "failed").await;
     // Wait until both went through.
     let mut seen = 0;
     while seen < 2 {
@@ -488,7 +460,7 @@ async fn follow_returns_a_snapshot_then_tagged_events_across_reconnects() {
         ]
     );
     agent
-        .send(state_event(g1, 3, "a.service", "deactivating", "stop"))
+        .unit_state(3, "a.service", "deactivating", "stop")
         .await;
     let mut pending = Vec::new();
     let c = next_tagged(&mut inbox_, &mut pending, 1).await.remove(0);
@@ -540,13 +512,7 @@ async fn follow_returns_a_snapshot_then_tagged_events_across_reconnects() {
     agent2
         .wait_for_request(&Request::Subscribe { unit: None })
         .await;
-    agent2
-        .send(ToManager::Event(Event::UnitNew {
-            tag: ModTag::new(g2, 1),
-            unit: unit("a.service"),
-            reason: Reason::Virtual,
-        }))
-        .await;
+    agent2.unit_new(1, "a.service", Reason::Virtual).await;
     // A stale event from the old guid on the new session is dropped.
     agent2
         .send(state_event(g1, 99, "a.service", "active", "running"))
@@ -574,16 +540,13 @@ async fn follow_returns_a_snapshot_then_tagged_events_across_reconnects() {
 
 #[tokio::test]
 async fn a_followed_monitor_sends_every_event_in_batches_to_its_owner_and_peers_only() {
-    let f = Fixture::start(config(&["node1"])).await;
-    let agent = f.agent("node1", reply_empty()).await;
+    let (f, agent, owner, path) = monitored().await;
     let g = agent.accepted.session_id;
-    let owner = f.client().await;
     let peer = f.client().await;
     let bystander = f.client().await;
     let mut owner_in = owner.inbox();
     let mut peer_in = peer.inbox();
     let mut bystander_in = bystander.inbox();
-    let path = create_monitor(&owner).await;
     let p = path.as_str();
     let pname = peer.unique_name();
     let _: u32 = mcall(&owner, p, "AddPeer", &(pname.as_str(),))
@@ -606,7 +569,7 @@ async fn a_followed_monitor_sends_every_event_in_batches_to_its_owner_and_peers_
         } else {
             ("activating", "start")
         };
-        agent.send(state_event(g, i, "x.service", a, s)).await;
+        agent.unit_state(i, "x.service", a, s).await;
     }
     for (who, stream) in [("owner", &mut owner_in), ("peer", &mut peer_in)] {
         let mut pending = Vec::new();
@@ -636,9 +599,8 @@ async fn introspection_describes_monitor_members() {
     let f = Fixture::start(config(&["node1"])).await;
     let owner = f.client().await;
     let path = create_monitor(&owner).await;
-    let xml = f.introspect(path.as_str()).await;
     assert_mentions(
-        &xml,
+        &f.introspect(path.as_str()).await,
         "monitor XML",
         &[
             r#"<interface name="org.eclipse.bluechi.Monitor">"#,

@@ -283,6 +283,19 @@ impl FakeAgent {
         self.send(ToManager::Event(e)).await;
     }
 
+    /// A real `UnitStateChanged` of `unit`, tagged `(this session, index)`.
+    pub async fn unit_state(&self, index: u64, unit: &str, active: &str, sub: &str) {
+        let guid = self.session_id();
+        self.send(unit_state(guid, index, unit, active, sub)).await;
+    }
+
+    /// A `UnitNew` of `unit`, tagged `(this session, index)`.
+    pub async fn unit_new(&self, index: u64, unit: &str, reason: Reason) {
+        let tag = ModTag::new(self.session_id(), index);
+        let unit = unit_name(unit);
+        self.event(Event::UnitNew { tag, unit, reason }).await;
+    }
+
     /// Writes `bytes` straight onto the socket (to break the framing on purpose).
     pub async fn send_raw(&self, bytes: Vec<u8>) {
         self.inject

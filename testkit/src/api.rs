@@ -85,14 +85,15 @@ impl Api {
         self.proxy(CONTROLLER_PATH, CONTROLLER_IFACE).await
     }
 
+    /// `Controller.GetNode(name)`.
+    pub async fn get_node(&self, name: &str) -> zbus::Result<OwnedObjectPath> {
+        self.controller().await.call("GetNode", &(name,)).await
+    }
+
     /// The `Node` object of `name`, found with `Controller.GetNode`.
     pub async fn node(&self, name: &str) -> zbus::Proxy<'static> {
-        let path: OwnedObjectPath = self
-            .controller()
-            .await
-            .call("GetNode", &(name,))
-            .await
-            .unwrap_or_else(|e| panic!("GetNode({name}): {e}"));
+        let path = self.get_node(name).await;
+        let path = path.unwrap_or_else(|e| panic!("GetNode({name}): {e}"));
         self.proxy(path.as_str(), NODE_IFACE).await
     }
 
@@ -309,6 +310,31 @@ impl JobWatch {
         })
         .await
         .with_context(|| format!("no JobRemoved for {path} within {timeout:?}"))?
+    }
+
+    /// The job at `path` is announced (`JobNew`), then removed for `unit` on `node` with
+    /// `result`, and no second `JobRemoved` follows within `quiet`; returns its id.
+    pub async fn ends_once(
+        &mut self,
+        path: &str,
+        (node, unit, result): (&str, &str, &str),
+        timeout: Duration,
+        quiet: Duration,
+    ) -> u32 {
+        let id = self.job_new(path, timeout).await.unwrap();
+        let removed = self.removed(path, timeout).await.unwrap();
+        let path = path.to_owned();
+        let (node, unit, result) = (node.into(), unit.into(), result.into());
+        let want = JobRemoved {
+            id,
+            path: path.clone(),
+            node,
+            unit,
+            result,
+        };
+        assert_eq!(removed, want);
+        self.no_more_removed(&path, quiet).await.unwrap();
+        id
     }
 
     /// No further `JobRemoved` for `path` within `quiet` (every job ends exactly once).

@@ -25,6 +25,16 @@ impl TestCluster {
         Self::with(ClusterOptions::with_nodes(nodes)).await
     }
 
+    /// Nodes `node1..nodeN` (sandbox defaults) with `units` installed: (node, unit name,
+    /// unit file text).
+    pub async fn with_units(nodes: usize, units: &[(&str, &str, &str)]) -> TestCluster {
+        let c = Self::start(nodes).await;
+        for (node, name, text) in units {
+            c.install(node, name, text).await;
+        }
+        c
+    }
+
     pub async fn with(opts: ClusterOptions) -> TestCluster {
         TestCluster(
             Cluster::start(opts)

@@ -101,12 +101,7 @@ async fn bad_dbus_arguments_get_errors_and_change_nothing() {
         err.to_string().contains("InvalidArgs") || err.to_string().contains("signature"),
         "{err}"
     );
-    let err = api
-        .controller()
-        .await
-        .call::<_, _, zbus::OwnedObjectPath>("GetNode", &("no_such node",))
-        .await
-        .unwrap_err();
+    let err = api.get_node("no_such node").await.unwrap_err();
     assert!(err.to_string().contains("ServiceUnknown"), "{err}");
 
     // No job was created by any of that, and the node is fine.

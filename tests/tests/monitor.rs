@@ -20,8 +20,7 @@ fn is_state(ev: &Ev, node: &str, unit: &str, active: &str, reason: &str) -> bool
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn droverctl_monitor_sees_a_service_restart_and_ctrl_c_ends_it() {
-    let c = TestCluster::start(2).await;
-    c.install("node1", "web.service", SLEEPER).await;
+    let c = TestCluster::with_units(2, &[("node1", "web.service", SLEEPER)]).await;
     c.systemctl_ok("node1", &["start", "web.service"]).await;
 
     let mut mon = c.follow(&["monitor", "node1", "web"]);
@@ -93,8 +92,7 @@ async fn droverctl_monitor_sees_a_service_restart_and_ctrl_c_ends_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn droverctl_monitor_shows_units_created_and_removed() {
-    let c = TestCluster::start(1).await;
-    c.install("node1", "created.service", ONESHOT_OK).await;
+    let c = TestCluster::with_units(1, &[("node1", "created.service", ONESHOT_OK)]).await;
     let mut all = c.follow(&["monitor", "node1"]);
     all.expect_line("subscribed", T, |l| {
         l == "Subscribing to node 'node1' and unit '*'"
@@ -169,8 +167,7 @@ fn node_rows(lines: &[String]) -> Vec<(String, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_watch_reprints_nodes_and_units_on_changes() {
-    let mut c = TestCluster::start(2).await;
-    c.install("node1", "web.service", SLEEPER).await;
+    let mut c = TestCluster::with_units(2, &[("node1", "web.service", SLEEPER)]).await;
 
     let mut nodes = c.follow(&["status", "-w"]);
     nodes
@@ -236,8 +233,7 @@ async fn status_watch_reprints_nodes_and_units_on_changes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn monitor_open_close_and_unsubscribe() {
-    let c = TestCluster::start(1).await;
-    c.install("node1", "web.service", SLEEPER).await;
+    let c = TestCluster::with_units(1, &[("node1", "web.service", SLEEPER)]).await;
     let mut m = c.monitor().await;
     assert!(
         m.path.starts_with("/org/eclipse/bluechi/monitor/"),
@@ -452,8 +448,7 @@ async fn monitor_wildcard_unit_sees_every_unit_of_its_node() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn monitor_wildcard_node_sees_virtual_events_on_disconnect_and_reconnect() {
-    let mut c = TestCluster::start(2).await;
-    c.install("node1", "web.service", SLEEPER).await;
+    let mut c = TestCluster::with_units(2, &[("node1", "web.service", SLEEPER)]).await;
     c.systemctl_ok("node1", &["start", "web.service"]).await;
     let mut m = c.monitor().await;
     m.subscribe("*", "*").await.unwrap();
@@ -507,8 +502,7 @@ async fn monitor_wildcard_node_sees_virtual_events_on_disconnect_and_reconnect()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn monitor_peers_receive_exactly_while_added() {
-    let c = TestCluster::start(1).await;
-    c.install("node1", "web.service", SLEEPER).await;
+    let c = TestCluster::with_units(1, &[("node1", "web.service", SLEEPER)]).await;
     let mut owner = c.monitor().await;
     owner.subscribe("node1", "web.service").await.unwrap();
     let owner_name = owner.conn.unique_name().unwrap().to_string();

@@ -36,9 +36,14 @@ fn parse_unit_files(out: &str) -> BTreeSet<(String, String, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enable_disable_is_enabled_and_unit_files_match_systemd() {
-    let c = TestCluster::start(2).await;
-    c.install("node1", "svc-a.service", INSTALLABLE).await;
-    c.install("node1", "svc-static.service", STATIC).await;
+    let c = TestCluster::with_units(
+        2,
+        &[
+            ("node1", "svc-a.service", INSTALLABLE),
+            ("node1", "svc-static.service", STATIC),
+        ],
+    )
+    .await;
 
     // Disabled at first: printed, exit 1, nothing on stderr (like systemctl).
     let (code, out, err) = c.run(&["is-enabled", "node1", "svc-a"]).await.parts();
@@ -382,8 +387,7 @@ async fn default_target_get_and_set() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unit_properties_get_and_set_over_dbus() {
-    let c = TestCluster::start(1).await;
-    c.install("node1", "web.service", SLEEPER).await;
+    let c = TestCluster::with_units(1, &[("node1", "web.service", SLEEPER)]).await;
     c.ctl_ok(&["start", "node1", "web"]).await;
     let api = c.api().await;
     let n1 = api.node("node1").await;
@@ -513,21 +517,9 @@ async fn start_transient_unit_is_a_tracked_job() {
         path.starts_with("/org/eclipse/bluechi/job/"),
         "a drover job, not systemd's: {path}"
     );
-    let id = jobs.job_new(&path, T).await.unwrap();
-    let removed = jobs.removed(&path, T).await.unwrap();
-    assert_eq!(
-        removed,
-        JobRemoved {
-            id,
-            path: path.clone(),
-            node: "node1".into(),
-            unit: "transient-x.service".into(),
-            result: "done".into(),
-        }
-    );
-    jobs.no_more_removed(&path, Duration::from_millis(300))
-        .await
-        .unwrap();
+    let transient = ("node1", "transient-x.service", "done");
+    let quiet = Duration::from_millis(300);
+    jobs.ends_once(&path, transient, T, quiet).await;
     assert_eq!(c.state("node1", "transient-x.service").await, "active");
     assert_eq!(
         c.prop("node1", "transient-x.service", "Description").await,
@@ -550,9 +542,14 @@ async fn start_transient_unit_is_a_tracked_job() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_of_units_and_missing_ones() {
-    let c = TestCluster::start(2).await;
-    c.install("node1", "web.service", INSTALLABLE).await;
-    c.install("node1", "db.service", SLEEPER).await;
+    let c = TestCluster::with_units(
+        2,
+        &[
+            ("node1", "web.service", INSTALLABLE),
+            ("node1", "db.service", SLEEPER),
+        ],
+    )
+    .await;
     c.ctl_ok(&["enable", "node1", "web"]).await;
     c.ctl_ok(&["start", "node1", "web"]).await;
 
@@ -680,8 +677,7 @@ async fn log_levels_are_checked_and_applied() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_enable_listen_disable() {
-    let c = TestCluster::start(1).await;
-    c.install("node1", "quick.service", ONESHOT_OK).await;
+    let c = TestCluster::with_units(1, &[("node1", "quick.service", ONESHOT_OK)]).await;
     let out = c.ctl_ok(&["metrics", "enable"]).await;
     assert_eq!(out, "Done\n");
     let (code, _, err) = c.run(&["metrics", "enable"]).await.parts();
@@ -729,8 +725,7 @@ async fn metrics_enable_listen_disable() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_nodes_and_bad_names_change_nothing() {
-    let c = TestCluster::start(1).await;
-    c.install("node1", "web.service", SLEEPER).await;
+    let c = TestCluster::with_units(1, &[("node1", "web.service", SLEEPER)]).await;
     c.ctl_ok(&["start", "node1", "web"]).await;
     for args in [
         &["freeze", "nodeX", "web"][..],
@@ -790,9 +785,7 @@ async fn unknown_nodes_and_bad_names_change_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn droverctl_proxies_lists_cross_node_dependencies() {
-    let c = TestCluster::start(3).await;
-    c.install("node2", "db.service", SLEEPER).await;
-    c.install("node1", "need-db.service", "[Unit]\nWants=drover-proxy@node2_db.service\nAfter=drover-proxy@node2_db.service\n[Service]\nExecStart=/bin/sleep 600\n").await;
+    let c = TestCluster::with_units(3, &[("node2", "db.service", SLEEPER), ("node1", "need-db.service", "[Unit]\nWants=drover-proxy@node2_db.service\nAfter=drover-proxy@node2_db.service\n[Service]\nExecStart=/bin/sleep 600\n")]).await;
     let empty = c.ctl_ok(&["proxies"]).await;
     assert_eq!(
         empty.lines().count(),

@@ -71,12 +71,7 @@ async fn unknown_node_name_is_refused_and_never_appears() {
     let nodes = api.list_nodes().await;
     assert!(nodes.iter().all(|(n, _, _)| n != "intruder"), "{nodes:?}");
     assert_eq!(nodes.len(), 2);
-    let err = api
-        .controller()
-        .await
-        .call::<_, _, zbus::OwnedObjectPath>("GetNode", &("intruder",))
-        .await
-        .unwrap_err();
+    let err = api.get_node("intruder").await.unwrap_err();
     assert!(err.to_string().contains("ServiceUnknown"), "{err}");
     let out = c.run(&["status", "intruder"]).await;
     assert_eq!(out.code, 1);

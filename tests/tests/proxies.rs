@@ -161,8 +161,7 @@ async fn chain_up(c: &TestCluster, kind: &str, db: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dep_template_starts_its_target_and_goes_down_with_it() {
-    let c = TestCluster::start(1).await;
-    c.install("node1", DB, SLEEPER).await;
+    let c = TestCluster::with_units(1, &[("node1", DB, SLEEPER)]).await;
     start_ok(&c, "node1", DEP).await;
     assert_eq!(c.state("node1", DB).await, "active");
     assert_eq!(c.state("node1", DEP).await, "active");
@@ -241,10 +240,14 @@ async fn proxy_denied_by_default() {
 /// proxy-service-fails-on-execstart
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_fails_when_the_target_fails_to_start() {
-    let c = TestCluster::start(2).await;
-    c.install("node2", DB, FAILING).await;
-    c.install("node1", NEED_DB, &requester("Requires", PROXY))
-        .await;
+    let c = TestCluster::with_units(
+        2,
+        &[
+            ("node2", DB, FAILING),
+            ("node1", NEED_DB, &requester("Requires", PROXY)),
+        ],
+    )
+    .await;
     let out = c.systemctl("node1", &["start", NEED_DB]).await;
     assert!(!out.success(), "need-db must not start: {out:?}");
     wait_state(&c, "node1", PROXY, "failed").await;
@@ -407,8 +410,7 @@ async fn stopping_the_dep_unit_leaves_both_services_running() {
 /// proxy-service-multiple-services-one-node
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_services_on_one_node_share_one_proxy() {
-    let c = TestCluster::start(2).await;
-    c.install("node2", DB, SLEEPER).await;
+    let c = TestCluster::with_units(2, &[("node2", DB, SLEEPER)]).await;
     for unit in ["need-db-a.service", "need-db-b.service"] {
         c.install("node1", unit, &requester("Wants", PROXY)).await;
         start_ok(&c, "node1", unit).await;
@@ -430,8 +432,7 @@ async fn two_services_on_one_node_share_one_proxy() {
 /// proxy-service-multiple-nodes
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_nodes_on_one_target_hold_it_together() {
-    let c = TestCluster::start(3).await;
-    c.install("node2", DB, SLEEPER).await;
+    let c = TestCluster::with_units(3, &[("node2", DB, SLEEPER)]).await;
     for node in ["node1", "node3"] {
         c.install(node, NEED_DB, &requester("Wants", PROXY)).await;
         start_ok(&c, node, NEED_DB).await;
@@ -489,8 +490,7 @@ async fn back_to_back_rounds_never_fail_on_news_of_the_previous_round() {
 /// but not a start: nothing may start on the target node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_other_than_start_on_an_idle_proxy_start_nothing_remote() {
-    let c = TestCluster::start(2).await;
-    c.install("node2", DB, SLEEPER).await;
+    let c = TestCluster::with_units(2, &[("node2", DB, SLEEPER)]).await;
     for verb in ["stop", "try-restart", "stop", "try-restart"] {
         let out = c.systemctl("node1", &[verb, PROXY]).await;
         assert!(out.success(), "{verb}: {}", out.stderr);
@@ -507,8 +507,7 @@ async fn jobs_other_than_start_on_an_idle_proxy_start_nothing_remote() {
 /// start job runs, and everything comes up in order after that.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_waiting_for_its_turn_does_not_start_the_target_early() {
-    let c = TestCluster::start(2).await;
-    c.install("node2", DB, SLEEPER).await;
+    let c = TestCluster::with_units(2, &[("node2", DB, SLEEPER)]).await;
     let gate = format!("[Unit]\nBefore={PROXY}\n[Service]\nType=oneshot\nExecStart=/bin/sleep 3\n");
     c.install("node1", "gate.service", &gate).await;
     let need = format!(
@@ -546,8 +545,7 @@ async fn a_proxy_waiting_for_its_turn_does_not_start_the_target_early() {
 /// ordered after the proxy goes first, so the target waits for it too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_start_waits_for_the_stop_of_a_unit_ordered_after_it() {
-    let c = TestCluster::start(2).await;
-    c.install("node2", DB, SLEEPER).await;
+    let c = TestCluster::with_units(2, &[("node2", DB, SLEEPER)]).await;
     let later = format!(
         "[Unit]\nAfter={PROXY}\n[Service]\nExecStart=/bin/sleep 600\nExecStop=/bin/sleep 2\n"
     );
@@ -630,8 +628,7 @@ async fn other_unit_types_are_targets_too() {
 /// `Upholds=` gets its proxy (and so the dependency) back by itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn target_restart_ends_the_proxy_and_upholds_brings_it_back() {
-    let c = TestCluster::start(2).await;
-    c.install("node2", DB, SLEEPER).await;
+    let c = TestCluster::with_units(2, &[("node2", DB, SLEEPER)]).await;
     let upholder =
         format!("[Unit]\nUpholds={PROXY}\nAfter={PROXY}\n[Service]\nExecStart=/bin/sleep 600\n");
     c.install("node1", NEED_DB, &upholder).await;

@@ -33,8 +33,7 @@ fn parse_table(out: &str) -> BTreeMap<(String, String), (String, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_units_of_a_node_equals_what_its_systemd_reports() {
-    let c = TestCluster::start(2).await;
-    c.install("node2", "web.service", SLEEPER).await;
+    let c = TestCluster::with_units(2, &[("node2", "web.service", SLEEPER)]).await;
     c.systemctl("node2", &["start", "web.service"]).await;
 
     let direct = systemd_units(&c, "node2").await;
@@ -86,8 +85,7 @@ async fn list_units_of_a_node_equals_what_its_systemd_reports() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn start_stop_restart_reload_end_with_done() {
-    let c = TestCluster::start(2).await;
-    c.install("node2", "web.service", SLEEPER).await;
+    let c = TestCluster::with_units(2, &[("node2", "web.service", SLEEPER)]).await;
 
     let out = c.ctl_ok(&["start", "node2", "web.service"]).await;
     assert!(
@@ -118,28 +116,15 @@ async fn start_stop_restart_reload_end_with_done() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_are_announced_then_removed_exactly_once_with_properties() {
-    let c = TestCluster::start(1).await;
-    c.install("node1", "quick.service", ONESHOT_OK).await;
+    let c = TestCluster::with_units(1, &[("node1", "quick.service", ONESHOT_OK)]).await;
     let api = c.api().await;
     let mut jobs = api.jobs().await;
     let n = api.node("node1").await;
     let path = job_call(&n, "StartUnit", "quick.service").await.unwrap();
-    let id = jobs.job_new(&path, JOB).await.unwrap();
+    let quick = ("node1", "quick.service", "done");
+    let quiet = Duration::from_millis(500);
+    let id = jobs.ends_once(&path, quick, JOB, quiet).await;
     assert_eq!(path, format!("/org/eclipse/bluechi/job/{id}"));
-    let removed = jobs.removed(&path, JOB).await.unwrap();
-    assert_eq!(
-        removed,
-        JobRemoved {
-            id,
-            path: path.clone(),
-            node: "node1".into(),
-            unit: "quick.service".into(),
-            result: "done".into(),
-        }
-    );
-    jobs.no_more_removed(&path, Duration::from_millis(500))
-        .await
-        .unwrap();
 
     // A pending job can be inspected and cancelled.
     c.install("node1", "slow.service", SLOW_START).await;
@@ -167,8 +152,7 @@ async fn jobs_are_announced_then_removed_exactly_once_with_properties() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failing_unit_gives_failed_and_a_missing_unit_a_clear_error() {
-    let c = TestCluster::start(1).await;
-    c.install("node1", "broken.service", FAILING).await;
+    let c = TestCluster::with_units(1, &[("node1", "broken.service", FAILING)]).await;
 
     let out = c.run(&["start", "node1", "broken.service"]).await;
     assert_eq!(out.code, 1, "a failed job is a failed command");
@@ -201,8 +185,7 @@ async fn failing_unit_gives_failed_and_a_missing_unit_a_clear_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn daemon_reload_picks_up_a_changed_unit() {
-    let c = TestCluster::start(1).await;
-    c.install("node1", "web.service", SLEEPER).await;
+    let c = TestCluster::with_units(1, &[("node1", "web.service", SLEEPER)]).await;
     let unit_file = c.dir().join("node1/config/systemd/user/web.service");
     assert!(unit_file.exists(), "units live at {}", unit_file.display());
     // Loaded (running) before the file changes, so systemd holds the old version.
