@@ -40,6 +40,21 @@ where
     api.call(path, iface, method, body).await
 }
 
+/// Subscribes the monitor at `p` (owned by `owner`) to `unit` on node1, and waits
+/// until `agent` is asked to follow it (`*`: every unit); returns the subscription id.
+async fn subscribed(owner: &Api, p: &str, agent: &FakeAgent, u: &str) -> u32 {
+    let id = mcall(owner, p, "Subscribe", &("node1", u)).await.unwrap();
+    let unit = (u != "*").then(|| unit(u));
+    agent.wait_for_request(&Request::Subscribe { unit }).await;
+    id
+}
+
+/// The monitor at `p` (owned by `owner`) adds client `peer`; returns the peer id.
+async fn add_peer(owner: &Api, p: &str, peer: &Api) -> u32 {
+    let name = peer.unique_name();
+    mcall(owner, p, "AddPeer", &(name.as_str(),)).await.unwrap()
+}
+
 fn strings<const N: usize>(msg: &Message) -> [String; N]
 where
     [String; N]: for<'d> serde::Deserialize<'d> + zbus::Type,
@@ -80,15 +95,8 @@ async fn subscribe_forwards_events_unicast_to_the_owner_only() {
 
     let path = create_monitor(&owner).await;
     assert_eq!(path.as_str(), "/org/eclipse/bluechi/monitor/1");
-    let id: u32 = mcall(&owner, path.as_str(), "Subscribe", &("node1", "a.service"))
-        .await
-        .unwrap();
+    let id = subscribed(&owner, path.as_str(), &agent, "a.service").await;
     assert_eq!(id, 2, "BlueChi's subscription ids start at 2");
-    agent
-        .wait_for_request(&Request::Subscribe {
-            unit: Some(unit("a.service")),
-        })
-        .await;
 
     agent.unit_new(1, "a.service", Reason::Real).await;
     agent.unit_state(2, "a.service", "active", "running").await;
@@ -230,13 +238,8 @@ async fn peers_receive_events_and_peer_removed() {
     let mut listener_in = listener.inbox();
     let mut bystander_in = bystander.inbox();
     let p = path.as_str();
-    let lname = listener.unique_name();
-    let peer: u32 = mcall(&owner, p, "AddPeer", &(lname.as_str(),))
-        .await
-        .unwrap();
-    let _: u32 = mcall(&owner, p, "Subscribe", &("node1", "*"))
-        .await
-        .unwrap();
+    let peer = add_peer(&owner, p, &listener).await;
+    subscribed(&owner, p, &agent, "*").await;
     let (member, msg) = listener_in.next(MON_IFACE).await;
     assert_eq!(
         (member.as_str(), strings::<3>(&msg)),
@@ -246,9 +249,6 @@ async fn peers_receive_events_and_peer_removed() {
         ),
         "a wildcard subscription starts with the pseudo unit"
     );
-    agent
-        .wait_for_request(&Request::Subscribe { unit: None })
-        .await;
     agent.unit_state(1, "x.service", "failed", "failed").await;
     let (member, msg) = listener_in.next(MON_IFACE).await;
     assert_eq!(member, "UnitStateChanged");
@@ -268,10 +268,7 @@ async fn peers_receive_events_and_peer_removed() {
     );
 
     // Close: remaining peers get PeerRemoved("monitor closed"), the agent unsubscribes.
-    let bname = bystander.unique_name();
-    let _: u32 = mcall(&owner, p, "AddPeer", &(bname.as_str(),))
-        .await
-        .unwrap();
+    add_peer(&owner, p, &bystander).await;
     let () = mcall(&owner, p, "Close", &()).await.unwrap();
     let (member, msg) = bystander_in.next(MON_IFACE).await;
     assert_eq!(member, "PeerRemoved");
@@ -290,14 +287,7 @@ async fn peers_receive_events_and_peer_removed() {
 #[tokio::test]
 async fn monitor_closes_when_its_owner_leaves_the_bus() {
     let (f, agent, owner, path) = monitored().await;
-    let _: u32 = mcall(&owner, path.as_str(), "Subscribe", &("node1", "a.service"))
-        .await
-        .unwrap();
-    agent
-        .wait_for_request(&Request::Subscribe {
-            unit: Some(unit("a.service")),
-        })
-        .await;
+    subscribed(&owner, path.as_str(), &agent, "a.service").await;
     drop(owner);
     agent
         .wait_for_request(&Request::Unsubscribe {
@@ -422,12 +412,7 @@ async fn follow_returns_a_snapshot_then_tagged_events_across_reconnects() {
     let g1 = agent.accepted.session_id;
     let mut inbox_ = owner.inbox();
     let p = path.as_str();
-    let _: u32 = mcall(&owner, p, "Subscribe", &("node1", "*"))
-        .await
-        .unwrap();
-    agent
-        .wait_for_request(&Request::Subscribe { unit: None })
-        .await;
+    subscribed(&owner, p, &agent, "*").await;
     agent.unit_state(1, "a.service", "active", "running").await;
     agent.unit_state(2, "b.service", "failed", "failed").await;
     // Wait until both went through.
@@ -548,18 +533,8 @@ async fn a_followed_monitor_sends_every_event_in_batches_to_its_owner_and_peers_
     let mut peer_in = peer.inbox();
     let mut bystander_in = bystander.inbox();
     let p = path.as_str();
-    let pname = peer.unique_name();
-    let _: u32 = mcall(&owner, p, "AddPeer", &(pname.as_str(),))
-        .await
-        .unwrap();
-    let _: u32 = mcall(&owner, p, "Subscribe", &("node1", "x.service"))
-        .await
-        .unwrap();
-    agent
-        .wait_for_request(&Request::Subscribe {
-            unit: Some(unit("x.service")),
-        })
-        .await;
+    add_peer(&owner, p, &peer).await;
+    subscribed(&owner, p, &agent, "x.service").await;
     let snap: Vec<Row> = mcall(&owner, p, "Follow", &()).await.unwrap();
     assert!(snap.is_empty(), "{snap:?}");
     const N: u64 = 3000;

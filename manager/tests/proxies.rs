@@ -6,11 +6,8 @@ mod common;
 use common::*;
 use drover_config::{ManagerConfig, NodeSection};
 use drover_protocol::{
-    Event, ModTag, NodeName, Notice, Reason, RemoteError, Request, Response, TargetChange,
-    ToManager, UnitName,
+    Event, NodeName, Notice, Reason, RemoteError, Request, Response, TargetChange, UnitName,
 };
-use drover_testkit::agent::unit_state;
-use std::sync::Arc;
 use std::time::Duration;
 
 const DROVER_IFACE: &str = DROVER_CONTROLLER_IFACE;
@@ -51,41 +48,57 @@ fn stop_dep(unit: &str) -> Request {
     Request::StopDep { unit: un(unit) }
 }
 
-async fn proxy_new(agent: &FakeAgent, node: &str, unit: &str, proxy_id: u64) {
+/// `agent` announces (`new`) or withdraws its proxy `proxy_id` of `unit` on `node`.
+async fn proxy_event(agent: &FakeAgent, new: bool, node: &str, unit: &str, proxy_id: u64) {
     let (node, unit) = (nn(node), un(unit));
     agent
-        .event(Event::ProxyNew {
-            node,
-            unit,
-            proxy_id,
+        .event(match new {
+            true => Event::ProxyNew {
+                node,
+                unit,
+                proxy_id,
+            },
+            false => Event::ProxyRemoved {
+                node,
+                unit,
+                proxy_id,
+            },
         })
         .await;
 }
 
+async fn proxy_new(agent: &FakeAgent, node: &str, unit: &str, proxy_id: u64) {
+    proxy_event(agent, true, node, unit, proxy_id).await;
+}
+
 async fn proxy_removed(agent: &FakeAgent, node: &str, unit: &str, proxy_id: u64) {
-    let (node, unit) = (nn(node), un(unit));
-    agent
-        .event(Event::ProxyRemoved {
-            node,
-            unit,
-            proxy_id,
-        })
-        .await;
+    proxy_event(agent, false, node, unit, proxy_id).await;
 }
 
 /// The target agent reports `unit` loaded and in `active` state (real).
 async fn target_state(agent: &FakeAgent, unit: &str, index: u64, active: &str) {
-    let guid = agent.session_id();
-    agent
-        .send(unit_state(guid, index, unit, active, "running"))
+    agent.unit_state(index, unit, active, "running").await;
+}
+
+/// The manager (nodes a, b, c; grace period `grace_ms`), with b's agent answering as
+/// `b_answers` says, then a's agent: (fixture, b, a).
+async fn a_and_b(grace_ms: u64, b_answers: Behavior) -> (Fixture, FakeAgent, FakeAgent) {
+    let f = Fixture::start(proxy_config(grace_ms)).await;
+    let b = f.agent("b", b_answers).await;
+    let a = f.agent("a", reply_empty()).await;
+    (f, b, a)
+}
+
+/// a announces its proxy 1 of db.service on b; returns once b was asked to start the dep.
+async fn db_wanted(a: &FakeAgent, b: &FakeAgent) {
+    proxy_new(a, "b", "db.service", 1).await;
+    b.wait_for("StartDep", |r| r.count(&start_dep("db.service")) == 1)
         .await;
 }
 
 #[tokio::test]
 async fn proxy_lifecycle_notices_and_list() {
-    let f = Fixture::start(proxy_config(5_000)).await;
-    let b = f.agent("b", reply_empty()).await;
-    let a = f.agent("a", reply_empty()).await;
+    let (f, b, a) = a_and_b(5_000, reply_empty()).await;
     let c = f.agent("c", reply_empty()).await;
     assert!(list(&f).await.is_empty());
 
@@ -109,13 +122,7 @@ async fn proxy_lifecycle_notices_and_list() {
         )]
     );
     // b's agent reports the target; a hears it, in order.
-    let guid = b.accepted.session_id;
-    b.send(ToManager::Event(Event::UnitNew {
-        tag: ModTag::new(guid, 1),
-        unit: un("db.service"),
-        reason: Reason::Real,
-    }))
-    .await;
+    b.unit_new(1, "db.service", Reason::Real).await;
     target_state(&b, "db.service", 2, "activating").await;
     target_state(&b, "db.service", 3, "active").await;
     a.wait_for("a is told the target is active", |r| r.notices.len() == 3)
@@ -209,23 +216,14 @@ async fn proxy_lifecycle_notices_and_list() {
 
 #[tokio::test]
 async fn failing_start_dep_reaches_the_requester_with_the_agents_message() {
-    let f = Fixture::start(proxy_config(5_000)).await;
-    let b = f
-        .agent(
-            "b",
-            Arc::new(|id, req: &Request| {
-                let result = match req {
-                    Request::StartDep { unit } => Err(RemoteError::new(
-                        "org.freedesktop.systemd1.NoSuchUnit",
-                        format!("unit {unit} on node b cannot be started: not found"),
-                    )),
-                    _ => Ok(Response::Empty),
-                };
-                vec![ToManager::Reply { id, result }]
-            }),
-        )
-        .await;
-    let a = f.agent("a", reply_empty()).await;
+    let b_answers = reply_with(|req| match req {
+        Request::StartDep { unit } => Err(RemoteError::new(
+            "org.freedesktop.systemd1.NoSuchUnit",
+            format!("unit {unit} on node b cannot be started: not found"),
+        )),
+        _ => Ok(Response::Empty),
+    });
+    let (f, b, a) = a_and_b(5_000, b_answers).await;
     proxy_new(&a, "b", "nope.service", 3).await;
     a.wait_for("a gets ProxyError", |r| !r.notices.is_empty())
         .await;
@@ -246,12 +244,8 @@ async fn failing_start_dep_reaches_the_requester_with_the_agents_message() {
 
 #[tokio::test]
 async fn requester_disconnects_within_and_past_the_grace_period() {
-    let f = Fixture::start(proxy_config(600)).await;
-    let b = f.agent("b", reply_empty()).await;
-    let a = f.agent("a", reply_empty()).await;
-    proxy_new(&a, "b", "db.service", 1).await;
-    b.wait_for("StartDep", |r| r.count(&start_dep("db.service")) == 1)
-        .await;
+    let (f, b, a) = a_and_b(600, reply_empty()).await;
+    db_wanted(&a, &b).await;
 
     // Away and back within the grace period, with a new proxy id: nothing
     // happens on b.
@@ -277,9 +271,7 @@ async fn requester_disconnects_within_and_past_the_grace_period() {
 
 #[tokio::test]
 async fn target_node_offline_past_grace_stops_active_proxies() {
-    let f = Fixture::start(proxy_config(500)).await;
-    let b = f.agent("b", reply_empty()).await;
-    let a = f.agent("a", reply_empty()).await;
+    let (f, b, a) = a_and_b(500, reply_empty()).await;
     proxy_new(&a, "b", "db.service", 1).await;
     b.wait_for("Subscribe", |r| {
         r.count(&Request::Subscribe {
@@ -324,12 +316,8 @@ async fn target_node_offline_past_grace_stops_active_proxies() {
 
 #[tokio::test]
 async fn reload_revokes_permissions_and_adds_nodes() {
-    let f = Fixture::start(proxy_config(5_000)).await;
-    let b = f.agent("b", reply_empty()).await;
-    let a = f.agent("a", reply_empty()).await;
-    proxy_new(&a, "b", "db.service", 1).await;
-    b.wait_for("StartDep", |r| r.count(&start_dep("db.service")) == 1)
-        .await;
+    let (f, b, a) = a_and_b(5_000, reply_empty()).await;
+    db_wanted(&a, &b).await;
     let core = f.manager().core().clone();
     let conn = f.manager().connection().clone();
 
@@ -417,25 +405,16 @@ fn dep_unit(name: &str, active: &str) -> drover_protocol::UnitInfo {
 /// the others are stopped.
 #[tokio::test]
 async fn orphan_deps_are_stopped_one_grace_period_after_the_target_registers() {
-    let f = Fixture::start(proxy_config(400)).await;
-    let b = f
-        .agent(
-            "b",
-            Arc::new(|id, req: &Request| {
-                let result = match req {
-                    Request::ListUnits => Ok(Response::Units(vec![
-                        dep_unit("drover-dep@db.service.service", "active"),
-                        dep_unit("drover-dep@orphan.service.service", "active"),
-                        dep_unit("drover-dep@gone.service.service", "inactive"),
-                        dep_unit("db.service", "active"),
-                    ])),
-                    _ => Ok(Response::Empty),
-                };
-                vec![ToManager::Reply { id, result }]
-            }),
-        )
-        .await;
-    let a = f.agent("a", reply_empty()).await;
+    let b_answers = reply_with(|req| match req {
+        Request::ListUnits => Ok(Response::Units(vec![
+            dep_unit("drover-dep@db.service.service", "active"),
+            dep_unit("drover-dep@orphan.service.service", "active"),
+            dep_unit("drover-dep@gone.service.service", "inactive"),
+            dep_unit("db.service", "active"),
+        ])),
+        _ => Ok(Response::Empty),
+    });
+    let (f, b, a) = a_and_b(400, b_answers).await;
     proxy_new(&a, "b", "db.service", 1).await;
     b.wait_for("the sweep lists b's units", |r| {
         r.count(&Request::ListUnits) == 1

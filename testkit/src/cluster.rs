@@ -10,7 +10,7 @@ use drover_sandbox::{Cluster, ClusterOptions};
 use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
-use crate::api::Api;
+use crate::api::{Api, JobWatch};
 use crate::ctl::{Ctl, CtlFollower};
 use crate::monitor::MonitorWatch;
 use crate::process::Run;
@@ -159,6 +159,15 @@ impl TestCluster {
     /// A new client connection to the manager's API.
     pub async fn api(&self) -> Api {
         Api::connect(self.0.bus_address()).await
+    }
+
+    /// A client driving `node`: the connection, the node's object, and a [`JobWatch`]
+    /// subscribed before any job starts.
+    pub async fn jobs_on(&self, node: &str) -> (Api, zbus::Proxy<'static>, JobWatch) {
+        let api = self.api().await;
+        let jobs = api.jobs().await;
+        let node = api.node(node).await;
+        (api, node, jobs)
     }
 
     /// A monitor on a connection of its own.

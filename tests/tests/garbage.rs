@@ -77,9 +77,7 @@ async fn garbage_on_the_agent_port_leaves_the_manager_serving() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_dbus_arguments_get_errors_and_change_nothing() {
     let c = TestCluster::start(1).await;
-    let api = c.api().await;
-    let n = api.node("node1").await;
-    let mut jobs = api.jobs().await;
+    let (api, n, mut jobs) = c.jobs_on("node1").await;
 
     for bad in [
         "",

@@ -491,9 +491,7 @@ type Aux<'a> = Vec<(&'a str, Vec<(&'a str, Variant<'a>)>)>;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn start_transient_unit_is_a_tracked_job() {
     let c = TestCluster::start(1).await;
-    let api = c.api().await;
-    let n1 = api.node("node1").await;
-    let mut jobs = api.jobs().await;
+    let (_api, n1, mut jobs) = c.jobs_on("node1").await;
 
     let exec = vec![(
         "/bin/sleep".to_string(),

@@ -112,13 +112,9 @@ async fn duplicate_name_of_a_live_node_is_refused_and_the_first_stays_online() {
 /// A cluster of `n` nodes with a pending start job on `node`: (cluster, client, the job's
 /// watch, its path).
 async fn pending_job(n: usize, node: &str) -> (TestCluster, Api, JobWatch, String) {
-    let c = TestCluster::start(n).await;
-    let api = c.api().await;
-    c.install(node, "slow.service", SLOW_START).await;
-    let mut jobs = api.jobs().await;
-    let path = job_call(&api.node(node).await, "StartUnit", "slow.service")
-        .await
-        .unwrap();
+    let c = TestCluster::with_units(n, &[(node, "slow.service", SLOW_START)]).await;
+    let (api, node, mut jobs) = c.jobs_on(node).await;
+    let path = job_call(&node, "StartUnit", "slow.service").await.unwrap();
     jobs.job_new(&path, DETECT).await.unwrap();
     (c, api, jobs, path)
 }

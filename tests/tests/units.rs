@@ -117,9 +117,7 @@ async fn start_stop_restart_reload_end_with_done() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_are_announced_then_removed_exactly_once_with_properties() {
     let c = TestCluster::with_units(1, &[("node1", "quick.service", ONESHOT_OK)]).await;
-    let api = c.api().await;
-    let mut jobs = api.jobs().await;
-    let n = api.node("node1").await;
+    let (api, n, mut jobs) = c.jobs_on("node1").await;
     let path = job_call(&n, "StartUnit", "quick.service").await.unwrap();
     let quick = ("node1", "quick.service", "done");
     let quiet = Duration::from_millis(500);
