@@ -11,22 +11,38 @@
 //! cycle; a fixture that needs a crate's internals (the manager running in-process, the
 //! agent's dispatcher) stays in that crate's `tests/common` and is built from these parts.
 //!
+//! A test against real systemd nodes, start to end:
+//!
+//! ```no_run
+//! use drover_testkit::prelude::*;
+//!
+//! #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+//! async fn web_starts_on_node2() {
+//!     let c = TestCluster::with_units(2, &[("node2", "web.service", SLEEPER)]).await;
+//!     let out = c.ctl_ok(&["start", "node2", "web"]).await;
+//!     assert!(out.contains("StartUnit operation result: done"), "{out}");
+//!     assert_eq!(c.state("node2", "web.service").await, "active");
+//!     c.down().await;
+//! }
+//! ```
+//!
 //! Modules, one concept each:
 //! * [`cluster`]: [`TestCluster`], a sandbox cluster of real `systemd --user` nodes with
-//!   the calls tests make on it (install a unit, `systemctl`, poll a unit's state, run
-//!   `droverctl`, open the API);
-//! * [`api`]: the manager's public D-Bus API as a client: proxies, calls, properties,
-//!   signals, [`api::JobWatch`] (a job's `JobNew`/`JobRemoved`), error names;
-//! * [`monitor`]: a monitor followed over D-Bus with every event it received;
-//! * [`ctl`]: `droverctl` runs (exit code, stdout, stderr) and followed runs (`monitor`,
-//!   `status -w`) read line by line;
+//!   the calls tests make on it (start it with units, `systemctl`, a unit's state now,
+//!   later or all along, node status, `droverctl`, an API client or monitor);
+//! * [`api`]: the manager's public D-Bus API as a client: names, proxies, calls,
+//!   properties, introspection, signals, [`api::JobWatch`] (a job's `JobNew` and
+//!   `JobRemoved`), [`api::Inbox`] (a monitor's unicast signals), error names;
+//! * [`monitor`]: a monitor followed over D-Bus, with every event ([`monitor::Ev`]) it got;
+//! * [`ctl`]: `droverctl` runs and followed runs (`monitor`, `status -w`) read line by line;
 //! * [`agent`]: [`FakeAgent`], a scripted agent that speaks drover's wire protocol to a
-//!   real manager (handshake, heartbeats, answers, events);
+//!   real manager (handshake, heartbeats, answers, events), and the messages it sends;
 //! * [`manager`]: [`FakeManager`], the other end: accepts a real agent's connections;
 //! * [`node`]: [`SystemdNode`], one `systemd --user` node on its own, for agent tests;
 //! * [`standin`]: pieces for stand-in D-Bus services (an error reply of any name);
-//! * [`units`]: unit files tests install; [`wait`]: bounded polling;
-//!   [`process`]: binaries, children, temp files and ports that clean up after themselves.
+//! * [`units`]: unit files tests install;
+//! * [`wait`]: bounded polling, and [`wait::Seen`], what a stream delivered so far;
+//! * [`process`]: binaries, finished runs, children, temp dirs and ports.
 //!
 //! Invariant: every fixture that starts a process or makes a directory or cgroup undoes it
 //! in `Drop`, so a failing (panicking) test leaves nothing behind.

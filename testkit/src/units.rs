@@ -11,7 +11,7 @@ pub const SLOW_START: &str = "[Service]\nType=oneshot\nExecStart=/bin/sleep 60\n
 /// A service that can be enabled: it is wanted by default.target.
 pub const INSTALLABLE: &str =
     "[Service]\nExecStart=/bin/sleep 600\n[Install]\nWantedBy=default.target\n";
-/// A service without an [Install] section: `static`.
+/// A service without an `[Install]` section: `static`.
 pub const STATIC: &str = "[Service]\nType=oneshot\nExecStart=/bin/true\n";
 
 /// A long-running requester of `proxy` (`drover-proxy@NODE_UNIT.service`) with

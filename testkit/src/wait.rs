@@ -41,17 +41,6 @@ where
     }
 }
 
-/// Like [`eventually`], but panics with `what` (for tests that need no context).
-pub async fn until<F, Fut>(timeout: Duration, what: &str, cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    if let Err(e) = eventually(timeout, what, cond).await {
-        panic!("{e:#}");
-    }
-}
-
 /// Why [`Seen::expect`] found nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NotSeen {

@@ -142,6 +142,17 @@ fn proxy_log(c: &TestCluster, node: &str, proxy: &str) -> String {
     c.unit_log(node, proxy).expect("proxy log readable")
 }
 
+/// need-db on node1 `Requires=` `proxy`: starting it fails, and so does the proxy.
+/// Returns what the proxy printed.
+async fn requirer_fails(c: &TestCluster, proxy: &str) -> String {
+    c.install("node1", NEED_DB, &requester("Requires", proxy))
+        .await;
+    let out = c.systemctl("node1", &["start", NEED_DB]).await;
+    assert!(!out.success(), "need-db must not start: {out:?}");
+    wait_state(c, "node1", proxy, "failed").await;
+    proxy_log(c, "node1", proxy)
+}
+
 /// Sets up node2's db and node1's need-db (`kind`), starts need-db and checks the
 /// whole chain is up.
 async fn chain_up(c: &TestCluster, kind: &str, db: &str) {
@@ -240,21 +251,11 @@ async fn proxy_denied_by_default() {
 /// proxy-service-fails-on-execstart
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_fails_when_the_target_fails_to_start() {
-    let c = TestCluster::with_units(
-        2,
-        &[
-            ("node2", DB, FAILING),
-            ("node1", NEED_DB, &requester("Requires", PROXY)),
-        ],
-    )
-    .await;
-    let out = c.systemctl("node1", &["start", NEED_DB]).await;
-    assert!(!out.success(), "need-db must not start: {out:?}");
-    wait_state(&c, "node1", PROXY, "failed").await;
+    let c = TestCluster::with_units(2, &[("node2", DB, FAILING)]).await;
+    let log = requirer_fails(&c, PROXY).await;
     assert_ne!(c.state("node1", NEED_DB).await, "active");
     assert_eq!(c.state("node2", DB).await, "failed");
     wait_state(&c, "node2", DEP, "inactive").await;
-    let log = proxy_log(&c, "node1", PROXY);
     assert!(
         log.contains("cannot start db.service on node node2") && log.contains("failed"),
         "{log}"
@@ -267,13 +268,7 @@ async fn proxy_fails_when_the_target_fails_to_start() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_fails_on_a_node_that_does_not_exist() {
     let c = TestCluster::start(2).await;
-    let proxy = "drover-proxy@node9_db.service";
-    c.install("node1", NEED_DB, &requester("Requires", proxy))
-        .await;
-    let out = c.systemctl("node1", &["start", NEED_DB]).await;
-    assert!(!out.success());
-    wait_state(&c, "node1", proxy, "failed").await;
-    let log = proxy_log(&c, "node1", proxy);
+    let log = requirer_fails(&c, "drover-proxy@node9_db.service").await;
     assert!(
         log.contains("cannot start db.service on node node9") && log.contains("no such node"),
         "{log}"
@@ -286,13 +281,7 @@ async fn proxy_fails_on_a_node_that_does_not_exist() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_fails_on_a_unit_that_does_not_exist() {
     let c = TestCluster::start(2).await;
-    let proxy = "drover-proxy@node2_nope.service";
-    c.install("node1", NEED_DB, &requester("Requires", proxy))
-        .await;
-    let out = c.systemctl("node1", &["start", NEED_DB]).await;
-    assert!(!out.success());
-    wait_state(&c, "node1", proxy, "failed").await;
-    let log = proxy_log(&c, "node1", proxy);
+    let log = requirer_fails(&c, "drover-proxy@node2_nope.service").await;
     assert!(
         log.contains("cannot start nope.service on node node2")
             && log.to_lowercase().contains("not found"),
@@ -314,12 +303,7 @@ async fn proxy_fails_on_a_target_unit_file_with_a_typo() {
     c.install("node2", DB, "[Service]\nExecStrat=/bin/sleep 600\n")
         .await;
     assert_eq!(c.prop("node2", DB, "LoadState").await, "bad-setting");
-    c.install("node1", NEED_DB, &requester("Requires", PROXY))
-        .await;
-    let out = c.systemctl("node1", &["start", NEED_DB]).await;
-    assert!(!out.success());
-    wait_state(&c, "node1", PROXY, "failed").await;
-    let log = proxy_log(&c, "node1", PROXY);
+    let log = requirer_fails(&c, PROXY).await;
     assert!(
         log.contains("cannot start db.service on node node2")
             && log.to_lowercase().contains("setting"),
