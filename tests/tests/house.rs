@@ -379,10 +379,7 @@ fn the_checker_finds_a_circle_and_resolves_paths() {
     let a = vec!["a".to_string()];
     let ab = vec!["a".to_string(), "b".to_string()];
     assert_eq!(resolve(&ab, "super::X", &modules), Some(a.clone()));
-    assert_eq!(
-        resolve(&[], "crate::a::b::f", &modules),
-        Some(ab.clone())
-    );
+    assert_eq!(resolve(&[], "crate::a::b::f", &modules), Some(ab.clone()));
     assert_eq!(resolve(&a, "crate::Core", &modules), Some(vec![]));
     assert_eq!(resolve(&a, "std::x", &modules), None);
     let mut p = Vec::new();
@@ -391,6 +388,8 @@ fn the_checker_finds_a_circle_and_resolves_paths() {
     let mut g: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = BTreeMap::new();
     g.entry(a.clone()).or_default().insert(ab.clone());
     g.entry(ab.clone()).or_default().insert(a.clone());
-    g.entry(vec!["c".to_string()]).or_default().insert(a.clone());
+    g.entry(vec!["c".to_string()])
+        .or_default()
+        .insert(a.clone());
     assert_eq!(circles(&g), vec![vec![a, ab]]);
 }
