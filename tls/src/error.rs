@@ -66,6 +66,9 @@ pub enum Error {
     #[error("{}: the certificate is not valid before {not_before} (is the clock right?)", path.display())]
     NotYetValid { path: PathBuf, not_before: String },
 
+    #[error("{}: the certificate's extended key usage does not allow {needed}", path.display())]
+    WrongPurpose { path: PathBuf, needed: &'static str },
+
     #[error("{}: CRL #{index} in the file cannot be used: {detail}", path.display())]
     BadCrl {
         path: PathBuf,

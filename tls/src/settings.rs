@@ -52,7 +52,7 @@ pub struct ServerSettings {
 impl ServerSettings {
     pub fn load(files: &TlsFiles) -> Result<Self, Error> {
         let provider = provider();
-        let own = Own::load(files, &provider)?;
+        let own = Own::load(files, &provider, Purpose::Server)?;
         let trust = Trust::load(files)?;
         let webpki = WebPkiClientVerifier::builder_with_provider(
             Arc::clone(&trust.roots),
@@ -113,7 +113,7 @@ impl ClientSettings {
     /// Also checks that the agent's own certificate names exactly one node.
     pub fn load(files: &TlsFiles) -> Result<Self, Error> {
         let provider = provider();
-        let own = Own::load(files, &provider)?;
+        let own = Own::load(files, &provider, Purpose::Client)?;
         let identity =
             NodeIdentity::from_certificate(own.key.end_entity_cert()?).map_err(|source| {
                 Error::NotANodeCertificate {
@@ -172,10 +172,10 @@ struct Own {
 }
 
 impl Own {
-    fn load(files: &TlsFiles, provider: &CryptoProvider) -> Result<Self, Error> {
+    fn load(files: &TlsFiles, provider: &CryptoProvider, purpose: Purpose) -> Result<Self, Error> {
         let cert_path = &files.certificate;
         let chain = files::certificates(cert_path, &files::read(cert_path)?)?;
-        let (serial, not_after) = check_validity(cert_path, &chain[0])?;
+        let (serial, not_after) = check_leaf(cert_path, &chain[0], purpose)?;
         let key_path = &files.private_key;
         let key_der = files::private_key(key_path, &files::read_private(key_path)?)?;
         let signer = provider
@@ -212,8 +212,20 @@ impl Own {
     }
 }
 
-/// Parses one's own (leaf) certificate and refuses it outside its validity.
-fn check_validity(path: &Path, der: &CertificateDer<'_>) -> Result<(Serial, SystemTime), Error> {
+/// What one's own certificate is for: the peer checks the extended key usage.
+#[derive(Clone, Copy)]
+enum Purpose {
+    Server,
+    Client,
+}
+
+/// Parses one's own (leaf) certificate; refuses it outside its validity or
+/// when its extended key usage excludes `purpose` (as the peer would).
+fn check_leaf(
+    path: &Path,
+    der: &CertificateDer<'_>,
+    purpose: Purpose,
+) -> Result<(Serial, SystemTime), Error> {
     let (_, cert) = X509Certificate::from_der(der).map_err(|e| Error::BadCertificate {
         path: path.to_owned(),
         index: 1,
@@ -235,6 +247,29 @@ fn check_validity(path: &Path, der: &CertificateDer<'_>) -> Result<(Serial, Syst
         return Err(Error::NotYetValid {
             path: path.to_owned(),
             not_before: utc::format(utc::from_unix(not_before)),
+        });
+    }
+    // No extension allows every purpose (as webpki reads it); an unreadable
+    // one allows none.
+    let allowed = match cert.extended_key_usage() {
+        Ok(None) => true,
+        Ok(Some(eku)) => match purpose {
+            Purpose::Server => eku.value.server_auth,
+            Purpose::Client => eku.value.client_auth,
+        },
+        Err(_) => false,
+    };
+    if !allowed {
+        return Err(Error::WrongPurpose {
+            path: path.to_owned(),
+            needed: match purpose {
+                Purpose::Server => {
+                    "server authentication: the manager needs a certificate from `drover-pki manager`"
+                }
+                Purpose::Client => {
+                    "client authentication: an agent needs a certificate from `drover-pki node`"
+                }
+            },
         });
     }
     Ok((

@@ -312,3 +312,32 @@ pub fn write_private(path: &Path, contents: &[u8]) {
         .unwrap();
     f.write_all(contents).unwrap();
 }
+
+/// A rogue TLS server presenting `cert`/`key` (whatever they are) to anyone:
+/// for checking what an agent refuses. Returns its address.
+pub async fn raw_server(cert: &Path, key: &Path) -> SocketAddr {
+    let config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            CertificateDer::pem_file_iter(cert)
+                .unwrap()
+                .map(Result::unwrap)
+                .collect(),
+            PrivateKeyDer::from_pem_file(key).unwrap(),
+        )
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(WAIT, acceptor.accept(tcp)).await;
+            });
+        }
+    });
+    addr
+}
