@@ -5,7 +5,10 @@
 //! client certificate, one that does not chain to the CA bundle, is expired,
 //! revoked by the CRL, lacks the clientAuth purpose, or does not name exactly
 //! one node; and on anything that is not TLS 1.3. The caller bounds the time
-//! (`tokio::time::timeout`) and the number of handshakes in flight.
+//! (`tokio::time::timeout`) and the number of handshakes in flight: before
+//! the client is authenticated rustls buffers at most one handshake message
+//! (under 64 KiB) per connection, so that cap bounds pre-authentication
+//! memory.
 
 use std::fmt;
 use std::io;
