@@ -44,6 +44,7 @@ install:
 	install -Dm755 target/release/drover-agent $(DESTDIR)$(PREFIX)/libexec/drover-agent
 	install -Dm755 target/release/droverctl $(DESTDIR)$(PREFIX)/bin/droverctl
 	install -Dm755 target/release/drover-proxy $(DESTDIR)$(PREFIX)/libexec/drover-proxy
+	install -Dm755 target/release/drover-pki $(DESTDIR)$(PREFIX)/bin/drover-pki
 	install -Dm644 units/drover-manager.service $(DESTDIR)$(PREFIX)/lib/systemd/system/drover-manager.service
 	install -Dm644 units/drover-agent.service $(DESTDIR)$(PREFIX)/lib/systemd/system/drover-agent.service
 	install -Dm644 units/drover-agent-user.service $(DESTDIR)$(PREFIX)/lib/systemd/user/drover-agent.service
