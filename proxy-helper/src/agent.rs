@@ -11,9 +11,13 @@
 //! Every D-Bus failure is mapped once, here, to a [`AgentError`] whose text is
 //! the one line a user finds in the proxy unit's journal.
 
-use crate::bus::{CallError, Connection};
+use crate::bus::CallError;
+#[cfg(not(feature = "zbus-client"))]
+use crate::bus::Connection;
 use crate::instance::ProxyInstance;
 use crate::wire::Call;
+#[cfg(feature = "zbus-client")]
+use crate::zbus_bus::Connection;
 use nix::sys::signalfd::SignalFd;
 use std::fmt;
 use std::time::Duration;
