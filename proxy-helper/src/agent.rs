@@ -6,18 +6,14 @@
 //! `CreateProxy` is answered only when the target is active or cannot be, which
 //! may take as long as the target's start: the connection has **no method
 //! timeout**. The unit's `TimeoutStartSec=` bounds the wait instead (systemd
-//! sends SIGTERM, and the helper then releases the proxy, see [`crate::run`]).
+//! sends SIGTERM, and the helper then releases the proxy, see [`crate::cli::create`]).
 //!
 //! Every D-Bus failure is mapped once, here, to a [`AgentError`] whose text is
 //! the one line a user finds in the proxy unit's journal.
 
-use crate::bus::CallError;
-#[cfg(not(feature = "zbus-client"))]
-use crate::bus::Connection;
+use crate::bus::{CallError, Connection};
 use crate::instance::ProxyInstance;
 use crate::wire::Call;
-#[cfg(feature = "zbus-client")]
-use crate::zbus_bus::Connection;
 use nix::sys::signalfd::SignalFd;
 use std::fmt;
 use std::time::Duration;

@@ -21,8 +21,6 @@ pub mod bus;
 pub mod cli;
 pub mod instance;
 pub mod wire;
-#[cfg(feature = "zbus-client")]
-pub mod zbus_bus;
 
 pub use agent::{AgentClient, AgentError, Bus};
 pub use instance::{InstanceError, ProxyInstance};
