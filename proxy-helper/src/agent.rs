@@ -6,7 +6,7 @@
 //! `CreateProxy` is answered only when the target is active or cannot be, which
 //! may take as long as the target's start: the connection has **no method
 //! timeout**. The unit's `TimeoutStartSec=` bounds the wait instead (systemd
-//! sends SIGTERM, and the helper then releases the proxy, see [`crate::run`]).
+//! sends SIGTERM, and the helper then releases the proxy, see [`crate::cli::create`]).
 //!
 //! Every D-Bus failure is mapped once, here, to a [`AgentError`] whose text is
 //! the one line a user finds in the proxy unit's journal.
