@@ -4,7 +4,9 @@ mod common;
 
 use common::*;
 use drover_protocol::link::HandshakeError;
-use drover_protocol::{Event, RefuseReason, RemoteError, Request, Response, ToManager, UnitInfo};
+use drover_protocol::{
+    Event, JobKind, RefuseReason, RemoteError, Request, Response, ToManager, UnitInfo,
+};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -209,7 +211,11 @@ async fn start_unit_emits_job_new_then_job_removed() {
     let f = Fixture::start(config(&["node1"])).await;
     // The agent accepts, reports progress, and finishes with "done".
     let behavior: Behavior = Arc::new(|id, req| match req {
-        Request::StartUnit { job_id, .. } => vec![
+        Request::UnitJob {
+            kind: JobKind::Start,
+            job_id,
+            ..
+        } => vec![
             ToManager::Reply {
                 id,
                 result: Ok(Response::Empty),
@@ -253,7 +259,12 @@ async fn start_unit_emits_job_new_then_job_removed() {
         )
     );
     match &agent.requests.lock().unwrap()[0] {
-        Request::StartUnit { unit, mode, job_id } => {
+        Request::UnitJob {
+            kind: JobKind::Start,
+            unit,
+            mode,
+            job_id,
+        } => {
             assert_eq!(
                 (unit.as_str(), mode.as_str(), *job_id),
                 ("web.service", "replace", 1)
@@ -278,7 +289,11 @@ async fn job_done_before_the_reply_still_orders_job_new_first() {
     let f = Fixture::start(config(&["node1"])).await;
     // A fast oneshot: the agent reports JobDone even before its reply.
     let behavior: Behavior = Arc::new(|id, req| match req {
-        Request::RestartUnit { job_id, .. } => vec![
+        Request::UnitJob {
+            kind: JobKind::Restart,
+            job_id,
+            ..
+        } => vec![
             ToManager::Event(Event::JobDone {
                 job_id: *job_id,
                 result: "done".into(),

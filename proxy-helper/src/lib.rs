@@ -10,7 +10,8 @@
 //!
 //! The helper holds no state: the agent keeps the proxy, the manager the
 //! references. Layout:
-//! * [`instance`]: the `NODE_UNIT` instance name and its validation;
+//! * [`instance`]: the `NODE_UNIT` instance name and its validation (the rule
+//!   is shared with the agent, so it lives in `drover_protocol::proxy_instance`);
 //! * [`agent`]: the calls to the local agent and their error mapping;
 //! * [`bus`]: a blocking D-Bus connection that makes one call at a time;
 //! * [`wire`]: the D-Bus messages it writes and reads;
@@ -19,7 +20,7 @@
 pub mod agent;
 pub mod bus;
 pub mod cli;
-pub mod instance;
+pub use drover_protocol::proxy_instance as instance;
 pub mod wire;
 
 pub use agent::{AgentClient, AgentError, Bus};

@@ -1,7 +1,11 @@
-//! The proxy instance name: `NODE_UNIT`, as systemd's `%i` gives it for
-//! `drover-proxy@NODE_UNIT.service`.
+//! The proxy instance: `NODE_UNIT`, as systemd's `%i` gives it for
+//! `drover-proxy@NODE_UNIT.service`, and the proxy unit names built from it.
 //!
-//! Rules (docs/proxies.md):
+//! The helper parses the instance it is run with ([`ProxyInstance::parse`]);
+//! the agent recognises proxy units among the units systemd reports
+//! ([`ProxyInstance::from_unit_name`]) and checks the proxy unit a
+//! `CreateProxy` caller names ([`proxy_template_of`]). One rule for all three:
+//!
 //! * the instance splits at the **first** `_`: everything before is the target
 //!   node, everything after the target unit (node names cannot contain `_`, so
 //!   the split is never ambiguous; unit names may);
@@ -12,13 +16,46 @@
 //! * the proxy unit's own name, `drover-proxy@INSTANCE.service`, must be a
 //!   valid unit name too: it is what the agent stops when the target goes down.
 //!
+//! The templates whose instances are proxies are one table,
+//! [`PROXY_PREFIXES`]; accepting another template (BlueChi's
+//! `bluechi-proxy@`) is one more entry there. The first entry is drover's own,
+//! the one [`ProxyInstance::parse`] names units after.
+//!
 //! Everything here is pure: a rejected instance never reaches the bus.
 
-use drover_protocol::{NameError, NodeName, UnitName};
+use crate::names::{NameError, NodeName, UnitName, printable};
 use std::fmt;
 
-/// Prefix of every proxy unit name.
-pub const PROXY_TEMPLATE_PREFIX: &str = "drover-proxy@";
+/// The prefixes (`TEMPLATE@`) of the unit templates whose instances are
+/// proxy units; the first is drover's own.
+pub const PROXY_PREFIXES: &[&str] = &["drover-proxy@"];
+
+/// drover's own proxy template prefix, the one [`ProxyInstance::parse`] uses.
+const OWN_PREFIX: &str = PROXY_PREFIXES[0];
+
+/// The suffix of every proxy unit: the templates are services.
+const PROXY_SUFFIX: &str = ".service";
+
+/// The prefix of the proxy template `unit` is an instance of (anything after
+/// `TEMPLATE@` but a bare `.`, i.e. not the template itself); `None` if it is
+/// none of [`PROXY_PREFIXES`]. Only the prefix is checked: the type suffix and
+/// the instance are the caller's to validate.
+pub fn proxy_template_of(unit: &str) -> Option<&'static str> {
+    PROXY_PREFIXES.iter().copied().find(|prefix| {
+        unit.strip_prefix(prefix)
+            .is_some_and(|rest| !rest.starts_with('.'))
+    })
+}
+
+/// The proxy templates as a user names them, for messages
+/// (`drover-proxy@.service`).
+pub fn proxy_templates_text() -> String {
+    PROXY_PREFIXES
+        .iter()
+        .map(|p| format!("{p}{}", PROXY_SUFFIX))
+        .collect::<Vec<_>>()
+        .join(" or ")
+}
 
 /// Why an instance name was refused. The text is the one line the helper prints.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -55,8 +92,22 @@ pub struct ProxyInstance {
 }
 
 impl ProxyInstance {
-    /// Parses and validates `NODE_UNIT` (see the module docs).
+    /// Parses and validates `NODE_UNIT` (see the module docs); the proxy unit
+    /// is an instance of drover's own template.
     pub fn parse(instance: &str) -> Result<Self, InstanceError> {
+        Self::parse_for(OWN_PREFIX, instance)
+    }
+
+    /// The proxy behind a proxy unit's own name
+    /// (`drover-proxy@bar_db.service` → `db.service` on `bar`), for any of
+    /// [`PROXY_PREFIXES`]; `None` for any other unit or an invalid instance.
+    pub fn from_unit_name(unit: &str) -> Option<Self> {
+        let prefix = proxy_template_of(unit)?;
+        let instance = unit.strip_prefix(prefix)?.strip_suffix(PROXY_SUFFIX)?;
+        Self::parse_for(prefix, instance).ok()
+    }
+
+    fn parse_for(prefix: &str, instance: &str) -> Result<Self, InstanceError> {
         if instance.is_empty() {
             return Err(InstanceError::Empty);
         }
@@ -86,10 +137,12 @@ impl ProxyInstance {
                 example,
             });
         }
-        let proxy_unit = UnitName::new(format!("{PROXY_TEMPLATE_PREFIX}{instance}.service"))
-            .map_err(|source| InstanceError::ProxyUnit {
-                instance: shown.clone(),
-                source,
+        let proxy_unit =
+            UnitName::new(format!("{prefix}{instance}{PROXY_SUFFIX}")).map_err(|source| {
+                InstanceError::ProxyUnit {
+                    instance: shown.clone(),
+                    source,
+                }
             })?;
         Ok(Self {
             instance: instance.to_string(),
@@ -124,15 +177,6 @@ impl fmt::Display for ProxyInstance {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} on node {}", self.unit, self.node)
     }
-}
-
-/// Instances come from a command line: quote them printable and short.
-fn printable(s: &str) -> String {
-    let mut out: String = s.chars().take(80).flat_map(char::escape_default).collect();
-    if s.chars().count() > 80 {
-        out.push('…');
-    }
-    out
 }
 
 #[cfg(test)]
@@ -242,5 +286,38 @@ mod tests {
         let p = ProxyInstance::parse("node2_db").unwrap();
         assert_eq!(p.to_string(), "db.service on node node2");
         assert_eq!(p.instance(), "node2_db");
+    }
+
+    #[test]
+    fn proxy_units_map_back_to_their_instance() {
+        let p = ProxyInstance::from_unit_name("drover-proxy@bar_my_db.socket.service").unwrap();
+        assert_eq!(
+            (p.node().as_str(), p.unit().as_str()),
+            ("bar", "my_db.socket")
+        );
+        assert_eq!(
+            p.proxy_unit().as_str(),
+            "drover-proxy@bar_my_db.socket.service"
+        );
+        for bad in [
+            "drover-proxy@.service",
+            "drover-proxy@bar.service",
+            "drover-proxy@bar_db.socket",
+            "drover-proxy@bar_getty@.service",
+            "other@bar_db.service",
+        ] {
+            assert!(ProxyInstance::from_unit_name(bad).is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_template_table_names_proxy_units() {
+        assert_eq!(
+            proxy_template_of("drover-proxy@bar_t.timer"),
+            Some("drover-proxy@")
+        );
+        assert_eq!(proxy_template_of("drover-proxy@.service"), None);
+        assert_eq!(proxy_template_of("db.service"), None);
+        assert_eq!(proxy_templates_text(), "drover-proxy@.service");
     }
 }
