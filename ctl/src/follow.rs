@@ -133,6 +133,5 @@ pub const CLEAR_SCREEN: &str = "\x1b[2J\x1b[H";
 
 /// Whether stdout is a terminal.
 pub fn stdout_is_tty() -> bool {
-    // SAFETY: isatty only inspects the descriptor.
-    unsafe { libc::isatty(libc::STDOUT_FILENO) == 1 }
+    std::io::IsTerminal::is_terminal(&std::io::stdout())
 }

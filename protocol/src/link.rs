@@ -1,5 +1,5 @@
-//! A framed agent ↔ manager connection over any byte stream, and the
-//! handshake for both sides.
+//! A framed agent ↔ manager connection over any byte stream, the handshake
+//! for both sides, and the TCP socket options both ends set.
 //!
 //! Every wait here has a timeout: a peer that connects and says nothing, or
 //! says something that is not drover, is dropped with a typed error.
@@ -59,6 +59,18 @@ impl Encoder<Vec<u8>> for RawCodec {
     fn encode(&mut self, body: Vec<u8>, dst: &mut BytesMut) -> Result<(), FrameError> {
         self.0.encode_frame(&body, dst)
     }
+}
+
+/// `IP_RECVERR` / `IPV6_RECVERR` on a link's TCP socket: ICMP errors (host
+/// unreachable, …) end the connection at once instead of after
+/// retransmission timeouts. Both ends set it (config `IPReceiveErrors`).
+pub fn set_recv_err(stream: &tokio::net::TcpStream) -> std::io::Result<()> {
+    use nix::sys::socket::{setsockopt, sockopt};
+    let set = match stream.local_addr()? {
+        std::net::SocketAddr::V4(_) => setsockopt(stream, sockopt::Ipv4RecvErr, &true),
+        std::net::SocketAddr::V6(_) => setsockopt(stream, sockopt::Ipv6RecvErr, &true),
+    };
+    set.map_err(std::io::Error::from)
 }
 
 async fn next_raw<IO: AsyncRead + AsyncWrite + Unpin>(
