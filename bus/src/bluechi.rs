@@ -32,11 +32,17 @@ pub const MONITOR_PATH_PREFIX: &str = "/org/eclipse/bluechi/monitor";
 /// The metrics object (exported only while metrics are enabled).
 pub const METRICS_PATH: &str = "/org/eclipse/bluechi/metrics";
 
+/// The controller's interface (nodes, fleet-wide listings, monitors).
 pub const CONTROLLER_IFACE: &str = "org.eclipse.bluechi.Controller";
+/// One node's interface (unit operations on that node).
 pub const NODE_IFACE: &str = "org.eclipse.bluechi.Node";
+/// One job's interface.
 pub const JOB_IFACE: &str = "org.eclipse.bluechi.Job";
+/// One monitor's interface (subscriptions, unit signals).
 pub const MONITOR_IFACE: &str = "org.eclipse.bluechi.Monitor";
+/// The metrics object's interface.
 pub const METRICS_IFACE: &str = "org.eclipse.bluechi.Metrics";
+/// The agent's local interface (`CreateProxy`, `RemoveProxy`, link status).
 pub const AGENT_IFACE: &str = "org.eclipse.bluechi.Agent";
 
 /// drover's extensions of the controller object (`ListProxies`, snapshots).

@@ -21,11 +21,13 @@ pub const UNIT_PATH_PREFIX: &str = "/org/freedesktop/systemd1/unit";
 /// Job objects: `JOB_PATH_PREFIX/<id>`.
 pub const JOB_PATH_PREFIX: &str = "/org/freedesktop/systemd1/job";
 
+/// systemd's manager interface (`ListUnits`, `StartUnit`, job signals, …).
 pub const MANAGER_IFACE: &str = "org.freedesktop.systemd1.Manager";
 /// The interface every unit object has (`ActiveState`, `SubState`, …).
 pub const UNIT_IFACE: &str = "org.freedesktop.systemd1.Unit";
 /// The interface of service units (`MainPID`, …).
 pub const SERVICE_IFACE: &str = "org.freedesktop.systemd1.Service";
+/// The interface of job objects (`JobType`, `State`, `Cancel`).
 pub const JOB_IFACE: &str = "org.freedesktop.systemd1.Job";
 
 /// systemd's object path of the unit named `name`.
@@ -68,29 +70,17 @@ mod row {
 
     /// A row from systemd as the wire carries it.
     pub fn unit_info(row: UnitTuple) -> UnitInfo {
-        let (
-            name,
-            description,
-            load_state,
-            active_state,
-            sub_state,
-            followed,
-            path,
-            job_id,
-            job_type,
-            job_path,
-        ) = row;
         UnitInfo {
-            name,
-            description,
-            load_state,
-            active_state,
-            sub_state,
-            followed,
-            object_path: path.to_string(),
-            job_id,
-            job_type,
-            job_path: job_path.to_string(),
+            object_path: row.6.to_string(),
+            job_path: row.9.to_string(),
+            job_id: row.7,
+            name: row.0,
+            description: row.1,
+            load_state: row.2,
+            active_state: row.3,
+            sub_state: row.4,
+            followed: row.5,
+            job_type: row.8,
         }
     }
 

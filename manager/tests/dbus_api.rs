@@ -3,6 +3,7 @@
 mod common;
 
 use common::*;
+use drover_bus::systemd::UnitTuple;
 use drover_protocol::link::HandshakeError;
 use drover_protocol::{
     Event, JobKind, RefuseReason, RemoteError, Request, Response, ToManager, UnitInfo,
@@ -510,19 +511,6 @@ fn unit(name: &str) -> UnitInfo {
     }
 }
 
-type UnitRow = (
-    String,
-    String,
-    String,
-    String,
-    String,
-    String,
-    OwnedObjectPath,
-    u32,
-    String,
-    OwnedObjectPath,
-);
-
 #[tokio::test]
 async fn list_units_per_node_and_fleet_wide() {
     let f = Fixture::start(config(&["node1", "node-bar", "node3"])).await;
@@ -536,14 +524,14 @@ async fn list_units_per_node_and_fleet_wide() {
     let _a = f.agent("node1", units).await;
     // node-bar never answers: it is left out of the fleet-wide answer.
     let _b = f.agent("node-bar", never_reply()).await;
-    let rows: Vec<UnitRow> = f.call(NODE1, NODE_IFACE, "ListUnits", &()).await.unwrap();
+    let rows: Vec<UnitTuple> = f.call(NODE1, NODE_IFACE, "ListUnits", &()).await.unwrap();
     assert_eq!(rows.len(), 1);
     assert_eq!(
         (rows[0].0.as_str(), rows[0].3.as_str()),
         ("a.service", "active")
     );
 
-    let all: HashMap<String, Vec<UnitRow>> = f
+    let all: HashMap<String, Vec<UnitTuple>> = f
         .call(CONTROLLER, CTRL_IFACE, "ListUnits", &())
         .await
         .unwrap();

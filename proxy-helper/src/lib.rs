@@ -10,8 +10,7 @@
 //!
 //! The helper holds no state: the agent keeps the proxy, the manager the
 //! references. Layout:
-//! * [`instance`]: the `NODE_UNIT` instance name and its validation (the rule
-//!   is shared with the agent, so it lives in `drover_protocol::proxy_instance`);
+//! * [`instance`]: the `NODE_UNIT` instance name and its validation;
 //! * [`agent`]: the calls to the local agent and their error mapping;
 //! * [`bus`]: a blocking D-Bus connection that makes one call at a time;
 //! * [`wire`]: the D-Bus messages it writes and reads;
@@ -20,7 +19,7 @@
 pub mod agent;
 pub mod bus;
 pub mod cli;
-pub use drover_protocol::proxy_instance as instance;
+pub mod instance;
 pub mod wire;
 
 pub use agent::{AgentClient, AgentError, Bus};
