@@ -52,7 +52,7 @@ pub fn proxy_template_of(unit: &str) -> Option<&'static str> {
 pub fn proxy_templates_text() -> String {
     PROXY_PREFIXES
         .iter()
-        .map(|p| format!("{p}{}", PROXY_SUFFIX))
+        .map(|p| format!("{p}{PROXY_SUFFIX}"))
         .collect::<Vec<_>>()
         .join(" or ")
 }
