@@ -12,8 +12,8 @@
 //!   `$DBUS_SYSTEM_BUS_ADDRESS`, else `unix:path=/run/dbus/system_bus_socket`
 //!   (what libdbus, sd-bus and zbus do) — [`Bus::address`], pure, for a
 //!   client that brings its own D-Bus code;
-//! * [`Bus::connect`] (feature `zbus`) opens and authenticates a zbus
-//!   connection there; [`Bus::builder`] when the caller needs to set more
+//! * `Bus::connect` (feature `zbus`) opens and authenticates a zbus
+//!   connection there; `Bus::builder` when the caller needs to set more
 //!   (a method timeout) first.
 //!
 //! A `Bus` names itself in messages the same way everywhere ([`Bus`]'s

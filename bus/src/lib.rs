@@ -13,7 +13,8 @@
 //!   protocol's [`drover_protocol::UnitInfo`];
 //! * [`label`] — systemd's object path label escaping, the rule behind unit
 //!   and node paths;
-//! * [`marshal`] — D-Bus values ↔ the wire's [`drover_protocol::Marshalled`];
+//! * `marshal` (feature `zbus`) — D-Bus values ↔ the wire's
+//!   [`drover_protocol::Marshalled`];
 //! * [`timestamp`] — the clocks of BlueChi's `*Timestamp` /
 //!   `*TimestampMonotonic` properties.
 //!

@@ -3,12 +3,12 @@
 //!
 //! * Unit objects live at `UNIT_PATH_PREFIX/<escaped unit name>`
 //!   ([`unit_path`], [`unit_name_from_path`]), jobs at `JOB_PATH_PREFIX/<id>`.
-//! * A `ListUnits` row is `(ssssssouso)` ([`UnitTuple`], feature `zbus`):
+//! * A `ListUnits` row is `(ssssssouso)` (`UnitTuple`, feature `zbus`):
 //!   name, description, load state, active state, sub state, followed unit,
 //!   unit object path, job id, job type, job object path. The agent reads
-//!   rows from systemd ([`unit_info`]), the wire carries them as
-//!   [`UnitInfo`], and the manager serves them unchanged
-//!   ([`unit_tuple`]): BlueChi's `ListUnits` is systemd's row.
+//!   rows from systemd (`unit_info`), the wire carries them as
+//!   [`drover_protocol::UnitInfo`], and the manager serves them unchanged
+//!   (`unit_tuple`): BlueChi's `ListUnits` is systemd's row.
 
 use crate::label::{bus_label_escape, bus_label_unescape};
 

@@ -4,7 +4,7 @@
 //! big-endian length, `max_frame_length` = the frame cap); this module adds the
 //! body encoding and the typed errors on top. The body rules ([`encode_body`],
 //! [`decode_body`], [`FrameError`]) need no I/O and build without the `io`
-//! feature; [`FrameCodec`] (the tokio-util `Decoder`/`Encoder`) needs it.
+//! feature; `FrameCodec` (the tokio-util `Decoder`/`Encoder`) needs it.
 //!
 //! Invariants:
 //! * A frame longer than [`MAX_FRAME_LEN`] is rejected from its 4-byte header,
