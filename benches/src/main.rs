@@ -23,6 +23,7 @@ mod stats;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
+use drover_bus::{bluechi, systemd};
 use drover_sandbox::{Cluster, ClusterOptions};
 use futures::StreamExt;
 use stats::{ms, paired_overhead, summarize};
@@ -97,9 +98,9 @@ async fn start_unit(cluster: &Cluster, samples: usize) -> Result<()> {
         .await?;
     let systemd = zbus::Proxy::new(
         &node_bus,
-        "org.freedesktop.systemd1",
-        "/org/freedesktop/systemd1",
-        "org.freedesktop.systemd1.Manager",
+        systemd::BUS_NAME,
+        systemd::MANAGER_PATH,
+        systemd::MANAGER_IFACE,
     )
     .await?;
     let _: () = systemd.call("Subscribe", &()).await?;
@@ -111,19 +112,13 @@ async fn start_unit(cluster: &Cluster, samples: usize) -> Result<()> {
         .await?;
     let controller = zbus::Proxy::new(
         &api,
-        "org.eclipse.bluechi",
-        "/org/eclipse/bluechi",
-        "org.eclipse.bluechi.Controller",
+        bluechi::BUS_NAME,
+        bluechi::CONTROLLER_PATH,
+        bluechi::CONTROLLER_IFACE,
     )
     .await?;
     let node_path: OwnedObjectPath = controller.call("GetNode", &("node2",)).await?;
-    let node = zbus::Proxy::new(
-        &api,
-        "org.eclipse.bluechi",
-        node_path,
-        "org.eclipse.bluechi.Node",
-    )
-    .await?;
+    let node = zbus::Proxy::new(&api, bluechi::BUS_NAME, node_path, bluechi::NODE_IFACE).await?;
     let mut drover_removed = controller.receive_signal("JobRemoved").await?;
 
     let mut d = Vec::with_capacity(samples);

@@ -53,14 +53,14 @@
 
 use crate::stats::{Spread, median_ci95, ms, paired_overhead, summarize};
 use anyhow::{Context, Result, anyhow, bail};
+use drover_bus::systemd::{BUS_NAME, MANAGER_IFACE, MANAGER_PATH, SERVICE_IFACE, UNIT_IFACE};
+use drover_bus::timestamp::monotonic_us;
+use drover_protocol::error_names::NO_SUCH_UNIT;
 use drover_sandbox::{Cluster, files, node};
 use futures::StreamExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use zbus::OwnedObjectPath;
-
-const UNIT_IFACE: &str = "org.freedesktop.systemd1.Unit";
-const SERVICE_IFACE: &str = "org.freedesktop.systemd1.Service";
 
 const DB: &str = "db.service";
 const NEED_DB: &str = "need-db.service";
@@ -148,13 +148,7 @@ impl Systemd {
             .build()
             .await
             .with_context(|| format!("connecting to {address}"))?;
-        let manager = zbus::Proxy::new(
-            &conn,
-            "org.freedesktop.systemd1",
-            "/org/freedesktop/systemd1",
-            "org.freedesktop.systemd1.Manager",
-        )
-        .await?;
+        let manager = zbus::Proxy::new(&conn, BUS_NAME, MANAGER_PATH, MANAGER_IFACE).await?;
         let _: () = manager.call("Subscribe", &()).await?;
         let removed = manager.receive_signal("JobRemoved").await?;
         Ok(Self {
@@ -201,20 +195,13 @@ impl Systemd {
     async fn active_state(&self, unit: &str) -> Result<String> {
         let path: OwnedObjectPath = match self.manager.call("GetUnit", &(unit,)).await {
             Ok(p) => p,
-            Err(zbus::Error::MethodError(name, _, _))
-                if name.as_str() == "org.freedesktop.systemd1.NoSuchUnit" =>
-            {
+            Err(zbus::Error::MethodError(name, _, _)) if name.as_str() == NO_SUCH_UNIT => {
                 return Ok("inactive".into());
             }
             Err(e) => return Err(e.into()),
         };
-        let unit_proxy = zbus::Proxy::new(
-            self.manager.connection(),
-            "org.freedesktop.systemd1",
-            path,
-            "org.freedesktop.systemd1.Unit",
-        )
-        .await?;
+        let unit_proxy =
+            zbus::Proxy::new(self.manager.connection(), BUS_NAME, path, UNIT_IFACE).await?;
         Ok(unit_proxy.get_property::<String>("ActiveState").await?)
     }
 
@@ -226,13 +213,7 @@ impl Systemd {
 
     async fn u64_prop_of(&self, unit: &str, iface: &'static str, prop: &str) -> Result<u64> {
         let path: OwnedObjectPath = self.manager.call("GetUnit", &(unit,)).await?;
-        let unit_proxy = zbus::Proxy::new(
-            self.manager.connection(),
-            "org.freedesktop.systemd1",
-            path,
-            iface,
-        )
-        .await?;
+        let unit_proxy = zbus::Proxy::new(self.manager.connection(), BUS_NAME, path, iface).await?;
         unit_proxy
             .get_property::<u64>(prop)
             .await
@@ -524,13 +505,6 @@ fn report(samples: usize, remote: &[Remote], local: &[Local], alone: &[Duration]
         own,
         exit_to_active: remote.iter().map(|r| f(r.exit_to_active)).collect(),
     }
-}
-
-/// CLOCK_MONOTONIC now, in µs: the clock of systemd's `…TimestampMonotonic`.
-fn monotonic_us() -> u64 {
-    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .expect("CLOCK_MONOTONIC is always readable");
-    t.tv_sec() as u64 * 1_000_000 + t.tv_nsec() as u64 / 1_000
 }
 
 fn between(from: u64, to: u64) -> Duration {
