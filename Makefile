@@ -1,7 +1,7 @@
 # One task runner for people and CI (.ci/run calls `make check` and `make test`).
 CARGO ?= cargo
 
-.PHONY: all build demo test check fmt clippy bench install pydeps
+.PHONY: all build demo test check fmt clippy pure bench install pydeps
 
 all: build
 
@@ -24,13 +24,21 @@ pydeps: target/pylib/bluechi/api.py
 target/pylib/bluechi/api.py:
 	python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --no-deps --target target/pylib bluechi==$(BLUECHI_PY_VERSION)
 
-check: fmt clippy
+check: fmt clippy pure
 
 fmt:
 	$(CARGO) fmt --all -- --check
 
 clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+# The shared contracts build without their I/O parts: drover-protocol without
+# tokio (feature `io` off), drover-bus without zbus (feature `zbus` off), as
+# the proxy helper and other light users take them.
+pure:
+	$(CARGO) build -p drover-protocol --no-default-features
+	$(CARGO) build -p drover-bus --no-default-features
+	@! $(CARGO) tree -p drover-protocol -p drover-bus --no-default-features -e normal --prefix none | grep -E '^(tokio|zbus) '
 
 bench:
 	$(CARGO) run --release -p drover-bench -- all
@@ -44,6 +52,7 @@ install:
 	install -Dm755 target/release/drover-agent $(DESTDIR)$(PREFIX)/libexec/drover-agent
 	install -Dm755 target/release/droverctl $(DESTDIR)$(PREFIX)/bin/droverctl
 	install -Dm755 target/release/drover-proxy $(DESTDIR)$(PREFIX)/libexec/drover-proxy
+	install -Dm755 target/release/drover-pki $(DESTDIR)$(PREFIX)/bin/drover-pki
 	install -Dm644 units/drover-manager.service $(DESTDIR)$(PREFIX)/lib/systemd/system/drover-manager.service
 	install -Dm644 units/drover-agent.service $(DESTDIR)$(PREFIX)/lib/systemd/system/drover-agent.service
 	install -Dm644 units/drover-agent-user.service $(DESTDIR)$(PREFIX)/lib/systemd/user/drover-agent.service

@@ -11,9 +11,11 @@
 mod common;
 
 use common::*;
+use drover_agent::systemd::Systemd;
 use drover_agent::systemd::dbus::ZbusSystemd;
-use drover_agent::systemd::{JobKind, Systemd};
-use drover_protocol::{Event, Notice, Reason, Request, Response, TargetChange, ToAgent, ToManager};
+use drover_protocol::{
+    Event, JobKind, Notice, Reason, Request, Response, TargetChange, ToAgent, ToManager,
+};
 use drover_testkit::process::ChildGuard;
 use std::sync::Arc;
 use std::time::Duration;

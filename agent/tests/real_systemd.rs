@@ -9,7 +9,8 @@ use common::*;
 use drover_agent::dispatch::Dispatcher;
 use drover_agent::outbox::SessionKill;
 use drover_agent::systemd::dbus::ZbusSystemd;
-use drover_agent::systemd::{JobInfo, JobKind, Systemd};
+use drover_agent::systemd::{JobInfo, Systemd};
+use drover_protocol::JobKind;
 use drover_protocol::{Event, Request, Response, ToAgent, ToManager, UnitName};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -28,7 +29,8 @@ fn unit(s: &str) -> UnitName {
 }
 
 fn start(u: &str, job_id: u32) -> Request {
-    Request::StartUnit {
+    Request::UnitJob {
+        kind: JobKind::Start,
         unit: unit(u),
         mode: "replace".into(),
         job_id,

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use drover_sandbox::PrivateBus;
-use drover_testkit::api::{BUS_NAME, UnitRow as UnitTuple};
+use drover_testkit::api::{BUS_NAME, UnitTuple};
 use drover_testkit::ctl::{Ctl, CtlFollower};
 use drover_testkit::process::Run;
 use drover_testkit::standin::NamedError;

@@ -4,7 +4,7 @@ mod common;
 
 use common::*;
 use drover_protocol::link::HandshakeError;
-use drover_protocol::{RefuseReason, RemoteError, Request, Response, UnitInfo};
+use drover_protocol::{JobKind, RefuseReason, RemoteError, Request, Response, UnitInfo};
 use drover_testkit::agent::{job_done, job_state, reply_ok, reply_then};
 use drover_testkit::api::assert_mentions;
 use std::collections::HashMap;
@@ -197,7 +197,11 @@ async fn start_unit_emits_job_new_then_job_removed() {
     let f = Fixture::start(config(&["node1"])).await;
     // The agent accepts, reports progress, and finishes with "done".
     let behavior = reply_then(|req| match req {
-        Request::StartUnit { job_id, .. } => {
+        Request::UnitJob {
+            kind: JobKind::Start,
+            job_id,
+            ..
+        } => {
             vec![job_state(*job_id, "running"), job_done(*job_id, "done")]
         }
         _ => vec![],
@@ -227,7 +231,12 @@ async fn start_unit_emits_job_new_then_job_removed() {
         )
     );
     match &agent.requests()[0] {
-        Request::StartUnit { unit, mode, job_id } => {
+        Request::UnitJob {
+            kind: JobKind::Start,
+            unit,
+            mode,
+            job_id,
+        } => {
             assert_eq!(
                 (unit.as_str(), mode.as_str(), *job_id),
                 ("web.service", "replace", 1)
@@ -252,7 +261,11 @@ async fn job_done_before_the_reply_still_orders_job_new_first() {
     let f = Fixture::start(config(&["node1"])).await;
     // A fast oneshot: the agent reports JobDone even before its reply.
     let behavior: Behavior = Arc::new(|id, req| match req {
-        Request::RestartUnit { job_id, .. } => vec![job_done(*job_id, "done"), reply_ok(id)],
+        Request::UnitJob {
+            kind: JobKind::Restart,
+            job_id,
+            ..
+        } => vec![job_done(*job_id, "done"), reply_ok(id)],
         _ => vec![reply_ok(id)],
     });
     let _agent = f.agent("node1", behavior).await;
@@ -443,14 +456,14 @@ async fn list_units_per_node_and_fleet_wide() {
     let _a = f.agent("node1", units).await;
     // node-bar never answers: it is left out of the fleet-wide answer.
     let _b = f.agent("node-bar", never_reply()).await;
-    let rows: Vec<UnitRow> = f.call(NODE1, NODE_IFACE, "ListUnits", &()).await.unwrap();
+    let rows: Vec<UnitTuple> = f.call(NODE1, NODE_IFACE, "ListUnits", &()).await.unwrap();
     assert_eq!(rows.len(), 1);
     assert_eq!(
         (rows[0].0.as_str(), rows[0].3.as_str()),
         ("a.service", "active")
     );
 
-    let all: HashMap<String, Vec<UnitRow>> = f
+    let all: HashMap<String, Vec<UnitTuple>> = f
         .call(CONTROLLER, CTRL_IFACE, "ListUnits", &())
         .await
         .unwrap();

@@ -13,33 +13,15 @@ use zbus::{Connection, MatchRule, MessageStream, OwnedObjectPath, OwnedVariant};
 
 use crate::wait::WAIT;
 
-/// BlueChi's names: bus, objects, interfaces.
-pub const BUS_NAME: &str = "org.eclipse.bluechi";
-pub const CONTROLLER_PATH: &str = "/org/eclipse/bluechi";
-pub const CONTROLLER_IFACE: &str = "org.eclipse.bluechi.Controller";
-pub const NODE_IFACE: &str = "org.eclipse.bluechi.Node";
-pub const JOB_IFACE: &str = "org.eclipse.bluechi.Job";
-pub const MONITOR_IFACE: &str = "org.eclipse.bluechi.Monitor";
-pub const METRICS_PATH: &str = "/org/eclipse/bluechi/metrics";
-pub const METRICS_IFACE: &str = "org.eclipse.bluechi.Metrics";
-
+/// BlueChi's names (bus, objects, interfaces) and drover's extensions on the same
+/// objects, as the manager serves them: from drover-bus, where they are written once.
+pub use drover_bus::bluechi::{
+    BUS_NAME, CONTROLLER_IFACE, CONTROLLER_PATH, DROVER_CONTROLLER_IFACE, DROVER_MONITOR_IFACE,
+    JOB_IFACE, METRICS_IFACE, METRICS_PATH, MONITOR_IFACE, NODE_IFACE,
+};
 /// One row of `ListUnits` (`(ssssssouso)`), as systemd and the manager send it.
-pub type UnitRow = (
-    String,
-    String,
-    String,
-    String,
-    String,
-    String,
-    OwnedObjectPath,
-    u32,
-    String,
-    OwnedObjectPath,
-);
+pub use drover_bus::systemd::UnitTuple;
 
-/// drover's extensions, on the same objects as BlueChi's interfaces.
-pub const DROVER_CONTROLLER_IFACE: &str = "io.drover.Controller";
-pub const DROVER_MONITOR_IFACE: &str = "io.drover.Monitor";
 /// The standard interfaces every object has.
 pub const PROPERTIES_IFACE: &str = "org.freedesktop.DBus.Properties";
 pub const INTROSPECTABLE_IFACE: &str = "org.freedesktop.DBus.Introspectable";

@@ -6,6 +6,7 @@
 //! down (the sandbox's `Drop`); [`TestCluster::down`] does the same and fails the test if
 //! anything was left behind.
 
+use drover_bus::systemd;
 use drover_sandbox::{Cluster, ClusterOptions};
 use std::ops::{Deref, DerefMut};
 use std::time::Duration;
@@ -146,9 +147,9 @@ impl TestCluster {
         let conn = crate::api::connect(&self.0.node_bus_address(node)).await;
         zbus::Proxy::new(
             &conn,
-            "org.freedesktop.systemd1",
-            "/org/freedesktop/systemd1",
-            "org.freedesktop.systemd1.Manager",
+            systemd::BUS_NAME,
+            systemd::MANAGER_PATH,
+            systemd::MANAGER_IFACE,
         )
         .await
         .expect("systemd manager proxy")

@@ -6,9 +6,9 @@
 //! panic with a test's message instead of returning errors, and they contain fakes of
 //! drover's own processes (an agent and a manager speaking the wire protocol, a
 //! `droverctl` driver). Kept here they never reach a shipped binary or its dependency
-//! tree. This crate depends on `drover-sandbox` and `drover-protocol` only, never on the
-//! manager, agent or CLI crates, so every crate may take it as a dev-dependency without a
-//! cycle; a fixture that needs a crate's internals (the manager running in-process, the
+//! tree. This crate depends on `drover-sandbox` and the contract crates (`drover-protocol`,
+//! `drover-bus`) only, never on the manager, agent or CLI crates, so every crate may take it
+//! as a dev-dependency without a cycle; a fixture that needs a crate's internals (the manager running in-process, the
 //! agent's dispatcher) stays in that crate's `tests/common` and is built from these parts.
 //!
 //! A test against real systemd nodes, start to end:
@@ -68,7 +68,7 @@ pub use node::SystemdNode;
 pub mod prelude {
     pub use crate::api::{
         Api, BUS_NAME, CONTROLLER_IFACE, CONTROLLER_PATH, JobRemoved, JobWatch, NODE_IFACE,
-        UnitRow, error_of,
+        UnitTuple, error_of,
     };
     pub use crate::cluster::TestCluster;
     pub use crate::ctl::{Ctl, CtlFollower};

@@ -10,7 +10,7 @@ const JOB: Duration = Duration::from_secs(10);
 
 /// name → (active, sub) straight from a node's systemd.
 async fn systemd_units(c: &TestCluster, node: &str) -> BTreeMap<String, (String, String)> {
-    let units: Vec<UnitRow> = c.systemd(node).await.call("ListUnits", &()).await.unwrap();
+    let units: Vec<UnitTuple> = c.systemd(node).await.call("ListUnits", &()).await.unwrap();
     units.into_iter().map(|u| (u.0, (u.3, u.4))).collect()
 }
 
@@ -38,7 +38,7 @@ async fn list_units_of_a_node_equals_what_its_systemd_reports() {
 
     let direct = systemd_units(&c, "node2").await;
     let api = c.api().await;
-    let via_api: Vec<UnitRow> = api
+    let via_api: Vec<UnitTuple> = api
         .node("node2")
         .await
         .call("ListUnits", &())
@@ -72,7 +72,7 @@ async fn list_units_of_a_node_equals_what_its_systemd_reports() {
     );
 
     // Without a node: every online node, keyed by node name.
-    let all: BTreeMap<String, Vec<UnitRow>> =
+    let all: BTreeMap<String, Vec<UnitTuple>> =
         api.controller().await.call("ListUnits", &()).await.unwrap();
     assert_eq!(all.keys().collect::<Vec<_>>(), ["node1", "node2"]);
     assert!(all["node2"].iter().any(|u| u.0 == "web.service"));

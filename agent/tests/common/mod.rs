@@ -16,8 +16,9 @@ use drover_agent::deps::unit_status;
 use drover_agent::dispatch::{Dispatcher, Shared, pump_events};
 use drover_agent::link::LinkConfig;
 use drover_agent::outbox::SessionKill;
+use drover_agent::systemd::Systemd;
 use drover_agent::systemd::dbus::ZbusSystemd;
-use drover_agent::systemd::{BusTarget, Systemd};
+use drover_bus::Bus;
 use drover_protocol::{RemoteError, Request, Response, ToManager};
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 /// The agent's systemd client on the node's bus.
 pub async fn systemd(node: &SystemdNode) -> ZbusSystemd {
-    ZbusSystemd::connect(&BusTarget::Address(node.bus_address()))
+    ZbusSystemd::connect(&Bus::Address(node.bus_address()))
         .await
         .expect("systemd answers")
 }
@@ -143,7 +144,7 @@ impl InProcessAgent {
         let mut link = LinkConfig::new(node_name(name), "127.0.0.1", port);
         link.heartbeat_interval = Duration::from_millis(100);
         let shutdown = CancellationToken::new();
-        let bus = BusTarget::Address(node.bus_address());
+        let bus = Bus::Address(node.bus_address());
         let task = tokio::spawn({
             let shutdown = shutdown.clone();
             async move { drover_agent::agent::run(&bus, link, shutdown, on_ready).await }

@@ -12,7 +12,7 @@ pub use drover_testkit::agent::{
 pub use drover_testkit::api::{
     Api, BUS_NAME, CONTROLLER_IFACE, CONTROLLER_PATH as CONTROLLER, DROVER_CONTROLLER_IFACE,
     DROVER_MONITOR_IFACE, INTROSPECTABLE_IFACE, Inbox, JOB_IFACE, METRICS_IFACE, METRICS_PATH,
-    MONITOR_IFACE, NODE_IFACE, PROPERTIES_IFACE, UnitRow, error_name, error_of, next_signal,
+    MONITOR_IFACE, NODE_IFACE, PROPERTIES_IFACE, UnitTuple, error_name, error_of, next_signal,
     wait_changed,
 };
 pub use drover_testkit::wait::WAIT;

@@ -1,0 +1,114 @@
+//! The manager's side: accept TLS on an accepted TCP stream and read the
+//! node identity the client certificate proved.
+//!
+//! A handshake fails (and `accept` returns the error) when the peer sends no
+//! client certificate, one that does not chain to the CA bundle, is expired,
+//! revoked by the CRL, lacks the clientAuth purpose, or does not name exactly
+//! one node; and on anything that is not TLS 1.3. The caller bounds the time
+//! (`tokio::time::timeout`) and the number of handshakes in flight: before
+//! the client is authenticated rustls buffers at most one handshake message
+//! (under 64 KiB) per connection, so that cap bounds pre-authentication
+//! memory.
+
+use std::fmt;
+use std::io;
+
+use rustls::CertificateError;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+
+use crate::current::Current;
+use crate::error::IdentityError;
+use crate::identity::NodeIdentity;
+use crate::settings::ServerSettings;
+
+/// The manager's TLS acceptor: a handle on the [`ServerSettings`] in force.
+/// Clones share the settings, so the accept loop and the reload handler can
+/// each hold one.
+#[derive(Debug, Clone)]
+pub struct Acceptor {
+    settings: Current<ServerSettings>,
+}
+
+impl Acceptor {
+    pub fn new(settings: ServerSettings) -> Self {
+        Self {
+            settings: Current::new(settings),
+        }
+    }
+
+    /// Puts new settings in force for the handshakes that start from now on;
+    /// connections already established (or mid-handshake) keep the old ones.
+    /// Returns the settings replaced.
+    pub fn reload(&self, settings: ServerSettings) -> std::sync::Arc<ServerSettings> {
+        self.settings.replace(settings)
+    }
+
+    /// The settings in force (e.g. for [`ServerSettings::is_revoked`]).
+    pub fn settings(&self) -> std::sync::Arc<ServerSettings> {
+        self.settings.get()
+    }
+
+    /// Runs the TLS handshake on `stream`. Takes as long as the peer does:
+    /// wrap it in a timeout.
+    pub async fn accept<S>(&self, stream: S) -> io::Result<TlsStream<S>>
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
+        TlsAcceptor::from(self.settings.get().config())
+            .accept(stream)
+            .await
+            .map_err(explain)
+    }
+}
+
+/// A client certificate refused because it does not name one node. The
+/// error inside an `io::Error` from [`Acceptor::accept`] in that case.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertificateRefused(pub IdentityError);
+
+impl fmt::Display for CertificateRefused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "client certificate refused: {}", self.0)
+    }
+}
+
+impl std::error::Error for CertificateRefused {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}
+
+/// rustls shows an error of a custom verifier by its `Debug` form; give the
+/// identity refusals their sentence back.
+fn explain(e: io::Error) -> io::Error {
+    let refused = e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        .and_then(|tls| match tls {
+            rustls::Error::InvalidCertificate(CertificateError::Other(other)) => {
+                other.0.downcast_ref::<IdentityError>().cloned()
+            }
+            _ => None,
+        });
+    match refused {
+        Some(why) => io::Error::new(e.kind(), CertificateRefused(why)),
+        None => e,
+    }
+}
+
+/// The node identity of an accepted connection's client certificate.
+///
+/// The handshake already refused certificates that do not name one node, so
+/// on a stream from [`Acceptor::accept`] this fails only if that rule was
+/// somehow bypassed.
+pub fn peer_identity<S>(conn: &TlsStream<S>) -> Result<NodeIdentity, IdentityError> {
+    let leaf = conn
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|chain| chain.first())
+        .ok_or(IdentityError::NoCertificate)?;
+    NodeIdentity::from_certificate(leaf)
+}
