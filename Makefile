@@ -15,7 +15,7 @@ demo:
 # README command 2: unit tests and integration tests on real systemd nodes.
 # The integration tests start the daemons from target/debug, so build the binaries first.
 test: build pydeps
-	$(CARGO) test --workspace
+	$(CARGO) test --workspace --no-fail-fast
 
 # BlueChi's Python bindings (PyPI `bluechi`, pure Python on Debian's python3-dasbus),
 # used by tests/tests/python_bindings.rs to prove API compatibility.
