@@ -14,12 +14,12 @@ use crate::api::metrics::Metrics;
 use crate::error::ApiError;
 use crate::escape::job_path;
 use crate::jobs::{Done, JobInfo, Jobs, RESULT_DISCONNECTED, RESULT_SHUTDOWN, valid_state};
-use crate::monitor::Monitors;
-use crate::proxies::Proxies;
-use crate::references::Policy;
-use crate::registry::{Admission, ControllerStatus, Registry};
-use crate::session::{Session, spawn_io};
-use crate::subscriptions::Subscriptions;
+use crate::nodes::registry::{Admission, ControllerStatus, Registry};
+use crate::nodes::session::{Session, spawn_io};
+use crate::proxies::driver::Proxies;
+use crate::proxies::rules::Policy;
+use crate::units::hub::Subscriptions;
+use crate::units::monitor::Monitors;
 use drover_bus::bluechi::{CONTROLLER_IFACE, CONTROLLER_PATH, JOB_IFACE, NODE_IFACE};
 use drover_bus::systemd::{UnitTuple, unit_tuple};
 use drover_bus::timestamp;
@@ -147,7 +147,7 @@ impl Core {
         lock(&self.jobs)
     }
 
-    /// Cross-node dependencies (see [`crate::proxies`]).
+    /// Cross-node dependencies (see [`crate::proxies::driver`]).
     pub fn proxies(&self) -> &Proxies {
         &self.proxies
     }

@@ -59,15 +59,11 @@ pub mod core;
 pub mod error;
 pub mod escape;
 pub mod jobs;
-pub mod listener;
-pub mod monitor;
+pub mod nodes;
 pub mod proxies;
-pub mod references;
-pub mod registry;
 pub mod reload;
 pub mod server;
-pub mod session;
-pub mod subscriptions;
+pub mod units;
 
 pub use crate::core::{Core, Timeouts};
 pub use drover_bus::Bus;

@@ -4,7 +4,8 @@
 use anyhow::Context;
 use clap::Parser;
 use drover_manager::cli::Cli;
-use drover_manager::{Manager, Timeouts, listener};
+use drover_manager::nodes::listener;
+use drover_manager::{Manager, Timeouts};
 use std::process::ExitCode;
 use tokio::signal::unix::{SignalKind, signal};
 

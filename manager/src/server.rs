@@ -10,7 +10,7 @@
 
 use crate::api;
 use crate::core::{Core, Timeouts};
-use crate::listener::accept_loop;
+use crate::nodes::listener::accept_loop;
 use drover_bus::Bus;
 use drover_bus::bluechi::BUS_NAME;
 use drover_config::ManagerConfig;

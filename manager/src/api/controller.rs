@@ -2,7 +2,7 @@
 
 use crate::core::Core;
 use crate::error::ApiError;
-use crate::monitor::Monitors;
+use crate::units::monitor::Monitors;
 use drover_bus::systemd::UnitTuple;
 use drover_config::LogLevel;
 use drover_protocol::Request;

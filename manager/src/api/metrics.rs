@@ -17,7 +17,7 @@ use crate::core::Core;
 use crate::error::ApiError;
 use crate::escape::job_path;
 use crate::jobs::JobInfo;
-use crate::session::Session;
+use crate::nodes::session::Session;
 use drover_bus::bluechi::{METRICS_IFACE, METRICS_PATH};
 use drover_bus::marshal;
 use drover_bus::systemd::UNIT_IFACE;

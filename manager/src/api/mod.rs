@@ -46,6 +46,9 @@ pub async fn export(core: &Arc<Core>, conn: &Connection) -> zbus::Result<()> {
             .at(path.as_str(), node::NodeObject::new(core.clone(), name))
             .await?;
     }
-    tokio::spawn(crate::monitor::watch_owners(core.clone(), conn.clone()));
+    tokio::spawn(crate::units::monitor::watch_owners(
+        core.clone(),
+        conn.clone(),
+    ));
     Ok(())
 }

@@ -1,13 +1,13 @@
 //! `org.eclipse.bluechi.Monitor` and `io.drover.Monitor` at
 //! `/org/eclipse/bluechi/monitor/<id>`: thin adapters over
-//! [`crate::monitor`]. The signals are declared here so `Introspect`
+//! [`crate::units::monitor`]. The signals are declared here so `Introspect`
 //! describes them; they are emitted by the monitor's task as unicast
-//! messages (see [`crate::monitor`]), never through these declarations.
+//! messages (see [`crate::units::monitor`]), never through these declarations.
 
 use crate::core::Core;
 use crate::error::ApiError;
-use crate::monitor::{Monitor, Monitors, REASON_CLOSED};
-use crate::subscriptions::SnapshotRow;
+use crate::units::hub::SnapshotRow;
+use crate::units::monitor::{Monitor, Monitors, REASON_CLOSED};
 use std::collections::HashMap;
 use std::sync::Arc;
 use zbus::object_server::SignalEmitter;

@@ -8,7 +8,7 @@
 //!   the owner calls `Close`, when the owner leaves the bus
 //!   (NameOwnerChanged), or when it does not keep up: its event queue
 //!   ([`MONITOR_QUEUE`] items) is bounded and a full queue drops the monitor
-//!   (see [`crate::subscriptions`]) instead of buffering. Either way every
+//!   (see [`crate::units::hub`]) instead of buffering. Either way every
 //!   peer gets `PeerRemoved` with the reason and the objects are unexported.
 //! * Signals go to the owner and to each peer, one unicast message each
 //!   (destination set), never broadcast: other clients cannot eavesdrop on
@@ -34,7 +34,8 @@
 use crate::api::monitor::{DroverMonitorObject, MonitorObject};
 use crate::core::Core;
 use crate::error::ApiError;
-use crate::subscriptions::{Change, Delivery, SnapshotRow, UnitEvent, WILDCARD, WatchId, Watcher};
+use crate::units::hub::{Delivery, SnapshotRow, WatchId, Watcher};
+use crate::units::records::{Change, UnitEvent, WILDCARD};
 use drover_bus::bluechi::{DROVER_MONITOR_IFACE, MONITOR_IFACE, MONITOR_PATH_PREFIX};
 use drover_bus::marshal::{self, PropertyMap};
 use drover_protocol::error_names::LIMITS_EXCEEDED;
