@@ -14,6 +14,7 @@ pub mod job;
 pub mod metrics;
 pub mod monitor;
 pub mod node;
+pub mod outbound;
 
 use crate::core::Core;
 use drover_bus::bluechi::CONTROLLER_PATH;
@@ -46,8 +47,9 @@ pub async fn export(core: &Arc<Core>, conn: &Connection) -> zbus::Result<()> {
             .at(path.as_str(), node::NodeObject::new(core.clone(), name))
             .await?;
     }
+    core.monitors().serve(monitor::MonitorExport::new(core));
     tokio::spawn(crate::units::monitor::watch_owners(
-        core.clone(),
+        core.monitors().clone(),
         conn.clone(),
     ));
     Ok(())

@@ -31,18 +31,17 @@
 //!   snapshot and the switch happen under the subscription lock, so there
 //!   is no gap and no duplicate between them.
 
-use crate::api::monitor::{DroverMonitorObject, MonitorObject};
-use crate::core::Core;
 use crate::error::ApiError;
-use crate::units::hub::{Delivery, SnapshotRow, WatchId, Watcher};
+use crate::units::hub::{Delivery, SnapshotRow, Subscriptions, WatchId, Watcher};
 use crate::units::records::{Change, UnitEvent, WILDCARD};
 use drover_bus::bluechi::{DROVER_MONITOR_IFACE, MONITOR_IFACE, MONITOR_PATH_PREFIX};
 use drover_bus::marshal::{self, PropertyMap};
 use drover_protocol::error_names::LIMITS_EXCEEDED;
 use drover_protocol::{NodeName, UnitName};
+use futures::future::BoxFuture;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use tokio::sync::mpsc;
 use zbus::names::{BusName, OwnedUniqueName, UniqueName};
 use zbus::{Connection, Message, OwnedObjectPath};
@@ -122,7 +121,12 @@ struct Targets {
     units: Vec<Option<UnitName>>,
 }
 
-fn parse_targets(core: &Core, node: &str, units: &[String]) -> Result<(Targets, bool), ApiError> {
+/// `configured`: every node of the registry, in config order.
+fn parse_targets(
+    configured: &[NodeName],
+    node: &str,
+    units: &[String],
+) -> Result<(Targets, bool), ApiError> {
     if units.is_empty() {
         return Err(ApiError::invalid_args("no unit given to subscribe to"));
     }
@@ -139,16 +143,10 @@ fn parse_targets(core: &Core, node: &str, units: &[String]) -> Result<(Targets, 
     parsed.sort();
     parsed.dedup();
     let (nodes, known) = if node == WILDCARD {
-        let nodes: Vec<_> = core
-            .registry()
-            .nodes()
-            .iter()
-            .map(|n| n.name.clone())
-            .collect();
-        (nodes, true)
+        (configured.to_vec(), true)
     } else {
         let name = NodeName::new(node).map_err(|e| ApiError::invalid_args(e.to_string()))?;
-        let known = core.registry().get(name.as_str()).is_some();
+        let known = configured.contains(&name);
         (vec![name], known)
     };
     Ok((
@@ -160,28 +158,48 @@ fn parse_targets(core: &Core, node: &str, units: &[String]) -> Result<(Targets, 
     ))
 }
 
+/// A monitor's D-Bus objects, put on and taken off the bus by the D-Bus
+/// layer ([`crate::api::monitor::MonitorExport`]); this module only decides
+/// when.
+pub trait MonitorObjects: Send + Sync + 'static {
+    /// Exports the objects of `monitor` at its path.
+    fn export<'a>(
+        &'a self,
+        conn: &'a Connection,
+        monitor: &'a Arc<Monitor>,
+    ) -> BoxFuture<'a, zbus::Result<()>>;
+
+    /// Removes whatever objects are at `monitor`'s path.
+    fn unexport<'a>(&'a self, conn: &'a Connection, monitor: &'a Monitor) -> BoxFuture<'a, ()>;
+}
+
 /// The manager's monitors.
 pub struct Monitors {
     table: Mutex<HashMap<u32, Arc<Monitor>>>,
     next_monitor: AtomicU32,
     next_sub: AtomicU32,
     next_peer: AtomicU32,
+    /// Where monitors watch units.
+    hub: Arc<Subscriptions>,
+    /// Set once, when the API is served.
+    objects: OnceLock<Arc<dyn MonitorObjects>>,
 }
 
-impl Default for Monitors {
-    fn default() -> Self {
-        Self {
+impl Monitors {
+    pub fn new(hub: Arc<Subscriptions>) -> Arc<Self> {
+        Arc::new(Self {
             table: Mutex::new(HashMap::new()),
             next_monitor: AtomicU32::new(1),
             next_sub: AtomicU32::new(2),
             next_peer: AtomicU32::new(1),
-        }
+            hub,
+            objects: OnceLock::new(),
+        })
     }
-}
 
-impl Monitors {
-    pub fn new() -> Arc<Self> {
-        Arc::new(Self::default())
+    /// How monitors' objects are exported (set once, when the API is served).
+    pub fn serve(&self, objects: Arc<dyn MonitorObjects>) {
+        let _ = self.objects.set(objects);
     }
 
     pub fn len(&self) -> usize {
@@ -198,11 +216,11 @@ impl Monitors {
 
     /// `Controller.CreateMonitor` for `owner` (the caller's unique name).
     pub async fn create(
-        core: &Arc<Core>,
+        self: &Arc<Self>,
         conn: &Connection,
         owner: &UniqueName<'_>,
     ) -> Result<OwnedObjectPath, ApiError> {
-        let monitors = core.monitors();
+        let monitors = self;
         if monitors.len() >= MAX_MONITORS {
             return Err(ApiError::new(
                 LIMITS_EXCEEDED,
@@ -212,7 +230,7 @@ impl Monitors {
         let id = monitors.next_monitor.fetch_add(1, Ordering::Relaxed);
         let path = OwnedObjectPath::try_from(format!("{MONITOR_PATH_PREFIX}/{id}"))
             .map_err(|e| ApiError::failed(e.to_string()))?;
-        let (watcher, rx) = core.subscriptions().watcher(MONITOR_QUEUE);
+        let (watcher, rx) = self.hub.watcher(MONITOR_QUEUE);
         let monitor = Arc::new(Monitor {
             id,
             path: path.clone(),
@@ -222,29 +240,17 @@ impl Monitors {
             closed: AtomicBool::new(false),
         });
         lock(&monitors.table).insert(id, monitor.clone());
-        let server = conn.object_server();
-        let exported = async {
-            server
-                .at(
-                    path.as_str(),
-                    MonitorObject::new(core.clone(), monitor.clone()),
-                )
-                .await?;
-            server
-                .at(
-                    path.as_str(),
-                    DroverMonitorObject::new(core.clone(), monitor.clone()),
-                )
-                .await
-        }
-        .await;
+        let exported = match self.objects.get() {
+            Some(objects) => objects.export(conn, &monitor).await,
+            None => Ok(()),
+        };
         if let Err(e) = exported {
-            Self::close(core, conn, &monitor, REASON_CLOSED).await;
+            self.close(conn, &monitor, REASON_CLOSED).await;
             return Err(ApiError::failed(format!("cannot export the monitor: {e}")));
         }
-        tokio::spawn(emit_loop(core.clone(), conn.clone(), monitor.clone(), rx));
+        tokio::spawn(emit_loop(self.clone(), conn.clone(), monitor.clone(), rx));
         // The owner may have left before we started watching for it.
-        let (core2, conn2, m2) = (core.clone(), conn.clone(), monitor.clone());
+        let (monitors2, conn2, m2) = (self.clone(), conn.clone(), monitor.clone());
         tokio::spawn(async move {
             let gone = match zbus::fdo::DBusProxy::new(&conn2).await {
                 Ok(p) => matches!(
@@ -254,7 +260,7 @@ impl Monitors {
                 Err(_) => false,
             };
             if gone {
-                Monitors::close(&core2, &conn2, &m2, REASON_OWNER_GONE).await;
+                monitors2.close(&conn2, &m2, REASON_OWNER_GONE).await;
             }
         });
         tracing::debug!(monitor = id, owner = %owner, "monitor created");
@@ -262,14 +268,15 @@ impl Monitors {
     }
 
     /// `Subscribe` / `SubscribeList`: one subscription id for every node ×
-    /// unit given.
+    /// unit given. `configured`: the registry's nodes (node `*` means them).
     pub fn subscribe(
-        core: &Core,
+        &self,
         monitor: &Monitor,
+        configured: &[NodeName],
         node: &str,
         units: &[String],
     ) -> Result<u32, ApiError> {
-        let (targets, known) = parse_targets(core, node, units)?;
+        let (targets, known) = parse_targets(configured, node, units)?;
         if !known {
             tracing::info!(
                 monitor = monitor.id,
@@ -294,7 +301,7 @@ impl Monitors {
                 }
             }
         }
-        let id = core.monitors().next_sub.fetch_add(1, Ordering::Relaxed);
+        let id = self.next_sub.fetch_add(1, Ordering::Relaxed);
         lock(&monitor.inner).subs.insert(id, watches);
         Ok(id)
     }
@@ -311,7 +318,7 @@ impl Monitors {
         Ok(())
     }
 
-    pub fn add_peer(core: &Core, monitor: &Monitor, name: &str) -> Result<u32, ApiError> {
+    pub fn add_peer(&self, monitor: &Monitor, name: &str) -> Result<u32, ApiError> {
         let peer = UniqueName::try_from(name).map_err(|_| {
             ApiError::invalid_args(format!(
                 "Peer name '{}' is not a valid unique bus name",
@@ -335,7 +342,7 @@ impl Monitors {
                 format!("a monitor has at most {MAX_PEERS} peers"),
             ));
         }
-        let id = core.monitors().next_peer.fetch_add(1, Ordering::Relaxed);
+        let id = self.next_peer.fetch_add(1, Ordering::Relaxed);
         inner.peers.insert(id, peer.to_owned().into());
         Ok(id)
     }
@@ -363,7 +370,7 @@ impl Monitors {
 
     /// Ends a monitor (idempotent): watches go, peers get `PeerRemoved`
     /// with `reason`, objects are unexported.
-    pub async fn close(core: &Core, conn: &Connection, monitor: &Arc<Monitor>, reason: &str) {
+    pub async fn close(&self, conn: &Connection, monitor: &Arc<Monitor>, reason: &str) {
         if monitor.closed.swap(true, Ordering::SeqCst) {
             return;
         }
@@ -377,24 +384,20 @@ impl Monitors {
         for peer in &peers {
             send_peer_removed(conn, monitor, peer, reason).await;
         }
-        lock(&core.monitors().table).remove(&monitor.id);
-        let server = conn.object_server();
-        let _ = server
-            .remove::<MonitorObject, _>(monitor.path.as_str())
-            .await;
-        let _ = server
-            .remove::<DroverMonitorObject, _>(monitor.path.as_str())
-            .await;
+        lock(&self.table).remove(&monitor.id);
+        if let Some(objects) = self.objects.get() {
+            objects.unexport(conn, monitor).await;
+        }
         tracing::debug!(monitor = monitor.id, "monitor closed: {reason}");
     }
 
     /// A unique name left the bus: close the monitors it owns, forget it as
     /// a peer.
-    pub async fn name_gone(core: &Core, conn: &Connection, name: &str) {
-        let all: Vec<_> = lock(&core.monitors().table).values().cloned().collect();
+    pub async fn name_gone(&self, conn: &Connection, name: &str) {
+        let all: Vec<_> = lock(&self.table).values().cloned().collect();
         for m in all {
             if m.owner.as_str() == name {
-                Self::close(core, conn, &m, REASON_OWNER_GONE).await;
+                self.close(conn, &m, REASON_OWNER_GONE).await;
             } else {
                 lock(&m.inner).peers.retain(|_, p| p.as_str() != name);
             }
@@ -402,10 +405,10 @@ impl Monitors {
     }
 
     /// Closes every monitor (manager shutdown).
-    pub async fn close_all(core: &Core, conn: &Connection) {
-        let all: Vec<_> = lock(&core.monitors().table).values().cloned().collect();
+    pub async fn close_all(&self, conn: &Connection) {
+        let all: Vec<_> = lock(&self.table).values().cloned().collect();
         for m in all {
-            Self::close(core, conn, &m, REASON_CLOSED).await;
+            self.close(conn, &m, REASON_CLOSED).await;
         }
     }
 }
@@ -636,7 +639,7 @@ fn messages_for_batch(
 /// ends when the monitor is closed, or when it overflowed: then the
 /// monitor is closed here.
 async fn emit_loop(
-    core: Arc<Core>,
+    monitors: Arc<Monitors>,
     conn: Connection,
     monitor: Arc<Monitor>,
     mut rx: mpsc::Receiver<Delivery>,
@@ -666,13 +669,13 @@ async fn emit_loop(
             owner = %monitor.owner,
             "closing a monitor whose receivers did not keep up (queue of {MONITOR_QUEUE} events full)"
         );
-        Monitors::close(&core, &conn, &monitor, REASON_TOO_SLOW).await;
+        monitors.close(&conn, &monitor, REASON_TOO_SLOW).await;
     }
 }
 
 /// Closes monitors whose owner leaves the bus, and forgets peers that
 /// leave. Runs until the connection closes.
-pub async fn watch_owners(core: Arc<Core>, conn: Connection) {
+pub async fn watch_owners(monitors: Arc<Monitors>, conn: Connection) {
     use futures::StreamExt;
     let proxy = match zbus::fdo::DBusProxy::new(&conn).await {
         Ok(p) => p,
@@ -687,8 +690,8 @@ pub async fn watch_owners(core: Arc<Core>, conn: Connection) {
     while let Some(signal) = changes.next().await {
         let Ok(args) = signal.args() else { continue };
         let name = args.name.as_str();
-        if name.starts_with(':') && args.new_owner.is_none() && !core.monitors().is_empty() {
-            Monitors::name_gone(&core, &conn, name).await;
+        if name.starts_with(':') && args.new_owner.is_none() && !monitors.is_empty() {
+            monitors.name_gone(&conn, name).await;
         }
     }
 }
