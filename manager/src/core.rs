@@ -1,6 +1,12 @@
 //! The manager's state and the rules that tie sessions, nodes, jobs and the
 //! D-Bus API together.
 //!
+//! The core is every session's [`SessionOwner`] (events and disconnects come
+//! in through it) and puts what clients must hear on the bus through one
+//! [`Outbound`] (set when the API is served; before that, and in unit tests,
+//! nothing is emitted). It never names a D-Bus object: `api/` imports the
+//! core, not the other way round.
+//!
 //! Locks: `registry` and `jobs` are plain mutexes, held for a few map
 //! operations and never across an await. `announce` is an async mutex that
 //! serialises every online/offline transition *with its D-Bus

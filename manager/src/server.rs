@@ -84,7 +84,6 @@ impl Manager {
     ) -> Result<Self, StartError> {
         let core = Core::new(config, timeouts);
         let conn = connect(bus).await?;
-        core.set_outbound(api::outbound::BusOutbound::new(conn.clone(), &core));
         api::export(&core, &conn)
             .await
             .map_err(StartError::Export)?;

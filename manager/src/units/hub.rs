@@ -1,8 +1,7 @@
 //! The subscription hub: who watches which unit on which node, which agent
 //! was told to report what, and the fan-out of unit events to the watchers.
 //! The last known state of every watched unit is held here too, as the
-//! [`Records`](crate::units::records::Records) of
-//! [`crate::units::records`], which owns the tag rules.
+//! [`Records`] of [`crate::units::records`], which owns the tag rules.
 //!
 //! Vocabulary:
 //!
@@ -24,7 +23,7 @@
 //!   replayed.
 //! * Unit events are applied to per-(node, unit) [`Record`]s by the tag rules
 //!   of `drover_protocol::tag` (see
-//!   [`Records::apply`](crate::units::records::Records::apply)); a stale event is
+//!   [`Records::apply`]); a stale event is
 //!   dropped, a virtual event that changes nothing is not forwarded, and only
 //!   events of the node's current session are accepted (a replaced session's
 //!   reader may still be draining).

@@ -57,7 +57,7 @@ const BATCH: usize = 4096;
 /// Rows per `UnitsChanged` signal at most.
 pub const MAX_ROWS_PER_SIGNAL: usize = 4096;
 /// Marshalled rows per `UnitsChanged` signal at most (about; see
-/// [`row_bytes`]), far below D-Bus's message size limit.
+/// `row_bytes`), far below D-Bus's message size limit.
 pub const MAX_SIGNAL_BYTES: usize = 512 * 1024;
 
 pub const REASON_CLOSED: &str = "monitor closed";
