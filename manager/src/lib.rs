@@ -16,8 +16,9 @@
 //!   and the last state of each watched unit with its modification tag, by
 //!   the tag rules), [`units::hub`] (who watches which unit, what each agent
 //!   was told, fan-out of unit events), [`units::monitor`] (monitors:
-//!   subscriptions, peers, unicast signals, the snapshot + tagged stream of
-//!   `io.drover.Monitor`).
+//!   subscriptions, peers, the snapshot + tagged stream of
+//!   `io.drover.Monitor`), [`units::signals`] (their events as unicast
+//!   D-Bus messages).
 //! * [`proxies`] — cross-node dependencies: [`proxies::rules`] (reference
 //!   sets per target unit and their rules — grace periods, permissions, dep
 //!   units — as plain data) and [`proxies::driver`] (carries out what they
