@@ -1,7 +1,7 @@
 # One task runner for people and CI (.ci/run calls `make check` and `make test`).
 CARGO ?= cargo
 
-.PHONY: all build demo test check fmt clippy pure bench install pydeps
+.PHONY: all build demo test check fmt clippy pure deny deny-advisories bench install pydeps
 
 all: build
 
@@ -24,13 +24,17 @@ pydeps: target/pylib/bluechi/api.py
 target/pylib/bluechi/api.py:
 	python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --no-deps --target target/pylib bluechi==$(BLUECHI_PY_VERSION)
 
-check: fmt clippy pure
+check: fmt clippy pure deny
 
 fmt:
 	$(CARGO) fmt --all -- --check
 
+# The lints are in Cargo.toml's [workspace.lints]. The second pass holds the
+# shipped code (libraries and binaries, not tests, examples or testkit) to no
+# `.unwrap()`, which tests use freely.
 clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --exclude drover-testkit --lib --bins -- -D warnings -D clippy::unwrap_used
 
 # The shared contracts build without their I/O parts: drover-protocol without
 # tokio (feature `io` off), drover-bus without zbus (feature `zbus` off), as
@@ -39,6 +43,30 @@ pure:
 	$(CARGO) build -p drover-protocol --no-default-features
 	$(CARGO) build -p drover-bus --no-default-features
 	@! $(CARGO) tree -p drover-protocol -p drover-bus --no-default-features -e normal --prefix none | grep -E '^(tokio|zbus) '
+
+# cargo-deny with deny.toml (the policy and why is written there). Licenses,
+# duplicate versions and sources need only Cargo.lock: they always run. .ci/run
+# installs cargo-deny when it is missing.
+CARGO_DENY_VERSION ?= 0.20.2
+deny:
+	@$(CARGO) deny --version >/dev/null 2>&1 || { echo "make deny: cargo-deny is not installed: cargo install --locked cargo-deny@$(CARGO_DENY_VERSION)"; exit 1; }
+	$(CARGO) deny --locked check bans licenses sources
+	@$(MAKE) --no-print-directory deny-advisories
+
+# Advisories need the RustSec database, cloned from GitHub. Fetched: checked,
+# and a finding fails. Not fetched but an earlier copy is there: that copy is
+# checked. Neither: one line says the check was skipped and why, and it passes.
+ADVISORY_DBS ?= $(or $(CARGO_HOME),$(HOME)/.cargo)/advisory-dbs
+deny-advisories:
+	@if why=$$($(CARGO) deny --locked fetch db 2>&1); then \
+		$(CARGO) deny --locked check advisories; \
+	elif ls -d $(ADVISORY_DBS)/advisory-db-*/crates >/dev/null 2>&1; then \
+		echo "deny: advisory database not updated, checking the copy fetched before"; \
+		$(CARGO) deny --locked --offline check advisories; \
+	else \
+		reason=$$(printf '%s\n' "$$why" | grep -m1 '^fatal:' || printf '%s\n' "$$why" | grep . | tail -n1); \
+		echo "deny: advisories check SKIPPED: the RustSec advisory database cannot be fetched ($${reason:-no reason given}) and no earlier copy exists"; \
+	fi
 
 bench:
 	$(CARGO) run --release -p drover-bench -- all

@@ -8,8 +8,11 @@
 //! the manager is not there or goes away.
 //!
 //! Layout:
-//! * [`cli`]: global options and value parsers (validation happens at parse time);
+//! * [`cli`]: global options, and the program ([`cli::main`], [`cli::run`]);
+//! * [`parse`]: value parsers (validation happens at parse time);
 //! * [`commands`]: one file per command, and the list that makes the command enum;
+//! * [`context`]: what every command implements ([`context::Run`]) and runs with
+//!   ([`context::Context`]: output format, output sink, bus);
 //! * [`client`]: bus choice, connection, D-Bus error → [`CtlError`] mapping;
 //! * [`api`]: zbus proxies for the members used, node object paths;
 //! * [`follow`]: what `monitor`, `status -w` and `metrics listen` share (one ordered
@@ -17,56 +20,23 @@
 //! * [`output`]: tables, JSON, timestamps (pure, unit-tested);
 //! * [`error`]: the error type and the exit-code contract.
 //!
-//! The binary is [`main`]: parse, run on a current-thread runtime, print any error as
-//! one line `droverctl: <message>` on stderr, exit with [`CtlError::exit_code`].
+//! The binary is [`cli::main`]: parse, run on a current-thread runtime, print any
+//! error as one line `droverctl: <message>` on stderr, exit with
+//! [`CtlError::exit_code`].
+//!
+//! Imports run one way: `cli` → `commands` → each command → `context`, `parse`,
+//! `client`, `follow`, `output` → `api`, `error`. This file only declares modules and
+//! re-exports; nothing inside the crate imports through it.
 
 pub mod api;
 pub mod cli;
 pub mod client;
 pub mod commands;
+pub mod context;
 pub mod error;
 pub mod follow;
 pub mod output;
-
-use std::io::Write;
-use std::process::ExitCode;
-
-use clap::Parser;
+pub mod parse;
 
 pub use cli::Cli;
 pub use error::{CtlError, EXIT_FAILED, EXIT_OK, EXIT_USAGE};
-
-/// Run a parsed command line, writing command output to `out`.
-/// `env_bus` is the value of `$DROVER_BUS` (passed in so callers control it).
-pub async fn run(cli: Cli, env_bus: Option<&str>, out: Box<dyn Write>) -> Result<(), CtlError> {
-    let target = client::resolve_bus(cli.bus.as_deref(), cli.user, env_bus)?;
-    let mut ctx = commands::Context::new(target, cli.json, out);
-    cli.command.run(&mut ctx).await
-}
-
-/// The whole program: what `main.rs` calls.
-pub fn main() -> ExitCode {
-    // Exits 2 with usage on a bad command line, 0 for --help/--version.
-    let cli = Cli::parse();
-    let env_bus = std::env::var("DROVER_BUS").ok();
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("droverctl: cannot start the async runtime: {e}");
-            return ExitCode::from(EXIT_FAILED);
-        }
-    };
-    let out = Box::new(std::io::stdout());
-    match runtime.block_on(run(cli, env_bus.as_deref(), out)) {
-        Ok(()) => ExitCode::from(EXIT_OK),
-        Err(e) => {
-            if !e.is_quiet() {
-                eprintln!("droverctl: {e}");
-            }
-            ExitCode::from(e.exit_code())
-        }
-    }
-}

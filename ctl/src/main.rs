@@ -1,5 +1,5 @@
-//! The `droverctl` binary; everything lives in the library.
+//! The `droverctl` binary; everything lives in the library (`droverctl::cli`).
 
 fn main() -> std::process::ExitCode {
-    droverctl::main()
+    droverctl::cli::main()
 }

@@ -73,7 +73,10 @@ pub fn local_time(usec: u64) -> String {
     // localtime_r is the thread-safe variant and only reads `t`. It stays a raw libc
     // call because neither std nor nix convert to local time: the time zone rules
     // (TZ, /etc/localtime) are the C library's.
+    #[allow(unsafe_code)]
     let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    // SAFETY: both pointers are to live locals; see above.
+    #[allow(unsafe_code)]
     let ok = unsafe { !libc::localtime_r(&t, &mut tm).is_null() };
     if !ok {
         return format!("@{secs}");

@@ -132,6 +132,7 @@ async fn running_out_of_descriptors_is_survived() {
         .stdout(Stdio::null())
         .stderr(Stdio::from(setup.log()));
     // SAFETY: only setrlimit(2), async-signal-safe, between fork and exec.
+    #[allow(unsafe_code)]
     unsafe {
         cmd.pre_exec(|| {
             let limit = libc::rlimit {

@@ -218,6 +218,7 @@ fn stop_signals() -> nix::Result<SignalFd> {
 fn die_by(sig: Signal) -> ! {
     use nix::sys::signal::{SigHandler, raise, signal};
     // SAFETY: restoring the default disposition installs no Rust code as a handler.
+    #[allow(unsafe_code)]
     let _ = unsafe { signal(sig, SigHandler::SigDfl) };
     let mut set = SigSet::empty();
     set.add(sig);

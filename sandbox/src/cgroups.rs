@@ -390,6 +390,7 @@ impl CgroupJoin {
     ///
     /// # Safety
     /// Call only in a `pre_exec` hook (a single-threaded child right after fork).
+    #[allow(unsafe_code)] // raw syscalls between fork and exec, see above
     pub unsafe fn join_self(&self) -> std::io::Result<()> {
         for path in &self.procs {
             // SAFETY: `path` is a valid NUL-terminated string; the fd is closed below.

@@ -4,7 +4,8 @@
 //! [`Cluster`] after everything is online); the other commands find it again through
 //! `DIR/state.json`. `--dir` defaults to `$DROVER_SANDBOX_DIR`, then `/tmp/drover-sandbox`.
 //! Usage errors are clap's (exit 2); failures print one message and exit 1; `exec` passes
-//! the command's exit code through.
+//! the command's exit code through. [`main`] is the whole program (`main.rs` calls it):
+//! parse, run on a two-worker runtime, print a failure as one line.
 
 use crate::binaries;
 use crate::bus;
@@ -18,7 +19,7 @@ use clap::{Parser, Subcommand};
 use drover_protocol::{NodeName, UnitName};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::{ExitCode, Stdio};
 
 pub const DEFAULT_DIR: &str = "/tmp/drover-sandbox";
 
@@ -86,6 +87,29 @@ fn parse_node_name(s: &str) -> Result<String, String> {
 pub fn resolve_dir(dir: Option<PathBuf>) -> PathBuf {
     dir.or_else(|| std::env::var_os("DROVER_SANDBOX_DIR").map(PathBuf::from))
         .unwrap_or_else(|| PathBuf::from(DEFAULT_DIR))
+}
+
+/// The whole program: what `main.rs` calls.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("drover-sandbox: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("drover-sandbox: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// Runs one command; returns the process exit code.

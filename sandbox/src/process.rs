@@ -87,6 +87,7 @@ pub fn spawn(spec: Spawn<'_>) -> Result<Child> {
     // dup2, fcntl) on data prepared before the fork. They stay raw libc calls on
     // purpose: between fork and exec nothing may allocate or take a lock, which std's
     // wrappers (and nix's path handling) do not promise.
+    #[allow(unsafe_code)]
     unsafe {
         cmd.pre_exec(move || {
             // Join first: the open() calls inside may take fd 3 before we dup2 onto it.

@@ -11,6 +11,10 @@
 //!
 //! `cargo run --release -p drover-tls --example tls_cost [HANDSHAKES [CONNECTIONS]]`
 
+// A counting global allocator and a per-thread CPU clock need `unsafe`; this is a
+// measuring tool, not shipped code.
+#![allow(unsafe_code)]
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::{BufRead, BufReader, Read as _, Write as _};
 use std::process::{Command, Stdio};
@@ -31,10 +35,12 @@ static LIVE: AtomicIsize = AtomicIsize::new(0);
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: the caller's contract for `alloc` is the system allocator's.
         unsafe { System.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: `ptr` came from `alloc` above, that is from the system allocator.
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
@@ -42,6 +48,7 @@ unsafe impl GlobalAlloc for Counting {
             new_size as isize - layout.size() as isize,
             Ordering::Relaxed,
         );
+        // SAFETY: `ptr` came from the system allocator, as for `dealloc`.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
 }

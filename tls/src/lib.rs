@@ -84,7 +84,7 @@
 //! * `current` — the swappable `Arc` behind the reload handles.
 //! * [`acceptor`] / [`connector`] — the manager's and the agent's side.
 //! * [`pki`] (feature `pki`) — CA, manager and node certificates, the CRL;
-//!   the `drover-pki` binary is a thin skin over it.
+//!   the `drover-pki` command ([`pki_cli`], feature `pki`) is a thin skin over it.
 
 pub mod acceptor;
 pub mod connector;
@@ -94,6 +94,8 @@ mod files;
 pub mod identity;
 #[cfg(feature = "pki")]
 pub mod pki;
+#[cfg(feature = "pki")]
+pub mod pki_cli;
 mod revocation;
 pub mod settings;
 mod utc;

@@ -9,12 +9,12 @@ use serde::Serialize;
 
 use drover_protocol::{NodeName, UnitName};
 
-use crate::cli::{parse_node, parse_target};
 use crate::client::CallContext;
 use crate::commands::unit_files::{ChangesJson, change_line, changes_json};
-use crate::commands::{Context, Run};
+use crate::context::{Context, Run};
 use crate::error::CtlError;
 use crate::output::json;
+use crate::parse::{parse_node, parse_target};
 
 #[derive(Debug, clap::Args)]
 pub struct GetDefault {

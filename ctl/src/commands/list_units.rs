@@ -9,11 +9,11 @@ use serde::Serialize;
 
 use drover_protocol::NodeName;
 
-use crate::cli::{parse_glob, parse_node};
 use crate::client::CallContext;
-use crate::commands::{Context, Run};
+use crate::context::{Context, Run};
 use crate::error::CtlError;
 use crate::output::{Width, json, table};
+use crate::parse::{parse_glob, parse_node};
 use drover_bus::systemd::UnitTuple;
 
 #[derive(Debug, clap::Args)]

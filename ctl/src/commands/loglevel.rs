@@ -7,11 +7,11 @@ use serde::Serialize;
 
 use drover_protocol::NodeName;
 
-use crate::cli::{parse_log_level, parse_node};
 use crate::client::CallContext;
-use crate::commands::{Context, Run};
+use crate::context::{Context, Run};
 use crate::error::CtlError;
 use crate::output::json;
+use crate::parse::{parse_log_level, parse_node};
 
 #[derive(Debug, clap::Args)]
 pub struct SetLoglevel {

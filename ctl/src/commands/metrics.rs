@@ -17,7 +17,7 @@
 use serde_json::{Value as Json, json};
 
 use crate::client::CallContext;
-use crate::commands::{Context, Run};
+use crate::context::{Context, Run};
 use crate::error::CtlError;
 use crate::follow::{self, ManagerWatch};
 use crate::output;

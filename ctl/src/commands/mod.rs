@@ -2,15 +2,12 @@
 //! [`Run`] for it; the [`commands!`] list below turns them into the [`Command`]
 //! enum and its dispatch. Adding a command = one new file + one line in that list.
 //!
-//! Commands print through [`Context::emit`] (table text or a JSON document) and get
-//! the bus connection from [`Context::client`], opened on first use so that commands
-//! that need no bus (`version`) never touch one.
+//! This file only declares and dispatches: what the commands share ([`Run`],
+//! [`Context`]) lives in [`crate::context`], so imports run from here to the
+//! commands and from the commands to `context`, never back.
 
-use std::io::Write;
-
-use crate::client::Client;
+use crate::context::{Context, Run};
 use crate::error::CtlError;
-use drover_bus::Bus;
 
 pub mod daemon_reload;
 pub mod default_target;
@@ -25,12 +22,6 @@ pub mod unit_files;
 pub mod unit_job;
 pub mod unit_ops;
 pub mod version;
-
-/// What every command implements.
-pub trait Run {
-    /// Do the command. Output goes through `ctx`; a failure is returned, not printed.
-    fn run(self, ctx: &mut Context) -> impl Future<Output = Result<(), CtlError>>;
-}
 
 /// Declares the subcommands: `Variant(Type)`, with the doc comment as clap's about
 /// text. Variant names become kebab-case command names (`ListUnits` → `list-units`).
@@ -98,55 +89,4 @@ commands! {
     Proxies(proxies::Proxies),
     /// Print droverctl's version
     Version(version::Version),
-}
-
-/// What a command runs with: output format, output sink, bus.
-pub struct Context {
-    target: Bus,
-    json: bool,
-    client: Option<Client>,
-    out: Box<dyn Write>,
-}
-
-impl Context {
-    pub fn new(target: Bus, json: bool, out: Box<dyn Write>) -> Context {
-        Context {
-            target,
-            json,
-            client: None,
-            out,
-        }
-    }
-
-    /// Whether `--json` was given.
-    pub fn json(&self) -> bool {
-        self.json
-    }
-
-    /// The bus connection, opened on first use.
-    pub async fn client(&mut self) -> Result<&Client, CtlError> {
-        if self.client.is_none() {
-            self.client = Some(Client::connect(self.target.clone()).await?);
-        }
-        // Set just above when it was missing.
-        self.client
-            .as_ref()
-            .ok_or_else(|| CtlError::Other("no bus connection".to_owned()))
-    }
-
-    /// A message for stderr (bluechictl prints some results there, e.g. the
-    /// symlinks `enable` created).
-    pub fn warn(&mut self, text: &str) {
-        let mut err = std::io::stderr().lock();
-        let _ = err.write_all(text.as_bytes());
-        let _ = err.flush();
-    }
-
-    /// Write already rendered output (a table or a JSON document) and flush it, so
-    /// a result line is visible even while a later step still waits.
-    pub fn emit(&mut self, text: &str) -> Result<(), CtlError> {
-        self.out.write_all(text.as_bytes())?;
-        self.out.flush()?;
-        Ok(())
-    }
 }

@@ -32,11 +32,11 @@ use drover_bus::bluechi::MONITOR_IFACE;
 use serde_json::{Value as Json, json};
 use zbus::{OwnedVariant, Variant};
 
-use crate::cli::{UnitList, WILDCARD, parse_node_or_wildcard, parse_unit_list};
 use crate::client::CallContext;
-use crate::commands::{Context, Run};
+use crate::context::{Context, Run};
 use crate::error::CtlError;
 use crate::follow::{self, ManagerWatch};
+use crate::parse::{UnitList, WILDCARD, parse_node_or_wildcard, parse_unit_list};
 
 /// How long closing the monitor on Ctrl-C may take before we just exit (the
 /// manager closes it anyway when we leave the bus).

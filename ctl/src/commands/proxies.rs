@@ -12,11 +12,11 @@ use serde::Serialize;
 use drover_protocol::NodeName;
 
 use crate::api::ProxyTuple;
-use crate::cli::parse_node;
 use crate::client::CallContext;
-use crate::commands::{Context, Run};
+use crate::context::{Context, Run};
 use crate::error::CtlError;
 use crate::output::{Width, json, table};
+use crate::parse::parse_node;
 
 #[derive(Debug, clap::Args)]
 pub struct Proxies {

@@ -17,11 +17,11 @@ use serde::Serialize;
 use drover_protocol::{NodeName, UnitName};
 
 use crate::api::ChangeTuple;
-use crate::cli::{parse_node, parse_unit};
 use crate::client::CallContext;
-use crate::commands::{Context, Run};
+use crate::context::{Context, Run};
 use crate::error::CtlError;
 use crate::output::json;
+use crate::parse::{parse_node, parse_unit};
 
 /// States for which `is-enabled` exits 0.
 pub const ENABLED_STATES: [&str; 6] = [

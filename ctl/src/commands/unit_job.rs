@@ -20,11 +20,11 @@ use tokio::time::Instant;
 
 use drover_protocol::{NodeName, UnitName};
 
-use crate::cli::{parse_job_unit, parse_node, parse_timeout};
 use crate::client::CallContext;
-use crate::commands::{Context, Run};
+use crate::context::{Context, Run};
 use crate::error::CtlError;
 use crate::output::json;
+use crate::parse::{parse_job_unit, parse_node, parse_timeout};
 
 /// How many `JobRemoved` of this node and unit are kept while the call is in flight
 /// (there are normally zero or one).

@@ -15,11 +15,11 @@ use serde::Serialize;
 
 use drover_protocol::{NodeName, UnitName};
 
-use crate::cli::{parse_job_unit, parse_node, parse_signal, parse_unit};
 use crate::client::CallContext;
-use crate::commands::{Context, Run};
+use crate::context::{Context, Run};
 use crate::error::CtlError;
 use crate::output::json;
+use crate::parse::{parse_job_unit, parse_node, parse_signal, parse_unit};
 
 #[derive(Debug, clap::Args)]
 pub struct UnitArgs {

@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::commands::{Context, Run};
+use crate::context::{Context, Run};
 use crate::error::CtlError;
 use crate::output::json;
 

@@ -51,6 +51,7 @@ pub fn activated_listener() -> Result<Option<TcpListener>, ListenError> {
     // socket activation protocol `fd` (3) is ours and open; nothing else in
     // this process took ownership of it. std has no safe way to adopt an
     // inherited descriptor.
+    #[allow(unsafe_code)]
     let listener = unsafe { TcpListener::from_raw_fd(fd) };
     let sock = SockRef::from(&listener);
     let is_tcp_listener = sock.r#type().map_err(ListenError::NotTcp)? == Type::STREAM

@@ -19,12 +19,12 @@ use serde::Serialize;
 use drover_bus::bluechi::NODE_PATH_PREFIX;
 use drover_protocol::{NodeName, UnitName};
 
-use crate::cli::{parse_node, parse_unit};
 use crate::client::{CallContext, Client};
-use crate::commands::{Context, Run};
+use crate::context::{Context, Run};
 use crate::error::CtlError;
 use crate::follow::{self, CLEAR_SCREEN, ManagerWatch};
 use crate::output::{Width, json, local_time, table};
+use crate::parse::{parse_node, parse_unit};
 
 /// How many `LastSeenTimestamp` reads are in flight at once.
 const PARALLEL_READS: usize = 32;

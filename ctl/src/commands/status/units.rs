@@ -28,7 +28,7 @@ use drover_protocol::error_names::NO_SUCH_UNIT;
 use drover_protocol::{NodeName, UnitName};
 
 use crate::client::{CallContext, Client, error_name};
-use crate::commands::Context;
+use crate::context::Context;
 use crate::error::CtlError;
 use crate::follow::{self, CLEAR_SCREEN, ManagerWatch};
 

@@ -1,0 +1,232 @@
+//! The `drover-bench` command: which benchmark, how many samples, which proxy
+//! helpers; starts the sandbox cluster, runs `start-unit`, `proxy` and `rss` on it
+//! (`events` needs no cluster), tears it down. [`main`] is the whole program.
+
+use crate::stats::{self, ms, paired_overhead, summarize};
+use crate::{events, proxy};
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use drover_bus::{bluechi, systemd};
+use drover_sandbox::{Cluster, ClusterOptions};
+use futures::StreamExt;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+use zbus::OwnedObjectPath;
+
+#[derive(Parser)]
+#[command(about = "drover benchmarks (run on an otherwise idle machine)")]
+struct Args {
+    /// Which benchmark: start-unit, proxy, rss, events or all (events runs alone).
+    #[arg(default_value = "all")]
+    which: String,
+    /// Samples per side.
+    #[arg(long, default_value_t = 300)]
+    samples: usize,
+    /// `proxy`: a second helper binary, measured against the first in the same run.
+    #[arg(long, value_name = "PATH")]
+    helper_b: Option<PathBuf>,
+    /// `proxy`: the first helper binary (default: the `drover-proxy` the sandbox found).
+    #[arg(long, value_name = "PATH", requires = "helper_b")]
+    helper_a: Option<PathBuf>,
+}
+
+const UNIT: &str = "bench-noop.service";
+
+/// The whole program: what `main.rs` calls. A failure is printed as `Error: ...`
+/// with its causes, exit status 1 (what a `main` returning `anyhow::Result` did).
+pub fn main() -> ExitCode {
+    let args = Args::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("Error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(bench(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {e:?}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs the benchmark(s) `args` names.
+async fn bench(args: Args) -> Result<()> {
+    if args.which == "events" {
+        // Fake agents and a real manager; no systemd nodes needed.
+        return events::main().await;
+    }
+    let mut opts = ClusterOptions::with_nodes(2);
+    opts.heartbeat_interval_ms = 2000;
+    opts.heartbeat_threshold_ms = 6000;
+    let cluster = Cluster::start(opts).await?;
+    let res = run(&cluster, &args).await;
+    cluster.down().await?;
+    res
+}
+
+async fn run(cluster: &Cluster, args: &Args) -> Result<()> {
+    if matches!(args.which.as_str(), "start-unit" | "all") {
+        start_unit(cluster, args.samples).await?;
+    }
+    if matches!(args.which.as_str(), "proxy" | "all") {
+        let helpers = match &args.helper_b {
+            None => None,
+            Some(b) => Some(proxy::Helpers::new(args.helper_a.clone(), b.clone())?),
+        };
+        proxy::proxy(cluster, args.samples, helpers).await?;
+    }
+    if matches!(args.which.as_str(), "rss" | "all") {
+        rss(cluster)?;
+    }
+    Ok(())
+}
+
+async fn start_unit(cluster: &Cluster, samples: usize) -> Result<()> {
+    cluster
+        .install_unit(
+            "node2",
+            UNIT,
+            "[Service]\nType=oneshot\nExecStart=/bin/true\n",
+        )
+        .await?;
+
+    // Direct path: the node's own systemd.
+    let node_bus = zbus::connection::Builder::address(cluster.node_bus_address("node2").as_str())
+        .build()
+        .await?;
+    let systemd = zbus::Proxy::new(
+        &node_bus,
+        systemd::BUS_NAME,
+        systemd::MANAGER_PATH,
+        systemd::MANAGER_IFACE,
+    )
+    .await?;
+    let _: () = systemd.call("Subscribe", &()).await?;
+    let mut systemd_removed = systemd.receive_signal("JobRemoved").await?;
+
+    // drover path: the manager's public API.
+    let api = zbus::connection::Builder::address(cluster.bus_address())
+        .build()
+        .await?;
+    let controller = zbus::Proxy::new(
+        &api,
+        bluechi::BUS_NAME,
+        bluechi::CONTROLLER_PATH,
+        bluechi::CONTROLLER_IFACE,
+    )
+    .await?;
+    let node_path: OwnedObjectPath = controller.call("GetNode", &("node2",)).await?;
+    let node = zbus::Proxy::new(&api, bluechi::BUS_NAME, node_path, bluechi::NODE_IFACE).await?;
+    let mut drover_removed = controller.receive_signal("JobRemoved").await?;
+
+    let mut d = Vec::with_capacity(samples);
+    let mut r = Vec::with_capacity(samples);
+    // Warm-up, then interleave, alternating which side goes first.
+    for i in 0..(samples + 20) {
+        let (a, b) = if i % 2 == 0 {
+            let a = time_direct(&systemd, &mut systemd_removed).await?;
+            let b = time_drover(&node, &mut drover_removed).await?;
+            (a, b)
+        } else {
+            let b = time_drover(&node, &mut drover_removed).await?;
+            let a = time_direct(&systemd, &mut systemd_removed).await?;
+            (a, b)
+        };
+        if i >= 20 {
+            d.push(a);
+            r.push(b);
+        }
+    }
+    let (sd, sr) = (summarize(&d), summarize(&r));
+    let over = paired_overhead(&r, &d);
+    println!("start-unit: trivial oneshot on node2, {samples} interleaved pairs");
+    for (label, s) in [("direct systemd", &sd), ("via drover    ", &sr)] {
+        println!(
+            "  {label}  n={}  min {}  median {}  p90 {}  p99 {}",
+            s.n,
+            ms(s.min),
+            ms(s.median),
+            ms(s.p90),
+            ms(s.p99)
+        );
+    }
+    println!(
+        "  overhead        median of medians {:.3} ms, median of paired differences {:.3} ms (target <= 1 ms)",
+        (sr.median.as_secs_f64() - sd.median.as_secs_f64()) * 1000.0,
+        stats::median_f64(&over)
+    );
+    Ok(())
+}
+
+async fn time_direct(
+    systemd: &zbus::Proxy<'_>,
+    removed: &mut zbus::proxy::SignalStream<'_>,
+) -> Result<Duration> {
+    let t = Instant::now();
+    let job: OwnedObjectPath = systemd.call("StartUnit", &(UNIT, "replace")).await?;
+    wait_removed(removed, job.as_str()).await?;
+    Ok(t.elapsed())
+}
+
+async fn time_drover(
+    node: &zbus::Proxy<'_>,
+    removed: &mut zbus::proxy::SignalStream<'_>,
+) -> Result<Duration> {
+    let t = Instant::now();
+    let job: OwnedObjectPath = node.call("StartUnit", &(UNIT, "replace")).await?;
+    wait_removed(removed, job.as_str()).await?;
+    Ok(t.elapsed())
+}
+
+/// Waits for the JobRemoved of `path`: systemd's is (u o s s), drover's
+/// (u o s s s); the job path is the second field in both.
+async fn wait_removed(stream: &mut zbus::proxy::SignalStream<'_>, path: &str) -> Result<()> {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(msg) = stream.next().await {
+            let body = msg.body();
+            let p: Option<OwnedObjectPath> = body
+                .deserialize::<(u32, OwnedObjectPath, String, String)>()
+                .map(|t| t.1)
+                .or_else(|_| {
+                    body.deserialize::<(u32, OwnedObjectPath, String, String, String)>()
+                        .map(|t| t.1)
+                })
+                .ok();
+            if p.as_ref().map(|p| p.as_str()) == Some(path) {
+                return Ok(());
+            }
+        }
+        bail!("signal stream ended")
+    })
+    .await
+    .context("job did not finish within 10 s")?
+}
+
+fn rss_kib(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("VmRSS")
+}
+
+fn rss(cluster: &Cluster) -> Result<()> {
+    std::thread::sleep(Duration::from_secs(3));
+    if let Some(pid) = cluster.state().manager_pid {
+        println!("rss: manager {} KiB (2 nodes, idle)", rss_kib(pid)?);
+    }
+    for n in cluster.node_names() {
+        if let Some(pid) = cluster.agent_pid(&n) {
+            println!("rss: agent {n} {} KiB (idle)", rss_kib(pid)?);
+        }
+    }
+    Ok(())
+}

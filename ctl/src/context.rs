@@ -1,0 +1,71 @@
+//! What every command runs with and implements: the [`Run`] trait and the
+//! [`Context`] (output format, output sink, bus connection).
+//!
+//! Commands print through [`Context::emit`] (table text or a JSON document) and get
+//! the bus connection from [`Context::client`], opened on first use so that commands
+//! that need no bus (`version`) never touch one. Lives apart from
+//! [`crate::commands`] so the commands import it without importing the list that
+//! names them.
+
+use std::io::Write;
+
+use crate::client::Client;
+use crate::error::CtlError;
+use drover_bus::Bus;
+
+/// What every command implements.
+pub trait Run {
+    /// Do the command. Output goes through `ctx`; a failure is returned, not printed.
+    fn run(self, ctx: &mut Context) -> impl Future<Output = Result<(), CtlError>>;
+}
+
+/// What a command runs with: output format, output sink, bus.
+pub struct Context {
+    target: Bus,
+    json: bool,
+    client: Option<Client>,
+    out: Box<dyn Write>,
+}
+
+impl Context {
+    pub fn new(target: Bus, json: bool, out: Box<dyn Write>) -> Context {
+        Context {
+            target,
+            json,
+            client: None,
+            out,
+        }
+    }
+
+    /// Whether `--json` was given.
+    pub fn json(&self) -> bool {
+        self.json
+    }
+
+    /// The bus connection, opened on first use.
+    pub async fn client(&mut self) -> Result<&Client, CtlError> {
+        if self.client.is_none() {
+            self.client = Some(Client::connect(self.target.clone()).await?);
+        }
+        // Set just above when it was missing.
+        self.client
+            .as_ref()
+            .ok_or_else(|| CtlError::Other("no bus connection".to_owned()))
+    }
+
+    /// A message for stderr (bluechictl prints some results there, e.g. the
+    /// symlinks `enable` created).
+    pub fn warn(&mut self, text: &str) {
+        let mut err = std::io::stderr().lock();
+        let _ = err.write_all(text.as_bytes());
+        let _ = err.flush();
+    }
+
+    /// Write already rendered output (a table or a JSON document) and flush it, so
+    /// a result line is visible even while a later step still waits.
+    pub fn emit(&mut self, text: &str) -> Result<(), CtlError> {
+        self.out.write_all(text.as_bytes())?;
+        self.out.flush()?;
+        Ok(())
+    }
+}
