@@ -38,17 +38,19 @@
 //! `disconnected` (docs/architecture.md, "Jobs").
 
 pub mod agent;
-pub mod ahead;
 pub mod api;
 pub mod cli;
 pub mod deps;
 pub mod dispatch;
+pub mod early_events;
+pub mod fanout;
 pub mod jobs;
 pub mod link;
-pub mod news;
 pub mod node_api;
-pub mod outbox;
-pub mod proxy;
+pub mod proxies;
+pub mod state;
 pub mod systemd;
 pub mod units;
-pub mod waiters;
+
+#[cfg(test)]
+mod test_rig;

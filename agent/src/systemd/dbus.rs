@@ -12,7 +12,7 @@
 //! `/org/freedesktop/systemd1/unit` the same way; unit object paths are
 //! turned back into unit names by reversing systemd's bus label escaping.
 
-use super::{
+use super::api::{
     ChangedProperties, EVENT_QUEUE, EventStream, JobInfo, JobPath, Systemd, SystemdEvent,
     UnitFileChange, UnitSignal, UnitSignalStream,
 };
@@ -509,16 +509,6 @@ fn parse_unit_signal(msg: &zbus::Message) -> Option<UnitSignal> {
         }
         _ => None,
     }
-}
-
-/// The changed properties of a `PropertiesChanged` message, as a
-/// [`Marshalled`] `a{sv}` (see [`ChangedProperties`]).
-pub fn changed_properties(msg: &zbus::Message) -> Result<Marshalled, RemoteError> {
-    let (_, changed, _): (String, PropertyMap, Vec<String>) = msg
-        .body()
-        .deserialize()
-        .map_err(|e| RemoteError::failed(format!("malformed PropertiesChanged signal: {e}")))?;
-    marshal::encode(&changed)
 }
 
 /// Turns signal messages into events with `parse` (malformed signals give

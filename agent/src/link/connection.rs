@@ -21,13 +21,14 @@
 //!    which is said once; then only at debug level until connected again.
 //!
 //! Invariants: replies and events of a session that ended are dropped (see
-//! [`crate::outbox`]); a shutdown closes the connection politely (queued
+//! [`crate::link::outbox`]); a shutdown closes the connection politely (queued
 //! messages are flushed, then the write side is shut down); nothing sent by
 //! the manager can make the agent panic or grow memory without bound.
 
-use crate::dispatch::{Dispatcher, Shared};
-use crate::outbox::SessionKill;
-use crate::systemd::Systemd;
+use crate::dispatch::Dispatcher;
+use crate::link::outbox::SessionKill;
+use crate::state::Shared;
+use crate::systemd::api::Systemd;
 use drover_protocol::link::{AgentFramed, HandshakeError, agent_handshake};
 use drover_protocol::{Hello, NodeName, RefuseReason, ToAgent, ToManager};
 use futures::{SinkExt, StreamExt};
