@@ -236,7 +236,7 @@ impl Drop for Served {
 }
 
 /// Exports the object on `conn`, owns [`AGENT_BUS_NAME`], and emits
-/// `PropertiesChanged` as [`AgentStatus`] changes.
+/// `PropertiesChanged` as [`AgentStatus`](crate::link::status::AgentStatus) changes.
 pub async fn serve(conn: &Connection, shared: Arc<Shared>) -> Result<Served, ServeError> {
     conn.object_server()
         .at(AGENT_PATH, AgentObject::new(shared.clone()))

@@ -9,7 +9,7 @@
 //!   job to classify is asked about in a task of its own, so the stream
 //!   never waits for systemd's answer.
 //! * **Unit stream** ([`follow_units`], started by the first unit
-//!   subscription; [`pump_units`]): unit signals go to the unit hub
+//!   subscription; `pump_units`): unit signals go to the unit hub
 //!   (`crate::units::hub`), job signals seen on it to the unit fence
 //!   (`crate::deps::unit_fence`), all under the hub's send order, so the
 //!   fence hears of a job's end only after what systemd said before it has

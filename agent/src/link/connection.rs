@@ -7,7 +7,7 @@
 //!    configured idle/interval/count and `IP_RECVERR`, so a dead peer is seen
 //!    quickly; then [`agent_handshake`] with a timeout.
 //! 2. **Session** (one per accepted handshake, numbered by `epoch`): a reader,
-//!    a writer task fed by the bounded [`Outbox`] queue, and a heartbeat
+//!    a writer task fed by the bounded [`Outbox`](crate::link::outbox::Outbox) queue, and a heartbeat
 //!    timer. Each request runs as its own task, at most
 //!    [`LinkConfig::max_in_flight`] at once (the reader waits for a slot, so
 //!    TCP pushes back on the manager — nothing unbounded is fed from the

@@ -1,7 +1,7 @@
 //! Proxies on the requesting node: the state behind `drover-proxy@NODE_UNIT.service`.
 //!
 //! `drover-proxy create` calls the local API's `CreateProxy(local, node, unit)`
-//! ([`crate::api`]); this module keeps one [`Proxy`] per call and decides how
+//! ([`crate::api`]); this module keeps one `Proxy` per call and decides how
 //! the call ends. The manager relays the target's fate as [`Notice`]s; the
 //! agent announces its proxies with `Event::ProxyNew` / `Event::ProxyRemoved`.
 //!

@@ -1,7 +1,7 @@
 //! Unit subscriptions: which units the manager watches on this node, and
-//! the unit events the agent sends it. The [`UnitHub`] holds the
-//! [`View`](crate::units::rules::View) of systemd's units under a lock and
-//! sends what the rules in [`crate::units::rules`] decide.
+//! the unit events the agent sends it. The [`UnitHub`] holds the [`View`]
+//! of systemd's units under a lock and sends what the rules in
+//! [`crate::units::rules`] decide.
 //!
 //! The manager sends `Subscribe { unit }` for a unit (or `None`: every unit,
 //! BlueChi's `*`) and `Unsubscribe` when nobody watches it any more.
