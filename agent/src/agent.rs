@@ -11,11 +11,12 @@
 //!
 //! The agent stops when asked to (shutdown token) or when its systemd
 //! connection is lost (an error: the service manager restarts it). A clean
-//! stop closes the proxies first (see [`crate::proxy`]), then the link.
+//! stop closes the proxies first (see [`crate::proxies::registry`]), then the link.
 
-use crate::dispatch::{Shared, pump_events};
-use crate::link::{Link, LinkConfig};
-use crate::systemd::Systemd;
+use crate::fanout::pump_events;
+use crate::link::connection::{Link, LinkConfig};
+use crate::state::Shared;
+use crate::systemd::api::Systemd;
 use crate::systemd::dbus::{ConnectError, ZbusSystemd};
 use drover_bus::Bus;
 use drover_config::logging::LoggingConfig;
@@ -119,7 +120,7 @@ async fn run_inner<S: Systemd>(
 }
 
 /// Proxy units left active by a previous agent process (one that crashed)
-/// are followed again (see [`crate::proxy::Proxies::adopt`]).
+/// are followed again (see [`crate::proxies::registry::Proxies::adopt`]).
 async fn adopt_proxies<S: Systemd>(systemd: &S, shared: &Shared) {
     let units = match systemd.list_units().await {
         Ok(units) => units,
@@ -129,14 +130,14 @@ async fn adopt_proxies<S: Systemd>(systemd: &S, shared: &Shared) {
         }
     };
     for unit in units.iter().filter(|u| u.active_state == "active") {
-        if let Some(key) = crate::proxy::ProxyKey::from_unit_name(&unit.name) {
+        if let Some(key) = crate::proxies::registry::ProxyKey::from_unit_name(&unit.name) {
             shared.proxies.adopt(key, &shared.outbox);
         }
     }
 }
 
 /// Clean shutdown of the proxies: waiting ones fail; active ones keep their
-/// units running, for the next agent to adopt (see [`crate::proxy`]; BlueChi
+/// units running, for the next agent to adopt (see [`crate::proxies::registry`]; BlueChi
 /// stops them, which takes down every unit bound to a proxy on a mere
 /// `systemctl restart` of the agent).
 fn close_proxies(shared: &Shared) {

@@ -11,30 +11,28 @@
 //!
 //! * `CreateProxy(s local_service_name, s node, s unit)`: arguments are
 //!   validated first (garbage → `InvalidArgs`, nothing changes); the reply is
-//!   deferred until the proxy's fate is known ([`crate::proxy`]). There is no
+//!   deferred until the proxy's fate is known ([`crate::proxies::registry`]). There is no
 //!   timeout of our own: the start timeout of the proxy unit bounds the
 //!   helper, and when the helper is killed (it leaves the bus) the waiting
 //!   proxy is dropped.
 //! * `RemoveProxy(s local_service_name, s node, s unit)`: success even when
 //!   the proxy is unknown.
-//! * Properties read [`AgentStatus`], which the link keeps current;
+//! * Properties read [`AgentStatus`](crate::link::status::AgentStatus),
+//!   which the link keeps current;
 //!   `PropertiesChanged` is emitted for `Status` and `ControllerAddress`.
 //!
 //! The name is requested with replace-existing and allow-replacement, never
 //! queued (as BlueChi); if another owner refuses to give it up, the agent
 //! does not start (a clear error).
 
-use crate::dispatch::Shared;
-use crate::proxy::{CreateError, ProxyKey};
+use crate::proxies::registry::{CreateError, ProxyKey};
+use crate::state::Shared;
 use drover_bus::bluechi::{AGENT_BUS_NAME, AGENT_IFACE, AGENT_PATH};
-use drover_bus::timestamp::{monotonic_us, realtime_us};
 use drover_protocol::error_names::{ACTIVATION_FAILED, FAILED, INVALID_ARGS};
 use futures::StreamExt;
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use tokio::sync::watch;
+use std::sync::Arc;
 use zbus::fdo::{RequestNameFlags, RequestNameReply};
 use zbus::message::{Header, Message};
 use zbus::names::{ErrorName, InterfaceName, OwnedUniqueName};
@@ -77,139 +75,6 @@ impl zbus::DBusError for LocalError {
 
     fn description(&self) -> Option<&str> {
         Some(&self.message)
-    }
-}
-
-/// µs since the epoch (realtime) and since boot (monotonic), as BlueChi's
-/// `*Timestamp` / `*TimestampMonotonic` properties.
-fn now_us() -> (u64, u64) {
-    (realtime_us(), monotonic_us())
-}
-
-#[derive(Default)]
-struct Stamp {
-    realtime: AtomicU64,
-    monotonic: AtomicU64,
-}
-
-impl Stamp {
-    fn set(&self, (realtime, monotonic): (u64, u64)) {
-        self.realtime.store(realtime, Ordering::Relaxed);
-        self.monotonic.store(monotonic, Ordering::Relaxed);
-    }
-
-    fn get(&self) -> (u64, u64) {
-        (
-            self.realtime.load(Ordering::Relaxed),
-            self.monotonic.load(Ordering::Relaxed),
-        )
-    }
-}
-
-#[derive(Default, Clone)]
-struct Texts {
-    log_level: String,
-    log_target: String,
-    controller_address: String,
-}
-
-/// The link as the local API shows it. The link calls [`connected`],
-/// [`disconnected`] and [`seen`]; the API reads it and is woken by
-/// [`AgentStatus::watch`] when `Status` or `ControllerAddress` changed.
-///
-/// [`connected`]: AgentStatus::connected
-/// [`disconnected`]: AgentStatus::disconnected
-/// [`seen`]: AgentStatus::seen
-pub struct AgentStatus {
-    online: AtomicBool,
-    disconnect: Stamp,
-    seen: Stamp,
-    texts: Mutex<Texts>,
-    changed: watch::Sender<u64>,
-}
-
-impl Default for AgentStatus {
-    fn default() -> Self {
-        Self {
-            online: AtomicBool::new(false),
-            disconnect: Stamp::default(),
-            seen: Stamp::default(),
-            texts: Mutex::new(Texts {
-                log_level: "INFO".into(),
-                log_target: "journald".into(),
-                controller_address: String::new(),
-            }),
-            changed: watch::channel(0).0,
-        }
-    }
-}
-
-impl AgentStatus {
-    fn texts(&self) -> MutexGuard<'_, Texts> {
-        self.texts.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn bump(&self) {
-        self.changed.send_modify(|n| *n = n.wrapping_add(1));
-    }
-
-    /// Registered with the manager.
-    pub fn connected(&self) {
-        self.seen.set(now_us());
-        self.disconnect.set((0, 0));
-        if !self.online.swap(true, Ordering::SeqCst) {
-            self.bump();
-        }
-    }
-
-    /// The session ended (or never started).
-    pub fn disconnected(&self) {
-        if self.online.swap(false, Ordering::SeqCst) {
-            self.disconnect.set(now_us());
-            self.bump();
-        }
-    }
-
-    /// A frame arrived from the manager.
-    pub fn seen(&self) {
-        self.seen.set(now_us());
-    }
-
-    /// `online` or `offline`.
-    pub fn status(&self) -> &'static str {
-        if self.online.load(Ordering::SeqCst) {
-            "online"
-        } else {
-            "offline"
-        }
-    }
-
-    pub fn set_log_level(&self, level: &str) {
-        self.texts().log_level = level.to_owned();
-    }
-
-    pub fn set_log_target(&self, target: &str) {
-        self.texts().log_target = target.to_owned();
-    }
-
-    /// `tcp:host=H,port=P`, BlueChi's address syntax.
-    pub fn set_controller(&self, host: &str, port: u16) {
-        let address = format!("tcp:host={host},port={port}");
-        let mut t = self.texts();
-        if t.controller_address != address {
-            t.controller_address = address;
-            drop(t);
-            self.bump();
-        }
-    }
-
-    /// Woken on every change of `Status` or `ControllerAddress`.
-    pub fn watch(&self) -> watch::Receiver<u64> {
-        self.changed.subscribe()
-    }
-
-    fn snapshot(&self) -> Texts {
-        self.texts().clone()
     }
 }
 
@@ -293,23 +158,23 @@ impl AgentObject {
     /// µs (realtime) of the last disconnect; 0 while online.
     #[zbus(property(emits_changed_signal = "false"))]
     async fn disconnect_timestamp(&self) -> u64 {
-        self.shared.status.disconnect.get().0
+        self.shared.status.disconnected_at().0
     }
 
     #[zbus(property(emits_changed_signal = "false"))]
     async fn disconnect_timestamp_monotonic(&self) -> u64 {
-        self.shared.status.disconnect.get().1
+        self.shared.status.disconnected_at().1
     }
 
     /// µs (realtime) of the last frame from the manager.
     #[zbus(property(emits_changed_signal = "false"))]
     async fn last_seen_timestamp(&self) -> u64 {
-        self.shared.status.seen.get().0
+        self.shared.status.last_seen().0
     }
 
     #[zbus(property(emits_changed_signal = "false"))]
     async fn last_seen_timestamp_monotonic(&self) -> u64 {
-        self.shared.status.seen.get().1
+        self.shared.status.last_seen().1
     }
 
     #[zbus(property)]
@@ -371,7 +236,7 @@ impl Drop for Served {
 }
 
 /// Exports the object on `conn`, owns [`AGENT_BUS_NAME`], and emits
-/// `PropertiesChanged` as [`AgentStatus`] changes.
+/// `PropertiesChanged` as [`AgentStatus`](crate::link::status::AgentStatus) changes.
 pub async fn serve(conn: &Connection, shared: Arc<Shared>) -> Result<Served, ServeError> {
     conn.object_server()
         .at(AGENT_PATH, AgentObject::new(shared.clone()))

@@ -5,7 +5,7 @@
 //! configuration or node name (one clear line on stderr) or a lost systemd,
 //! 2 for bad arguments (clap's usage error).
 
-use crate::link::{Keepalive, LinkConfig};
+use crate::link::connection::{Keepalive, LinkConfig};
 use clap::Parser;
 use drover_bus::Bus;
 use drover_config::{AgentConfig, Sources};

@@ -1,8 +1,10 @@
 //! Requests from the manager → systemd calls → exactly one reply each.
 //!
 //! [`Dispatcher::handle`] runs one request to completion and sends its one
-//! reply through the [`Outbox`]; the link spawns it as its own task, so a slow
-//! systemd call never holds up heartbeats or other requests.
+//! reply through the outbox ([`crate::link::outbox`]); the link spawns it as
+//! its own task, so a slow systemd call never holds up heartbeats or other
+//! requests. The rest of the node API is [`crate::node_api`]; unit
+//! subscriptions start the unit signal stream through [`crate::fanout`].
 //!
 //! Job requests (`StartUnit`, `StopUnit`, `RestartUnit`, `ReloadUnit`): the
 //! tracker is told a call is in flight *before* systemd is asked, so a removal
@@ -14,102 +16,17 @@
 //! Requests this agent does not implement yet are answered with
 //! `org.freedesktop.DBus.Error.NotSupported`.
 
-use crate::jobs::JobTracker;
-use crate::outbox::Outbox;
-use crate::systemd::{Systemd, SystemdEvent};
+use crate::fanout::follow_units;
+use crate::node_api;
+use crate::state::Shared;
+use crate::systemd::api::{JobPath, Systemd};
 use drover_protocol::JobKind;
 use drover_protocol::codec::encode_body;
 use drover_protocol::error_names::{LIMITS_EXCEEDED, NO_SUCH_JOB, NOT_SUPPORTED};
 use drover_protocol::{MAX_FRAME_LEN, RemoteError, Request, Response, ToManager, UnitName};
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Instant;
-
-/// State shared by request handlers, the event pump and the link.
-#[derive(Default)]
-pub struct Shared {
-    tracker: Mutex<JobTracker>,
-    pub outbox: Outbox,
-    /// Proxies of this (requesting) node: `crate::proxy`.
-    pub proxies: crate::proxy::Proxies,
-    /// Proxy start jobs being classified: `crate::ahead`.
-    pub ahead: crate::ahead::Ahead,
-    /// Dep units of this (target) node: `crate::deps`.
-    pub deps: crate::deps::Deps,
-    /// Job ends the unit reader has passed: `crate::news`.
-    pub news: crate::news::JobNews,
-    /// The link as the local API shows it: `crate::api`.
-    pub status: crate::api::AgentStatus,
-    /// Unit subscriptions of the manager: `crate::units`.
-    pub units: crate::units::UnitHub,
-    /// Metrics and log level: `crate::node_api`.
-    pub node: crate::node_api::NodeState,
-}
-
-impl Shared {
-    pub fn tracker(&self) -> MutexGuard<'_, JobTracker> {
-        // The tracker is only mutated by short, non-panicking sections; a
-        // poisoned lock still holds consistent state.
-        self.tracker.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Feeds one systemd event to the tracker and forwards what it produced.
-    /// Returns a proxy start job to classify (see `crate::ahead`).
-    pub fn on_systemd_event(&self, event: SystemdEvent) -> Option<crate::systemd::JobPath> {
-        self.deps.on_event(&event);
-        let classify = self.ahead.on_event(&event, &self.proxies, &self.outbox);
-        let mut tracker = self.tracker();
-        for out in tracker.on_event(Instant::now(), event) {
-            self.forward_job(out);
-        }
-        classify
-    }
-
-    /// Sends one job output; a `JobDone` is followed by its metrics, if on.
-    fn forward_job(&self, out: crate::jobs::Output) {
-        let done = match &out.event {
-            drover_protocol::Event::JobDone { job_id, .. } => Some(*job_id),
-            _ => None,
-        };
-        self.outbox.send(out.epoch, ToManager::Event(out.event));
-        if let Some(metrics) = done.and_then(|job_id| self.node.job_done(out.epoch, job_id)) {
-            self.outbox.send(out.epoch, ToManager::Event(metrics));
-        }
-    }
-
-    /// A manager session began (`session_id` from its handshake).
-    pub fn session_started(&self, epoch: u64, session_id: u64) {
-        self.units.session_started(epoch, session_id);
-        self.node.session_started();
-    }
-
-    /// The manager session `epoch` ended.
-    pub fn session_ended(&self, epoch: u64) {
-        self.units.session_ended(epoch);
-    }
-}
-
-/// Drains systemd's event stream into the tracker until it ends (systemd
-/// connection lost). Proxy start jobs are classified by their own tasks, so
-/// the stream never waits for systemd's answer.
-pub async fn pump_events<S: Systemd>(
-    mut events: crate::systemd::EventStream,
-    shared: Arc<Shared>,
-    systemd: Arc<S>,
-) {
-    while let Some(event) = events.recv().await {
-        if let Some(job) = shared.on_systemd_event(event) {
-            let (shared, systemd) = (shared.clone(), systemd.clone());
-            tokio::spawn(async move {
-                let info = systemd.job_info(&job).await;
-
-                shared
-                    .ahead
-                    .classified(&job, info, &shared.proxies, &shared.outbox);
-            });
-        }
-    }
-}
 
 /// The variant name of a request, for logs and errors.
 pub fn request_name(req: &Request) -> &'static str {
@@ -226,8 +143,8 @@ impl<S: Systemd> Dispatcher<S> {
             }
             Request::StartDep { unit } => {
                 // Decided before the job is queued: only a unit stream that
-                // already runs is sure to see the job's end (crate::news).
-                let news = self.shared.units.streaming().then_some(&self.shared.news);
+                // already runs is sure to see the job's end (crate::deps::unit_fence).
+                let news = self.shared.units.streaming().then_some(&self.shared.fence);
                 let result = self
                     .shared
                     .deps
@@ -240,11 +157,15 @@ impl<S: Systemd> Dispatcher<S> {
                 self.reply(epoch, id, result);
             }
             Request::Subscribe { unit } => {
-                let result = self
-                    .shared
-                    .units
-                    .subscribe(&self.systemd, &self.shared, epoch, unit)
-                    .await;
+                let result = match follow_units(&self.systemd, &self.shared).await {
+                    Ok(()) => {
+                        self.shared
+                            .units
+                            .subscribe(&self.shared.outbox, epoch, unit)
+                            .await
+                    }
+                    Err(e) => Err(e),
+                };
                 self.reply(epoch, id, result);
             }
             Request::Unsubscribe { unit } => {
@@ -265,14 +186,19 @@ impl<S: Systemd> Dispatcher<S> {
                     .await
             }
             other => {
-                let result = crate::node_api::handle(&*self.systemd, &self.shared, &other)
-                    .await
-                    .unwrap_or_else(|| {
-                        Err(RemoteError::new(
-                            NOT_SUPPORTED,
-                            format!("{name} is not supported by this drover-agent yet"),
-                        ))
-                    });
+                let result = node_api::handle(
+                    &*self.systemd,
+                    &self.shared.node,
+                    &self.shared.status,
+                    &other,
+                )
+                .await
+                .unwrap_or_else(|| {
+                    Err(RemoteError::new(
+                        NOT_SUPPORTED,
+                        format!("{name} is not supported by this drover-agent yet"),
+                    ))
+                });
                 self.reply(epoch, id, result);
             }
         }
@@ -301,7 +227,7 @@ impl<S: Systemd> Dispatcher<S> {
         method: &'static str,
         unit: &UnitName,
         job_id: u32,
-        call: impl std::future::Future<Output = Result<crate::systemd::JobPath, RemoteError>>,
+        call: impl std::future::Future<Output = Result<JobPath, RemoteError>>,
     ) {
         self.shared.tracker().call_started();
         self.shared.node.job_call(epoch, job_id, unit, method);
@@ -330,42 +256,16 @@ impl<S: Systemd> Dispatcher<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outbox::SessionKill;
-    use crate::systemd::fake::{FakeSystemd, Script};
+    use crate::link::outbox::SessionKill;
+    use crate::systemd::api::SystemdEvent;
+    use crate::systemd::fake::Script;
+    use crate::test_rig::{Rig, next, unit};
     use drover_protocol::Event;
     use std::time::Duration;
     use tokio::sync::mpsc;
 
-    struct Rig {
-        fake: FakeSystemd,
-        dispatcher: Arc<Dispatcher<FakeSystemd>>,
-        rx: mpsc::Receiver<ToManager>,
-    }
-
     async fn rig() -> Rig {
-        let fake = FakeSystemd::new();
-        let shared = Arc::new(Shared::default());
-        let events = fake.subscribe().await.unwrap();
-        tokio::spawn(pump_events(events, shared.clone(), Arc::new(fake.clone())));
-        let (tx, rx) = mpsc::channel(64);
-        shared.outbox.open(1, tx, SessionKill::new());
-        let dispatcher = Arc::new(Dispatcher::new(Arc::new(fake.clone()), shared));
-        Rig {
-            fake,
-            dispatcher,
-            rx,
-        }
-    }
-
-    async fn next(rx: &mut mpsc::Receiver<ToManager>) -> ToManager {
-        tokio::time::timeout(Duration::from_secs(5), rx.recv())
-            .await
-            .unwrap()
-            .unwrap()
-    }
-
-    fn unit(s: &str) -> UnitName {
-        UnitName::new(s).unwrap()
+        Rig::new(1).await
     }
 
     fn start(u: &str, job_id: u32) -> Request {
@@ -381,7 +281,7 @@ mod tests {
     /// own and announces the proxy once the start job runs.
     #[tokio::test]
     async fn a_running_proxy_start_job_is_announced_through_the_event_pump() {
-        use crate::systemd::{JobInfo, SystemdEvent};
+        use crate::systemd::api::JobInfo;
         let mut r = rig().await;
         let proxy = "drover-proxy@bar_db.service";
         let (stop_job, start_job) = (
@@ -412,7 +312,7 @@ mod tests {
             .filter(|c| c.starts_with("JobInfo"))
             .count()
             < 2
-            || r.dispatcher.shared().ahead.pending() != 1
+            || r.d.shared().early_start.pending() != 1
         {
             assert!(std::time::Instant::now() < deadline, "never classified");
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -431,7 +331,7 @@ mod tests {
             }
             other => panic!("unexpected {other:?}"),
         }
-        assert_eq!(r.dispatcher.shared().ahead.pending(), 0);
+        assert_eq!(r.d.shared().early_start.pending(), 0);
         assert!(r.rx.try_recv().is_err(), "announced once");
     }
 
@@ -439,7 +339,7 @@ mod tests {
     async fn start_replies_empty_then_running_then_one_done() {
         let mut r = rig().await;
         r.fake.add_unit("a.service", Script::Finish("done".into()));
-        r.dispatcher.handle(1, 11, start("a.service", 5)).await;
+        r.d.handle(1, 11, start("a.service", 5)).await;
         assert_eq!(
             next(&mut r.rx).await,
             ToManager::Reply {
@@ -474,7 +374,7 @@ mod tests {
             .add_unit("fast.service", Script::FinishBeforeReply("done".into()));
         // Let the pump process the early events before the call returns: the
         // fake sends them into the channel before returning the path.
-        r.dispatcher.handle(1, 1, start("fast.service", 9)).await;
+        r.d.handle(1, 1, start("fast.service", 9)).await;
         let mut got = vec![
             next(&mut r.rx).await,
             next(&mut r.rx).await,
@@ -508,18 +408,17 @@ mod tests {
         let mut r = rig().await;
         r.fake
             .add_unit("bad.service", Script::Finish("failed".into()));
-        r.dispatcher
-            .handle(
-                1,
-                2,
-                Request::UnitJob {
-                    kind: JobKind::Restart,
-                    unit: unit("bad.service"),
-                    mode: "replace".into(),
-                    job_id: 3,
-                },
-            )
-            .await;
+        r.d.handle(
+            1,
+            2,
+            Request::UnitJob {
+                kind: JobKind::Restart,
+                unit: unit("bad.service"),
+                mode: "replace".into(),
+                job_id: 3,
+            },
+        )
+        .await;
         assert_eq!(
             next(&mut r.rx).await,
             ToManager::Reply {
@@ -541,7 +440,7 @@ mod tests {
     #[tokio::test]
     async fn systemd_error_is_forwarded_with_its_name_and_no_job_is_created() {
         let mut r = rig().await;
-        r.dispatcher.handle(1, 4, start("missing.service", 1)).await;
+        r.d.handle(1, 4, start("missing.service", 1)).await;
         match next(&mut r.rx).await {
             ToManager::Reply {
                 id: 4,
@@ -555,14 +454,14 @@ mod tests {
                 format!("{other:?}").chars().take(300).collect::<String>()
             ),
         }
-        assert!(r.dispatcher.shared().tracker().is_empty());
+        assert!(r.d.shared().tracker().is_empty());
     }
 
     #[tokio::test]
     async fn old_systemd_without_a_method_is_a_clear_error() {
         let mut r = rig().await;
         r.fake.remove_method("Reload");
-        r.dispatcher.handle(1, 8, Request::Reload).await;
+        r.d.handle(1, 8, Request::Reload).await;
         match next(&mut r.rx).await {
             ToManager::Reply {
                 id: 8,
@@ -579,7 +478,7 @@ mod tests {
     async fn cancel_ends_a_hanging_job_as_canceled() {
         let mut r = rig().await;
         r.fake.add_unit("slow.service", Script::Hang);
-        r.dispatcher.handle(1, 1, start("slow.service", 77)).await;
+        r.d.handle(1, 1, start("slow.service", 77)).await;
         assert_eq!(
             next(&mut r.rx).await,
             ToManager::Reply {
@@ -594,9 +493,7 @@ mod tests {
                 state: "running".into()
             })
         );
-        r.dispatcher
-            .handle(1, 2, Request::JobCancel { job_id: 77 })
-            .await;
+        r.d.handle(1, 2, Request::JobCancel { job_id: 77 }).await;
         let mut got = [next(&mut r.rx).await, next(&mut r.rx).await];
         got.sort_by_key(|m| matches!(m, ToManager::Event(_)));
         assert_eq!(
@@ -614,9 +511,7 @@ mod tests {
             })
         );
         // A second cancel finds no job.
-        r.dispatcher
-            .handle(1, 3, Request::JobCancel { job_id: 77 })
-            .await;
+        r.d.handle(1, 3, Request::JobCancel { job_id: 77 }).await;
         match next(&mut r.rx).await {
             ToManager::Reply {
                 id: 3,
@@ -633,7 +528,7 @@ mod tests {
     async fn list_units_and_freeze_reach_systemd() {
         let mut r = rig().await;
         r.fake.add_unit("a.service", Script::Hang);
-        r.dispatcher.handle(1, 1, Request::ListUnits).await;
+        r.d.handle(1, 1, Request::ListUnits).await;
         match next(&mut r.rx).await {
             ToManager::Reply {
                 id: 1,
@@ -647,15 +542,14 @@ mod tests {
                 format!("{other:?}").chars().take(300).collect::<String>()
             ),
         }
-        r.dispatcher
-            .handle(
-                1,
-                2,
-                Request::FreezeUnit {
-                    unit: unit("a.service"),
-                },
-            )
-            .await;
+        r.d.handle(
+            1,
+            2,
+            Request::FreezeUnit {
+                unit: unit("a.service"),
+            },
+        )
+        .await;
         assert_eq!(
             next(&mut r.rx).await,
             ToManager::Reply {
@@ -678,7 +572,7 @@ mod tests {
                 Script::Hang,
             );
         }
-        r.dispatcher.handle(1, 1, Request::ListUnits).await;
+        r.d.handle(1, 1, Request::ListUnits).await;
         match next(&mut r.rx).await {
             ToManager::Reply {
                 id: 1,
@@ -698,18 +592,16 @@ mod tests {
     async fn events_of_an_old_session_are_dropped() {
         let mut r = rig().await;
         r.fake.add_unit("slow.service", Script::Hang);
-        r.dispatcher.handle(1, 1, start("slow.service", 1)).await;
+        r.d.handle(1, 1, start("slow.service", 1)).await;
         next(&mut r.rx).await; // reply
         next(&mut r.rx).await; // running
         // The link drops and a new session opens.
-        let shared = r.dispatcher.shared().clone();
+        let shared = r.d.shared().clone();
         shared.outbox.close(1);
         let (tx, mut rx2) = mpsc::channel(8);
         shared.outbox.open(2, tx, SessionKill::new());
         shared.tracker().new_session(2);
-        r.dispatcher
-            .handle(2, 5, Request::JobCancel { job_id: 1 })
-            .await;
+        r.d.handle(2, 5, Request::JobCancel { job_id: 1 }).await;
         match next(&mut rx2).await {
             ToManager::Reply {
                 id: 5,

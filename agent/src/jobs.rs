@@ -9,9 +9,10 @@
 //! * **No lost job.** A fast job can be removed before `StartUnit` returns its
 //!   path. While any job call is in flight ([`JobTracker::call_started`]),
 //!   events for paths we do not know yet are buffered (bounded in count and
-//!   age); [`JobTracker::call_finished`] replays the buffered events of the
-//!   path it registers, in order. Events for unknown paths while no call is in
-//!   flight belong to someone else's job and are ignored.
+//!   age: `crate::early_events`); [`JobTracker::call_finished`] replays the
+//!   buffered events of the path it registers, in order. Events for unknown
+//!   paths while no call is in flight belong to someone else's job and are
+//!   ignored.
 //! * **Exactly one `JobDone`.** A job leaves the tracker when its removal is
 //!   reported; a second removal for the same path finds nothing.
 //! * **Sessions.** Every job belongs to the link session (`epoch`) whose request
@@ -23,9 +24,10 @@
 //!
 //! Pure logic, no I/O: callers hold it in a mutex and send the outputs.
 
-use crate::systemd::{JobPath, SystemdEvent};
+use crate::early_events::EarlyEvents;
+use crate::systemd::api::{JobPath, SystemdEvent};
 use drover_protocol::Event;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 /// How long an event for a not-yet-registered job path is kept.
@@ -48,21 +50,12 @@ struct Tracked {
     state: String,
 }
 
-#[derive(Debug)]
-struct Early {
-    at: Instant,
-    event: SystemdEvent,
-}
-
 /// See the module docs.
 #[derive(Debug)]
 pub struct JobTracker {
     by_path: HashMap<JobPath, Tracked>,
     by_id: HashMap<(u64, u32), JobPath>,
-    early: VecDeque<Early>,
-    calls_in_flight: usize,
-    ttl: Duration,
-    cap: usize,
+    early: EarlyEvents<SystemdEvent>,
 }
 
 impl Default for JobTracker {
@@ -84,10 +77,7 @@ impl JobTracker {
         Self {
             by_path: HashMap::new(),
             by_id: HashMap::new(),
-            early: VecDeque::new(),
-            calls_in_flight: 0,
-            ttl,
-            cap: cap.max(1),
+            early: EarlyEvents::new(ttl, cap),
         }
     }
 
@@ -102,7 +92,7 @@ impl JobTracker {
 
     /// A job call (`StartUnit` & co) is about to be sent to systemd.
     pub fn call_started(&mut self) {
-        self.calls_in_flight += 1;
+        self.early.call_started();
     }
 
     /// The job call ended. On success (`Some(path)`), the job is tracked for
@@ -116,8 +106,8 @@ impl JobTracker {
         now: Instant,
         registered: Option<(JobPath, u64, u32)>,
     ) -> Vec<Output> {
-        self.calls_in_flight = self.calls_in_flight.saturating_sub(1);
-        self.prune(now);
+        let path = registered.as_ref().map(|(path, _, _)| path.as_str());
+        let mine = self.early.call_finished(now, path);
         let Some((path, epoch, job_id)) = registered else {
             return Vec::new();
         };
@@ -131,15 +121,6 @@ impl JobTracker {
             .owners
             .push((epoch, job_id));
 
-        let mut mine = Vec::new();
-        self.early.retain(|e| {
-            if event_path(&e.event) == path {
-                mine.push(e.event.clone());
-                false
-            } else {
-                true
-            }
-        });
         let mut out = Vec::new();
         for ev in mine {
             out.extend(self.on_event(now, ev));
@@ -156,9 +137,8 @@ impl JobTracker {
         }
         let path = event_path(&event);
         if !self.by_path.contains_key(path) {
-            if self.calls_in_flight > 0 {
-                self.buffer(now, event);
-            }
+            let path = path.to_owned();
+            self.early.offer(now, &path, event);
             return Vec::new();
         }
         match event {
@@ -222,24 +202,6 @@ impl JobTracker {
         let dropped = before - self.by_id.len();
         if dropped > 0 {
             tracing::debug!(dropped, "forgot jobs of earlier manager sessions");
-        }
-    }
-
-    fn buffer(&mut self, now: Instant, event: SystemdEvent) {
-        self.prune(now);
-        if self.early.len() >= self.cap {
-            self.early.pop_front();
-        }
-        self.early.push_back(Early { at: now, event });
-    }
-
-    fn prune(&mut self, now: Instant) {
-        while let Some(front) = self.early.front() {
-            if now.saturating_duration_since(front.at) > self.ttl {
-                self.early.pop_front();
-            } else {
-                break;
-            }
         }
     }
 

@@ -5,50 +5,75 @@
 //!
 //! The agent has two outside worlds — the node's systemd and the manager —
 //! and one rule between them: **local work never waits for the network**.
+//! Imports run one way, from the drivers at the top, through the shared
+//! state, to the parts and the systemd boundary at the bottom.
 //!
-//! * [`systemd`] — the narrow [`systemd::Systemd`] trait the rest is written
-//!   against; [`systemd::dbus`] implements it over zbus, [`systemd::fake`] in
-//!   memory for unit tests. systemd errors keep their D-Bus names.
-//! * [`jobs`] — systemd job path ↔ manager job id; the buffering that makes a
-//!   fast job's removal, arriving before `StartUnit` returns, impossible to lose.
-//! * [`dispatch`] — one manager request → one systemd call → exactly one reply.
-//! * [`outbox`] — the only way to the manager: bounded, never blocking, drops
-//!   what belongs to a session that is gone, kills a session whose manager
-//!   stopped reading.
-//! * [`link`] — TCP connect, handshake, heartbeats, silence threshold,
-//!   reconnect with jittered backoff.
-//! * [`units`] — unit subscriptions of the manager: virtual replay, forwarding
-//!   of real unit events with modification tags, per session.
-//! * [`node_api`] — the rest of the node API (unit properties, unit files,
-//!   kill, freeze, log level, metrics), validated before systemd sees it;
-//!   `drover_bus::marshal` converts D-Bus values to and from the protocol's
-//!   `Marshalled`.
-//! * [`proxy`] — proxies of this node on units of other nodes (the state
-//!   behind `drover-proxy@.service`); [`api`] — the local
-//!   `org.eclipse.bluechi.Agent` D-Bus API the proxy helper calls;
-//!   [`deps`] — `drover-dep@` units for other nodes' proxies on units here,
-//!   waiting for job ends through [`waiters`] and [`news`].
-//! * [`agent`] — wires the above together; [`cli`] — arguments, config,
+//! Drivers:
+//! * [`agent`] — wires the rest together; [`cli`] — arguments, config,
 //!   logging, signals, `sd_notify` for the thin binary.
+//! * [`link`] — [`link::connection`]: TCP connect, handshake, heartbeats,
+//!   silence threshold, reconnect with jittered backoff; [`link::outbox`]:
+//!   the only way to the manager — bounded, never blocking, drops what
+//!   belongs to a session that is gone, kills a session whose manager
+//!   stopped reading; [`link::status`]: the link as the local API shows it.
+//! * [`dispatch`] — one manager request → one systemd call → exactly one
+//!   reply; [`node_api`] — the rest of the node API (unit properties, unit
+//!   files, kill, freeze, log level, metrics), validated before systemd sees
+//!   it; `drover_bus::marshal` converts D-Bus values to and from the
+//!   protocol's `Marshalled`.
+//! * [`fanout`] — the systemd event fan-out: the job stream to the dep
+//!   waiters, the early start and the job tracker; the unit stream to the
+//!   unit hub and the unit fence.
+//! * [`api`] — the local `org.eclipse.bluechi.Agent` D-Bus API the proxy
+//!   helper calls.
+//!
+//! State: [`state::Shared`] gathers the parts below in one `Arc`.
+//!
+//! Parts:
+//! * [`jobs`] — systemd job path ↔ manager job id; with [`early_events`],
+//!   the buffering that makes a fast job's removal, arriving before
+//!   `StartUnit` returns, impossible to lose.
+//! * [`units`] — unit subscriptions of the manager: [`units::hub`] (sessions,
+//!   lazy stream start, send order) and [`units::rules`] (virtual replay,
+//!   real events with modification tags, daemon-reload settling).
+//! * [`proxies`] — the requesting side of cross-node dependencies:
+//!   [`proxies::registry`], the proxies of this node on units of other nodes
+//!   (the state behind `drover-proxy@.service`), and
+//!   [`proxies::early_start`], announcing a proxy as soon as its unit's start
+//!   job runs.
+//! * [`deps`] — the target side: [`deps::dep_unit`], `drover-dep@` units for
+//!   other nodes' proxies on units here, waiting for job ends through
+//!   [`deps::job_waiters`] and [`deps::unit_fence`].
+//!
+//! Boundary:
+//! * [`systemd`] — the narrow [`systemd::api::Systemd`] trait the rest is
+//!   written against; [`systemd::dbus`] implements it over zbus,
+//!   [`systemd::fake`] in memory for unit tests. systemd errors keep their
+//!   D-Bus names.
 //!
 //! Sessions: every accepted handshake starts a new session number (`epoch`).
 //! Requests, replies and job events carry the session they belong to; when a
 //! link drops, what the old session still produces is dropped, because the
 //! manager has already failed its requests and ended its jobs as
 //! `disconnected` (docs/architecture.md, "Jobs").
+//!
+//! Unit tests share one rig (`test_rig`, test builds only): a fake systemd,
+//! the state, a dispatcher and an open session.
 
 pub mod agent;
-pub mod ahead;
 pub mod api;
 pub mod cli;
 pub mod deps;
 pub mod dispatch;
+pub mod early_events;
+pub mod fanout;
 pub mod jobs;
 pub mod link;
-pub mod news;
 pub mod node_api;
-pub mod outbox;
-pub mod proxy;
+pub mod proxies;
+pub mod state;
 pub mod systemd;
 pub mod units;
-pub mod waiters;
+
+#[cfg(test)]
+mod test_rig;

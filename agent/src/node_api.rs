@@ -26,8 +26,8 @@
 //! job the agent queued reports `Event::JobMetrics { unit, method, micros }`
 //! after its `JobDone` — micros from the call to systemd to its `JobRemoved`.
 
-use crate::dispatch::Shared;
-use crate::systemd::Systemd;
+use crate::link::status::AgentStatus;
+use crate::systemd::api::Systemd;
 use drover_config::logging::{LogHandle, LogLevel};
 use drover_protocol::error_names::INVALID_ARGS;
 use drover_protocol::{Event, RemoteError, Request, Response, UnitName};
@@ -208,12 +208,14 @@ fn check_files(files: &[String]) -> Result<(), RemoteError> {
 }
 
 /// Handles the requests of this module; `None` for requests it does not own.
+/// `node` is this module's state; `status` shows the log level on the local
+/// API.
 pub async fn handle<S: Systemd>(
     systemd: &S,
-    shared: &Shared,
+    node: &NodeState,
+    status: &AgentStatus,
     req: &Request,
 ) -> Option<Result<Response, RemoteError>> {
-    let node = &shared.node;
     let empty = |r: Result<(), RemoteError>| r.map(|()| Response::Empty);
     Some(match req {
         Request::ListUnitFiles => systemd.list_unit_files().await.map(Response::UnitFiles),
@@ -294,7 +296,7 @@ pub async fn handle<S: Systemd>(
                     handle.set_level(parsed);
                 }
                 *node.level.lock().unwrap_or_else(|p| p.into_inner()) = Some(parsed);
-                shared.status.set_log_level(parsed.as_str());
+                status.set_log_level(parsed.as_str());
                 tracing::info!("log level set to {}", parsed.as_str());
                 Ok(Response::Empty)
             }
@@ -318,49 +320,15 @@ pub async fn handle<S: Systemd>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dispatch::{Dispatcher, pump_events};
-    use crate::outbox::SessionKill;
-    use crate::systemd::fake::{FakeSystemd, Script};
+    use crate::systemd::fake::Script;
+    use crate::test_rig::{Rig, next, unit};
     use drover_bus::marshal::{self, PropertyList, PropertyMap};
     use drover_protocol::JobKind;
     use drover_protocol::{Marshalled, ToManager};
-    use std::sync::Arc;
     use std::time::Duration;
-    use tokio::sync::mpsc;
-
-    struct Rig {
-        fake: FakeSystemd,
-        d: Arc<Dispatcher<FakeSystemd>>,
-        shared: Arc<Shared>,
-        rx: mpsc::Receiver<ToManager>,
-    }
 
     async fn rig() -> Rig {
-        let fake = FakeSystemd::new();
-        let shared = Arc::new(Shared::default());
-        let events = fake.subscribe().await.unwrap();
-        tokio::spawn(pump_events(events, shared.clone(), Arc::new(fake.clone())));
-        let (tx, rx) = mpsc::channel(64);
-        shared.outbox.open(1, tx, SessionKill::new());
-        shared.session_started(1, 5);
-        let d = Arc::new(Dispatcher::new(Arc::new(fake.clone()), shared.clone()));
-        Rig {
-            fake,
-            d,
-            shared,
-            rx,
-        }
-    }
-
-    fn unit(s: &str) -> UnitName {
-        UnitName::new(s).unwrap()
-    }
-
-    async fn next(rx: &mut mpsc::Receiver<ToManager>) -> ToManager {
-        tokio::time::timeout(Duration::from_secs(5), rx.recv())
-            .await
-            .unwrap()
-            .unwrap()
+        Rig::new(5).await
     }
 
     async fn call(r: &mut Rig, id: u64, req: Request) -> Result<Response, RemoteError> {

@@ -11,7 +11,7 @@
 mod common;
 
 use common::*;
-use drover_agent::systemd::Systemd;
+use drover_agent::systemd::api::Systemd;
 use drover_agent::systemd::dbus::ZbusSystemd;
 use drover_protocol::{
     Event, JobKind, Notice, Reason, Request, Response, TargetChange, ToAgent, ToManager,
@@ -24,7 +24,7 @@ const T: Duration = Duration::from_secs(30);
 const NODE: &str = "bar";
 
 /// The dep template as shipped: its instance is the full target unit name
-/// (the contract of `drover_agent::deps`).
+/// (the contract of `drover_agent::deps::dep_unit`).
 const DEP_TEMPLATE: &str = include_str!("../../units/drover-dep@.service");
 
 /// The target side: node `bar` with the dep template and a few targets, and the

@@ -7,9 +7,9 @@ mod common;
 
 use common::*;
 use drover_agent::dispatch::Dispatcher;
-use drover_agent::outbox::SessionKill;
+use drover_agent::link::outbox::SessionKill;
+use drover_agent::systemd::api::{JobInfo, Systemd};
 use drover_agent::systemd::dbus::ZbusSystemd;
-use drover_agent::systemd::{JobInfo, Systemd};
 use drover_protocol::JobKind;
 use drover_protocol::{Event, Request, Response, ToAgent, ToManager, UnitName};
 use std::path::PathBuf;

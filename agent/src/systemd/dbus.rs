@@ -1,8 +1,17 @@
 //! [`Systemd`] over D-Bus with zbus.
 //!
-//! Plain method calls on `org.freedesktop.systemd1` rather than generated
-//! proxies: the agent uses six methods and two signals, and building their
-//! bodies by hand keeps the compile small and every wire type visible here.
+//! Method calls go through `#[zbus::proxy]` traits, one per systemd
+//! interface the agent calls ([`ManagerProxy`], [`UnitProxy`],
+//! [`JobProxy`]) plus `org.freedesktop.DBus.Properties` ([`PropertiesProxy`])
+//! for reading unit and job objects, so every method's name and argument and reply types are
+//! written once, here. Proxies are built without a property cache (building
+//! one then costs no bus traffic): the manager's once at connect, a unit's
+//! or job's per call, on the object path systemd named. The interface names
+//! in the attributes are `drover_bus::systemd`'s constants spelled out
+//! (attributes take literals); a test checks they agree.
+//!
+//! Errors: a refusal keeps systemd's D-Bus error name ([`remote_error`]); a
+//! reply of the wrong shape is `Failed` ("unexpected reply from systemd").
 //!
 //! The job event stream joins three match-rule streams (`Manager.JobNew`, `Manager.JobRemoved`, and
 //! `PropertiesChanged` under `/org/freedesktop/systemd1/job`) with zbus's
@@ -11,8 +20,10 @@
 //! `Manager.UnitNew`, `Manager.UnitRemoved` and `PropertiesChanged` under
 //! `/org/freedesktop/systemd1/unit` the same way; unit object paths are
 //! turned back into unit names by reversing systemd's bus label escaping.
+//! Signals are read as messages, not through proxy signal streams: the
+//! order across members is the point, and one match rule keeps it.
 
-use super::{
+use super::api::{
     ChangedProperties, EVENT_QUEUE, EventStream, JobInfo, JobPath, Systemd, SystemdEvent,
     UnitFileChange, UnitSignal, UnitSignalStream,
 };
@@ -31,11 +42,91 @@ use std::num::NonZeroUsize;
 use tokio::sync::mpsc;
 use zbus::export::ordered_stream::{self, OrderedStreamExt};
 use zbus::message::Type as MessageType;
+use zbus::proxy::CacheProperties;
 use zbus::{
     Connection, DBusError, MatchRule, MessageStream, OwnedObjectPath, OwnedVariant, Variant,
 };
 
 const PROPERTIES_IFACE: &str = "org.freedesktop.DBus.Properties";
+
+/// `org.freedesktop.systemd1.Manager`: the methods the agent calls.
+#[zbus::proxy(
+    interface = "org.freedesktop.systemd1.Manager",
+    default_service = "org.freedesktop.systemd1",
+    default_path = "/org/freedesktop/systemd1"
+)]
+pub trait Manager {
+    fn list_units(&self) -> zbus::Result<Vec<UnitTuple>>;
+    fn start_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
+    fn stop_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
+    fn restart_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
+    fn reload_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
+    fn get_unit(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
+    fn load_unit(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
+    fn reload(&self) -> zbus::Result<()>;
+    fn subscribe(&self) -> zbus::Result<()>;
+    fn set_unit_properties(
+        &self,
+        name: &str,
+        runtime: bool,
+        properties: &PropertyList,
+    ) -> zbus::Result<()>;
+    fn kill_unit(&self, name: &str, whom: &str, signal: i32) -> zbus::Result<()>;
+    fn enable_unit_files(
+        &self,
+        files: &[String],
+        runtime: bool,
+        force: bool,
+    ) -> zbus::Result<(bool, Vec<UnitFileChange>)>;
+    fn disable_unit_files(
+        &self,
+        files: &[String],
+        runtime: bool,
+    ) -> zbus::Result<Vec<UnitFileChange>>;
+    fn get_unit_file_state(&self, file: &str) -> zbus::Result<String>;
+    fn list_unit_files(&self) -> zbus::Result<Vec<(String, String)>>;
+    fn reset_failed(&self) -> zbus::Result<()>;
+    fn reset_failed_unit(&self, name: &str) -> zbus::Result<()>;
+    fn get_default_target(&self) -> zbus::Result<String>;
+    fn set_default_target(&self, name: &str, force: bool) -> zbus::Result<Vec<UnitFileChange>>;
+    fn start_transient_unit(
+        &self,
+        name: &str,
+        mode: &str,
+        properties: &PropertyList,
+        aux: &AuxUnits,
+    ) -> zbus::Result<OwnedObjectPath>;
+}
+
+/// `org.freedesktop.systemd1.Unit` on a unit's object.
+#[zbus::proxy(
+    interface = "org.freedesktop.systemd1.Unit",
+    default_service = "org.freedesktop.systemd1"
+)]
+pub trait Unit {
+    fn freeze(&self) -> zbus::Result<()>;
+    fn thaw(&self) -> zbus::Result<()>;
+}
+
+/// `org.freedesktop.systemd1.Job` on a job's object.
+#[zbus::proxy(
+    interface = "org.freedesktop.systemd1.Job",
+    default_service = "org.freedesktop.systemd1"
+)]
+pub trait Job {
+    fn cancel(&self) -> zbus::Result<()>;
+}
+
+/// `org.freedesktop.DBus.Properties` on one of systemd's objects, with
+/// zbus errors (not `fdo` ones), so systemd's error names pass unchanged.
+#[zbus::proxy(
+    interface = "org.freedesktop.DBus.Properties",
+    default_service = "org.freedesktop.systemd1"
+)]
+pub trait Properties {
+    fn get(&self, interface: &str, property: &str) -> zbus::Result<OwnedVariant>;
+    fn get_all(&self, interface: &str) -> zbus::Result<PropertyMap>;
+}
 
 /// Could not reach systemd at all (as opposed to systemd refusing a call).
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +141,7 @@ pub struct ConnectError {
 #[derive(Clone, Debug)]
 pub struct ZbusSystemd {
     conn: Connection,
+    manager: ManagerProxy<'static>,
 }
 
 impl ZbusSystemd {
@@ -62,19 +154,19 @@ impl ZbusSystemd {
             source,
         };
         let conn = target.connect().await.map_err(err)?;
-        let reply = conn
-            .call_method(
-                Some(BUS_NAME),
-                MANAGER_PATH,
-                Some(PROPERTIES_IFACE),
-                "Get",
-                &(MANAGER_IFACE, "Version"),
-            )
+        let version = properties(&conn, MANAGER_PATH)
+            .await
+            .map_err(err)?
+            .get(MANAGER_IFACE, "Version")
             .await
             .map_err(err)?;
-        let version: OwnedVariant = reply.body().deserialize().map_err(err)?;
         tracing::debug!(version = ?version, "systemd answers on {target}");
-        Ok(Self { conn })
+        let manager = ManagerProxy::builder(&conn)
+            .cache_properties(CacheProperties::No)
+            .build()
+            .await
+            .map_err(err)?;
+        Ok(Self { conn, manager })
     }
 
     /// The underlying bus connection (the agent serves its own API on it later).
@@ -82,62 +174,45 @@ impl ZbusSystemd {
         &self.conn
     }
 
-    async fn manager_call<B>(
-        &self,
-        method: &'static str,
-        body: &B,
-    ) -> Result<zbus::Message, RemoteError>
-    where
-        B: zbus::export::serde::Serialize + zbus::DynamicType,
-    {
-        self.conn
-            .call_method(
-                Some(BUS_NAME),
-                MANAGER_PATH,
-                Some(MANAGER_IFACE),
-                method,
-                body,
-            )
-            .await
-            .map_err(|e| remote_error(e, method))
-    }
-
-    /// A manager call whose reply body is one `T`.
-    async fn manager_get<B, T>(&self, method: &'static str, body: &B) -> Result<T, RemoteError>
-    where
-        B: zbus::export::serde::Serialize + zbus::DynamicType,
-        T: zbus::export::serde::de::DeserializeOwned + zbus::wire::Type,
-    {
-        let reply = self.manager_call(method, body).await?;
-        reply.body().deserialize().map_err(|e| bad_reply(method, e))
-    }
-
     /// The unit's object path: `GetUnit`, or `LoadUnit` when it is not loaded
     /// (properties of a unit nobody started are readable too, as with
     /// `systemctl show`).
     async fn unit_path(&self, unit: &str) -> Result<OwnedObjectPath, RemoteError> {
-        match self.manager_get("GetUnit", &(unit,)).await {
-            Err(e) if e.name == NO_SUCH_UNIT => self.manager_get("LoadUnit", &(unit,)).await,
+        match self
+            .manager
+            .get_unit(unit)
+            .await
+            .map_err(call_error("GetUnit"))
+        {
+            Err(e) if e.name == NO_SUCH_UNIT => self
+                .manager
+                .load_unit(unit)
+                .await
+                .map_err(call_error("LoadUnit")),
             other => other,
         }
     }
 
-    async fn unit_call<B>(
-        &self,
-        unit: &str,
-        iface: &'static str,
-        method: &'static str,
-        body: &B,
-    ) -> Result<zbus::Message, RemoteError>
-    where
-        B: zbus::export::serde::Serialize + zbus::DynamicType,
-    {
+    /// `org.freedesktop.DBus.Properties` of the unit's object.
+    async fn unit_properties(&self, unit: &str) -> Result<PropertiesProxy<'static>, RemoteError> {
         let path = self.unit_path(unit).await?;
-        self.conn
-            .call_method(Some(BUS_NAME), path.as_str(), Some(iface), method, body)
+        properties(&self.conn, path)
             .await
-            .map_err(|e| remote_error(e, method))
+            .map_err(call_error("Properties"))
     }
+}
+
+/// A proxy on `path` of systemd, for the object path it named.
+async fn properties<'p, P>(conn: &Connection, path: P) -> zbus::Result<PropertiesProxy<'p>>
+where
+    P: TryInto<zbus::ObjectPath<'p>>,
+    P::Error: Into<zbus::Error>,
+{
+    PropertiesProxy::builder(conn)
+        .path(path)
+        .cache_properties(CacheProperties::No)
+        .build()
+        .await
 }
 
 /// Maps a zbus error to the error the manager forwards: systemd's D-Bus
@@ -168,13 +243,29 @@ fn bad_reply(method: &str, err: zbus::Error) -> RemoteError {
     RemoteError::failed(format!("{method}: unexpected reply from systemd: {err}"))
 }
 
+/// The error of a proxy call to `method`: a reply body that does not
+/// decode (zbus's decoding errors) is [`bad_reply`], anything else
+/// [`remote_error`]. Both are `Failed` unless systemd named the error.
+fn call_error(method: &str) -> impl FnOnce(zbus::Error) -> RemoteError + '_ {
+    move |err| match err {
+        zbus::Error::Failure(_)
+        | zbus::Error::IncorrectType
+        | zbus::Error::SignatureMismatch(..)
+        | zbus::Error::Utf8(_)
+        | zbus::Error::PaddingNot0(_)
+        | zbus::Error::OutOfBounds
+        | zbus::Error::ExcessData => bad_reply(method, err),
+        other => remote_error(other, method),
+    }
+}
+
 impl Systemd for ZbusSystemd {
     async fn list_units(&self) -> Result<Vec<UnitInfo>, RemoteError> {
-        let reply = self.manager_call("ListUnits", &()).await?;
-        let rows: Vec<UnitTuple> = reply
-            .body()
-            .deserialize()
-            .map_err(|e| bad_reply("ListUnits", e))?;
+        let rows = self
+            .manager
+            .list_units()
+            .await
+            .map_err(call_error("ListUnits"))?;
         Ok(rows.into_iter().map(unit_info).collect())
     }
 
@@ -184,38 +275,33 @@ impl Systemd for ZbusSystemd {
         unit: &str,
         mode: &str,
     ) -> Result<JobPath, RemoteError> {
-        let reply = self.manager_call(kind.method(), &(unit, mode)).await?;
-        let path: OwnedObjectPath = reply
-            .body()
-            .deserialize()
-            .map_err(|e| bad_reply(kind.method(), e))?;
+        let m = &self.manager;
+        let path = match kind {
+            JobKind::Start => m.start_unit(unit, mode).await,
+            JobKind::Stop => m.stop_unit(unit, mode).await,
+            JobKind::Restart => m.restart_unit(unit, mode).await,
+            JobKind::Reload => m.reload_unit(unit, mode).await,
+        }
+        .map_err(call_error(kind.method()))?;
         Ok(path.to_string())
     }
 
     async fn cancel_job(&self, job: &str) -> Result<(), RemoteError> {
-        self.conn
-            .call_method(Some(BUS_NAME), job, Some(JOB_IFACE), "Cancel", &())
-            .await
-            .map_err(|e| remote_error(e, "Job.Cancel"))?;
-        Ok(())
+        let cancel = async {
+            JobProxy::builder(&self.conn)
+                .path(job)
+                .cache_properties(CacheProperties::No)
+                .build()
+                .await?
+                .cancel()
+                .await
+        };
+        cancel.await.map_err(|e| remote_error(e, "Job.Cancel"))
     }
 
     async fn job_info(&self, job: &str) -> Result<JobInfo, RemoteError> {
-        let reply = self
-            .conn
-            .call_method(
-                Some(BUS_NAME),
-                job,
-                Some(PROPERTIES_IFACE),
-                "GetAll",
-                &(JOB_IFACE,),
-            )
-            .await
-            .map_err(|e| remote_error(e, "GetAll"))?;
-        let mut props: PropertyMap = reply
-            .body()
-            .deserialize()
-            .map_err(|e| bad_reply("GetAll", e))?;
+        let get_all = async { properties(&self.conn, job).await?.get_all(JOB_IFACE).await };
+        let mut props = get_all.await.map_err(call_error("GetAll"))?;
         let mut text = |key: &str| -> Result<String, RemoteError> {
             let value = props
                 .remove(key)
@@ -229,8 +315,7 @@ impl Systemd for ZbusSystemd {
     }
 
     async fn reload(&self) -> Result<(), RemoteError> {
-        self.manager_call("Reload", &()).await?;
-        Ok(())
+        self.manager.reload().await.map_err(call_error("Reload"))
     }
 
     async fn subscribe(&self) -> Result<EventStream, RemoteError> {
@@ -270,7 +355,10 @@ impl Systemd for ZbusSystemd {
         let news = MessageStream::for_match_rule(new_rule, &self.conn, queued)
             .await
             .map_err(|e| remote_error(e, "AddMatch"))?;
-        self.manager_call("Subscribe", &()).await?;
+        self.manager
+            .subscribe()
+            .await
+            .map_err(call_error("Subscribe"))?;
 
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
         let joined =
@@ -302,13 +390,12 @@ impl Systemd for ZbusSystemd {
         unit: &str,
         interface: &str,
     ) -> Result<Marshalled, RemoteError> {
-        let reply = self
-            .unit_call(unit, PROPERTIES_IFACE, "GetAll", &(interface,))
-            .await?;
-        let map: PropertyMap = reply
-            .body()
-            .deserialize()
-            .map_err(|e| bad_reply("GetAll", e))?;
+        let map = self
+            .unit_properties(unit)
+            .await?
+            .get_all(interface)
+            .await
+            .map_err(call_error("GetAll"))?;
         marshal::encode(&map)
     }
 
@@ -318,13 +405,12 @@ impl Systemd for ZbusSystemd {
         interface: &str,
         property: &str,
     ) -> Result<Marshalled, RemoteError> {
-        let reply = self
-            .unit_call(unit, PROPERTIES_IFACE, "Get", &(interface, property))
-            .await?;
-        let value: OwnedVariant = reply
-            .body()
-            .deserialize()
-            .map_err(|e| bad_reply("Get", e))?;
+        let value = self
+            .unit_properties(unit)
+            .await?
+            .get(interface, property)
+            .await
+            .map_err(call_error("Get"))?;
         marshal::encode_variant(&value)
     }
 
@@ -335,20 +421,35 @@ impl Systemd for ZbusSystemd {
         properties: &Marshalled,
     ) -> Result<(), RemoteError> {
         let props: PropertyList = marshal::decode(properties)?;
-        self.manager_call("SetUnitProperties", &(unit, runtime, props))
-            .await?;
-        Ok(())
+        self.manager
+            .set_unit_properties(unit, runtime, &props)
+            .await
+            .map_err(call_error("SetUnitProperties"))
     }
 
     async fn freeze_unit(&self, unit: &str, freeze: bool) -> Result<(), RemoteError> {
         let method = if freeze { "Freeze" } else { "Thaw" };
-        self.unit_call(unit, UNIT_IFACE, method, &()).await?;
-        Ok(())
+        let path = self.unit_path(unit).await?;
+        let call = async {
+            let proxy = UnitProxy::builder(&self.conn)
+                .path(path)
+                .cache_properties(CacheProperties::No)
+                .build()
+                .await?;
+            if freeze {
+                proxy.freeze().await
+            } else {
+                proxy.thaw().await
+            }
+        };
+        call.await.map_err(call_error(method))
     }
 
     async fn kill_unit(&self, unit: &str, whom: &str, signal: i32) -> Result<(), RemoteError> {
-        self.manager_call("KillUnit", &(unit, whom, signal)).await?;
-        Ok(())
+        self.manager
+            .kill_unit(unit, whom, signal)
+            .await
+            .map_err(call_error("KillUnit"))
     }
 
     async fn enable_unit_files(
@@ -357,8 +458,10 @@ impl Systemd for ZbusSystemd {
         runtime: bool,
         force: bool,
     ) -> Result<(bool, Vec<UnitFileChange>), RemoteError> {
-        self.manager_get("EnableUnitFiles", &(files, runtime, force))
+        self.manager
+            .enable_unit_files(files, runtime, force)
             .await
+            .map_err(call_error("EnableUnitFiles"))
     }
 
     async fn disable_unit_files(
@@ -366,28 +469,46 @@ impl Systemd for ZbusSystemd {
         files: &[String],
         runtime: bool,
     ) -> Result<Vec<UnitFileChange>, RemoteError> {
-        self.manager_get("DisableUnitFiles", &(files, runtime))
+        self.manager
+            .disable_unit_files(files, runtime)
             .await
+            .map_err(call_error("DisableUnitFiles"))
     }
 
     async fn get_unit_file_state(&self, file: &str) -> Result<String, RemoteError> {
-        self.manager_get("GetUnitFileState", &(file,)).await
+        self.manager
+            .get_unit_file_state(file)
+            .await
+            .map_err(call_error("GetUnitFileState"))
     }
 
     async fn list_unit_files(&self) -> Result<Vec<(String, String)>, RemoteError> {
-        self.manager_get("ListUnitFiles", &()).await
+        self.manager
+            .list_unit_files()
+            .await
+            .map_err(call_error("ListUnitFiles"))
     }
 
     async fn reset_failed(&self, unit: Option<&str>) -> Result<(), RemoteError> {
         match unit {
-            None => self.manager_call("ResetFailed", &()).await?,
-            Some(unit) => self.manager_call("ResetFailedUnit", &(unit,)).await?,
-        };
-        Ok(())
+            None => self
+                .manager
+                .reset_failed()
+                .await
+                .map_err(call_error("ResetFailed")),
+            Some(unit) => self
+                .manager
+                .reset_failed_unit(unit)
+                .await
+                .map_err(call_error("ResetFailedUnit")),
+        }
     }
 
     async fn get_default_target(&self) -> Result<String, RemoteError> {
-        self.manager_get("GetDefaultTarget", &()).await
+        self.manager
+            .get_default_target()
+            .await
+            .map_err(call_error("GetDefaultTarget"))
     }
 
     async fn set_default_target(
@@ -395,7 +516,10 @@ impl Systemd for ZbusSystemd {
         target: &str,
         force: bool,
     ) -> Result<Vec<UnitFileChange>, RemoteError> {
-        self.manager_get("SetDefaultTarget", &(target, force)).await
+        self.manager
+            .set_default_target(target, force)
+            .await
+            .map_err(call_error("SetDefaultTarget"))
     }
 
     async fn start_transient_unit(
@@ -407,9 +531,11 @@ impl Systemd for ZbusSystemd {
     ) -> Result<JobPath, RemoteError> {
         let props: PropertyList = marshal::decode(properties)?;
         let aux: AuxUnits = marshal::decode(aux)?;
-        let path: OwnedObjectPath = self
-            .manager_get("StartTransientUnit", &(unit, mode, props, aux))
-            .await?;
+        let path = self
+            .manager
+            .start_transient_unit(unit, mode, &props, &aux)
+            .await
+            .map_err(call_error("StartTransientUnit"))?;
         Ok(path.to_string())
     }
 }
@@ -509,16 +635,6 @@ fn parse_unit_signal(msg: &zbus::Message) -> Option<UnitSignal> {
         }
         _ => None,
     }
-}
-
-/// The changed properties of a `PropertiesChanged` message, as a
-/// [`Marshalled`] `a{sv}` (see [`ChangedProperties`]).
-pub fn changed_properties(msg: &zbus::Message) -> Result<Marshalled, RemoteError> {
-    let (_, changed, _): (String, PropertyMap, Vec<String>) = msg
-        .body()
-        .deserialize()
-        .map_err(|e| RemoteError::failed(format!("malformed PropertiesChanged signal: {e}")))?;
-    marshal::encode(&changed)
 }
 
 /// Turns signal messages into events with `parse` (malformed signals give
@@ -727,6 +843,46 @@ mod tests {
         ))
         .unwrap();
         assert!(parse_unit_signal(&elsewhere).is_none());
+    }
+
+    #[test]
+    fn the_proxies_name_drover_bus_s_interfaces_and_paths() {
+        use zbus::proxy::Defaults;
+        fn iface<P: Defaults>() -> Option<String> {
+            P::INTERFACE.as_ref().map(|i| i.to_string())
+        }
+        fn service<P: Defaults>() -> Option<String> {
+            P::DESTINATION.as_ref().map(|d| d.to_string())
+        }
+        assert_eq!(iface::<ManagerProxy<'_>>().as_deref(), Some(MANAGER_IFACE));
+        assert_eq!(iface::<UnitProxy<'_>>().as_deref(), Some(UNIT_IFACE));
+        assert_eq!(iface::<JobProxy<'_>>().as_deref(), Some(JOB_IFACE));
+        assert_eq!(
+            iface::<PropertiesProxy<'_>>().as_deref(),
+            Some(PROPERTIES_IFACE)
+        );
+        for service in [
+            service::<ManagerProxy<'_>>(),
+            service::<UnitProxy<'_>>(),
+            service::<JobProxy<'_>>(),
+            service::<PropertiesProxy<'_>>(),
+        ] {
+            assert_eq!(service.as_deref(), Some(BUS_NAME));
+        }
+        let path = <ManagerProxy<'_> as Defaults>::PATH
+            .as_ref()
+            .map(|p| p.to_string());
+        assert_eq!(path.as_deref(), Some(MANAGER_PATH));
+    }
+
+    #[test]
+    fn a_reply_that_does_not_decode_is_an_unexpected_reply() {
+        let remote = call_error("ListUnits")(zbus::Error::IncorrectType);
+        assert_eq!(remote.name, "org.freedesktop.DBus.Error.Failed");
+        assert!(
+            remote.message.starts_with("ListUnits: unexpected reply"),
+            "{remote}"
+        );
     }
 
     #[test]

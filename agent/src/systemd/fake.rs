@@ -11,7 +11,7 @@
 //! The real thing is exercised against `systemd --user` in the tests of
 //! [`super::dbus`].
 
-use super::{
+use super::api::{
     EVENT_QUEUE, EventStream, JobInfo, JobPath, Systemd, SystemdEvent, UnitFileChange, UnitSignal,
     UnitSignalStream,
 };

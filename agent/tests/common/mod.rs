@@ -12,11 +12,13 @@ pub use drover_testkit::node::SystemdNode;
 use drover_testkit::wait::poll;
 
 use drover_agent::agent::AgentError;
-use drover_agent::deps::unit_status;
-use drover_agent::dispatch::{Dispatcher, Shared, pump_events};
-use drover_agent::link::LinkConfig;
-use drover_agent::outbox::SessionKill;
-use drover_agent::systemd::Systemd;
+use drover_agent::deps::dep_unit::unit_status;
+use drover_agent::dispatch::Dispatcher;
+use drover_agent::fanout::pump_events;
+use drover_agent::link::connection::LinkConfig;
+use drover_agent::link::outbox::SessionKill;
+use drover_agent::state::Shared;
+use drover_agent::systemd::api::Systemd;
 use drover_agent::systemd::dbus::ZbusSystemd;
 use drover_bus::Bus;
 use drover_protocol::{RemoteError, Request, Response, ToManager};

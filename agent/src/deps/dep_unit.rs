@@ -21,10 +21,10 @@
 //! manager turns that into `ProxyError` for the requesters.
 //!
 //! The `StartDep` reply also waits until the unit signals systemd sent before
-//! the dep's job ended have gone to the manager ([`crate::news`]): the
+//! the dep's job ended have gone to the manager ([`crate::deps::unit_fence`]): the
 //! manager must see the target's news of this start before the reply that
 //! confirms it, never after. It comes earlier when the unit stream shows the
-//! target active after the dep's job was queued (also [`crate::news`]): the
+//! target active after the dep's job was queued (also [`crate::deps::unit_fence`]): the
 //! dep, which only waits for its target, cannot fail after that.
 //!
 //! `StopDep` replies once systemd accepted the stop job; a dep that is not
@@ -33,26 +33,27 @@
 //! Job completion: the systemd event stream passes through [`Deps::on_event`].
 //! A fast job can be removed before `StartUnit` even returns its path; while
 //! a dep job call is in flight, removals of unknown jobs are kept (bounded in
-//! count and age) and matched once the path is known — the same rule the job
-//! tracker ([`crate::jobs`]) follows for manager jobs.
+//! count and age) and matched once the path is known — the same buffer
+//! ([`crate::early_events`]) the job tracker ([`crate::jobs`]) uses for
+//! manager jobs.
 
-use crate::news::{JobNews, StartWatch};
-use crate::systemd::{JobPath, Systemd, SystemdEvent};
-use crate::waiters::JobWaiters;
+use crate::deps::job_waiters::JobWaiters;
+use crate::deps::unit_fence::{StartWatch, UnitFence};
+use crate::early_events::EarlyEvents;
+use crate::systemd::api::{JobPath, Systemd, SystemdEvent};
 use drover_bus::marshal::{self, PropertyMap};
 use drover_bus::systemd::UNIT_IFACE;
 use drover_protocol::JobKind;
 use drover_protocol::dep_unit::{DEP_PREFIX, DEP_SUFFIX, dep_unit_of};
 use drover_protocol::error_names::{FAILED, INVALID_ARGS, NO_SUCH_UNIT};
 use drover_protocol::{NodeName, RemoteError, Response, UnitName};
-use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Longest wait for a dep's start job before replying anyway.
 pub const DEP_JOB_BOUND: Duration = Duration::from_secs(90);
 /// Longest wait, once the job ended, for the unit reader to catch up
-/// ([`crate::news`]); it normally takes well under a millisecond.
+/// ([`crate::deps::unit_fence`]); it normally takes well under a millisecond.
 pub const NEWS_BOUND: Duration = Duration::from_secs(5);
 /// Removals of not-yet-known jobs kept while a call is in flight.
 const EARLY_CAP: usize = 1024;
@@ -75,17 +76,25 @@ pub enum JobEnd {
     /// systemd removed the job with this result (`done`, `dependency`, …).
     Finished(String),
     /// A dep's target went active after its start job was queued, and that
-    /// news went to the manager first ([`crate::news`]).
+    /// news went to the manager first ([`crate::deps::unit_fence`]).
     TargetActive,
     /// Still running when the bound passed.
     StillRunning,
 }
 
-#[derive(Default)]
 struct Waiters {
-    in_flight: usize,
-    early: VecDeque<(Instant, JobPath, String)>,
+    /// Results of removals that overtook their `StartUnit` reply.
+    early: EarlyEvents<String>,
     waiting: JobWaiters<String>,
+}
+
+impl Default for Waiters {
+    fn default() -> Self {
+        Self {
+            early: EarlyEvents::new(EARLY_TTL, EARLY_CAP),
+            waiting: JobWaiters::default(),
+        }
+    }
 }
 
 /// See the module docs.
@@ -116,26 +125,22 @@ impl Deps {
             return;
         };
         let mut w = self.lock();
-        if !w.waiting.release(job, result.clone()) && w.in_flight > 0 {
-            if w.early.len() >= EARLY_CAP {
-                w.early.pop_front();
-            }
-            w.early
-                .push_back((Instant::now(), job.clone(), result.clone()));
+        if !w.waiting.release(job, result.clone()) {
+            w.early.offer(Instant::now(), job, result.clone());
         }
     }
 
     /// Starts `dep`, the dep unit of `target`, and waits (at most `bound`)
     /// for the job's result; with `news`, also until the unit reader has
     /// passed the job's end, or until it has shown `target` active after the
-    /// job was queued ([`crate::news`]).
+    /// job was queued ([`crate::deps::unit_fence`]).
     async fn start_and_wait<S: Systemd>(
         &self,
         systemd: &S,
         dep: &UnitName,
         target: &UnitName,
         bound: Duration,
-        news: Option<&JobNews>,
+        news: Option<&UnitFence>,
     ) -> Result<JobEnd, RemoteError> {
         let mut watch = news.map(|news| news.watch_start(dep.as_str(), target.as_str()));
         let (path, end) = self
@@ -159,29 +164,17 @@ impl Deps {
         bound: Duration,
         watch: Option<&mut StartWatch<'_>>,
     ) -> Result<(JobPath, JobEnd), RemoteError> {
-        self.lock().in_flight += 1;
+        self.lock().early.call_started();
         let called = systemd.unit_job(JobKind::Start, unit, "replace").await;
         let rx = {
             let mut w = self.lock();
-            w.in_flight = w.in_flight.saturating_sub(1);
-            let early = match &called {
-                Ok(path) => w
-                    .early
-                    .iter()
-                    .position(|(_, p, _)| p == path)
-                    .and_then(|i| w.early.remove(i)),
-                Err(_) => None,
-            };
-            // What no call in flight can claim any more is someone else's.
-            let now = Instant::now();
-            if w.in_flight == 0 {
-                w.early.clear();
-            } else {
-                w.early
-                    .retain(|(at, _, _)| now.duration_since(*at) < EARLY_TTL);
-            }
+            let early = w
+                .early
+                .call_finished(Instant::now(), called.as_deref().ok())
+                .into_iter()
+                .next();
             let path = called?;
-            if let Some((_, _, result)) = early {
+            if let Some(result) = early {
                 return Ok((path, JobEnd::Finished(result)));
             }
             let rx = w.waiting.wait(&path);
@@ -212,7 +205,7 @@ impl Deps {
         &self,
         systemd: &S,
         target: &UnitName,
-        news: Option<&JobNews>,
+        news: Option<&UnitFence>,
     ) -> Result<Response, RemoteError> {
         self.start_dep_within(systemd, target, DEP_JOB_BOUND, news)
             .await
@@ -224,7 +217,7 @@ impl Deps {
         systemd: &S,
         target: &UnitName,
         bound: Duration,
-        news: Option<&JobNews>,
+        news: Option<&UnitFence>,
     ) -> Result<Response, RemoteError> {
         let dep = dep_unit(target)?;
         match self
@@ -482,7 +475,7 @@ mod tests {
             "drover-dep@db.service.service",
             Script::Finish("done".into()),
         );
-        let news = JobNews::default();
+        let news = UnitFence::default();
         let db = unit("db.service");
         let reply = deps.start_dep(&fake, &db, Some(&news));
         tokio::pin!(reply);
@@ -501,7 +494,7 @@ mod tests {
         // The dep's job does not end by itself: only the target's news can
         // confirm the start.
         fake.add_unit("drover-dep@db.service.service", Script::Hang);
-        let news = JobNews::default();
+        let news = UnitFence::default();
         let db = unit("db.service");
         let reply = deps.start_dep(&fake, &db, Some(&news));
         tokio::pin!(reply);

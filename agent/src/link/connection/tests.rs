@@ -2,7 +2,7 @@
 //! socket, built from the protocol crate's manager-side handshake.
 
 use super::*;
-use crate::dispatch::pump_events;
+use crate::fanout::pump_events;
 use crate::systemd::fake::{FakeSystemd, Script};
 use drover_protocol::handshake::Accepted;
 use drover_protocol::link::{ManagerFramed, manager_read_hello};

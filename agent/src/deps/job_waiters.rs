@@ -1,13 +1,13 @@
 //! One-shot waiters keyed by systemd job path.
 //!
-//! A `StartDep` waits for its dep job's `JobRemoved` ([`crate::deps`]), and
-//! then for the unit reader to pass that same removal ([`crate::news`]).
+//! A `StartDep` waits for its dep job's `JobRemoved` ([`crate::deps::dep_unit`]), and
+//! then for the unit reader to pass that same removal ([`crate::deps::unit_fence`]).
 //! Both park a sender here under the job's path; the event releases every
 //! waiter of that job at once. A waiter that gives up (its bound passed)
 //! drops its receiver, and [`JobWaiters::forget_abandoned`] clears what is
 //! left of it, so the map only holds jobs somebody still waits for.
 
-use crate::systemd::JobPath;
+use crate::systemd::api::JobPath;
 use std::collections::HashMap;
 use tokio::sync::oneshot;
 

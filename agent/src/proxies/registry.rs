@@ -1,7 +1,7 @@
 //! Proxies on the requesting node: the state behind `drover-proxy@NODE_UNIT.service`.
 //!
 //! `drover-proxy create` calls the local API's `CreateProxy(local, node, unit)`
-//! ([`crate::api`]); this module keeps one [`Proxy`] per call and decides how
+//! ([`crate::api`]); this module keeps one `Proxy` per call and decides how
 //! the call ends. The manager relays the target's fate as [`Notice`]s; the
 //! agent announces its proxies with `Event::ProxyNew` / `Event::ProxyRemoved`.
 //!
@@ -17,7 +17,7 @@
 //! ```
 //!
 //! A proxy may also begin before its call: when systemd runs the proxy unit's
-//! start job, [`crate::ahead`] announces it ([`Proxies::start_ahead`]) so the
+//! start job, [`crate::proxies::early_start`] announces it ([`Proxies::start_ahead`]) so the
 //! target starts while the helper process starts. The helper's `CreateProxy`
 //! then *claims* it (answered at once if the target is already active, or with
 //! the reason if it already failed); a proxy nobody claims is dropped when its
@@ -53,8 +53,8 @@
 //! [`Outbox`] (never blocks) and handing local units to stop to
 //! [`Proxies::run_stopper`].
 
-use crate::outbox::{Outbox, Sent};
-use crate::systemd::{JobPath, Systemd};
+use crate::link::outbox::{Outbox, Sent};
+use crate::systemd::api::{JobPath, Systemd};
 use drover_protocol::JobKind;
 use drover_protocol::proxy_instance::{ProxyInstance, proxy_template_of, proxy_templates_text};
 use drover_protocol::verdict::{Verdict, verdict};
@@ -687,7 +687,7 @@ impl Proxies {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outbox::SessionKill;
+    use crate::link::outbox::SessionKill;
     use crate::systemd::fake::{FakeSystemd, Script};
     use drover_protocol::Reason;
     use std::sync::Arc;

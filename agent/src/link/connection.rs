@@ -7,7 +7,7 @@
 //!    configured idle/interval/count and `IP_RECVERR`, so a dead peer is seen
 //!    quickly; then [`agent_handshake`] with a timeout.
 //! 2. **Session** (one per accepted handshake, numbered by `epoch`): a reader,
-//!    a writer task fed by the bounded [`Outbox`] queue, and a heartbeat
+//!    a writer task fed by the bounded [`Outbox`](crate::link::outbox::Outbox) queue, and a heartbeat
 //!    timer. Each request runs as its own task, at most
 //!    [`LinkConfig::max_in_flight`] at once (the reader waits for a slot, so
 //!    TCP pushes back on the manager — nothing unbounded is fed from the
@@ -21,13 +21,14 @@
 //!    which is said once; then only at debug level until connected again.
 //!
 //! Invariants: replies and events of a session that ended are dropped (see
-//! [`crate::outbox`]); a shutdown closes the connection politely (queued
+//! [`crate::link::outbox`]); a shutdown closes the connection politely (queued
 //! messages are flushed, then the write side is shut down); nothing sent by
 //! the manager can make the agent panic or grow memory without bound.
 
-use crate::dispatch::{Dispatcher, Shared};
-use crate::outbox::SessionKill;
-use crate::systemd::Systemd;
+use crate::dispatch::Dispatcher;
+use crate::link::outbox::SessionKill;
+use crate::state::Shared;
+use crate::systemd::api::Systemd;
 use drover_protocol::link::{AgentFramed, HandshakeError, agent_handshake};
 use drover_protocol::{Hello, NodeName, RefuseReason, ToAgent, ToManager};
 use futures::{SinkExt, StreamExt};

@@ -16,7 +16,7 @@
 //!   systemd alone knows when it lets go.
 //! * Only start jobs: a stop job of an inactive proxy unit must never start
 //!   anything anywhere. `JobNew` names the unit but not the job's type, so
-//!   each proxy job costs one [`Systemd::job_info`](crate::systemd::Systemd::job_info)
+//!   each proxy job costs one [`Systemd::job_info`](crate::systemd::api::Systemd::job_info)
 //!   query. A `restart` job counts once it runs (it stops first, so ordering
 //!   treats it as a stop until then).
 //! * A job that ends without a helper having claimed its proxy (cancelled,
@@ -35,9 +35,9 @@
 //! table's lock is held while a proxy is started or released, so the
 //! outcome is the same in every order.
 
-use crate::outbox::Outbox;
-use crate::proxy::{Proxies, ProxyKey};
-use crate::systemd::{JobInfo, JobPath, SystemdEvent};
+use crate::link::outbox::Outbox;
+use crate::proxies::registry::{Proxies, ProxyKey};
+use crate::systemd::api::{JobInfo, JobPath, SystemdEvent};
 use drover_protocol::RemoteError;
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
@@ -57,11 +57,11 @@ struct Pending {
 
 /// See the module docs.
 #[derive(Default)]
-pub struct Ahead {
+pub struct EarlyStart {
     pending: Mutex<HashMap<JobPath, Pending>>,
 }
 
-impl Ahead {
+impl EarlyStart {
     fn lock(&self) -> MutexGuard<'_, HashMap<JobPath, Pending>> {
         // Short sections that do not panic; a poisoned map is still consistent.
         self.pending.lock().unwrap_or_else(|p| p.into_inner())
@@ -69,7 +69,7 @@ impl Ahead {
 
     /// One systemd event, in systemd's order. Returns the job to ask
     /// `job_info` about when a proxy unit nobody follows got a job; the
-    /// answer goes to [`Ahead::classified`].
+    /// answer goes to [`EarlyStart::classified`].
     pub fn on_event(
         &self,
         event: &SystemdEvent,
@@ -162,18 +162,18 @@ impl Ahead {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outbox::SessionKill;
+    use crate::link::outbox::SessionKill;
     use drover_protocol::{Event, ToManager};
     use tokio::sync::mpsc;
 
     const JOB: &str = "/org/freedesktop/systemd1/job/7";
     const UNIT: &str = "drover-proxy@bar_db.service";
 
-    fn rig() -> (Ahead, Proxies, Outbox, mpsc::Receiver<ToManager>) {
+    fn rig() -> (EarlyStart, Proxies, Outbox, mpsc::Receiver<ToManager>) {
         let outbox = Outbox::default();
         let (tx, rx) = mpsc::channel(64);
         outbox.open(1, tx, SessionKill::new());
-        (Ahead::default(), Proxies::default(), outbox, rx)
+        (EarlyStart::default(), Proxies::default(), outbox, rx)
     }
 
     fn new_job() -> SystemdEvent {

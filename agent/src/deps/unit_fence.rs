@@ -3,8 +3,8 @@
 //!
 //! systemd's signals reach the agent on one connection but through two
 //! streams: the job stream (`JobNew`, `JobRemoved`, job states; read by
-//! [`crate::jobs`], [`crate::deps`], [`crate::ahead`]) and the unit stream
-//! (unit states; read by [`crate::units`], which forwards them to the
+//! [`crate::jobs`], [`crate::deps::dep_unit`], [`crate::proxies::early_start`]) and the unit stream
+//! (unit states; read by [`crate::units::hub`], which forwards them to the
 //! manager). Each stream keeps systemd's order, but their readers run
 //! independently, so the job stream can hand over a job's `JobRemoved` while
 //! the unit reader is still behind on signals systemd sent before it.
@@ -18,27 +18,27 @@
 //! back-to-back activations on a loaded machine).
 //!
 //! The unit stream matches every systemd signal, `JobRemoved` included; its
-//! reader reports each one here ([`JobNews::passed`]) after it has sent what
+//! reader reports each one here ([`UnitFence::passed`]) after it has sent what
 //! the signals before it produced. Whoever saw a job end on the job stream and
-//! is about to tell the manager waits here ([`JobNews::wait_passed`]) until
+//! is about to tell the manager waits here ([`UnitFence::wait_passed`]) until
 //! the unit reader has reached the same `JobRemoved`. That only works if the
 //! unit stream already ran when the job was queued (see
-//! [`crate::units::UnitHub::streaming`]); otherwise there is nothing to wait
+//! [`crate::units::hub::UnitHub::streaming`]); otherwise there is nothing to wait
 //! for.
 //!
 //! **Earlier, at the target's `active`.** The dep's job only ends after
 //! systemd has sent the target's state changes, the dep's own and the job
 //! signals of both, one message at a time through the bus daemon: on a busy
 //! machine a few milliseconds after the target is already active. So a
-//! `StartDep` also watches the unit stream ([`JobNews::watch_start`]): once
+//! `StartDep` also watches the unit stream ([`UnitFence::watch_start`]): once
 //! the reader has passed the `JobNew` of the dep's job (everything after it
 //! reflects states after the job was queued) and then an `active` of the
 //! target, which it sends on first, the start is confirmed. Anything else,
 //! such as a target that was already active and does not change, waits for
 //! the job's end as above.
 
-use crate::systemd::JobPath;
-use crate::waiters::JobWaiters;
+use crate::deps::job_waiters::JobWaiters;
+use crate::systemd::api::JobPath;
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -67,9 +67,9 @@ struct Watch {
     fire: Option<oneshot::Sender<JobPath>>,
 }
 
-/// A watch made by [`JobNews::watch_start`]; dropping it ends the watch.
+/// A watch made by [`UnitFence::watch_start`]; dropping it ends the watch.
 pub struct StartWatch<'a> {
-    news: &'a JobNews,
+    news: &'a UnitFence,
     id: u64,
     fired: oneshot::Receiver<JobPath>,
 }
@@ -94,11 +94,11 @@ impl Drop for StartWatch<'_> {
 
 /// See the module docs.
 #[derive(Default)]
-pub struct JobNews {
+pub struct UnitFence {
     inner: Mutex<Inner>,
 }
 
-impl JobNews {
+impl UnitFence {
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // Short sections without panics: a poisoned lock is still consistent.
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
@@ -194,7 +194,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_waiter_is_released_when_the_unit_reader_passes_its_job() {
-        let news = std::sync::Arc::new(JobNews::default());
+        let news = std::sync::Arc::new(UnitFence::default());
         let waiter = tokio::spawn({
             let news = news.clone();
             async move { news.wait_passed(J, Duration::from_secs(5)).await }
@@ -209,7 +209,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_job_passed_before_anyone_waits_is_found_once() {
-        let news = JobNews::default();
+        let news = UnitFence::default();
         news.passed(J);
         assert!(news.wait_passed(J, Duration::from_secs(5)).await);
         assert_eq!(news.pending(), (0, 0));
@@ -217,7 +217,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_reader_that_never_passes_releases_the_waiter_at_the_bound() {
-        let news = JobNews::default();
+        let news = UnitFence::default();
         assert!(!news.wait_passed(J, Duration::from_millis(300)).await);
         assert_eq!(news.pending(), (0, 0), "the timed-out waiter is gone");
     }
@@ -226,7 +226,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_start_is_confirmed_by_the_first_active_after_its_job_was_queued() {
-        let news = JobNews::default();
+        let news = UnitFence::default();
         let mut watch = news.watch_start(DEP, "db.service");
         news.active("db.service");
         news.queued(J, "other.service");
@@ -243,7 +243,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_active_after_another_job_of_the_dep_confirms_nothing() {
-        let news = JobNews::default();
+        let news = UnitFence::default();
         let mut watch = news.watch_start(DEP, "db.service");
         news.queued("/org/freedesktop/systemd1/job/6", DEP);
         news.active("db.service");
@@ -256,7 +256,7 @@ mod tests {
 
     #[test]
     fn remembered_job_ends_are_bounded() {
-        let news = JobNews::default();
+        let news = UnitFence::default();
         for i in 0..(PASSED_CAP + 10) {
             news.passed(&format!("/org/freedesktop/systemd1/job/{i}"));
         }

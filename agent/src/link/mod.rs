@@ -1,0 +1,13 @@
+//! The link to the manager.
+//!
+//! * [`connection`] — connect, handshake, serve a session (reader, writer,
+//!   heartbeats, one task per request), reconnect with jittered backoff.
+//! * [`outbox`] — the only way to the manager: bounded, never blocking,
+//!   drops what belongs to a session that is gone, kills a session whose
+//!   manager stopped reading.
+//! * [`status`] — the link's state as the local API shows it (online,
+//!   last seen, controller address, log settings).
+
+pub mod connection;
+pub mod outbox;
+pub mod status;

@@ -1,0 +1,94 @@
+//! The agent's shared state: one [`Shared`] per agent process, held in an
+//! `Arc` by the link, the request handlers, the systemd event fan-out and the
+//! local API.
+//!
+//! Each part is its own module's state and keeps its own invariants under its
+//! own lock; this file only gathers them and holds the few steps that touch
+//! several at once (a systemd job event, a finished job, a session starting).
+//! It imports the parts, never the code that drives them (`crate::dispatch`,
+//! `crate::fanout`, `crate::link::connection`, `crate::api`), so those import
+//! it and the imports run one way.
+//!
+//! Lock order, where two are taken together: the job tracker's lock is taken
+//! last (the tracker never calls out while holding it).
+
+use crate::deps::dep_unit::Deps;
+use crate::deps::unit_fence::UnitFence;
+use crate::jobs::{JobTracker, Output};
+use crate::link::outbox::Outbox;
+use crate::link::status::AgentStatus;
+use crate::node_api::NodeState;
+use crate::proxies::early_start::EarlyStart;
+use crate::proxies::registry::Proxies;
+use crate::systemd::api::{JobPath, SystemdEvent};
+use crate::units::hub::UnitHub;
+use drover_protocol::{Event, ToManager};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
+
+/// State shared by request handlers, the event fan-out and the link.
+#[derive(Default)]
+pub struct Shared {
+    tracker: Mutex<JobTracker>,
+    pub outbox: Outbox,
+    /// Proxies of this (requesting) node: `crate::proxies::registry`.
+    pub proxies: Proxies,
+    /// Proxy start jobs being classified: `crate::proxies::early_start`.
+    pub early_start: EarlyStart,
+    /// Dep units of this (target) node: `crate::deps::dep_unit`.
+    pub deps: Deps,
+    /// Job ends the unit reader has passed: `crate::deps::unit_fence`.
+    pub fence: UnitFence,
+    /// The link as the local API shows it: `crate::link::status`.
+    pub status: AgentStatus,
+    /// Unit subscriptions of the manager: `crate::units::hub`.
+    pub units: UnitHub,
+    /// Metrics and log level: `crate::node_api`.
+    pub node: NodeState,
+}
+
+impl Shared {
+    pub fn tracker(&self) -> MutexGuard<'_, JobTracker> {
+        // The tracker is only mutated by short, non-panicking sections; a
+        // poisoned lock still holds consistent state.
+        self.tracker.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Feeds one systemd job event to its readers (dep waiters, early start,
+    /// the job tracker) and forwards what the tracker produced. Returns a
+    /// proxy start job to classify (see `crate::proxies::early_start`).
+    pub fn on_systemd_event(&self, event: SystemdEvent) -> Option<JobPath> {
+        self.deps.on_event(&event);
+        let classify = self
+            .early_start
+            .on_event(&event, &self.proxies, &self.outbox);
+        let mut tracker = self.tracker();
+        for out in tracker.on_event(Instant::now(), event) {
+            self.forward_job(out);
+        }
+        classify
+    }
+
+    /// Sends one job output; a `JobDone` is followed by its metrics, if on.
+    pub fn forward_job(&self, out: Output) {
+        let done = match &out.event {
+            Event::JobDone { job_id, .. } => Some(*job_id),
+            _ => None,
+        };
+        self.outbox.send(out.epoch, ToManager::Event(out.event));
+        if let Some(metrics) = done.and_then(|job_id| self.node.job_done(out.epoch, job_id)) {
+            self.outbox.send(out.epoch, ToManager::Event(metrics));
+        }
+    }
+
+    /// A manager session began (`session_id` from its handshake).
+    pub fn session_started(&self, epoch: u64, session_id: u64) {
+        self.units.session_started(epoch, session_id);
+        self.node.session_started();
+    }
+
+    /// The manager session `epoch` ended.
+    pub fn session_ended(&self, epoch: u64) {
+        self.units.session_ended(epoch);
+    }
+}

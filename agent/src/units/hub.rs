@@ -1,0 +1,735 @@
+//! Unit subscriptions: which units the manager watches on this node, and
+//! the unit events the agent sends it. The [`UnitHub`] holds the [`View`]
+//! of systemd's units under a lock and sends what the rules in
+//! [`crate::units::rules`] decide.
+//!
+//! The manager sends `Subscribe { unit }` for a unit (or `None`: every unit,
+//! BlueChi's `*`) and `Unsubscribe` when nobody watches it any more.
+//!
+//! The unit cache is built lazily, on the first subscription since the agent
+//! started ([`UnitHub::follow`]): the unit signal stream is subscribed first,
+//! then the cache is seeded from `ListUnits`, and only then are the queued
+//! signals applied (by the fan-out, `crate::fanout`), in order, on top of it
+//! — so nothing between the two is lost, and a subscriber sees the snapshot
+//! first and real changes after it.
+//!
+//! Invariants:
+//! * **Sessions.** Subscriptions belong to one manager session; they are
+//!   dropped when it ends ([`UnitHub::session_ended`]) and start empty in the
+//!   next ([`UnitHub::session_started`]) — the manager replays them.
+//! * **Order.** Producers (the signal pump, a subscription's replay) tag and
+//!   send under one async lock ([`UnitHub::send_order`]), so the manager
+//!   receives events in tag order.
+//! * **Bounds.** Events leave through [`Outbox::send_paced`], which waits for
+//!   the manager instead of letting a burst overflow the queue; a session
+//!   that does not read within [`SEND_PATIENCE`] is given up.
+
+use crate::link::outbox::{Outbox, Sent};
+use crate::systemd::api::{Systemd, UnitSignal, UnitSignalStream};
+use crate::units::rules::{Batch, View, describe};
+use drover_protocol::{RemoteError, Response, ToManager, UnitInfo, UnitName};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+/// How long unit events wait for the manager to read before the session is
+/// given up (the heartbeat threshold normally notices a dead manager first).
+pub const SEND_PATIENCE: Duration = Duration::from_secs(30);
+
+/// See the module docs. Lives in `crate::state::Shared`; all methods are
+/// cheap except `follow` (which may start the stream) and the sends.
+#[derive(Default)]
+pub struct UnitHub {
+    view: Mutex<View>,
+    /// Held by whoever tags and sends events, across the sends.
+    send_order: tokio::sync::Mutex<()>,
+    started: tokio::sync::OnceCell<()>,
+}
+
+impl UnitHub {
+    fn lock(&self) -> MutexGuard<'_, View> {
+        // Critical sections are short and do not panic; a poisoned lock still
+        // holds consistent state.
+        self.view.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A manager session began: no subscriptions, tags `(session_id, 1..)`.
+    pub fn session_started(&self, epoch: u64, session_id: u64) {
+        self.lock().session_started(epoch, session_id);
+    }
+
+    /// The manager session `epoch` ended: its subscriptions are gone.
+    pub fn session_ended(&self, epoch: u64) {
+        self.lock().session_ended(epoch);
+    }
+
+    /// What session `epoch` watches: (`*`?, number of single units).
+    pub fn watching(&self, epoch: u64) -> Option<(bool, usize)> {
+        self.lock().watching(epoch)
+    }
+
+    /// True once the unit signal stream runs (it then sees every later
+    /// `JobRemoved` too: `crate::deps::unit_fence`).
+    pub fn streaming(&self) -> bool {
+        self.started.initialized()
+    }
+
+    /// Number of loaded units the cache follows.
+    pub fn cached_units(&self) -> usize {
+        self.lock().cached_units()
+    }
+
+    /// The cached (active, sub) state of a loaded unit.
+    pub fn cached_state(&self, unit: &str) -> Option<(String, String)> {
+        let unit = UnitName::new(unit).ok()?;
+        self.lock().cached_state(&unit)
+    }
+
+    /// Starts following systemd's units, once: subscribes the unit signal
+    /// stream, then seeds the cache from `ListUnits`. Returns the stream the
+    /// first time (its reader is the caller's to start), `None` once it runs.
+    /// A failure is the subscription's error; the next one tries again.
+    pub async fn follow<S: Systemd>(
+        &self,
+        systemd: &S,
+    ) -> Result<Option<UnitSignalStream>, RemoteError> {
+        let mut fresh = None;
+        self.started
+            .get_or_try_init(|| async {
+                let stream = systemd.subscribe_units().await?;
+                let units = systemd.list_units().await?;
+                self.lock().seed(units);
+                tracing::debug!(units = self.cached_units(), "following systemd's units");
+                fresh = Some(stream);
+                Ok::<(), RemoteError>(())
+            })
+            .await?;
+        Ok(fresh)
+    }
+
+    /// `Request::Subscribe` of session `epoch`, once the stream runs
+    /// ([`UnitHub::follow`]): records the subscription and sends the virtual
+    /// replay.
+    pub async fn subscribe(
+        &self,
+        outbox: &Outbox,
+        epoch: u64,
+        unit: Option<UnitName>,
+    ) -> Result<Response, RemoteError> {
+        let _order = self.send_order.lock().await;
+        let batch = self.lock().subscribe(epoch, unit.as_ref())?;
+        tracing::debug!(
+            unit = describe(unit.as_ref()),
+            replayed = batch.events.len(),
+            "subscribed"
+        );
+        send(outbox, batch).await;
+        Ok(Response::Empty)
+    }
+
+    /// `Request::Unsubscribe` of session `epoch`.
+    pub fn unsubscribe(
+        &self,
+        epoch: u64,
+        unit: Option<&UnitName>,
+    ) -> Result<Response, RemoteError> {
+        self.lock()
+            .unsubscribe(epoch, unit)
+            .map(|()| Response::Empty)
+    }
+
+    /// The lock every producer of unit events holds while it tags and sends.
+    pub async fn send_order(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.send_order.lock().await
+    }
+
+    /// A daemon-reload has not said it ended yet.
+    pub fn reload_open(&self) -> bool {
+        self.lock().reloads_open() > 0
+    }
+
+    /// Applies one unit signal; sends what the session must hear. The caller
+    /// holds [`UnitHub::send_order`].
+    pub async fn apply(&self, outbox: &Outbox, signal: UnitSignal) {
+        let batch = self.lock().on_signal(signal);
+        if let Some(batch) = batch {
+            send(outbox, batch).await;
+        }
+    }
+
+    /// Settles a finished daemon-reload with what `ListUnits` said (`Err`:
+    /// it failed, assume every unit came back as it was). The caller holds
+    /// [`UnitHub::send_order`].
+    pub async fn settle(&self, outbox: &Outbox, listed: Result<Vec<UnitInfo>, RemoteError>) {
+        let batch = match listed {
+            Ok(listed) => self.lock().resync(listed),
+            Err(e) => {
+                tracing::warn!("cannot list units after a systemd reload: {e}");
+                self.lock().resync_failed();
+                None
+            }
+        };
+        if let Some(batch) = batch {
+            send(outbox, batch).await;
+        }
+    }
+}
+
+async fn send(outbox: &Outbox, batch: Batch) {
+    for event in batch.events {
+        let sent = outbox
+            .send_paced(batch.epoch, ToManager::Event(event), SEND_PATIENCE)
+            .await;
+        if sent != Sent::Queued {
+            // The session is gone (or going): the rest means nothing to the
+            // manager's next session, which starts from a replay.
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::link::outbox::SessionKill;
+    use crate::test_rig::{Rig, WAIT as T, next, unit};
+    use drover_bus::systemd::UNIT_IFACE;
+    use drover_protocol::{Event, Marshalled, ModTag, Reason, Request};
+    use tokio::sync::mpsc;
+
+    fn rig_with(capacity: usize) -> Rig {
+        Rig::without_events(capacity, 77)
+    }
+
+    fn rig() -> Rig {
+        rig_with(256)
+    }
+
+    async fn next_event(rx: &mut mpsc::Receiver<ToManager>) -> Event {
+        match next(rx).await {
+            ToManager::Event(e) => e,
+            other => panic!("expected an event, got {other:?}"),
+        }
+    }
+
+    fn ok_reply(id: u64) -> ToManager {
+        ToManager::Reply {
+            id,
+            result: Ok(Response::Empty),
+        }
+    }
+
+    fn tag(e: &Event) -> ModTag {
+        match e {
+            Event::UnitNew { tag, .. }
+            | Event::UnitRemoved { tag, .. }
+            | Event::UnitStateChanged { tag, .. }
+            | Event::UnitPropertiesChanged { tag, .. } => *tag,
+            other => panic!("not a unit event: {other:?}"),
+        }
+    }
+
+    fn state_signal(u: &str, active: &str, sub: &str) -> UnitSignal {
+        UnitSignal::Changed {
+            unit: u.into(),
+            interface: UNIT_IFACE.into(),
+            properties: Marshalled {
+                signature: "a{sv}".into(),
+                data: vec![0, 0, 0, 0],
+            }
+            .into(),
+            active_state: Some(active.into()),
+            sub_state: Some(sub.into()),
+        }
+    }
+
+    fn new_virtual(t: u64, u: &str) -> Event {
+        Event::UnitNew {
+            tag: ModTag::new(77, t),
+            unit: unit(u),
+            reason: Reason::Virtual,
+        }
+    }
+
+    fn state(t: u64, u: &str, active: &str, sub: &str, reason: Reason) -> Event {
+        Event::UnitStateChanged {
+            tag: ModTag::new(77, t),
+            unit: unit(u),
+            active_state: active.into(),
+            sub_state: sub.into(),
+            reason,
+        }
+    }
+
+    async fn subscribe(r: &mut Rig, id: u64, u: Option<&str>) -> Result<Response, RemoteError> {
+        r.d.handle(1, id, Request::Subscribe { unit: u.map(unit) })
+            .await;
+        // Virtual events come before the reply; return the reply.
+        loop {
+            if let ToManager::Reply { id: got, result } = next(&mut r.rx).await {
+                assert_eq!(got, id);
+                return result;
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn subscribing_a_loaded_unit_replays_it_virtually_an_unknown_one_does_not() {
+        let mut r = rig();
+        r.fake.set_state("a.service", "active", "running");
+        assert!(
+            !r.fake.units_subscribed(),
+            "no unit stream before a subscription"
+        );
+        r.d.handle(
+            1,
+            1,
+            Request::Subscribe {
+                unit: Some(unit("a.service")),
+            },
+        )
+        .await;
+        assert_eq!(next_event(&mut r.rx).await, new_virtual(1, "a.service"));
+        assert_eq!(
+            next_event(&mut r.rx).await,
+            state(2, "a.service", "active", "running", Reason::Virtual)
+        );
+        assert_eq!(next(&mut r.rx).await, ok_reply(1));
+        assert!(r.fake.units_subscribed());
+
+        // Not loaded: subscribed, but nothing to replay.
+        r.d.handle(
+            1,
+            2,
+            Request::Subscribe {
+                unit: Some(unit("b.service")),
+            },
+        )
+        .await;
+        assert_eq!(next(&mut r.rx).await, ok_reply(2));
+        // Its real UnitNew is forwarded with the next tag.
+        r.fake
+            .emit_unit(UnitSignal::New {
+                unit: "b.service".into(),
+            })
+            .await;
+        assert_eq!(
+            next_event(&mut r.rx).await,
+            Event::UnitNew {
+                tag: ModTag::new(77, 3),
+                unit: unit("b.service"),
+                reason: Reason::Real
+            }
+        );
+        let calls = r.fake.calls();
+        assert_eq!(
+            calls.iter().filter(|c| *c == "SubscribeUnits").count(),
+            1,
+            "the stream is started once: {calls:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn only_real_state_changes_become_unit_state_changed() {
+        let mut r = rig();
+        r.fake.set_state("a.service", "active", "running");
+        r.fake.set_state("other.service", "active", "running");
+        subscribe(&mut r, 1, Some("a.service")).await.unwrap();
+        // (tags 1 and 2 were the replay)
+
+        // Same state repeated (systemd does that for any Unit property change).
+        r.fake
+            .emit_unit(state_signal("a.service", "active", "running"))
+            .await;
+        let e = next_event(&mut r.rx).await;
+        assert!(
+            matches!(&e, Event::UnitPropertiesChanged { interface, .. } if interface == UNIT_IFACE),
+            "{e:?}"
+        );
+        assert_eq!(tag(&e), ModTag::new(77, 3));
+
+        // An unwatched unit changes: nothing.
+        r.fake
+            .emit_unit(state_signal("other.service", "failed", "failed"))
+            .await;
+        // A real change: properties, then the state.
+        r.fake
+            .emit_unit(state_signal("a.service", "deactivating", "stop-sigterm"))
+            .await;
+        let e = next_event(&mut r.rx).await;
+        assert!(matches!(e, Event::UnitPropertiesChanged { .. }), "{e:?}");
+        assert_eq!(tag(&e), ModTag::new(77, 4));
+        assert_eq!(
+            next_event(&mut r.rx).await,
+            state(5, "a.service", "deactivating", "stop-sigterm", Reason::Real)
+        );
+
+        // Another interface: forwarded as properties, never as a state.
+        r.fake
+            .emit_unit(UnitSignal::Changed {
+                unit: "a.service".into(),
+                interface: "org.freedesktop.systemd1.Service".into(),
+                properties: Marshalled::default().into(),
+                active_state: None,
+                sub_state: None,
+            })
+            .await;
+        let e = next_event(&mut r.rx).await;
+        assert!(
+            matches!(&e, Event::UnitPropertiesChanged { interface, .. } if interface == "org.freedesktop.systemd1.Service"),
+            "{e:?}"
+        );
+        assert_eq!(tag(&e), ModTag::new(77, 6));
+
+        // Only SubState in a signal: merged with the known ActiveState.
+        r.fake
+            .emit_unit(UnitSignal::Changed {
+                unit: "a.service".into(),
+                interface: UNIT_IFACE.into(),
+                properties: Marshalled::default().into(),
+                active_state: None,
+                sub_state: Some("stop-sigkill".into()),
+            })
+            .await;
+        next_event(&mut r.rx).await;
+        assert_eq!(
+            next_event(&mut r.rx).await,
+            state(8, "a.service", "deactivating", "stop-sigkill", Reason::Real)
+        );
+
+        // Removal is forwarded; a new load starts from inactive/dead.
+        r.fake
+            .emit_unit(UnitSignal::Removed {
+                unit: "a.service".into(),
+            })
+            .await;
+        assert_eq!(
+            next_event(&mut r.rx).await,
+            Event::UnitRemoved {
+                tag: ModTag::new(77, 9),
+                unit: unit("a.service"),
+                reason: Reason::Real
+            }
+        );
+        r.fake
+            .emit_unit(UnitSignal::New {
+                unit: "a.service".into(),
+            })
+            .await;
+        assert!(matches!(
+            next_event(&mut r.rx).await,
+            Event::UnitNew {
+                reason: Reason::Real,
+                ..
+            }
+        ));
+        r.fake
+            .emit_unit(state_signal("a.service", "inactive", "dead"))
+            .await;
+        let e = next_event(&mut r.rx).await;
+        assert!(matches!(e, Event::UnitPropertiesChanged { .. }), "{e:?}");
+        r.fake
+            .emit_unit(state_signal("a.service", "active", "running"))
+            .await;
+        next_event(&mut r.rx).await;
+        assert_eq!(
+            next_event(&mut r.rx).await,
+            state(13, "a.service", "active", "running", Reason::Real)
+        );
+    }
+
+    #[tokio::test]
+    async fn unit_names_systemd_should_never_send_are_skipped() {
+        let mut r = rig();
+        subscribe(&mut r, 1, None).await.unwrap();
+        for bad in ["", "no suffix", "a/b.service", &"x".repeat(300)] {
+            r.fake.emit_unit(UnitSignal::New { unit: bad.into() }).await;
+            r.fake
+                .emit_unit(state_signal(bad, "active", "running"))
+                .await;
+        }
+        r.fake
+            .emit_unit(UnitSignal::New {
+                unit: "good.service".into(),
+            })
+            .await;
+        assert_eq!(
+            next_event(&mut r.rx).await,
+            Event::UnitNew {
+                tag: ModTag::new(77, 1),
+                unit: unit("good.service"),
+                reason: Reason::Real
+            },
+            "the bad ones left no event and used no tag"
+        );
+    }
+
+    #[tokio::test]
+    async fn star_replays_every_loaded_unit_and_follows_all_of_them() {
+        let mut r = rig();
+        r.fake.set_state("b.service", "active", "running");
+        r.fake.set_state("a.socket", "active", "listening");
+        r.d.handle(1, 1, Request::Subscribe { unit: None }).await;
+        assert_eq!(next_event(&mut r.rx).await, new_virtual(1, "a.socket"));
+        assert_eq!(
+            next_event(&mut r.rx).await,
+            state(2, "a.socket", "active", "listening", Reason::Virtual)
+        );
+        assert_eq!(next_event(&mut r.rx).await, new_virtual(3, "b.service"));
+        assert_eq!(
+            next_event(&mut r.rx).await,
+            state(4, "b.service", "active", "running", Reason::Virtual)
+        );
+        assert_eq!(next(&mut r.rx).await, ok_reply(1));
+
+        // Twice is an error and changes nothing.
+        let e = subscribe(&mut r, 2, None).await.unwrap_err();
+        assert_eq!(e.name, "org.freedesktop.DBus.Error.Failed");
+        assert!(e.message.contains("already subscribed to *"), "{e}");
+
+        r.fake
+            .emit_unit(state_signal("c.service", "active", "running"))
+            .await;
+        next_event(&mut r.rx).await;
+        assert_eq!(
+            next_event(&mut r.rx).await,
+            state(6, "c.service", "active", "running", Reason::Real),
+            "a unit first seen in a signal has changed by definition"
+        );
+
+        r.d.handle(1, 3, Request::Unsubscribe { unit: None }).await;
+        assert_eq!(next(&mut r.rx).await, ok_reply(3));
+        r.d.handle(1, 4, Request::Unsubscribe { unit: None }).await;
+        match next(&mut r.rx).await {
+            ToManager::Reply {
+                id: 4,
+                result: Err(e),
+            } => {
+                assert_eq!(e.name, "org.freedesktop.DBus.Error.Failed");
+                assert!(e.message.contains("not subscribed to *"), "{e}");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        r.d.handle(
+            1,
+            5,
+            Request::Unsubscribe {
+                unit: Some(unit("b.service")),
+            },
+        )
+        .await;
+        assert!(matches!(
+            next(&mut r.rx).await,
+            ToManager::Reply {
+                id: 5,
+                result: Err(_)
+            }
+        ));
+
+        // Nothing is watched any more; a watched unit shows what still flows.
+        r.fake
+            .emit_unit(state_signal("b.service", "failed", "failed"))
+            .await;
+        subscribe(&mut r, 6, Some("d.service")).await.unwrap();
+        r.fake
+            .emit_unit(UnitSignal::New {
+                unit: "d.service".into(),
+            })
+            .await;
+        assert!(
+            matches!(next_event(&mut r.rx).await, Event::UnitNew { unit, tag, .. } if unit.as_str() == "d.service" && tag == ModTag::new(77, 7)),
+            "b.service's change was not forwarded"
+        );
+    }
+
+    #[tokio::test]
+    async fn subscriptions_and_tags_are_per_session() {
+        let mut r = rig();
+        r.fake.set_state("a.service", "active", "running");
+        subscribe(&mut r, 1, Some("a.service")).await.unwrap();
+        assert_eq!(r.shared.units.watching(1), Some((false, 1)));
+
+        // The link drops; a new session (new guid) opens.
+        r.shared.outbox.close(1);
+        r.shared.session_ended(1);
+        assert_eq!(r.shared.units.watching(1), None);
+        let (tx, mut rx2) = mpsc::channel(64);
+        r.shared.outbox.open(2, tx, SessionKill::new());
+        r.shared.session_started(2, 90);
+
+        // Not subscribed in the new session until the manager replays.
+        r.fake
+            .emit_unit(state_signal("a.service", "failed", "failed"))
+            .await;
+        let deadline = std::time::Instant::now() + T;
+        while r.shared.units.cached_state("a.service")
+            != Some(("failed".to_string(), "failed".to_string()))
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the signal is applied"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        r.d.handle(
+            2,
+            1,
+            Request::Unsubscribe {
+                unit: Some(unit("a.service")),
+            },
+        )
+        .await;
+        assert!(matches!(
+            next(&mut rx2).await,
+            ToManager::Reply {
+                id: 1,
+                result: Err(_)
+            }
+        ));
+        r.d.handle(
+            2,
+            2,
+            Request::Subscribe {
+                unit: Some(unit("a.service")),
+            },
+        )
+        .await;
+        assert_eq!(
+            next_event(&mut rx2).await,
+            Event::UnitNew {
+                tag: ModTag::new(90, 1),
+                unit: unit("a.service"),
+                reason: Reason::Virtual
+            }
+        );
+        assert_eq!(
+            next_event(&mut rx2).await,
+            Event::UnitStateChanged {
+                tag: ModTag::new(90, 2),
+                unit: unit("a.service"),
+                active_state: "failed".into(),
+                sub_state: "failed".into(),
+                reason: Reason::Virtual
+            },
+            "the cache followed systemd while nobody watched"
+        );
+        assert_eq!(next(&mut rx2).await, ok_reply(2));
+        // A request of the old session finds no subscriptions to change.
+        r.d.handle(1, 9, Request::Subscribe { unit: None }).await;
+        assert!(r.rx.try_recv().is_err());
+        assert_eq!(r.shared.units.watching(2), Some((false, 1)));
+    }
+
+    #[tokio::test]
+    async fn a_daemon_reload_is_no_news_but_what_it_changed_is() {
+        let mut r = rig();
+        r.fake.set_state("a.service", "active", "running");
+        r.fake.set_state("b.service", "active", "running");
+        r.fake.set_state("c.service", "failed", "failed");
+        subscribe(&mut r, 1, None).await.unwrap(); // tags 1..=6
+        // The reload: b's file is gone, c was reset, d appeared.
+        r.fake.remove_unit("b.service");
+        r.fake.set_state("c.service", "inactive", "dead");
+        r.fake.set_state("d.service", "active", "running");
+        for signal in [
+            UnitSignal::Reloading { active: true },
+            UnitSignal::Removed {
+                unit: "a.service".into(),
+            },
+            UnitSignal::Removed {
+                unit: "b.service".into(),
+            },
+            UnitSignal::Removed {
+                unit: "c.service".into(),
+            },
+            UnitSignal::Reloading { active: false },
+            UnitSignal::New {
+                unit: "a.service".into(),
+            },
+        ] {
+            r.fake.emit_unit(signal).await;
+        }
+        // Settled after RELOAD_SETTLE: only what changed, all real.
+        let got = [
+            next_event(&mut r.rx).await,
+            next_event(&mut r.rx).await,
+            next_event(&mut r.rx).await,
+            next_event(&mut r.rx).await,
+        ];
+        assert_eq!(
+            got,
+            [
+                state(7, "c.service", "inactive", "dead", Reason::Real),
+                Event::UnitNew {
+                    tag: ModTag::new(77, 8),
+                    unit: unit("d.service"),
+                    reason: Reason::Real
+                },
+                state(9, "d.service", "active", "running", Reason::Real),
+                Event::UnitRemoved {
+                    tag: ModTag::new(77, 10),
+                    unit: unit("b.service"),
+                    reason: Reason::Real
+                },
+            ]
+        );
+        // The late UnitNew burst for units already known is no news either;
+        // a's state survived the reload.
+        r.fake
+            .emit_unit(UnitSignal::New {
+                unit: "c.service".into(),
+            })
+            .await;
+        assert_eq!(
+            r.shared.units.cached_state("a.service"),
+            Some(("active".into(), "running".into()))
+        );
+        r.fake
+            .emit_unit(state_signal("a.service", "deactivating", "stop-sigterm"))
+            .await;
+        assert!(matches!(
+            next_event(&mut r.rx).await,
+            Event::UnitPropertiesChanged { .. }
+        ));
+        assert_eq!(
+            next_event(&mut r.rx).await,
+            state(
+                12,
+                "a.service",
+                "deactivating",
+                "stop-sigterm",
+                Reason::Real
+            )
+        );
+    }
+
+    #[tokio::test]
+    async fn a_big_replay_is_paced_to_the_manager_instead_of_overflowing() {
+        // 1500 units = 3000 virtual events through a queue of 64.
+        let mut r = rig_with(64);
+        for n in 0..1500 {
+            r.fake
+                .set_state(&format!("u{n:04}.service"), "active", "running");
+        }
+        let d = r.d.clone();
+        let task = tokio::spawn(async move {
+            d.handle(1, 1, Request::Subscribe { unit: None }).await;
+        });
+        let mut last = 0;
+        loop {
+            match next(&mut r.rx).await {
+                ToManager::Event(e) => {
+                    let t = tag(&e);
+                    assert_eq!(t.index, last + 1, "in tag order, no gap");
+                    last = t.index;
+                }
+                reply => {
+                    assert_eq!(reply, ok_reply(1));
+                    break;
+                }
+            }
+        }
+        assert_eq!(last, 3000);
+        task.await.unwrap();
+        assert_eq!(r.shared.outbox.current(), Some(1), "the session survived");
+    }
+}

@@ -1,0 +1,13 @@
+//! Unit subscriptions of the manager on this node.
+//!
+//! * [`hub`] — the [`hub::UnitHub`]: sessions, the lazy start of the unit
+//!   signal stream, the send order, sending through the outbox.
+//! * [`rules`] — what each systemd unit signal means for the manager: the
+//!   cache of loaded units, virtual replay, real events, daemon-reload
+//!   settling and modification tags; plain data, no I/O.
+//!
+//! The unit signal stream itself is read by `crate::fanout`, which hands
+//! each signal to the hub and the job ones to the unit fence.
+
+pub mod hub;
+pub mod rules;

@@ -1,0 +1,501 @@
+//! What the manager hears about this node's units, and with which tag: the
+//! rules behind [`crate::units::hub`], as plain data and functions (no
+//! locks, no I/O), over a [`View`] of systemd's loaded units and the session
+//! that watches them (docs/architecture.md, "Unit subscriptions and
+//! modification tags"; BlueChi's agent, bluechi-facts §3.7).
+//!
+//! * **Virtual replay** ([`View::subscribe`]): a new subscription is
+//!   answered with a virtual `UnitNew` + `UnitStateChanged` (current
+//!   `ActiveState`/`SubState`) for the unit if systemd has it loaded — for
+//!   every loaded unit in the case of `*`.
+//! * **Real events** ([`View::on_signal`]): for watched units, systemd's
+//!   `UnitNew` and `UnitRemoved`, every `PropertiesChanged` of the unit object
+//!   as `UnitPropertiesChanged` (the changed `a{sv}`), and a real
+//!   `UnitStateChanged` only when `ActiveState` or `SubState` actually changed
+//!   (systemd repeats both in every change signal of the Unit interface).
+//!   "Loaded" and "changed" are read from the view's cache of systemd's
+//!   loaded units and their states.
+//! * **Daemon-reload.** systemd unloads every unit (`UnitRemoved`) and
+//!   re-creates it (`UnitNew`, without a state signal) between
+//!   `Reloading(true)` and shortly after `Reloading(false)`. Forwarding that
+//!   would tell the manager every unit vanished and came back inactive — and
+//!   stop every proxy on the node. Instead, removals during a reload are held
+//!   back with their state; a `UnitNew` for a held-back (or still cached) unit
+//!   is no news; and when the reload ends a `ListUnits` settles what really
+//!   changed ([`View::resync`]): units gone get a real `UnitRemoved`, new ones
+//!   a real `UnitNew` (+ state), changed states a real `UnitStateChanged`.
+//! * **Tags.** Every event for the session carries `ModTag { guid:
+//!   session_id, index }` with `index` rising by one per event from 1 in each
+//!   session; only events of units the session watches are tagged (and sent).
+//!
+//! Invariants: the cache and the watch set are capped ([`MAX_UNITS`],
+//! [`MAX_WATCHED`]); unit names from systemd that are not valid
+//! [`UnitName`]s are logged and skipped; `Subscribe` twice or `Unsubscribe`
+//! without a subscription is `org.freedesktop.DBus.Error.Failed` ("already
+//! subscribed" / "not subscribed") and changes nothing.
+
+use crate::systemd::api::UnitSignal;
+use drover_bus::systemd::UNIT_IFACE;
+use drover_protocol::error_names;
+use drover_protocol::tag::TagCounter;
+use drover_protocol::{Event, ModTag, Reason, RemoteError, UnitInfo, UnitName};
+use std::collections::{HashMap, HashSet};
+
+/// Most loaded units the cache follows. Beyond it, new units are not cached:
+/// their subscriptions get no virtual replay and every state signal of theirs
+/// is forwarded (as if it were a change) — degraded, never unbounded.
+pub const MAX_UNITS: usize = 65_536;
+/// Most single-unit subscriptions per session.
+pub const MAX_WATCHED: usize = 65_536;
+
+const INACTIVE: &str = "inactive";
+const DEAD: &str = "dead";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct UnitState {
+    active: String,
+    sub: String,
+}
+
+impl UnitState {
+    fn inactive() -> Self {
+        Self {
+            active: INACTIVE.into(),
+            sub: DEAD.into(),
+        }
+    }
+}
+
+struct Session {
+    epoch: u64,
+    tags: TagCounter,
+    all: bool,
+    watched: HashSet<UnitName>,
+}
+
+impl Session {
+    fn watches(&self, unit: &UnitName) -> bool {
+        self.all || self.watched.contains(unit)
+    }
+}
+
+/// A batch of tagged events for one session, to be sent in order.
+pub struct Batch {
+    pub epoch: u64,
+    pub events: Vec<Event>,
+}
+
+/// systemd's loaded units as last heard, and the session watching them. See
+/// the module docs.
+#[derive(Default)]
+pub struct View {
+    /// Loaded units → last known state (only once the stream is started).
+    cache: HashMap<UnitName, UnitState>,
+    session: Option<Session>,
+    cache_full_logged: bool,
+    /// From `Reloading(true)` until the resync after the last
+    /// `Reloading(false)`: removals are held back, with the last state, in
+    /// `reload_removed`. Most units come back.
+    reloading: bool,
+    /// `Reloading(true)` signals not yet matched by a `Reloading(false)`.
+    reloads_open: u32,
+    reload_removed: HashMap<UnitName, UnitState>,
+}
+
+fn failed(message: String) -> RemoteError {
+    RemoteError::failed(message)
+}
+
+/// `*` for every unit, else the unit's name.
+pub fn describe(unit: Option<&UnitName>) -> &str {
+    unit.map_or("*", UnitName::as_str)
+}
+
+impl View {
+    fn cache_insert(&mut self, unit: UnitName, state: UnitState) {
+        if self.cache.len() >= MAX_UNITS && !self.cache.contains_key(&unit) {
+            if !self.cache_full_logged {
+                self.cache_full_logged = true;
+                tracing::warn!(
+                    "more than {MAX_UNITS} loaded units: further units are not cached \
+                     (no virtual events for them, every state signal is forwarded)"
+                );
+            }
+            return;
+        }
+        self.cache.insert(unit, state);
+    }
+
+    /// A manager session began: no subscriptions, tags `(session_id, 1..)`.
+    pub fn session_started(&mut self, epoch: u64, session_id: u64) {
+        self.session = Some(Session {
+            epoch,
+            tags: TagCounter::new(session_id),
+            all: false,
+            watched: HashSet::new(),
+        });
+    }
+
+    /// The manager session `epoch` ended: its subscriptions are gone.
+    pub fn session_ended(&mut self, epoch: u64) {
+        if self.session.as_ref().is_some_and(|s| s.epoch == epoch) {
+            self.session = None;
+        }
+    }
+
+    /// What session `epoch` watches: (`*`?, number of single units).
+    pub fn watching(&self, epoch: u64) -> Option<(bool, usize)> {
+        let s = self.session.as_ref().filter(|s| s.epoch == epoch)?;
+        Some((s.all, s.watched.len()))
+    }
+
+    /// Number of loaded units the cache follows.
+    pub fn cached_units(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// The cached (active, sub) state of a loaded unit.
+    pub fn cached_state(&self, unit: &UnitName) -> Option<(String, String)> {
+        let s = self.cache.get(unit)?;
+        Some((s.active.clone(), s.sub.clone()))
+    }
+
+    /// `Reloading(true)` signals not yet matched by a `Reloading(false)`.
+    pub fn reloads_open(&self) -> u32 {
+        self.reloads_open
+    }
+
+    /// Starts the cache over from a `ListUnits`.
+    pub fn seed(&mut self, units: Vec<UnitInfo>) {
+        self.cache.clear();
+        for u in units {
+            match UnitName::new(u.name.as_str()) {
+                Ok(name) => self.cache_insert(
+                    name,
+                    UnitState {
+                        active: u.active_state,
+                        sub: u.sub_state,
+                    },
+                ),
+                Err(e) => {
+                    tracing::warn!("systemd lists a unit drover cannot name: {e}")
+                }
+            }
+        }
+    }
+
+    /// `Subscribe` of session `epoch`: records the subscription and returns
+    /// its virtual replay, tagged.
+    pub fn subscribe(&mut self, epoch: u64, unit: Option<&UnitName>) -> Result<Batch, RemoteError> {
+        let View {
+            cache,
+            session,
+            reload_removed,
+            ..
+        } = self;
+        let Some(session) = session.as_mut().filter(|s| s.epoch == epoch) else {
+            return Err(failed(
+                "the manager session of this request has ended".into(),
+            ));
+        };
+        let already = match unit {
+            None => session.all,
+            Some(u) => session.watched.contains(u),
+        };
+        if already {
+            return Err(failed(format!("already subscribed to {}", describe(unit))));
+        }
+        let mut replay: Vec<(&UnitName, &UnitState)> = match unit {
+            None => {
+                session.all = true;
+                cache.iter().chain(reload_removed.iter()).collect()
+            }
+            Some(u) => {
+                if session.watched.len() >= MAX_WATCHED {
+                    return Err(RemoteError::new(
+                        error_names::LIMITS_EXCEEDED,
+                        format!("more than {MAX_WATCHED} units subscribed on this node"),
+                    ));
+                }
+                session.watched.insert(u.clone());
+                cache
+                    .get_key_value(u)
+                    .or_else(|| reload_removed.get_key_value(u))
+                    .into_iter()
+                    .collect()
+            }
+        };
+        replay.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+        let mut events = Vec::with_capacity(replay.len() * 2);
+        for (name, state) in replay {
+            events.push(Event::UnitNew {
+                tag: session.tags.next_tag(),
+                unit: name.clone(),
+                reason: Reason::Virtual,
+            });
+            events.push(Event::UnitStateChanged {
+                tag: session.tags.next_tag(),
+                unit: name.clone(),
+                active_state: state.active.clone(),
+                sub_state: state.sub.clone(),
+                reason: Reason::Virtual,
+            });
+        }
+        Ok(Batch { epoch, events })
+    }
+
+    /// `Unsubscribe` of session `epoch`.
+    pub fn unsubscribe(&mut self, epoch: u64, unit: Option<&UnitName>) -> Result<(), RemoteError> {
+        let Some(session) = self.session.as_mut().filter(|s| s.epoch == epoch) else {
+            return Err(failed(
+                "the manager session of this request has ended".into(),
+            ));
+        };
+        let was = match unit {
+            None => std::mem::take(&mut session.all),
+            Some(u) => session.watched.remove(u),
+        };
+        if was {
+            Ok(())
+        } else {
+            Err(failed(format!("not subscribed to {}", describe(unit))))
+        }
+    }
+
+    /// Applies one systemd unit signal to the cache and tags what the
+    /// current session must hear about it. A `Reloading` opens or closes a
+    /// reload, whose end is settled later by [`View::resync`]; job signals
+    /// are no unit news.
+    pub fn on_signal(&mut self, signal: UnitSignal) -> Option<Batch> {
+        let raw = match &signal {
+            UnitSignal::Reloading { active } => {
+                if *active {
+                    self.reloading = true;
+                    self.reloads_open = self.reloads_open.saturating_add(1);
+                    tracing::debug!("systemd reloads");
+                } else {
+                    self.reloads_open = self.reloads_open.saturating_sub(1);
+                }
+                return None;
+            }
+            // Not unit news: the fan-out reports them to the unit fence.
+            UnitSignal::JobNew { .. } | UnitSignal::JobRemoved { .. } => return None,
+            UnitSignal::New { unit }
+            | UnitSignal::Removed { unit }
+            | UnitSignal::Changed { unit, .. } => unit,
+        };
+        let unit = match UnitName::new(raw.as_str()) {
+            Ok(u) => u,
+            Err(e) => {
+                tracing::warn!("ignoring a signal for a unit drover cannot name: {e}");
+                return None;
+            }
+        };
+        let mut events = Vec::new();
+        match signal {
+            UnitSignal::Reloading { .. }
+            | UnitSignal::JobNew { .. }
+            | UnitSignal::JobRemoved { .. } => {}
+            UnitSignal::New { .. } => {
+                if self.cache.contains_key(&unit) {
+                    // Announced again after a reload resync: no news.
+                } else if let Some(state) = self.reload_removed.remove(&unit) {
+                    // Re-created by a daemon-reload: still the same unit, in
+                    // the same state (systemd sends no state signal).
+                    self.cache_insert(unit, state);
+                } else {
+                    self.cache_insert(unit.clone(), UnitState::inactive());
+                    events.push(Event::UnitNew {
+                        tag: ModTag::ZERO,
+                        unit,
+                        reason: Reason::Real,
+                    });
+                }
+            }
+            UnitSignal::Removed { .. } => {
+                let state = self.cache.remove(&unit);
+                if self.reloading {
+                    // Most units come back when the reload finishes; which
+                    // did not is settled by the resync.
+                    if self.reload_removed.len() < MAX_UNITS {
+                        self.reload_removed
+                            .insert(unit, state.unwrap_or_else(UnitState::inactive));
+                    }
+                } else {
+                    events.push(Event::UnitRemoved {
+                        tag: ModTag::ZERO,
+                        unit,
+                        reason: Reason::Real,
+                    });
+                }
+            }
+            UnitSignal::Changed {
+                interface,
+                properties,
+                active_state,
+                sub_state,
+                ..
+            } => {
+                let changed_state =
+                    if interface == UNIT_IFACE && (active_state.is_some() || sub_state.is_some()) {
+                        let before = self.cache.get(&unit).cloned();
+                        let now = UnitState {
+                            active: active_state
+                                .or_else(|| before.as_ref().map(|b| b.active.clone()))
+                                .unwrap_or_default(),
+                            sub: sub_state
+                                .or_else(|| before.as_ref().map(|b| b.sub.clone()))
+                                .unwrap_or_default(),
+                        };
+                        if before.as_ref() == Some(&now) {
+                            None
+                        } else {
+                            self.cache_insert(unit.clone(), now.clone());
+                            Some(now)
+                        }
+                    } else {
+                        None
+                    };
+                // Decoded only for a watched unit (see `ChangedProperties`).
+                if self.session.as_ref().is_some_and(|s| s.watches(&unit)) {
+                    match properties.marshal() {
+                        Ok(properties) => events.push(Event::UnitPropertiesChanged {
+                            tag: ModTag::ZERO,
+                            unit: unit.clone(),
+                            interface,
+                            properties,
+                        }),
+                        Err(e) => tracing::warn!("ignoring a signal of {unit}: {}", e.message),
+                    }
+                }
+                if let Some(now) = changed_state {
+                    events.push(state_event(&unit, &now, Reason::Real));
+                }
+            }
+        }
+        self.tag_for_session(events)
+    }
+
+    /// After `Reloading(false)`: `ListUnits` says which units the reload
+    /// really unloaded, loaded or changed; only those are news.
+    pub fn resync(&mut self, listed: Vec<UnitInfo>) -> Option<Batch> {
+        self.reloading = false;
+        self.reloads_open = 0;
+        let mut removed = std::mem::take(&mut self.reload_removed);
+        let mut seen = HashSet::new();
+        let mut events = Vec::new();
+        for u in listed {
+            let Ok(unit) = UnitName::new(u.name.as_str()) else {
+                continue;
+            };
+            let now = UnitState {
+                active: u.active_state,
+                sub: u.sub_state,
+            };
+            seen.insert(unit.clone());
+            let before = match self.cache.get(&unit) {
+                Some(s) => Some(s.clone()),
+                None => removed.remove(&unit),
+            };
+            match before {
+                Some(before) if before == now => {
+                    self.cache_insert(unit, now);
+                }
+                Some(_) => {
+                    self.cache_insert(unit.clone(), now.clone());
+                    events.push(state_event(&unit, &now, Reason::Real));
+                }
+                None => {
+                    self.cache_insert(unit.clone(), now.clone());
+                    events.push(Event::UnitNew {
+                        tag: ModTag::ZERO,
+                        unit: unit.clone(),
+                        reason: Reason::Real,
+                    });
+                    if now != UnitState::inactive() {
+                        events.push(state_event(&unit, &now, Reason::Real));
+                    }
+                }
+            }
+        }
+        let gone: Vec<UnitName> = self
+            .cache
+            .keys()
+            .filter(|u| !seen.contains(*u))
+            .cloned()
+            .collect();
+        for unit in gone {
+            self.cache.remove(&unit);
+            removed.insert(unit, UnitState::inactive());
+        }
+        let mut gone: Vec<UnitName> = removed.into_keys().collect();
+        gone.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        for unit in gone {
+            events.push(Event::UnitRemoved {
+                tag: ModTag::ZERO,
+                unit,
+                reason: Reason::Real,
+            });
+        }
+        tracing::debug!(changes = events.len(), "resynced after a systemd reload");
+        self.tag_for_session(events)
+    }
+
+    /// A reload finished but `ListUnits` failed: assume every unit came back
+    /// as it was (the next state signals correct what changed).
+    pub fn resync_failed(&mut self) {
+        self.reloading = false;
+        self.reloads_open = 0;
+        let back = std::mem::take(&mut self.reload_removed);
+        for (unit, state) in back {
+            self.cache_insert(unit, state);
+        }
+    }
+
+    /// Tags the events the current session watches (in order) into a batch.
+    fn tag_for_session(&mut self, events: Vec<Event>) -> Option<Batch> {
+        let session = self.session.as_mut()?;
+        let mut out = Vec::new();
+        for mut event in events {
+            let watched = event_unit(&event).is_some_and(|u| session.watches(u));
+            if watched {
+                set_tag(&mut event, session.tags.next_tag());
+                out.push(event);
+            }
+        }
+        (!out.is_empty()).then_some(Batch {
+            epoch: session.epoch,
+            events: out,
+        })
+    }
+}
+
+fn state_event(unit: &UnitName, state: &UnitState, reason: Reason) -> Event {
+    Event::UnitStateChanged {
+        tag: ModTag::ZERO,
+        unit: unit.clone(),
+        active_state: state.active.clone(),
+        sub_state: state.sub.clone(),
+        reason,
+    }
+}
+
+fn event_unit(event: &Event) -> Option<&UnitName> {
+    match event {
+        Event::UnitNew { unit, .. }
+        | Event::UnitRemoved { unit, .. }
+        | Event::UnitStateChanged { unit, .. }
+        | Event::UnitPropertiesChanged { unit, .. } => Some(unit),
+        _ => None,
+    }
+}
+
+fn set_tag(event: &mut Event, new: ModTag) {
+    match event {
+        Event::UnitNew { tag, .. }
+        | Event::UnitRemoved { tag, .. }
+        | Event::UnitStateChanged { tag, .. }
+        | Event::UnitPropertiesChanged { tag, .. } => *tag = new,
+        _ => {}
+    }
+}
