@@ -3,7 +3,7 @@
 //! The manager asks the target node's agent to start `drover-dep@…` while
 //! some proxy somewhere needs a unit here, and to stop it when none does.
 //!
-//! **Dep unit name** (agreed with `units/drover-dep@.service`): the instance
+//! **Dep unit name** (agreed with `dist/usr/lib/systemd/system/drover-dep@.service`): the instance
 //! is the *full* target unit name, so any unit type works:
 //! `db.service` → `drover-dep@db.service.service`, `web.socket` →
 //! `drover-dep@web.socket.service`. The template says `BindsTo=%i` and

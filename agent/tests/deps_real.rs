@@ -35,7 +35,7 @@ const NODE: &str = "bar";
 
 /// The dep template as shipped: its instance is the full target unit name
 /// (the contract of `drover_agent::deps`).
-const DEP_TEMPLATE: &str = include_str!("../../units/drover-dep@.service");
+const DEP_TEMPLATE: &str = include_str!("../../dist/usr/lib/systemd/system/drover-dep@.service");
 
 struct Node {
     dir: PathBuf,

@@ -616,7 +616,7 @@ mod tests {
     /// comment is the real default.
     #[test]
     fn shipped_agent_conf() {
-        let text = include_str!("../../units/agent.conf");
+        let text = include_str!("../../dist/usr/share/drover/agent.conf");
         assert_eq!(parse(text).unwrap(), defaults());
         let mut shown = 0;
         let uncommented: String = text

@@ -11,7 +11,7 @@
 //! Errors name the file, the line and the key, so a typo is found at once:
 //! unknown sections and keys are errors, never ignored.
 //!
-//! The shipped vendor files `units/manager.conf` and `units/agent.conf` list
+//! The shipped vendor files `dist/usr/share/drover/{manager,agent}.conf` list
 //! every key with its default; tests keep them in step with the code.
 
 pub mod agent;

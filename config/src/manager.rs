@@ -830,7 +830,7 @@ mod tests {
     /// comment is the real default: uncommenting them all changes nothing.
     #[test]
     fn shipped_manager_conf() {
-        let text = include_str!("../../units/manager.conf");
+        let text = include_str!("../../dist/usr/share/drover/manager.conf");
         assert_eq!(
             ManagerConfig::parse_str(text).unwrap(),
             ManagerConfig::default()
