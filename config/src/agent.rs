@@ -32,7 +32,9 @@ pub const SECTION: &str = "drover-agent";
 /// Where the host name comes from when `NodeName` is not set.
 const HOSTNAME_FILE: &str = "/proc/sys/kernel/hostname";
 
-const KEYS: &[&str] = &[
+/// Every key of `[drover-agent]` (drover.conf(5) documents each; a test keeps
+/// the list equal to the keys `apply_key` matches).
+pub const KEYS: &[&str] = &[
     "NodeName",
     "ControllerHost",
     "ControllerPort",

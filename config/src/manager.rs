@@ -41,7 +41,9 @@ pub const SECTION: &str = "drover-manager";
 /// from overflowing in the daemons.
 pub const MAX_MS: u64 = 86_400_000;
 
-const KEYS: &[&str] = &[
+/// Every key of `[drover-manager]` (drover.conf(5) documents each; a test keeps
+/// the list equal to the keys `apply_key` matches).
+pub const KEYS: &[&str] = &[
     "ControllerPort",
     "ListenAddress",
     "UseTCP",
@@ -58,7 +60,8 @@ const KEYS: &[&str] = &[
     "LogTarget",
     "LogIsQuiet",
 ];
-const NODE_KEYS: &[&str] = &["Allowed", "AllowDependenciesOn", "RequiredSelinuxContext"];
+/// Every key of `[node NAME]`.
+pub const NODE_KEYS: &[&str] = &["Allowed", "AllowDependenciesOn", "RequiredSelinuxContext"];
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ManagerConfig {
