@@ -270,3 +270,65 @@ fn install_honours_prefix_and_keeps_an_edited_etc_file() {
         "a missing /etc file is installed"
     );
 }
+
+/// The rpm spec's `%files` name, per subpackage, exactly the files of the
+/// corresponding .deb (zsh's directory aside, which differs by distribution).
+#[test]
+fn the_rpm_spec_ships_the_same_files() {
+    let spec = std::fs::read_to_string(repo().join("dist/rpm/drover.spec")).unwrap();
+    let macros = [
+        ("%{_libexecdir}", "/usr/libexec"),
+        ("%{_unitdir}", "/usr/lib/systemd/system"),
+        ("%{_userunitdir}", "/usr/lib/systemd/user"),
+        ("%{_presetdir}", "/usr/lib/systemd/system-preset"),
+        ("%{_mandir}", "/usr/share/man"),
+        ("%{_datadir}", "/usr/share"),
+        ("%{_sysconfdir}", "/etc"),
+        ("%{_bindir}", "/usr/bin"),
+    ];
+    let mut spec_files: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut current: Option<String> = None;
+    for line in spec.lines() {
+        if let Some(sub) = line.strip_prefix("%files ") {
+            let name = match sub.trim() {
+                "ctl" => "droverctl".to_string(),
+                other => format!("drover-{other}"),
+            };
+            current = Some(name.clone());
+            spec_files.entry(name).or_default();
+            continue;
+        }
+        if line.starts_with('%') && !line.starts_with("%{") && !line.starts_with("%config") && !line.starts_with("%dir") {
+            current = None;
+            continue;
+        }
+        let (Some(pkg), false) = (&current, line.trim().is_empty() || line.starts_with("%dir")) else {
+            continue;
+        };
+        let mut path = line.trim_start_matches("%config(noreplace) ").to_string();
+        for (m, v) in macros {
+            path = path.replace(m, v);
+        }
+        if let Some(page) = path.strip_suffix('*') {
+            path = format!("{page}.gz");
+        }
+        path = path.replace("/usr/share/zsh/site-functions", "{zsh}");
+        spec_files.get_mut(pkg).unwrap().push(path);
+    }
+    let layout = packages::Layout {
+        zsh_dir: "{zsh}".into(),
+        ..packages::Layout::debian()
+    };
+    let deb_files: BTreeMap<String, Vec<String>> = PACKAGES
+        .iter()
+        .map(|p| {
+            let mut files: Vec<String> = p.items.iter().map(|i| layout.dest(i)).collect();
+            files.sort();
+            (p.name.to_string(), files)
+        })
+        .collect();
+    for files in spec_files.values_mut() {
+        files.sort();
+    }
+    assert_eq!(spec_files, deb_files);
+}
