@@ -34,7 +34,7 @@ fn levels_reach_journald_with_systemd_priorities() {
     );
     let mut got: Vec<(String, String)> = stdout
         .lines()
-        .filter_map(|l| l.strip_prefix("JOURNALD "))
+        .filter_map(|l| l.split_once("JOURNALD ").map(|(_, rest)| rest))
         .filter_map(|l| l.split_once(' '))
         .map(|(m, p)| (m.to_string(), p.to_string()))
         .collect();
@@ -77,11 +77,12 @@ fn journald_child() {
     let mut buf = vec![0u8; 64 * 1024];
     while seen < 4 {
         let n = journal.recv(&mut buf).expect("a datagram within 5 s");
-        let text = String::from_utf8_lossy(&buf[..n]);
+        let fields = native_fields(&buf[..n]);
         let field = |name: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix('=')))
-                .map(str::to_string)
+            fields
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
         };
         // tracing-journald probes the socket with an empty datagram first.
         if let (Some(message), Some(priority)) = (field("MESSAGE"), field("PRIORITY")) {
@@ -89,4 +90,48 @@ fn journald_child() {
             seen += 1;
         }
     }
+}
+
+/// The fields of one datagram of journald's native protocol: each is
+/// `KEY=value\n`, or `KEY\n` + the value's length (u64, little endian) + the
+/// value + `\n` (the form for any value, tracing-journald's choice).
+fn native_fields(mut data: &[u8]) -> Vec<(String, String)> {
+    let mut fields = Vec::new();
+    while !data.is_empty() {
+        let Some(end) = data.iter().position(|&b| b == b'=' || b == b'\n') else {
+            panic!("truncated field: {data:?}");
+        };
+        let key = String::from_utf8_lossy(&data[..end]).into_owned();
+        if data[end] == b'=' {
+            let rest = &data[end + 1..];
+            let stop = rest
+                .iter()
+                .position(|&b| b == b'\n')
+                .expect("newline after value");
+            fields.push((key, String::from_utf8_lossy(&rest[..stop]).into_owned()));
+            data = &rest[stop + 1..];
+        } else {
+            let rest = &data[end + 1..];
+            let len = u64::from_le_bytes(rest[..8].try_into().unwrap()) as usize;
+            let value = &rest[8..8 + len];
+            assert_eq!(rest[8 + len], b'\n', "newline after a sized value");
+            fields.push((key, String::from_utf8_lossy(value).into_owned()));
+            data = &rest[8 + len + 1..];
+        }
+    }
+    fields
+}
+
+#[test]
+fn native_protocol_fields_are_read_in_both_forms() {
+    let mut datagram = b"CODE_LINE=72\nMESSAGE\n".to_vec();
+    datagram.extend_from_slice(&4u64.to_le_bytes());
+    datagram.extend_from_slice(b"a=b\n\n");
+    assert_eq!(
+        native_fields(&datagram),
+        [
+            ("CODE_LINE".to_string(), "72".to_string()),
+            ("MESSAGE".to_string(), "a=b\n".to_string())
+        ]
+    );
 }

@@ -5,7 +5,10 @@
 use std::path::{Path, PathBuf};
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 fn files_below(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -41,8 +44,22 @@ fn documents() -> Vec<PathBuf> {
 
 /// Top-level directories of the repository, as paths in the docs start.
 const TOP: &[&str] = &[
-    "docs/", "dist/", "scripts/", "xtask/", "config/", "sandbox/", "manager/", "agent/", "ctl/",
-    "protocol/", "proxy-helper/", "tls/", "tests/", "benches/", "build/", ".ci/",
+    "docs/",
+    "dist/",
+    "scripts/",
+    "xtask/",
+    "config/",
+    "sandbox/",
+    "manager/",
+    "agent/",
+    "ctl/",
+    "protocol/",
+    "proxy-helper/",
+    "tls/",
+    "tests/",
+    "benches/",
+    "build/",
+    ".ci/",
 ];
 
 #[test]
@@ -56,9 +73,18 @@ fn docs_name_no_file_outside_the_repository() {
         };
         let rel = doc.strip_prefix(repo()).unwrap().display().to_string();
         for (no, line) in text.lines().enumerate() {
-            for outside in ["DESIGN.md", "bluechi-facts", "TESTING.md", "../shared", "/work/"] {
+            for outside in [
+                "DESIGN.md",
+                "bluechi-facts",
+                "TESTING.md",
+                "../shared",
+                "/work/",
+            ] {
                 if line.contains(outside) {
-                    problems.push(format!("{rel}:{}: names {outside}, which is not in the repository", no + 1));
+                    problems.push(format!(
+                        "{rel}:{}: names {outside}, which is not in the repository",
+                        no + 1
+                    ));
                 }
             }
             // `path/in/the/repo` in backquotes must exist.
@@ -68,7 +94,11 @@ fn docs_name_no_file_outside_the_repository() {
                 }
                 let path = span.split([' ', ':', '#']).next().unwrap_or(span);
                 let placeholder = path.contains(['*', '{', '<'])
-                    || path.split('/').any(|p| p.chars().any(|c| c.is_ascii_uppercase()) && p.chars().all(|c| c.is_ascii_uppercase() || c == '_' || c == '.'));
+                    || path.split('/').any(|p| {
+                        p.chars().any(|c| c.is_ascii_uppercase())
+                            && p.chars()
+                                .all(|c| c.is_ascii_uppercase() || c == '_' || c == '.')
+                    });
                 if !placeholder && !repo().join(path).exists() {
                     problems.push(format!("{rel}:{}: `{path}` does not exist", no + 1));
                 }

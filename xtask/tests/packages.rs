@@ -78,6 +78,7 @@ fn packages_hold_their_files_with_their_modes_and_metadata() {
     let version = env!("CARGO_PKG_VERSION");
     let expected = expected();
     let mut all_files = 0;
+    let mut installed_kib = 0;
     for pkg in PACKAGES {
         let arch = if pkg.arch_all {
             "all"
@@ -96,6 +97,7 @@ fn packages_hold_their_files_with_their_modes_and_metadata() {
         assert_eq!(field("Package"), pkg.name);
         assert_eq!(field("Version"), version);
         assert_eq!(field("Architecture"), arch);
+        installed_kib += field("Installed-Size").parse::<u64>().unwrap();
         let depends = field("Depends");
         if pkg.unit.is_some() {
             for dep in ["systemd", "dbus", "drover-common (= "] {
@@ -164,6 +166,14 @@ fn packages_hold_their_files_with_their_modes_and_metadata() {
         run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root));
     }
     assert!(all_files >= 25, "{all_files} files in all");
+    // The release packages (make deb-check) stay within the size budget.
+    if std::env::var_os("DROVER_DEB_DIR").is_some() {
+        assert!(
+            installed_kib <= 15 * 1024,
+            "the packages install {installed_kib} KiB, more than 15 MiB"
+        );
+        eprintln!("installed size of all packages: {installed_kib} KiB");
+    }
 
     // What is installed works: the units run binaries that are there and start.
     for unit in [
@@ -298,11 +308,16 @@ fn the_rpm_spec_ships_the_same_files() {
             spec_files.entry(name).or_default();
             continue;
         }
-        if line.starts_with('%') && !line.starts_with("%{") && !line.starts_with("%config") && !line.starts_with("%dir") {
+        if line.starts_with('%')
+            && !line.starts_with("%{")
+            && !line.starts_with("%config")
+            && !line.starts_with("%dir")
+        {
             current = None;
             continue;
         }
-        let (Some(pkg), false) = (&current, line.trim().is_empty() || line.starts_with("%dir")) else {
+        let (Some(pkg), false) = (&current, line.trim().is_empty() || line.starts_with("%dir"))
+        else {
             continue;
         };
         let mut path = line.trim_start_matches("%config(noreplace) ").to_string();
