@@ -13,7 +13,7 @@ DESTDIR ?=
 PREFIX ?= /usr
 DBUS_POLICY_DIR ?= /usr/share/dbus-1/system.d
 
-.PHONY: all build build-all demo test check fmt clippy bench pydeps \
+.PHONY: all build build-all demo test check fmt clippy pure bench pydeps \
 	dist-build install man completions deb deb-check fresh-check
 
 all: build
@@ -49,13 +49,21 @@ pydeps: target/pylib/bluechi/api.py
 target/pylib/bluechi/api.py:
 	/usr/bin/python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --no-deps --target target/pylib bluechi==$(BLUECHI_PY_VERSION)
 
-check: fmt clippy
+check: fmt clippy pure
 
 fmt:
 	$(CARGO) fmt --all -- --check
 
 clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+# The shared contracts build without their I/O parts: drover-protocol without
+# tokio (feature `io` off), drover-bus without zbus (feature `zbus` off), as
+# the proxy helper and other light users take them.
+pure:
+	$(CARGO) build -p drover-protocol --no-default-features
+	$(CARGO) build -p drover-bus --no-default-features
+	@! $(CARGO) tree -p drover-protocol -p drover-bus --no-default-features -e normal --prefix none | grep -E '^(tokio|zbus) '
 
 bench:
 	$(CARGO) run --release -p drover-bench -- all

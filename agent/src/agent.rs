@@ -15,8 +15,9 @@
 
 use crate::dispatch::{Shared, pump_events};
 use crate::link::{Link, LinkConfig};
+use crate::systemd::Systemd;
 use crate::systemd::dbus::{ConnectError, ZbusSystemd};
-use crate::systemd::{BusTarget, Systemd};
+use drover_bus::Bus;
 use drover_config::logging::LoggingConfig;
 use drover_protocol::RemoteError;
 use std::sync::Arc;
@@ -37,7 +38,7 @@ pub enum AgentError {
 /// Runs the agent against the systemd on `bus` until `shutdown`.
 /// `on_ready` is called once systemd answers and events are subscribed.
 pub async fn run(
-    bus: &BusTarget,
+    bus: &Bus,
     link: LinkConfig,
     shutdown: CancellationToken,
     on_ready: impl FnOnce(),
@@ -48,7 +49,7 @@ pub async fn run(
 /// [`run`], with the logging settings the local API shows; the local
 /// `org.eclipse.bluechi.Agent` API is served on `bus` before `on_ready`.
 pub async fn run_configured(
-    bus: &BusTarget,
+    bus: &Bus,
     link: LinkConfig,
     logging: &LoggingConfig,
     shutdown: CancellationToken,

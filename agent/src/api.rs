@@ -26,6 +26,9 @@
 
 use crate::dispatch::Shared;
 use crate::proxy::{CreateError, ProxyKey};
+use drover_bus::bluechi::{AGENT_BUS_NAME, AGENT_IFACE, AGENT_PATH};
+use drover_bus::timestamp::{monotonic_us, realtime_us};
+use drover_protocol::error_names::{ACTIVATION_FAILED, FAILED, INVALID_ARGS};
 use futures::StreamExt;
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -37,14 +40,6 @@ use zbus::message::{Header, Message};
 use zbus::names::{ErrorName, InterfaceName, OwnedUniqueName};
 use zbus::object_server::SignalEmitter;
 use zbus::{Connection, Variant, interface};
-
-pub const AGENT_BUS_NAME: &str = "org.eclipse.bluechi.Agent";
-pub const AGENT_PATH: &str = "/org/eclipse/bluechi";
-pub const AGENT_IFACE: &str = "org.eclipse.bluechi.Agent";
-
-pub const ERR_ACTIVATION_FAILED: &str = "org.eclipse.bluechi.ActivationFailed";
-pub const ERR_INVALID_ARGS: &str = "org.freedesktop.DBus.Error.InvalidArgs";
-pub const ERR_FAILED: &str = "org.freedesktop.DBus.Error.Failed";
 
 /// An error reply of the local API. Names are constants of this module.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -88,21 +83,7 @@ impl zbus::DBusError for LocalError {
 /// µs since the epoch (realtime) and since boot (monotonic), as BlueChi's
 /// `*Timestamp` / `*TimestampMonotonic` properties.
 fn now_us() -> (u64, u64) {
-    let realtime = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64);
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec into the live local `ts`.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    let monotonic = if rc == 0 {
-        (ts.tv_sec as u64) * 1_000_000 + (ts.tv_nsec as u64) / 1_000
-    } else {
-        0
-    };
-    (realtime, monotonic)
+    (realtime_us(), monotonic_us())
 }
 
 #[derive(Default)]
@@ -244,7 +225,7 @@ impl AgentObject {
 }
 
 fn invalid(message: String) -> LocalError {
-    LocalError::new(ERR_INVALID_ARGS, message)
+    LocalError::new(INVALID_ARGS, message)
 }
 
 #[interface(name = "org.eclipse.bluechi.Agent", introspection_docs = false)]
@@ -265,18 +246,18 @@ impl AgentObject {
             .proxies
             .create(key, &shared.outbox)
             .map_err(|e| match e {
-                CreateError::Duplicate { .. } => LocalError::new(ERR_FAILED, e.to_string()),
-                CreateError::ShuttingDown => LocalError::new(ERR_ACTIVATION_FAILED, e.to_string()),
+                CreateError::Duplicate { .. } => LocalError::new(FAILED, e.to_string()),
+                CreateError::ShuttingDown => LocalError::new(ACTIVATION_FAILED, e.to_string()),
             })?;
         tokio::select! {
             outcome = outcome => match outcome {
                 Ok(Ok(())) => Ok(()),
-                Ok(Err(why)) => Err(LocalError::new(ERR_ACTIVATION_FAILED, why)),
-                Err(_) => Err(LocalError::new(ERR_ACTIVATION_FAILED, "the proxy was dropped")),
+                Ok(Err(why)) => Err(LocalError::new(ACTIVATION_FAILED, why)),
+                Err(_) => Err(LocalError::new(ACTIVATION_FAILED, "the proxy was dropped")),
             },
             () = caller_gone(conn, caller) => {
                 shared.proxies.abandon(id, &shared.outbox);
-                Err(LocalError::new(ERR_ACTIVATION_FAILED, "the caller left the bus"))
+                Err(LocalError::new(ACTIVATION_FAILED, "the caller left the bus"))
             }
         }
     }

@@ -6,8 +6,8 @@
 //! 2 for bad arguments (clap's usage error).
 
 use crate::link::{Keepalive, LinkConfig};
-use crate::systemd::BusTarget;
 use clap::Parser;
+use drover_bus::Bus;
 use drover_config::{AgentConfig, Sources};
 use drover_protocol::NodeName;
 use std::path::PathBuf;
@@ -51,7 +51,7 @@ pub struct Args {
 /// What the binary runs with, after config files and flags are merged.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    pub bus: BusTarget,
+    pub bus: Bus,
     pub link: LinkConfig,
     pub config: AgentConfig,
 }
@@ -93,9 +93,9 @@ pub fn settings(args: &Args) -> Result<Settings, String> {
     link.ip_receive_errors = config.ip_receive_errors;
 
     let bus = match (&args.bus, args.user) {
-        (Some(addr), _) => BusTarget::Address(addr.clone()),
-        (None, true) => BusTarget::Session,
-        (None, false) => BusTarget::System,
+        (Some(addr), _) => Bus::Address(addr.clone()),
+        (None, true) => Bus::Session,
+        (None, false) => Bus::System,
     };
     Ok(Settings { bus, link, config })
 }
@@ -212,17 +212,17 @@ mod tests {
         assert_eq!(s.link.port, 9000);
         assert_eq!(s.link.node.as_str(), "node-1");
         assert_eq!(s.link.heartbeat_interval, Duration::from_millis(500));
-        assert_eq!(s.bus, BusTarget::System);
+        assert_eq!(s.bus, Bus::System);
     }
 
     #[test]
     fn bus_selection() {
         let s = settings(&parse(&["--no-default-config", "-n", "a", "--user"]).unwrap()).unwrap();
-        assert_eq!(s.bus, BusTarget::Session);
+        assert_eq!(s.bus, Bus::Session);
         let s =
             settings(&parse(&["--no-default-config", "-n", "a", "--bus", "unix:path=/x"]).unwrap())
                 .unwrap();
-        assert_eq!(s.bus, BusTarget::Address("unix:path=/x".into()));
+        assert_eq!(s.bus, Bus::Address("unix:path=/x".into()));
         let err = parse(&["--user", "--bus", "unix:path=/x"]).unwrap_err();
         assert_eq!(err.exit_code(), 2);
     }

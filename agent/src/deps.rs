@@ -3,8 +3,9 @@
 //! The manager asks the target node's agent to start `drover-dep@…` while
 //! some proxy somewhere needs a unit here, and to stop it when none does.
 //!
-//! **Dep unit name** (agreed with `dist/usr/lib/systemd/system/drover-dep@.service`): the instance
-//! is the *full* target unit name, so any unit type works:
+//! **Dep unit name** ([`drover_protocol::dep_unit`], agreed with
+//! `dist/usr/lib/systemd/system/drover-dep@.service`): the instance is the *full* target unit
+//! name, so any unit type works:
 //! `db.service` → `drover-dep@db.service.service`, `web.socket` →
 //! `drover-dep@web.socket.service`. The template says `BindsTo=%i` and
 //! `After=%i` (`%i` is the raw instance, i.e. the target unit's name), so
@@ -35,17 +36,19 @@
 //! count and age) and matched once the path is known — the same rule the job
 //! tracker ([`crate::jobs`]) follows for manager jobs.
 
-use crate::marshal::{self, PropertyMap};
 use crate::news::{JobNews, StartWatch};
-use crate::systemd::{ERR_NO_SUCH_UNIT, JobKind, JobPath, Systemd, SystemdEvent, UNIT_IFACE};
+use crate::systemd::{JobPath, Systemd, SystemdEvent};
 use crate::waiters::JobWaiters;
+use drover_bus::marshal::{self, PropertyMap};
+use drover_bus::systemd::UNIT_IFACE;
+use drover_protocol::JobKind;
+use drover_protocol::dep_unit::{DEP_PREFIX, DEP_SUFFIX, dep_unit_of};
+use drover_protocol::error_names::{FAILED, INVALID_ARGS, NO_SUCH_UNIT};
 use drover_protocol::{NodeName, RemoteError, Response, UnitName};
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-/// Every dep unit is an instance of this template.
-pub const DEP_UNIT_PREFIX: &str = "drover-dep@";
 /// Longest wait for a dep's start job before replying anyway.
 pub const DEP_JOB_BOUND: Duration = Duration::from_secs(90);
 /// Longest wait, once the job ended, for the unit reader to catch up
@@ -55,12 +58,12 @@ pub const NEWS_BOUND: Duration = Duration::from_secs(5);
 const EARLY_CAP: usize = 1024;
 const EARLY_TTL: Duration = Duration::from_secs(10);
 
-/// `drover-dep@<target>.service` (see the module docs); an error when the
-/// result would be longer than systemd allows.
+/// `drover-dep@<target>.service` ([`drover_protocol::dep_unit`]); an error
+/// for the manager when the result would be longer than systemd allows.
 pub fn dep_unit(target: &UnitName) -> Result<UnitName, RemoteError> {
-    UnitName::new(format!("{DEP_UNIT_PREFIX}{target}.service")).map_err(|e| {
+    dep_unit_of(target).map_err(|e| {
         RemoteError::new(
-            "org.freedesktop.DBus.Error.InvalidArgs",
+            INVALID_ARGS,
             format!("unit {target} cannot be a dependency target: {e}"),
         )
     })
@@ -270,7 +273,7 @@ impl Deps {
                 tracing::info!("{dep} stopped: no other node needs {target} any more");
                 Ok(Response::Empty)
             }
-            Err(e) if e.name == ERR_NO_SUCH_UNIT => Ok(Response::Empty),
+            Err(e) if e.name == NO_SUCH_UNIT => Ok(Response::Empty),
             Err(e) => Err(e),
         }
     }
@@ -296,7 +299,7 @@ impl Deps {
                         return RemoteError::new(
                             call.name.clone(),
                             format!(
-                                "cannot start {DEP_UNIT_PREFIX}{target}.service on node {node}: {} (is {DEP_UNIT_PREFIX}.service installed?)",
+                                "cannot start {DEP_PREFIX}{target}{DEP_SUFFIX} on node {node}: {} (is {DEP_PREFIX}{DEP_SUFFIX} installed?)",
                                 call.message
                             ),
                         );
@@ -322,8 +325,6 @@ impl Deps {
     }
 }
 
-const FAILED: &str = "org.freedesktop.DBus.Error.Failed";
-
 /// What systemd knows about a unit's loading and state.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct UnitStatus {
@@ -339,7 +340,7 @@ pub struct UnitStatus {
 pub async fn unit_status<S: Systemd>(systemd: &S, unit: &str) -> Result<UnitStatus, RemoteError> {
     let props = match systemd.get_unit_properties(unit, UNIT_IFACE).await {
         Ok(m) => marshal::decode::<PropertyMap>(&m)?,
-        Err(e) if e.name == ERR_NO_SUCH_UNIT => {
+        Err(e) if e.name == NO_SUCH_UNIT => {
             return Ok(UnitStatus {
                 load_state: "not-found".into(),
                 ..UnitStatus::default()
@@ -384,7 +385,7 @@ fn reason(s: &UnitStatus, result: &str) -> Option<(&'static str, String)> {
         }
     };
     match s.load_state.as_str() {
-        "not-found" => Some((ERR_NO_SUCH_UNIT, "not found".into())),
+        "not-found" => Some((NO_SUCH_UNIT, "not found".into())),
         "bad-setting" => Some((FAILED, detail("its unit file has a bad setting"))),
         "error" => Some((FAILED, detail("it failed to load"))),
         "masked" => Some((FAILED, "it is masked".into())),
@@ -528,7 +529,7 @@ mod tests {
             .start_dep(&fake, &unit("nope.service"), None)
             .await
             .unwrap_err();
-        assert_eq!(err.name, ERR_NO_SUCH_UNIT);
+        assert_eq!(err.name, NO_SUCH_UNIT);
         assert_eq!(
             err.message,
             "unit nope.service on node bar cannot be started: not found"
@@ -558,7 +559,7 @@ mod tests {
             .start_dep(&fake, &unit("db.service"), None)
             .await
             .unwrap_err();
-        assert_eq!(err.name, ERR_NO_SUCH_UNIT);
+        assert_eq!(err.name, NO_SUCH_UNIT);
         assert!(
             err.message.contains("is drover-dep@.service installed?"),
             "{err}"

@@ -16,12 +16,12 @@
 
 use crate::jobs::JobTracker;
 use crate::outbox::Outbox;
-use crate::systemd::{ERR_NO_SUCH_JOB, ERR_NOT_SUPPORTED, JobKind, Systemd, SystemdEvent};
+use crate::systemd::{Systemd, SystemdEvent};
+use drover_protocol::JobKind;
 use drover_protocol::codec::encode_body;
+use drover_protocol::error_names::{LIMITS_EXCEEDED, NO_SUCH_JOB, NOT_SUPPORTED};
 use drover_protocol::{MAX_FRAME_LEN, RemoteError, Request, Response, ToManager, UnitName};
 
-/// D-Bus error name for a reply that does not fit in one frame.
-pub const ERR_LIMITS_EXCEEDED: &str = "org.freedesktop.DBus.Error.LimitsExceeded";
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -116,10 +116,7 @@ pub fn request_name(req: &Request) -> &'static str {
     match req {
         Request::ListUnits => "ListUnits",
         Request::ListUnitFiles => "ListUnitFiles",
-        Request::StartUnit { .. } => "StartUnit",
-        Request::StopUnit { .. } => "StopUnit",
-        Request::RestartUnit { .. } => "RestartUnit",
-        Request::ReloadUnit { .. } => "ReloadUnit",
+        Request::UnitJob { kind, .. } => kind.method(),
         Request::JobCancel { .. } => "JobCancel",
         Request::Reload => "Reload",
         Request::GetUnitProperties { .. } => "GetUnitProperties",
@@ -175,7 +172,7 @@ impl<S: Systemd> Dispatcher<S> {
             if len > MAX_FRAME_LEN {
                 tracing::warn!(id, len, "reply too large for one frame");
                 let err = RemoteError::new(
-                    ERR_LIMITS_EXCEEDED,
+                    LIMITS_EXCEEDED,
                     format!(
                         "the reply is {len} bytes, more than the {MAX_FRAME_LEN} bytes one frame may carry"
                     ),
@@ -198,22 +195,12 @@ impl<S: Systemd> Dispatcher<S> {
                 let result = self.systemd.list_units().await.map(Response::Units);
                 self.reply(epoch, id, result);
             }
-            Request::StartUnit { unit, mode, job_id } => {
-                self.unit_job(epoch, id, JobKind::Start, &unit, &mode, job_id)
-                    .await
-            }
-            Request::StopUnit { unit, mode, job_id } => {
-                self.unit_job(epoch, id, JobKind::Stop, &unit, &mode, job_id)
-                    .await
-            }
-            Request::RestartUnit { unit, mode, job_id } => {
-                self.unit_job(epoch, id, JobKind::Restart, &unit, &mode, job_id)
-                    .await
-            }
-            Request::ReloadUnit { unit, mode, job_id } => {
-                self.unit_job(epoch, id, JobKind::Reload, &unit, &mode, job_id)
-                    .await
-            }
+            Request::UnitJob {
+                kind,
+                unit,
+                mode,
+                job_id,
+            } => self.unit_job(epoch, id, kind, &unit, &mode, job_id).await,
             Request::JobCancel { job_id } => {
                 let path = self
                     .shared
@@ -227,7 +214,7 @@ impl<S: Systemd> Dispatcher<S> {
                         .await
                         .map(|()| Response::Empty),
                     None => Err(RemoteError::new(
-                        ERR_NO_SUCH_JOB,
+                        NO_SUCH_JOB,
                         format!("no job {job_id} is running on this node"),
                     )),
                 };
@@ -282,7 +269,7 @@ impl<S: Systemd> Dispatcher<S> {
                     .await
                     .unwrap_or_else(|| {
                         Err(RemoteError::new(
-                            ERR_NOT_SUPPORTED,
+                            NOT_SUPPORTED,
                             format!("{name} is not supported by this drover-agent yet"),
                         ))
                     });
@@ -382,7 +369,8 @@ mod tests {
     }
 
     fn start(u: &str, job_id: u32) -> Request {
-        Request::StartUnit {
+        Request::UnitJob {
+            kind: JobKind::Start,
             unit: unit(u),
             mode: "replace".into(),
             job_id,
@@ -524,7 +512,8 @@ mod tests {
             .handle(
                 1,
                 2,
-                Request::RestartUnit {
+                Request::UnitJob {
+                    kind: JobKind::Restart,
                     unit: unit("bad.service"),
                     mode: "replace".into(),
                     job_id: 3,
@@ -632,7 +621,7 @@ mod tests {
             ToManager::Reply {
                 id: 3,
                 result: Err(e),
-            } => assert_eq!(e.name, ERR_NO_SUCH_JOB),
+            } => assert_eq!(e.name, NO_SUCH_JOB),
             other => panic!(
                 "unexpected {}",
                 format!("{other:?}").chars().take(300).collect::<String>()
@@ -695,7 +684,7 @@ mod tests {
                 id: 1,
                 result: Err(e),
             } => {
-                assert_eq!(e.name, ERR_LIMITS_EXCEEDED);
+                assert_eq!(e.name, LIMITS_EXCEEDED);
                 assert!(e.message.contains("bytes"), "{e}");
             }
             other => panic!(
@@ -725,7 +714,7 @@ mod tests {
             ToManager::Reply {
                 id: 5,
                 result: Err(e),
-            } => assert_eq!(e.name, ERR_NO_SUCH_JOB),
+            } => assert_eq!(e.name, NO_SUCH_JOB),
             other => panic!(
                 "unexpected {}",
                 format!("{other:?}").chars().take(300).collect::<String>()

@@ -21,7 +21,8 @@
 //!   of real unit events with modification tags, per session.
 //! * [`node_api`] — the rest of the node API (unit properties, unit files,
 //!   kill, freeze, log level, metrics), validated before systemd sees it;
-//!   [`marshal`] converts D-Bus values to and from the protocol's `Marshalled`.
+//!   `drover_bus::marshal` converts D-Bus values to and from the protocol's
+//!   `Marshalled`.
 //! * [`proxy`] — proxies of this node on units of other nodes (the state
 //!   behind `drover-proxy@.service`); [`api`] — the local
 //!   `org.eclipse.bluechi.Agent` D-Bus API the proxy helper calls;
@@ -44,7 +45,6 @@ pub mod deps;
 pub mod dispatch;
 pub mod jobs;
 pub mod link;
-pub mod marshal;
 pub mod news;
 pub mod node_api;
 pub mod outbox;

@@ -559,36 +559,9 @@ fn configure_socket(stream: &TcpStream, cfg: &LinkConfig) {
         }
     }
     if cfg.ip_receive_errors
-        && let Err(e) = set_recv_err(stream)
+        && let Err(e) = drover_protocol::link::set_recv_err(stream)
     {
         tracing::warn!("cannot set IP_RECVERR: {e}");
-    }
-}
-
-/// `IP_RECVERR`/`IPV6_RECVERR`: report ICMP errors (host unreachable, …) on
-/// the socket at once instead of after retransmission timeouts.
-fn set_recv_err(stream: &TcpStream) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let (level, name) = match stream.peer_addr()? {
-        SocketAddr::V4(_) => (libc::IPPROTO_IP, libc::IP_RECVERR),
-        SocketAddr::V6(_) => (libc::IPPROTO_IPV6, libc::IPV6_RECVERR),
-    };
-    let on: libc::c_int = 1;
-    // SAFETY: the fd is owned by `stream` and open for this call; the option
-    // value is a live c_int whose exact size is passed.
-    let rc = unsafe {
-        libc::setsockopt(
-            stream.as_raw_fd(),
-            level,
-            name,
-            (&on as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
     }
 }
 

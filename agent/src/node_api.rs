@@ -27,9 +27,9 @@
 //! after its `JobDone` — micros from the call to systemd to its `JobRemoved`.
 
 use crate::dispatch::Shared;
-use crate::marshal::ERR_INVALID_ARGS;
 use crate::systemd::Systemd;
 use drover_config::logging::{LogHandle, LogLevel};
+use drover_protocol::error_names::INVALID_ARGS;
 use drover_protocol::{Event, RemoteError, Request, Response, UnitName};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,7 +43,7 @@ pub const MAX_MEASURED_JOBS: usize = 16_384;
 pub const MAX_FILES: usize = 4096;
 
 fn invalid(message: impl Into<String>) -> RemoteError {
-    RemoteError::new(ERR_INVALID_ARGS, message)
+    RemoteError::new(INVALID_ARGS, message)
 }
 
 struct JobStart {
@@ -319,9 +319,10 @@ pub async fn handle<S: Systemd>(
 mod tests {
     use super::*;
     use crate::dispatch::{Dispatcher, pump_events};
-    use crate::marshal::{self, PropertyList, PropertyMap};
     use crate::outbox::SessionKill;
     use crate::systemd::fake::{FakeSystemd, Script};
+    use drover_bus::marshal::{self, PropertyList, PropertyMap};
+    use drover_protocol::JobKind;
     use drover_protocol::{Marshalled, ToManager};
     use std::sync::Arc;
     use std::time::Duration;
@@ -392,7 +393,7 @@ mod tests {
             )
             .await
             .unwrap_err();
-            assert_eq!(e.name, ERR_INVALID_ARGS, "{whom} {signal}: {e}");
+            assert_eq!(e.name, INVALID_ARGS, "{whom} {signal}: {e}");
         }
         assert!(
             !r.fake.calls().iter().any(|c| c.starts_with("KillUnit")),
@@ -438,7 +439,7 @@ mod tests {
             let e = call(&mut r, 1, Request::SetLogLevel { level: bad.into() })
                 .await
                 .unwrap_err();
-            assert_eq!(e.name, ERR_INVALID_ARGS);
+            assert_eq!(e.name, INVALID_ARGS);
             assert!(e.message.contains("DEBUG, INFO, WARN or ERROR"), "{e}");
         }
         assert_eq!(r.shared.node.log_level(), None, "nothing changed");
@@ -488,7 +489,7 @@ mod tests {
             )
             .await
             .unwrap_err();
-            assert_eq!(e.name, ERR_INVALID_ARGS, "{e}");
+            assert_eq!(e.name, INVALID_ARGS, "{e}");
         }
         // SetUnitProperties: the wrong D-Bus type is refused before systemd.
         let wrong = marshal::encode(&PropertyMap::new()).unwrap();
@@ -503,7 +504,7 @@ mod tests {
         )
         .await
         .unwrap_err();
-        assert_eq!(e.name, ERR_INVALID_ARGS);
+        assert_eq!(e.name, INVALID_ARGS);
         let garbage = Marshalled {
             signature: "a(sv)".into(),
             data: vec![0xff; 7],
@@ -519,7 +520,7 @@ mod tests {
         )
         .await
         .unwrap_err();
-        assert_eq!(e.name, ERR_INVALID_ARGS);
+        assert_eq!(e.name, INVALID_ARGS);
         assert!(
             !r.fake
                 .calls()
@@ -572,7 +573,7 @@ mod tests {
         )
         .await
         .unwrap_err();
-        assert_eq!(e.name, ERR_INVALID_ARGS);
+        assert_eq!(e.name, INVALID_ARGS);
         let got = call(&mut r, 3, Request::GetDefaultTarget).await.unwrap();
         assert_eq!(got, Response::Text("default.target".into()));
     }
@@ -581,7 +582,8 @@ mod tests {
     async fn metrics_follow_every_job_while_enabled_and_reset_per_session() {
         let mut r = rig().await;
         r.fake.add_unit("a.service", Script::Finish("done".into()));
-        let start = |job_id| Request::StartUnit {
+        let start = |job_id| Request::UnitJob {
+            kind: JobKind::Start,
             unit: unit("a.service"),
             mode: "replace".into(),
             job_id,
@@ -644,7 +646,8 @@ mod tests {
         let e = call(
             &mut r,
             6,
-            Request::StartUnit {
+            Request::UnitJob {
+                kind: JobKind::Start,
                 unit: unit("missing.service"),
                 mode: "replace".into(),
                 job_id: 5,

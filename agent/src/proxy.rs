@@ -54,14 +54,14 @@
 //! [`Proxies::run_stopper`].
 
 use crate::outbox::{Outbox, Sent};
-use crate::systemd::{JobKind, JobPath, Systemd};
-use drover_protocol::{Event, NodeName, Notice, Reason, TargetChange, ToManager, UnitName};
+use crate::systemd::{JobPath, Systemd};
+use drover_protocol::JobKind;
+use drover_protocol::proxy_instance::{ProxyInstance, proxy_template_of, proxy_templates_text};
+use drover_protocol::verdict::{Verdict, verdict};
+use drover_protocol::{Event, NodeName, Notice, TargetChange, ToManager, UnitName};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard};
 use tokio::sync::{Notify, oneshot};
-
-/// Every local proxy unit is an instance of this template.
-pub const PROXY_UNIT_PREFIX: &str = "drover-proxy@";
 
 /// Removals kept for the next session at most (oldest dropped first).
 pub const UNSENT_REMOVALS_CAP: usize = 4096;
@@ -93,16 +93,13 @@ impl ProxyKey {
         let local_name = UnitName::new(local)
             .map_err(|e| format!("local_service_name: {e}"))
             .and_then(|name| {
-                let instance_ok = name
-                    .as_str()
-                    .strip_prefix(PROXY_UNIT_PREFIX)
-                    .is_some_and(|rest| !rest.starts_with('.'));
-                if instance_ok {
+                if proxy_template_of(name.as_str()).is_some() {
                     Ok(name)
                 } else {
                     Err(format!(
-                        "local_service_name '{}' is not an instance of {PROXY_UNIT_PREFIX}.service",
-                        local.escape_default()
+                        "local_service_name '{}' is not an instance of {}",
+                        local.escape_default(),
+                        proxy_templates_text()
                     ))
                 }
             })?;
@@ -123,16 +120,15 @@ impl ProxyKey {
 }
 
 impl ProxyKey {
-    /// The key behind a proxy unit's own name, by the helper's rule: the
-    /// instance splits at the first `_` into node and unit, and a unit
-    /// without a type suffix means `.service`. `None` for anything else.
+    /// The key behind a proxy unit's own name, by the helper's rule
+    /// ([`ProxyInstance::from_unit_name`]). `None` for anything else.
     pub fn from_unit_name(local: &str) -> Option<Self> {
-        let instance = local
-            .strip_prefix(PROXY_UNIT_PREFIX)?
-            .strip_suffix(".service")?;
-        let (node, unit) = instance.split_once('_')?;
-        let unit = UnitName::with_default_suffix(unit).ok()?;
-        Self::parse(local, node, unit.as_str()).ok()
+        let p = ProxyInstance::from_unit_name(local)?;
+        Some(Self {
+            local: p.proxy_unit().clone(),
+            node: p.node().clone(),
+            unit: p.unit().clone(),
+        })
     }
 }
 
@@ -216,33 +212,36 @@ struct Table {
     closed: bool,
 }
 
-/// The verdict a target notice carries.
-enum Verdict {
+/// What a notice means for the proxy: the target's state by the rule the
+/// manager applies too ([`drover_protocol::verdict`]), or a refusal.
+enum Fate {
     Active,
     Down(String),
     Ignore,
 }
 
-fn verdict(key: &ProxyKey, notice: Notice) -> Verdict {
+fn fate(key: &ProxyKey, notice: Notice) -> Fate {
+    let change = match notice {
+        Notice::ProxyError { message, .. } => return Fate::Down(one_line(&message)),
+        Notice::ProxyTarget { change, .. } => change,
+    };
     let target = format!("{} on node {}", key.unit, key.node);
-    match notice {
-        Notice::ProxyError { message, .. } => Verdict::Down(one_line(&message)),
-        Notice::ProxyTarget { change, .. } => match change {
-            TargetChange::State { active_state, .. } if active_state == "active" => Verdict::Active,
+    match (verdict(&change), change) {
+        (Verdict::Up, _) => Fate::Active,
+        (
+            Verdict::RealDown,
             TargetChange::State {
                 active_state,
                 sub_state,
-                reason: Reason::Real,
-            } if active_state == "failed" || active_state == "inactive" => Verdict::Down(format!(
-                "{target} is {} ({})",
-                one_line(&active_state),
-                one_line(&sub_state)
-            )),
-            TargetChange::Removed {
-                reason: Reason::Real,
-            } => Verdict::Down(format!("{target} was unloaded")),
-            _ => Verdict::Ignore,
-        },
+                ..
+            },
+        ) => Fate::Down(format!(
+            "{target} is {} ({})",
+            one_line(&active_state),
+            one_line(&sub_state)
+        )),
+        (Verdict::RealDown, _) => Fate::Down(format!("{target} was unloaded")),
+        (Verdict::Undecided, _) => Fate::Ignore,
     }
 }
 
@@ -568,9 +567,9 @@ impl Proxies {
             return;
         };
         let key = proxy.key.clone();
-        match verdict(&key, notice) {
-            Verdict::Ignore => {}
-            Verdict::Active => {
+        match fate(&key, notice) {
+            Fate::Ignore => {}
+            Fate::Active => {
                 proxy.active = true;
                 let Some(reply) = proxy.reply.take() else {
                     return;
@@ -590,7 +589,7 @@ impl Proxies {
                     t.forget(id, outbox);
                 }
             }
-            Verdict::Down(why) => {
+            Fate::Down(why) => {
                 let reply = proxy.reply.take();
                 let ahead = proxy.ahead.take();
                 t.forget(id, outbox);
@@ -690,6 +689,7 @@ mod tests {
     use super::*;
     use crate::outbox::SessionKill;
     use crate::systemd::fake::{FakeSystemd, Script};
+    use drover_protocol::Reason;
     use std::sync::Arc;
     use std::time::Duration;
     use tokio::sync::mpsc;

@@ -51,7 +51,9 @@
 //! [`Outbox::send_paced`]: crate::outbox::Outbox::send_paced
 
 use crate::dispatch::Shared;
-use crate::systemd::{Systemd, UNIT_IFACE, UnitSignal, UnitSignalStream};
+use crate::systemd::{Systemd, UnitSignal, UnitSignalStream};
+use drover_bus::systemd::UNIT_IFACE;
+use drover_protocol::error_names;
 use drover_protocol::tag::TagCounter;
 use drover_protocol::{Event, ModTag, Reason, RemoteError, Response, ToManager, UnitName};
 use std::collections::{HashMap, HashSet};
@@ -250,7 +252,7 @@ impl UnitHub {
                 Some(u) => {
                     if session.watched.len() >= MAX_WATCHED {
                         return Err(RemoteError::new(
-                            "org.freedesktop.DBus.Error.LimitsExceeded",
+                            error_names::LIMITS_EXCEEDED,
                             format!("more than {MAX_WATCHED} units subscribed on this node"),
                         ));
                     }

@@ -12,8 +12,9 @@ use drover_agent::deps::unit_status;
 use drover_agent::dispatch::{Dispatcher, Shared, pump_events};
 use drover_agent::link::LinkConfig;
 use drover_agent::outbox::SessionKill;
+use drover_agent::systemd::Systemd;
 use drover_agent::systemd::dbus::ZbusSystemd;
-use drover_agent::systemd::{BusTarget, Systemd};
+use drover_bus::Bus;
 use drover_protocol::handshake::Accepted;
 use drover_protocol::link::manager_read_hello;
 use drover_protocol::{
@@ -78,7 +79,7 @@ impl Node {
     }
 
     async fn systemd(&self) -> ZbusSystemd {
-        ZbusSystemd::connect(&BusTarget::Address(node::bus_address(&self.dir, NODE)))
+        ZbusSystemd::connect(&Bus::Address(node::bus_address(&self.dir, NODE)))
             .await
             .expect("systemd answers")
     }
@@ -219,11 +220,7 @@ async fn start_dep_starts_the_target_and_stop_dep_leaves_it_running() {
     // The dep goes down with its target (BindsTo=).
     assert_eq!(r.ask(start_dep("good.service")).await, Ok(Response::Empty));
     r.systemd
-        .unit_job(
-            drover_agent::systemd::JobKind::Stop,
-            "good.service",
-            "replace",
-        )
+        .unit_job(drover_protocol::JobKind::Stop, "good.service", "replace")
         .await
         .unwrap();
     r.wait_state("drover-dep@good.service.service", "inactive")
@@ -368,7 +365,7 @@ async fn proxy_unit_follows_the_target_across_reconnects_and_shutdown() {
     };
     let start = async |unit: &str| {
         systemd
-            .unit_job(drover_agent::systemd::JobKind::Start, unit, "replace")
+            .unit_job(drover_protocol::JobKind::Start, unit, "replace")
             .await
             .unwrap();
     };
@@ -380,7 +377,7 @@ async fn proxy_unit_follows_the_target_across_reconnects_and_shutdown() {
     let shutdown = CancellationToken::new();
     let agent = tokio::spawn({
         let shutdown = shutdown.clone();
-        let bus = BusTarget::Address(node::bus_address(&node.dir, NODE));
+        let bus = Bus::Address(node::bus_address(&node.dir, NODE));
         async move { drover_agent::agent::run(&bus, link, shutdown, || {}).await }
     });
     let mut m = accept(&listener, 1).await;
@@ -447,7 +444,7 @@ async fn proxy_unit_follows_the_target_across_reconnects_and_shutdown() {
     link.heartbeat_interval = Duration::from_millis(100);
     let agent = tokio::spawn({
         let shutdown = shutdown.clone();
-        let bus = BusTarget::Address(node::bus_address(&node.dir, NODE));
+        let bus = Bus::Address(node::bus_address(&node.dir, NODE));
         async move { drover_agent::agent::run(&bus, link, shutdown, || {}).await }
     });
     let mut m = accept(&listener, 3).await;
@@ -534,7 +531,7 @@ async fn an_agent_restarted_after_a_crash_follows_the_proxy_units_left_active() 
     let mut m = accept(&listener, 1).await;
     systemd
         .unit_job(
-            drover_agent::systemd::JobKind::Start,
+            drover_protocol::JobKind::Start,
             "need-db.service",
             "replace",
         )

@@ -2,10 +2,11 @@
 //! proxy helper and `bluechi-is-online`-style watchers see it. The manager
 //! link is a fake: an outbox session whose messages the test reads.
 
-use drover_agent::api::{self, AGENT_BUS_NAME, AGENT_IFACE, AGENT_PATH};
+use drover_agent::api;
 use drover_agent::dispatch::Shared;
 use drover_agent::outbox::SessionKill;
 use drover_agent::proxy::Phase;
+use drover_bus::bluechi::{AGENT_BUS_NAME, AGENT_IFACE, AGENT_PATH};
 use drover_protocol::{Event, NodeName, Notice, Reason, TargetChange, ToManager, UnitName};
 use drover_sandbox::PrivateBus;
 use futures::StreamExt;

@@ -7,7 +7,9 @@ use drover_agent::dispatch::{Dispatcher, Shared, pump_events};
 use drover_agent::link::LinkConfig;
 use drover_agent::outbox::SessionKill;
 use drover_agent::systemd::dbus::ZbusSystemd;
-use drover_agent::systemd::{BusTarget, JobInfo, JobKind, Systemd};
+use drover_agent::systemd::{JobInfo, Systemd};
+use drover_bus::Bus;
+use drover_protocol::JobKind;
 use drover_protocol::handshake::Accepted;
 use drover_protocol::link::manager_read_hello;
 use drover_protocol::{Event, NodeName, Request, Response, ToAgent, ToManager, UnitName};
@@ -125,7 +127,7 @@ impl UserSystemd {
     /// Connects once systemd answers on its bus.
     async fn connect(&self) -> ZbusSystemd {
         let deadline = Instant::now() + T;
-        let target = BusTarget::Address(self.address());
+        let target = Bus::Address(self.address());
         loop {
             if self.dir.join("rt/bus").exists()
                 && let Ok(s) = ZbusSystemd::connect(&target).await
@@ -210,7 +212,8 @@ fn unit(s: &str) -> UnitName {
 }
 
 fn start(u: &str, job_id: u32) -> Request {
-    Request::StartUnit {
+    Request::UnitJob {
+        kind: JobKind::Start,
         unit: unit(u),
         mode: "replace".into(),
         job_id,
@@ -449,7 +452,7 @@ async fn agent_runs_a_remote_start_end_to_end() {
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
     let agent = tokio::spawn({
         let shutdown = shutdown.clone();
-        let bus = BusTarget::Address(node.address());
+        let bus = Bus::Address(node.address());
         async move {
             drover_agent::agent::run(&bus, link, shutdown, move || {
                 let _ = ready_tx.send(());

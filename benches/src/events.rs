@@ -22,6 +22,9 @@
 //! per mode and monitor count.
 
 use anyhow::{Context, Result, bail};
+use drover_bus::bluechi::{
+    BUS_NAME, CONTROLLER_IFACE, CONTROLLER_PATH, DROVER_MONITOR_IFACE, MONITOR_IFACE,
+};
 use drover_protocol::link::agent_handshake;
 use drover_protocol::{Event, Hello, ModTag, Reason, Response, ToAgent, ToManager, UnitName};
 use drover_sandbox::PrivateBus;
@@ -230,27 +233,27 @@ async fn monitor(address: String, slot: usize, flow: Arc<Flow>, mode: Mode) -> R
     let mut inbox = zbus::MessageStream::from(conn.clone());
     let reply = conn
         .call_method(
-            Some("org.eclipse.bluechi"),
-            "/org/eclipse/bluechi",
-            Some("org.eclipse.bluechi.Controller"),
+            Some(BUS_NAME),
+            CONTROLLER_PATH,
+            Some(CONTROLLER_IFACE),
             "CreateMonitor",
             &(),
         )
         .await?;
     let path: zbus::OwnedObjectPath = reply.body().deserialize()?;
     conn.call_method(
-        Some("org.eclipse.bluechi"),
+        Some(BUS_NAME),
         path.as_str(),
-        Some("org.eclipse.bluechi.Monitor"),
+        Some(MONITOR_IFACE),
         "Subscribe",
         &("*", "*"),
     )
     .await?;
     if mode == Mode::Follow {
         conn.call_method(
-            Some("org.eclipse.bluechi"),
+            Some(BUS_NAME),
             path.as_str(),
-            Some("io.drover.Monitor"),
+            Some(DROVER_MONITOR_IFACE),
             "Follow",
             &(),
         )
@@ -299,10 +302,7 @@ async fn run_once(n_agents: usize, n_monitors: usize, seconds: u64, mode: Mode) 
         .await?;
     let dbus = zbus::fdo::DBusProxy::new(&probe).await?;
     let started = Instant::now();
-    while !dbus
-        .name_has_owner("org.eclipse.bluechi".try_into()?)
-        .await?
-    {
+    while !dbus.name_has_owner(BUS_NAME.try_into()?).await? {
         if started.elapsed() > Duration::from_secs(10) {
             bail!("drover-manager did not come up");
         }

@@ -7,7 +7,12 @@
 //!   systemd bus, until systemd's `JobRemoved`. Target: overhead ≤ 1 ms median.
 //! * `proxy`: start of a unit whose dependency lives on another node (through
 //!   `drover-proxy@`), vs the same pair on one node (see `proxy.rs`). Target:
-//!   overhead ≤ 5 ms median.
+//!   overhead ≤ 5 ms median. `--helper-b PATH` compares two helper binaries in
+//!   the same run: the proxy template runs A (`--helper-a PATH`, default the
+//!   `drover-proxy` the sandbox found) and B by turns, one cross-node sample of
+//!   each per round, interleaved with the local and node2-alone samples, and
+//!   reports each helper's figures and B against A (paired, with a confidence
+//!   interval for the difference of the cross-node start).
 //! * `events`: unit events/s from fake agents through a release manager to
 //!   1 and 10 monitors, with manager CPU and RSS (see `events.rs`).
 //! * also reports the idle RSS of the manager and of each agent.
@@ -18,9 +23,11 @@ mod stats;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
+use drover_bus::{bluechi, systemd};
 use drover_sandbox::{Cluster, ClusterOptions};
 use futures::StreamExt;
 use stats::{ms, paired_overhead, summarize};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use zbus::OwnedObjectPath;
 
@@ -33,6 +40,12 @@ struct Args {
     /// Samples per side.
     #[arg(long, default_value_t = 300)]
     samples: usize,
+    /// `proxy`: a second helper binary, measured against the first in the same run.
+    #[arg(long, value_name = "PATH")]
+    helper_b: Option<PathBuf>,
+    /// `proxy`: the first helper binary (default: the `drover-proxy` the sandbox found).
+    #[arg(long, value_name = "PATH", requires = "helper_b")]
+    helper_a: Option<PathBuf>,
 }
 
 const UNIT: &str = "bench-noop.service";
@@ -58,7 +71,11 @@ async fn run(cluster: &Cluster, args: &Args) -> Result<()> {
         start_unit(cluster, args.samples).await?;
     }
     if matches!(args.which.as_str(), "proxy" | "all") {
-        proxy::proxy(cluster, args.samples).await?;
+        let helpers = match &args.helper_b {
+            None => None,
+            Some(b) => Some(proxy::Helpers::new(args.helper_a.clone(), b.clone())?),
+        };
+        proxy::proxy(cluster, args.samples, helpers).await?;
     }
     if matches!(args.which.as_str(), "rss" | "all") {
         rss(cluster)?;
@@ -81,9 +98,9 @@ async fn start_unit(cluster: &Cluster, samples: usize) -> Result<()> {
         .await?;
     let systemd = zbus::Proxy::new(
         &node_bus,
-        "org.freedesktop.systemd1",
-        "/org/freedesktop/systemd1",
-        "org.freedesktop.systemd1.Manager",
+        systemd::BUS_NAME,
+        systemd::MANAGER_PATH,
+        systemd::MANAGER_IFACE,
     )
     .await?;
     let _: () = systemd.call("Subscribe", &()).await?;
@@ -95,19 +112,13 @@ async fn start_unit(cluster: &Cluster, samples: usize) -> Result<()> {
         .await?;
     let controller = zbus::Proxy::new(
         &api,
-        "org.eclipse.bluechi",
-        "/org/eclipse/bluechi",
-        "org.eclipse.bluechi.Controller",
+        bluechi::BUS_NAME,
+        bluechi::CONTROLLER_PATH,
+        bluechi::CONTROLLER_IFACE,
     )
     .await?;
     let node_path: OwnedObjectPath = controller.call("GetNode", &("node2",)).await?;
-    let node = zbus::Proxy::new(
-        &api,
-        "org.eclipse.bluechi",
-        node_path,
-        "org.eclipse.bluechi.Node",
-    )
-    .await?;
+    let node = zbus::Proxy::new(&api, bluechi::BUS_NAME, node_path, bluechi::NODE_IFACE).await?;
     let mut drover_removed = controller.receive_signal("JobRemoved").await?;
 
     let mut d = Vec::with_capacity(samples);

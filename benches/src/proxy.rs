@@ -30,16 +30,37 @@
 //!               + helper exits → proxy active
 //!               + (proxy active → need-db active) − (db-local active → need-db-local active)
 //! ```
+//!
+//! **Two helpers side by side** (`--helper-b PATH`, optionally `--helper-a PATH`). node1's
+//! proxy template then runs a symlink in the sandbox directory, and before each cross-node
+//! sample, while everything is down, the bench points it at helper A or helper B. A round
+//! has four samples: cross-node with A and with B (A first in even rounds, B first in odd
+//! ones), local, and node2 alone, the kinds taking turns at going first. Both helpers run
+//! from the same unit file, the same path and the same systemd state, and are paired with
+//! the same round's local and node2-alone samples: only the binary differs. Each helper
+//! gets the report above, then B against A: medians, p90 and p99 of the cross-node start,
+//! of the overhead and of drover's own share, the ratio of the medians, and the per-round
+//! difference B − A with a bootstrap 95% confidence interval of its median. An interval
+//! that holds 0 means the run cannot tell the two apart; a run of a helper against a copy
+//! of itself (A/A) shows what the noise alone gives.
+//!
+//! ```text
+//! cargo build --release --workspace --bins
+//! cp target/release/drover-proxy /tmp/a/      # then build the other helper, copy to /tmp/b/
+//! target/release/drover-bench proxy --samples 1000 \
+//!     --helper-a /tmp/a/drover-proxy --helper-b /tmp/b/drover-proxy
+//! ```
 
-use crate::stats::{ms, paired_overhead, summarize};
-use anyhow::{Context, Result, bail};
-use drover_sandbox::Cluster;
+use crate::stats::{Spread, median_ci95, ms, paired_overhead, summarize};
+use anyhow::{Context, Result, anyhow, bail};
+use drover_bus::systemd::{BUS_NAME, MANAGER_IFACE, MANAGER_PATH, SERVICE_IFACE, UNIT_IFACE};
+use drover_bus::timestamp::monotonic_us;
+use drover_protocol::error_names::NO_SUCH_UNIT;
+use drover_sandbox::{Cluster, files, node};
 use futures::StreamExt;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use zbus::OwnedObjectPath;
-
-const UNIT_IFACE: &str = "org.freedesktop.systemd1.Unit";
-const SERVICE_IFACE: &str = "org.freedesktop.systemd1.Service";
 
 const DB: &str = "db.service";
 const NEED_DB: &str = "need-db.service";
@@ -52,6 +73,66 @@ const NEED_DB_LOCAL: &str = "need-db-local.service";
 const SERVICE: &str = "[Service]\nExecStart=/bin/sleep 3600\n";
 const WARMUP: usize = 5;
 const STEP_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Two helper binaries to compare in one run (`--helper-a`, `--helper-b`).
+pub struct Helpers {
+    a: PathBuf,
+    b: PathBuf,
+}
+
+impl Helpers {
+    /// `a` defaults to the `drover-proxy` the sandbox finds (and would run).
+    pub fn new(a: Option<PathBuf>, b: PathBuf) -> Result<Self> {
+        let a = match a {
+            Some(a) => a,
+            None => drover_sandbox::binaries::locate("drover-proxy")?,
+        };
+        let absolute =
+            |p: &Path| std::fs::canonicalize(p).with_context(|| format!("helper {}", p.display()));
+        Ok(Self {
+            a: absolute(&a)?,
+            b: absolute(&b)?,
+        })
+    }
+}
+
+/// node1's proxy template runs `link`, which the bench points at helper A or B.
+struct Switch {
+    link: PathBuf,
+    helpers: Helpers,
+}
+
+impl Switch {
+    async fn install(cluster: &Cluster, helpers: Helpers) -> Result<Self> {
+        let dir = cluster.dir().join("helper-ab");
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let switch = Self {
+            link: dir.join("drover-proxy"),
+            helpers,
+        };
+        switch.point(false)?;
+        let logs = node::unit_log_dir(cluster.dir(), "node1");
+        let units = files::proxy_units(&switch.link, &logs).map_err(|e| anyhow!(e))?;
+        let (name, text) = units
+            .into_iter()
+            .find(|(name, _)| *name == "drover-proxy@.service")
+            .context("the sandbox's proxy template")?;
+        let path = node::unit_dir(cluster.dir(), "node1").join(name);
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        drover_sandbox::bus::reload_systemd(&cluster.node_bus_address("node1")).await?;
+        Ok(switch)
+    }
+
+    /// Points the link at A (`false`) or B (`true`); a rename, so it is never missing.
+    fn point(&self, b: bool) -> Result<()> {
+        let to = if b { &self.helpers.b } else { &self.helpers.a };
+        let tmp = self.link.with_extension("next");
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(to, &tmp)
+            .and_then(|()| std::fs::rename(&tmp, &self.link))
+            .with_context(|| format!("pointing {} at {}", self.link.display(), to.display()))
+    }
+}
 
 /// One node's systemd manager, spoken to directly over its bus.
 struct Systemd {
@@ -67,13 +148,7 @@ impl Systemd {
             .build()
             .await
             .with_context(|| format!("connecting to {address}"))?;
-        let manager = zbus::Proxy::new(
-            &conn,
-            "org.freedesktop.systemd1",
-            "/org/freedesktop/systemd1",
-            "org.freedesktop.systemd1.Manager",
-        )
-        .await?;
+        let manager = zbus::Proxy::new(&conn, BUS_NAME, MANAGER_PATH, MANAGER_IFACE).await?;
         let _: () = manager.call("Subscribe", &()).await?;
         let removed = manager.receive_signal("JobRemoved").await?;
         Ok(Self {
@@ -120,20 +195,13 @@ impl Systemd {
     async fn active_state(&self, unit: &str) -> Result<String> {
         let path: OwnedObjectPath = match self.manager.call("GetUnit", &(unit,)).await {
             Ok(p) => p,
-            Err(zbus::Error::MethodError(name, _, _))
-                if name.as_str() == "org.freedesktop.systemd1.NoSuchUnit" =>
-            {
+            Err(zbus::Error::MethodError(name, _, _)) if name.as_str() == NO_SUCH_UNIT => {
                 return Ok("inactive".into());
             }
             Err(e) => return Err(e.into()),
         };
-        let unit_proxy = zbus::Proxy::new(
-            self.manager.connection(),
-            "org.freedesktop.systemd1",
-            path,
-            "org.freedesktop.systemd1.Unit",
-        )
-        .await?;
+        let unit_proxy =
+            zbus::Proxy::new(self.manager.connection(), BUS_NAME, path, UNIT_IFACE).await?;
         Ok(unit_proxy.get_property::<String>("ActiveState").await?)
     }
 
@@ -145,13 +213,7 @@ impl Systemd {
 
     async fn u64_prop_of(&self, unit: &str, iface: &'static str, prop: &str) -> Result<u64> {
         let path: OwnedObjectPath = self.manager.call("GetUnit", &(unit,)).await?;
-        let unit_proxy = zbus::Proxy::new(
-            self.manager.connection(),
-            "org.freedesktop.systemd1",
-            path,
-            iface,
-        )
-        .await?;
+        let unit_proxy = zbus::Proxy::new(self.manager.connection(), BUS_NAME, path, iface).await?;
         unit_proxy
             .get_property::<u64>(prop)
             .await
@@ -194,7 +256,7 @@ struct Local {
     last_leg: Duration,
 }
 
-pub async fn proxy(cluster: &Cluster, samples: usize) -> Result<()> {
+pub async fn proxy(cluster: &Cluster, samples: usize, helpers: Option<Helpers>) -> Result<()> {
     cluster.install_unit("node2", DB, SERVICE).await?;
     let need = |after: &str| format!("[Unit]\nWants={after}\nAfter={after}\n{SERVICE}");
     cluster.install_unit("node1", NEED_DB, &need(PROXY)).await?;
@@ -205,7 +267,13 @@ pub async fn proxy(cluster: &Cluster, samples: usize) -> Result<()> {
     let mut node1 = Systemd::connect("node1", &cluster.node_bus_address("node1")).await?;
     let mut node2 = Systemd::connect("node2", &cluster.node_bus_address("node2")).await?;
 
+    let switch = match helpers {
+        Some(h) => Some(Switch::install(cluster, h).await?),
+        None => None,
+    };
+
     let mut remote = Vec::with_capacity(samples);
+    let mut remote_b = Vec::with_capacity(samples);
     let mut local = Vec::with_capacity(samples);
     let mut alone = Vec::with_capacity(samples);
     let agents: Vec<(String, u32)> = cluster
@@ -215,19 +283,30 @@ pub async fn proxy(cluster: &Cluster, samples: usize) -> Result<()> {
         .collect();
     let cpu_before: Vec<Duration> = agents.iter().map(|(_, pid)| cpu_time(*pid)).collect();
     for i in 0..(samples + WARMUP) {
-        // The three kinds take turns at going first.
+        // The three kinds take turns at going first. When comparing helpers, the
+        // cross-node turn is one sample with each, A then B in even rounds and B then A in
+        // odd ones, so that each helper follows every other kind of sample equally often.
         let sample = async {
-            let (mut r, mut l, mut a) = (None, None, None);
+            let (mut r, mut rb, mut l, mut a) = (None, None, None, None);
             for k in 0..3 {
                 match (i + k) % 3 {
-                    0 => r = Some(time_remote(&mut node1, &mut node2).await?),
+                    0 => match &switch {
+                        None => r = Some(time_remote(&mut node1, &mut node2).await?),
+                        Some(s) => {
+                            for b in [i % 2 == 1, i % 2 == 0] {
+                                s.point(b)?;
+                                let one = Some(time_remote(&mut node1, &mut node2).await?);
+                                if b { rb = one } else { r = one }
+                            }
+                        }
+                    },
                     1 => l = Some(time_local(&mut node1).await?),
                     _ => a = Some(time_dep_alone(&mut node2).await?),
                 }
             }
-            anyhow::Ok((r, l, a))
+            anyhow::Ok((r, rb, l, a))
         };
-        let (Some(r), Some(l), Some(a)) = (match sample.await {
+        let (Some(r), rb, Some(l), Some(a)) = (match sample.await {
             Ok(v) => v,
             Err(e) => {
                 let log = cluster.unit_log("node1", PROXY).unwrap_or_default();
@@ -239,11 +318,23 @@ pub async fn proxy(cluster: &Cluster, samples: usize) -> Result<()> {
         };
         if i >= WARMUP {
             remote.push(r);
+            remote_b.extend(rb);
             local.push(l);
             alone.push(a);
         }
     }
-    report(samples, &remote, &local, &alone);
+    match &switch {
+        None => {
+            report(samples, &remote, &local, &alone);
+        }
+        Some(s) => {
+            println!("helper A: {}", s.helpers.a.display());
+            let fa = report(samples, &remote, &local, &alone);
+            println!("helper B: {}", s.helpers.b.display());
+            let fb = report(samples, &remote_b, &local, &alone);
+            compare(&fa, &fb);
+        }
+    }
     let rounds = (samples + WARMUP) as u32;
     for ((node, pid), before) in agents.iter().zip(cpu_before) {
         println!(
@@ -269,7 +360,65 @@ fn cpu_time(pid: u32) -> Duration {
     Duration::from_nanos(ns)
 }
 
-fn report(samples: usize, remote: &[Remote], local: &[Local], alone: &[Duration]) {
+/// One helper's per-round figures in ms, paired by round (for [`compare`]).
+struct Figures {
+    /// `StartUnit(need-db)` → need-db active.
+    total: Vec<f64>,
+    /// `total` minus the same round's local start.
+    over: Vec<f64>,
+    /// `over` minus systemd's share (the floor).
+    own: Vec<f64>,
+    /// The helper's exit → the proxy active.
+    exit_to_active: Vec<f64>,
+}
+
+/// B against A, round by round (see the module docs).
+fn compare(a: &Figures, b: &Figures) {
+    println!(
+        "helper B against helper A, {} rounds (ms; B/A is the ratio of the medians):",
+        a.total.len()
+    );
+    println!(
+        "  {:<28} {:>8} {:>8} {:>8}   {:>8} {:>8} {:>8}   {:>6}",
+        "", "A med", "A p90", "A p99", "B med", "B p90", "B p99", "B/A"
+    );
+    for (label, va, vb) in [
+        ("cross-node start", &a.total, &b.total),
+        ("overhead over local", &a.over, &b.over),
+        ("drover's own share", &a.own, &b.own),
+        (
+            "helper exit -> proxy active",
+            &a.exit_to_active,
+            &b.exit_to_active,
+        ),
+    ] {
+        let (sa, sb) = (Spread::of(va), Spread::of(vb));
+        println!(
+            "  {label:<28} {:>8.3} {:>8.3} {:>8.3}   {:>8.3} {:>8.3} {:>8.3}   {:>6.3}",
+            sa.median,
+            sa.p90,
+            sa.p99,
+            sb.median,
+            sb.p90,
+            sb.p99,
+            sb.median / sa.median
+        );
+    }
+    for (label, va, vb) in [
+        ("cross-node start", &a.total, &b.total),
+        ("drover's own share", &a.own, &b.own),
+    ] {
+        let diff: Vec<f64> = vb.iter().zip(va).map(|(y, x)| y - x).collect();
+        let (lo, hi) = median_ci95(&diff, 2000);
+        let d = Spread::of(&diff);
+        println!(
+            "  B - A per round, {label}: median {:.3} ms, 95% CI of the median [{lo:.3}, {hi:.3}] ms, p90 {:.3} ms",
+            d.median, d.p90
+        );
+    }
+}
+
+fn report(samples: usize, remote: &[Remote], local: &[Local], alone: &[Duration]) -> Figures {
     let totals = |v: &[Duration]| summarize(v);
     let remote_totals: Vec<_> = remote.iter().map(|r| r.total).collect();
     let local_totals: Vec<_> = local.iter().map(|l| l.total).collect();
@@ -350,13 +499,12 @@ fn report(samples: usize, remote: &[Remote], local: &[Local], alone: &[Duration]
         "  drover's own share (overhead - floor, paired)              median {:.3} ms",
         crate::stats::median_f64(&own)
     );
-}
-
-/// CLOCK_MONOTONIC now, in µs: the clock of systemd's `…TimestampMonotonic`.
-fn monotonic_us() -> u64 {
-    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .expect("CLOCK_MONOTONIC is always readable");
-    t.tv_sec() as u64 * 1_000_000 + t.tv_nsec() as u64 / 1_000
+    Figures {
+        total: remote_totals.iter().map(|d| f(*d)).collect(),
+        over,
+        own,
+        exit_to_active: remote.iter().map(|r| f(r.exit_to_active)).collect(),
+    }
 }
 
 fn between(from: u64, to: u64) -> Duration {

@@ -48,6 +48,53 @@ pub fn median_f64(v: &[f64]) -> f64 {
     s[s.len() / 2]
 }
 
+/// Median and tails of samples in ms (nearest rank, as [`summarize`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Spread {
+    pub median: f64,
+    pub p90: f64,
+    pub p99: f64,
+}
+
+impl Spread {
+    pub fn of(v: &[f64]) -> Self {
+        let mut s = v.to_vec();
+        s.sort_by(|a, b| a.total_cmp(b));
+        let pct = |p: f64| {
+            let rank = ((p / 100.0) * s.len() as f64).ceil() as usize;
+            s[rank.clamp(1, s.len()) - 1]
+        };
+        Spread {
+            median: median_f64(v),
+            p90: pct(90.0),
+            p99: pct(99.0),
+        }
+    }
+}
+
+/// A 95% confidence interval for the median of `v` by the percentile
+/// bootstrap (`resamples` resamples with replacement, a fixed seed so a run's
+/// report is reproducible from its samples).
+pub fn median_ci95(v: &[f64], resamples: usize) -> (f64, f64) {
+    // xorshift64*: enough to draw indices, no dependency.
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move |n: usize| {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        (state.wrapping_mul(0x2545_f491_4f6c_dd1d) % n as u64) as usize
+    };
+    let mut medians: Vec<f64> = (0..resamples)
+        .map(|_| {
+            let draw: Vec<f64> = (0..v.len()).map(|_| v[next(v.len())]).collect();
+            median_f64(&draw)
+        })
+        .collect();
+    medians.sort_by(|a, b| a.total_cmp(b));
+    let at = |q: f64| medians[((q * resamples as f64) as usize).min(resamples - 1)];
+    (at(0.025), at(0.975))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -59,5 +106,21 @@ mod tests {
         assert_eq!(s.median, Duration::from_millis(50));
         assert_eq!(s.p99, Duration::from_millis(99));
         assert_eq!(s.min, Duration::from_millis(1));
+        let f: Vec<f64> = (1..=100).map(f64::from).collect();
+        let sp = Spread::of(&f);
+        assert_eq!((sp.p90, sp.p99), (90.0, 99.0));
+    }
+
+    #[test]
+    fn the_median_interval_holds_the_median_and_narrows_with_more_samples() {
+        let few: Vec<f64> = (0..30).map(|i| f64::from(i % 10)).collect();
+        let many: Vec<f64> = (0..3000).map(|i| f64::from(i % 10)).collect();
+        let (lo, hi) = median_ci95(&few, 1000);
+        assert!(
+            lo <= median_f64(&few) && median_f64(&few) <= hi,
+            "{lo} {hi}"
+        );
+        let (mlo, mhi) = median_ci95(&many, 1000);
+        assert!(mhi - mlo <= hi - lo, "[{mlo}, {mhi}] vs [{lo}, {hi}]");
     }
 }

@@ -1,42 +1,21 @@
 //! The slice of drover's public D-Bus API (BlueChi's, bus name `org.eclipse.bluechi`)
-//! that droverctl uses, as zbus proxies, plus the node object-path rule.
+//! that droverctl uses, as zbus proxies. The names and paths themselves are
+//! `drover_bus::bluechi`'s; the `#[proxy]` attributes must spell them as literals.
 //!
 //! Only members droverctl calls are declared; their signatures are BlueChi's exactly
 //! (bluechi-facts §2). Adding a command that needs another member means adding it here.
 //!
-//! Node object paths are computed locally with systemd's bus-path escaping, the way
+//! Node object paths are computed locally with systemd's bus-path escaping
+//! ([`drover_bus::bluechi::node_path`]), the way
 //! bluechictl does it, instead of asking `Controller.GetNode`: one round trip less per
 //! command, and the manager must serve exactly these paths anyway (BlueChi clients
 //! hard-code the rule). A path that does not exist comes back as
 //! `org.freedesktop.DBus.Error.UnknownObject`, which droverctl reports as an unknown node.
 
-use drover_protocol::bus_label::bus_label_escape;
+use drover_bus::systemd::UnitTuple;
 use std::collections::HashMap;
 
 use zbus::{ObjectPath, OwnedObjectPath, OwnedVariant, proxy};
-
-/// The well-known bus name drover-manager owns.
-pub const BUS_NAME: &str = "org.eclipse.bluechi";
-/// The controller object.
-pub const CONTROLLER_PATH: &str = "/org/eclipse/bluechi";
-/// Node objects live below this prefix, one escaped label per node.
-pub const NODE_PATH_PREFIX: &str = "/org/eclipse/bluechi/node/";
-
-/// systemd's `ListUnits` tuple `(ssssssouso)`, passed through by the manager: name,
-/// description, load state, active state, sub state, followed unit, unit object path,
-/// job id, job type, job object path.
-pub type UnitTuple = (
-    String,
-    String,
-    String,
-    String,
-    String,
-    String,
-    OwnedObjectPath,
-    u32,
-    String,
-    OwnedObjectPath,
-);
 
 /// One entry of `Controller.ListNodes` `a(soss)`: name, object path, status, peer IP.
 pub type NodeTuple = (String, OwnedObjectPath, String, String);
@@ -51,9 +30,6 @@ pub type ChangeTuple = (String, String, String);
 /// One entry of `io.drover.Controller.ListProxies` `a(sssssu)`: requesting node, target
 /// node, unit, proxy state, target active state, number of references on the target.
 pub type ProxyTuple = (String, String, String, String, String, u32);
-
-/// The path of the Metrics object (exported only while metrics are enabled).
-pub const METRICS_PATH: &str = "/org/eclipse/bluechi/metrics";
 
 #[proxy(
     interface = "org.eclipse.bluechi.Controller",
@@ -235,14 +211,10 @@ pub trait Metrics {
     ) -> zbus::Result<()>;
 }
 
-/// The object path of node `name`: `/org/eclipse/bluechi/node/<escaped name>`.
-pub fn node_path(name: &str) -> String {
-    format!("{NODE_PATH_PREFIX}{}", bus_label_escape(name))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use drover_bus::bluechi::node_path;
 
     #[test]
     fn node_paths_are_valid_object_paths() {

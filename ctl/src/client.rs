@@ -9,87 +9,58 @@
 //! drover-manager is on it is found out lazily, when a call fails (a healthy command
 //! pays no extra round trip).
 
-use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
 use drover_protocol::{NodeName, UnitName};
 use zbus::{Connection, DBusError as _, proxy::CacheProperties};
 
-use crate::api::{
-    BUS_NAME, ControllerProxy, DroverControllerProxy, MetricsProxy, MonitorProxy, NodeProxy,
-    node_path,
-};
+use crate::api::{ControllerProxy, DroverControllerProxy, MetricsProxy, MonitorProxy, NodeProxy};
 use crate::error::CtlError;
+use drover_bus::Bus;
+use drover_bus::bluechi::{BUS_NAME, node_path};
+use drover_protocol::error_names::{
+    DISCONNECTED, FILE_NOT_FOUND, NAME_HAS_NO_OWNER, NO_SUCH_UNIT, OFFLINE, SERVICE_UNKNOWN,
+    UNKNOWN_OBJECT,
+};
 
 /// Method calls give up after this long. The manager answers node calls within its
 /// own 30 s node timeout, so this only fires for a manager that hangs; it keeps a
 /// script from waiting forever. (Waiting for a job's end is separate: `--timeout`.)
 pub const METHOD_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The bus droverctl talks to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BusTarget {
-    System,
-    Session,
-    /// A D-Bus address (`unix:path=...`, `tcp:host=...,port=...`), already checked to parse.
-    Address(String),
-}
-
-impl BusTarget {
-    /// Pick the bus from the flags and the value of `$DROVER_BUS` (passed in so tests
-    /// need not touch the process environment). An empty `$DROVER_BUS` counts as unset.
-    pub fn resolve(
-        bus: Option<&str>,
-        user: bool,
-        env_bus: Option<&str>,
-    ) -> Result<BusTarget, CtlError> {
-        if let Some(addr) = bus {
-            return Self::address(addr, "--bus");
-        }
-        if user {
-            return Ok(BusTarget::Session);
-        }
-        match env_bus {
-            Some(addr) if !addr.is_empty() => Self::address(addr, "$DROVER_BUS"),
-            _ => Ok(BusTarget::System),
-        }
+/// Pick the bus from the flags and the value of `$DROVER_BUS` (passed in so tests
+/// need not touch the process environment). An empty `$DROVER_BUS` counts as unset.
+/// An address is checked to parse.
+pub fn resolve_bus(bus: Option<&str>, user: bool, env_bus: Option<&str>) -> Result<Bus, CtlError> {
+    if let Some(addr) = bus {
+        return checked_address(addr, "--bus");
     }
-
-    fn address(addr: &str, origin: &str) -> Result<BusTarget, CtlError> {
-        zbus::Address::from_str(addr)
-            .map(|_| BusTarget::Address(addr.to_owned()))
-            .map_err(|e| {
-                CtlError::Usage(format!("invalid D-Bus address in {origin} '{addr}': {e}"))
-            })
+    if user {
+        return Ok(Bus::Session);
     }
-
-    /// Open a connection to this bus.
-    pub async fn connect(&self) -> Result<Connection, CtlError> {
-        let builder = match self {
-            BusTarget::System => zbus::connection::Builder::system(),
-            BusTarget::Session => zbus::connection::Builder::session(),
-            BusTarget::Address(a) => zbus::connection::Builder::address(a.as_str()),
-        };
-        builder
-            .method_timeout(METHOD_TIMEOUT)
-            .build()
-            .await
-            .map_err(|e| CtlError::Connect {
-                bus: self.to_string(),
-                reason: connect_reason(&e),
-            })
+    match env_bus {
+        Some(addr) if !addr.is_empty() => checked_address(addr, "$DROVER_BUS"),
+        _ => Ok(Bus::System),
     }
 }
 
-impl fmt::Display for BusTarget {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            BusTarget::System => f.write_str("the system bus"),
-            BusTarget::Session => f.write_str("the session bus"),
-            BusTarget::Address(a) => write!(f, "bus {a}"),
-        }
-    }
+fn checked_address(addr: &str, origin: &str) -> Result<Bus, CtlError> {
+    zbus::Address::from_str(addr)
+        .map(|_| Bus::Address(addr.to_owned()))
+        .map_err(|e| CtlError::Usage(format!("invalid D-Bus address in {origin} '{addr}': {e}")))
+}
+
+/// Open a connection to `bus`, with droverctl's method timeout.
+async fn connect(bus: &Bus) -> Result<Connection, CtlError> {
+    bus.builder()
+        .method_timeout(METHOD_TIMEOUT)
+        .build()
+        .await
+        .map_err(|e| CtlError::Connect {
+            bus: bus.to_string(),
+            reason: connect_reason(&e),
+        })
 }
 
 fn connect_reason(e: &zbus::Error) -> String {
@@ -113,16 +84,16 @@ pub struct CallContext<'a> {
 #[derive(Clone)]
 pub struct Client {
     conn: Connection,
-    target: BusTarget,
+    target: Bus,
 }
 
 impl Client {
-    pub async fn connect(target: BusTarget) -> Result<Client, CtlError> {
-        let conn = target.connect().await?;
+    pub async fn connect(target: Bus) -> Result<Client, CtlError> {
+        let conn = connect(&target).await?;
         Ok(Client { conn, target })
     }
 
-    pub fn target(&self) -> &BusTarget {
+    pub fn target(&self) -> &Bus {
         &self.target
     }
 
@@ -227,36 +198,29 @@ impl Client {
         };
         let node = || ctx.node.map(|n| n.to_string()).unwrap_or_default();
         match name.as_str() {
-            "org.eclipse.bluechi.Offline" => CtlError::NodeOffline(node()),
-            "org.freedesktop.systemd1.NoSuchUnit" => CtlError::UnitNotFound {
+            OFFLINE => CtlError::NodeOffline(node()),
+            NO_SUCH_UNIT => CtlError::UnitNotFound {
                 unit: ctx.unit.map(|u| u.to_string()).unwrap_or_default(),
                 node: node(),
             },
             // systemd's answer for a unit *file* that does not exist (GetUnitFileState,
             // EnableUnitFiles, ...).
-            "org.freedesktop.DBus.Error.FileNotFound" if ctx.unit.is_some() => {
-                CtlError::UnitNotFound {
-                    unit: ctx.unit.map(|u| u.to_string()).unwrap_or_default(),
-                    node: node(),
-                }
-            }
+            FILE_NOT_FOUND if ctx.unit.is_some() => CtlError::UnitNotFound {
+                unit: ctx.unit.map(|u| u.to_string()).unwrap_or_default(),
+                node: node(),
+            },
             // The bus daemon says this when nobody owns our destination; the manager
             // says it from GetNode for an unknown node. Ask the bus which one it was.
-            "org.freedesktop.DBus.Error.ServiceUnknown"
-            | "org.freedesktop.DBus.Error.NameHasNoOwner" => {
-                match (self.manager_present().await, ctx.node) {
-                    (Some(true), Some(n)) => CtlError::NodeNotFound(n.to_string()),
-                    (Some(true), None) => passthrough(ctx, name, message),
-                    _ => CtlError::ManagerUnreachable {
-                        bus: self.target.to_string(),
-                    },
-                }
-            }
+            SERVICE_UNKNOWN | NAME_HAS_NO_OWNER => match (self.manager_present().await, ctx.node) {
+                (Some(true), Some(n)) => CtlError::NodeNotFound(n.to_string()),
+                (Some(true), None) => passthrough(ctx, name, message),
+                _ => CtlError::ManagerUnreachable {
+                    bus: self.target.to_string(),
+                },
+            },
             // A node path the manager does not serve: the node is not configured.
-            "org.freedesktop.DBus.Error.UnknownObject" if ctx.node.is_some() => {
-                CtlError::NodeNotFound(node())
-            }
-            "org.freedesktop.DBus.Error.Disconnected" => CtlError::BusClosed {
+            UNKNOWN_OBJECT if ctx.node.is_some() => CtlError::NodeNotFound(node()),
+            DISCONNECTED => CtlError::BusClosed {
                 bus: self.target.to_string(),
             },
             _ => passthrough(ctx, name, message),
@@ -295,35 +259,26 @@ mod tests {
     fn bus_precedence() {
         let addr = "unix:path=/tmp/x";
         assert_eq!(
-            BusTarget::resolve(Some(addr), false, Some("unix:path=/y")).unwrap(),
-            BusTarget::Address(addr.into())
+            resolve_bus(Some(addr), false, Some("unix:path=/y")).unwrap(),
+            Bus::Address(addr.into())
         );
+        assert_eq!(resolve_bus(None, true, Some(addr)).unwrap(), Bus::Session);
         assert_eq!(
-            BusTarget::resolve(None, true, Some(addr)).unwrap(),
-            BusTarget::Session
+            resolve_bus(None, false, Some(addr)).unwrap(),
+            Bus::Address(addr.into())
         );
-        assert_eq!(
-            BusTarget::resolve(None, false, Some(addr)).unwrap(),
-            BusTarget::Address(addr.into())
-        );
-        assert_eq!(
-            BusTarget::resolve(None, false, Some("")).unwrap(),
-            BusTarget::System
-        );
-        assert_eq!(
-            BusTarget::resolve(None, false, None).unwrap(),
-            BusTarget::System
-        );
+        assert_eq!(resolve_bus(None, false, Some("")).unwrap(), Bus::System);
+        assert_eq!(resolve_bus(None, false, None).unwrap(), Bus::System);
     }
 
     #[test]
     fn bad_addresses_are_usage_errors() {
         for bad in ["nonsense", "unix:", "bogus:path=/x"] {
-            let e = BusTarget::resolve(Some(bad), false, None).unwrap_err();
+            let e = resolve_bus(Some(bad), false, None).unwrap_err();
             assert_eq!(e.exit_code(), crate::error::EXIT_USAGE, "{bad}: {e}");
             assert!(e.to_string().contains("--bus"), "{e}");
         }
-        let e = BusTarget::resolve(None, false, Some("nonsense")).unwrap_err();
+        let e = resolve_bus(None, false, Some("nonsense")).unwrap_err();
         assert!(e.to_string().contains("$DROVER_BUS"), "{e}");
     }
 }

@@ -17,9 +17,9 @@ use futures::StreamExt;
 use tokio::signal::unix::{SignalKind, signal};
 use zbus::{MatchRule, MessageStream, message::Type as MessageType};
 
-use crate::api::BUS_NAME;
 use crate::client::Client;
 use crate::error::CtlError;
+use drover_bus::bluechi::BUS_NAME;
 
 /// How many signals may wait in a follow stream while a call is answered. Large, so
 /// that a burst (a wildcard subscription replays every unit of every node) does not
@@ -133,6 +133,5 @@ pub const CLEAR_SCREEN: &str = "\x1b[2J\x1b[H";
 
 /// Whether stdout is a terminal.
 pub fn stdout_is_tty() -> bool {
-    // SAFETY: isatty only inspects the descriptor.
-    unsafe { libc::isatty(libc::STDOUT_FILENO) == 1 }
+    std::io::IsTerminal::is_terminal(&std::io::stdout())
 }

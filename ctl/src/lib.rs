@@ -34,13 +34,12 @@ use std::process::ExitCode;
 use clap::Parser;
 
 pub use cli::Cli;
-pub use client::BusTarget;
 pub use error::{CtlError, EXIT_FAILED, EXIT_OK, EXIT_USAGE};
 
 /// Run a parsed command line, writing command output to `out`.
 /// `env_bus` is the value of `$DROVER_BUS` (passed in so callers control it).
 pub async fn run(cli: Cli, env_bus: Option<&str>, out: Box<dyn Write>) -> Result<(), CtlError> {
-    let target = BusTarget::resolve(cli.bus.as_deref(), cli.user, env_bus)?;
+    let target = client::resolve_bus(cli.bus.as_deref(), cli.user, env_bus)?;
     let mut ctx = commands::Context::new(target, cli.json, out);
     cli.command.run(&mut ctx).await
 }

@@ -70,7 +70,9 @@ pub fn local_time(usec: u64) -> String {
         return format!("@{secs}");
     };
     // SAFETY: `tm` is plain old data that localtime_r fully initialises on success;
-    // localtime_r is the thread-safe variant and only reads `t`.
+    // localtime_r is the thread-safe variant and only reads `t`. It stays a raw libc
+    // call because neither std nor nix convert to local time: the time zone rules
+    // (TZ, /etc/localtime) are the C library's.
     let mut tm: libc::tm = unsafe { std::mem::zeroed() };
     let ok = unsafe { !libc::localtime_r(&t, &mut tm).is_null() };
     if !ok {

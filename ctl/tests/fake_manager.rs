@@ -9,6 +9,7 @@
 //! Every test starts its own dbus-daemon in its own temp dir; [`Bus`]'s `Drop`
 //! kills it and removes the dir, also when a test fails.
 
+use drover_bus::systemd::UnitTuple;
 use std::collections::HashMap;
 use std::process::Stdio;
 use std::sync::Arc;
@@ -64,19 +65,6 @@ impl DBusError for NamedError {
         Some(&self.message)
     }
 }
-
-type UnitTuple = (
-    String,
-    String,
-    String,
-    String,
-    String,
-    String,
-    OwnedObjectPath,
-    u32,
-    String,
-    OwnedObjectPath,
-);
 
 fn unit(name: &str, active: &str, sub: &str) -> UnitTuple {
     let root = OwnedObjectPath::try_from("/").expect("path");

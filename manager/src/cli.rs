@@ -7,8 +7,8 @@
 //! Config layers come first (see `drover_config::Sources`), the flags
 //! override them.
 
-use crate::server::Bus;
 use clap::Parser;
+use drover_bus::Bus;
 use drover_config::{ConfigError, ManagerConfig, Sources};
 use std::path::PathBuf;
 

@@ -11,22 +11,22 @@
 use crate::api::controller::ControllerObject;
 use crate::api::job::JobObject;
 use crate::api::metrics::Metrics;
-use crate::clock;
 use crate::error::ApiError;
-use crate::escape::{CONTROLLER_PATH, job_path};
-use crate::jobs::{
-    Done, JobInfo, JobType, Jobs, RESULT_DISCONNECTED, RESULT_SHUTDOWN, valid_state,
-};
+use crate::escape::job_path;
+use crate::jobs::{Done, JobInfo, Jobs, RESULT_DISCONNECTED, RESULT_SHUTDOWN, valid_state};
 use crate::monitor::Monitors;
 use crate::proxies::Proxies;
 use crate::references::Policy;
 use crate::registry::{Admission, ControllerStatus, Registry};
 use crate::session::{Session, spawn_io};
 use crate::subscriptions::Subscriptions;
+use drover_bus::bluechi::{CONTROLLER_IFACE, CONTROLLER_PATH, JOB_IFACE, NODE_IFACE};
+use drover_bus::systemd::{UnitTuple, unit_tuple};
+use drover_bus::timestamp;
 use drover_config::{LogHandle, LogLevel, ManagerConfig};
 use drover_protocol::handshake::Accepted;
 use drover_protocol::link::manager_read_hello;
-use drover_protocol::{Event, NodeName, RefuseReason, Request, Response, UnitInfo, UnitName};
+use drover_protocol::{Event, JobKind, NodeName, RefuseReason, Request, Response, UnitName};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -37,20 +37,6 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use zbus::Connection;
 use zbus::object_server::SignalEmitter;
 use zbus::{OwnedObjectPath, Variant};
-
-/// systemd's `ListUnits` tuple `(ssssssouso)` as served on D-Bus.
-pub type UnitTuple = (
-    String,
-    String,
-    String,
-    String,
-    String,
-    String,
-    OwnedObjectPath,
-    u32,
-    String,
-    OwnedObjectPath,
-);
 
 /// systemd job modes (`systemctl --job-mode`); anything else is refused
 /// before it reaches a node.
@@ -133,7 +119,7 @@ impl Core {
             conn: OnceLock::new(),
             // Seeded from the realtime clock so ids keep rising across
             // manager restarts: they are the guids of modification tags.
-            next_session: AtomicU64::new(clock::realtime_us().max(1)),
+            next_session: AtomicU64::new(timestamp::realtime_us().max(1)),
             shutting_down: AtomicBool::new(false),
             subscriptions,
             proxies,
@@ -248,7 +234,7 @@ impl Core {
         let mut announced = self.announce.lock().await;
         let admission = self.registry().admit(
             &hello.node,
-            clock::monotonic_us(),
+            timestamp::monotonic_us(),
             self.config.node_heartbeat_threshold_ms,
         );
         let name = match admission {
@@ -354,7 +340,7 @@ impl Core {
             announced.controller = controller;
             self.properties_changed(
                 CONTROLLER_PATH,
-                "org.eclipse.bluechi.Controller",
+                CONTROLLER_IFACE,
                 "Status",
                 controller.as_str(),
             )
@@ -375,13 +361,13 @@ impl Core {
                 registry.controller_status(),
             )
         };
-        self.properties_changed(path.as_str(), "org.eclipse.bluechi.Node", "Status", status)
+        self.properties_changed(path.as_str(), NODE_IFACE, "Status", status)
             .await;
         if controller != announced.controller {
             announced.controller = controller;
             self.properties_changed(
                 CONTROLLER_PATH,
-                "org.eclipse.bluechi.Controller",
+                CONTROLLER_IFACE,
                 "Status",
                 controller.as_str(),
             )
@@ -393,7 +379,7 @@ impl Core {
     /// `send`) queue a heartbeat to every other one.
     pub async fn heartbeat_tick(&self, send: bool) {
         let threshold = self.config.node_heartbeat_threshold_ms;
-        let now = clock::monotonic_us();
+        let now = timestamp::monotonic_us();
         let mut silent = Vec::new();
         {
             let registry = self.registry();
@@ -453,13 +439,8 @@ impl Core {
                 }
                 let changed = self.jobs().state_changed(session.id(), job_id, &state);
                 if let Some(job) = changed {
-                    self.properties_changed(
-                        job_path(job.id).as_str(),
-                        "org.eclipse.bluechi.Job",
-                        "State",
-                        &state,
-                    )
-                    .await;
+                    self.properties_changed(job_path(job.id).as_str(), JOB_IFACE, "State", &state)
+                        .await;
                 }
             }
             Event::JobDone { job_id, result } => {
@@ -528,7 +509,7 @@ impl Core {
         node: &NodeName,
         unit: &str,
         mode: &str,
-        job_type: JobType,
+        kind: JobKind,
     ) -> Result<OwnedObjectPath, ApiError> {
         let unit = UnitName::new(unit).map_err(|e| ApiError::invalid_args(e.to_string()))?;
         if !JOB_MODES.contains(&mode) {
@@ -539,27 +520,11 @@ impl Core {
             )));
         }
         let mode = mode.to_owned();
-        self.start_job_with(node, unit.clone(), job_type, move |id| match job_type {
-            JobType::Start => Request::StartUnit {
-                unit,
-                mode,
-                job_id: id,
-            },
-            JobType::Stop => Request::StopUnit {
-                unit,
-                mode,
-                job_id: id,
-            },
-            JobType::Restart => Request::RestartUnit {
-                unit,
-                mode,
-                job_id: id,
-            },
-            JobType::Reload => Request::ReloadUnit {
-                unit,
-                mode,
-                job_id: id,
-            },
+        self.start_job_with(node, unit.clone(), kind, move |job_id| Request::UnitJob {
+            kind,
+            unit,
+            mode,
+            job_id,
         })
         .await
     }
@@ -571,7 +536,7 @@ impl Core {
         self: &Arc<Self>,
         node: &NodeName,
         unit: UnitName,
-        job_type: JobType,
+        kind: JobKind,
         make: impl FnOnce(u32) -> Request,
     ) -> Result<OwnedObjectPath, ApiError> {
         if self.is_shutting_down() {
@@ -580,9 +545,7 @@ impl Core {
             ));
         }
         let session = self.session_of(node)?;
-        let id = self
-            .jobs()
-            .allocate(node.clone(), unit, job_type, session.id());
+        let id = self.jobs().allocate(node.clone(), unit, kind, session.id());
         self.metrics.job_started(id);
         let body = make(id);
         match session.request(body, self.timeouts.request).await {
@@ -734,26 +697,6 @@ pub fn units_of(response: Response) -> Result<Vec<UnitTuple>, ApiError> {
     }
 }
 
-fn object_path_or_root(s: String) -> OwnedObjectPath {
-    OwnedObjectPath::try_from(s)
-        .unwrap_or_else(|_| OwnedObjectPath::try_from("/").expect("root is a valid object path"))
-}
-
-fn unit_tuple(u: UnitInfo) -> UnitTuple {
-    (
-        u.name,
-        u.description,
-        u.load_state,
-        u.active_state,
-        u.sub_state,
-        u.followed,
-        object_path_or_root(u.object_path),
-        u.job_id,
-        u.job_type,
-        object_path_or_root(u.job_path),
-    )
-}
-
 /// A job result goes on the bus as is when it looks like systemd's words;
 /// anything else (NUL bytes, megabytes of text) is replaced.
 fn sanitize_result(result: &str) -> String {
@@ -770,6 +713,7 @@ fn sanitize_result(result: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use drover_protocol::UnitInfo;
 
     #[test]
     fn results_are_sanitized() {

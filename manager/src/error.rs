@@ -7,14 +7,9 @@
 //! in the message.
 
 use drover_protocol::RemoteError;
+use drover_protocol::error_names::{FAILED, INVALID_ARGS, OFFLINE};
 use zbus::message::{Header, Message};
 use zbus::names::{ErrorName, OwnedErrorName};
-
-pub const OFFLINE: &str = "org.eclipse.bluechi.Offline";
-pub const FAILED: &str = "org.freedesktop.DBus.Error.Failed";
-pub const INVALID_ARGS: &str = "org.freedesktop.DBus.Error.InvalidArgs";
-pub const SERVICE_UNKNOWN: &str = "org.freedesktop.DBus.Error.ServiceUnknown";
-pub const NO_REPLY: &str = "org.freedesktop.DBus.Error.NoReply";
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{name}: {message}")]

@@ -1,16 +1,11 @@
-//! Object paths of nodes and jobs.
+//! Object paths of nodes and jobs, as the zbus values the API serves.
 //!
-//! Node paths use systemd's bus label escaping (the rule BlueChi and
-//! `bluechictl` use to build node paths themselves;
-//! [`drover_protocol::bus_label`]).
+//! The rules are BlueChi's and live in [`drover_bus::bluechi`] (node paths
+//! use systemd's bus label escaping, the rule `bluechictl` builds node paths
+//! with); this module only makes them [`OwnedObjectPath`]s.
 
+use drover_bus::bluechi;
 use zbus::OwnedObjectPath;
-
-pub const CONTROLLER_PATH: &str = "/org/eclipse/bluechi";
-pub const NODE_PATH_PREFIX: &str = "/org/eclipse/bluechi/node";
-pub const JOB_PATH_PREFIX: &str = "/org/eclipse/bluechi/job";
-
-pub use drover_protocol::bus_label::{bus_label_escape, bus_label_unescape};
 
 fn path(s: String) -> OwnedObjectPath {
     // Escaped labels and decimal ids only contain [A-Za-z0-9_], so the path is
@@ -20,17 +15,18 @@ fn path(s: String) -> OwnedObjectPath {
 
 /// `/org/eclipse/bluechi/node/<escaped name>`.
 pub fn node_path(name: &str) -> OwnedObjectPath {
-    path(format!("{NODE_PATH_PREFIX}/{}", bus_label_escape(name)))
+    path(bluechi::node_path(name))
 }
 
 /// `/org/eclipse/bluechi/job/<id>`.
 pub fn job_path(id: u32) -> OwnedObjectPath {
-    path(format!("{JOB_PATH_PREFIX}/{id}"))
+    path(bluechi::job_path(id))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use drover_bus::bluechi::NODE_PATH_PREFIX;
 
     #[test]
     fn paths() {

@@ -20,30 +20,11 @@
 //!
 //! The table is plain data; it never awaits and never talks to D-Bus.
 
-use drover_protocol::{NodeName, UnitName};
+use drover_protocol::{JobKind, NodeName, UnitName};
 use std::collections::HashMap;
 
 pub const RESULT_DISCONNECTED: &str = "disconnected";
 pub const RESULT_SHUTDOWN: &str = "cancelled due to shutdown";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum JobType {
-    Start,
-    Stop,
-    Restart,
-    Reload,
-}
-
-impl JobType {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Start => "start",
-            Self::Stop => "stop",
-            Self::Restart => "restart",
-            Self::Reload => "reload",
-        }
-    }
-}
 
 /// `Job.State` values (systemd's job states).
 pub fn valid_state(s: &str) -> bool {
@@ -55,7 +36,7 @@ pub struct JobInfo {
     pub id: u32,
     pub node: NodeName,
     pub unit: UnitName,
-    pub job_type: JobType,
+    pub job_type: JobKind,
     pub session_id: u64,
 }
 
@@ -99,7 +80,7 @@ impl Jobs {
         &mut self,
         node: NodeName,
         unit: UnitName,
-        job_type: JobType,
+        job_type: JobKind,
         session_id: u64,
     ) -> u32 {
         let mut id = self.last_id;
@@ -259,7 +240,7 @@ mod tests {
         jobs.allocate(
             NodeName::new("n1").unwrap(),
             UnitName::new("a.service").unwrap(),
-            JobType::Start,
+            JobKind::Start,
             session,
         )
     }

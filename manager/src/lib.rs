@@ -20,13 +20,17 @@
 //!   watched unit with its modification tag, fan-out of unit events.
 //! * [`monitor`] — monitors: subscriptions, peers, unicast signals, the
 //!   snapshot + tagged stream of `io.drover.Monitor`.
-//! * [`marshal`] — D-Bus values ↔ the agent wire's `Marshalled`.
 //! * [`api`] — the D-Bus objects: Controller, Node, Job, Monitor, Metrics.
 //! * [`references`] — cross-node dependencies: reference sets per target
 //!   unit and their rules (grace periods, permissions, dep units), as plain
 //!   data; [`proxies`] carries out what they decide; [`reload`] applies a
 //!   reloaded config (SIGHUP).
-//! * [`escape`] — object paths (systemd's bus label escaping).
+//! * [`escape`] — node and job object paths as zbus values.
+//!
+//! What the manager shares with other processes lives outside it: the wire
+//! and every cross-process rule in `drover-protocol`; BlueChi's and systemd's
+//! D-Bus names, the bus choice, the `ListUnits` row and D-Bus value
+//! marshalling in `drover-bus`.
 //! * [`server`] — start/stop of a whole manager; [`cli`] — the command line.
 //!
 //! Why this shape: all logic that decides something (admission, job
@@ -51,13 +55,11 @@
 
 pub mod api;
 pub mod cli;
-pub mod clock;
 pub mod core;
 pub mod error;
 pub mod escape;
 pub mod jobs;
 pub mod listener;
-pub mod marshal;
 pub mod monitor;
 pub mod proxies;
 pub mod references;
@@ -68,5 +70,6 @@ pub mod session;
 pub mod subscriptions;
 
 pub use crate::core::{Core, Timeouts};
+pub use drover_bus::Bus;
 pub use error::ApiError;
-pub use server::{BUS_NAME, Bus, Manager, StartError};
+pub use server::{Manager, StartError};

@@ -1,8 +1,10 @@
 //! The TCP listener for agents: where it comes from, and the accept loop.
 //!
 //! * A listener passed by the service manager (`LISTEN_FDS=1`, `LISTEN_PID` =
-//!   our pid, fd 3) is used as is: systemd socket activation, and the sandbox
-//!   keeps the port across manager restarts that way.
+//!   our pid, fd 3; read by `sd_notify::listen_fds`, which also marks it
+//!   close-on-exec so no child inherits the agents' port) is used as is:
+//!   systemd socket activation, and the sandbox keeps the port across
+//!   manager restarts that way.
 //! * Otherwise bind `ListenAddress:port`, or `[::]:port` (dual stack) falling
 //!   back to `0.0.0.0:port` when IPv6 is off.
 //! * The accept loop never gives up: when descriptors run out (EMFILE,
@@ -16,17 +18,17 @@ use drover_config::ManagerConfig;
 use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
-use std::os::fd::{FromRawFd, RawFd};
+use std::os::fd::FromRawFd;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-
-const SD_LISTEN_FDS_START: RawFd = 3;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ListenError {
     #[error("LISTEN_FDS={0}: drover-manager takes exactly one socket-activated listener")]
     TooManyFds(String),
+    #[error("the socket activation environment is unusable: {0}")]
+    Activation(io::Error),
     #[error("the socket-activated fd 3 is not a listening TCP socket: {0}")]
     NotTcp(io::Error),
     #[error("UseTCP=false and no socket-activated listener: agents would have no way to connect")]
@@ -37,23 +39,19 @@ pub enum ListenError {
 
 /// fd 3 when the service manager passed exactly one socket to this process.
 pub fn activated_listener() -> Result<Option<TcpListener>, ListenError> {
-    let ours = std::env::var("LISTEN_PID")
-        .ok()
-        .and_then(|p| p.parse::<u32>().ok())
-        .is_some_and(|p| p == std::process::id());
-    if !ours {
-        return Ok(None);
-    }
-    let fds = std::env::var("LISTEN_FDS").unwrap_or_default();
-    match fds.as_str() {
-        "" | "0" => return Ok(None),
-        "1" => {}
-        other => return Err(ListenError::TooManyFds(other.to_owned())),
-    }
+    let fds: Vec<_> = sd_notify::listen_fds()
+        .map_err(ListenError::Activation)?
+        .collect();
+    let fd = match fds.as_slice() {
+        [] => return Ok(None),
+        [fd] => *fd,
+        more => return Err(ListenError::TooManyFds(more.len().to_string())),
+    };
     // SAFETY: LISTEN_PID names this process and LISTEN_FDS=1, so by the
-    // socket activation protocol fd 3 is ours and open; nothing else in this
-    // process took ownership of it.
-    let listener = unsafe { TcpListener::from_raw_fd(SD_LISTEN_FDS_START) };
+    // socket activation protocol `fd` (3) is ours and open; nothing else in
+    // this process took ownership of it. std has no safe way to adopt an
+    // inherited descriptor.
+    let listener = unsafe { TcpListener::from_raw_fd(fd) };
     let sock = SockRef::from(&listener);
     let is_tcp_listener = sock.r#type().map_err(ListenError::NotTcp)? == Type::STREAM
         && sock.is_listener().map_err(ListenError::NotTcp)?
@@ -63,19 +61,7 @@ pub fn activated_listener() -> Result<Option<TcpListener>, ListenError> {
             "not a listening stream socket",
         )));
     }
-    // CLOEXEC, so a child never inherits the agents' port.
-    nix_cloexec(SD_LISTEN_FDS_START);
     Ok(Some(listener))
-}
-
-fn nix_cloexec(fd: RawFd) {
-    // SAFETY: fcntl on an fd we own; failure only leaves the flag unset.
-    unsafe {
-        let flags = libc::fcntl(fd, libc::F_GETFD);
-        if flags >= 0 {
-            libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
-        }
-    }
 }
 
 fn bind_one(addr: SocketAddr) -> io::Result<TcpListener> {
@@ -145,34 +131,10 @@ pub fn configure_stream(stream: &tokio::net::TcpStream, config: &ManagerConfig) 
     {
         tracing::debug!("TCP keepalive: {e}");
     }
-    if config.ip_receive_errors {
-        set_recv_err(stream);
-    }
-}
-
-/// IP_RECVERR / IPV6_RECVERR: ICMP errors end a connection at once instead
-/// of after retransmission timeouts.
-fn set_recv_err(stream: &tokio::net::TcpStream) {
-    use std::os::fd::AsRawFd;
-    let one: libc::c_int = 1;
-    let v6 = stream.local_addr().is_ok_and(|a| a.is_ipv6());
-    let (level, name) = if v6 {
-        (libc::IPPROTO_IPV6, libc::IPV6_RECVERR)
-    } else {
-        (libc::IPPROTO_IP, libc::IP_RECVERR)
-    };
-    // SAFETY: setsockopt on a socket we own, with a correctly sized int.
-    let rc = unsafe {
-        libc::setsockopt(
-            stream.as_raw_fd(),
-            level,
-            name,
-            std::ptr::from_ref(&one).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        tracing::debug!("IP_RECVERR: {}", io::Error::last_os_error());
+    if config.ip_receive_errors
+        && let Err(e) = drover_protocol::link::set_recv_err(stream)
+    {
+        tracing::debug!("IP_RECVERR: {e}");
     }
 }
 

@@ -35,6 +35,9 @@ use crate::api::monitor::{DroverMonitorObject, MonitorObject};
 use crate::core::Core;
 use crate::error::ApiError;
 use crate::subscriptions::{Change, Delivery, SnapshotRow, UnitEvent, WILDCARD, WatchId, Watcher};
+use drover_bus::bluechi::{DROVER_MONITOR_IFACE, MONITOR_IFACE, MONITOR_PATH_PREFIX};
+use drover_bus::marshal::{self, PropertyMap};
+use drover_protocol::error_names::LIMITS_EXCEEDED;
 use drover_protocol::{NodeName, UnitName};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -43,9 +46,6 @@ use tokio::sync::mpsc;
 use zbus::names::{BusName, OwnedUniqueName, UniqueName};
 use zbus::{Connection, Message, OwnedObjectPath};
 
-pub const MONITOR_PATH_PREFIX: &str = "/org/eclipse/bluechi/monitor";
-pub const MONITOR_IFACE: &str = "org.eclipse.bluechi.Monitor";
-pub const DROVER_MONITOR_IFACE: &str = "io.drover.Monitor";
 /// Events a monitor may have queued before it counts as not keeping up.
 pub const MONITOR_QUEUE: usize = 8192;
 /// Monitors at once, manager-wide (each holds a queue).
@@ -204,7 +204,7 @@ impl Monitors {
         let monitors = core.monitors();
         if monitors.len() >= MAX_MONITORS {
             return Err(ApiError::new(
-                "org.freedesktop.DBus.Error.LimitsExceeded",
+                LIMITS_EXCEEDED,
                 format!("too many monitors (at most {MAX_MONITORS})"),
             ));
         }
@@ -330,7 +330,7 @@ impl Monitors {
         }
         if inner.peers.len() >= MAX_PEERS {
             return Err(ApiError::new(
-                "org.freedesktop.DBus.Error.LimitsExceeded",
+                LIMITS_EXCEEDED,
                 format!("a monitor has at most {MAX_PEERS} peers"),
             ));
         }
@@ -473,7 +473,7 @@ impl<'a> BluechiSignal<'a> {
             Change::Properties {
                 interface,
                 properties,
-            } => match crate::marshal::dict_from(properties) {
+            } => match marshal::decode::<PropertyMap>(properties) {
                 Ok(props) => Self::Properties((node, unit, interface, props)),
                 Err(e) => {
                     tracing::debug!(

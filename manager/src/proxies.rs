@@ -23,10 +23,11 @@
 //! and it re-announces its proxies when it is back). Dep requests and
 //! `ListUnits` for sweeps are awaited outside the lock.
 
-use crate::error::OFFLINE;
-use crate::references::{Action, DepCommand, DepOutcome, Policy, ProxyRow, References, dep_target};
+use crate::references::{Action, DepCommand, DepOutcome, Policy, ProxyRow, References};
 use crate::session::Session;
 use crate::subscriptions::{Change, Delivery, Subscriptions, WatchId, Watcher};
+use drover_protocol::dep_unit::dep_target;
+use drover_protocol::error_names::OFFLINE;
 use drover_protocol::{Event, NodeName, Request, Response, TargetChange, UnitName};
 use std::collections::HashMap;
 use std::future::Future;

@@ -68,6 +68,7 @@
 //!   `ProxyError`; a new grace period applies to disconnects from then on.
 
 use drover_config::ManagerConfig;
+use drover_protocol::verdict::{Verdict, verdict};
 use drover_protocol::{NodeName, Notice, Reason, TargetChange, UnitName};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
@@ -79,16 +80,6 @@ pub const MAX_DEAD_PER_REQUESTER: usize = 256;
 
 /// The sub state the manager reports for a target whose node is offline.
 pub const AGENT_OFFLINE: &str = "agent-offline";
-
-/// Dep units are `drover-dep@UNIT.service`.
-pub const DEP_PREFIX: &str = "drover-dep@";
-pub const DEP_SUFFIX: &str = ".service";
-
-/// The target unit of a dep unit name, if `unit` is one.
-pub fn dep_target(unit: &str) -> Option<UnitName> {
-    let inner = unit.strip_prefix(DEP_PREFIX)?.strip_suffix(DEP_SUFFIX)?;
-    UnitName::new(inner).ok()
-}
 
 /// Who may depend on whom, and the grace period.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -315,25 +306,6 @@ pub struct References {
     sweeps: HashMap<NodeName, (u64, Instant)>,
     next_gen: u64,
     next_seq: u64,
-}
-
-fn is_down(active: &str) -> bool {
-    matches!(active, "failed" | "inactive")
-}
-
-/// A real stop, failure or unload of the target.
-fn is_real_down(change: &TargetChange) -> bool {
-    match change {
-        TargetChange::State {
-            active_state,
-            reason: Reason::Real,
-            ..
-        } => is_down(active_state),
-        TargetChange::Removed {
-            reason: Reason::Real,
-        } => true,
-        _ => false,
-    }
 }
 
 /// Whether B confirmed a dep start at least as new as `generation`.
@@ -1027,19 +999,20 @@ impl References {
 }
 
 /// The agent's rule for one reference and one target change.
+/// The agent's own rule ([`drover_protocol::verdict`]) applied to one
+/// reference, so both sides agree on the proxy's fate.
 fn apply_rule(r: &mut Ref, b: &NodeName, unit: &UnitName, change: &TargetChange) {
-    let real_down = is_real_down(change);
-    let up = matches!(change, TargetChange::State { active_state, .. } if active_state == "active");
+    let v = verdict(change);
     match r.state {
-        RefState::Waiting if up => r.state = RefState::Active,
-        RefState::Waiting if real_down => {
+        RefState::Waiting if v == Verdict::Up => r.state = RefState::Active,
+        RefState::Waiting if v == Verdict::RealDown => {
             let what = match change {
                 TargetChange::State { active_state, .. } => active_state.as_str(),
                 _ => "removed",
             };
             r.state = RefState::Failed(format!("unit {unit} on node {b} is {what}"));
         }
-        RefState::Active if real_down => r.state = RefState::Ended(change.clone()),
+        RefState::Active if v == Verdict::RealDown => r.state = RefState::Ended(change.clone()),
         _ => {}
     }
 }

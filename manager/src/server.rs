@@ -11,6 +11,8 @@
 use crate::api;
 use crate::core::{Core, Timeouts};
 use crate::listener::accept_loop;
+use drover_bus::Bus;
+use drover_bus::bluechi::BUS_NAME;
 use drover_config::ManagerConfig;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -19,22 +21,10 @@ use tokio_util::sync::CancellationToken;
 use zbus::Connection;
 use zbus::fdo::{RequestNameFlags, RequestNameReply};
 
-pub const BUS_NAME: &str = "org.eclipse.bluechi";
-
-/// Which bus the API is served on.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Bus {
-    System,
-    /// `--user`: the session bus.
-    Session,
-    /// `--bus ADDRESS`.
-    Address(String),
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error("cannot connect to the {bus}: {source}")]
-    Bus { bus: String, source: zbus::Error },
+    #[error("cannot connect to {bus}: {source}")]
+    Bus { bus: Bus, source: zbus::Error },
     #[error("cannot export the D-Bus objects: {0}")]
     Export(zbus::Error),
     #[error("cannot own the bus name {BUS_NAME}: {0}")]
@@ -54,21 +44,10 @@ pub struct Manager {
 }
 
 async fn connect(bus: &Bus) -> Result<Connection, StartError> {
-    let (builder, what) = match bus {
-        Bus::System => (zbus::connection::Builder::system(), "system bus".to_owned()),
-        Bus::Session => (
-            zbus::connection::Builder::session(),
-            "session bus".to_owned(),
-        ),
-        Bus::Address(a) => (
-            zbus::connection::Builder::address(a.as_str()),
-            format!("bus at {a}"),
-        ),
-    };
-    builder
-        .build()
-        .await
-        .map_err(|source| StartError::Bus { bus: what, source })
+    bus.connect().await.map_err(|source| StartError::Bus {
+        bus: bus.clone(),
+        source,
+    })
 }
 
 /// Logs when another manager takes `org.eclipse.bluechi` over (we allow

@@ -16,9 +16,10 @@
 //!   teardown, later ones do nothing, whichever of the reader, the writer, the
 //!   heartbeat checker or a replacing registration noticed the end first.
 
-use crate::clock;
 use crate::core::Core;
-use crate::error::{ApiError, NO_REPLY};
+use crate::error::ApiError;
+use drover_bus::timestamp;
+use drover_protocol::error_names::NO_REPLY;
 use drover_protocol::link::ManagerFramed;
 use drover_protocol::{NodeName, Notice, RemoteError, Request, Response, ToAgent, ToManager};
 use futures::{SinkExt, StreamExt};
@@ -59,8 +60,8 @@ impl Session {
             outgoing,
             pending: Mutex::new(HashMap::new()),
             next_request: AtomicU64::new(1),
-            last_seen_mono_us: AtomicU64::new(clock::monotonic_us()),
-            last_seen_real_us: AtomicU64::new(clock::realtime_us()),
+            last_seen_mono_us: AtomicU64::new(timestamp::monotonic_us()),
+            last_seen_real_us: AtomicU64::new(timestamp::realtime_us()),
             ended: AtomicBool::new(false),
             cancel: CancellationToken::new(),
         });
@@ -90,9 +91,9 @@ impl Session {
     /// A frame arrived.
     pub fn touch(&self) {
         self.last_seen_mono_us
-            .store(clock::monotonic_us(), Ordering::Relaxed);
+            .store(timestamp::monotonic_us(), Ordering::Relaxed);
         self.last_seen_real_us
-            .store(clock::realtime_us(), Ordering::Relaxed);
+            .store(timestamp::realtime_us(), Ordering::Relaxed);
     }
 
     /// True when nothing arrived for longer than `threshold_ms` (0 = never).
@@ -333,13 +334,13 @@ mod tests {
         assert!(s.mark_ended());
         assert!(!s.mark_ended(), "only the first caller tears down");
         let err = call.await.unwrap().unwrap_err();
-        assert_eq!(err.name(), crate::error::OFFLINE);
+        assert_eq!(err.name(), drover_protocol::error_names::OFFLINE);
         // And after the end, nothing is even queued.
         let err = s
             .request(Request::Reload, Duration::from_secs(5))
             .await
             .unwrap_err();
-        assert_eq!(err.name(), crate::error::OFFLINE);
+        assert_eq!(err.name(), drover_protocol::error_names::OFFLINE);
     }
 
     #[tokio::test(start_paused = true)]

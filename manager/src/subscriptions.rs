@@ -918,7 +918,7 @@ impl Subscriptions {
             let result = session.request(body, self.request_timeout).await;
             let what = key.as_ref().map(UnitName::as_str).unwrap_or(WILDCARD);
             match &result {
-                Err(e) if e.name() == crate::error::OFFLINE => return,
+                Err(e) if e.name() == drover_protocol::error_names::OFFLINE => return,
                 Err(e) => tracing::warn!(
                     node = %node,
                     unit = what,

@@ -3,8 +3,11 @@
 mod common;
 
 use common::*;
+use drover_bus::systemd::UnitTuple;
 use drover_protocol::link::HandshakeError;
-use drover_protocol::{Event, RefuseReason, RemoteError, Request, Response, ToManager, UnitInfo};
+use drover_protocol::{
+    Event, JobKind, RefuseReason, RemoteError, Request, Response, ToManager, UnitInfo,
+};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -209,7 +212,11 @@ async fn start_unit_emits_job_new_then_job_removed() {
     let f = Fixture::start(config(&["node1"])).await;
     // The agent accepts, reports progress, and finishes with "done".
     let behavior: Behavior = Arc::new(|id, req| match req {
-        Request::StartUnit { job_id, .. } => vec![
+        Request::UnitJob {
+            kind: JobKind::Start,
+            job_id,
+            ..
+        } => vec![
             ToManager::Reply {
                 id,
                 result: Ok(Response::Empty),
@@ -253,7 +260,12 @@ async fn start_unit_emits_job_new_then_job_removed() {
         )
     );
     match &agent.requests.lock().unwrap()[0] {
-        Request::StartUnit { unit, mode, job_id } => {
+        Request::UnitJob {
+            kind: JobKind::Start,
+            unit,
+            mode,
+            job_id,
+        } => {
             assert_eq!(
                 (unit.as_str(), mode.as_str(), *job_id),
                 ("web.service", "replace", 1)
@@ -278,7 +290,11 @@ async fn job_done_before_the_reply_still_orders_job_new_first() {
     let f = Fixture::start(config(&["node1"])).await;
     // A fast oneshot: the agent reports JobDone even before its reply.
     let behavior: Behavior = Arc::new(|id, req| match req {
-        Request::RestartUnit { job_id, .. } => vec![
+        Request::UnitJob {
+            kind: JobKind::Restart,
+            job_id,
+            ..
+        } => vec![
             ToManager::Event(Event::JobDone {
                 job_id: *job_id,
                 result: "done".into(),
@@ -495,19 +511,6 @@ fn unit(name: &str) -> UnitInfo {
     }
 }
 
-type UnitRow = (
-    String,
-    String,
-    String,
-    String,
-    String,
-    String,
-    OwnedObjectPath,
-    u32,
-    String,
-    OwnedObjectPath,
-);
-
 #[tokio::test]
 async fn list_units_per_node_and_fleet_wide() {
     let f = Fixture::start(config(&["node1", "node-bar", "node3"])).await;
@@ -521,14 +524,14 @@ async fn list_units_per_node_and_fleet_wide() {
     let _a = f.agent("node1", units).await;
     // node-bar never answers: it is left out of the fleet-wide answer.
     let _b = f.agent("node-bar", never_reply()).await;
-    let rows: Vec<UnitRow> = f.call(NODE1, NODE_IFACE, "ListUnits", &()).await.unwrap();
+    let rows: Vec<UnitTuple> = f.call(NODE1, NODE_IFACE, "ListUnits", &()).await.unwrap();
     assert_eq!(rows.len(), 1);
     assert_eq!(
         (rows[0].0.as_str(), rows[0].3.as_str()),
         ("a.service", "active")
     );
 
-    let all: HashMap<String, Vec<UnitRow>> = f
+    let all: HashMap<String, Vec<UnitTuple>> = f
         .call(CONTROLLER, CTRL_IFACE, "ListUnits", &())
         .await
         .unwrap();

@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use drover_manager::marshal;
+use drover_bus::marshal;
 use drover_protocol::{Event, Request, Response, ToManager, UnitName};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -35,10 +35,10 @@ fn systemd_like() -> Behavior {
                     zbus::Variant::from("active").try_into_owned().unwrap(),
                 );
                 props.insert("MainPID".into(), OwnedVariant::from(42u32));
-                Ok(Response::Value(marshal::encode("a{sv}", &props).unwrap()))
+                Ok(Response::Value(marshal::encode(&props).unwrap()))
             }
             Request::GetUnitProperty { .. } => Ok(Response::Value(
-                marshal::encode("v", &zbus::Variant::from(1234u64)).unwrap(),
+                marshal::encode(&zbus::Variant::from(1234u64)).unwrap(),
             )),
             Request::EnableUnitFiles { .. } => Ok(Response::Changes {
                 carries_install_info: true,

@@ -1,22 +1,30 @@
 //! Framing: `u32` big-endian length prefix + postcard body.
 //!
+//! The framing itself is tokio-util's [`LengthDelimitedCodec`] (4-byte
+//! big-endian length, `max_frame_length` = the frame cap); this module adds the
+//! body encoding and the typed errors on top. The body rules ([`encode_body`],
+//! [`decode_body`], [`FrameError`]) need no I/O and build without the `io`
+//! feature; `FrameCodec` (the tokio-util `Decoder`/`Encoder`) needs it.
+//!
 //! Invariants:
 //! * A frame longer than [`MAX_FRAME_LEN`] is rejected from its 4-byte header,
 //!   before any buffer for the body is reserved (a peer cannot make us allocate
-//!   by announcing a huge frame).
+//!   by announcing a huge frame): [`FrameError::TooLarge`].
 //! * A body that does not decode as the expected message type is a typed
 //!   [`FrameError::Malformed`], never a panic; trailing bytes after a valid
 //!   message are malformed too (a frame is exactly one message).
+//! * A connection that ends inside a frame (header or body cut off) is
+//!   [`FrameError::Truncated`]; one that ends between frames is a clean end.
+//!
+//! [`LengthDelimitedCodec`]: https://docs.rs/tokio-util/latest/tokio_util/codec/struct.LengthDelimitedCodec.html
 
-use bytes::{Buf, BufMut, BytesMut};
 use serde::{Serialize, de::DeserializeOwned};
-use std::marker::PhantomData;
-use tokio_util::codec::{Decoder, Encoder};
 
 /// Hard maximum of one frame body (1 MiB).
 pub const MAX_FRAME_LEN: usize = 1 << 20;
 
-const HEADER_LEN: usize = 4;
+/// Bytes of the length prefix in front of every body.
+pub const HEADER_LEN: usize = 4;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FrameError {
@@ -28,27 +36,6 @@ pub enum FrameError {
     Truncated,
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),
-}
-
-/// Encodes `Out` and decodes `In`; one codec per direction pair.
-pub struct FrameCodec<In, Out> {
-    max: usize,
-    _marker: PhantomData<fn(Out) -> In>,
-}
-
-impl<In, Out> Default for FrameCodec<In, Out> {
-    fn default() -> Self {
-        Self::with_max(MAX_FRAME_LEN)
-    }
-}
-
-impl<In, Out> FrameCodec<In, Out> {
-    pub fn with_max(max: usize) -> Self {
-        Self {
-            max,
-            _marker: PhantomData,
-        }
-    }
 }
 
 /// Decodes one whole message from a frame body; trailing bytes are an error.
@@ -69,112 +56,249 @@ pub fn encode_body<T: Serialize>(msg: &T) -> Result<Vec<u8>, FrameError> {
     postcard::to_stdvec(msg).map_err(|e| FrameError::Malformed(e.to_string()))
 }
 
-impl<In, Out> FrameCodec<In, Out> {
-    /// Splits one raw frame body off `src`, checking the length header first.
-    pub fn decode_raw(&mut self, src: &mut BytesMut) -> Result<Option<BytesMut>, FrameError> {
-        if src.len() < HEADER_LEN {
-            return Ok(None);
+#[cfg(feature = "io")]
+pub use framed::{FrameCodec, Frames};
+
+#[cfg(feature = "io")]
+mod framed {
+    use crate::codec::{FrameError, HEADER_LEN, MAX_FRAME_LEN, decode_body, encode_body};
+    use bytes::BytesMut;
+    use serde::{Serialize, de::DeserializeOwned};
+    use std::marker::PhantomData;
+    use tokio_util::codec::length_delimited::LengthDelimitedCodecError;
+    use tokio_util::codec::{Decoder, Encoder, LengthDelimitedCodec};
+
+    /// Raw frames: tokio-util's length-delimited codec with the cap, plus
+    /// what it does not track for us — whether a frame was begun (its header
+    /// consumed) so that an end of stream there is [`FrameError::Truncated`].
+    pub struct Frames {
+        inner: LengthDelimitedCodec,
+        max: usize,
+        /// The header of a frame was consumed, its body is not complete yet.
+        in_frame: bool,
+    }
+
+    impl Frames {
+        pub fn with_max(max: usize) -> Self {
+            let inner = LengthDelimitedCodec::builder()
+                .big_endian()
+                .length_field_type::<u32>()
+                .max_frame_length(max)
+                .new_codec();
+            Self {
+                inner,
+                max,
+                in_frame: false,
+            }
         }
-        let len = u32::from_be_bytes([src[0], src[1], src[2], src[3]]) as usize;
-        if len > self.max {
-            return Err(FrameError::TooLarge { len, max: self.max });
+
+        /// Splits one raw frame body off `src` once it is complete. The
+        /// header is checked against the cap before anything is reserved.
+        pub fn decode_frame(&mut self, src: &mut BytesMut) -> Result<Option<BytesMut>, FrameError> {
+            let before = src.len();
+            match self.inner.decode(src) {
+                Ok(Some(body)) => {
+                    self.in_frame = false;
+                    Ok(Some(body))
+                }
+                Ok(None) => {
+                    // The codec consumes a header only once it is whole.
+                    if src.len() < before {
+                        self.in_frame = true;
+                    }
+                    Ok(None)
+                }
+                Err(e) if is_too_large(&e) => Err(FrameError::TooLarge {
+                    len: announced_len(src),
+                    max: self.max,
+                }),
+                Err(e) => Err(FrameError::Io(e)),
+            }
         }
-        if src.len() < HEADER_LEN + len {
-            // Reserve only what the (bounded) header announced.
-            src.reserve(HEADER_LEN + len - src.len());
-            return Ok(None);
+
+        /// [`Frames::decode_frame`] at the end of the stream: what is left
+        /// must be nothing, or whole frames.
+        pub fn decode_frame_eof(
+            &mut self,
+            src: &mut BytesMut,
+        ) -> Result<Option<BytesMut>, FrameError> {
+            match self.decode_frame(src)? {
+                Some(body) => Ok(Some(body)),
+                None if src.is_empty() && !self.in_frame => Ok(None),
+                None => Err(FrameError::Truncated),
+            }
         }
-        src.advance(HEADER_LEN);
-        Ok(Some(src.split_to(len)))
-    }
-}
 
-impl<In: DeserializeOwned, Out> Decoder for FrameCodec<In, Out> {
-    type Item = In;
-    type Error = FrameError;
-
-    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<In>, FrameError> {
-        match self.decode_raw(src)? {
-            Some(body) => decode_body(&body).map(Some),
-            None => Ok(None),
+        /// Appends `body` with its length prefix; a body over the cap is
+        /// refused before anything is written.
+        pub fn encode_frame(&mut self, body: &[u8], dst: &mut BytesMut) -> Result<(), FrameError> {
+            if body.len() > self.max {
+                return Err(FrameError::TooLarge {
+                    len: body.len(),
+                    max: self.max,
+                });
+            }
+            Encoder::<&[u8]>::encode(&mut self.inner, body, dst)?;
+            Ok(())
         }
     }
 
-    fn decode_eof(&mut self, buf: &mut BytesMut) -> Result<Option<In>, FrameError> {
-        match self.decode(buf)? {
-            Some(frame) => Ok(Some(frame)),
-            None if buf.is_empty() => Ok(None),
-            None => Err(FrameError::Truncated),
+    impl Default for Frames {
+        fn default() -> Self {
+            Self::with_max(MAX_FRAME_LEN)
         }
     }
-}
 
-impl<In, Out: Serialize> Encoder<Out> for FrameCodec<In, Out> {
-    type Error = FrameError;
+    fn is_too_large(e: &std::io::Error) -> bool {
+        e.get_ref()
+            .is_some_and(|inner| inner.is::<LengthDelimitedCodecError>())
+    }
 
-    fn encode(&mut self, item: Out, dst: &mut BytesMut) -> Result<(), FrameError> {
-        let body = encode_body(&item)?;
-        if body.len() > self.max {
-            return Err(FrameError::TooLarge {
-                len: body.len(),
-                max: self.max,
-            });
+    /// The length a rejected header announced: the codec refuses a header
+    /// without consuming it, so it is still at the front of `src`.
+    fn announced_len(src: &BytesMut) -> usize {
+        src.get(..HEADER_LEN)
+            .and_then(|h| <[u8; HEADER_LEN]>::try_from(h).ok())
+            .map_or(0, |h| u32::from_be_bytes(h) as usize)
+    }
+
+    /// Encodes `Out` and decodes `In`; one codec per direction pair.
+    pub struct FrameCodec<In, Out> {
+        frames: Frames,
+        _marker: PhantomData<fn(Out) -> In>,
+    }
+
+    impl<In, Out> Default for FrameCodec<In, Out> {
+        fn default() -> Self {
+            Self::with_max(MAX_FRAME_LEN)
         }
-        dst.reserve(HEADER_LEN + body.len());
-        dst.put_u32(body.len() as u32);
-        dst.extend_from_slice(&body);
-        Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::message::{ToAgent, ToManager};
-
-    #[test]
-    fn oversized_header_is_rejected_before_allocating() {
-        let mut codec = FrameCodec::<ToManager, ToAgent>::default();
-        let mut buf = BytesMut::new();
-        buf.put_u32(u32::MAX);
-        let cap_before = buf.capacity();
-        let err = codec.decode(&mut buf).unwrap_err();
-        assert!(matches!(err, FrameError::TooLarge { .. }), "{err}");
-        assert_eq!(buf.capacity(), cap_before, "no body buffer was reserved");
     }
 
-    #[test]
-    fn truncated_frame_at_eof_is_an_error() {
-        let mut codec = FrameCodec::<ToManager, ToAgent>::default();
-        let mut buf = BytesMut::new();
-        buf.put_u32(10);
-        buf.extend_from_slice(&[1, 2, 3]);
-        assert!(codec.decode(&mut buf).unwrap().is_none());
-        assert!(matches!(
-            codec.decode_eof(&mut buf),
-            Err(FrameError::Truncated)
-        ));
+    impl<In, Out> FrameCodec<In, Out> {
+        pub fn with_max(max: usize) -> Self {
+            Self {
+                frames: Frames::with_max(max),
+                _marker: PhantomData,
+            }
+        }
     }
 
-    #[test]
-    fn garbage_body_is_malformed_not_a_panic() {
-        let mut codec = FrameCodec::<ToManager, ToAgent>::default();
-        let mut buf = BytesMut::new();
-        buf.put_u32(4);
-        buf.extend_from_slice(&[0xff, 0xff, 0xff, 0xff]);
-        assert!(matches!(
-            codec.decode(&mut buf),
-            Err(FrameError::Malformed(_))
-        ));
+    impl<In: DeserializeOwned, Out> Decoder for FrameCodec<In, Out> {
+        type Item = In;
+        type Error = FrameError;
+
+        fn decode(&mut self, src: &mut BytesMut) -> Result<Option<In>, FrameError> {
+            match self.frames.decode_frame(src)? {
+                Some(body) => decode_body(&body).map(Some),
+                None => Ok(None),
+            }
+        }
+
+        fn decode_eof(&mut self, buf: &mut BytesMut) -> Result<Option<In>, FrameError> {
+            match self.frames.decode_frame_eof(buf)? {
+                Some(body) => decode_body(&body).map(Some),
+                None => Ok(None),
+            }
+        }
     }
 
-    #[test]
-    fn trailing_bytes_are_malformed() {
-        let mut body = encode_body(&ToManager::Heartbeat).unwrap();
-        body.push(0);
-        assert!(matches!(
-            decode_body::<ToManager>(&body),
-            Err(FrameError::Malformed(_))
-        ));
+    impl<In, Out: Serialize> Encoder<Out> for FrameCodec<In, Out> {
+        type Error = FrameError;
+
+        fn encode(&mut self, item: Out, dst: &mut BytesMut) -> Result<(), FrameError> {
+            let body = encode_body(&item)?;
+            self.frames.encode_frame(&body, dst)
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use crate::message::{ToAgent, ToManager};
+        use bytes::BufMut;
+
+        #[test]
+        fn oversized_header_is_rejected_before_allocating() {
+            let mut codec = FrameCodec::<ToManager, ToAgent>::default();
+            let mut buf = BytesMut::new();
+            buf.put_u32(u32::MAX);
+            let cap_before = buf.capacity();
+            let err = codec.decode(&mut buf).unwrap_err();
+            assert!(matches!(err, FrameError::TooLarge { .. }), "{err}");
+            assert_eq!(buf.capacity(), cap_before, "no body buffer was reserved");
+        }
+
+        #[test]
+        fn truncated_frame_at_eof_is_an_error() {
+            let mut codec = FrameCodec::<ToManager, ToAgent>::default();
+            let mut buf = BytesMut::new();
+            buf.put_u32(10);
+            buf.extend_from_slice(&[1, 2, 3]);
+            assert!(codec.decode(&mut buf).unwrap().is_none());
+            assert!(matches!(
+                codec.decode_eof(&mut buf),
+                Err(FrameError::Truncated)
+            ));
+        }
+
+        #[test]
+        fn garbage_body_is_malformed_not_a_panic() {
+            let mut codec = FrameCodec::<ToManager, ToAgent>::default();
+            let mut buf = BytesMut::new();
+            buf.put_u32(4);
+            buf.extend_from_slice(&[0xff, 0xff, 0xff, 0xff]);
+            assert!(matches!(
+                codec.decode(&mut buf),
+                Err(FrameError::Malformed(_))
+            ));
+        }
+
+        #[test]
+        fn trailing_bytes_are_malformed() {
+            let mut body = encode_body(&ToManager::Heartbeat).unwrap();
+            body.push(0);
+            assert!(matches!(
+                decode_body::<ToManager>(&body),
+                Err(FrameError::Malformed(_))
+            ));
+        }
+
+        #[test]
+        fn too_large_names_the_announced_length() {
+            let mut codec = FrameCodec::<ToManager, ToAgent>::with_max(8);
+            let mut buf = BytesMut::new();
+            buf.put_u32(9);
+            match codec.decode(&mut buf) {
+                Err(FrameError::TooLarge { len: 9, max: 8 }) => {}
+                other => panic!("unexpected {other:?}"),
+            }
+            let mut out = BytesMut::new();
+            let err = codec.frames.encode_frame(&[0; 9], &mut out).unwrap_err();
+            assert!(matches!(err, FrameError::TooLarge { len: 9, max: 8 }));
+            assert!(out.is_empty(), "nothing written for a refused frame");
+        }
+
+        #[test]
+        fn a_stream_cut_right_after_a_header_is_truncated() {
+            let mut codec = FrameCodec::<ToManager, ToAgent>::default();
+            let mut buf = BytesMut::from(&10u32.to_be_bytes()[..]);
+            assert!(codec.decode(&mut buf).unwrap().is_none());
+            assert!(buf.is_empty(), "the length codec took the header");
+            let end = codec.decode_eof(&mut buf);
+            assert!(matches!(end, Err(FrameError::Truncated)), "{end:?}");
+        }
+
+        #[test]
+        fn frames_round_trip_back_to_back_and_end_cleanly() {
+            let mut tx = FrameCodec::<ToAgent, ToManager>::default();
+            let mut rx = FrameCodec::<ToManager, ToAgent>::default();
+            let mut buf = BytesMut::new();
+            tx.encode(ToManager::Heartbeat, &mut buf).unwrap();
+            tx.encode(ToManager::Heartbeat, &mut buf).unwrap();
+            assert_eq!(&buf[..HEADER_LEN], &1u32.to_be_bytes());
+            assert_eq!(rx.decode(&mut buf).unwrap(), Some(ToManager::Heartbeat));
+            assert_eq!(rx.decode_eof(&mut buf).unwrap(), Some(ToManager::Heartbeat));
+            assert_eq!(rx.decode_eof(&mut buf).unwrap(), None);
+        }
     }
 }

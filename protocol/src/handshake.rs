@@ -10,7 +10,10 @@ use crate::codec::FrameError;
 use serde::{Deserialize, Serialize};
 
 /// Bumped on every incompatible change of any message in this crate.
-pub const PROTOCOL_VERSION: u32 = 1;
+///
+/// 2: one `Request::UnitJob { kind, .. }` replaced the four
+/// `Request::{Start,Stop,Restart,Reload}Unit` variants.
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// `DRVR`: tells a drover peer from anything else talking to the port.
 pub const MAGIC: [u8; 4] = *b"DRVR";

@@ -1,4 +1,4 @@
-//! drover-protocol: the vocabulary the manager and its agents share.
+//! drover-protocol: every rule two drover processes must agree on.
 //!
 //! The agent ↔ manager wire is drover's own protocol (not D-Bus):
 //!
@@ -12,24 +12,48 @@
 //! * [`message`] — what flows after the handshake: requests with correlation ids
 //!   (manager → agent), exactly one reply per request, events and heartbeats.
 //! * [`tag`] — modification tags that order unit-state records across reconnects.
+//! * `link` (feature `io`) — a framed connection over any `AsyncRead +
+//!   AsyncWrite` (TCP today, TLS later) with the handshake helpers for both
+//!   sides, and the socket options both ends set.
+//!
+//! The rules both ends of some exchange apply, each in one place:
+//!
 //! * [`names`] — validated node and unit names; every name from outside passes here.
-//! * [`bus_label`] — systemd's object path escaping of names (unit and node paths).
-//! * [`link`] — a framed connection over any `AsyncRead + AsyncWrite` (TCP today,
-//!   TLS later) with the handshake helpers for both sides.
+//! * [`proxy_instance`] — `drover-proxy@NODE_UNIT.service`: the helper parses
+//!   it, the agent recognises proxy units by it.
+//! * [`dep_unit`] — `drover-dep@UNIT.service`: the agent starts it, the manager
+//!   reads targets back from it.
+//! * [`job`] — the four unit jobs with systemd's and BlueChi's words for them.
+//! * [`verdict`] — what a target's state change means for a proxy (agent and
+//!   manager decide alike without telling each other).
+//! * [`error_names`] — the D-Bus error names every process produces or matches.
+//!
+//! Features: without `io` the crate is data and rules only (serde, postcard,
+//! thiserror; no tokio), for the proxy helper, droverctl and the config crate;
+//! `io` adds the tokio-util codec and the link, for the agent and the manager.
 
-pub mod bus_label;
 pub mod codec;
+pub mod dep_unit;
+pub mod error_names;
 pub mod handshake;
+pub mod job;
+#[cfg(feature = "io")]
 pub mod link;
 pub mod message;
 pub mod names;
+pub mod proxy_instance;
 pub mod tag;
+pub mod verdict;
 
-pub use codec::{FrameCodec, FrameError, MAX_FRAME_LEN};
+#[cfg(feature = "io")]
+pub use codec::FrameCodec;
+pub use codec::{FrameError, MAX_FRAME_LEN};
 pub use handshake::{Hello, PROTOCOL_VERSION, RefuseReason, Welcome};
+pub use job::JobKind;
 pub use message::{
     Event, Marshalled, Notice, Reason, RemoteError, Request, Response, TargetChange, ToAgent,
     ToManager, UnitInfo,
 };
 pub use names::{NameError, NodeName, UnitName};
+pub use proxy_instance::{InstanceError, ProxyInstance};
 pub use tag::ModTag;

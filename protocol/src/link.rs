@@ -1,10 +1,10 @@
-//! A framed agent ↔ manager connection over any byte stream, and the
-//! handshake for both sides.
+//! A framed agent ↔ manager connection over any byte stream, the handshake
+//! for both sides, and the TCP socket options both ends set.
 //!
 //! Every wait here has a timeout: a peer that connects and says nothing, or
 //! says something that is not drover, is dropped with a typed error.
 
-use crate::codec::{FrameCodec, FrameError, decode_body, encode_body};
+use crate::codec::{FrameCodec, FrameError, Frames, decode_body, encode_body};
 use crate::handshake::{
     Accepted, Hello, MAGIC, Outcome, PROTOCOL_VERSION, RefuseReason, Welcome, read_prefix,
 };
@@ -40,29 +40,37 @@ pub enum HandshakeError {
 }
 
 /// Raw frames for the handshake, before the message types are known.
-struct RawCodec(FrameCodec<(), ()>);
+#[derive(Default)]
+struct RawCodec(Frames);
 
 impl Decoder for RawCodec {
     type Item = BytesMut;
     type Error = FrameError;
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<BytesMut>, FrameError> {
-        self.0.decode_raw(src)
+        self.0.decode_frame(src)
+    }
+    fn decode_eof(&mut self, src: &mut BytesMut) -> Result<Option<BytesMut>, FrameError> {
+        self.0.decode_frame_eof(src)
     }
 }
 
 impl Encoder<Vec<u8>> for RawCodec {
     type Error = FrameError;
     fn encode(&mut self, body: Vec<u8>, dst: &mut BytesMut) -> Result<(), FrameError> {
-        if body.len() > crate::MAX_FRAME_LEN {
-            return Err(FrameError::TooLarge {
-                len: body.len(),
-                max: crate::MAX_FRAME_LEN,
-            });
-        }
-        dst.extend_from_slice(&(body.len() as u32).to_be_bytes());
-        dst.extend_from_slice(&body);
-        Ok(())
+        self.0.encode_frame(&body, dst)
     }
+}
+
+/// `IP_RECVERR` / `IPV6_RECVERR` on a link's TCP socket: ICMP errors (host
+/// unreachable, …) end the connection at once instead of after
+/// retransmission timeouts. Both ends set it (config `IPReceiveErrors`).
+pub fn set_recv_err(stream: &tokio::net::TcpStream) -> std::io::Result<()> {
+    use nix::sys::socket::{setsockopt, sockopt};
+    let set = match stream.local_addr()? {
+        std::net::SocketAddr::V4(_) => setsockopt(stream, sockopt::Ipv4RecvErr, &true),
+        std::net::SocketAddr::V6(_) => setsockopt(stream, sockopt::Ipv6RecvErr, &true),
+    };
+    set.map_err(std::io::Error::from)
 }
 
 async fn next_raw<IO: AsyncRead + AsyncWrite + Unpin>(
@@ -96,7 +104,7 @@ pub async fn agent_handshake<IO: AsyncRead + AsyncWrite + Unpin>(
     hello: &Hello,
     timeout: Duration,
 ) -> Result<(AgentFramed<IO>, Accepted), HandshakeError> {
-    let mut framed = Framed::new(io, RawCodec(FrameCodec::default()));
+    let mut framed = Framed::new(io, RawCodec::default());
     let body = encode_body(hello)?;
     tokio::time::timeout(timeout, framed.send(body))
         .await
@@ -117,7 +125,7 @@ pub async fn manager_read_hello<IO: AsyncRead + AsyncWrite + Unpin>(
     io: IO,
     timeout: Duration,
 ) -> Result<(PendingAgent<IO>, Hello), HandshakeError> {
-    let mut framed = Framed::new(io, RawCodec(FrameCodec::default()));
+    let mut framed = Framed::new(io, RawCodec::default());
     let body = next_raw(&mut framed, timeout).await?;
     let checked = check_prefix(&body, "agent").and_then(|()| Ok(decode_body::<Hello>(&body)?));
     match checked {

@@ -12,6 +12,8 @@
 //! travel as [`Marshalled`]: the D-Bus signature plus the value in D-Bus wire
 //! format (little endian), so postcard needs no knowledge of D-Bus types.
 
+use crate::error_names;
+use crate::job::JobKind;
 use crate::names::{NodeName, UnitName};
 use crate::tag::ModTag;
 use serde::{Deserialize, Serialize};
@@ -71,22 +73,10 @@ pub enum ToManager {
 pub enum Request {
     ListUnits,
     ListUnitFiles,
-    StartUnit {
-        unit: UnitName,
-        mode: String,
-        job_id: u32,
-    },
-    StopUnit {
-        unit: UnitName,
-        mode: String,
-        job_id: u32,
-    },
-    RestartUnit {
-        unit: UnitName,
-        mode: String,
-        job_id: u32,
-    },
-    ReloadUnit {
+    /// Start, stop, restart or reload `unit` (systemd's `StartUnit` & co
+    /// with `mode`); `job_id` is the manager's id for the job.
+    UnitJob {
+        kind: JobKind,
         unit: UnitName,
         mode: String,
         job_id: u32,
@@ -204,7 +194,7 @@ impl RemoteError {
     }
 
     pub fn failed(message: impl Into<String>) -> Self {
-        Self::new("org.freedesktop.DBus.Error.Failed", message)
+        Self::new(error_names::FAILED, message)
     }
 }
 
@@ -319,6 +309,10 @@ mod tests {
         (any::<u64>(), any::<u64>()).prop_map(|(g, i)| ModTag::new(g, i))
     }
 
+    fn job_kind() -> impl Strategy<Value = JobKind> {
+        proptest::sample::select(JobKind::ALL.to_vec())
+    }
+
     fn reason() -> impl Strategy<Value = Reason> {
         prop_oneof![Just(Reason::Real), Just(Reason::Virtual)]
     }
@@ -327,15 +321,13 @@ mod tests {
         prop_oneof![
             Just(Request::ListUnits),
             Just(Request::Reload),
-            (unit(), ".{0,10}", any::<u32>()).prop_map(|(unit, mode, job_id)| Request::StartUnit {
-                unit,
-                mode,
-                job_id
-            }),
-            (unit(), ".{0,10}", any::<u32>()).prop_map(|(unit, mode, job_id)| Request::StopUnit {
-                unit,
-                mode,
-                job_id
+            (job_kind(), unit(), ".{0,10}", any::<u32>()).prop_map(|(kind, unit, mode, job_id)| {
+                Request::UnitJob {
+                    kind,
+                    unit,
+                    mode,
+                    job_id,
+                }
             }),
             any::<u32>().prop_map(|job_id| Request::JobCancel { job_id }),
             (unit(), any::<bool>(), marshalled()).prop_map(|(unit, runtime, properties)| {

@@ -153,7 +153,7 @@ impl UnitName {
 }
 
 /// Error messages quote names from outside; keep them printable and short.
-fn printable(s: &str) -> String {
+pub(crate) fn printable(s: &str) -> String {
     let mut out: String = s.chars().take(80).flat_map(char::escape_default).collect();
     if s.chars().count() > 80 {
         out.push('…');

@@ -6,7 +6,7 @@
 //! `CreateProxy` is answered only when the target is active or cannot be, which
 //! may take as long as the target's start: the connection has **no method
 //! timeout**. The unit's `TimeoutStartSec=` bounds the wait instead (systemd
-//! sends SIGTERM, and the helper then releases the proxy, see [`crate::run`]).
+//! sends SIGTERM, and the helper then releases the proxy, see [`crate::cli::create`]).
 //!
 //! Every D-Bus failure is mapped once, here, to a [`AgentError`] whose text is
 //! the one line a user finds in the proxy unit's journal.
@@ -14,33 +14,16 @@
 use crate::bus::{CallError, Connection};
 use crate::instance::ProxyInstance;
 use crate::wire::Call;
+use drover_bus::bluechi::{AGENT_BUS_NAME, AGENT_IFACE, AGENT_PATH};
+use drover_protocol::error_names::{
+    ACTIVATION_FAILED, BLUECHI_PREFIX, DISCONNECTED, NAME_HAS_NO_OWNER, NO_REPLY, SERVICE_UNKNOWN,
+};
 use nix::sys::signalfd::SignalFd;
-use std::fmt;
 use std::time::Duration;
 
-pub const AGENT_BUS_NAME: &str = "org.eclipse.bluechi.Agent";
-pub const AGENT_PATH: &str = "/org/eclipse/bluechi";
-pub const AGENT_IFACE: &str = "org.eclipse.bluechi.Agent";
-/// The error the agent answers a failed proxy with.
-pub const ACTIVATION_FAILED: &str = "org.eclipse.bluechi.ActivationFailed";
-
-/// Which bus the agent is on.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Bus {
-    System,
-    Session,
-    Address(String),
-}
-
-impl fmt::Display for Bus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Bus::System => f.write_str("the system bus"),
-            Bus::Session => f.write_str("the session bus"),
-            Bus::Address(a) => write!(f, "bus {a}"),
-        }
-    }
-}
+/// Which bus the agent is on (the choice, and how it names itself, are
+/// `drover_bus`'s; this client finds the address itself, [`crate::bus`]).
+pub use drover_bus::Bus;
 
 /// Why a call to the agent failed.
 #[derive(Debug, thiserror::Error)]
@@ -155,14 +138,9 @@ pub fn classify(name: &str, message: &str, bus: &Bus) -> AgentError {
     let message = one_line(message);
     match name {
         ACTIVATION_FAILED => AgentError::Refused { reason: message },
-        "org.freedesktop.DBus.Error.ServiceUnknown"
-        | "org.freedesktop.DBus.Error.NameHasNoOwner" => {
-            AgentError::NotRunning { bus: bus.clone() }
-        }
-        "org.freedesktop.DBus.Error.NoReply" | "org.freedesktop.DBus.Error.Disconnected" => {
-            AgentError::Vanished(message)
-        }
-        _ if name.starts_with("org.eclipse.bluechi.") => AgentError::Refused {
+        SERVICE_UNKNOWN | NAME_HAS_NO_OWNER => AgentError::NotRunning { bus: bus.clone() },
+        NO_REPLY | DISCONNECTED => AgentError::Vanished(message),
+        _ if name.starts_with(BLUECHI_PREFIX) => AgentError::Refused {
             reason: if message.is_empty() {
                 name.to_string()
             } else {

@@ -102,6 +102,26 @@ pub fn system_address() -> String {
         .unwrap_or_else(|_| "unix:path=/run/dbus/system_bus_socket".into())
 }
 
+/// A socket connected to the first endpoint of `address` that accepts.
+pub fn connect(address: &str) -> Result<UnixStream, String> {
+    let mut last = String::new();
+    for endpoint in endpoints(address)? {
+        let connected = match &endpoint {
+            Endpoint::Path(p) => UnixStream::connect(p),
+            Endpoint::Abstract(name) => {
+                use std::os::linux::net::SocketAddrExt;
+                std::os::unix::net::SocketAddr::from_abstract_name(name)
+                    .and_then(|a| UnixStream::connect_addr(&a))
+            }
+        };
+        match connected {
+            Ok(sock) => return Ok(sock),
+            Err(e) => last = e.to_string(),
+        }
+    }
+    Err(last)
+}
+
 /// How a call ended, when it did not get its reply.
 #[derive(Debug)]
 pub enum CallError {
@@ -131,22 +151,7 @@ impl Connection {
     /// Connects to the first endpoint of `address` that accepts, and
     /// authenticates.
     pub fn open(address: &str) -> Result<Self, String> {
-        let mut last = String::new();
-        for endpoint in endpoints(address)? {
-            let connected = match &endpoint {
-                Endpoint::Path(p) => UnixStream::connect(p),
-                Endpoint::Abstract(name) => {
-                    use std::os::linux::net::SocketAddrExt;
-                    std::os::unix::net::SocketAddr::from_abstract_name(name)
-                        .and_then(|a| UnixStream::connect_addr(&a))
-                }
-            };
-            match connected {
-                Ok(sock) => return Self::authenticate(sock),
-                Err(e) => last = e.to_string(),
-            }
-        }
-        Err(last)
+        Self::authenticate(connect(address)?)
     }
 
     fn authenticate(mut sock: UnixStream) -> Result<Self, String> {

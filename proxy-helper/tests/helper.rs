@@ -323,3 +323,30 @@ async fn an_agent_that_goes_away_while_the_helper_waits_fails_the_start_in_one_l
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bus_that_goes_away_while_the_helper_waits_fails_the_start_in_one_line() {
+    let bus = private_bus("busgone");
+    let (_conn, calls) = serve_agent(&bus).await;
+    let child = waiting_helper(&bus, &calls).await;
+    // The daemon is this test's own (PrivateBus); its Drop reaps it.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(bus.pid() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert_eq!(
+        one_line(&err),
+        format!(
+            "drover-proxy: cannot start db.service on node slow: the drover agent went away \
+             before answering (bus {} closed the connection)",
+            bus.address()
+        )
+    );
+}

@@ -2,17 +2,10 @@
 //! the manager own its name", "what is a node's status". Every call is bounded in time.
 
 use anyhow::{Context, Result, anyhow};
+use drover_bus::{bluechi, systemd};
 use std::time::Duration;
 use zbus::proxy::CacheProperties;
 use zbus::{Connection, OwnedObjectPath, Proxy};
-
-pub const BLUECHI_NAME: &str = "org.eclipse.bluechi";
-const BLUECHI_PATH: &str = "/org/eclipse/bluechi";
-const CONTROLLER_IFACE: &str = "org.eclipse.bluechi.Controller";
-const NODE_IFACE: &str = "org.eclipse.bluechi.Node";
-const SYSTEMD_NAME: &str = "org.freedesktop.systemd1";
-const SYSTEMD_PATH: &str = "/org/freedesktop/systemd1";
-const SYSTEMD_MANAGER_IFACE: &str = "org.freedesktop.systemd1.Manager";
 
 /// One bounded D-Bus round trip (or connection attempt).
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -60,9 +53,9 @@ pub async fn systemd_state(address: &str) -> Result<String> {
     let conn = connect(address).await?;
     let manager = proxy(
         &conn,
-        SYSTEMD_NAME,
-        path(SYSTEMD_PATH)?,
-        SYSTEMD_MANAGER_IFACE,
+        systemd::BUS_NAME,
+        path(systemd::MANAGER_PATH)?,
+        systemd::MANAGER_IFACE,
     )
     .await?;
     let state: String = manager
@@ -77,9 +70,9 @@ pub async fn reload_systemd(address: &str) -> Result<()> {
     let conn = connect_with_timeout(address, RELOAD_TIMEOUT).await?;
     let manager = proxy(
         &conn,
-        SYSTEMD_NAME,
-        path(SYSTEMD_PATH)?,
-        SYSTEMD_MANAGER_IFACE,
+        systemd::BUS_NAME,
+        path(systemd::MANAGER_PATH)?,
+        systemd::MANAGER_IFACE,
     )
     .await?;
     manager
@@ -100,12 +93,18 @@ pub async fn name_has_owner(conn: &Connection, name: &str) -> Result<bool> {
 
 /// `Node.Status` of `node` as the manager reports it.
 pub async fn node_status(conn: &Connection, node: &str) -> Result<String> {
-    let controller = proxy(conn, BLUECHI_NAME, path(BLUECHI_PATH)?, CONTROLLER_IFACE).await?;
+    let controller = proxy(
+        conn,
+        bluechi::BUS_NAME,
+        path(bluechi::CONTROLLER_PATH)?,
+        bluechi::CONTROLLER_IFACE,
+    )
+    .await?;
     let node_path: OwnedObjectPath = controller
         .call("GetNode", &(node,))
         .await
         .with_context(|| format!("Controller.GetNode({node})"))?;
-    let node_proxy = proxy(conn, BLUECHI_NAME, node_path, NODE_IFACE).await?;
+    let node_proxy = proxy(conn, bluechi::BUS_NAME, node_path, bluechi::NODE_IFACE).await?;
     node_proxy
         .get_property::<String>("Status")
         .await

@@ -385,7 +385,8 @@ pub struct CgroupJoin {
 
 impl CgroupJoin {
     /// Moves the calling process into the cgroups. Runs between fork and exec, so it only
-    /// makes raw syscalls on data prepared before the fork (no allocation).
+    /// makes raw syscalls on data prepared before the fork (no allocation): that is why
+    /// these are libc calls, not `std::fs` (which allocates a path and may lock).
     ///
     /// # Safety
     /// Call only in a `pre_exec` hook (a single-threaded child right after fork).

@@ -24,6 +24,7 @@ use crate::preflight;
 use crate::process::{self, Spawn};
 use crate::state::{NodeState, State};
 use anyhow::{Context, Result, anyhow, bail};
+use drover_bus::bluechi;
 use drover_protocol::{NodeName, UnitName};
 use nix::sys::signal::Signal;
 use std::collections::BTreeMap;
@@ -778,9 +779,9 @@ impl Cluster {
                 );
             }
             match bus::connect(&bus_address).await {
-                Ok(conn) => match bus::name_has_owner(&conn, bus::BLUECHI_NAME).await {
+                Ok(conn) => match bus::name_has_owner(&conn, bluechi::BUS_NAME).await {
                     Ok(true) => return Ok(()),
-                    Ok(false) => last = format!("{} has no owner yet", bus::BLUECHI_NAME),
+                    Ok(false) => last = format!("{} has no owner yet", bluechi::BUS_NAME),
                     Err(e) => last = format!("{e:#}"),
                 },
                 Err(e) => last = format!("{e:#}"),
@@ -788,7 +789,7 @@ impl Cluster {
             if Instant::now() >= deadline {
                 bail!(
                     "drover-manager did not take {} within {MANAGER_READY_TIMEOUT:?} ({last})\n{}",
-                    bus::BLUECHI_NAME,
+                    bluechi::BUS_NAME,
                     process::log_tail(&self.log_path("manager"), 30)
                 );
             }

@@ -88,12 +88,11 @@ mod tests {
 
     #[test]
     fn counts_the_instances_this_user_holds() {
+        use nix::sys::inotify::{InitFlags, Inotify};
         let before = in_use();
-        // SAFETY: plain syscalls on an fd we own and close.
-        let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
-        assert!(fd >= 0);
+        let instance = Inotify::init(InitFlags::IN_CLOEXEC).expect("inotify_init1");
         let during = in_use();
-        unsafe { libc::close(fd) };
+        drop(instance);
         // Other processes may come and go meanwhile; ours is counted for sure.
         assert!(during >= 1, "before {before}, during {during}");
     }

@@ -84,7 +84,9 @@ pub fn spawn(spec: Spawn<'_>) -> Result<Child> {
     let join = spec.cgroup.clone();
     let listen_fd = spec.listen_fd;
     // SAFETY: the hook only makes async-signal-safe syscalls (open/write/close, setsid,
-    // dup2, fcntl) on data prepared before the fork.
+    // dup2, fcntl) on data prepared before the fork. They stay raw libc calls on
+    // purpose: between fork and exec nothing may allocate or take a lock, which std's
+    // wrappers (and nix's path handling) do not promise.
     unsafe {
         cmd.pre_exec(move || {
             // Join first: the open() calls inside may take fd 3 before we dup2 onto it.

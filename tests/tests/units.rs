@@ -4,23 +4,11 @@
 mod common;
 
 use common::*;
+use drover_bus::systemd::UnitTuple;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 const JOB: Duration = Duration::from_secs(10);
-
-type UnitTuple = (
-    String,
-    String,
-    String,
-    String,
-    String,
-    String,
-    zbus::OwnedObjectPath,
-    u32,
-    String,
-    zbus::OwnedObjectPath,
-);
 
 /// name → (active, sub) straight from a node's systemd.
 async fn systemd_units(bus_address: &str) -> BTreeMap<String, (String, String)> {

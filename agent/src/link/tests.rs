@@ -6,7 +6,7 @@ use crate::dispatch::pump_events;
 use crate::systemd::fake::{FakeSystemd, Script};
 use drover_protocol::handshake::Accepted;
 use drover_protocol::link::{ManagerFramed, manager_read_hello};
-use drover_protocol::{Request, Response};
+use drover_protocol::{JobKind, Request, Response};
 use std::time::Instant;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
@@ -155,7 +155,8 @@ async fn serves_requests_and_sends_heartbeats() {
     assert_eq!(hb, ToManager::Heartbeat);
 
     let unit = drover_protocol::UnitName::new("a.service").unwrap();
-    let start = Request::StartUnit {
+    let start = Request::UnitJob {
+        kind: JobKind::Start,
         unit,
         mode: "replace".into(),
         job_id: 1,

@@ -13,11 +13,17 @@
 //! turned back into unit names by reversing systemd's bus label escaping.
 
 use super::{
-    BusTarget, ChangedProperties, ERR_NO_SUCH_UNIT, ERR_UNKNOWN_METHOD, EVENT_QUEUE, EventStream,
-    JobInfo, JobKind, JobPath, Systemd, SystemdEvent, UnitFileChange, UnitSignal, UnitSignalStream,
+    ChangedProperties, EVENT_QUEUE, EventStream, JobInfo, JobPath, Systemd, SystemdEvent,
+    UnitFileChange, UnitSignal, UnitSignalStream,
 };
-use crate::marshal::{self, AuxUnits, PropertyList, PropertyMap};
-use drover_protocol::bus_label::{bus_label_escape, bus_label_unescape};
+use drover_bus::Bus;
+use drover_bus::marshal::{self, AuxUnits, PropertyList, PropertyMap};
+use drover_bus::systemd::{
+    BUS_NAME, JOB_IFACE, JOB_PATH_PREFIX, MANAGER_IFACE, MANAGER_PATH, UNIT_IFACE,
+    UNIT_PATH_PREFIX, UnitTuple, unit_info, unit_name_from_path,
+};
+use drover_protocol::JobKind;
+use drover_protocol::error_names::{NO_SUCH_UNIT, UNKNOWN_METHOD};
 use drover_protocol::{Marshalled, RemoteError, UnitInfo};
 use futures::StreamExt;
 use std::collections::HashMap;
@@ -29,19 +35,13 @@ use zbus::{
     Connection, DBusError, MatchRule, MessageStream, OwnedObjectPath, OwnedVariant, Variant,
 };
 
-const SERVICE: &str = "org.freedesktop.systemd1";
-const MANAGER_PATH: &str = "/org/freedesktop/systemd1";
-const MANAGER_IFACE: &str = "org.freedesktop.systemd1.Manager";
-const JOB_IFACE: &str = "org.freedesktop.systemd1.Job";
-const JOB_PATH_PREFIX: &str = "/org/freedesktop/systemd1/job";
 const PROPERTIES_IFACE: &str = "org.freedesktop.DBus.Properties";
-const UNIT_PATH_PREFIX: &str = "/org/freedesktop/systemd1/unit";
 
 /// Could not reach systemd at all (as opposed to systemd refusing a call).
 #[derive(Debug, thiserror::Error)]
 #[error("cannot connect to systemd on {target}: {source}")]
 pub struct ConnectError {
-    pub target: BusTarget,
+    pub target: Bus,
     #[source]
     pub source: zbus::Error,
 }
@@ -52,38 +52,19 @@ pub struct ZbusSystemd {
     conn: Connection,
 }
 
-/// systemd's `ListUnits` tuple `(ssssssouso)`.
-type RawUnit = (
-    String,
-    String,
-    String,
-    String,
-    String,
-    String,
-    OwnedObjectPath,
-    u32,
-    String,
-    OwnedObjectPath,
-);
-
 impl ZbusSystemd {
     /// Connects to the bus and checks that systemd answers there (reads
     /// `Manager.Version`), so a wrong bus is reported at start, not at the
     /// first request.
-    pub async fn connect(target: &BusTarget) -> Result<Self, ConnectError> {
-        let builder = match target {
-            BusTarget::System => zbus::connection::Builder::system(),
-            BusTarget::Session => zbus::connection::Builder::session(),
-            BusTarget::Address(addr) => zbus::connection::Builder::address(addr.as_str()),
-        };
+    pub async fn connect(target: &Bus) -> Result<Self, ConnectError> {
         let err = |source| ConnectError {
             target: target.clone(),
             source,
         };
-        let conn = builder.build().await.map_err(err)?;
+        let conn = target.connect().await.map_err(err)?;
         let reply = conn
             .call_method(
-                Some(SERVICE),
+                Some(BUS_NAME),
                 MANAGER_PATH,
                 Some(PROPERTIES_IFACE),
                 "Get",
@@ -111,7 +92,7 @@ impl ZbusSystemd {
     {
         self.conn
             .call_method(
-                Some(SERVICE),
+                Some(BUS_NAME),
                 MANAGER_PATH,
                 Some(MANAGER_IFACE),
                 method,
@@ -136,7 +117,7 @@ impl ZbusSystemd {
     /// `systemctl show`).
     async fn unit_path(&self, unit: &str) -> Result<OwnedObjectPath, RemoteError> {
         match self.manager_get("GetUnit", &(unit,)).await {
-            Err(e) if e.name == ERR_NO_SUCH_UNIT => self.manager_get("LoadUnit", &(unit,)).await,
+            Err(e) if e.name == NO_SUCH_UNIT => self.manager_get("LoadUnit", &(unit,)).await,
             other => other,
         }
     }
@@ -153,26 +134,10 @@ impl ZbusSystemd {
     {
         let path = self.unit_path(unit).await?;
         self.conn
-            .call_method(Some(SERVICE), path.as_str(), Some(iface), method, body)
+            .call_method(Some(BUS_NAME), path.as_str(), Some(iface), method, body)
             .await
             .map_err(|e| remote_error(e, method))
     }
-}
-
-/// systemd's object path of the unit named `name`.
-pub fn unit_path(name: &str) -> String {
-    format!("{UNIT_PATH_PREFIX}/{}", bus_label_escape(name))
-}
-
-/// The unit named by a unit object path
-/// (`/org/freedesktop/systemd1/unit/foo_2eservice` → `foo.service`); `None`
-/// for anything else.
-pub fn unit_name_from_path(path: &str) -> Option<String> {
-    let label = path.strip_prefix(UNIT_PATH_PREFIX)?.strip_prefix('/')?;
-    if label.contains('/') {
-        return None;
-    }
-    bus_label_unescape(label).filter(|name| !name.is_empty())
 }
 
 /// Maps a zbus error to the error the manager forwards: systemd's D-Bus
@@ -185,7 +150,7 @@ pub fn remote_error(err: zbus::Error, method: &str) -> RemoteError {
         zbus::Error::FDO(fdo) => {
             let name = fdo.name().to_string();
             let detail = fdo.description().unwrap_or_default().to_string();
-            if name == ERR_UNKNOWN_METHOD {
+            if name == UNKNOWN_METHOD {
                 // An older systemd than the one this agent was written for.
                 RemoteError::new(
                     name,
@@ -206,25 +171,11 @@ fn bad_reply(method: &str, err: zbus::Error) -> RemoteError {
 impl Systemd for ZbusSystemd {
     async fn list_units(&self) -> Result<Vec<UnitInfo>, RemoteError> {
         let reply = self.manager_call("ListUnits", &()).await?;
-        let raw: Vec<RawUnit> = reply
+        let rows: Vec<UnitTuple> = reply
             .body()
             .deserialize()
             .map_err(|e| bad_reply("ListUnits", e))?;
-        Ok(raw
-            .into_iter()
-            .map(|u| UnitInfo {
-                name: u.0,
-                description: u.1,
-                load_state: u.2,
-                active_state: u.3,
-                sub_state: u.4,
-                followed: u.5,
-                object_path: u.6.to_string(),
-                job_id: u.7,
-                job_type: u.8,
-                job_path: u.9.to_string(),
-            })
-            .collect())
+        Ok(rows.into_iter().map(unit_info).collect())
     }
 
     async fn unit_job(
@@ -243,7 +194,7 @@ impl Systemd for ZbusSystemd {
 
     async fn cancel_job(&self, job: &str) -> Result<(), RemoteError> {
         self.conn
-            .call_method(Some(SERVICE), job, Some(JOB_IFACE), "Cancel", &())
+            .call_method(Some(BUS_NAME), job, Some(JOB_IFACE), "Cancel", &())
             .await
             .map_err(|e| remote_error(e, "Job.Cancel"))?;
         Ok(())
@@ -253,7 +204,7 @@ impl Systemd for ZbusSystemd {
         let reply = self
             .conn
             .call_method(
-                Some(SERVICE),
+                Some(BUS_NAME),
                 job,
                 Some(PROPERTIES_IFACE),
                 "GetAll",
@@ -286,7 +237,7 @@ impl Systemd for ZbusSystemd {
         let rule_err = |e| RemoteError::failed(format!("building a D-Bus match rule: {e}"));
         let removed_rule = MatchRule::builder()
             .msg_type(MessageType::Signal)
-            .sender(SERVICE)
+            .sender(BUS_NAME)
             .path(MANAGER_PATH)
             .interface(MANAGER_IFACE)
             .member("JobRemoved")
@@ -294,7 +245,7 @@ impl Systemd for ZbusSystemd {
             .map_err(rule_err)?;
         let new_rule = MatchRule::builder()
             .msg_type(MessageType::Signal)
-            .sender(SERVICE)
+            .sender(BUS_NAME)
             .path(MANAGER_PATH)
             .interface(MANAGER_IFACE)
             .member("JobNew")
@@ -302,7 +253,7 @@ impl Systemd for ZbusSystemd {
             .map_err(rule_err)?;
         let state_rule = MatchRule::builder()
             .msg_type(MessageType::Signal)
-            .sender(SERVICE)
+            .sender(BUS_NAME)
             .path_namespace(JOB_PATH_PREFIX)
             .interface(PROPERTIES_IFACE)
             .member("PropertiesChanged")
@@ -334,7 +285,7 @@ impl Systemd for ZbusSystemd {
         // signals matters, and separate streams do not keep it reliably.
         let rule = MatchRule::builder()
             .msg_type(MessageType::Signal)
-            .sender(SERVICE)
+            .sender(BUS_NAME)
             .build()
             .map_err(|e| RemoteError::failed(format!("building a D-Bus match rule: {e}")))?;
         let stream =
@@ -391,7 +342,7 @@ impl Systemd for ZbusSystemd {
 
     async fn freeze_unit(&self, unit: &str, freeze: bool) -> Result<(), RemoteError> {
         let method = if freeze { "Freeze" } else { "Thaw" };
-        self.unit_call(unit, super::UNIT_IFACE, method, &()).await?;
+        self.unit_call(unit, UNIT_IFACE, method, &()).await?;
         Ok(())
     }
 
@@ -529,7 +480,7 @@ fn parse_unit_signal(msg: &zbus::Message) -> Option<UnitSignal> {
                     return None;
                 }
             };
-            let (active_state, sub_state) = if interface == super::UNIT_IFACE {
+            let (active_state, sub_state) = if interface == UNIT_IFACE {
                 match body.deserialize::<(&str, HashMap<&str, Variant<'_>>, Vec<&str>)>() {
                     Ok((_, changed, _)) => {
                         let text = |key: &str| match changed.get(key) {
@@ -657,29 +608,7 @@ fn parse_signal(msg: &zbus::Message) -> Option<SystemdEvent> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn unit_paths_turn_back_into_names() {
-        let name = |p: &str| unit_name_from_path(p);
-        assert_eq!(
-            name("/org/freedesktop/systemd1/unit/foo_2eservice").as_deref(),
-            Some("foo.service")
-        );
-        assert_eq!(
-            name("/org/freedesktop/systemd1/unit/drover_2ddep_40db_5fx_2eservice").as_deref(),
-            Some("drover-dep@db_x.service")
-        );
-        assert_eq!(
-            name("/org/freedesktop/systemd1/unit/_31abc_2etarget").as_deref(),
-            Some("1abc.target")
-        );
-        assert_eq!(name("/org/freedesktop/systemd1/unit/"), None);
-        assert_eq!(name("/org/freedesktop/systemd1/unit/a/b"), None);
-        assert_eq!(name("/org/freedesktop/systemd1/unit/bad_2"), None);
-        assert_eq!(name("/org/freedesktop/systemd1/unit/bad_zz"), None);
-        assert_eq!(name("/org/freedesktop/systemd1/job/1"), None);
-        assert_eq!(name("/org/freedesktop/systemd1/unitx/a"), None);
-    }
+    use drover_bus::systemd::unit_path;
 
     fn manager_signal<B>(member: &str, body: &B) -> zbus::Message
     where
@@ -736,7 +665,7 @@ mod tests {
         props.insert("ActiveState", Variant::from("active"));
         props.insert("SubState", Variant::from("running"));
         props.insert("NRestarts", Variant::from(3u32));
-        let msg = changed_signal("db.service", &(super::super::UNIT_IFACE, &props, &none));
+        let msg = changed_signal("db.service", &(super::UNIT_IFACE, &props, &none));
         let Some(UnitSignal::Changed {
             unit,
             interface,
@@ -748,7 +677,7 @@ mod tests {
             panic!("not a state change");
         };
         assert_eq!(unit, "db.service");
-        assert_eq!(interface, super::super::UNIT_IFACE);
+        assert_eq!(interface, super::UNIT_IFACE);
         assert_eq!(active_state.as_deref(), Some("active"));
         assert_eq!(sub_state.as_deref(), Some("running"));
         let decoded: PropertyMap = marshal::decode(&properties.marshal().unwrap()).unwrap();
@@ -777,7 +706,7 @@ mod tests {
     #[test]
     fn malformed_properties_changed_is_skipped() {
         // Bodies of the wrong type, whatever the interface: skipped, not guessed at.
-        for iface in [super::super::UNIT_IFACE, "org.freedesktop.systemd1.Service"] {
+        for iface in [super::UNIT_IFACE, "org.freedesktop.systemd1.Service"] {
             let msg = changed_signal("db.service", &(iface, 7u32));
             assert!(parse_unit_signal(&msg).is_none(), "{iface}");
             let props: HashMap<&str, &str> = HashMap::from([("ActiveState", "active")]);
@@ -801,28 +730,12 @@ mod tests {
     }
 
     #[test]
-    fn unit_names_escape_as_systemd_does() {
-        assert_eq!(
-            unit_path("drover-proxy@node2_db.service"),
-            "/org/freedesktop/systemd1/unit/drover_2dproxy_40node2_5fdb_2eservice"
-        );
-        assert_eq!(
-            unit_path("1abc.target"),
-            "/org/freedesktop/systemd1/unit/_31abc_2etarget"
-        );
-        assert_eq!(unit_path(""), "/org/freedesktop/systemd1/unit/_");
-        for name in ["a-b@c\\x2d.service", "é.service", "x.y_z.mount"] {
-            assert_eq!(unit_name_from_path(&unit_path(name)).as_deref(), Some(name));
-        }
-    }
-
-    #[test]
     fn unknown_method_says_systemd_is_too_old() {
         let err = zbus::Error::FDO(Box::new(zbus::fdo::Error::UnknownMethod(
             "No such method 'FreezeUnit'".into(),
         )));
         let remote = remote_error(err, "FreezeUnit");
-        assert_eq!(remote.name, ERR_UNKNOWN_METHOD);
+        assert_eq!(remote.name, UNKNOWN_METHOD);
         assert!(
             remote.message.contains("does not implement FreezeUnit"),
             "{remote}"

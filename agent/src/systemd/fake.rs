@@ -12,10 +12,13 @@
 //! [`super::dbus`].
 
 use super::{
-    ERR_NO_SUCH_JOB, ERR_NO_SUCH_UNIT, ERR_UNKNOWN_METHOD, EVENT_QUEUE, EventStream, JobInfo,
-    JobKind, JobPath, Systemd, SystemdEvent, UnitFileChange, UnitSignal, UnitSignalStream,
+    EVENT_QUEUE, EventStream, JobInfo, JobPath, Systemd, SystemdEvent, UnitFileChange, UnitSignal,
+    UnitSignalStream,
 };
-use crate::marshal::{self, AuxUnits, PropertyList, PropertyMap};
+use drover_bus::marshal::{self, AuxUnits, PropertyList, PropertyMap};
+use drover_bus::systemd::{JOB_PATH_PREFIX, UNIT_PATH_PREFIX};
+use drover_protocol::JobKind;
+use drover_protocol::error_names::{NO_SUCH_JOB, NO_SUCH_UNIT, UNKNOWN_METHOD};
 use drover_protocol::{Marshalled, RemoteError, UnitInfo};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -149,7 +152,7 @@ impl FakeSystemd {
             Ok(())
         } else {
             Err(RemoteError::new(
-                ERR_NO_SUCH_UNIT,
+                NO_SUCH_UNIT,
                 format!("Unit {unit} not found."),
             ))
         }
@@ -166,7 +169,7 @@ impl FakeSystemd {
             st.calls.push(call);
             if st.missing.contains(&method) {
                 return Err(RemoteError::new(
-                    ERR_UNKNOWN_METHOD,
+                    UNKNOWN_METHOD,
                     format!(
                         "Unknown method {method} or interface org.freedesktop.systemd1.Manager."
                     ),
@@ -195,13 +198,13 @@ impl FakeSystemd {
             let mut st = self.lock();
             let Some(script) = st.units.get(unit).cloned() else {
                 return Err(RemoteError::new(
-                    ERR_NO_SUCH_UNIT,
+                    NO_SUCH_UNIT,
                     format!("Unit {unit} not found."),
                 ));
             };
             st.next_job += 1;
             let id = st.next_job;
-            let job = format!("/org/freedesktop/systemd1/job/{id}");
+            let job = format!("{JOB_PATH_PREFIX}/{id}");
             if script == Script::Hang {
                 st.hanging.insert(job.clone(), (id, unit.to_string()));
             }
@@ -309,10 +312,7 @@ impl Systemd for FakeSystemd {
                     .into(),
                 sub_state: st.states.get(name).map_or("dead", |s| s.1.as_str()).into(),
                 followed: String::new(),
-                object_path: format!(
-                    "/org/freedesktop/systemd1/unit/{}",
-                    name.replace(['.', '-', '@'], "_")
-                ),
+                object_path: format!("{UNIT_PATH_PREFIX}/{}", name.replace(['.', '-', '@'], "_")),
                 job_id: 0,
                 job_type: String::new(),
                 job_path: "/".into(),
@@ -335,7 +335,7 @@ impl Systemd for FakeSystemd {
             .job_infos
             .get(job)
             .cloned()
-            .ok_or_else(|| RemoteError::new(ERR_NO_SUCH_JOB, format!("Job {job} does not exist.")))
+            .ok_or_else(|| RemoteError::new(NO_SUCH_JOB, format!("Job {job} does not exist.")))
     }
 
     async fn cancel_job(&self, job: &str) -> Result<(), RemoteError> {
@@ -350,7 +350,7 @@ impl Systemd for FakeSystemd {
         };
         let Some((id, unit)) = found else {
             return Err(RemoteError::new(
-                ERR_NO_SUCH_JOB,
+                NO_SUCH_JOB,
                 format!("Job {job} does not exist."),
             ));
         };

@@ -13,7 +13,7 @@
 //!
 //! The remaining methods are plain pass-throughs of the node API (unit
 //! properties, unit files, kill, freeze, …); values whose D-Bus type is only
-//! known at run time travel as [`Marshalled`] (see `crate::marshal`).
+//! known at run time travel as [`Marshalled`] (see `drover_bus::marshal`).
 //!
 //! Two implementations: [`dbus::ZbusSystemd`] talks to a real systemd over
 //! D-Bus; [`fake::FakeSystemd`] is an in-memory stand-in for unit tests of the
@@ -33,47 +33,17 @@
 pub mod dbus;
 pub mod fake;
 
-use drover_protocol::{Marshalled, RemoteError, UnitInfo};
+use drover_protocol::{JobKind, Marshalled, RemoteError, UnitInfo};
 use std::future::Future;
 use tokio::sync::mpsc;
 
 /// A systemd job object path, e.g. `/org/freedesktop/systemd1/job/42`.
 pub type JobPath = String;
 
-/// D-Bus error name used when a request needs something this agent does not do.
-pub const ERR_NOT_SUPPORTED: &str = "org.freedesktop.DBus.Error.NotSupported";
-/// D-Bus error name systemd gives for a job id it does not know.
-pub const ERR_NO_SUCH_JOB: &str = "org.freedesktop.systemd1.NoSuchJob";
-/// D-Bus error name systemd gives for a unit it does not know.
-pub const ERR_NO_SUCH_UNIT: &str = "org.freedesktop.systemd1.NoSuchUnit";
-/// D-Bus error name of a method the peer does not implement (an old systemd).
-pub const ERR_UNKNOWN_METHOD: &str = "org.freedesktop.DBus.Error.UnknownMethod";
-
 /// Capacity of the event channel between the D-Bus signal reader and the job
 /// tracker. systemd is not the network, but every queue has a bound: when it
 /// is full the reader waits (and zbus queues, then stops reading the socket).
 pub const EVENT_QUEUE: usize = 1024;
-
-/// The four unit operations that queue a systemd job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum JobKind {
-    Start,
-    Stop,
-    Restart,
-    Reload,
-}
-
-impl JobKind {
-    /// systemd's `org.freedesktop.systemd1.Manager` method for this operation.
-    pub fn method(self) -> &'static str {
-        match self {
-            JobKind::Start => "StartUnit",
-            JobKind::Stop => "StopUnit",
-            JobKind::Restart => "RestartUnit",
-            JobKind::Reload => "ReloadUnit",
-        }
-    }
-}
 
 /// What the agent hears from systemd after subscribing.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,9 +151,6 @@ pub struct JobInfo {
     /// `State`: `waiting` or `running`.
     pub state: String,
 }
-
-/// systemd's D-Bus interface of every unit object.
-pub const UNIT_IFACE: &str = "org.freedesktop.systemd1.Unit";
 
 /// The node's systemd manager, as far as the agent needs it.
 ///
@@ -307,25 +274,4 @@ pub trait Systemd: Send + Sync + 'static {
         properties: &Marshalled,
         aux: &Marshalled,
     ) -> impl Future<Output = Result<JobPath, RemoteError>> + Send;
-}
-
-/// Where the agent finds systemd.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BusTarget {
-    /// The system bus (default).
-    System,
-    /// The session bus (`--user`): the user's systemd instance.
-    Session,
-    /// Any bus address where systemd owns `org.freedesktop.systemd1`.
-    Address(String),
-}
-
-impl std::fmt::Display for BusTarget {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            BusTarget::System => f.write_str("the system bus"),
-            BusTarget::Session => f.write_str("the session bus"),
-            BusTarget::Address(a) => write!(f, "bus {a}"),
-        }
-    }
 }

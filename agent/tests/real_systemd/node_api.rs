@@ -2,7 +2,7 @@
 //! `systemd --user` (the parent module's helper starts and tears it down).
 
 use super::*;
-use drover_agent::marshal::{self, AuxUnits, PropertyList, PropertyMap};
+use drover_bus::marshal::{self, AuxUnits, PropertyList, PropertyMap};
 use drover_protocol::{ModTag, Reason, RemoteError};
 use zbus::OwnedVariant;
 
@@ -768,7 +768,8 @@ async fn subscription_follows_a_unit_through_start_stop_and_removal() {
     d.handle(
         2,
         2,
-        Request::StopUnit {
+        Request::UnitJob {
+            kind: JobKind::Stop,
             unit: unit("w.service"),
             mode: "replace".into(),
             job_id: 3,

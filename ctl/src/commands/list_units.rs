@@ -9,12 +9,12 @@ use serde::Serialize;
 
 use drover_protocol::NodeName;
 
-use crate::api::UnitTuple;
 use crate::cli::{parse_glob, parse_node};
 use crate::client::CallContext;
 use crate::commands::{Context, Run};
 use crate::error::CtlError;
 use crate::output::{Width, json, table};
+use drover_bus::systemd::UnitTuple;
 
 #[derive(Debug, clap::Args)]
 pub struct ListUnits {

@@ -16,12 +16,12 @@
 
 use serde_json::{Value as Json, json};
 
-use crate::api::METRICS_PATH;
 use crate::client::CallContext;
 use crate::commands::{Context, Run};
 use crate::error::CtlError;
 use crate::follow::{self, ManagerWatch};
 use crate::output;
+use drover_bus::bluechi::{METRICS_IFACE, METRICS_PATH};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum MetricsAction {
@@ -164,13 +164,8 @@ impl Run for Metrics {
             }
             MetricsAction::Listen => {
                 let mut manager = ManagerWatch::new(&client, "listening for metrics").await?;
-                let mut events = follow::signal_stream(
-                    &client,
-                    METRICS_PATH,
-                    false,
-                    "org.eclipse.bluechi.Metrics",
-                )
-                .await?;
+                let mut events =
+                    follow::signal_stream(&client, METRICS_PATH, false, METRICS_IFACE).await?;
                 if !ctx.json() {
                     ctx.emit("Waiting for metrics signals...\n")?;
                 }

@@ -8,8 +8,9 @@
 
 use std::io::Write;
 
-use crate::client::{BusTarget, Client};
+use crate::client::Client;
 use crate::error::CtlError;
+use drover_bus::Bus;
 
 pub mod daemon_reload;
 pub mod default_target;
@@ -101,14 +102,14 @@ commands! {
 
 /// What a command runs with: output format, output sink, bus.
 pub struct Context {
-    target: BusTarget,
+    target: Bus,
     json: bool,
     client: Option<Client>,
     out: Box<dyn Write>,
 }
 
 impl Context {
-    pub fn new(target: BusTarget, json: bool, out: Box<dyn Write>) -> Context {
+    pub fn new(target: Bus, json: bool, out: Box<dyn Write>) -> Context {
         Context {
             target,
             json,

@@ -28,6 +28,7 @@
 
 use std::collections::HashMap;
 
+use drover_bus::bluechi::MONITOR_IFACE;
 use serde_json::{Value as Json, json};
 use zbus::{OwnedVariant, Variant};
 
@@ -284,8 +285,7 @@ impl Run for Monitor {
         let monitor = client.monitor(path.as_str()).await?;
         // Match before subscribing: the subscription's virtual events follow at once.
         let mut events =
-            follow::signal_stream(&client, path.as_str(), false, "org.eclipse.bluechi.Monitor")
-                .await?;
+            follow::signal_stream(&client, path.as_str(), false, MONITOR_IFACE).await?;
 
         let header = if json_mode {
             json_line(&json!({"event": "Subscribed", "monitor": path.as_str(),

@@ -1,10 +1,12 @@
 //! `org.eclipse.bluechi.Controller` at `/org/eclipse/bluechi`.
 
-use crate::core::{Core, UnitTuple};
-use crate::error::{ApiError, SERVICE_UNKNOWN};
+use crate::core::Core;
+use crate::error::ApiError;
 use crate::monitor::Monitors;
+use drover_bus::systemd::UnitTuple;
 use drover_config::LogLevel;
 use drover_protocol::Request;
+use drover_protocol::error_names::SERVICE_UNKNOWN;
 use std::collections::HashMap;
 use std::sync::Arc;
 use zbus::interface;

@@ -5,8 +5,6 @@
 use crate::proxies::{Proxies, ProxyTuple};
 use zbus::interface;
 
-pub const INTERFACE: &str = "io.drover.Controller";
-
 pub struct DroverControllerObject {
     proxies: Proxies,
 }

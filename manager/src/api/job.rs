@@ -59,7 +59,7 @@ impl JobObject {
 
     #[zbus(property(emits_changed_signal = "const"))]
     fn job_type(&self) -> String {
-        self.info.job_type.as_str().to_owned()
+        self.info.job_type.job_type().to_owned()
     }
 
     /// `waiting` / `running`; changes are announced by the core.

@@ -16,19 +16,20 @@
 use crate::core::Core;
 use crate::error::ApiError;
 use crate::escape::job_path;
-use crate::jobs::{JobInfo, JobType};
+use crate::jobs::JobInfo;
 use crate::session::Session;
-use drover_protocol::{NodeName, Request, Response, UnitName};
+use drover_bus::bluechi::{METRICS_IFACE, METRICS_PATH};
+use drover_bus::marshal;
+use drover_bus::systemd::UNIT_IFACE;
+use drover_protocol::{JobKind, NodeName, Request, Response, UnitName};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use zbus::interface;
 use zbus::names::BusName;
 use zbus::object_server::SignalEmitter;
+use zbus::{OwnedVariant, interface};
 
-pub const METRICS_PATH: &str = "/org/eclipse/bluechi/metrics";
-pub const METRICS_IFACE: &str = "org.eclipse.bluechi.Metrics";
 /// Per request to an agent made for metrics.
 const AGENT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Start times kept at most (jobs that never end must not grow the map).
@@ -152,7 +153,7 @@ impl Metrics {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&job.id);
-        let (Some(started), true, JobType::Start) = (started, self.is_enabled(), job.job_type)
+        let (Some(started), true, JobKind::Start) = (started, self.is_enabled(), job.job_type)
         else {
             return;
         };
@@ -226,11 +227,11 @@ impl Metrics {
 async fn unit_u64(session: &Session, unit: &UnitName, property: &str) -> Option<u64> {
     let request = Request::GetUnitProperty {
         unit: unit.clone(),
-        interface: "org.freedesktop.systemd1.Unit".into(),
+        interface: UNIT_IFACE.into(),
         property: property.into(),
     };
     match session.request(request, AGENT_TIMEOUT).await {
-        Ok(Response::Value(m)) => crate::marshal::value_from(&m)
+        Ok(Response::Value(m)) => marshal::decode::<OwnedVariant>(&m)
             .ok()
             .and_then(|v| u64::try_from(v).ok()),
         _ => None,

@@ -16,7 +16,7 @@ pub mod monitor;
 pub mod node;
 
 use crate::core::Core;
-use crate::escape::CONTROLLER_PATH;
+use drover_bus::bluechi::CONTROLLER_PATH;
 use std::sync::Arc;
 use zbus::Connection;
 

@@ -5,13 +5,13 @@
 //! fail with `InvalidArgs` before anything is sent to the agent; systemd's
 //! errors from the node come back with their own names.
 
-use crate::core::{Core, JOB_MODES, UnitTuple, units_of};
+use crate::core::{Core, JOB_MODES, units_of};
 use crate::error::ApiError;
-use crate::jobs::JobType;
-use crate::marshal;
 use crate::registry::OFFLINE;
+use drover_bus::marshal::{self, PropertyMap};
+use drover_bus::systemd::UnitTuple;
 use drover_config::LogLevel;
-use drover_protocol::{NodeName, Request, Response, UnitName};
+use drover_protocol::{JobKind, NodeName, RemoteError, Request, Response, UnitName};
 use std::collections::HashMap;
 use std::sync::Arc;
 use zbus::interface;
@@ -93,12 +93,12 @@ fn mode_arg(mode: &str) -> Result<String, ApiError> {
     }
 }
 
-fn marshal_err(e: marshal::MarshalError) -> ApiError {
-    ApiError::invalid_args(e.to_string())
+fn marshal_err(e: RemoteError) -> ApiError {
+    ApiError::invalid_args(e.message)
 }
 
-fn agent_err(e: marshal::MarshalError) -> ApiError {
-    ApiError::failed(format!("bad value from the agent: {e}"))
+fn agent_err(e: RemoteError) -> ApiError {
+    ApiError::failed(format!("bad value from the agent: {}", e.message))
 }
 
 fn unexpected() -> ApiError {
@@ -151,9 +151,9 @@ impl NodeObject {
         &self,
         name: &str,
         mode: &str,
-        job_type: JobType,
+        kind: JobKind,
     ) -> Result<OwnedObjectPath, ApiError> {
-        self.core.start_job(&self.name, name, mode, job_type).await
+        self.core.start_job(&self.name, name, mode, kind).await
     }
 }
 
@@ -161,22 +161,22 @@ impl NodeObject {
 impl NodeObject {
     #[zbus(out_args("job"))]
     async fn start_unit(&self, name: String, mode: String) -> Result<OwnedObjectPath, ApiError> {
-        self.job(&name, &mode, JobType::Start).await
+        self.job(&name, &mode, JobKind::Start).await
     }
 
     #[zbus(out_args("job"))]
     async fn stop_unit(&self, name: String, mode: String) -> Result<OwnedObjectPath, ApiError> {
-        self.job(&name, &mode, JobType::Stop).await
+        self.job(&name, &mode, JobKind::Stop).await
     }
 
     #[zbus(out_args("job"))]
     async fn restart_unit(&self, name: String, mode: String) -> Result<OwnedObjectPath, ApiError> {
-        self.job(&name, &mode, JobType::Restart).await
+        self.job(&name, &mode, JobKind::Restart).await
     }
 
     #[zbus(out_args("job"))]
     async fn reload_unit(&self, name: String, mode: String) -> Result<OwnedObjectPath, ApiError> {
-        self.job(&name, &mode, JobType::Reload).await
+        self.job(&name, &mode, JobKind::Reload).await
     }
 
     #[zbus(out_args("units"))]
@@ -208,11 +208,11 @@ impl NodeObject {
     ) -> Result<OwnedObjectPath, ApiError> {
         let unit = unit_arg(&name)?;
         let mode = mode_arg(&mode)?;
-        let properties = marshal::properties_to(&properties).map_err(marshal_err)?;
-        let aux = marshal::aux_to(&aux).map_err(marshal_err)?;
+        let properties = marshal::encode(&properties).map_err(marshal_err)?;
+        let aux = marshal::encode(&aux).map_err(marshal_err)?;
         let for_request = unit.clone();
         self.core
-            .start_job_with(&self.name, unit, JobType::Start, move |job_id| {
+            .start_job_with(&self.name, unit, JobKind::Start, move |job_id| {
                 Request::StartTransientUnit {
                     unit: for_request,
                     mode,
@@ -271,7 +271,7 @@ impl NodeObject {
             .request(Request::GetUnitProperties { unit, interface })
             .await?
         {
-            Response::Value(m) => marshal::dict_from(&m).map_err(agent_err),
+            Response::Value(m) => marshal::decode::<PropertyMap>(&m).map_err(agent_err),
             _ => Err(unexpected()),
         }
     }
@@ -294,7 +294,7 @@ impl NodeObject {
             })
             .await?
         {
-            Response::Value(m) => marshal::value_from(&m).map_err(agent_err),
+            Response::Value(m) => marshal::decode::<OwnedVariant>(&m).map_err(agent_err),
             _ => Err(unexpected()),
         }
     }
@@ -306,7 +306,7 @@ impl NodeObject {
         keyvalues: Vec<(String, OwnedVariant)>,
     ) -> Result<(), ApiError> {
         let unit = unit_arg(&name)?;
-        let properties = marshal::properties_to(&keyvalues).map_err(marshal_err)?;
+        let properties = marshal::encode(&keyvalues).map_err(marshal_err)?;
         empty(
             self.request(Request::SetUnitProperties {
                 unit,

@@ -1,6 +1,7 @@
 //! The reference rules, driven event by event with paused tokio time.
 
 use super::*;
+use drover_protocol::dep_unit::dep_target;
 use tokio::time::advance;
 
 const GRACE: Duration = Duration::from_secs(18);

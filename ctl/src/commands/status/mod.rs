@@ -16,6 +16,7 @@ pub mod units;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use serde::Serialize;
 
+use drover_bus::bluechi::NODE_PATH_PREFIX;
 use drover_protocol::{NodeName, UnitName};
 
 use crate::cli::{parse_node, parse_unit};
@@ -224,7 +225,7 @@ impl Run for Status {
         // Subscribe before the first print so no change falls between the two.
         let mut changes = follow::signal_stream(
             &client,
-            "/org/eclipse/bluechi/node",
+            NODE_PATH_PREFIX,
             true,
             "org.freedesktop.DBus.Properties",
         )

@@ -23,6 +23,8 @@ use futures::{FutureExt, StreamExt};
 use serde::Serialize;
 use zbus::{OwnedVariant, Variant};
 
+use drover_bus::bluechi::MONITOR_IFACE;
+use drover_protocol::error_names::NO_SUCH_UNIT;
 use drover_protocol::{NodeName, UnitName};
 
 use crate::client::{CallContext, Client, error_name};
@@ -170,10 +172,7 @@ async fn fetch(client: &Client, node: &NodeName, units: &[UnitName]) -> Result<F
             }
             // An agent that looks units up with GetUnit says NoSuchUnit for a unit
             // systemd has not loaded: the same "could not be found" for the user.
-            Err(e)
-                if error_name(&e)
-                    .is_some_and(|(name, _)| name == "org.freedesktop.systemd1.NoSuchUnit") =>
-            {
+            Err(e) if error_name(&e).is_some_and(|(name, _)| name == NO_SUCH_UNIT) => {
                 missing.push(unit.to_string());
             }
             Err(e) => {
@@ -238,8 +237,7 @@ pub async fn run(
     };
     let path = client.check(controller.create_monitor().await, cc).await?;
     let monitor = client.monitor(path.as_str()).await?;
-    let mut events =
-        follow::signal_stream(&client, path.as_str(), false, "org.eclipse.bluechi.Monitor").await?;
+    let mut events = follow::signal_stream(&client, path.as_str(), false, MONITOR_IFACE).await?;
     let unit_refs: Vec<&str> = names.iter().map(String::as_str).collect();
     let what = format!("SubscribeList({node}, {})", names.join(","));
     let cc = CallContext {

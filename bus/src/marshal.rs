@@ -6,13 +6,21 @@
 //! **little endian, starting at offset 0** (alignment counted from there).
 //! Both directions go through zbus's own (de)serializer, so what the manager
 //! receives is exactly what systemd sent, and what the agent hands systemd
-//! was checked against the signature the method needs.
+//! was checked against the signature the method needs. The agent encodes
+//! what systemd answers and decodes what the manager forwards; the manager
+//! encodes what its D-Bus callers pass and decodes what agents answer — with
+//! the same two functions, so both ends read one format.
+//!
+//! Shapes (docs/architecture.md "Unit subscriptions"): unit properties
+//! `a{sv}` ([`PropertyMap`]), one property `v`, properties to set `a(sv)`
+//! ([`PropertyList`]), transient aux units `a(sa(sv))` ([`AuxUnits`]).
 //!
 //! Invariants: decoding never trusts its input — the signature must be the one
 //! the caller expects, the bytes must decode completely (no trailing bytes),
 //! and any failure is an `org.freedesktop.DBus.Error.InvalidArgs` error with
 //! a one-line reason, never a panic.
 
+use drover_protocol::error_names::INVALID_ARGS;
 use drover_protocol::{Marshalled, RemoteError};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -20,9 +28,6 @@ use std::collections::HashMap;
 use zbus::OwnedVariant;
 use zbus::wire::serialized::{Context, Data};
 use zbus::wire::{DynamicType, LE, Type};
-
-/// D-Bus error name for a value that does not decode or has the wrong type.
-pub const ERR_INVALID_ARGS: &str = "org.freedesktop.DBus.Error.InvalidArgs";
 
 /// `a{sv}`: a property dictionary (`GetAll`, `PropertiesChanged`).
 pub type PropertyMap = HashMap<String, OwnedVariant>;
@@ -58,7 +63,7 @@ where
     let expected = T::SIGNATURE.to_string();
     if m.signature != expected {
         return Err(RemoteError::new(
-            ERR_INVALID_ARGS,
+            INVALID_ARGS,
             format!(
                 "expected a D-Bus value of type `{expected}`, got `{}`",
                 m.signature.chars().take(64).collect::<String>()
@@ -68,13 +73,13 @@ where
     let data = Data::new(m.data.as_slice(), context());
     let (value, used) = data.deserialize::<T>().map_err(|e| {
         RemoteError::new(
-            ERR_INVALID_ARGS,
+            INVALID_ARGS,
             format!("malformed `{expected}` D-Bus value: {e}"),
         )
     })?;
     if used != m.data.len() {
         return Err(RemoteError::new(
-            ERR_INVALID_ARGS,
+            INVALID_ARGS,
             format!(
                 "malformed `{expected}` D-Bus value: {} trailing bytes",
                 m.data.len() - used
@@ -143,7 +148,7 @@ mod tests {
         let list: PropertyList = vec![("A".into(), ov(1u8))];
         let m = encode(&list).unwrap();
         let e = decode::<PropertyMap>(&m).unwrap_err();
-        assert_eq!(e.name, ERR_INVALID_ARGS);
+        assert_eq!(e.name, INVALID_ARGS);
         assert!(
             e.message.contains("a{sv}") && e.message.contains("a(sv)"),
             "{e}"
@@ -158,10 +163,50 @@ mod tests {
             signature: m.signature.clone(),
             data: m.data[..m.data.len() - 1].to_vec(),
         };
-        assert_eq!(
-            decode::<PropertyList>(&cut).unwrap_err().name,
-            ERR_INVALID_ARGS
+        assert_eq!(decode::<PropertyList>(&cut).unwrap_err().name, INVALID_ARGS);
+    }
+
+    /// The manager's use: a dictionary from an agent read back.
+    #[test]
+    fn dict_round_trip() {
+        let mut map: PropertyMap = HashMap::new();
+        map.insert("ActiveState".into(), OwnedVariant::from(42u64));
+        map.insert(
+            "Id".into(),
+            Variant::from("a.service").try_into_owned().unwrap(),
         );
+        let m = encode(&map).unwrap();
+        let back: PropertyMap = decode(&m).unwrap();
+        assert_eq!(u64::try_from(back["ActiveState"].clone()).unwrap(), 42);
+        assert_eq!(String::try_from(back["Id"].clone()).unwrap(), "a.service");
+    }
+
+    /// The manager's use: one value, and shapes that are not what was asked.
+    #[test]
+    fn value_round_trip_and_wrong_shapes() {
+        let v = Variant::from(7u32);
+        let m = encode(&v).unwrap();
+        assert_eq!(m.signature, "v");
+        assert_eq!(
+            u32::try_from(decode::<OwnedVariant>(&m).unwrap()).unwrap(),
+            7
+        );
+        let e = decode::<PropertyMap>(&m).unwrap_err();
+        assert!(
+            e.message.starts_with("expected a D-Bus value of type"),
+            "{e}"
+        );
+        let garbage = Marshalled {
+            signature: "a{sv}".into(),
+            data: vec![0xff, 0xff, 0xff, 0x7f, 1, 2],
+        };
+        let e = decode::<PropertyMap>(&garbage).unwrap_err();
+        assert!(e.message.starts_with("malformed `a{sv}`"), "{e}");
+        let props: PropertyList = vec![("CPUWeight".to_owned(), OwnedVariant::from(100u64))];
+        let m = encode(&props).unwrap();
+        assert_eq!(m.signature, "a(sv)");
+        let aux: AuxUnits = vec![("x.service".to_owned(), props)];
+        assert_eq!(encode(&aux).unwrap().signature, "a(sa(sv))");
     }
 
     proptest! {

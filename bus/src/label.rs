@@ -5,7 +5,8 @@
 //!
 //! Every byte that is not an ASCII letter, and a digit in first position,
 //! becomes `_` followed by two lowercase hex digits; the empty string becomes
-//! `_`. The result is always a valid object path element, whatever the input.
+//! `_`. The result is always a valid object path element, whatever the input,
+//! and [`bus_label_unescape`] gives the input back.
 
 /// systemd's `bus_label_escape`.
 pub fn bus_label_escape(s: &str) -> String {

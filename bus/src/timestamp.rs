@@ -1,8 +1,13 @@
-//! Timestamps in the units BlueChi's API uses: microseconds of the realtime
-//! clock (`LastSeenTimestamp`) and of `CLOCK_MONOTONIC`
-//! (`LastSeenTimestampMonotonic`, and every liveness comparison — the
+//! The clocks behind BlueChi's timestamp properties: microseconds of the
+//! realtime clock (`LastSeenTimestamp`, `*Timestamp`) and of
+//! `CLOCK_MONOTONIC` (`*TimestampMonotonic`, comparable with systemd's own
+//! `*Monotonic` values, and what every liveness comparison uses — the
 //! realtime clock may jump, the monotonic one does not).
+//!
+//! Both read the clock without failing: a clock that cannot be read gives 0,
+//! which BlueChi's API means as "never".
 
+use nix::time::{ClockId, clock_gettime};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Realtime clock, µs since the Unix epoch (0 if the clock is before 1970).
@@ -15,17 +20,11 @@ pub fn realtime_us() -> u64 {
 
 /// `CLOCK_MONOTONIC` in µs, comparable with systemd's `*Monotonic` values.
 pub fn monotonic_us() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    if rc != 0 {
+    let Ok(ts) = clock_gettime(ClockId::CLOCK_MONOTONIC) else {
         return 0;
-    }
-    let secs = u64::try_from(ts.tv_sec).unwrap_or(0);
-    let nanos = u64::try_from(ts.tv_nsec).unwrap_or(0);
+    };
+    let secs = u64::try_from(ts.tv_sec()).unwrap_or(0);
+    let nanos = u64::try_from(ts.tv_nsec()).unwrap_or(0);
     secs.saturating_mul(1_000_000).saturating_add(nanos / 1_000)
 }
 

@@ -1,0 +1,37 @@
+//! drover-bus: what drover's processes share about D-Bus.
+//!
+//! drover speaks D-Bus on two sides — the agent to its node's systemd, and
+//! every client (droverctl, the proxy helper, BlueChi's tools) to the manager
+//! or the agent on BlueChi's public API. The facts those conversations depend
+//! on are written once, here:
+//!
+//! * [`bus`] — which bus (system, session, an address), how its address is
+//!   found, and the connection to it;
+//! * [`bluechi`] — BlueChi's bus names, object paths and interface names;
+//! * [`systemd`] — systemd's bus name, object paths and interfaces, and the
+//!   `ListUnits` row `(ssssssouso)` with its conversion to and from the
+//!   protocol's [`drover_protocol::UnitInfo`];
+//! * [`label`] — systemd's object path label escaping, the rule behind unit
+//!   and node paths;
+//! * `marshal` (feature `zbus`) — D-Bus values ↔ the wire's
+//!   [`drover_protocol::Marshalled`];
+//! * [`timestamp`] — the clocks of BlueChi's `*Timestamp` /
+//!   `*TimestampMonotonic` properties.
+//!
+//! D-Bus *error names* are not here: they cross drover's own wire too, so
+//! they live in [`drover_protocol::error_names`].
+//!
+//! Feature `zbus` (default): connecting, the typed `ListUnits` row and
+//! marshalling. Without it only names, paths, labels, the bus choice and the
+//! clocks remain, so a process that brings its own D-Bus client (the proxy
+//! helper) shares the rules without linking zbus.
+
+pub mod bluechi;
+pub mod bus;
+pub mod label;
+#[cfg(feature = "zbus")]
+pub mod marshal;
+pub mod systemd;
+pub mod timestamp;
+
+pub use bus::Bus;
