@@ -2,6 +2,8 @@
 CARGO ?= cargo
 # Checks the host packages each goal needs and installs what is missing (apt-get, dnf).
 HOST_DEPS ?= scripts/host-deps
+# Every test binary runs even when an earlier one fails, so one red file hides nothing.
+CARGO_TEST_FLAGS ?= --no-fail-fast
 
 # The five shipped binaries (drover-pki is a binary of drover-tls).
 SHIPPED = -p drover-manager -p drover-agent -p droverctl -p drover-proxy -p drover-tls

@@ -8,28 +8,17 @@
 //!   proxy unit whose `ExecStart`/`ExecStop` call the local API with `busctl`
 //!   (standing in for `drover-proxy`), and a unit bound to it.
 
-use drover_agent::deps::unit_status;
-use drover_agent::dispatch::{Dispatcher, Shared, pump_events};
-use drover_agent::link::LinkConfig;
-use drover_agent::outbox::SessionKill;
+mod common;
+
+use common::*;
 use drover_agent::systemd::Systemd;
 use drover_agent::systemd::dbus::ZbusSystemd;
-use drover_bus::Bus;
-use drover_protocol::handshake::Accepted;
-use drover_protocol::link::manager_read_hello;
 use drover_protocol::{
-    Event, NodeName, Notice, Reason, RemoteError, Request, Response, TargetChange, ToAgent,
-    ToManager, UnitName,
+    Event, JobKind, Notice, Reason, Request, Response, TargetChange, ToAgent, ToManager,
 };
-use drover_sandbox::cgroups::{Layout, SandboxCgroups};
-use drover_sandbox::node;
-use futures::{SinkExt, StreamExt};
-use std::path::PathBuf;
-use std::process::Child;
+use drover_testkit::process::ChildGuard;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
+use std::time::Duration;
 
 const T: Duration = Duration::from_secs(30);
 const NODE: &str = "bar";
@@ -38,163 +27,41 @@ const NODE: &str = "bar";
 /// (the contract of `drover_agent::deps`).
 const DEP_TEMPLATE: &str = include_str!("../../dist/usr/lib/systemd/system/drover-dep@.service");
 
-struct Node {
-    dir: PathBuf,
-    cgroups: SandboxCgroups,
-    child: Option<Child>,
-}
-
-impl Node {
-    async fn start() -> Node {
-        let layout = Layout::detect().expect("cgroup layout");
-        let id = format!(
-            "agent-deps-{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_nanos()
-        );
-        let dir = std::env::temp_dir().join(format!("drover-{id}"));
-        let mut n = Node {
-            dir: dir.clone(),
-            cgroups: SandboxCgroups::for_id(&layout, &id),
-            child: None,
-        };
-        n.cgroups.create_group(NODE).expect("node cgroup");
-        node::prepare_dirs(&dir, NODE).expect("node dirs");
-        let join = n.cgroups.join_spec(NODE).unwrap();
-        let log = dir.join("systemd.log");
-        let child = node::spawn(&layout, &join, &dir, NODE, log.clone()).expect("spawn node");
-        let pid = child.id();
-        n.child = Some(child);
-        node::wait_ready(&dir, NODE, pid, &log, T)
-            .await
-            .expect("node ready");
-        n
-    }
-
-    fn write_unit(&self, name: &str, text: &str) {
-        std::fs::write(node::unit_dir(&self.dir, NODE).join(name), text).unwrap();
-    }
-
-    async fn systemd(&self) -> ZbusSystemd {
-        ZbusSystemd::connect(&Bus::Address(node::bus_address(&self.dir, NODE)))
-            .await
-            .expect("systemd answers")
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        if let Err(e) = self.cgroups.kill_all(Duration::from_secs(10)) {
-            eprintln!("teardown: {e:#}");
-        }
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        if let Err(e) = self.cgroups.remove(Duration::from_secs(5)) {
-            eprintln!("teardown: {e:#}");
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-struct Rig {
-    node: Node,
-    systemd: Arc<ZbusSystemd>,
-    dispatcher: Dispatcher<ZbusSystemd>,
-    rx: mpsc::Receiver<ToManager>,
-    next_id: u64,
-}
-
-impl Rig {
-    async fn start() -> Rig {
-        let node = Node::start().await;
-        node.write_unit("drover-dep@.service", DEP_TEMPLATE);
-        node.write_unit(
-            "good.service",
-            "[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart=/bin/true\n",
-        );
-        node.write_unit(
-            "bad.service",
-            "[Service]\nType=oneshot\nExecStart=/bin/false\n",
-        );
-        // No ExecStart for a simple service: systemd refuses to load it.
-        node.write_unit("typo.service", "[Service]\nType=simple\n");
-        let systemd = Arc::new(node.systemd().await);
-        systemd.reload().await.expect("daemon-reload");
-        let shared = Arc::new(Shared::default());
-        shared.deps.set_node(NodeName::new(NODE).unwrap());
-        let events = systemd.subscribe().await.unwrap();
-        tokio::spawn(pump_events(events, shared.clone(), systemd.clone()));
-        let (tx, rx) = mpsc::channel(64);
-        shared.outbox.open(1, tx, SessionKill::new());
-        let dispatcher = Dispatcher::new(systemd.clone(), shared);
-        Rig {
-            node,
-            systemd,
-            dispatcher,
-            rx,
-            next_id: 0,
-        }
-    }
-
-    /// Sends `req` as the manager would and returns its one reply.
-    async fn ask(&mut self, req: Request) -> Result<Response, RemoteError> {
-        self.next_id += 1;
-        let id = self.next_id;
-        tokio::time::timeout(T, self.dispatcher.handle(1, id, req))
-            .await
-            .expect("the request finishes in time");
-        loop {
-            match tokio::time::timeout(T, self.rx.recv()).await {
-                Ok(Some(ToManager::Reply { id: got, result })) if got == id => return result,
-                Ok(Some(_)) => continue,
-                other => panic!("no reply: {other:?}"),
-            }
-        }
-    }
-
-    async fn active_state(&self, unit: &str) -> String {
-        unit_status(&*self.systemd, unit)
-            .await
-            .unwrap()
-            .active_state
-    }
-
-    async fn wait_state(&self, unit: &str, want: &str) {
-        let deadline = Instant::now() + T;
-        loop {
-            let got = self.active_state(unit).await;
-            if got == want {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{unit} is {got}, expected {want}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
+/// The target side: node `bar` with the dep template and a few targets, and the
+/// dispatcher on it that the test asks as the manager would.
+async fn target_rig() -> (SystemdNode, Rig) {
+    let node = SystemdNode::start("agent-deps", NODE).await;
+    node.write_unit("drover-dep@.service", DEP_TEMPLATE);
+    node.write_unit(
+        "good.service",
+        "[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart=/bin/true\n",
+    );
+    node.write_unit(
+        "bad.service",
+        "[Service]\nType=oneshot\nExecStart=/bin/false\n",
+    );
+    // No ExecStart for a simple service: systemd refuses to load it.
+    node.write_unit("typo.service", "[Service]\nType=simple\n");
+    node.reload().await;
+    let rig = Rig::start(&node, T, |s| s.deps.set_node(node_name(NODE))).await;
+    (node, rig)
 }
 
 fn start_dep(unit: &str) -> Request {
     Request::StartDep {
-        unit: UnitName::new(unit).unwrap(),
+        unit: unit_name(unit),
     }
 }
 
 fn stop_dep(unit: &str) -> Request {
     Request::StopDep {
-        unit: UnitName::new(unit).unwrap(),
+        unit: unit_name(unit),
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn start_dep_starts_the_target_and_stop_dep_leaves_it_running() {
-    let mut r = Rig::start().await;
+    let (node, mut r) = target_rig().await;
     assert_eq!(r.active_state("good.service").await, "inactive");
     assert_eq!(r.ask(start_dep("good.service")).await, Ok(Response::Empty));
     // Replied after the job finished: both are up already.
@@ -220,17 +87,17 @@ async fn start_dep_starts_the_target_and_stop_dep_leaves_it_running() {
     // The dep goes down with its target (BindsTo=).
     assert_eq!(r.ask(start_dep("good.service")).await, Ok(Response::Empty));
     r.systemd
-        .unit_job(drover_protocol::JobKind::Stop, "good.service", "replace")
+        .unit_job(JobKind::Stop, "good.service", "replace")
         .await
         .unwrap();
     r.wait_state("drover-dep@good.service.service", "inactive")
         .await;
-    drop(r.node);
+    drop(node);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn start_dep_of_a_missing_broken_or_failing_unit_is_a_clear_error() {
-    let mut r = Rig::start().await;
+    let (node, mut r) = target_rig().await;
     let err = r.ask(start_dep("nope.service")).await.unwrap_err();
     assert_eq!(
         err.message, "unit nope.service on node bar cannot be started: not found",
@@ -253,7 +120,7 @@ async fn start_dep_of_a_missing_broken_or_failing_unit_is_a_clear_error() {
         "{err}"
     );
     // Other unit types work too.
-    r.node.write_unit("ok.target", "[Unit]\nDescription=ok\n");
+    node.write_unit("ok.target", "[Unit]\nDescription=ok\n");
     r.systemd.reload().await.unwrap();
     assert_eq!(r.ask(start_dep("ok.target")).await, Ok(Response::Empty));
     assert_eq!(r.active_state("ok.target").await, "active");
@@ -280,39 +147,93 @@ RemainAfterExit=yes
 ExecStart=/bin/true
 ";
 
-type ManagerEnd = drover_protocol::link::ManagerFramed<tokio::net::TcpStream>;
-
-/// Accepts the agent's next connection as a fake manager.
-async fn accept(listener: &tokio::net::TcpListener, session_id: u64) -> ManagerEnd {
-    let (sock, _) = tokio::time::timeout(T, listener.accept())
-        .await
-        .expect("the agent connects")
-        .unwrap();
-    let (pending, hello) = manager_read_hello(sock, T).await.unwrap();
-    assert_eq!(hello.node, "foo");
-    let accepted = Accepted {
-        session_id,
-        heartbeat_interval_ms: 1000,
-        heartbeat_threshold_ms: 0,
-        manager_version: "fake".into(),
-    };
-    pending.accept(accepted, T).await.unwrap()
+/// The requesting side: node `bar` with the proxy template and need-db, the
+/// agent's systemd client on it, and a fake manager for the agent ("foo").
+struct Requesting {
+    node: SystemdNode,
+    systemd: Arc<ZbusSystemd>,
+    manager: FakeManager,
 }
 
-/// The next proxy event from the agent (heartbeats and others skipped).
-async fn proxy_event(m: &mut ManagerEnd) -> Event {
-    loop {
-        match tokio::time::timeout(T, m.next()).await {
-            Ok(Some(Ok(ToManager::Event(
-                e @ (Event::ProxyNew { .. } | Event::ProxyRemoved { .. }),
-            )))) => return e,
-            Ok(Some(Ok(_))) => continue,
-            other => panic!("expected a proxy event, got {other:?}"),
+impl Requesting {
+    async fn start() -> Requesting {
+        let node = SystemdNode::start("agent-deps", NODE).await;
+        node.write_unit("drover-proxy@.service", PROXY_UNIT);
+        node.write_unit("need-db.service", NEED_DB);
+        let systemd = Arc::new(systemd(&node).await);
+        systemd.reload().await.unwrap();
+        let manager = FakeManager::bind().await;
+        Requesting {
+            node,
+            systemd,
+            manager,
         }
+    }
+
+    async fn state(&self, unit: &str) -> String {
+        active_state(&self.systemd, unit).await
+    }
+
+    async fn wait(&self, unit: &str, want: &str) {
+        wait_state(&self.systemd, unit, want, T).await;
+    }
+
+    async fn start_unit(&self, unit: &str) {
+        self.systemd
+            .unit_job(JobKind::Start, unit, "replace")
+            .await
+            .unwrap();
+    }
+
+    /// The agent's next connection, accepted with `session_id`.
+    async fn accept(&self, session_id: u64) -> ManagerSession {
+        self.manager.accept("foo", session_id, T).await
+    }
+
+    /// The agent in-process, linked to the fake manager.
+    fn agent(&self) -> InProcessAgent {
+        InProcessAgent::start(&self.node, "foo", self.manager.port(), || {})
+    }
+
+    /// The agent binary on the node's bus (for a kill -9).
+    fn agent_process(&self) -> ChildGuard {
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_drover-agent"))
+            .args(["--no-default-config", "-n", "foo", "-H", "127.0.0.1"])
+            .args(["-p", &self.manager.port().to_string(), "-i", "200"])
+            .args(["--bus", &self.node.bus_address()])
+            .env("DROVER_LOG_TARGET", "stderr")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("drover-agent starts");
+        ChildGuard::new(child)
     }
 }
 
-async fn tell(m: &mut ManagerEnd, proxy_id: u64, active: &str) {
+fn is_proxy_event(m: &ToManager) -> bool {
+    matches!(
+        m,
+        ToManager::Event(Event::ProxyNew { .. } | Event::ProxyRemoved { .. })
+    )
+}
+
+/// The next proxy event from the agent (heartbeats and others skipped).
+async fn proxy_event(m: &mut ManagerSession) -> Event {
+    match m.expect("a proxy event", T, is_proxy_event).await {
+        ToManager::Event(e) => e,
+        other => unreachable!("{other:?}"),
+    }
+}
+
+/// The next proxy event within a short while, if any.
+async fn proxy_event_or_none(m: &mut ManagerSession) -> Option<Event> {
+    match m.maybe(Duration::from_millis(500), is_proxy_event).await {
+        Some(ToManager::Event(e)) => Some(e),
+        other => other.map(|o| unreachable!("{o:?}")),
+    }
+}
+
+async fn tell(m: &mut ManagerSession, proxy_id: u64, active: &str) {
     m.send(ToAgent::Notice(Notice::ProxyTarget {
         proxy_id,
         change: TargetChange::State {
@@ -321,133 +242,79 @@ async fn tell(m: &mut ManagerEnd, proxy_id: u64, active: &str) {
             reason: Reason::Real,
         },
     }))
-    .await
-    .unwrap();
+    .await;
 }
 
-fn db_new(id: u64) -> Event {
+fn db_new(proxy_id: u64) -> Event {
+    let (node, unit) = (node_name("bar"), unit_name("db.service"));
     Event::ProxyNew {
-        node: NodeName::new("bar").unwrap(),
-        unit: UnitName::new("db.service").unwrap(),
-        proxy_id: id,
+        node,
+        unit,
+        proxy_id,
     }
 }
 
-fn db_removed(id: u64) -> Event {
+/// The end of [`db_new`]'s proxy.
+fn db_removed(proxy_id: u64) -> Event {
+    let Event::ProxyNew { node, unit, .. } = db_new(proxy_id) else {
+        unreachable!("db_new makes a ProxyNew")
+    };
     Event::ProxyRemoved {
-        node: NodeName::new("bar").unwrap(),
-        unit: UnitName::new("db.service").unwrap(),
-        proxy_id: id,
+        node,
+        unit,
+        proxy_id,
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_unit_follows_the_target_across_reconnects_and_shutdown() {
-    let node = Node::start().await;
-    node.write_unit("drover-proxy@.service", PROXY_UNIT);
-    node.write_unit("need-db.service", NEED_DB);
-    let systemd = Arc::new(node.systemd().await);
-    systemd.reload().await.unwrap();
-    let state = async |unit: &str| unit_status(&*systemd, unit).await.unwrap().active_state;
-    let wait = async |unit: &str, want: &str| {
-        let deadline = Instant::now() + T;
-        loop {
-            let got = state(unit).await;
-            if got == want {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{unit} is {got}, expected {want}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    };
-    let start = async |unit: &str| {
-        systemd
-            .unit_job(drover_protocol::JobKind::Start, unit, "replace")
-            .await
-            .unwrap();
-    };
-
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let mut link = LinkConfig::new(NodeName::new("foo").unwrap(), "127.0.0.1", port);
-    link.heartbeat_interval = Duration::from_millis(100);
-    let shutdown = CancellationToken::new();
-    let agent = tokio::spawn({
-        let shutdown = shutdown.clone();
-        let bus = Bus::Address(node::bus_address(&node.dir, NODE));
-        async move { drover_agent::agent::run(&bus, link, shutdown, || {}).await }
-    });
-    let mut m = accept(&listener, 1).await;
+    let r = Requesting::start().await;
+    let agent = r.agent();
+    let mut m = r.accept(1).await;
 
     // 1. The target becomes active: the proxy, then need-db, start.
-    start("need-db.service").await;
+    r.start_unit("need-db.service").await;
     let Event::ProxyNew { proxy_id: a, .. } = proxy_event(&mut m).await else {
         panic!("expected ProxyNew");
     };
     assert_eq!(
-        state("need-db.service").await,
+        r.state("need-db.service").await,
         "inactive",
         "waits for the proxy"
     );
     tell(&mut m, a, "active").await;
-    wait("need-db.service", "active").await;
-    assert_eq!(state("drover-proxy@bar_db.service").await, "active");
+    r.wait("need-db.service", "active").await;
+    assert_eq!(r.state("drover-proxy@bar_db.service").await, "active");
 
     // 2. A real failure of the target stops the proxy and its dependents.
     tell(&mut m, a, "failed").await;
     assert_eq!(proxy_event(&mut m).await, db_removed(a));
-    wait("drover-proxy@bar_db.service", "inactive").await;
-    wait("need-db.service", "inactive").await;
+    r.wait("drover-proxy@bar_db.service", "inactive").await;
+    r.wait("need-db.service", "inactive").await;
 
     // 3. Started again; the manager goes away and comes back: the live
     //    proxy is announced again with the same id, and stays up meanwhile.
-    start("need-db.service").await;
+    r.start_unit("need-db.service").await;
     let Event::ProxyNew { proxy_id: b, .. } = proxy_event(&mut m).await else {
         panic!("expected ProxyNew");
     };
     assert!(b > a, "ids are never reused");
     tell(&mut m, b, "active").await;
-    wait("need-db.service", "active").await;
+    r.wait("need-db.service", "active").await;
     drop(m);
-    let mut m = accept(&listener, 2).await;
+    let mut m = r.accept(2).await;
     assert_eq!(proxy_event(&mut m).await, db_new(b));
-    assert_eq!(state("need-db.service").await, "active");
+    assert_eq!(r.state("need-db.service").await, "active");
 
     // 4. Clean agent shutdown (`systemctl restart drover-agent`): the active
     //    proxy and need-db keep running, the manager is not told the proxy
     //    is gone, and the next agent adopts it and announces it again.
-    shutdown.cancel();
-    let ended = tokio::time::timeout(T, agent)
-        .await
-        .expect("agent stops")
-        .unwrap();
-    assert!(ended.is_ok(), "{ended:?}");
-    loop {
-        match tokio::time::timeout(T, m.next()).await {
-            Ok(Some(Ok(ToManager::Event(
-                e @ (Event::ProxyNew { .. } | Event::ProxyRemoved { .. }),
-            )))) => {
-                panic!("a clean stop told the manager {e:?}")
-            }
-            Ok(Some(Ok(_))) => continue,
-            Ok(None | Some(Err(_))) => break,
-            Err(_) => panic!("the stopped agent's session did not end"),
-        }
-    }
-    assert_eq!(state("need-db.service").await, "active");
-    assert_eq!(state("drover-proxy@bar_db.service").await, "active");
-    let shutdown = CancellationToken::new();
-    let mut link = LinkConfig::new(NodeName::new("foo").unwrap(), "127.0.0.1", port);
-    link.heartbeat_interval = Duration::from_millis(100);
-    let agent = tokio::spawn({
-        let shutdown = shutdown.clone();
-        let bus = Bus::Address(node::bus_address(&node.dir, NODE));
-        async move { drover_agent::agent::run(&bus, link, shutdown, || {}).await }
-    });
-    let mut m = accept(&listener, 3).await;
+    agent.stop(T).await;
+    m.until_closed(T, is_proxy_event).await;
+    assert_eq!(r.state("need-db.service").await, "active");
+    assert_eq!(r.state("drover-proxy@bar_db.service").await, "active");
+    let agent = r.agent();
+    let mut m = r.accept(3).await;
     let Event::ProxyNew { proxy_id: c, .. } = proxy_event(&mut m).await else {
         panic!("expected the adopted proxy");
     };
@@ -455,102 +322,30 @@ async fn proxy_unit_follows_the_target_across_reconnects_and_shutdown() {
     // Adopted means followed: a real stop of the target still stops it.
     tell(&mut m, c, "inactive").await;
     assert_eq!(proxy_event(&mut m).await, db_removed(c));
-    wait("drover-proxy@bar_db.service", "inactive").await;
-    wait("need-db.service", "inactive").await;
-    shutdown.cancel();
-    let ended = tokio::time::timeout(T, agent).await.expect("agent stops");
-    assert!(ended.unwrap().is_ok());
-}
-
-/// The next proxy event within a short while, if any.
-async fn proxy_event_or_none(m: &mut ManagerEnd) -> Option<Event> {
-    let until = tokio::time::Instant::now() + Duration::from_millis(500);
-    loop {
-        match tokio::time::timeout_at(until, m.next()).await {
-            Ok(Some(Ok(ToManager::Event(
-                e @ (Event::ProxyNew { .. } | Event::ProxyRemoved { .. }),
-            )))) => return Some(e),
-            Ok(Some(Ok(_))) => continue,
-            Ok(other) => panic!("the session broke: {other:?}"),
-            Err(_) => return None,
-        }
-    }
-}
-
-/// The agent binary on the node's bus, with a kill -9 for a crash.
-struct AgentProcess(Child);
-
-impl AgentProcess {
-    fn start(node: &Node, port: u16) -> AgentProcess {
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_drover-agent"))
-            .args(["--no-default-config", "-n", "foo", "-H", "127.0.0.1"])
-            .args(["-p", &port.to_string(), "-i", "200"])
-            .args(["--bus", &node::bus_address(&node.dir, NODE)])
-            .env("DROVER_LOG_TARGET", "stderr")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .expect("drover-agent starts");
-        AgentProcess(child)
-    }
-}
-
-impl Drop for AgentProcess {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+    r.wait("drover-proxy@bar_db.service", "inactive").await;
+    r.wait("need-db.service", "inactive").await;
+    agent.stop(T).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_restarted_after_a_crash_follows_the_proxy_units_left_active() {
-    let node = Node::start().await;
-    node.write_unit("drover-proxy@.service", PROXY_UNIT);
-    node.write_unit("need-db.service", NEED_DB);
-    let systemd = Arc::new(node.systemd().await);
-    systemd.reload().await.unwrap();
-    let state = async |unit: &str| unit_status(&*systemd, unit).await.unwrap().active_state;
-    let wait = async |unit: &str, want: &str| {
-        let deadline = Instant::now() + T;
-        loop {
-            let got = state(unit).await;
-            if got == want {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{unit} is {got}, expected {want}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-
-    let mut first = AgentProcess::start(&node, port);
-    let mut m = accept(&listener, 1).await;
-    systemd
-        .unit_job(
-            drover_protocol::JobKind::Start,
-            "need-db.service",
-            "replace",
-        )
-        .await
-        .unwrap();
+    let r = Requesting::start().await;
+    let mut first = r.agent_process();
+    let mut m = r.accept(1).await;
+    r.start_unit("need-db.service").await;
     let Event::ProxyNew { proxy_id: a, .. } = proxy_event(&mut m).await else {
         panic!("expected ProxyNew");
     };
     tell(&mut m, a, "active").await;
-    wait("need-db.service", "active").await;
+    r.wait("need-db.service", "active").await;
 
     // kill -9: nothing is stopped, the proxy unit stays active.
-    first.0.kill().unwrap();
-    first.0.wait().unwrap();
+    first.kill();
     drop(m);
-    assert_eq!(state("drover-proxy@bar_db.service").await, "active");
+    assert_eq!(r.state("drover-proxy@bar_db.service").await, "active");
 
-    let _second = AgentProcess::start(&node, port);
-    let mut m = accept(&listener, 2).await;
+    let _second = r.agent_process();
+    let mut m = r.accept(2).await;
     let Event::ProxyNew {
         node: target_node,
         unit,
@@ -563,6 +358,6 @@ async fn an_agent_restarted_after_a_crash_follows_the_proxy_units_left_active() 
     // The adopted proxy still follows the target: a real failure stops it.
     tell(&mut m, b, "failed").await;
     assert_eq!(proxy_event(&mut m).await, db_removed(b));
-    wait("drover-proxy@bar_db.service", "inactive").await;
-    wait("need-db.service", "inactive").await;
+    r.wait("drover-proxy@bar_db.service", "inactive").await;
+    r.wait("need-db.service", "inactive").await;
 }

@@ -9,6 +9,7 @@ use drover_agent::proxy::Phase;
 use drover_bus::bluechi::{AGENT_BUS_NAME, AGENT_IFACE, AGENT_PATH};
 use drover_protocol::{Event, NodeName, Notice, Reason, TargetChange, ToManager, UnitName};
 use drover_sandbox::PrivateBus;
+use drover_testkit::api::assert_mentions;
 use futures::StreamExt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,10 +21,7 @@ const PROPS: &str = "org.freedesktop.DBus.Properties";
 
 /// Connects a new client to the test's private bus.
 async fn connect(bus: &PrivateBus) -> Connection {
-    zbus::connection::Builder::address(bus.address())
-        .build()
-        .await
-        .unwrap()
+    drover_testkit::api::connect(bus.address()).await
 }
 
 /// The agent's side (API served, a fake manager session open) and a client.
@@ -53,6 +51,17 @@ async fn rig() -> Rig {
         client,
         _agent_conn: agent_conn,
         _served: served,
+    }
+}
+
+impl Rig {
+    /// `CreateProxy` of node bar's db.service for [`LOCAL`], waiting in a task of its
+    /// own (the call returns once the target is up or refused).
+    fn create_db_proxy(&self) -> tokio::task::JoinHandle<Result<(), (String, String)>> {
+        let client = self.client.clone();
+        tokio::spawn(
+            async move { call(&client, "CreateProxy", (LOCAL, "bar", "db.service")).await },
+        )
     }
 }
 
@@ -174,11 +183,7 @@ async fn garbage_arguments_are_invalid_args_and_change_nothing() {
 #[tokio::test]
 async fn create_waits_for_the_target_duplicate_is_refused_remove_unknown_succeeds() {
     let mut r = rig().await;
-    let client = r.client.clone();
-    let pending =
-        tokio::spawn(
-            async move { call(&client, "CreateProxy", (LOCAL, "bar", "db.service")).await },
-        );
+    let pending = r.create_db_proxy();
     let id = match next_event(&mut r.manager).await {
         Event::ProxyNew {
             node,
@@ -240,11 +245,7 @@ async fn create_waits_for_the_target_duplicate_is_refused_remove_unknown_succeed
 #[tokio::test]
 async fn a_refused_proxy_fails_with_activation_failed_and_its_reason() {
     let mut r = rig().await;
-    let client = r.client.clone();
-    let pending =
-        tokio::spawn(
-            async move { call(&client, "CreateProxy", (LOCAL, "bar", "db.service")).await },
-        );
+    let pending = r.create_db_proxy();
     let Event::ProxyNew { proxy_id, .. } = next_event(&mut r.manager).await else {
         panic!("expected ProxyNew");
     };
@@ -291,11 +292,7 @@ async fn a_caller_that_leaves_the_bus_drops_its_waiting_proxy() {
     ));
     wait_proxies(&r.shared, 0).await;
     // The triple is free again.
-    let client = r.client.clone();
-    let again =
-        tokio::spawn(
-            async move { call(&client, "CreateProxy", (LOCAL, "bar", "db.service")).await },
-        );
+    let again = r.create_db_proxy();
     assert!(matches!(
         next_event(&mut r.manager).await,
         Event::ProxyNew { .. }
@@ -382,26 +379,28 @@ async fn introspection_describes_exactly_what_is_served() {
         .await
         .unwrap();
     let xml: String = reply.body().deserialize().unwrap();
-    for want in [
-        r#"<interface name="org.eclipse.bluechi.Agent">"#,
-        r#"<method name="CreateProxy">"#,
-        r#"<arg name="local_service_name" type="s" direction="in"/>"#,
-        r#"<arg name="node" type="s" direction="in"/>"#,
-        r#"<arg name="unit" type="s" direction="in"/>"#,
-        r#"<method name="RemoveProxy">"#,
-        r#"<property name="Status" type="s" access="read"/>"#,
-        r#"<property name="ControllerAddress" type="s" access="read"/>"#,
-        r#"<property name="LogLevel" type="s" access="read">"#,
-        r#"<property name="LogTarget" type="s" access="read">"#,
-        r#"<property name="DisconnectTimestamp" type="t" access="read">"#,
-        r#"<property name="DisconnectTimestampMonotonic" type="t" access="read">"#,
-        r#"<property name="LastSeenTimestamp" type="t" access="read">"#,
-        r#"<property name="LastSeenTimestampMonotonic" type="t" access="read">"#,
-        r#"value="const""#,
-        r#"value="false""#,
-    ] {
-        assert!(xml.contains(want), "XML lacks {want}:\n{xml}");
-    }
+    assert_mentions(
+        &xml,
+        "XML",
+        &[
+            r#"<interface name="org.eclipse.bluechi.Agent">"#,
+            r#"value="const""#,
+            r#"value="false""#,
+            r#"<method name="CreateProxy">"#,
+            r#"<arg name="local_service_name" type="s" direction="in"/>"#,
+            r#"<arg name="node" type="s" direction="in"/>"#,
+            r#"<arg name="unit" type="s" direction="in"/>"#,
+            r#"<method name="RemoveProxy">"#,
+            r#"<property name="Status" type="s" access="read"/>"#,
+            r#"<property name="ControllerAddress" type="s" access="read"/>"#,
+            r#"<property name="LogLevel" type="s" access="read">"#,
+            r#"<property name="LogTarget" type="s" access="read">"#,
+            r#"<property name="DisconnectTimestamp" type="t" access="read">"#,
+            r#"<property name="DisconnectTimestampMonotonic" type="t" access="read">"#,
+            r#"<property name="LastSeenTimestamp" type="t" access="read">"#,
+            r#"<property name="LastSeenTimestampMonotonic" type="t" access="read">"#,
+        ],
+    );
     for absent in ["SwitchController", "JobCancel", "header", "connection"] {
         assert!(!xml.contains(absent), "XML must not show {absent}:\n{xml}");
     }

@@ -9,19 +9,19 @@
 //! Every test starts its own dbus-daemon in its own temp dir; [`Bus`]'s `Drop`
 //! kills it and removes the dir, also when a test fails.
 
-use drover_bus::systemd::UnitTuple;
 use std::collections::HashMap;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use drover_sandbox::PrivateBus;
+use drover_testkit::api::{BUS_NAME, UnitTuple};
+use drover_testkit::ctl::{Ctl, CtlFollower};
+use drover_testkit::process::Run;
+use drover_testkit::standin::NamedError;
 use tokio::sync::{Mutex, Notify};
 use zbus::message::Header;
-use zbus::{Connection, DBusError, Message, ObjectPath, OwnedObjectPath, interface};
-
-const BUS_NAME: &str = "org.eclipse.bluechi";
+use zbus::{Connection, ObjectPath, OwnedObjectPath, interface};
 
 // ---------------------------------------------------------------------------------
 // A private bus
@@ -35,36 +35,6 @@ fn private_bus() -> Bus {
 
 // ---------------------------------------------------------------------------------
 // The stand-in manager
-
-/// A D-Bus error reply with any name (the manager forwards systemd's names).
-#[derive(Debug)]
-struct NamedError {
-    name: &'static str,
-    message: String,
-}
-
-impl NamedError {
-    fn new(name: &'static str, message: &str) -> NamedError {
-        NamedError {
-            name,
-            message: message.to_owned(),
-        }
-    }
-}
-
-impl DBusError for NamedError {
-    fn create_reply(&self, reply_to: &Header<'_>) -> zbus::Result<Message> {
-        Message::error(reply_to, self.name).build(&(self.message.as_str(),))
-    }
-
-    fn name(&self) -> zbus::names::ErrorName<'_> {
-        zbus::names::ErrorName::from_static_str_unchecked(self.name)
-    }
-
-    fn description(&self) -> Option<&str> {
-        Some(&self.message)
-    }
-}
 
 fn unit(name: &str, active: &str, sub: &str) -> UnitTuple {
     let root = OwnedObjectPath::try_from("/").expect("path");
@@ -491,30 +461,13 @@ async fn serve(bus: &Bus) -> (Connection, Arc<Shared>) {
 // ---------------------------------------------------------------------------------
 // Driving the binary
 
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
+/// This build's droverctl, told the bus with `--bus`.
+fn ctl(bus: &Bus) -> Ctl {
+    Ctl::flag(env!("CARGO_BIN_EXE_droverctl"), bus.address())
 }
 
 async fn droverctl(bus: &Bus, args: &[&str]) -> Run {
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_droverctl"))
-        .arg("--bus")
-        .arg(bus.address())
-        .args(args)
-        .env_remove("DROVER_BUS")
-        .kill_on_drop(true)
-        .output();
-    // A hang is a failure, not a stuck test run.
-    let out = tokio::time::timeout(Duration::from_secs(30), child)
-        .await
-        .unwrap_or_else(|_| panic!("droverctl {args:?} hung"))
-        .expect("run droverctl");
-    Run {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    ctl(bus).run(args).await
 }
 
 fn fields(line: &str) -> Vec<&str> {
@@ -805,65 +758,27 @@ async fn version_needs_no_bus() {
 }
 
 /// A droverctl that runs until interrupted, its stdout read line by line.
-struct Following {
-    child: tokio::process::Child,
-    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
-}
+struct Following(CtlFollower);
 
 impl Following {
     fn spawn(bus: &Bus, args: &[&str]) -> Following {
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_droverctl"))
-            .arg("--bus")
-            .arg(bus.address())
-            .args(args)
-            .env_remove("DROVER_BUS")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("run droverctl");
-        let out = child.stdout.take().expect("stdout");
-        Following {
-            child,
-            lines: tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(out)),
-        }
+        Following(ctl(bus).follow(args))
     }
 
     /// The next `n` lines (a missing line is a failure, not a hang).
     async fn read(&mut self, n: usize) -> Vec<String> {
-        let mut v = Vec::new();
-        for _ in 0..n {
-            let line = tokio::time::timeout(Duration::from_secs(10), self.lines.next_line())
-                .await
-                .unwrap_or_else(|_| panic!("no line after {v:?}"))
-                .expect("read stdout")
-                .unwrap_or_else(|| panic!("stdout closed after {v:?}"));
-            v.push(line);
-        }
-        v
+        self.0.next_lines(n, Duration::from_secs(10)).await
     }
 
     /// Waits for the exit; returns (code, stderr).
     async fn exit(mut self) -> (Option<i32>, String) {
-        let out = tokio::time::timeout(Duration::from_secs(10), async {
-            let status = self.child.wait().await.expect("wait");
-            let mut err = String::new();
-            if let Some(mut e) = self.child.stderr.take() {
-                tokio::io::AsyncReadExt::read_to_string(&mut e, &mut err)
-                    .await
-                    .expect("stderr");
-            }
-            (status.code(), err)
-        })
-        .await;
-        out.expect("droverctl did not exit")
+        let limit = Duration::from_secs(10);
+        let status = self.0.wait_exit(limit).await.expect("droverctl exits");
+        (status.code(), self.0.drain_stderr())
     }
 
     fn interrupt(&self) {
-        let pid = self.child.id().expect("running");
-        let pid = libc::pid_t::try_from(pid).expect("pid fits");
-        // SAFETY: kill(2) only sends SIGINT to our own, still running child.
-        unsafe { libc::kill(pid, libc::SIGINT) };
+        self.0.sigint().expect("SIGINT to droverctl");
     }
 }
 

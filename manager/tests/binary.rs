@@ -4,67 +4,16 @@
 mod common;
 
 use common::*;
+use drover_testkit::process::{ChildGuard, Signal, free_port};
+use drover_testkit::wait::eventually;
 use std::os::unix::net::UnixDatagram;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 use zbus::OwnedObjectPath;
 
 const BIN: &str = env!("CARGO_BIN_EXE_drover-manager");
-
-/// Kills the child on drop (a failing test leaves nothing running).
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Proc {
-    fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
-        let start = Instant::now();
-        loop {
-            if let Some(status) = self.0.try_wait().expect("try_wait") {
-                return status;
-            }
-            assert!(
-                start.elapsed() < limit,
-                "drover-manager did not exit within {limit:?}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
-}
-
-/// A file in the temp dir, removed on drop (also when the test fails).
-struct TempPath(std::path::PathBuf);
-
-impl TempPath {
-    fn new(name: &str) -> Self {
-        let path =
-            std::env::temp_dir().join(format!("drover-manager-bin-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_file(&path);
-        Self(path)
-    }
-}
-
-impl Drop for TempPath {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-fn temp_file(name: &str, text: &str) -> TempPath {
-    let path = TempPath::new(name);
-    std::fs::write(&path.0, text).expect("write temp file");
-    path
-}
+/// How long a manager started here may take to accept an agent.
+const UP: Duration = Duration::from_secs(5);
 
 #[test]
 fn version_and_usage() {
@@ -87,29 +36,24 @@ fn version_and_usage() {
 
 #[tokio::test]
 async fn socket_activated_manager_serves_notifies_and_stops_on_sigterm() {
-    let bus = test_bus();
-    let port = free_port();
-    let conf = temp_file(
-        "activated.conf",
+    let setup = BinarySetup::new(
         "[drover-manager]\nAllowedNodeNames=node1\nLogTarget=stderr\nHeartbeatInterval=200\n",
     );
-    let notify_path = TempPath::new("notify");
-    let notify = UnixDatagram::bind(&notify_path.0).expect("notify socket");
+    let (bus, port, conf) = (&setup.bus, setup.port, &setup.conf);
+    let notify_path = conf.with_file_name("notify");
+    let notify = UnixDatagram::bind(&notify_path).expect("notify socket");
     notify.set_read_timeout(Some(WAIT)).expect("timeout");
 
-    let mut proc = Proc(
+    let mut proc = ChildGuard::new(
         Command::new("systemd-socket-activate")
             .arg("-l")
             .arg(format!("127.0.0.1:{port}"))
             // systemd-socket-activate passes only the environment it is told to.
-            .arg(format!(
-                "--setenv=NOTIFY_SOCKET={}",
-                notify_path.0.display()
-            ))
+            .arg(format!("--setenv=NOTIFY_SOCKET={}", notify_path.display()))
             .arg("--")
             .arg(BIN)
             .args(["--no-default-config", "--bus", bus.address(), "-c"])
-            .arg(&conf.0)
+            .arg(conf)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -117,17 +61,9 @@ async fn socket_activated_manager_serves_notifies_and_stops_on_sigterm() {
     );
     // The listener exists before the manager runs; the first connection starts it.
     let addr = format!("127.0.0.1:{port}").parse().expect("addr");
-    let mut agent = None;
-    for _ in 0..100 {
-        match FakeAgent::connect(addr, "node1", reply_empty()).await {
-            Ok(a) => {
-                agent = Some(a);
-                break;
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    }
-    let _agent = agent.expect("the socket-activated manager accepts node1");
+    let _agent = FakeAgent::connect_when_up(addr, "node1", reply_empty(), UP)
+        .await
+        .expect("the socket-activated manager accepts node1");
 
     let notify_msg = tokio::task::spawn_blocking(move || {
         let mut buf = [0u8; 256];
@@ -138,34 +74,19 @@ async fn socket_activated_manager_serves_notifies_and_stops_on_sigterm() {
     .expect("join");
     assert!(notify_msg.contains("READY=1"), "{notify_msg}");
 
-    let client = zbus::connection::Builder::address(bus.address())
-        .build()
-        .await
-        .expect("client");
-    let reply = client
-        .call_method(
-            Some(BUS_NAME),
-            CONTROLLER,
-            Some("org.eclipse.bluechi.Controller"),
-            "ListNodes",
-            &(),
-        )
+    let client = Api::connect(bus.address()).await;
+    let nodes: Vec<(String, OwnedObjectPath, String, String)> = client
+        .call(CONTROLLER, CONTROLLER_IFACE, "ListNodes", &())
         .await
         .expect("ListNodes");
-    let nodes: Vec<(String, OwnedObjectPath, String, String)> =
-        reply.body().deserialize().expect("a(soss)");
     assert_eq!(nodes.len(), 1);
     assert_eq!(
         (nodes[0].0.as_str(), nodes[0].2.as_str()),
         ("node1", "online")
     );
 
-    let pid = i32::try_from(proc.0.id()).expect("pid");
-    // SAFETY: plain kill(2) on our own child.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-    let status = tokio::task::spawn_blocking(move || proc.wait_exit(WAIT))
-        .await
-        .expect("join");
+    proc.signal(Signal::SIGTERM);
+    let status = proc.exited(WAIT).await;
     assert!(
         status.success(),
         "SIGTERM ends the manager with 0, got {status}"
@@ -175,11 +96,9 @@ async fn socket_activated_manager_serves_notifies_and_stops_on_sigterm() {
 #[tokio::test]
 async fn a_name_owner_that_refuses_replacement_means_exit_1() {
     let bus = test_bus();
-    let squatter = zbus::connection::Builder::address(bus.address())
-        .build()
-        .await
-        .expect("connect");
+    let squatter = Api::connect(bus.address()).await;
     squatter
+        .conn
         .request_name_with_flags(BUS_NAME, zbus::fdo::RequestNameFlags::DO_NOT_QUEUE)
         .await
         .expect("take the name");
@@ -204,26 +123,14 @@ async fn a_name_owner_that_refuses_replacement_means_exit_1() {
 #[tokio::test]
 async fn running_out_of_descriptors_is_survived() {
     use std::os::unix::process::CommandExt;
-    let bus = test_bus();
-    let port = free_port();
-    let conf = temp_file(
-        "emfile.conf",
-        "[drover-manager]\nAllowedNodeNames=node1\nLogTarget=stderr\n",
-    );
-    let log_path = TempPath::new("emfile.log");
-    let log = std::fs::File::create(&log_path.0).expect("log file");
+    let setup = BinarySetup::new("[drover-manager]\nAllowedNodeNames=node1\nLogTarget=stderr\n");
+    let (bus, port) = (&setup.bus, setup.port);
     let mut cmd = Command::new(BIN);
-    cmd.args([
-        "--no-default-config",
-        "--bus",
-        bus.address(),
-        "-p",
-        &port.to_string(),
-        "-c",
-    ])
-    .arg(&conf.0)
-    .stdout(Stdio::null())
-    .stderr(Stdio::from(log));
+    cmd.args(["--no-default-config", "--bus", bus.address()])
+        .args(["-p", &port.to_string(), "-c"])
+        .arg(&setup.conf)
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(setup.log()));
     // SAFETY: only setrlimit(2), async-signal-safe, between fork and exec.
     unsafe {
         cmd.pre_exec(|| {
@@ -237,32 +144,18 @@ async fn running_out_of_descriptors_is_survived() {
             Ok(())
         });
     }
-    let _proc = Proc(cmd.spawn().expect("spawn drover-manager"));
+    let _proc = ChildGuard::new(cmd.spawn().expect("spawn drover-manager"));
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
 
     // Wait until it serves, then flood it with more connections than it has descriptors.
-    let client = zbus::connection::Builder::address(bus.address())
-        .build()
-        .await
-        .expect("client");
-    let mut up = false;
-    for _ in 0..100 {
-        let r = client
-            .call_method(
-                Some(BUS_NAME),
-                CONTROLLER,
-                Some("org.eclipse.bluechi.Controller"),
-                "ListNodes",
-                &(),
-            )
+    let client = Api::connect(bus.address()).await;
+    let up = eventually(UP, "the manager came up", || async {
+        let r: zbus::Result<Vec<(String, OwnedObjectPath, String, String)>> = client
+            .call(CONTROLLER, CONTROLLER_IFACE, "ListNodes", &())
             .await;
-        if r.is_ok() && tokio::net::TcpStream::connect(addr).await.is_ok() {
-            up = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(up, "the manager came up");
+        r.is_ok() && tokio::net::TcpStream::connect(addr).await.is_ok()
+    });
+    up.await.unwrap();
     let mut flood = Vec::new();
     for _ in 0..100 {
         flood.push(
@@ -271,28 +164,15 @@ async fn running_out_of_descriptors_is_survived() {
                 .expect("connect (backlog)"),
         );
     }
-    let mut logged = false;
-    for _ in 0..50 {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        let text = std::fs::read_to_string(&log_path.0).unwrap_or_default();
-        if text.contains("cannot accept agents") {
-            logged = true;
-            break;
-        }
-    }
-    assert!(logged, "EMFILE is logged");
+    let logged = eventually(Duration::from_millis(2500), "EMFILE is logged", || async {
+        setup.logged().contains("cannot accept agents")
+    });
+    logged.await.unwrap();
     // Descriptors free up: the manager accepts again.
     drop(flood);
-    let mut agent = None;
-    for _ in 0..100 {
-        if let Ok(a) = FakeAgent::connect(addr, "node1", reply_empty()).await {
-            agent = Some(a);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let agent = FakeAgent::connect_when_up(addr, "node1", reply_empty(), UP).await;
     assert!(
-        agent.is_some(),
+        agent.is_ok(),
         "a real agent registers once descriptors are free"
     );
 }

@@ -3,11 +3,10 @@
 mod common;
 
 use common::*;
-use drover_bus::systemd::UnitTuple;
 use drover_protocol::link::HandshakeError;
-use drover_protocol::{
-    Event, JobKind, RefuseReason, RemoteError, Request, Response, ToManager, UnitInfo,
-};
+use drover_protocol::{JobKind, RefuseReason, RemoteError, Request, Response, UnitInfo};
+use drover_testkit::agent::{job_done, job_state, reply_ok, reply_then};
+use drover_testkit::api::assert_mentions;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,10 +15,8 @@ use zbus::OwnedObjectPath;
 
 const NODE1: &str = "/org/eclipse/bluechi/node/node1";
 const NODE_BAR: &str = "/org/eclipse/bluechi/node/node_2dbar";
-const NODE_IFACE: &str = "org.eclipse.bluechi.Node";
-const CTRL_IFACE: &str = "org.eclipse.bluechi.Controller";
-const JOB_IFACE: &str = "org.eclipse.bluechi.Job";
-const PROPS: &str = "org.freedesktop.DBus.Properties";
+const CTRL_IFACE: &str = CONTROLLER_IFACE;
+const PROPS: &str = PROPERTIES_IFACE;
 
 type NodeRow = (String, OwnedObjectPath, String, String);
 
@@ -64,8 +61,8 @@ async fn list_nodes_and_status_changes() {
     let mut node_signals = f.signals(NODE1, PROPS).await;
     let mut ctrl_signals = f.signals(CONTROLLER, PROPS).await;
     let agent = f.agent("node1", reply_empty()).await;
-    wait_status(&mut node_signals, "Status", "online").await;
-    wait_status(&mut ctrl_signals, "Status", "degraded").await;
+    wait_changed(&mut node_signals, "Status", "online").await;
+    wait_changed(&mut ctrl_signals, "Status", "degraded").await;
 
     let nodes = list_nodes(&f).await;
     assert_eq!(
@@ -95,15 +92,15 @@ async fn list_nodes_and_status_changes() {
     );
 
     let bar = f.agent("node-bar", reply_empty()).await;
-    wait_status(&mut ctrl_signals, "Status", "up").await;
+    wait_changed(&mut ctrl_signals, "Status", "up").await;
     assert!(
         bar.accepted.session_id > agent.accepted.session_id,
         "session ids rise"
     );
 
     drop(agent);
-    wait_status(&mut node_signals, "Status", "offline").await;
-    wait_status(&mut ctrl_signals, "Status", "degraded").await;
+    wait_changed(&mut node_signals, "Status", "offline").await;
+    wait_changed(&mut ctrl_signals, "Status", "degraded").await;
     let nodes = list_nodes(&f).await;
     assert_eq!((nodes[0].2.as_str(), nodes[0].3.as_str()), ("offline", ""));
     // Last seen is kept while offline.
@@ -114,14 +111,10 @@ async fn list_nodes_and_status_changes() {
 #[tokio::test]
 async fn unknown_node_and_offline_calls() {
     let f = Fixture::start(config(&["node1"])).await;
-    let err = f
+    let res = f
         .call::<_, OwnedObjectPath>(CONTROLLER, CTRL_IFACE, "GetNode", &("nope",))
-        .await
-        .unwrap_err();
-    assert_eq!(
-        error_of(&err).0,
-        "org.freedesktop.DBus.Error.ServiceUnknown"
-    );
+        .await;
+    assert_eq!(error_name(res), "org.freedesktop.DBus.Error.ServiceUnknown");
 
     let err = f
         .call::<_, OwnedObjectPath>(NODE1, NODE_IFACE, "StartUnit", &("a.service", "replace"))
@@ -134,11 +127,8 @@ async fn unknown_node_and_offline_calls() {
             "Node is offline".into()
         )
     );
-    let err = f
-        .call::<_, ()>(NODE1, NODE_IFACE, "Reload", &())
-        .await
-        .unwrap_err();
-    assert_eq!(error_of(&err).0, "org.eclipse.bluechi.Offline");
+    let res = f.call::<_, ()>(NODE1, NODE_IFACE, "Reload", &()).await;
+    assert_eq!(error_name(res), "org.eclipse.bluechi.Offline");
 }
 
 #[tokio::test]
@@ -182,14 +172,10 @@ async fn registration_refusals() {
     let nodes = list_nodes(&f).await;
     assert_eq!(nodes.len(), 1, "refused names never appear: {nodes:?}");
     assert_eq!(nodes[0].2, "online", "the first session is untouched");
-    let err = f
+    let res = f
         .call::<_, OwnedObjectPath>(CONTROLLER, CTRL_IFACE, "GetNode", &("stranger",))
-        .await
-        .unwrap_err();
-    assert_eq!(
-        error_of(&err).0,
-        "org.freedesktop.DBus.Error.ServiceUnknown"
-    );
+        .await;
+    assert_eq!(error_name(res), "org.freedesktop.DBus.Error.ServiceUnknown");
 }
 
 #[tokio::test]
@@ -197,13 +183,12 @@ async fn silent_session_is_dropped_and_can_be_replaced() {
     let f = Fixture::start(config(&["node1"])).await;
     let mut node_signals = f.signals(NODE1, PROPS).await;
     let hung = f.agent("node1", reply_empty()).await;
-    wait_status(&mut node_signals, "Status", "online").await;
-    hung.silent
-        .store(true, std::sync::atomic::Ordering::Relaxed);
+    wait_changed(&mut node_signals, "Status", "online").await;
+    hung.silence();
     // Threshold is 1000 ms: the manager drops it on its own.
-    wait_status(&mut node_signals, "Status", "offline").await;
+    wait_changed(&mut node_signals, "Status", "offline").await;
     let fresh = f.agent("node1", reply_empty()).await;
-    wait_status(&mut node_signals, "Status", "online").await;
+    wait_changed(&mut node_signals, "Status", "online").await;
     assert!(fresh.accepted.session_id > hung.accepted.session_id);
 }
 
@@ -211,29 +196,15 @@ async fn silent_session_is_dropped_and_can_be_replaced() {
 async fn start_unit_emits_job_new_then_job_removed() {
     let f = Fixture::start(config(&["node1"])).await;
     // The agent accepts, reports progress, and finishes with "done".
-    let behavior: Behavior = Arc::new(|id, req| match req {
+    let behavior = reply_then(|req| match req {
         Request::UnitJob {
             kind: JobKind::Start,
             job_id,
             ..
-        } => vec![
-            ToManager::Reply {
-                id,
-                result: Ok(Response::Empty),
-            },
-            ToManager::Event(Event::JobStateChanged {
-                job_id: *job_id,
-                state: "running".into(),
-            }),
-            ToManager::Event(Event::JobDone {
-                job_id: *job_id,
-                result: "done".into(),
-            }),
-        ],
-        _ => vec![ToManager::Reply {
-            id,
-            result: Ok(Response::Empty),
-        }],
+        } => {
+            vec![job_state(*job_id, "running"), job_done(*job_id, "done")]
+        }
+        _ => vec![],
     });
     let agent = f.agent("node1", behavior).await;
     let mut jobs = f.signals(CONTROLLER, CTRL_IFACE).await;
@@ -259,7 +230,7 @@ async fn start_unit_emits_job_new_then_job_removed() {
             "done".into()
         )
     );
-    match &agent.requests.lock().unwrap()[0] {
+    match &agent.requests()[0] {
         Request::UnitJob {
             kind: JobKind::Start,
             unit,
@@ -294,20 +265,8 @@ async fn job_done_before_the_reply_still_orders_job_new_first() {
             kind: JobKind::Restart,
             job_id,
             ..
-        } => vec![
-            ToManager::Event(Event::JobDone {
-                job_id: *job_id,
-                result: "done".into(),
-            }),
-            ToManager::Reply {
-                id,
-                result: Ok(Response::Empty),
-            },
-        ],
-        _ => vec![ToManager::Reply {
-            id,
-            result: Ok(Response::Empty),
-        }],
+        } => vec![job_done(*job_id, "done"), reply_ok(id)],
+        _ => vec![reply_ok(id)],
     });
     let _agent = f.agent("node1", behavior).await;
     let mut jobs = f.signals(CONTROLLER, CTRL_IFACE).await;
@@ -363,7 +322,7 @@ async fn agent_drop_ends_pending_job_with_disconnected() {
     );
 
     drop(agent);
-    wait_status(&mut node_signals, "Status", "offline").await;
+    wait_changed(&mut node_signals, "Status", "offline").await;
     let (member, msg) = next_signal(&mut jobs).await;
     assert_eq!(member, "JobRemoved");
     let removed: (u32, OwnedObjectPath, String, String, String) = msg.body().deserialize().unwrap();
@@ -382,21 +341,9 @@ async fn agent_drop_ends_pending_job_with_disconnected() {
 #[tokio::test]
 async fn job_state_and_cancel() {
     let f = Fixture::start(config(&["node1"])).await;
-    let behavior: Behavior = Arc::new(|id, req| match req {
-        Request::JobCancel { job_id } => vec![
-            ToManager::Reply {
-                id,
-                result: Ok(Response::Empty),
-            },
-            ToManager::Event(Event::JobDone {
-                job_id: *job_id,
-                result: "canceled".into(),
-            }),
-        ],
-        _ => vec![ToManager::Reply {
-            id,
-            result: Ok(Response::Empty),
-        }],
+    let behavior = reply_then(|req| match req {
+        Request::JobCancel { job_id } => vec![job_done(*job_id, "canceled")],
+        _ => vec![],
     });
     let agent = f.agent("node1", behavior).await;
     let mut jobs = f.signals(CONTROLLER, CTRL_IFACE).await;
@@ -411,13 +358,8 @@ async fn job_state_and_cancel() {
         "waiting"
     );
     let mut job_props = f.signals(path.as_str(), PROPS).await;
-    agent
-        .send(ToManager::Event(Event::JobStateChanged {
-            job_id: 1,
-            state: "running".into(),
-        }))
-        .await;
-    wait_status(&mut job_props, "State", "running").await;
+    agent.send(job_state(1, "running")).await;
+    wait_changed(&mut job_props, "State", "running").await;
     let () = f
         .call(path.as_str(), JOB_IFACE, "Cancel", &())
         .await
@@ -427,13 +369,7 @@ async fn job_state_and_cancel() {
     let (_, _, _, _, result): (u32, OwnedObjectPath, String, String, String) =
         msg.body().deserialize().unwrap();
     assert_eq!(result, "canceled");
-    assert!(
-        agent
-            .requests
-            .lock()
-            .unwrap()
-            .contains(&Request::JobCancel { job_id: 1 })
-    );
+    assert!(agent.requests().contains(&Request::JobCancel { job_id: 1 }));
 }
 
 #[tokio::test]
@@ -458,25 +394,21 @@ async fn bad_arguments_are_invalid_args_and_reach_no_agent() {
         assert!(!message.is_empty());
     }
     // Wrong D-Bus types are refused by the bus layer the same way.
-    let err = f
+    let res = f
         .call::<_, OwnedObjectPath>(NODE1, NODE_IFACE, "StartUnit", &(7u32,))
-        .await
-        .unwrap_err();
-    assert_eq!(error_of(&err).0, "org.freedesktop.DBus.Error.InvalidArgs");
+        .await;
+    assert_eq!(error_name(res), "org.freedesktop.DBus.Error.InvalidArgs");
     assert_eq!(agent.request_count(), 0, "nothing was sent to the agent");
 }
 
 #[tokio::test]
 async fn systemd_errors_come_back_with_their_names() {
     let f = Fixture::start(config(&["node1"])).await;
-    let behavior: Behavior = Arc::new(|id, _| {
-        vec![ToManager::Reply {
-            id,
-            result: Err(RemoteError::new(
-                "org.freedesktop.systemd1.NoSuchUnit",
-                "Unit nope.service not found.",
-            )),
-        }]
+    let behavior = reply_with(|_| {
+        Err(RemoteError::new(
+            "org.freedesktop.systemd1.NoSuchUnit",
+            "Unit nope.service not found.",
+        ))
     });
     let _agent = f.agent("node1", behavior).await;
     let err = f
@@ -515,7 +447,7 @@ fn unit(name: &str) -> UnitInfo {
 async fn list_units_per_node_and_fleet_wide() {
     let f = Fixture::start(config(&["node1", "node-bar", "node3"])).await;
     let units: Behavior = Arc::new(|id, req| match req {
-        Request::ListUnits => vec![ToManager::Reply {
+        Request::ListUnits => vec![drover_protocol::ToManager::Reply {
             id,
             result: Ok(Response::Units(vec![unit("a.service")])),
         }],
@@ -579,11 +511,11 @@ async fn undecodable_frame_mid_session_drops_the_session() {
     let f = Fixture::start(config(&["node1"])).await;
     let mut node_signals = f.signals(NODE1, PROPS).await;
     let agent = f.agent("node1", reply_empty()).await;
-    wait_status(&mut node_signals, "Status", "online").await;
+    wait_changed(&mut node_signals, "Status", "online").await;
     agent
         .send_raw(vec![0, 0, 0, 4, 0xff, 0xff, 0xff, 0xff])
         .await;
-    wait_status(&mut node_signals, "Status", "offline").await;
+    wait_changed(&mut node_signals, "Status", "offline").await;
     // And the name is free again at once.
     let _again = f.agent("node1", reply_empty()).await;
 }
@@ -612,104 +544,114 @@ async fn introspection_describes_exactly_what_is_served() {
     let _agent = f.agent("node1", reply_empty()).await;
 
     let xml = f.introspect(CONTROLLER).await;
-    for want in [
-        r#"<interface name="org.eclipse.bluechi.Controller">"#,
-        r#"<method name="ListNodes">"#,
-        r#"<arg name="nodes" type="a(soss)" direction="out"/>"#,
-        r#"<method name="GetNode">"#,
-        r#"<arg name="name" type="s" direction="in"/>"#,
-        r#"<arg name="path" type="o" direction="out"/>"#,
-        r#"<arg name="units" type="a{sa(ssssssouso)}" direction="out"/>"#,
-        r#"<signal name="JobNew">"#,
-        r#"<arg name="id" type="u"/>"#,
-        r#"<arg name="job" type="o"/>"#,
-        r#"<signal name="JobRemoved">"#,
-        r#"<arg name="result" type="s"/>"#,
-        // EmitsChangedSignal=true is the default, so zbus writes no annotation.
-        r#"<property name="Status" type="s" access="read"/>"#,
-        r#"<property name="LogLevel" type="s" access="read">"#,
-        r#"<property name="LogTarget" type="s" access="read">"#,
-        r#"<node name="node">"#,
-    ] {
-        assert!(xml.contains(want), "controller XML lacks {want}:\n{xml}");
-    }
-    for want in [
-        r#"<method name="CreateMonitor">"#,
-        r#"<arg name="monitor" type="o" direction="out"/>"#,
-        r#"<method name="EnableMetrics">"#,
-        r#"<method name="DisableMetrics">"#,
-        r#"<method name="SetLogLevel">"#,
-        r#"<arg name="loglevel" type="s" direction="in"/>"#,
-        r#"<method name="ListUnitFiles">"#,
-        r#"<arg name="unitfiles" type="a{sa(ss)}" direction="out"/>"#,
-    ] {
-        assert!(xml.contains(want), "controller XML lacks {want}:\n{xml}");
-    }
+    assert_mentions(
+        &xml,
+        "controller XML",
+        &[
+            r#"<interface name="org.eclipse.bluechi.Controller">"#,
+            r#"<method name="ListNodes">"#,
+            r#"<arg name="nodes" type="a(soss)" direction="out"/>"#,
+            r#"<method name="GetNode">"#,
+            r#"<arg name="name" type="s" direction="in"/>"#,
+            r#"<arg name="path" type="o" direction="out"/>"#,
+            r#"<arg name="units" type="a{sa(ssssssouso)}" direction="out"/>"#,
+            r#"<signal name="JobNew">"#,
+            r#"<arg name="id" type="u"/>"#,
+            r#"<arg name="job" type="o"/>"#,
+            r#"<signal name="JobRemoved">"#,
+            r#"<arg name="result" type="s"/>"#,
+            // EmitsChangedSignal=true is the default, so zbus writes no annotation.
+            r#"<property name="Status" type="s" access="read"/>"#,
+            r#"<property name="LogLevel" type="s" access="read">"#,
+            r#"<property name="LogTarget" type="s" access="read">"#,
+            r#"<node name="node">"#,
+        ],
+    );
+    assert_mentions(
+        &xml,
+        "controller XML",
+        &[
+            r#"<method name="CreateMonitor">"#,
+            r#"<arg name="monitor" type="o" direction="out"/>"#,
+            r#"<method name="EnableMetrics">"#,
+            r#"<method name="DisableMetrics">"#,
+            r#"<method name="SetLogLevel">"#,
+            r#"<arg name="loglevel" type="s" direction="in"/>"#,
+            r#"<method name="ListUnitFiles">"#,
+            r#"<arg name="unitfiles" type="a{sa(ss)}" direction="out"/>"#,
+        ],
+    );
 
     let xml = f.introspect(NODE1).await;
-    for want in [
-        r#"<method name="StartUnit">"#,
-        r#"<method name="StopUnit">"#,
-        r#"<method name="RestartUnit">"#,
-        r#"<method name="ReloadUnit">"#,
-        r#"<arg name="mode" type="s" direction="in"/>"#,
-        r#"<arg name="job" type="o" direction="out"/>"#,
-        r#"<arg name="units" type="a(ssssssouso)" direction="out"/>"#,
-        r#"<method name="Reload">"#,
-        r#"<property name="Name" type="s" access="read">"#,
-        r#"<property name="PeerIp" type="s" access="read">"#,
-        r#"<property name="LastSeenTimestamp" type="t" access="read">"#,
-        r#"<property name="LastSeenTimestampMonotonic" type="t" access="read">"#,
-        r#"value="const""#,
-        r#"value="false""#,
-    ] {
-        assert!(xml.contains(want), "node XML lacks {want}:\n{xml}");
-    }
-    for want in [
-        r#"<method name="GetUnitProperties">"#,
-        r#"<arg name="props" type="a{sv}" direction="out"/>"#,
-        r#"<method name="GetUnitProperty">"#,
-        r#"<arg name="value" type="v" direction="out"/>"#,
-        r#"<method name="SetUnitProperties">"#,
-        r#"<arg name="keyvalues" type="a(sv)" direction="in"/>"#,
-        r#"<method name="EnableUnitFiles">"#,
-        r#"<arg name="carries_install_info" type="b" direction="out"/>"#,
-        r#"<arg name="changes" type="a(sss)" direction="out"/>"#,
-        r#"<method name="DisableUnitFiles">"#,
-        r#"<method name="GetUnitFileState">"#,
-        r#"<method name="ListUnitFiles">"#,
-        r#"<arg name="unitfiles" type="a(ss)" direction="out"/>"#,
-        r#"<method name="FreezeUnit">"#,
-        r#"<method name="ThawUnit">"#,
-        r#"<method name="KillUnit">"#,
-        r#"<arg name="signal" type="i" direction="in"/>"#,
-        r#"<method name="ResetFailed">"#,
-        r#"<method name="ResetFailedUnit">"#,
-        r#"<method name="GetDefaultTarget">"#,
-        r#"<method name="SetDefaultTarget">"#,
-        r#"<method name="StartTransientUnit">"#,
-        r#"<arg name="aux" type="a(sa(sv))" direction="in"/>"#,
-        r#"<method name="SetLogLevel">"#,
-    ] {
-        assert!(xml.contains(want), "node XML lacks {want}:\n{xml}");
-    }
+    assert_mentions(
+        &xml,
+        "node XML",
+        &[
+            r#"<method name="StartUnit">"#,
+            r#"<method name="StopUnit">"#,
+            r#"<method name="RestartUnit">"#,
+            r#"<method name="ReloadUnit">"#,
+            r#"<arg name="mode" type="s" direction="in"/>"#,
+            r#"<arg name="job" type="o" direction="out"/>"#,
+            r#"<arg name="units" type="a(ssssssouso)" direction="out"/>"#,
+            r#"<method name="Reload">"#,
+            r#"<property name="Name" type="s" access="read">"#,
+            r#"<property name="PeerIp" type="s" access="read">"#,
+            r#"<property name="LastSeenTimestamp" type="t" access="read">"#,
+            r#"<property name="LastSeenTimestampMonotonic" type="t" access="read">"#,
+            r#"value="const""#,
+            r#"value="false""#,
+        ],
+    );
+    assert_mentions(
+        &xml,
+        "node XML",
+        &[
+            r#"<method name="GetUnitProperties">"#,
+            r#"<arg name="props" type="a{sv}" direction="out"/>"#,
+            r#"<method name="GetUnitProperty">"#,
+            r#"<arg name="value" type="v" direction="out"/>"#,
+            r#"<method name="SetUnitProperties">"#,
+            r#"<arg name="keyvalues" type="a(sv)" direction="in"/>"#,
+            r#"<method name="EnableUnitFiles">"#,
+            r#"<arg name="carries_install_info" type="b" direction="out"/>"#,
+            r#"<arg name="changes" type="a(sss)" direction="out"/>"#,
+            r#"<method name="DisableUnitFiles">"#,
+            r#"<method name="GetUnitFileState">"#,
+            r#"<method name="ListUnitFiles">"#,
+            r#"<arg name="unitfiles" type="a(ss)" direction="out"/>"#,
+            r#"<method name="FreezeUnit">"#,
+            r#"<method name="ThawUnit">"#,
+            r#"<method name="KillUnit">"#,
+            r#"<arg name="signal" type="i" direction="in"/>"#,
+            r#"<method name="ResetFailed">"#,
+            r#"<method name="ResetFailedUnit">"#,
+            r#"<method name="GetDefaultTarget">"#,
+            r#"<method name="SetDefaultTarget">"#,
+            r#"<method name="StartTransientUnit">"#,
+            r#"<arg name="aux" type="a(sa(sv))" direction="in"/>"#,
+            r#"<method name="SetLogLevel">"#,
+        ],
+    );
 
     let path: OwnedObjectPath = f
         .call(NODE1, NODE_IFACE, "StartUnit", &("a.service", "replace"))
         .await
         .unwrap();
     let xml = f.introspect(path.as_str()).await;
-    for want in [
-        r#"<interface name="org.eclipse.bluechi.Job">"#,
-        r#"<method name="Cancel">"#,
-        r#"<property name="Id" type="u" access="read">"#,
-        r#"<property name="Node" type="s" access="read">"#,
-        r#"<property name="Unit" type="s" access="read">"#,
-        r#"<property name="JobType" type="s" access="read">"#,
-        r#"<property name="State" type="s" access="read"/>"#,
-    ] {
-        assert!(xml.contains(want), "job XML lacks {want}:\n{xml}");
-    }
+    assert_mentions(
+        &xml,
+        "job XML",
+        &[
+            r#"<interface name="org.eclipse.bluechi.Job">"#,
+            r#"<method name="Cancel">"#,
+            r#"<property name="Id" type="u" access="read">"#,
+            r#"<property name="Node" type="s" access="read">"#,
+            r#"<property name="Unit" type="s" access="read">"#,
+            r#"<property name="JobType" type="s" access="read">"#,
+            r#"<property name="State" type="s" access="read"/>"#,
+        ],
+    );
 }
 
 /// A reload that adds a node (offline until it registers) turns `up` into
@@ -719,7 +661,7 @@ async fn a_reload_adding_nodes_announces_the_controller_status() {
     let f = Fixture::start(config(&["node1"])).await;
     let mut ctrl_signals = f.signals(CONTROLLER, PROPS).await;
     let _agent = f.agent("node1", reply_empty()).await;
-    wait_status(&mut ctrl_signals, "Status", "up").await;
+    wait_changed(&mut ctrl_signals, "Status", "up").await;
     let core = f.manager().core().clone();
     let conn = f.manager().connection().clone();
     let report =
@@ -727,7 +669,7 @@ async fn a_reload_adding_nodes_announces_the_controller_status() {
             .await
             .expect("reload");
     assert_eq!(report.added.len(), 1);
-    wait_status(&mut ctrl_signals, "Status", "degraded").await;
+    wait_changed(&mut ctrl_signals, "Status", "degraded").await;
     let status: String = f.get_property(CONTROLLER, CTRL_IFACE, "Status").await;
     assert_eq!(status, "degraded");
 }

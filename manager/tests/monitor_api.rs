@@ -6,35 +6,28 @@
 mod common;
 
 use common::*;
-use drover_protocol::{Event, ModTag, Reason, Request, ToManager, UnitName};
-use futures::StreamExt;
+use drover_protocol::{Reason, Request, UnitName};
+use drover_testkit::agent::unit_state as state_event;
+use drover_testkit::api::assert_mentions;
 use std::time::Duration;
+use zbus::OwnedObjectPath;
 use zbus::message::Message;
-use zbus::{Connection, MessageStream, OwnedObjectPath};
 
-const CTRL_IFACE: &str = "org.eclipse.bluechi.Controller";
-const MON_IFACE: &str = "org.eclipse.bluechi.Monitor";
-const DROVER_MON: &str = "io.drover.Monitor";
+const MON_IFACE: &str = MONITOR_IFACE;
+const DROVER_MON: &str = DROVER_MONITOR_IFACE;
 
 fn unit(s: &str) -> UnitName {
-    UnitName::new(s).unwrap()
+    unit_name(s)
 }
 
-async fn create_monitor(conn: &Connection) -> OwnedObjectPath {
-    let reply = conn
-        .call_method(
-            Some(BUS_NAME),
-            CONTROLLER,
-            Some(CTRL_IFACE),
-            "CreateMonitor",
-            &(),
-        )
+async fn create_monitor(api: &Api) -> OwnedObjectPath {
+    api.call(CONTROLLER, CONTROLLER_IFACE, "CreateMonitor", &())
         .await
-        .expect("CreateMonitor");
-    reply.body().deserialize().unwrap()
+        .expect("CreateMonitor")
 }
 
-async fn mcall<B, R>(conn: &Connection, path: &str, method: &str, body: &B) -> zbus::Result<R>
+/// Calls a monitor method (`Follow` is drover's, the rest BlueChi's).
+async fn mcall<B, R>(api: &Api, path: &str, method: &str, body: &B) -> zbus::Result<R>
 where
     B: serde::Serialize + zbus::DynamicType,
     R: for<'d> serde::Deserialize<'d> + zbus::Type,
@@ -44,40 +37,22 @@ where
     } else {
         MON_IFACE
     };
-    let reply = conn
-        .call_method(Some(BUS_NAME), path, Some(iface), method, body)
-        .await?;
-    reply.body().deserialize::<R>()
+    api.call(path, iface, method, body).await
 }
 
-/// Every message this connection receives (unicast signals need no match rule).
-fn inbox(conn: &Connection) -> MessageStream {
-    MessageStream::from(conn.clone())
+/// Subscribes the monitor at `p` (owned by `owner`) to `unit` on node1, and waits
+/// until `agent` is asked to follow it (`*`: every unit); returns the subscription id.
+async fn subscribed(owner: &Api, p: &str, agent: &FakeAgent, u: &str) -> u32 {
+    let id = mcall(owner, p, "Subscribe", &("node1", u)).await.unwrap();
+    let unit = (u != "*").then(|| unit(u));
+    agent.wait_for_request(&Request::Subscribe { unit }).await;
+    id
 }
 
-/// Next monitor signal (of `iface`) within the wait time: (member, message).
-async fn next_from(stream: &mut MessageStream, iface: &str) -> (String, Message) {
-    loop {
-        let msg = tokio::time::timeout(WAIT, stream.next())
-            .await
-            .expect("a signal within the wait time")
-            .expect("stream open")
-            .expect("valid message");
-        let h = msg.header();
-        if h.message_type() == zbus::message::Type::Signal
-            && h.interface().is_some_and(|i| i.as_str() == iface)
-        {
-            let member = h.member().map(|m| m.to_string()).unwrap_or_default();
-            return (member, msg.clone());
-        }
-    }
-}
-
-/// True if no signal of `iface` arrives within `ms`.
-async fn quiet(stream: &mut MessageStream, iface: &str, ms: u64) -> bool {
-    tokio::time::timeout(Duration::from_millis(ms), next_from(stream, iface))
-        .await
-        .is_err()
+/// The monitor at `p` (owned by `owner`) adds client `peer`; returns the peer id.
+async fn add_peer(owner: &Api, p: &str, peer: &Api) -> u32 {
+    let name = peer.unique_name();
+    mcall(owner, p, "AddPeer", &(name.as_str(),)).await.unwrap()
 }
 
 fn strings<const N: usize>(msg: &Message) -> [String; N]
@@ -87,47 +62,27 @@ where
     msg.body().deserialize().expect("string arguments")
 }
 
-async fn wait_for_request(agent: &FakeAgent, want: &Request) {
-    for _ in 0..100 {
-        if agent.requests.lock().unwrap().contains(want) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!(
-        "agent never got {want:?}; got {:?}",
-        agent.requests.lock().unwrap()
-    );
-}
-
-async fn client(f: &Fixture) -> Connection {
-    zbus::connection::Builder::address(f.bus.address())
-        .build()
-        .await
-        .expect("client connects")
-}
-
-fn state_event(guid: u64, index: u64, u: &str, a: &str, s: &str) -> ToManager {
-    ToManager::Event(Event::UnitStateChanged {
-        tag: ModTag::new(guid, index),
-        unit: unit(u),
-        active_state: a.into(),
-        sub_state: s.into(),
-        reason: Reason::Real,
-    })
+/// node1 served by a fake agent, and a monitor owned by a client of its own: (the
+/// fixture, the agent, the owner, the monitor's path).
+async fn monitored() -> (Fixture, FakeAgent, Api, OwnedObjectPath) {
+    let f = Fixture::start(config(&["node1"])).await;
+    let agent = f.agent("node1", reply_empty()).await;
+    let owner = f.client().await;
+    let path = create_monitor(&owner).await;
+    (f, agent, owner, path)
 }
 
 #[tokio::test]
 async fn subscribe_forwards_events_unicast_to_the_owner_only() {
     let f = Fixture::start(config(&["node1", "node2"])).await;
     let agent = f.agent("node1", reply_empty()).await;
-    let guid = agent.accepted.session_id;
-    let owner = client(&f).await;
-    let other = client(&f).await;
-    let mut owner_in = inbox(&owner);
-    let mut other_in = inbox(&other);
+    let owner = f.client().await;
+    let other = f.client().await;
+    let mut owner_in = owner.inbox();
+    let mut other_in = other.inbox();
     // A bystander listening broadly sees nothing: signals are unicast.
     other
+        .conn
         .call_method(
             Some("org.freedesktop.DBus"),
             "/org/freedesktop/DBus",
@@ -140,45 +95,26 @@ async fn subscribe_forwards_events_unicast_to_the_owner_only() {
 
     let path = create_monitor(&owner).await;
     assert_eq!(path.as_str(), "/org/eclipse/bluechi/monitor/1");
-    let id: u32 = mcall(&owner, path.as_str(), "Subscribe", &("node1", "a.service"))
-        .await
-        .unwrap();
+    let id = subscribed(&owner, path.as_str(), &agent, "a.service").await;
     assert_eq!(id, 2, "BlueChi's subscription ids start at 2");
-    wait_for_request(
-        &agent,
-        &Request::Subscribe {
-            unit: Some(unit("a.service")),
-        },
-    )
-    .await;
 
-    agent
-        .send(ToManager::Event(Event::UnitNew {
-            tag: ModTag::new(guid, 1),
-            unit: unit("a.service"),
-            reason: Reason::Real,
-        }))
-        .await;
-    agent
-        .send(state_event(guid, 2, "a.service", "active", "running"))
-        .await;
+    agent.unit_new(1, "a.service", Reason::Real).await;
+    agent.unit_state(2, "a.service", "active", "running").await;
     // Not subscribed: never forwarded.
-    agent
-        .send(state_event(guid, 3, "b.service", "active", "running"))
-        .await;
+    agent.unit_state(3, "b.service", "active", "running").await;
 
-    let (member, msg) = next_from(&mut owner_in, MON_IFACE).await;
+    let (member, msg) = owner_in.next(MON_IFACE).await;
     assert_eq!(member, "UnitNew");
     assert_eq!(
         msg.header().destination().map(|d| d.to_string()),
-        owner.unique_name().map(|n| n.to_string()),
+        owner.conn.unique_name().map(|n| n.to_string()),
         "sent to the owner by name"
     );
     assert_eq!(
         strings::<3>(&msg),
         ["node1".to_owned(), "a.service".into(), "real".into()]
     );
-    let (member, msg) = next_from(&mut owner_in, MON_IFACE).await;
+    let (member, msg) = owner_in.next(MON_IFACE).await;
     assert_eq!(member, "UnitStateChanged");
     assert_eq!(
         strings::<5>(&msg),
@@ -191,27 +127,25 @@ async fn subscribe_forwards_events_unicast_to_the_owner_only() {
         ]
     );
     assert!(
-        quiet(&mut owner_in, MON_IFACE, 300).await,
+        owner_in.quiet(MON_IFACE, 300).await,
         "b.service is not watched"
     );
-    assert!(quiet(&mut other_in, MON_IFACE, 100).await, "no broadcast");
+    assert!(other_in.quiet(MON_IFACE, 100).await, "no broadcast");
 
     // A second monitor subscribing later gets the virtual replay.
     let path2 = create_monitor(&other).await;
     let _: u32 = mcall(&other, path2.as_str(), "Subscribe", &("*", "a.service"))
         .await
         .unwrap();
-    let (member, msg) = next_from(&mut other_in, MON_IFACE).await;
+    let (member, msg) = other_in.next(MON_IFACE).await;
     assert_eq!(member, "UnitNew");
     assert_eq!(strings::<3>(&msg)[2], "virtual");
-    let (member, msg) = next_from(&mut other_in, MON_IFACE).await;
+    let (member, msg) = other_in.next(MON_IFACE).await;
     assert_eq!(member, "UnitStateChanged");
     assert_eq!(strings::<5>(&msg)[2..], ["active", "running", "virtual"]);
     assert_eq!(
         agent
-            .requests
-            .lock()
-            .unwrap()
+            .requests()
             .iter()
             .filter(|r| matches!(r, Request::Subscribe { .. }))
             .count(),
@@ -224,21 +158,16 @@ async fn subscribe_forwards_events_unicast_to_the_owner_only() {
         .await
         .unwrap();
     let () = mcall(&other, path2.as_str(), "Close", &()).await.unwrap();
-    wait_for_request(
-        &agent,
-        &Request::Unsubscribe {
+    agent
+        .wait_for_request(&Request::Unsubscribe {
             unit: Some(unit("a.service")),
-        },
-    )
-    .await;
+        })
+        .await;
 }
 
 #[tokio::test]
 async fn bad_arguments_get_the_documented_errors_and_change_nothing() {
-    let f = Fixture::start(config(&["node1"])).await;
-    let agent = f.agent("node1", reply_empty()).await;
-    let owner = client(&f).await;
-    let path = create_monitor(&owner).await;
+    let (f, agent, owner, path) = monitored().await;
     let p = path.as_str();
 
     let err = mcall::<_, ()>(&owner, p, "Unsubscribe", &(77u32,))
@@ -253,25 +182,22 @@ async fn bad_arguments_get_the_documented_errors_and_change_nothing() {
         ("bad node!", "a.service"),
         ("", "a.service"),
     ] {
-        let err = mcall::<_, u32>(&owner, p, "Subscribe", &(node, u))
-            .await
-            .unwrap_err();
+        let res = mcall::<_, u32>(&owner, p, "Subscribe", &(node, u)).await;
         assert_eq!(
-            error_of(&err).0,
+            error_name(res),
             "org.freedesktop.DBus.Error.InvalidArgs",
             "{node:?} {u:?}"
         );
     }
     // One bad unit in a list refuses the whole list.
-    let err = mcall::<_, u32>(
+    let res = mcall::<_, u32>(
         &owner,
         p,
         "SubscribeList",
         &("node1", vec!["a.service", "bad unit"]),
     )
-    .await
-    .unwrap_err();
-    assert_eq!(error_of(&err).0, "org.freedesktop.DBus.Error.InvalidArgs");
+    .await;
+    assert_eq!(error_name(res), "org.freedesktop.DBus.Error.InvalidArgs");
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(agent.request_count(), 0, "nothing reached the agent");
 
@@ -280,58 +206,41 @@ async fn bad_arguments_get_the_documented_errors_and_change_nothing() {
         .await
         .unwrap();
     let () = mcall(&owner, p, "Unsubscribe", &(id,)).await.unwrap();
-    let err = mcall::<_, ()>(&owner, p, "Unsubscribe", &(id,))
-        .await
-        .unwrap_err();
-    assert_eq!(error_of(&err).0, "org.freedesktop.DBus.Error.Failed");
+    let res = mcall::<_, ()>(&owner, p, "Unsubscribe", &(id,)).await;
+    assert_eq!(error_name(res), "org.freedesktop.DBus.Error.Failed");
 
     // Peers: invalid, the owner, duplicates.
-    let own = owner.unique_name().unwrap().to_string();
+    let own = owner.unique_name();
     for name in ["not-unique", "", &own] {
-        let err = mcall::<_, u32>(&owner, p, "AddPeer", &(name,))
-            .await
-            .unwrap_err();
+        let res = mcall::<_, u32>(&owner, p, "AddPeer", &(name,)).await;
         assert_eq!(
-            error_of(&err).0,
+            error_name(res),
             "org.freedesktop.DBus.Error.InvalidArgs",
             "{name}"
         );
     }
-    let listener = client(&f).await;
-    let lname = listener.unique_name().unwrap().to_string();
+    let listener = f.client().await;
+    let lname = listener.unique_name();
     let _: u32 = mcall(&owner, p, "AddPeer", &(lname.as_str(),))
         .await
         .unwrap();
-    let err = mcall::<_, u32>(&owner, p, "AddPeer", &(lname.as_str(),))
-        .await
-        .unwrap_err();
-    assert_eq!(error_of(&err).0, "org.freedesktop.DBus.Error.InvalidArgs");
-    let err = mcall::<_, ()>(&owner, p, "RemovePeer", &(999u32, "x"))
-        .await
-        .unwrap_err();
-    assert_eq!(error_of(&err).0, "org.freedesktop.DBus.Error.Failed");
+    let res = mcall::<_, u32>(&owner, p, "AddPeer", &(lname.as_str(),)).await;
+    assert_eq!(error_name(res), "org.freedesktop.DBus.Error.InvalidArgs");
+    let res = mcall::<_, ()>(&owner, p, "RemovePeer", &(999u32, "x")).await;
+    assert_eq!(error_name(res), "org.freedesktop.DBus.Error.Failed");
 }
 
 #[tokio::test]
 async fn peers_receive_events_and_peer_removed() {
-    let f = Fixture::start(config(&["node1"])).await;
-    let agent = f.agent("node1", reply_empty()).await;
-    let guid = agent.accepted.session_id;
-    let owner = client(&f).await;
-    let listener = client(&f).await;
-    let bystander = client(&f).await;
-    let mut listener_in = inbox(&listener);
-    let mut bystander_in = inbox(&bystander);
-    let path = create_monitor(&owner).await;
+    let (f, agent, owner, path) = monitored().await;
+    let listener = f.client().await;
+    let bystander = f.client().await;
+    let mut listener_in = listener.inbox();
+    let mut bystander_in = bystander.inbox();
     let p = path.as_str();
-    let lname = listener.unique_name().unwrap().to_string();
-    let peer: u32 = mcall(&owner, p, "AddPeer", &(lname.as_str(),))
-        .await
-        .unwrap();
-    let _: u32 = mcall(&owner, p, "Subscribe", &("node1", "*"))
-        .await
-        .unwrap();
-    let (member, msg) = next_from(&mut listener_in, MON_IFACE).await;
+    let peer = add_peer(&owner, p, &listener).await;
+    subscribed(&owner, p, &agent, "*").await;
+    let (member, msg) = listener_in.next(MON_IFACE).await;
     assert_eq!(
         (member.as_str(), strings::<3>(&msg)),
         (
@@ -340,44 +249,36 @@ async fn peers_receive_events_and_peer_removed() {
         ),
         "a wildcard subscription starts with the pseudo unit"
     );
-    wait_for_request(&agent, &Request::Subscribe { unit: None }).await;
-    agent
-        .send(state_event(guid, 1, "x.service", "failed", "failed"))
-        .await;
-    let (member, msg) = next_from(&mut listener_in, MON_IFACE).await;
+    agent.unit_state(1, "x.service", "failed", "failed").await;
+    let (member, msg) = listener_in.next(MON_IFACE).await;
     assert_eq!(member, "UnitStateChanged");
     assert_eq!(strings::<5>(&msg)[1], "x.service");
-    assert!(quiet(&mut bystander_in, MON_IFACE, 200).await);
+    assert!(bystander_in.quiet(MON_IFACE, 200).await);
 
     let () = mcall(&owner, p, "RemovePeer", &(peer, "bye"))
         .await
         .unwrap();
-    let (member, msg) = next_from(&mut listener_in, MON_IFACE).await;
+    let (member, msg) = listener_in.next(MON_IFACE).await;
     assert_eq!(member, "PeerRemoved");
     assert_eq!(strings::<1>(&msg), ["bye".to_owned()]);
-    agent
-        .send(state_event(guid, 2, "x.service", "active", "running"))
-        .await;
+    agent.unit_state(2, "x.service", "active", "running").await;
     assert!(
-        quiet(&mut listener_in, MON_IFACE, 300).await,
+        listener_in.quiet(MON_IFACE, 300).await,
         "removed peers get nothing"
     );
 
     // Close: remaining peers get PeerRemoved("monitor closed"), the agent unsubscribes.
-    let bname = bystander.unique_name().unwrap().to_string();
-    let _: u32 = mcall(&owner, p, "AddPeer", &(bname.as_str(),))
-        .await
-        .unwrap();
+    add_peer(&owner, p, &bystander).await;
     let () = mcall(&owner, p, "Close", &()).await.unwrap();
-    let (member, msg) = next_from(&mut bystander_in, MON_IFACE).await;
+    let (member, msg) = bystander_in.next(MON_IFACE).await;
     assert_eq!(member, "PeerRemoved");
     assert_eq!(strings::<1>(&msg), ["monitor closed".to_owned()]);
-    wait_for_request(&agent, &Request::Unsubscribe { unit: None }).await;
-    let err = mcall::<_, u32>(&owner, p, "Subscribe", &("node1", "*"))
-        .await
-        .unwrap_err();
+    agent
+        .wait_for_request(&Request::Unsubscribe { unit: None })
+        .await;
+    let res = mcall::<_, u32>(&owner, p, "Subscribe", &("node1", "*")).await;
     assert_eq!(
-        error_of(&err).0,
+        error_name(res),
         "org.freedesktop.DBus.Error.UnknownObject",
         "the monitor is unexported"
     );
@@ -385,49 +286,30 @@ async fn peers_receive_events_and_peer_removed() {
 
 #[tokio::test]
 async fn monitor_closes_when_its_owner_leaves_the_bus() {
-    let f = Fixture::start(config(&["node1"])).await;
-    let agent = f.agent("node1", reply_empty()).await;
-    let owner = client(&f).await;
-    let path = create_monitor(&owner).await;
-    let _: u32 = mcall(&owner, path.as_str(), "Subscribe", &("node1", "a.service"))
-        .await
-        .unwrap();
-    wait_for_request(
-        &agent,
-        &Request::Subscribe {
-            unit: Some(unit("a.service")),
-        },
-    )
-    .await;
+    let (f, agent, owner, path) = monitored().await;
+    subscribed(&owner, path.as_str(), &agent, "a.service").await;
     drop(owner);
-    wait_for_request(
-        &agent,
-        &Request::Unsubscribe {
+    agent
+        .wait_for_request(&Request::Unsubscribe {
             unit: Some(unit("a.service")),
-        },
-    )
-    .await;
-    let err = f
+        })
+        .await;
+    let res = f
         .call::<_, String>(
             path.as_str(),
             "org.freedesktop.DBus.Properties",
             "Get",
             &(MON_IFACE, "X"),
         )
-        .await
-        .unwrap_err();
-    assert_eq!(error_of(&err).0, "org.freedesktop.DBus.Error.UnknownObject");
+        .await;
+    assert_eq!(error_name(res), "org.freedesktop.DBus.Error.UnknownObject");
     assert!(f.manager().core().monitors().is_empty());
 }
 
 #[tokio::test]
 async fn node_disconnect_sends_virtual_events_and_reconnect_replays() {
-    let f = Fixture::start(config(&["node1"])).await;
-    let agent = f.agent("node1", reply_empty()).await;
-    let guid = agent.accepted.session_id;
-    let owner = client(&f).await;
-    let mut inbox_ = inbox(&owner);
-    let path = create_monitor(&owner).await;
+    let (f, agent, owner, path) = monitored().await;
+    let mut inbox_ = owner.inbox();
     let p = path.as_str();
     let _: u32 = mcall(
         &owner,
@@ -437,23 +319,21 @@ async fn node_disconnect_sends_virtual_events_and_reconnect_replays() {
     )
     .await
     .unwrap();
-    assert_eq!(next_from(&mut inbox_, MON_IFACE).await.0, "UnitNew"); // "*"
-    agent
-        .send(state_event(guid, 1, "a.service", "active", "running"))
-        .await;
-    let (member, msg) = next_from(&mut inbox_, MON_IFACE).await;
+    assert_eq!(inbox_.next(MON_IFACE).await.0, "UnitNew"); // "*"
+    agent.unit_state(1, "a.service", "active", "running").await;
+    let (member, msg) = inbox_.next(MON_IFACE).await;
     assert_eq!(member, "UnitStateChanged");
     assert_eq!(
         strings::<5>(&msg)[1],
         "a.service",
         "deduplicated: once per monitor"
     );
-    assert!(quiet(&mut inbox_, MON_IFACE, 200).await);
+    assert!(inbox_.quiet(MON_IFACE, 200).await);
 
     drop(agent);
     let mut got = Vec::new();
     for _ in 0..4 {
-        let (member, msg) = next_from(&mut inbox_, MON_IFACE).await;
+        let (member, msg) = inbox_.next(MON_IFACE).await;
         let args: Vec<String> = match member.as_str() {
             "UnitStateChanged" => strings::<5>(&msg).to_vec(),
             _ => strings::<3>(&msg).to_vec(),
@@ -481,7 +361,7 @@ async fn node_disconnect_sends_virtual_events_and_reconnect_replays() {
     );
     // Reconnect: the manager replays both subscriptions, `*` watchers hear of it.
     let agent2 = f.agent("node1", reply_empty()).await;
-    let (member, msg) = next_from(&mut inbox_, MON_IFACE).await;
+    let (member, msg) = inbox_.next(MON_IFACE).await;
     assert_eq!(
         (member.as_str(), strings::<3>(&msg)),
         (
@@ -489,14 +369,14 @@ async fn node_disconnect_sends_virtual_events_and_reconnect_replays() {
             ["node1".to_owned(), "*".into(), "virtual".into()]
         )
     );
-    wait_for_request(&agent2, &Request::Subscribe { unit: None }).await;
-    wait_for_request(
-        &agent2,
-        &Request::Subscribe {
+    agent2
+        .wait_for_request(&Request::Subscribe { unit: None })
+        .await;
+    agent2
+        .wait_for_request(&Request::Subscribe {
             unit: Some(unit("a.service")),
-        },
-    )
-    .await;
+        })
+        .await;
 }
 
 type Row = (String, String, String, String, u64, u64);
@@ -505,17 +385,9 @@ type Changed = (String, String, String, String, String, String, u64, u64);
 /// The next `n` entries of the batched tagged stream (`UnitsChanged`), in
 /// order, and the number of signals they came in. Fails on any BlueChi
 /// per-event signal: a followed monitor gets only the batched stream.
-async fn next_tagged(
-    stream: &mut MessageStream,
-    pending: &mut Vec<Changed>,
-    n: usize,
-) -> Vec<Changed> {
+async fn next_tagged(stream: &mut Inbox, pending: &mut Vec<Changed>, n: usize) -> Vec<Changed> {
     while pending.len() < n {
-        let msg = tokio::time::timeout(WAIT, stream.next())
-            .await
-            .expect("a signal within the wait time")
-            .expect("stream open")
-            .expect("valid message");
+        let msg = stream.next_message().await;
         let h = msg.header();
         if h.message_type() != zbus::message::Type::Signal {
             continue;
@@ -536,27 +408,17 @@ async fn next_tagged(
 
 #[tokio::test]
 async fn follow_returns_a_snapshot_then_tagged_events_across_reconnects() {
-    let f = Fixture::start(config(&["node1"])).await;
-    let agent = f.agent("node1", reply_empty()).await;
+    let (f, agent, owner, path) = monitored().await;
     let g1 = agent.accepted.session_id;
-    let owner = client(&f).await;
-    let mut inbox_ = inbox(&owner);
-    let path = create_monitor(&owner).await;
+    let mut inbox_ = owner.inbox();
     let p = path.as_str();
-    let _: u32 = mcall(&owner, p, "Subscribe", &("node1", "*"))
-        .await
-        .unwrap();
-    wait_for_request(&agent, &Request::Subscribe { unit: None }).await;
-    agent
-        .send(state_event(g1, 1, "a.service", "active", "running"))
-        .await;
-    agent
-        .send(state_event(g1, 2, "b.service", "failed", "failed"))
-        .await;
+    subscribed(&owner, p, &agent, "*").await;
+    agent.unit_state(1, "a.service", "active", "running").await;
+    agent.unit_state(2, "b.service", "failed", "failed").await;
     // Wait until both went through.
     let mut seen = 0;
     while seen < 2 {
-        if next_from(&mut inbox_, MON_IFACE).await.0 == "UnitStateChanged" {
+        if inbox_.next(MON_IFACE).await.0 == "UnitStateChanged" {
             seen += 1;
         }
     }
@@ -583,7 +445,7 @@ async fn follow_returns_a_snapshot_then_tagged_events_across_reconnects() {
         ]
     );
     agent
-        .send(state_event(g1, 3, "a.service", "deactivating", "stop"))
+        .unit_state(3, "a.service", "deactivating", "stop")
         .await;
     let mut pending = Vec::new();
     let c = next_tagged(&mut inbox_, &mut pending, 1).await.remove(0);
@@ -632,14 +494,10 @@ async fn follow_returns_a_snapshot_then_tagged_events_across_reconnects() {
     let agent2 = f.agent("node1", reply_empty()).await;
     let g2 = agent2.accepted.session_id;
     assert!(g2 > g1);
-    wait_for_request(&agent2, &Request::Subscribe { unit: None }).await;
     agent2
-        .send(ToManager::Event(Event::UnitNew {
-            tag: ModTag::new(g2, 1),
-            unit: unit("a.service"),
-            reason: Reason::Virtual,
-        }))
+        .wait_for_request(&Request::Subscribe { unit: None })
         .await;
+    agent2.unit_new(1, "a.service", Reason::Virtual).await;
     // A stale event from the old guid on the new session is dropped.
     agent2
         .send(state_event(g1, 99, "a.service", "active", "running"))
@@ -649,8 +507,8 @@ async fn follow_returns_a_snapshot_then_tagged_events_across_reconnects() {
     let c = next_tagged(&mut inbox_, &mut pending, 1).await.remove(0);
     assert_eq!((c.2.as_str(), c.6, c.7), ("new", g2, 1));
     assert!(pending.is_empty(), "{pending:?}");
-    assert!(quiet(&mut inbox_, DROVER_MON, 300).await);
-    assert!(quiet(&mut inbox_, MON_IFACE, 300).await);
+    assert!(inbox_.quiet(DROVER_MON, 300).await);
+    assert!(inbox_.quiet(MON_IFACE, 300).await);
     let snap: Vec<Row> = mcall(&owner, p, "Follow", &()).await.unwrap();
     assert_eq!(
         snap,
@@ -667,31 +525,16 @@ async fn follow_returns_a_snapshot_then_tagged_events_across_reconnects() {
 
 #[tokio::test]
 async fn a_followed_monitor_sends_every_event_in_batches_to_its_owner_and_peers_only() {
-    let f = Fixture::start(config(&["node1"])).await;
-    let agent = f.agent("node1", reply_empty()).await;
+    let (f, agent, owner, path) = monitored().await;
     let g = agent.accepted.session_id;
-    let owner = client(&f).await;
-    let peer = client(&f).await;
-    let bystander = client(&f).await;
-    let mut owner_in = inbox(&owner);
-    let mut peer_in = inbox(&peer);
-    let mut bystander_in = inbox(&bystander);
-    let path = create_monitor(&owner).await;
+    let peer = f.client().await;
+    let bystander = f.client().await;
+    let mut owner_in = owner.inbox();
+    let mut peer_in = peer.inbox();
+    let mut bystander_in = bystander.inbox();
     let p = path.as_str();
-    let pname = peer.unique_name().unwrap().to_string();
-    let _: u32 = mcall(&owner, p, "AddPeer", &(pname.as_str(),))
-        .await
-        .unwrap();
-    let _: u32 = mcall(&owner, p, "Subscribe", &("node1", "x.service"))
-        .await
-        .unwrap();
-    wait_for_request(
-        &agent,
-        &Request::Subscribe {
-            unit: Some(unit("x.service")),
-        },
-    )
-    .await;
+    add_peer(&owner, p, &peer).await;
+    subscribed(&owner, p, &agent, "x.service").await;
     let snap: Vec<Row> = mcall(&owner, p, "Follow", &()).await.unwrap();
     assert!(snap.is_empty(), "{snap:?}");
     const N: u64 = 3000;
@@ -701,7 +544,7 @@ async fn a_followed_monitor_sends_every_event_in_batches_to_its_owner_and_peers_
         } else {
             ("activating", "start")
         };
-        agent.send(state_event(g, i, "x.service", a, s)).await;
+        agent.unit_state(i, "x.service", a, s).await;
     }
     for (who, stream) in [("owner", &mut owner_in), ("peer", &mut peer_in)] {
         let mut pending = Vec::new();
@@ -719,40 +562,41 @@ async fn a_followed_monitor_sends_every_event_in_batches_to_its_owner_and_peers_
         assert_eq!(rows[1].3, "active");
         assert!(pending.is_empty(), "{who}: {pending:?}");
         assert!(
-            quiet(stream, MON_IFACE, 200).await,
+            stream.quiet(MON_IFACE, 200).await,
             "{who}: no BlueChi signal"
         );
     }
-    assert!(quiet(&mut bystander_in, DROVER_MON, 200).await);
+    assert!(bystander_in.quiet(DROVER_MON, 200).await);
 }
 
 #[tokio::test]
 async fn introspection_describes_monitor_members() {
     let f = Fixture::start(config(&["node1"])).await;
-    let owner = client(&f).await;
+    let owner = f.client().await;
     let path = create_monitor(&owner).await;
-    let xml = f.introspect(path.as_str()).await;
-    for needle in [
-        r#"<interface name="org.eclipse.bluechi.Monitor">"#,
-        r#"<method name="Subscribe">"#,
-        r#"<method name="SubscribeList">"#,
-        r#"<arg name="units" type="as" direction="in"/>"#,
-        r#"<method name="Unsubscribe">"#,
-        r#"<method name="AddPeer">"#,
-        r#"<method name="RemovePeer">"#,
-        r#"<method name="Close">"#,
-        r#"<signal name="UnitNew">"#,
-        r#"<signal name="UnitRemoved">"#,
-        r#"<signal name="UnitStateChanged">"#,
-        r#"<signal name="UnitPropertiesChanged">"#,
-        r#"<arg name="props" type="a{sv}"/>"#,
-        r#"<signal name="PeerRemoved">"#,
-        r#"<interface name="io.drover.Monitor">"#,
-        r#"<method name="Follow">"#,
-        r#"<arg name="units" type="a(sssstt)" direction="out"/>"#,
-        r#"<signal name="UnitsChanged">"#,
-        r#"<arg name="units" type="a(sssssstt)"/>"#,
-    ] {
-        assert!(xml.contains(needle), "missing {needle} in\n{xml}");
-    }
+    assert_mentions(
+        &f.introspect(path.as_str()).await,
+        "monitor XML",
+        &[
+            r#"<interface name="org.eclipse.bluechi.Monitor">"#,
+            r#"<method name="Subscribe">"#,
+            r#"<method name="SubscribeList">"#,
+            r#"<arg name="units" type="as" direction="in"/>"#,
+            r#"<method name="Unsubscribe">"#,
+            r#"<method name="AddPeer">"#,
+            r#"<method name="RemovePeer">"#,
+            r#"<method name="Close">"#,
+            r#"<signal name="UnitNew">"#,
+            r#"<signal name="UnitRemoved">"#,
+            r#"<signal name="UnitStateChanged">"#,
+            r#"<signal name="UnitPropertiesChanged">"#,
+            r#"<arg name="props" type="a{sv}"/>"#,
+            r#"<signal name="PeerRemoved">"#,
+            r#"<interface name="io.drover.Monitor">"#,
+            r#"<method name="Follow">"#,
+            r#"<arg name="units" type="a(sssstt)" direction="out"/>"#,
+            r#"<signal name="UnitsChanged">"#,
+            r#"<arg name="units" type="a(sssssstt)"/>"#,
+        ],
+    );
 }

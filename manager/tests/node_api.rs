@@ -8,20 +8,19 @@ mod common;
 use common::*;
 use drover_bus::marshal;
 use drover_protocol::{Event, Request, Response, ToManager, UnitName};
+use drover_testkit::agent::job_done;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use zbus::{OwnedObjectPath, OwnedVariant};
 
 const NODE1: &str = "/org/eclipse/bluechi/node/node1";
-const NODE_IFACE: &str = "org.eclipse.bluechi.Node";
-const CTRL_IFACE: &str = "org.eclipse.bluechi.Controller";
-const INVALID_ARGS: &str = "org.freedesktop.DBus.Error.InvalidArgs";
+const CTRL_IFACE: &str = CONTROLLER_IFACE;
 
 type Change = (String, String, String);
 
 fn unit(s: &str) -> UnitName {
-    UnitName::new(s).unwrap()
+    unit_name(s)
 }
 
 /// An agent that answers each request like a node's systemd would.
@@ -64,23 +63,17 @@ fn systemd_like() -> Behavior {
         };
         let mut out = vec![ToManager::Reply { id, result }];
         if let Request::StartTransientUnit { job_id, .. } = req {
-            out.push(ToManager::Event(Event::JobDone {
-                job_id: *job_id,
-                result: "done".into(),
-            }));
+            out.push(job_done(*job_id, "done"));
         }
         out
     })
 }
 
-fn last_request(agent: &FakeAgent) -> Request {
-    agent
-        .requests
-        .lock()
-        .unwrap()
-        .last()
-        .cloned()
-        .expect("a request reached the agent")
+/// Controller `method` succeeds once, and fails with `Failed` when repeated.
+async fn once_only(f: &Fixture, method: &str) {
+    let () = f.call(CONTROLLER, CTRL_IFACE, method, &()).await.unwrap();
+    let res = f.call::<_, ()>(CONTROLLER, CTRL_IFACE, method, &()).await;
+    assert_eq!(error_name(res), "org.freedesktop.DBus.Error.Failed");
 }
 
 #[tokio::test]
@@ -103,7 +96,7 @@ async fn every_node_member_is_forwarded_and_answered() {
     );
     assert_eq!(u32::try_from(props["MainPID"].clone()).unwrap(), 42);
     assert_eq!(
-        last_request(&agent),
+        agent.last_request(),
         Request::GetUnitProperties {
             unit: unit("a.service"),
             interface: "org.freedesktop.systemd1.Unit".into()
@@ -131,7 +124,7 @@ async fn every_node_member_is_forwarded_and_answered() {
         )
         .await
         .unwrap();
-    match last_request(&agent) {
+    match agent.last_request() {
         Request::SetUnitProperties {
             unit: u,
             runtime,
@@ -155,7 +148,7 @@ async fn every_node_member_is_forwarded_and_answered() {
     assert!(info);
     assert_eq!(changes[0].0, "symlink");
     assert_eq!(
-        last_request(&agent),
+        agent.last_request(),
         Request::EnableUnitFiles {
             files: vec!["a.service".into()],
             runtime: false,
@@ -208,16 +201,16 @@ async fn every_node_member_is_forwarded_and_answered() {
             .call(NODE1, NODE_IFACE, method, &("a.service",))
             .await
             .unwrap();
-        assert_eq!(last_request(&agent), want, "{method}");
+        assert_eq!(agent.last_request(), want, "{method}");
     }
     let () = f.call(NODE1, NODE_IFACE, "ResetFailed", &()).await.unwrap();
-    assert_eq!(last_request(&agent), Request::ResetFailed);
+    assert_eq!(agent.last_request(), Request::ResetFailed);
     let () = f
         .call(NODE1, NODE_IFACE, "KillUnit", &("a.service", "main", 15i32))
         .await
         .unwrap();
     assert_eq!(
-        last_request(&agent),
+        agent.last_request(),
         Request::KillUnit {
             unit: unit("a.service"),
             whom: "main".into(),
@@ -239,7 +232,7 @@ async fn every_node_member_is_forwarded_and_answered() {
         .await
         .unwrap();
     assert_eq!(
-        last_request(&agent),
+        agent.last_request(),
         Request::SetDefaultTarget {
             target: unit("graphical.target"),
             force: false
@@ -250,7 +243,7 @@ async fn every_node_member_is_forwarded_and_answered() {
         .await
         .unwrap();
     assert_eq!(
-        last_request(&agent),
+        agent.last_request(),
         Request::SetLogLevel {
             level: "DEBUG".into()
         }
@@ -290,7 +283,7 @@ async fn transient_units_are_real_jobs() {
         (job, node.as_str(), u.as_str(), result.as_str()),
         (path, "node1", "run-x.service", "done")
     );
-    match last_request(&agent) {
+    match agent.last_request() {
         Request::StartTransientUnit {
             unit: u,
             mode,
@@ -317,7 +310,7 @@ async fn bad_node_arguments_are_invalid_args_and_reach_no_agent() {
         B: serde::Serialize + zbus::DynamicType,
     {
         let err = f
-            .client
+            .conn
             .call_method(Some(BUS_NAME), NODE1, Some(NODE_IFACE), method, body)
             .await
             .err()
@@ -362,11 +355,10 @@ async fn bad_node_arguments_are_invalid_args_and_reach_no_agent() {
 #[tokio::test]
 async fn offline_node_members_answer_offline() {
     let f = Fixture::start(config(&["node1"])).await;
-    let err = f
+    let res = f
         .call::<_, ()>(NODE1, NODE_IFACE, "FreezeUnit", &("a.service",))
-        .await
-        .unwrap_err();
-    assert_eq!(error_of(&err).0, "org.eclipse.bluechi.Offline");
+        .await;
+    assert_eq!(error_name(res), "org.eclipse.bluechi.Offline");
 }
 
 #[tokio::test]
@@ -385,11 +377,10 @@ async fn controller_log_level_unit_files_and_metrics() {
             .await,
         "DEBUG"
     );
-    let err = f
+    let res = f
         .call::<_, ()>(CONTROLLER, CTRL_IFACE, "SetLogLevel", &("VERBOSE",))
-        .await
-        .unwrap_err();
-    assert_eq!(error_of(&err).0, INVALID_ARGS);
+        .await;
+    assert_eq!(error_name(res), INVALID_ARGS);
     assert_eq!(
         f.get_property::<String>(CONTROLLER, CTRL_IFACE, "LogLevel")
             .await,
@@ -406,52 +397,21 @@ async fn controller_log_level_unit_files_and_metrics() {
 
     // Metrics: enable twice fails, the object appears, agents are told,
     // the agent's job metrics come back as a signal.
-    let mut metrics = f
-        .signals(
-            "/org/eclipse/bluechi/metrics",
-            "org.eclipse.bluechi.Metrics",
-        )
-        .await;
-    let () = f
-        .call(CONTROLLER, CTRL_IFACE, "EnableMetrics", &())
-        .await
-        .unwrap();
-    let err = f
-        .call::<_, ()>(CONTROLLER, CTRL_IFACE, "EnableMetrics", &())
-        .await
-        .unwrap_err();
-    assert_eq!(error_of(&err).0, "org.freedesktop.DBus.Error.Failed");
-    let xml = f.introspect("/org/eclipse/bluechi/metrics").await;
+    let mut metrics = f.signals(METRICS_PATH, METRICS_IFACE).await;
+    once_only(&f, "EnableMetrics").await;
+    let xml = f.introspect(METRICS_PATH).await;
     assert!(
         xml.contains(r#"<signal name="StartUnitJobMetrics">"#),
         "{xml}"
     );
     assert!(xml.contains(r#"<signal name="AgentJobMetrics">"#), "{xml}");
-    for _ in 0..50 {
-        if agent
-            .requests
-            .lock()
-            .unwrap()
-            .contains(&Request::EnableMetrics)
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(
-        agent
-            .requests
-            .lock()
-            .unwrap()
-            .contains(&Request::EnableMetrics)
-    );
-    agent
-        .send(ToManager::Event(Event::JobMetrics {
-            unit: unit("a.service"),
-            method: "StartUnit".into(),
-            micros: 777,
-        }))
-        .await;
+    agent.wait_for_request(&Request::EnableMetrics).await;
+    let metrics_event = Event::JobMetrics {
+        unit: unit("a.service"),
+        method: "StartUnit".into(),
+        micros: 777,
+    };
+    agent.event(metrics_event).await;
     let (member, msg) = next_signal(&mut metrics).await;
     assert_eq!(member, "AgentJobMetrics");
     let body: (String, String, String, u64) = msg.body().deserialize().unwrap();
@@ -464,12 +424,7 @@ async fn controller_log_level_unit_files_and_metrics() {
         .call(NODE1, NODE_IFACE, "StartUnit", &("a.service", "replace"))
         .await
         .unwrap();
-    agent
-        .send(ToManager::Event(Event::JobDone {
-            job_id: 1,
-            result: "done".into(),
-        }))
-        .await;
+    agent.send(job_done(1, "done")).await;
     let (member, msg) = next_signal(&mut metrics).await;
     assert_eq!(member, "StartUnitJobMetrics");
     let (node, job, u, _gross, net): (String, String, String, u64, u64) =
@@ -480,22 +435,9 @@ async fn controller_log_level_unit_files_and_metrics() {
         "both timestamps are 1234 in this fake, so the net time is 0"
     );
 
-    let () = f
-        .call(CONTROLLER, CTRL_IFACE, "DisableMetrics", &())
-        .await
-        .unwrap();
+    once_only(&f, "DisableMetrics").await;
     let err = f
-        .call::<_, ()>(CONTROLLER, CTRL_IFACE, "DisableMetrics", &())
-        .await
-        .unwrap_err();
-    assert_eq!(error_of(&err).0, "org.freedesktop.DBus.Error.Failed");
-    let err = f
-        .call::<_, String>(
-            "/org/eclipse/bluechi/metrics",
-            "org.freedesktop.DBus.Introspectable",
-            "Introspect",
-            &(),
-        )
+        .call::<_, String>(METRICS_PATH, INTROSPECTABLE_IFACE, "Introspect", &())
         .await;
     // The object is gone: zbus answers an empty node or UnknownObject.
     if let Ok(xml) = err {

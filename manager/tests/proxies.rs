@@ -6,22 +6,20 @@ mod common;
 use common::*;
 use drover_config::{ManagerConfig, NodeSection};
 use drover_protocol::{
-    Event, ModTag, NodeName, Notice, Reason, RemoteError, Request, Response, TargetChange,
-    ToManager, UnitName,
+    Event, NodeName, Notice, Reason, RemoteError, Request, Response, TargetChange, UnitName,
 };
-use std::sync::Arc;
 use std::time::Duration;
 
-const DROVER_IFACE: &str = "io.drover.Controller";
+const DROVER_IFACE: &str = DROVER_CONTROLLER_IFACE;
 
 type Row = (String, String, String, String, String, u32);
 
 fn nn(s: &str) -> NodeName {
-    NodeName::new(s).unwrap()
+    node_name(s)
 }
 
 fn un(s: &str) -> UnitName {
-    UnitName::new(s).unwrap()
+    unit_name(s)
 }
 
 /// Nodes a, b, c; a may depend on b; c may not depend on anything.
@@ -42,29 +40,6 @@ async fn list(f: &Fixture) -> Vec<Row> {
         .expect("ListProxies")
 }
 
-/// Polls `cond` for up to [`WAIT`].
-async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !cond() {
-        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-fn count(agent: &FakeAgent, want: &Request) -> usize {
-    agent
-        .requests
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|r| *r == want)
-        .count()
-}
-
-fn notices(agent: &FakeAgent) -> Vec<Notice> {
-    agent.notices.lock().unwrap().clone()
-}
-
 fn start_dep(unit: &str) -> Request {
     Request::StartDep { unit: un(unit) }
 }
@@ -73,57 +48,66 @@ fn stop_dep(unit: &str) -> Request {
     Request::StopDep { unit: un(unit) }
 }
 
-async fn proxy_new(agent: &FakeAgent, node: &str, unit: &str, id: u64) {
+/// `agent` announces (`new`) or withdraws its proxy `proxy_id` of `unit` on `node`.
+async fn proxy_event(agent: &FakeAgent, new: bool, node: &str, unit: &str, proxy_id: u64) {
+    let (node, unit) = (nn(node), un(unit));
     agent
-        .send(ToManager::Event(Event::ProxyNew {
-            node: nn(node),
-            unit: un(unit),
-            proxy_id: id,
-        }))
+        .event(match new {
+            true => Event::ProxyNew {
+                node,
+                unit,
+                proxy_id,
+            },
+            false => Event::ProxyRemoved {
+                node,
+                unit,
+                proxy_id,
+            },
+        })
         .await;
 }
 
-async fn proxy_removed(agent: &FakeAgent, node: &str, unit: &str, id: u64) {
-    agent
-        .send(ToManager::Event(Event::ProxyRemoved {
-            node: nn(node),
-            unit: un(unit),
-            proxy_id: id,
-        }))
-        .await;
+async fn proxy_new(agent: &FakeAgent, node: &str, unit: &str, proxy_id: u64) {
+    proxy_event(agent, true, node, unit, proxy_id).await;
+}
+
+async fn proxy_removed(agent: &FakeAgent, node: &str, unit: &str, proxy_id: u64) {
+    proxy_event(agent, false, node, unit, proxy_id).await;
 }
 
 /// The target agent reports `unit` loaded and in `active` state (real).
 async fn target_state(agent: &FakeAgent, unit: &str, index: u64, active: &str) {
-    let guid = agent.accepted.session_id;
-    agent
-        .send(ToManager::Event(Event::UnitStateChanged {
-            tag: ModTag::new(guid, index),
-            unit: un(unit),
-            active_state: active.into(),
-            sub_state: "running".into(),
-            reason: Reason::Real,
-        }))
+    agent.unit_state(index, unit, active, "running").await;
+}
+
+/// The manager (nodes a, b, c; grace period `grace_ms`), with b's agent answering as
+/// `b_answers` says, then a's agent: (fixture, b, a).
+async fn a_and_b(grace_ms: u64, b_answers: Behavior) -> (Fixture, FakeAgent, FakeAgent) {
+    let f = Fixture::start(proxy_config(grace_ms)).await;
+    let b = f.agent("b", b_answers).await;
+    let a = f.agent("a", reply_empty()).await;
+    (f, b, a)
+}
+
+/// a announces its proxy 1 of db.service on b; returns once b was asked to start the dep.
+async fn db_wanted(a: &FakeAgent, b: &FakeAgent) {
+    proxy_new(a, "b", "db.service", 1).await;
+    b.wait_for("StartDep", |r| r.count(&start_dep("db.service")) == 1)
         .await;
 }
 
 #[tokio::test]
 async fn proxy_lifecycle_notices_and_list() {
-    let f = Fixture::start(proxy_config(5_000)).await;
-    let b = f.agent("b", reply_empty()).await;
-    let a = f.agent("a", reply_empty()).await;
+    let (f, b, a) = a_and_b(5_000, reply_empty()).await;
     let c = f.agent("c", reply_empty()).await;
     assert!(list(&f).await.is_empty());
 
     proxy_new(&a, "b", "db.service", 1).await;
-    eventually("StartDep and Subscribe on b", || {
-        count(&b, &start_dep("db.service")) == 1
-            && count(
-                &b,
-                &Request::Subscribe {
-                    unit: Some(un("db.service")),
-                },
-            ) == 1
+    b.wait_for("StartDep and Subscribe on b", |r| {
+        r.count(&start_dep("db.service")) == 1
+            && r.count(&Request::Subscribe {
+                unit: Some(un("db.service")),
+            }) == 1
     })
     .await;
     assert_eq!(
@@ -138,17 +122,12 @@ async fn proxy_lifecycle_notices_and_list() {
         )]
     );
     // b's agent reports the target; a hears it, in order.
-    let guid = b.accepted.session_id;
-    b.send(ToManager::Event(Event::UnitNew {
-        tag: ModTag::new(guid, 1),
-        unit: un("db.service"),
-        reason: Reason::Real,
-    }))
-    .await;
+    b.unit_new(1, "db.service", Reason::Real).await;
     target_state(&b, "db.service", 2, "activating").await;
     target_state(&b, "db.service", 3, "active").await;
-    eventually("a is told the target is active", || notices(&a).len() == 3).await;
-    let got = notices(&a);
+    a.wait_for("a is told the target is active", |r| r.notices.len() == 3)
+        .await;
+    let got = a.notices();
     assert_eq!(
         got[0],
         Notice::ProxyTarget {
@@ -177,9 +156,9 @@ async fn proxy_lifecycle_notices_and_list() {
     // Not allowed, and an unknown (but valid) node name: ProxyError.
     proxy_new(&c, "b", "db.service", 7).await;
     proxy_new(&a, "nosuch", "db.service", 2).await;
-    eventually("c is refused", || !notices(&c).is_empty()).await;
+    c.wait_for("c is refused", |r| !r.notices.is_empty()).await;
     assert_eq!(
-        notices(&c),
+        c.notices(),
         [Notice::ProxyError {
             proxy_id: 7,
             message:
@@ -187,9 +166,10 @@ async fn proxy_lifecycle_notices_and_list() {
                     .into()
         }]
     );
-    eventually("a is refused for nosuch", || notices(&a).len() == 4).await;
+    a.wait_for("a is refused for nosuch", |r| r.notices.len() == 4)
+        .await;
     assert_eq!(
-        notices(&a)[3],
+        a.notices()[3],
         Notice::ProxyError {
             proxy_id: 2,
             message: "no such node nosuch".into()
@@ -209,21 +189,19 @@ async fn proxy_lifecycle_notices_and_list() {
         )
     );
     assert_eq!(
-        count(&b, &start_dep("db.service")),
+        b.count(&start_dep("db.service")),
         1,
         "refusals send nothing"
     );
 
     // The proxy goes: StopDep, the target is no longer watched.
     proxy_removed(&a, "b", "db.service", 1).await;
-    eventually("StopDep on b", || count(&b, &stop_dep("db.service")) == 1).await;
-    eventually("Unsubscribe on b", || {
-        count(
-            &b,
-            &Request::Unsubscribe {
-                unit: Some(un("db.service")),
-            },
-        ) == 1
+    b.wait_for("StopDep on b", |r| r.count(&stop_dep("db.service")) == 1)
+        .await;
+    b.wait_for("Unsubscribe on b", |r| {
+        r.count(&Request::Unsubscribe {
+            unit: Some(un("db.service")),
+        }) == 1
     })
     .await;
     assert_eq!(
@@ -238,35 +216,27 @@ async fn proxy_lifecycle_notices_and_list() {
 
 #[tokio::test]
 async fn failing_start_dep_reaches_the_requester_with_the_agents_message() {
-    let f = Fixture::start(proxy_config(5_000)).await;
-    let b = f
-        .agent(
-            "b",
-            Arc::new(|id, req: &Request| {
-                let result = match req {
-                    Request::StartDep { unit } => Err(RemoteError::new(
-                        "org.freedesktop.systemd1.NoSuchUnit",
-                        format!("unit {unit} on node b cannot be started: not found"),
-                    )),
-                    _ => Ok(Response::Empty),
-                };
-                vec![ToManager::Reply { id, result }]
-            }),
-        )
-        .await;
-    let a = f.agent("a", reply_empty()).await;
+    let b_answers = reply_with(|req| match req {
+        Request::StartDep { unit } => Err(RemoteError::new(
+            "org.freedesktop.systemd1.NoSuchUnit",
+            format!("unit {unit} on node b cannot be started: not found"),
+        )),
+        _ => Ok(Response::Empty),
+    });
+    let (f, b, a) = a_and_b(5_000, b_answers).await;
     proxy_new(&a, "b", "nope.service", 3).await;
-    eventually("a gets ProxyError", || !notices(&a).is_empty()).await;
+    a.wait_for("a gets ProxyError", |r| !r.notices.is_empty())
+        .await;
     assert_eq!(
-        notices(&a),
+        a.notices(),
         [Notice::ProxyError {
             proxy_id: 3,
             message: "unit nope.service on node b cannot be started: not found".into()
         }]
     );
     // The failed want is withdrawn on b.
-    eventually("StopDep after the failure", || {
-        count(&b, &stop_dep("nope.service")) == 1
+    b.wait_for("StopDep after the failure", |r| {
+        r.count(&stop_dep("nope.service")) == 1
     })
     .await;
     assert_eq!(list(&f).await[0].3, "failed");
@@ -274,11 +244,8 @@ async fn failing_start_dep_reaches_the_requester_with_the_agents_message() {
 
 #[tokio::test]
 async fn requester_disconnects_within_and_past_the_grace_period() {
-    let f = Fixture::start(proxy_config(600)).await;
-    let b = f.agent("b", reply_empty()).await;
-    let a = f.agent("a", reply_empty()).await;
-    proxy_new(&a, "b", "db.service", 1).await;
-    eventually("StartDep", || count(&b, &start_dep("db.service")) == 1).await;
+    let (f, b, a) = a_and_b(600, reply_empty()).await;
+    db_wanted(&a, &b).await;
 
     // Away and back within the grace period, with a new proxy id: nothing
     // happens on b.
@@ -287,16 +254,16 @@ async fn requester_disconnects_within_and_past_the_grace_period() {
     let a = f.agent("a", reply_empty()).await;
     proxy_new(&a, "b", "db.service", 100).await;
     tokio::time::sleep(Duration::from_millis(900)).await;
-    assert_eq!(count(&b, &start_dep("db.service")), 1);
-    assert_eq!(count(&b, &stop_dep("db.service")), 0);
+    assert_eq!(b.count(&start_dep("db.service")), 1);
+    assert_eq!(b.count(&stop_dep("db.service")), 0);
     assert_eq!(list(&f).await.len(), 1);
 
     // Away for good: the reference goes after the grace period.
     drop(a);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(count(&b, &stop_dep("db.service")), 0, "still in grace");
-    eventually("StopDep after the grace period", || {
-        count(&b, &stop_dep("db.service")) == 1
+    assert_eq!(b.count(&stop_dep("db.service")), 0, "still in grace");
+    b.wait_for("StopDep after the grace period", |r| {
+        r.count(&stop_dep("db.service")) == 1
     })
     .await;
     assert!(list(&f).await.is_empty());
@@ -304,33 +271,28 @@ async fn requester_disconnects_within_and_past_the_grace_period() {
 
 #[tokio::test]
 async fn target_node_offline_past_grace_stops_active_proxies() {
-    let f = Fixture::start(proxy_config(500)).await;
-    let b = f.agent("b", reply_empty()).await;
-    let a = f.agent("a", reply_empty()).await;
+    let (f, b, a) = a_and_b(500, reply_empty()).await;
     proxy_new(&a, "b", "db.service", 1).await;
-    eventually("Subscribe", || {
-        count(
-            &b,
-            &Request::Subscribe {
-                unit: Some(un("db.service")),
-            },
-        ) == 1
+    b.wait_for("Subscribe", |r| {
+        r.count(&Request::Subscribe {
+            unit: Some(un("db.service")),
+        }) == 1
     })
     .await;
     target_state(&b, "db.service", 1, "active").await;
-    eventually("active", || !notices(&a).is_empty()).await;
+    a.wait_for("active", |r| !r.notices.is_empty()).await;
     assert_eq!(list(&f).await[0].3, "active");
     drop(b);
     // Virtual offline news first (ignored by agents), then past the grace
     // period the real stop that makes agent a stop its proxy unit.
-    eventually("a is told b is gone for real", || {
-        notices(&a).iter().any(|n| {
+    a.wait_for("a is told b is gone for real", |r| {
+        r.notices.iter().any(|n| {
             matches!(n, Notice::ProxyTarget { proxy_id: 1, change: TargetChange::State { active_state, sub_state, reason: Reason::Real } }
                 if active_state == "inactive" && sub_state == "agent-offline")
         })
     })
     .await;
-    let virtual_first = notices(&a).iter().position(|n| {
+    let virtual_first = a.notices().iter().position(|n| {
         matches!(
             n,
             Notice::ProxyTarget {
@@ -342,23 +304,20 @@ async fn target_node_offline_past_grace_stops_active_proxies() {
             }
         )
     });
-    assert!(virtual_first.is_some(), "{:?}", notices(&a));
+    assert!(virtual_first.is_some(), "{:?}", a.notices());
     assert!(list(&f).await.is_empty(), "the proxy ended");
     // b comes back: the dep nobody wants any more is stopped.
     let b = f.agent("b", reply_empty()).await;
-    eventually("StopDep on the returning b", || {
-        count(&b, &stop_dep("db.service")) == 1
+    b.wait_for("StopDep on the returning b", |r| {
+        r.count(&stop_dep("db.service")) == 1
     })
     .await;
 }
 
 #[tokio::test]
 async fn reload_revokes_permissions_and_adds_nodes() {
-    let f = Fixture::start(proxy_config(5_000)).await;
-    let b = f.agent("b", reply_empty()).await;
-    let a = f.agent("a", reply_empty()).await;
-    proxy_new(&a, "b", "db.service", 1).await;
-    eventually("StartDep", || count(&b, &start_dep("db.service")) == 1).await;
+    let (f, b, a) = a_and_b(5_000, reply_empty()).await;
+    db_wanted(&a, &b).await;
     let core = f.manager().core().clone();
     let conn = f.manager().connection().clone();
 
@@ -382,13 +341,14 @@ async fn reload_revokes_permissions_and_adds_nodes() {
         .await
         .expect("reload");
     assert_eq!(report.added, [nn("d")]);
-    eventually("a is told", || !notices(&a).is_empty()).await;
+    a.wait_for("a is told", |r| !r.notices.is_empty()).await;
     assert!(
-        matches!(&notices(&a)[0], Notice::ProxyError { proxy_id: 1, message } if message.contains("revoked")),
+        matches!(&a.notices()[0], Notice::ProxyError { proxy_id: 1, message } if message.contains("revoked")),
         "{:?}",
-        notices(&a)
+        a.notices()
     );
-    eventually("StopDep", || count(&b, &stop_dep("db.service")) == 1).await;
+    b.wait_for("StopDep", |r| r.count(&stop_dep("db.service")) == 1)
+        .await;
     assert!(list(&f).await.is_empty());
     // d is served and may register; c's new permission works.
     let path: zbus::OwnedObjectPath = f
@@ -404,7 +364,8 @@ async fn reload_revokes_permissions_and_adds_nodes() {
     let _d = f.agent("d", reply_empty()).await;
     let c = f.agent("c", reply_empty()).await;
     proxy_new(&c, "b", "db.service", 5).await;
-    eventually("c's StartDep", || count(&b, &start_dep("db.service")) == 2).await;
+    b.wait_for("c's StartDep", |r| r.count(&start_dep("db.service")) == 2)
+        .await;
 }
 
 #[tokio::test]
@@ -444,36 +405,27 @@ fn dep_unit(name: &str, active: &str) -> drover_protocol::UnitInfo {
 /// the others are stopped.
 #[tokio::test]
 async fn orphan_deps_are_stopped_one_grace_period_after_the_target_registers() {
-    let f = Fixture::start(proxy_config(400)).await;
-    let b = f
-        .agent(
-            "b",
-            Arc::new(|id, req: &Request| {
-                let result = match req {
-                    Request::ListUnits => Ok(Response::Units(vec![
-                        dep_unit("drover-dep@db.service.service", "active"),
-                        dep_unit("drover-dep@orphan.service.service", "active"),
-                        dep_unit("drover-dep@gone.service.service", "inactive"),
-                        dep_unit("db.service", "active"),
-                    ])),
-                    _ => Ok(Response::Empty),
-                };
-                vec![ToManager::Reply { id, result }]
-            }),
-        )
-        .await;
-    let a = f.agent("a", reply_empty()).await;
+    let b_answers = reply_with(|req| match req {
+        Request::ListUnits => Ok(Response::Units(vec![
+            dep_unit("drover-dep@db.service.service", "active"),
+            dep_unit("drover-dep@orphan.service.service", "active"),
+            dep_unit("drover-dep@gone.service.service", "inactive"),
+            dep_unit("db.service", "active"),
+        ])),
+        _ => Ok(Response::Empty),
+    });
+    let (f, b, a) = a_and_b(400, b_answers).await;
     proxy_new(&a, "b", "db.service", 1).await;
-    eventually("the sweep lists b's units", || {
-        count(&b, &Request::ListUnits) == 1
+    b.wait_for("the sweep lists b's units", |r| {
+        r.count(&Request::ListUnits) == 1
     })
     .await;
-    eventually("the orphan is stopped", || {
-        count(&b, &stop_dep("orphan.service")) == 1
+    b.wait_for("the orphan is stopped", |r| {
+        r.count(&stop_dep("orphan.service")) == 1
     })
     .await;
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(count(&b, &stop_dep("db.service")), 0, "db is referenced");
-    assert_eq!(count(&b, &stop_dep("gone.service")), 0, "not running");
+    assert_eq!(b.count(&stop_dep("db.service")), 0, "db is referenced");
+    assert_eq!(b.count(&stop_dep("gone.service")), 0, "not running");
     assert_eq!(list(&f).await.len(), 1);
 }

@@ -4,31 +4,21 @@
 //! tests/tests/proxies.rs; this pins the helper's own contract.
 
 use drover_sandbox::PrivateBus;
+use drover_testkit::process::{ChildGuard, Run, Signal};
+use drover_testkit::standin::NamedError;
 use std::os::unix::process::ExitStatusExt;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use zbus::message::{Header, Message};
-use zbus::names::ErrorName;
 
 /// A private dbus-daemon of this test's own.
 fn private_bus(tag: &str) -> PrivateBus {
     PrivateBus::start(&format!("drover-proxy-test-{tag}")).expect("private dbus-daemon")
 }
 
-#[derive(Debug)]
-struct Refusal(String);
-
-impl zbus::DBusError for Refusal {
-    fn create_reply(&self, call: &Header<'_>) -> zbus::Result<Message> {
-        Message::error(call, "org.eclipse.bluechi.ActivationFailed").build(&(self.0.as_str(),))
-    }
-    fn name(&self) -> ErrorName<'_> {
-        ErrorName::from_static_str_unchecked("org.eclipse.bluechi.ActivationFailed")
-    }
-    fn description(&self) -> Option<&str> {
-        Some(&self.0)
-    }
+/// The agent's refusal of a proxy.
+fn refusal(message: String) -> NamedError {
+    NamedError::new("org.eclipse.bluechi.ActivationFailed", message)
 }
 
 type Calls = Arc<Mutex<Vec<(String, String, String, String)>>>;
@@ -46,7 +36,7 @@ impl FakeAgent {
         service: String,
         node: String,
         unit: String,
-    ) -> Result<(), Refusal> {
+    ) -> Result<(), NamedError> {
         self.calls
             .lock()
             .unwrap()
@@ -54,7 +44,7 @@ impl FakeAgent {
         match node.as_str() {
             "ok" => Ok(()),
             "slow" => std::future::pending().await,
-            other => Err(Refusal(format!("no such node '{other}'"))),
+            other => Err(refusal(format!("no such node '{other}'"))),
         }
     }
 
@@ -90,22 +80,24 @@ fn helper(bus: &str, args: &[&str]) -> Command {
     cmd
 }
 
-async fn run(bus: &str, args: &[&str]) -> Output {
+async fn run(bus: &str, args: &[&str]) -> Run {
     let mut cmd = tokio::process::Command::from(helper(bus, args));
-    tokio::time::timeout(Duration::from_secs(20), cmd.output())
+    let out = tokio::time::timeout(Duration::from_secs(20), cmd.output())
         .await
         .expect("helper finishes")
-        .expect("helper runs")
+        .expect("helper runs");
+    Run::from(out)
 }
 
 /// `create slow_db`, once its `CreateProxy` reached the fake agent (which
 /// never answers it).
-async fn waiting_helper(bus: &PrivateBus, calls: &Calls) -> std::process::Child {
+async fn waiting_helper(bus: &PrivateBus, calls: &Calls) -> ChildGuard {
     let child = helper(bus.address(), &["create", "slow_db"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let child = ChildGuard::new(child);
     let deadline = Instant::now() + Duration::from_secs(10);
     while calls.lock().unwrap().is_empty() {
         assert!(Instant::now() < deadline, "CreateProxy never arrived");
@@ -114,7 +106,7 @@ async fn waiting_helper(bus: &PrivateBus, calls: &Calls) -> std::process::Child 
     child
 }
 
-fn stderr(out: &Output) -> String {
+fn stderr(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
@@ -134,24 +126,24 @@ async fn create_and_remove_talk_to_the_agent_and_report_in_one_line() {
     let (_conn, calls) = serve_agent(&bus).await;
 
     let out = run(bus.address(), &["create", "ok_db"]).await;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(out.code, 0, "{}", out.stderr);
     assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
+        out.stdout.trim(),
         "drover-proxy: db.service on node ok is active"
     );
 
     let out = run(bus.address(), &["create", "ok_data.mount"]).await;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(out.code, 0, "{}", out.stderr);
 
     let out = run(bus.address(), &["create", "node9_db"]).await;
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.code, 1);
     assert_eq!(
-        one_line(&stderr(&out)),
+        one_line(&out.stderr),
         "drover-proxy: cannot start db.service on node node9: no such node 'node9'"
     );
 
     let out = run(bus.address(), &["remove", "ok_db"]).await;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(out.code, 0, "{}", out.stderr);
 
     assert_eq!(
         *calls.lock().unwrap(),
@@ -188,8 +180,8 @@ async fn malformed_instances_and_arguments_exit_2_and_send_nothing() {
     ] {
         for verb in ["create", "remove"] {
             let out = run(bus.address(), &[verb, instance]).await;
-            assert_eq!(out.status.code(), Some(2), "{verb} {instance:?}");
-            let err = stderr(&out);
+            assert_eq!(out.code, 2, "{verb} {instance:?}");
+            let err = out.stderr;
             let line = one_line(&err);
             assert!(line.starts_with("drover-proxy: "), "{line}");
             assert!(line.contains(why), "{verb} {instance:?}: {line}");
@@ -207,14 +199,14 @@ async fn malformed_instances_and_arguments_exit_2_and_send_nothing() {
         (&["--user", "create", "ok_db"], "exclude each other"),
     ] {
         let out = run(bus.address(), args).await;
-        assert_eq!(out.status.code(), Some(2), "{args:?}");
-        let err = stderr(&out);
+        assert_eq!(out.code, 2, "{args:?}");
+        let err = out.stderr;
         assert!(one_line(&err).contains(why), "{args:?}: {err}");
     }
     // A bus address the helper cannot use is a one-line connect failure.
     let out = run("tcp:host=localhost,port=1", &["create", "ok_db"]).await;
-    assert_eq!(out.status.code(), Some(1));
-    let err = stderr(&out);
+    assert_eq!(out.code, 1);
+    let err = out.stderr;
     assert!(
         one_line(&err).contains("no unix:path= or unix:abstract= entry"),
         "{err}"
@@ -230,8 +222,8 @@ async fn malformed_instances_and_arguments_exit_2_and_send_nothing() {
 async fn no_agent_on_the_bus_is_named_create_fails_remove_has_nothing_to_do() {
     let bus = private_bus("noagent");
     let out = run(bus.address(), &["create", "ok_db"]).await;
-    assert_eq!(out.status.code(), Some(1));
-    let err = stderr(&out);
+    assert_eq!(out.code, 1);
+    let err = out.stderr;
     assert_eq!(
         one_line(&err),
         format!(
@@ -241,13 +233,13 @@ async fn no_agent_on_the_bus_is_named_create_fails_remove_has_nothing_to_do() {
         )
     );
     let out = run(bus.address(), &["remove", "ok_db"]).await;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("nothing to release"));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(out.stdout.contains("nothing to release"));
 
     let gone = format!("unix:path={}/no-such-socket", bus.dir().display());
     let out = run(&gone, &["create", "ok_db"]).await;
-    assert_eq!(out.status.code(), Some(1));
-    let err = stderr(&out);
+    assert_eq!(out.code, 1);
+    let err = out.stderr;
     assert!(
         one_line(&err).starts_with(&format!(
             "drover-proxy: cannot start db.service on node ok: cannot connect to bus {gone}:"
@@ -261,14 +253,9 @@ async fn sigterm_while_waiting_releases_the_proxy_and_ends_by_sigterm() {
     let bus = private_bus("sigterm");
     let (_conn, calls) = serve_agent(&bus).await;
     let child = waiting_helper(&bus, &calls).await;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
+    child.signal(Signal::SIGTERM);
     let out = tokio::task::spawn_blocking(move || child.wait_with_output())
         .await
-        .unwrap()
         .unwrap();
     assert_eq!(
         out.status.signal(),
@@ -312,7 +299,6 @@ async fn an_agent_that_goes_away_while_the_helper_waits_fails_the_start_in_one_l
     conn.close().await.unwrap();
     let out = tokio::task::spawn_blocking(move || child.wait_with_output())
         .await
-        .unwrap()
         .unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let err = stderr(&out);
@@ -337,7 +323,6 @@ async fn a_bus_that_goes_away_while_the_helper_waits_fails_the_start_in_one_line
     .unwrap();
     let out = tokio::task::spawn_blocking(move || child.wait_with_output())
         .await
-        .unwrap()
         .unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let err = stderr(&out);

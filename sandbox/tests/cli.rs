@@ -11,6 +11,16 @@ fn sandbox(args: &[&str]) -> Output {
         .expect("drover-sandbox runs")
 }
 
+/// `drover-sandbox down --dir DIR` when dropped: a test that fails after `up` leaves no
+/// sandbox running (`down` of a sandbox that is gone is a no-op).
+struct DownOnDrop(String);
+
+impl Drop for DownOnDrop {
+    fn drop(&mut self) {
+        let _ = sandbox(&["down", "--dir", &self.0]);
+    }
+}
+
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
@@ -56,6 +66,7 @@ fn commands_without_a_sandbox_are_clear_and_down_is_idempotent() {
 #[test]
 fn up_exec_install_down_round_trip() {
     let dir = format!("/tmp/drover-sb-cli-up-{}", std::process::id());
+    let _down = DownOnDrop(dir.clone());
     let out = sandbox(&["up", "--node", "alpha", "--node", "beta", "--dir", &dir]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let printed = String::from_utf8_lossy(&out.stdout).into_owned();

@@ -40,6 +40,19 @@ fn leftovers(state: &State) -> Vec<String> {
     left
 }
 
+/// `node`, whose agent is not running, is offline; a new agent brings it online.
+async fn comes_back(cluster: &mut Cluster, node: &str) {
+    cluster
+        .wait_node_status(node, "offline", DETECT)
+        .await
+        .unwrap();
+    cluster.start_agent(node).await.unwrap();
+    cluster
+        .wait_node_status(node, "online", DETECT)
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_come_online_and_survive_agent_and_manager_restarts() {
     let mut cluster = Cluster::start(ClusterOptions::with_nodes(2)).await.unwrap();
@@ -82,15 +95,7 @@ async fn nodes_come_online_and_survive_agent_and_manager_restarts() {
             .unwrap_or(0)
     ));
     assert_eq!(cluster.agent_pid("node2"), None);
-    cluster
-        .wait_node_status("node2", "offline", DETECT)
-        .await
-        .unwrap();
-    cluster.start_agent("node2").await.unwrap();
-    cluster
-        .wait_node_status("node2", "online", DETECT)
-        .await
-        .unwrap();
+    comes_back(&mut cluster, "node2").await;
 
     // The manager restarts on the same port (socket activation); agents reconnect.
     cluster.stop_manager().await.unwrap();
@@ -160,15 +165,7 @@ async fn a_cluster_without_agents_has_a_manager_and_offline_nodes() {
     };
     let mut cluster = Cluster::start(opts).await.unwrap();
     assert_eq!(cluster.agent_pid("node1"), None);
-    cluster
-        .wait_node_status("node2", "offline", DETECT)
-        .await
-        .unwrap();
-    cluster.start_agent("node2").await.unwrap();
-    cluster
-        .wait_node_status("node2", "online", DETECT)
-        .await
-        .unwrap();
+    comes_back(&mut cluster, "node2").await;
     let state = cluster.state().clone();
     drop(cluster); // Drop without down() cleans up as well
     assert_eq!(leftovers(&state), Vec::<String>::new());

@@ -1,36 +1,9 @@
 //! The daemons refuse bad configuration and bad flags with a message that
 //! names the file, the line and the key, exit non-zero, and start nothing.
 
-mod common;
-
-use common::bin;
-use std::path::PathBuf;
+use drover_testkit::process::{TempDir, bin};
 use std::process::Output;
 use std::time::Duration;
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let dir =
-            std::env::temp_dir().join(format!("drover-config-test-{}-{tag}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-
-    fn file(&self, name: &str, text: &str) -> PathBuf {
-        let path = self.0.join(name);
-        std::fs::write(&path, text).unwrap();
-        path
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// Runs a daemon that must refuse to start; a daemon that starts anyway is
 /// killed after a few seconds and the test fails.
@@ -52,46 +25,97 @@ fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-#[tokio::test]
-async fn manager_refuses_bad_config_files_naming_file_line_and_key() {
-    let dir = TempDir::new("manager");
-    let cases = [
-        ("[drover-manager]\nControllerPort=0\n", "ControllerPort", 2),
-        (
-            "[drover-manager]\nControllerPort=eight\n",
-            "ControllerPort",
-            2,
-        ),
-        (
-            "[drover-manager]\nAllowedNodeNames=ok,bad_name\n",
-            "AllowedNodeNames",
-            2,
-        ),
-        (
-            "[drover-manager]\nNodeHeartbeatThresold=5\n",
-            "NodeHeartbeatThresold",
-            2,
-        ),
-        ("[drover-manager]\n\nUseTCP=maybe\n", "UseTCP", 3),
-        ("[drover-manager]\nLogLevel=loud\n", "LogLevel", 2),
-        ("ControllerPort=842\n", "", 1),
-        ("[node a_b]\nAllowed=true\n", "", 1),
-        ("[drover-manager\n", "", 1),
-    ];
-    for (i, (text, key, line)) in cases.iter().enumerate() {
+/// Config files each daemon must refuse: (daemon, text, the key the message names, the
+/// line it names).
+const BAD_CONFIGS: &[(&str, &str, &str, u32)] = &[
+    (
+        "drover-manager",
+        "[drover-manager]\nControllerPort=0\n",
+        "ControllerPort",
+        2,
+    ),
+    (
+        "drover-manager",
+        "[drover-manager]\nControllerPort=eight\n",
+        "ControllerPort",
+        2,
+    ),
+    (
+        "drover-manager",
+        "[drover-manager]\nAllowedNodeNames=ok,bad_name\n",
+        "AllowedNodeNames",
+        2,
+    ),
+    (
+        "drover-manager",
+        "[drover-manager]\nNodeHeartbeatThresold=5\n",
+        "NodeHeartbeatThresold",
+        2,
+    ),
+    (
+        "drover-manager",
+        "[drover-manager]\n\nUseTCP=maybe\n",
+        "UseTCP",
+        3,
+    ),
+    (
+        "drover-manager",
+        "[drover-manager]\nLogLevel=loud\n",
+        "LogLevel",
+        2,
+    ),
+    ("drover-manager", "ControllerPort=842\n", "", 1),
+    ("drover-manager", "[node a_b]\nAllowed=true\n", "", 1),
+    ("drover-manager", "[drover-manager\n", "", 1),
+    (
+        "drover-agent",
+        "[drover-agent]\nNodeName=has space\n",
+        "NodeName",
+        2,
+    ),
+    (
+        "drover-agent",
+        "[drover-agent]\nControllerAddress=unix:path=/x\n",
+        "ControllerAddress",
+        2,
+    ),
+    (
+        "drover-agent",
+        "[drover-agent]\nHeartbeatInterval=-1\n",
+        "HeartbeatInterval",
+        2,
+    ),
+    (
+        "drover-agent",
+        "[drover-agent]\nControllerPort=70000\n",
+        "ControllerPort",
+        2,
+    ),
+    (
+        "drover-agent",
+        "[bluechi-agent]\nNodeName=x\n",
+        "drover-agent",
+        1,
+    ),
+];
+
+/// Starts `binary` with each of its [`BAD_CONFIGS`]: each must be refused with exit 1
+/// and a message naming `file:line` and the key; `one_line` also checks that the
+/// message is a single line.
+async fn refuses_bad_configs(binary: &str, one_line: bool) {
+    let dir = TempDir::new(&format!("drover-config-test-{binary}"));
+    let cases = BAD_CONFIGS.iter().filter(|(b, ..)| *b == binary);
+    for (i, (_, text, key, line)) in cases.enumerate() {
         let file = dir.file(&format!("bad{i}.conf"), text);
         let file_s = file.to_str().unwrap();
-        let out = refused(
-            "drover-manager",
-            &[
-                "--no-default-config",
-                "-c",
-                file_s,
-                "--bus",
-                "unix:path=/nonexistent",
-            ],
-        )
-        .await;
+        let args = [
+            "--no-default-config",
+            "-c",
+            file_s,
+            "--bus",
+            "unix:path=/nonexistent",
+        ];
+        let out = refused(binary, &args).await;
         let err = stderr(&out);
         assert_eq!(out.status.code(), Some(1), "{text:?}: {err}");
         assert!(
@@ -99,8 +123,15 @@ async fn manager_refuses_bad_config_files_naming_file_line_and_key() {
             "{text:?} names file:line: {err}"
         );
         assert!(err.contains(key), "{text:?} names the key: {err}");
-        assert_eq!(err.trim().lines().count(), 1, "one clear line: {err}");
+        if one_line {
+            assert_eq!(err.trim().lines().count(), 1, "one clear line: {err}");
+        }
     }
+}
+
+#[tokio::test]
+async fn manager_refuses_bad_config_files_naming_file_line_and_key() {
+    refuses_bad_configs("drover-manager", true).await;
     // A -c file that does not exist is an error too, not an empty config.
     let out = refused(
         "drover-manager",
@@ -117,48 +148,7 @@ async fn manager_refuses_bad_config_files_naming_file_line_and_key() {
 
 #[tokio::test]
 async fn agent_refuses_bad_config_files_naming_file_line_and_key() {
-    let dir = TempDir::new("agent");
-    let cases = [
-        ("[drover-agent]\nNodeName=has space\n", "NodeName", 2),
-        (
-            "[drover-agent]\nControllerAddress=unix:path=/x\n",
-            "ControllerAddress",
-            2,
-        ),
-        (
-            "[drover-agent]\nHeartbeatInterval=-1\n",
-            "HeartbeatInterval",
-            2,
-        ),
-        (
-            "[drover-agent]\nControllerPort=70000\n",
-            "ControllerPort",
-            2,
-        ),
-        ("[bluechi-agent]\nNodeName=x\n", "drover-agent", 1),
-    ];
-    for (i, (text, key, line)) in cases.iter().enumerate() {
-        let file = dir.file(&format!("bad{i}.conf"), text);
-        let file_s = file.to_str().unwrap();
-        let out = refused(
-            "drover-agent",
-            &[
-                "--no-default-config",
-                "-c",
-                file_s,
-                "--bus",
-                "unix:path=/nonexistent",
-            ],
-        )
-        .await;
-        let err = stderr(&out);
-        assert_eq!(out.status.code(), Some(1), "{text:?}: {err}");
-        assert!(
-            err.contains(&format!("{file_s}:{line}")),
-            "{text:?} names file:line: {err}"
-        );
-        assert!(err.contains(key), "{text:?} names the key: {err}");
-    }
+    refuses_bad_configs("drover-agent", false).await;
 }
 
 #[tokio::test]

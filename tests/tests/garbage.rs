@@ -1,25 +1,21 @@
 //! Bad input at every entry point gets a clear error and changes nothing:
 //! the agent TCP port, the public D-Bus API, droverctl's arguments.
 
-mod common;
-
-use common::*;
+use drover_testkit::api::job_call;
+use drover_testkit::prelude::*;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-async fn all_online(cluster: &drover_sandbox::Cluster) -> bool {
-    let conn = bus(cluster).await;
-    list_nodes(&conn)
-        .await
-        .iter()
-        .all(|(_, s, _)| s == "online")
+async fn all_online(c: &TestCluster) -> bool {
+    let nodes = c.api().await.list_nodes().await;
+    nodes.iter().all(|(_, s, _)| s == "online")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_on_the_agent_port_leaves_the_manager_serving() {
-    let cluster = cluster(2).await;
-    let addr = ("127.0.0.1", cluster.manager_port());
+    let mut c = TestCluster::start(2).await;
+    let addr = ("127.0.0.1", c.manager_port());
 
     // An HTTP request, random bytes, a huge length header, half a frame and silence,
     // a frame that claims to be a handshake from another protocol version.
@@ -68,25 +64,20 @@ async fn garbage_on_the_agent_port_leaves_the_manager_serving() {
         .map(Result::unwrap)
         .collect();
 
-    assert!(all_online(&cluster).await);
-    let mut cluster = cluster;
-    cluster.stop_agent("node2").await.unwrap();
-    cluster.start_agent("node2").await.unwrap();
-    cluster
-        .wait_node_status("node2", "online", Duration::from_secs(10))
-        .await
-        .unwrap();
+    assert!(all_online(&c).await);
+    c.stop_agent("node2").await.unwrap();
+    c.start_agent("node2").await.unwrap();
+    c.wait_status("node2", "online", Duration::from_secs(10))
+        .await;
     drop(idle);
-    ok(&droverctl(&cluster, &["list-units", "node1"]).await);
-    cluster.down().await.unwrap();
+    c.ctl_ok(&["list-units", "node1"]).await;
+    c.down().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_dbus_arguments_get_errors_and_change_nothing() {
-    let cluster = cluster(1).await;
-    let conn = bus(&cluster).await;
-    let n = node(&conn, "node1").await;
-    let mut jobs = JobWatch::new(&conn).await;
+    let c = TestCluster::start(1).await;
+    let (api, n, mut jobs) = c.jobs_on("node1").await;
 
     for bad in [
         "",
@@ -108,21 +99,14 @@ async fn bad_dbus_arguments_get_errors_and_change_nothing() {
         err.to_string().contains("InvalidArgs") || err.to_string().contains("signature"),
         "{err}"
     );
-    let err = controller(&conn)
-        .await
-        .call::<_, _, zbus::OwnedObjectPath>("GetNode", &("no_such node",))
-        .await
-        .unwrap_err();
+    let err = api.get_node("no_such node").await.unwrap_err();
     assert!(err.to_string().contains("ServiceUnknown"), "{err}");
 
     // No job was created by any of that, and the node is fine.
     jobs.no_more_removed("/org/eclipse/bluechi/job/1", Duration::from_millis(300))
         .await
         .unwrap();
-    cluster
-        .install_unit("node1", "quick.service", ONESHOT_OK)
-        .await
-        .unwrap();
+    c.install("node1", "quick.service", ONESHOT_OK).await;
     let path = job_call(&n, "StartUnit", "quick.service").await.unwrap();
     assert_eq!(
         path, "/org/eclipse/bluechi/job/1",
@@ -135,12 +119,12 @@ async fn bad_dbus_arguments_get_errors_and_change_nothing() {
             .result,
         "done"
     );
-    cluster.down().await.unwrap();
+    c.down().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn droverctl_rejects_bad_arguments_clearly() {
-    let cluster = cluster(1).await;
+    let c = TestCluster::start(1).await;
     let cases: &[(&[&str], i32)] = &[
         (&[], 2),
         (&["frobnicate"], 2),
@@ -153,27 +137,16 @@ async fn droverctl_rejects_bad_arguments_clearly() {
         (&["start", "ghost", "a.service"], 1),
     ];
     for (args, code) in cases {
-        let out = droverctl(&cluster, args).await;
-        assert_eq!(
-            out.status.code(),
-            Some(*code),
-            "droverctl {args:?}: {}",
-            stderr(&out)
-        );
-        assert!(
-            !stderr(&out).is_empty(),
-            "droverctl {args:?} explains itself"
-        );
+        let out = c.run(args).await;
+        assert_eq!(out.code, *code, "droverctl {args:?}: {}", out.stderr);
+        assert!(!out.stderr.is_empty(), "droverctl {args:?} explains itself");
     }
     // An unreachable manager is one clear line, exit 1.
-    let out = tokio::process::Command::new(bin("droverctl"))
-        .args(["status"])
-        .env("DROVER_BUS", "unix:path=/nonexistent/drover-bus")
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("drover-manager"), "{}", stderr(&out));
-    assert!(all_online(&cluster).await);
-    cluster.down().await.unwrap();
+    let out = Ctl::env("unix:path=/nonexistent/drover-bus")
+        .run(&["status"])
+        .await;
+    assert_eq!(out.code, 1);
+    assert!(out.stderr.contains("drover-manager"), "{}", out.stderr);
+    assert!(all_online(&c).await);
+    c.down().await;
 }

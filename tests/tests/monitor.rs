@@ -3,27 +3,15 @@
 //! drover's snapshot + tagged stream (`io.drover.Monitor.Follow`) across an agent
 //! restart.
 
-mod common;
-
-use common::follow::{CtlFollower, Ev, MonitorWatch};
-use common::*;
 use drover_protocol::ModTag;
-use drover_sandbox::Cluster;
+use drover_testkit::monitor::Change;
+use drover_testkit::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(10);
 /// How long "nothing arrives" is watched for.
 const QUIET: Duration = Duration::from_millis(1500);
-
-async fn systemctl(cluster: &Cluster, node: &str, args: &[&str]) {
-    let out = cluster.systemctl(node, args).await.unwrap();
-    assert!(
-        out.status.success(),
-        "systemctl {args:?} on {node}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 fn is_state(ev: &Ev, node: &str, unit: &str, active: &str, reason: &str) -> bool {
     matches!(ev, Ev::State { node: n, unit: u, active: a, reason: r, .. }
@@ -32,14 +20,10 @@ fn is_state(ev: &Ev, node: &str, unit: &str, active: &str, reason: &str) -> bool
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn droverctl_monitor_sees_a_service_restart_and_ctrl_c_ends_it() {
-    let cluster = cluster(2).await;
-    cluster
-        .install_unit("node1", "web.service", SLEEPER)
-        .await
-        .unwrap();
-    systemctl(&cluster, "node1", &["start", "web.service"]).await;
+    let c = TestCluster::with_units(2, &[("node1", "web.service", SLEEPER)]).await;
+    c.systemctl_ok("node1", &["start", "web.service"]).await;
 
-    let mut mon = CtlFollower::spawn(&cluster, &["monitor", "node1", "web"]);
+    let mut mon = c.follow(&["monitor", "node1", "web"]);
     let first = mon
         .expect_line("monitor path", T, |l| l.starts_with("Monitor path: "))
         .await
@@ -60,7 +44,7 @@ async fn droverctl_monitor_sees_a_service_restart_and_ctrl_c_ends_it() {
         .await
         .unwrap();
 
-    ok(&droverctl(&cluster, &["restart", "node1", "web"]).await);
+    c.ctl_ok(&["restart", "node1", "web"]).await;
     let i = mon
         .expect_line("real state change", T, |l| {
             l == "\tUnit state changed (reason: real)"
@@ -96,30 +80,26 @@ async fn droverctl_monitor_sees_a_service_restart_and_ctrl_c_ends_it() {
 
     // An unknown node is an error, not a silent empty watch (bounded: a monitor
     // that wrongly starts would run forever).
-    let mut typo = CtlFollower::spawn(&cluster, &["monitor", "nodeX"]);
+    let mut typo = c.follow(&["monitor", "nodeX"]);
     let status = typo.wait_exit(T).await.unwrap();
     assert_eq!(status.code(), Some(1));
     let err = typo.drain_stderr();
     assert!(err.contains("node 'nodeX' not found"), "{err}");
-    let mut typo = CtlFollower::spawn(&cluster, &["monitor", "node1", "a,,b"]);
+    let mut typo = c.follow(&["monitor", "node1", "a,,b"]);
     assert_eq!(typo.wait_exit(T).await.unwrap().code(), Some(2));
-    cluster.down().await.unwrap();
+    c.down().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn droverctl_monitor_shows_units_created_and_removed() {
-    let cluster = cluster(1).await;
-    cluster
-        .install_unit("node1", "created.service", ONESHOT_OK)
-        .await
-        .unwrap();
-    let mut all = CtlFollower::spawn(&cluster, &["monitor", "node1"]);
+    let c = TestCluster::with_units(1, &[("node1", "created.service", ONESHOT_OK)]).await;
+    let mut all = c.follow(&["monitor", "node1"]);
     all.expect_line("subscribed", T, |l| {
         l == "Subscribing to node 'node1' and unit '*'"
     })
     .await
     .unwrap();
-    let mut json = CtlFollower::spawn(&cluster, &["--json", "monitor", "node1", "created"]);
+    let mut json = c.follow(&["--json", "monitor", "node1", "created"]);
     let head = json
         .expect_line("json header", T, |l| l.contains("\"Subscribed\""))
         .await
@@ -132,7 +112,7 @@ async fn droverctl_monitor_shows_units_created_and_removed() {
     all.skip_seen();
 
     // Starting the unloaded oneshot loads it; once it is done systemd unloads it.
-    ok(&droverctl(&cluster, &["start", "node1", "created"]).await);
+    c.ctl_ok(&["start", "node1", "created"]).await;
     let i = all
         .expect_line("created", T, |l| l == "\tUnit created (reason: real)")
         .await
@@ -171,7 +151,7 @@ async fn droverctl_monitor_shows_units_created_and_removed() {
     );
     assert!(all.interrupt(T).await.unwrap().success());
     assert!(json.interrupt(T).await.unwrap().success());
-    cluster.down().await.unwrap();
+    c.down().await;
 }
 
 /// The rows of a node status table, as (node, state).
@@ -187,20 +167,16 @@ fn node_rows(lines: &[String]) -> Vec<(String, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_watch_reprints_nodes_and_units_on_changes() {
-    let mut cluster = cluster(2).await;
-    cluster
-        .install_unit("node1", "web.service", SLEEPER)
-        .await
-        .unwrap();
+    let mut c = TestCluster::with_units(2, &[("node1", "web.service", SLEEPER)]).await;
 
-    let mut nodes = CtlFollower::spawn(&cluster, &["status", "-w"]);
+    let mut nodes = c.follow(&["status", "-w"]);
     nodes
         .expect_line("node2 online", T, |l| {
             l.starts_with("node2 ") && l.contains("| online")
         })
         .await
         .unwrap();
-    let mut units = CtlFollower::spawn(&cluster, &["status", "node1", "web", "-w"]);
+    let mut units = c.follow(&["status", "node1", "web", "-w"]);
     units
         .expect_line("web inactive", T, |l| {
             let f: Vec<&str> = l.split('|').map(str::trim).collect();
@@ -209,7 +185,7 @@ async fn status_watch_reprints_nodes_and_units_on_changes() {
         .await
         .unwrap();
 
-    cluster.stop_agent("node2").await.unwrap();
+    c.stop_agent("node2").await.unwrap();
     nodes
         .expect_line("node2 offline", T, |l| {
             l.starts_with("node2 ") && l.contains("| offline")
@@ -219,7 +195,7 @@ async fn status_watch_reprints_nodes_and_units_on_changes() {
     // Every reprint is a whole table: header, separator, both nodes.
     let rows = node_rows(&nodes.seen);
     assert!(rows.len() >= 4 && rows.len().is_multiple_of(2), "{rows:?}");
-    cluster.start_agent("node2").await.unwrap();
+    c.start_agent("node2").await.unwrap();
     nodes
         .expect_line("node2 back online", T, |l| {
             l.starts_with("node2 ") && l.contains("| online")
@@ -227,7 +203,7 @@ async fn status_watch_reprints_nodes_and_units_on_changes() {
         .await
         .unwrap();
 
-    ok(&droverctl(&cluster, &["start", "node1", "web"]).await);
+    c.ctl_ok(&["start", "node1", "web"]).await;
     units
         .expect_line("web active", T, |l| {
             let f: Vec<&str> = l.split('|').map(str::trim).collect();
@@ -241,28 +217,24 @@ async fn status_watch_reprints_nodes_and_units_on_changes() {
     assert!(units.interrupt(T).await.unwrap().success());
 
     // The manager leaving ends a watch with exit 1 and says why.
-    let mut watch = CtlFollower::spawn(&cluster, &["status", "-w"]);
+    let mut watch = c.follow(&["status", "-w"]);
     watch
         .expect_line("first table", T, |l| l.starts_with("node1 "))
         .await
         .unwrap();
-    cluster.stop_manager().await.unwrap();
+    c.stop_manager().await.unwrap();
     let status = watch.wait_exit(T).await.unwrap();
     assert_eq!(status.code(), Some(1));
     let err = watch.drain_stderr();
     assert!(err.contains("drover-manager left"), "{err}");
-    cluster.start_manager().await.unwrap();
-    cluster.down().await.unwrap();
+    c.start_manager().await.unwrap();
+    c.down().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn monitor_open_close_and_unsubscribe() {
-    let cluster = cluster(1).await;
-    cluster
-        .install_unit("node1", "web.service", SLEEPER)
-        .await
-        .unwrap();
-    let mut m = MonitorWatch::create(&cluster).await;
+    let c = TestCluster::with_units(1, &[("node1", "web.service", SLEEPER)]).await;
+    let mut m = c.monitor().await;
     assert!(
         m.path.starts_with("/org/eclipse/bluechi/monitor/"),
         "{}",
@@ -282,7 +254,7 @@ async fn monitor_open_close_and_unsubscribe() {
     assert!(xml.contains("org.eclipse.bluechi.Monitor") && xml.contains("io.drover.Monitor"));
 
     let id = m.subscribe("node1", "web.service").await.unwrap();
-    ok(&droverctl(&cluster, &["start", "node1", "web"]).await);
+    c.ctl_ok(&["start", "node1", "web"]).await;
     m.expect("web active", T, |e| {
         is_state(e, "node1", "web.service", "active", "real")
     })
@@ -294,7 +266,7 @@ async fn monitor_open_close_and_unsubscribe() {
     // Events of the start that were already on their way may still arrive.
     m.settle(Duration::from_millis(700)).await;
     let mark = m.mark();
-    ok(&droverctl(&cluster, &["restart", "node1", "web"]).await);
+    c.ctl_ok(&["restart", "node1", "web"]).await;
     m.settle(QUIET).await;
     assert!(m.since(mark).is_empty(), "{:?}", m.since(mark));
     for bad in [id, 4242] {
@@ -322,9 +294,9 @@ async fn monitor_open_close_and_unsubscribe() {
     assert!(m.subscribe("node1", "web.service").await.is_err());
 
     // A monitor whose owner leaves the bus is closed: its peer is told.
-    let owner = MonitorWatch::create(&cluster).await;
+    let owner = c.monitor().await;
     owner.subscribe("node1", "*").await.unwrap();
-    let peer_conn = bus(&cluster).await;
+    let peer_conn = c.api().await.conn;
     let peer_name = peer_conn.unique_name().unwrap().to_string();
     let mut peer = MonitorWatch::listen(peer_conn, &owner.path).await;
     let _: u32 = owner
@@ -348,29 +320,23 @@ async fn monitor_open_close_and_unsubscribe() {
     })
     .await
     .unwrap();
-    cluster.down().await.unwrap();
+    c.down().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn monitor_specific_node_and_unit_gets_every_signal_and_nothing_else() {
-    let cluster = cluster(2).await;
+    let c = TestCluster::start(2).await;
     for n in ["node1", "node2"] {
-        cluster
-            .install_unit(n, "web.service", SLEEPER)
-            .await
-            .unwrap();
-        cluster
-            .install_unit(n, "other.service", SLEEPER)
-            .await
-            .unwrap();
+        c.install(n, "web.service", SLEEPER).await;
+        c.install(n, "other.service", SLEEPER).await;
     }
-    let mut m = MonitorWatch::create(&cluster).await;
+    let mut m = c.monitor().await;
     m.subscribe("node1", "web.service").await.unwrap();
     m.settle(Duration::from_millis(300)).await;
 
     for n in ["node1", "node2"] {
         for u in ["web.service", "other.service"] {
-            systemctl(&cluster, n, &["start", u]).await;
+            c.systemctl_ok(n, &["start", u]).await;
         }
     }
     m.expect("new", T, |e| matches!(e, Ev::New { node, unit, reason } if node == "node1" && unit == "web.service" && reason == "real"))
@@ -381,7 +347,7 @@ async fn monitor_specific_node_and_unit_gets_every_signal_and_nothing_else() {
     })
     .await
     .unwrap();
-    systemctl(&cluster, "node1", &["stop", "web.service"]).await;
+    c.systemctl_ok("node1", &["stop", "web.service"]).await;
     m.expect("inactive", T, |e| {
         is_state(e, "node1", "web.service", "inactive", "real")
     })
@@ -396,25 +362,25 @@ async fn monitor_specific_node_and_unit_gets_every_signal_and_nothing_else() {
     for e in &m.seen {
         assert_eq!(e.unit(), Some(("node1", "web.service")), "{e:?}");
     }
-    cluster.down().await.unwrap();
+    c.down().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn monitor_multiple_nodes_and_units_stay_separate() {
-    let cluster = cluster(2).await;
+    let c = TestCluster::start(2).await;
     for n in ["node1", "node2"] {
         for u in ["a.service", "b.service", "c.service"] {
-            cluster.install_unit(n, u, SLEEPER).await.unwrap();
+            c.install(n, u, SLEEPER).await;
         }
     }
-    let mut m = MonitorWatch::create(&cluster).await;
+    let mut m = c.monitor().await;
     m.subscribe_list("node1", &["a.service", "b.service"])
         .await
         .unwrap();
     m.subscribe_list("node2", &["c.service"]).await.unwrap();
     for n in ["node1", "node2"] {
         for u in ["a.service", "b.service", "c.service"] {
-            systemctl(&cluster, n, &["start", u]).await;
+            c.systemctl_ok(n, &["start", u]).await;
         }
     }
     let wanted = [
@@ -440,16 +406,16 @@ async fn monitor_multiple_nodes_and_units_stay_separate() {
         .map(|(n, u)| (n.to_string(), u.to_string()))
         .collect();
     assert_eq!(got, want);
-    cluster.down().await.unwrap();
+    c.down().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn monitor_wildcard_unit_sees_every_unit_of_its_node() {
-    let cluster = cluster(2).await;
+    let c = TestCluster::start(2).await;
     for n in ["node1", "node2"] {
-        cluster.install_unit(n, "x.service", SLEEPER).await.unwrap();
+        c.install(n, "x.service", SLEEPER).await;
     }
-    let mut m = MonitorWatch::create(&cluster).await;
+    let mut m = c.monitor().await;
     m.subscribe("node1", "*").await.unwrap();
     // The pseudo unit `*` and every loaded unit are announced virtually.
     m.expect("virtual *", T, |e| matches!(e, Ev::New { node, unit, reason } if node == "node1" && unit == "*" && reason == "virtual"))
@@ -459,8 +425,8 @@ async fn monitor_wildcard_unit_sees_every_unit_of_its_node() {
         .await
         .unwrap();
     m.settle(Duration::from_millis(300)).await;
-    systemctl(&cluster, "node2", &["start", "x.service"]).await;
-    systemctl(&cluster, "node1", &["start", "x.service"]).await;
+    c.systemctl_ok("node2", &["start", "x.service"]).await;
+    c.systemctl_ok("node1", &["start", "x.service"]).await;
     m.expect("x new", T, |e| matches!(e, Ev::New { node, unit, reason } if node == "node1" && unit == "x.service" && reason == "real"))
         .await
         .unwrap();
@@ -477,18 +443,14 @@ async fn monitor_wildcard_unit_sees_every_unit_of_its_node() {
         "{:?}",
         m.seen
     );
-    cluster.down().await.unwrap();
+    c.down().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn monitor_wildcard_node_sees_virtual_events_on_disconnect_and_reconnect() {
-    let mut cluster = cluster(2).await;
-    cluster
-        .install_unit("node1", "web.service", SLEEPER)
-        .await
-        .unwrap();
-    systemctl(&cluster, "node1", &["start", "web.service"]).await;
-    let mut m = MonitorWatch::create(&cluster).await;
+    let mut c = TestCluster::with_units(2, &[("node1", "web.service", SLEEPER)]).await;
+    c.systemctl_ok("node1", &["start", "web.service"]).await;
+    let mut m = c.monitor().await;
     m.subscribe("*", "*").await.unwrap();
     for n in ["node1", "node2"] {
         m.expect(&format!("virtual * of {n}"), T, |e| matches!(e, Ev::New { node, unit, reason } if node == n && unit == "*" && reason == "virtual"))
@@ -503,7 +465,7 @@ async fn monitor_wildcard_node_sees_virtual_events_on_disconnect_and_reconnect()
     m.settle(Duration::from_millis(500)).await;
     let mark = m.mark();
 
-    cluster.stop_agent("node1").await.unwrap();
+    c.stop_agent("node1").await.unwrap();
     m.expect("web offline", T, |e| matches!(e, Ev::State { node, unit, active, sub, reason } if node == "node1" && unit == "web.service" && active == "inactive" && sub == "agent-offline" && reason == "virtual"))
         .await
         .unwrap();
@@ -526,7 +488,7 @@ async fn monitor_wildcard_node_sees_virtual_events_on_disconnect_and_reconnect()
         m.since(mark)
     );
 
-    cluster.start_agent("node1").await.unwrap();
+    c.start_agent("node1").await.unwrap();
     m.expect("* back", T, |e| matches!(e, Ev::New { node, unit, reason } if node == "node1" && unit == "*" && reason == "virtual"))
         .await
         .unwrap();
@@ -535,24 +497,20 @@ async fn monitor_wildcard_node_sees_virtual_events_on_disconnect_and_reconnect()
     })
     .await
     .unwrap();
-    cluster.down().await.unwrap();
+    c.down().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn monitor_peers_receive_exactly_while_added() {
-    let cluster = cluster(1).await;
-    cluster
-        .install_unit("node1", "web.service", SLEEPER)
-        .await
-        .unwrap();
-    let mut owner = MonitorWatch::create(&cluster).await;
+    let c = TestCluster::with_units(1, &[("node1", "web.service", SLEEPER)]).await;
+    let mut owner = c.monitor().await;
     owner.subscribe("node1", "web.service").await.unwrap();
     let owner_name = owner.conn.unique_name().unwrap().to_string();
 
-    let peer_conn = bus(&cluster).await;
+    let peer_conn = c.api().await.conn;
     let peer_name = peer_conn.unique_name().unwrap().to_string();
     let mut peer = MonitorWatch::listen(peer_conn, &owner.path).await;
-    let stranger_conn = bus(&cluster).await;
+    let stranger_conn = c.api().await.conn;
     let mut stranger = MonitorWatch::listen(stranger_conn, &owner.path).await;
 
     // Owner as peer, duplicates, garbage: refused.
@@ -586,7 +544,7 @@ async fn monitor_peers_receive_exactly_while_added() {
         .unwrap_err();
     assert!(e.to_string().contains("Failed"), "{e}");
 
-    systemctl(&cluster, "node1", &["start", "web.service"]).await;
+    c.systemctl_ok("node1", &["start", "web.service"]).await;
     owner
         .expect("owner sees it", T, |e| {
             is_state(e, "node1", "web.service", "active", "real")
@@ -615,7 +573,7 @@ async fn monitor_peers_receive_exactly_while_added() {
     .await
     .unwrap();
     let mark = peer.mark();
-    systemctl(&cluster, "node1", &["stop", "web.service"]).await;
+    c.systemctl_ok("node1", &["stop", "web.service"]).await;
     owner
         .expect("owner still sees", T, |e| {
             is_state(e, "node1", "web.service", "inactive", "real")
@@ -631,18 +589,18 @@ async fn monitor_peers_receive_exactly_while_added() {
             .all(|e| !matches!(e, Ev::PeerRemoved { .. })),
         "PeerRemoved goes only to the peer"
     );
-    cluster.down().await.unwrap();
+    c.down().await;
 }
 
 /// Starts (even rounds) or stops (odd rounds) f2 and f3 on node1.
-async fn toggle(cluster: &Cluster, round: usize) {
+async fn toggle(c: &TestCluster, round: usize) {
     for u in ["f2.service", "f3.service"] {
         let verb = if round.is_multiple_of(2) {
             "start"
         } else {
             "stop"
         };
-        systemctl(cluster, "node1", &[verb, u]).await;
+        c.systemctl_ok("node1", &[verb, u]).await;
     }
 }
 
@@ -674,13 +632,13 @@ fn snapshot_map(rows: Vec<(String, String, String, String, u64, u64)>) -> Snapsh
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn follow_gives_a_snapshot_then_a_stream_without_gap_or_duplicate_across_an_agent_restart() {
-    let mut cluster = cluster(1).await;
+    let mut c = TestCluster::start(1).await;
     let units = ["f1.service", "f2.service", "f3.service"];
     for u in units {
-        cluster.install_unit("node1", u, SLEEPER).await.unwrap();
+        c.install("node1", u, SLEEPER).await;
     }
-    systemctl(&cluster, "node1", &["start", "f1.service"]).await;
-    let mut m = MonitorWatch::create(&cluster).await;
+    c.systemctl_ok("node1", &["start", "f1.service"]).await;
+    let mut m = c.monitor().await;
     m.subscribe_list("node1", &units).await.unwrap();
     // The agent's replay of f1 has reached the manager (the snapshot is built
     // from what the manager knows, so before that it could not hold f1).
@@ -690,7 +648,8 @@ async fn follow_gives_a_snapshot_then_a_stream_without_gap_or_duplicate_across_a
     .await
     .unwrap();
     // Activity right around the snapshot, so events race it.
-    systemctl(&cluster, "node1", &["start", "--no-block", "f2.service"]).await;
+    c.systemctl_ok("node1", &["start", "--no-block", "f2.service"])
+        .await;
     let snapshot = snapshot_map(m.follow().await.unwrap());
     assert!(
         snapshot
@@ -700,23 +659,17 @@ async fn follow_gives_a_snapshot_then_a_stream_without_gap_or_duplicate_across_a
     );
 
     for round in 0..4 {
-        toggle(&cluster, round).await;
+        toggle(&c, round).await;
     }
-    cluster.stop_agent("node1").await.unwrap();
-    cluster
-        .wait_node_status("node1", "offline", T)
-        .await
-        .unwrap();
+    c.stop_agent("node1").await.unwrap();
+    c.wait_status("node1", "offline", T).await;
     // Changes while the agent is away are caught up by the replay.
-    systemctl(&cluster, "node1", &["start", "f3.service"]).await;
-    systemctl(&cluster, "node1", &["stop", "f1.service"]).await;
-    cluster.start_agent("node1").await.unwrap();
-    cluster
-        .wait_node_status("node1", "online", T)
-        .await
-        .unwrap();
+    c.systemctl_ok("node1", &["start", "f3.service"]).await;
+    c.systemctl_ok("node1", &["stop", "f1.service"]).await;
+    c.start_agent("node1").await.unwrap();
+    c.wait_status("node1", "online", T).await;
     for round in 0..3 {
-        toggle(&cluster, round).await;
+        toggle(&c, round).await;
     }
     m.settle(Duration::from_secs(2)).await;
 
@@ -724,28 +677,11 @@ async fn follow_gives_a_snapshot_then_a_stream_without_gap_or_duplicate_across_a
     let mut held = snapshot.clone();
     let mut last_index: BTreeMap<(String, u64), u64> = BTreeMap::new();
     let mut seen_tags = BTreeSet::new();
-    let changes: Vec<_> = m
+    let changes: Vec<&Change> = m
         .seen
         .iter()
         .filter_map(|e| match e {
-            Ev::Changed {
-                node,
-                unit,
-                kind,
-                active,
-                sub,
-                reason,
-                guid,
-                index,
-            } => Some((
-                node,
-                unit,
-                kind,
-                active,
-                sub,
-                reason,
-                ModTag::new(*guid, *index),
-            )),
+            Ev::Changed(change) => Some(change),
             _ => None,
         })
         .collect();
@@ -770,7 +706,16 @@ async fn follow_gives_a_snapshot_then_a_stream_without_gap_or_duplicate_across_a
         "BlueChi signals after Follow(): {after:?}"
     );
     let mut guids = BTreeSet::new();
-    for (node, unit, kind, active, sub, _reason, tag) in &changes {
+    for Change {
+        node,
+        unit,
+        kind,
+        active,
+        sub,
+        tag,
+        ..
+    } in changes
+    {
         assert_eq!(node.as_str(), "node1");
         assert!(
             units.contains(&unit.as_str()),
@@ -828,15 +773,15 @@ async fn follow_gives_a_snapshot_then_a_stream_without_gap_or_duplicate_across_a
 
     // No gap: what the follower holds is exactly what a fresh snapshot says, and
     // what systemd says.
-    let mut fresh = MonitorWatch::create(&cluster).await;
+    let mut fresh = c.monitor().await;
     fresh.subscribe_list("node1", &units).await.unwrap();
     fresh.settle(Duration::from_millis(300)).await;
     let now = snapshot_map(fresh.follow().await.unwrap());
     assert_eq!(held, now, "snapshot + stream == a fresh snapshot");
     for u in units {
-        let real = unit_prop(&cluster, "node1", u, "ActiveState").await;
+        let real = c.state("node1", u).await;
         let held_state = held.get(u).map(|r| r.active.as_str()).unwrap_or("inactive");
         assert_eq!(held_state, real, "{u}");
     }
-    cluster.down().await.unwrap();
+    c.down().await;
 }

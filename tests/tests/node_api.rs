@@ -3,44 +3,12 @@
 //! against what the node's own systemd says. Bad arguments get a clear error and
 //! change nothing.
 
-mod common;
-
-use common::follow::CtlFollower;
-use common::*;
-use drover_sandbox::Cluster;
+use drover_testkit::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use zbus::{OwnedObjectPath, OwnedVariant, Variant};
 
 const T: Duration = Duration::from_secs(10);
-
-/// A service that can be enabled: it is wanted by default.target.
-const INSTALLABLE: &str =
-    "[Service]\nExecStart=/bin/sleep 600\n[Install]\nWantedBy=default.target\n";
-/// A service without an [Install] section: `static`.
-const STATIC: &str = "[Service]\nType=oneshot\nExecStart=/bin/true\n";
-
-/// (exit code, stdout, stderr) of one droverctl run.
-async fn run(cluster: &Cluster, args: &[&str]) -> (i32, String, String) {
-    let out = droverctl(cluster, args).await;
-    (out.status.code().unwrap_or(-1), stdout(&out), stderr(&out))
-}
-
-/// The node's own systemd manager, straight over its bus.
-async fn systemd(cluster: &Cluster, node: &str) -> zbus::Proxy<'static> {
-    let conn = zbus::connection::Builder::address(cluster.node_bus_address(node).as_str())
-        .build()
-        .await
-        .unwrap();
-    zbus::Proxy::new(
-        &conn,
-        "org.freedesktop.systemd1",
-        "/org/freedesktop/systemd1",
-        "org.freedesktop.systemd1.Manager",
-    )
-    .await
-    .unwrap()
-}
 
 /// The D-Bus error name of a failed call ("" if it was not an error reply).
 fn dbus_error_name(e: &zbus::Error) -> String {
@@ -50,24 +18,9 @@ fn dbus_error_name(e: &zbus::Error) -> String {
     }
 }
 
-async fn active_state(cluster: &Cluster, node: &str, unit: &str) -> String {
-    unit_prop(cluster, node, unit, "ActiveState").await
-}
-
-async fn wait_state(cluster: &Cluster, node: &str, unit: &str, want: &str) {
-    eventually(T, &format!("{unit} on {node} is {want}"), || async {
-        active_state(cluster, node, unit).await == want
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e:#}"));
-}
-
-async fn is_enabled_in_node(cluster: &Cluster, node: &str, unit: &str) -> String {
-    let out = cluster
-        .systemctl(node, &["is-enabled", unit])
-        .await
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
+async fn is_enabled_in_node(c: &TestCluster, node: &str, unit: &str) -> String {
+    let out = c.systemctl(node, &["is-enabled", unit]).await;
+    out.stdout.trim().to_string()
 }
 
 /// `NODE | PATH | IS-ENABLED` rows of list-unit-files.
@@ -83,24 +36,23 @@ fn parse_unit_files(out: &str) -> BTreeSet<(String, String, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enable_disable_is_enabled_and_unit_files_match_systemd() {
-    let cluster = cluster(2).await;
-    cluster
-        .install_unit("node1", "svc-a.service", INSTALLABLE)
-        .await
-        .unwrap();
-    cluster
-        .install_unit("node1", "svc-static.service", STATIC)
-        .await
-        .unwrap();
+    let c = TestCluster::with_units(
+        2,
+        &[
+            ("node1", "svc-a.service", INSTALLABLE),
+            ("node1", "svc-static.service", STATIC),
+        ],
+    )
+    .await;
 
     // Disabled at first: printed, exit 1, nothing on stderr (like systemctl).
-    let (code, out, err) = run(&cluster, &["is-enabled", "node1", "svc-a"]).await;
+    let (code, out, err) = c.run(&["is-enabled", "node1", "svc-a"]).await.parts();
     assert_eq!((code, out.trim(), err.trim()), (1, "disabled", ""));
-    let (code, out, _) = run(&cluster, &["is-enabled", "node1", "svc-static"]).await;
+    let (code, out, _) = c.run(&["is-enabled", "node1", "svc-static"]).await.parts();
     assert_eq!((code, out.trim()), (0, "static"));
 
     // enable: reported on stderr like bluechictl, real on the node.
-    let (code, _, err) = run(&cluster, &["enable", "node1", "svc-a"]).await;
+    let (code, _, err) = c.run(&["enable", "node1", "svc-a"]).await.parts();
     assert_eq!(code, 0, "{err}");
     assert!(
         err.contains("The unit files included enablement information"),
@@ -111,19 +63,23 @@ async fn enable_disable_is_enabled_and_unit_files_match_systemd() {
         "{err}"
     );
     assert_eq!(
-        is_enabled_in_node(&cluster, "node1", "svc-a.service").await,
+        is_enabled_in_node(&c, "node1", "svc-a.service").await,
         "enabled"
     );
     assert_eq!(
-        is_enabled_in_node(&cluster, "node2", "svc-a.service").await,
+        is_enabled_in_node(&c, "node2", "svc-a.service").await,
         "",
         "node2 has no such unit"
     );
-    let (code, out, _) = run(&cluster, &["is-enabled", "node1", "svc-a.service"]).await;
+    let (code, out, _) = c
+        .run(&["is-enabled", "node1", "svc-a.service"])
+        .await
+        .parts();
     assert_eq!((code, out.trim()), (0, "enabled"));
 
     // list-unit-files of a node is exactly its systemd's ListUnitFiles.
-    let direct: Vec<(String, String)> = systemd(&cluster, "node1")
+    let direct: Vec<(String, String)> = c
+        .systemd("node1")
         .await
         .call("ListUnitFiles", &())
         .await
@@ -132,9 +88,7 @@ async fn enable_disable_is_enabled_and_unit_files_match_systemd() {
         .into_iter()
         .map(|(p, s)| ("node1".to_string(), p, s))
         .collect();
-    let listed = parse_unit_files(&ok(
-        &droverctl(&cluster, &["list-unit-files", "node1"]).await
-    ));
+    let listed = parse_unit_files(&c.ctl_ok(&["list-unit-files", "node1"]).await);
     assert_eq!(listed, direct);
     assert!(
         listed
@@ -143,11 +97,7 @@ async fn enable_disable_is_enabled_and_unit_files_match_systemd() {
         "{listed:?}"
     );
     // All nodes, filtered by unit name.
-    let all = parse_unit_files(&ok(&droverctl(
-        &cluster,
-        &["list-unit-files", "--filter", "svc-*"],
-    )
-    .await));
+    let all = parse_unit_files(&c.ctl_ok(&["list-unit-files", "--filter", "svc-*"]).await);
     let names: BTreeSet<(String, String)> = all
         .iter()
         .map(|(n, p, s)| (n.clone(), format!("{} {s}", p.rsplit('/').next().unwrap())))
@@ -159,8 +109,9 @@ async fn enable_disable_is_enabled_and_unit_files_match_systemd() {
             ("node1".to_string(), "svc-static.service static".to_string()),
         ])
     );
-    let conn = bus(&cluster).await;
-    let per_node: BTreeMap<String, Vec<(String, String)>> = controller(&conn)
+    let api = c.api().await;
+    let per_node: BTreeMap<String, Vec<(String, String)>> = api
+        .controller()
         .await
         .call("ListUnitFiles", &())
         .await
@@ -168,114 +119,110 @@ async fn enable_disable_is_enabled_and_unit_files_match_systemd() {
     assert_eq!(per_node.keys().collect::<Vec<_>>(), ["node1", "node2"]);
 
     // disable: the symlink goes.
-    let (code, _, err) = run(&cluster, &["disable", "node1", "svc-a"]).await;
+    let (code, _, err) = c.run(&["disable", "node1", "svc-a"]).await.parts();
     assert_eq!(code, 0, "{err}");
     assert!(
         err.contains("Removed \"") && err.contains("default.target.wants/svc-a.service\"."),
         "{err}"
     );
     assert_eq!(
-        is_enabled_in_node(&cluster, "node1", "svc-a.service").await,
+        is_enabled_in_node(&c, "node1", "svc-a.service").await,
         "disabled"
     );
 
     // --runtime both ways (bluechictl ignores --runtime for disable).
-    let (code, _, err) = run(&cluster, &["enable", "node1", "svc-a", "--runtime"]).await;
+    let (code, _, err) = c
+        .run(&["enable", "node1", "svc-a", "--runtime"])
+        .await
+        .parts();
     assert_eq!(code, 0, "{err}");
     assert_eq!(
-        is_enabled_in_node(&cluster, "node1", "svc-a.service").await,
+        is_enabled_in_node(&c, "node1", "svc-a.service").await,
         "enabled-runtime"
     );
-    let (code, out, _) = run(&cluster, &["is-enabled", "node1", "svc-a"]).await;
+    let (code, out, _) = c.run(&["is-enabled", "node1", "svc-a"]).await.parts();
     assert_eq!((code, out.trim()), (0, "enabled-runtime"));
-    let (code, _, err) = run(&cluster, &["disable", "node1", "svc-a", "--runtime"]).await;
+    let (code, _, err) = c
+        .run(&["disable", "node1", "svc-a", "--runtime"])
+        .await
+        .parts();
     assert_eq!(code, 0, "{err}");
     assert_eq!(
-        is_enabled_in_node(&cluster, "node1", "svc-a.service").await,
+        is_enabled_in_node(&c, "node1", "svc-a.service").await,
         "disabled"
     );
 
     // --json: one document on stdout.
-    let out = ok(&droverctl(
-        &cluster,
-        &["--json", "enable", "node1", "svc-a", "--no-reload"],
-    )
-    .await);
+    let out = c
+        .ctl_ok(&["--json", "enable", "node1", "svc-a", "--no-reload"])
+        .await;
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v[0]["node"], "node1");
     assert_eq!(v[0]["operation"], "EnableUnitFiles");
     assert_eq!(v[0]["carries_install_info"], true);
     assert_eq!(v[0]["reloaded"], false);
     assert_eq!(v[0]["changes"][0]["type"], "symlink");
-    let out = droverctl(&cluster, &["--json", "is-enabled", "node1", "svc-a"]).await;
-    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let out = c.run(&["--json", "is-enabled", "node1", "svc-a"]).await;
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(v[0]["state"], "enabled");
     assert_eq!(v[0]["enabled"], true);
-    assert!(out.status.success());
+    assert!(out.success());
 
     // Bad input: nothing sent, nothing changed.
-    let (code, _, err) = run(&cluster, &["disable", "node1", "svc a"]).await;
+    let (code, _, err) = c.run(&["disable", "node1", "svc a"]).await.parts();
     assert_eq!(code, 2, "{err}");
     assert_eq!(
-        is_enabled_in_node(&cluster, "node1", "svc-a.service").await,
+        is_enabled_in_node(&c, "node1", "svc-a.service").await,
         "enabled"
     );
-    let (code, _, err) = run(&cluster, &["disable", "nodeX", "svc-a"]).await;
+    let (code, _, err) = c.run(&["disable", "nodeX", "svc-a"]).await.parts();
     assert_eq!(code, 1);
     assert!(err.contains("node 'nodeX' not found"), "{err}");
     assert_eq!(
-        is_enabled_in_node(&cluster, "node1", "svc-a.service").await,
+        is_enabled_in_node(&c, "node1", "svc-a.service").await,
         "enabled"
     );
     // A unit file that does not exist: an error, exit 1.
-    let (code, out, err) = run(&cluster, &["is-enabled", "node1", "nosuch"]).await;
+    let (code, out, err) = c.run(&["is-enabled", "node1", "nosuch"]).await.parts();
     assert_eq!(code, 1, "{out}");
     assert_eq!(
         err,
         "droverctl: unit nosuch.service not found on node node1\n"
     );
-    cluster.down().await.unwrap();
+    c.down().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn freeze_thaw_kill_and_reset_failed() {
-    let cluster = cluster(2).await;
+    let c = TestCluster::start(2).await;
     for node in ["node1", "node2"] {
-        cluster
-            .install_unit(node, "victim.service", SLEEPER)
-            .await
-            .unwrap();
-        cluster
-            .install_unit(node, "bad.service", FAILING)
-            .await
-            .unwrap();
+        c.install(node, "victim.service", SLEEPER).await;
+        c.install(node, "bad.service", FAILING).await;
     }
-    ok(&droverctl(&cluster, &["start", "node1", "victim"]).await);
-    cluster
-        .systemctl("node2", &["start", "victim.service"])
-        .await
-        .unwrap();
+    c.ctl_ok(&["start", "node1", "victim"]).await;
+    c.systemctl("node2", &["start", "victim.service"]).await;
 
     // freeze/thaw do what the node's systemd does when asked directly (on a host
     // whose cgroup layout lacks the freezer, both fail the same way).
-    let direct: zbus::Result<()> = systemd(&cluster, "node2")
+    let direct: zbus::Result<()> = c
+        .systemd("node2")
         .await
         .call("FreezeUnit", &("victim.service",))
         .await;
-    let (code, out, err) = run(&cluster, &["freeze", "node1", "victim"]).await;
+    let (code, out, err) = c.run(&["freeze", "node1", "victim"]).await.parts();
     match direct {
         Ok(()) => {
             assert_eq!(code, 0, "{err}");
             assert_eq!(out, "Unit victim.service freeze operation done\n");
             assert_eq!(
-                unit_prop(&cluster, "node1", "victim.service", "FreezerState").await,
+                c.prop("node1", "victim.service", "FreezerState").await,
                 "frozen"
             );
-            let (code, out, err) = run(&cluster, &["thaw", "node1", "victim"]).await;
+            let (code, out, err) = c.run(&["thaw", "node1", "victim"]).await.parts();
             assert_eq!(code, 0, "{err}");
             assert_eq!(out, "Unit victim.service thaw operation done\n");
             assert_eq!(
-                unit_prop(&cluster, "node1", "victim.service", "FreezerState").await,
+                c.prop("node1", "victim.service", "FreezerState").await,
                 "running"
             );
         }
@@ -286,10 +233,7 @@ async fn freeze_thaw_kill_and_reset_failed() {
                 err.contains(&name),
                 "systemd's error {name} is passed on: {err}"
             );
-            assert_eq!(
-                active_state(&cluster, "node1", "victim.service").await,
-                "active"
-            );
+            assert_eq!(c.state("node1", "victim.service").await, "active");
         }
     }
 
@@ -300,16 +244,13 @@ async fn freeze_thaw_kill_and_reset_failed() {
         &["kill", "node1", "victim", "--signal=NOPE"],
         &["kill", "node1", "victim", "--kill-whom=everyone"],
     ] {
-        let (code, _, err) = run(&cluster, bad).await;
+        let (code, _, err) = c.run(bad).await.parts();
         assert_eq!(code, 2, "{bad:?}: {err}");
     }
-    assert_eq!(
-        active_state(&cluster, "node1", "victim.service").await,
-        "active"
-    );
+    assert_eq!(c.state("node1", "victim.service").await, "active");
     // Over D-Bus a bad signal gets systemd's InvalidArgs and kills nothing.
-    let conn = bus(&cluster).await;
-    let n1 = node(&conn, "node1").await;
+    let api = c.api().await;
+    let n1 = api.node("node1").await;
     let e = n1
         .call::<_, _, ()>("KillUnit", &("victim.service", "all", 0i32))
         .await;
@@ -319,160 +260,137 @@ async fn freeze_thaw_kill_and_reset_failed() {
         .await
         .unwrap_err();
     assert!(e.to_string().contains("InvalidArgs"), "{e}");
-    assert_eq!(
-        active_state(&cluster, "node1", "victim.service").await,
-        "active"
-    );
+    assert_eq!(c.state("node1", "victim.service").await, "active");
     // No control process: systemd's error, passed on.
-    let (code, _, err) = run(
-        &cluster,
-        &["kill", "node1", "victim", "--kill-whom=control"],
-    )
-    .await;
+    let (code, _, err) = c
+        .run(&["kill", "node1", "victim", "--kill-whom=control"])
+        .await
+        .parts();
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("org.freedesktop.systemd1"), "{err}");
 
     // SIGKILL of the main process: the unit fails; reset-failed clears it.
-    let (code, out, err) = run(&cluster, &["kill", "node1", "victim", "--signal=KILL"]).await;
+    let (code, out, err) = c
+        .run(&["kill", "node1", "victim", "--signal=KILL"])
+        .await
+        .parts();
     assert_eq!((code, out.as_str()), (0, ""), "{err}");
-    wait_state(&cluster, "node1", "victim.service", "failed").await;
-    assert_eq!(
-        active_state(&cluster, "node2", "victim.service").await,
-        "active"
-    );
-    let (code, _, err) = run(&cluster, &["reset-failed", "node1", "victim"]).await;
+    c.wait_state("node1", "victim.service", "failed", T).await;
+    assert_eq!(c.state("node2", "victim.service").await, "active");
+    let (code, _, err) = c.run(&["reset-failed", "node1", "victim"]).await.parts();
     assert_eq!(code, 0, "{err}");
-    assert_eq!(
-        active_state(&cluster, "node1", "victim.service").await,
-        "inactive"
-    );
+    assert_eq!(c.state("node1", "victim.service").await, "inactive");
 
     // SIGTERM to main only is a clean end for a service.
-    ok(&droverctl(&cluster, &["start", "node1", "victim"]).await);
-    let out = ok(&droverctl(
-        &cluster,
-        &[
+    c.ctl_ok(&["start", "node1", "victim"]).await;
+    let out = c
+        .ctl_ok(&[
             "--json",
             "kill",
             "node1",
             "victim",
             "--kill-whom=main",
             "--signal=SIGTERM",
-        ],
-    )
-    .await);
+        ])
+        .await;
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(
         (v[0]["whom"].as_str(), v[0]["signal"].as_i64()),
         (Some("main"), Some(15))
     );
-    wait_state(&cluster, "node1", "victim.service", "inactive").await;
+    c.wait_state("node1", "victim.service", "inactive", T).await;
 
     // reset-failed without arguments: every online node.
     for node in ["node1", "node2"] {
-        let (code, out, _) = run(&cluster, &["start", node, "bad"]).await;
+        let (code, out, _) = c.run(&["start", node, "bad"]).await.parts();
         assert_eq!(code, 1, "{out}");
-        assert_eq!(active_state(&cluster, node, "bad.service").await, "failed");
+        assert_eq!(c.state(node, "bad.service").await, "failed");
     }
-    let (code, _, err) = run(&cluster, &["reset-failed"]).await;
+    let (code, _, err) = c.run(&["reset-failed"]).await.parts();
     assert_eq!(code, 0, "{err}");
     for node in ["node1", "node2"] {
-        assert_eq!(
-            active_state(&cluster, node, "bad.service").await,
-            "inactive"
-        );
+        assert_eq!(c.state(node, "bad.service").await, "inactive");
     }
     // One node only.
     for node in ["node1", "node2"] {
-        run(&cluster, &["start", node, "bad"]).await;
+        c.run(&["start", node, "bad"]).await;
     }
-    ok(&droverctl(&cluster, &["reset-failed", "node2"]).await);
-    assert_eq!(
-        active_state(&cluster, "node2", "bad.service").await,
-        "inactive"
-    );
-    assert_eq!(
-        active_state(&cluster, "node1", "bad.service").await,
-        "failed"
-    );
+    c.ctl_ok(&["reset-failed", "node2"]).await;
+    assert_eq!(c.state("node2", "bad.service").await, "inactive");
+    assert_eq!(c.state("node1", "bad.service").await, "failed");
     // Over D-Bus: Node.ResetFailed and ResetFailedUnit.
     let _: () = n1.call("ResetFailedUnit", &("bad.service",)).await.unwrap();
-    assert_eq!(
-        active_state(&cluster, "node1", "bad.service").await,
-        "inactive"
-    );
-    run(&cluster, &["start", "node1", "bad"]).await;
+    assert_eq!(c.state("node1", "bad.service").await, "inactive");
+    c.run(&["start", "node1", "bad"]).await;
     let _: () = n1.call("ResetFailed", &()).await.unwrap();
-    assert_eq!(
-        active_state(&cluster, "node1", "bad.service").await,
-        "inactive"
-    );
-    cluster.down().await.unwrap();
+    assert_eq!(c.state("node1", "bad.service").await, "inactive");
+    c.down().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn default_target_get_and_set() {
-    let cluster = cluster(2).await;
-    let direct: String = systemd(&cluster, "node1")
+    let c = TestCluster::start(2).await;
+    let direct: String = c
+        .systemd("node1")
         .await
         .call("GetDefaultTarget", &())
         .await
         .unwrap();
-    let out = ok(&droverctl(&cluster, &["get-default", "node1"]).await);
+    let out = c.ctl_ok(&["get-default", "node1"]).await;
     assert_eq!(out.trim(), direct);
 
-    cluster
-        .install_unit("node1", "custom.target", "[Unit]\nDescription=custom\n")
+    c.install("node1", "custom.target", "[Unit]\nDescription=custom\n")
+        .await;
+    let (code, _, err) = c
+        .run(&["set-default", "node1", "custom.target"])
         .await
-        .unwrap();
-    let (code, _, err) = run(&cluster, &["set-default", "node1", "custom.target"]).await;
+        .parts();
     assert_eq!(code, 0, "{err}");
     assert!(
         err.contains("Created symlink ") && err.contains("custom.target"),
         "{err}"
     );
-    let out = ok(&droverctl(&cluster, &["get-default", "node1"]).await);
+    let out = c.ctl_ok(&["get-default", "node1"]).await;
     assert_eq!(out.trim(), "custom.target");
-    let now: String = systemd(&cluster, "node1")
+    let now: String = c
+        .systemd("node1")
         .await
         .call("GetDefaultTarget", &())
         .await
         .unwrap();
     assert_eq!(now, "custom.target");
-    let other = ok(&droverctl(&cluster, &["get-default", "node2"]).await);
+    let other = c.ctl_ok(&["get-default", "node2"]).await;
     assert_eq!(other.trim(), direct, "node2 keeps its default");
-    let v: serde_json::Value = serde_json::from_str(&ok(&droverctl(
-        &cluster,
-        &["--json", "get-default", "node1"],
-    )
-    .await))
-    .unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&c.ctl_ok(&["--json", "get-default", "node1"]).await).unwrap();
     assert_eq!(v[0]["default_target"], "custom.target");
 
     // Not a target: refused locally; a missing target: systemd's error.
-    let (code, _, _) = run(&cluster, &["set-default", "node1", "web.service"]).await;
+    let (code, _, _) = c
+        .run(&["set-default", "node1", "web.service"])
+        .await
+        .parts();
     assert_eq!(code, 2);
-    let (code, _, err) = run(&cluster, &["set-default", "node1", "nosuch.target"]).await;
+    let (code, _, err) = c
+        .run(&["set-default", "node1", "nosuch.target"])
+        .await
+        .parts();
     assert_eq!(code, 1, "{err}");
-    let out = ok(&droverctl(&cluster, &["get-default", "node1"]).await);
+    let out = c.ctl_ok(&["get-default", "node1"]).await;
     assert_eq!(
         out.trim(),
         "custom.target",
         "a failed set-default changes nothing"
     );
-    cluster.down().await.unwrap();
+    c.down().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unit_properties_get_and_set_over_dbus() {
-    let cluster = cluster(1).await;
-    cluster
-        .install_unit("node1", "web.service", SLEEPER)
-        .await
-        .unwrap();
-    ok(&droverctl(&cluster, &["start", "node1", "web"]).await);
-    let conn = bus(&cluster).await;
-    let n1 = node(&conn, "node1").await;
+    let c = TestCluster::with_units(1, &[("node1", "web.service", SLEEPER)]).await;
+    c.ctl_ok(&["start", "node1", "web"]).await;
+    let api = c.api().await;
+    let n1 = api.node("node1").await;
 
     // GetUnitProperties of one interface, and of all ("").
     let props: BTreeMap<String, OwnedVariant> = n1
@@ -510,7 +428,7 @@ async fn unit_properties_get_and_set_over_dbus() {
     };
     assert_eq!(
         pid.to_string(),
-        unit_prop(&cluster, "node1", "web.service", "MainPID").await
+        c.prop("node1", "web.service", "MainPID").await
     );
     assert!(pid > 0);
 
@@ -521,7 +439,7 @@ async fn unit_properties_get_and_set_over_dbus() {
         .await
         .unwrap();
     assert_eq!(
-        unit_prop(&cluster, "node1", "web.service", "Description").await,
+        c.prop("node1", "web.service", "Description").await,
         "set by drover"
     );
     let d: OwnedVariant = n1
@@ -564,21 +482,16 @@ async fn unit_properties_get_and_set_over_dbus() {
         .await
         .unwrap_err();
     assert!(e.to_string().contains("InvalidArgs"), "{e}");
-    assert_eq!(
-        active_state(&cluster, "node1", "web.service").await,
-        "active"
-    );
-    cluster.down().await.unwrap();
+    assert_eq!(c.state("node1", "web.service").await, "active");
+    c.down().await;
 }
 
 type Aux<'a> = Vec<(&'a str, Vec<(&'a str, Variant<'a>)>)>;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn start_transient_unit_is_a_tracked_job() {
-    let cluster = cluster(1).await;
-    let conn = bus(&cluster).await;
-    let n1 = node(&conn, "node1").await;
-    let mut jobs = JobWatch::new(&conn).await;
+    let c = TestCluster::start(1).await;
+    let (_api, n1, mut jobs) = c.jobs_on("node1").await;
 
     let exec = vec![(
         "/bin/sleep".to_string(),
@@ -602,27 +515,12 @@ async fn start_transient_unit_is_a_tracked_job() {
         path.starts_with("/org/eclipse/bluechi/job/"),
         "a drover job, not systemd's: {path}"
     );
-    let id = jobs.job_new(&path, T).await.unwrap();
-    let removed = jobs.removed(&path, T).await.unwrap();
+    let transient = ("node1", "transient-x.service", "done");
+    let quiet = Duration::from_millis(300);
+    jobs.ends_once(&path, transient, T, quiet).await;
+    assert_eq!(c.state("node1", "transient-x.service").await, "active");
     assert_eq!(
-        removed,
-        JobRemoved {
-            id,
-            path: path.clone(),
-            node: "node1".into(),
-            unit: "transient-x.service".into(),
-            result: "done".into(),
-        }
-    );
-    jobs.no_more_removed(&path, Duration::from_millis(300))
-        .await
-        .unwrap();
-    assert_eq!(
-        active_state(&cluster, "node1", "transient-x.service").await,
-        "active"
-    );
-    assert_eq!(
-        unit_prop(&cluster, "node1", "transient-x.service", "Description").await,
+        c.prop("node1", "transient-x.service", "Description").await,
         "transient via drover"
     );
 
@@ -637,24 +535,23 @@ async fn start_transient_unit_is_a_tracked_job() {
         .await
         .unwrap_err();
     assert!(e.to_string().contains("UnitExists"), "{e}");
-    cluster.down().await.unwrap();
+    c.down().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_of_units_and_missing_ones() {
-    let cluster = cluster(2).await;
-    cluster
-        .install_unit("node1", "web.service", INSTALLABLE)
-        .await
-        .unwrap();
-    cluster
-        .install_unit("node1", "db.service", SLEEPER)
-        .await
-        .unwrap();
-    ok(&droverctl(&cluster, &["enable", "node1", "web"]).await);
-    ok(&droverctl(&cluster, &["start", "node1", "web"]).await);
+    let c = TestCluster::with_units(
+        2,
+        &[
+            ("node1", "web.service", INSTALLABLE),
+            ("node1", "db.service", SLEEPER),
+        ],
+    )
+    .await;
+    c.ctl_ok(&["enable", "node1", "web"]).await;
+    c.ctl_ok(&["start", "node1", "web"]).await;
 
-    let out = ok(&droverctl(&cluster, &["status", "node1", "web", "db.service"]).await);
+    let out = c.ctl_ok(&["status", "node1", "web", "db.service"]).await;
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 4, "{out}");
     let fields = |l: &str| {
@@ -678,53 +575,47 @@ async fn status_of_units_and_missing_ones() {
     assert!(lines[1].chars().all(|c| c == '-'), "{out}");
     let web = fields(lines[2]);
     assert_eq!(web[..4], ["web.service", "loaded", "active", "running"]);
-    assert_eq!(
-        web[4],
-        unit_prop(&cluster, "node1", "web.service", "FreezerState").await
-    );
+    assert_eq!(web[4], c.prop("node1", "web.service", "FreezerState").await);
     assert_eq!(web[5], "enabled");
     let db = fields(lines[3]);
     assert_eq!(db[..4], ["db.service", "loaded", "inactive", "dead"]);
     assert!(lines[2].contains('\t'), "tab-aligned like bluechictl");
 
     // A unit that does not exist: bluechictl's line on stderr, exit 1, the rest shown.
-    let (code, out, err) = run(&cluster, &["status", "node1", "web", "ghost"]).await;
+    let (code, out, err) = c.run(&["status", "node1", "web", "ghost"]).await.parts();
     assert_eq!(code, 1);
     assert_eq!(err, "Unit ghost.service could not be found.\n");
     assert!(out.contains("web.service"), "{out}");
     assert!(!out.contains("ghost"), "{out}");
 
     // JSON.
-    let out = ok(&droverctl(&cluster, &["--json", "status", "node1", "web"]).await);
+    let out = c.ctl_ok(&["--json", "status", "node1", "web"]).await;
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v[0]["unit"], "web.service");
     assert_eq!(v[0]["active"], "active");
     assert_eq!(v[0]["enabled"], "enabled");
 
     // Unknown and offline nodes.
-    let (code, _, err) = run(&cluster, &["status", "nodeX", "web"]).await;
+    let (code, _, err) = c.run(&["status", "nodeX", "web"]).await.parts();
     assert_eq!(code, 1);
     assert!(err.contains("node 'nodeX' not found"), "{err}");
-    let mut cluster = cluster;
-    cluster.stop_agent("node2").await.unwrap();
-    cluster
-        .wait_node_status("node2", "offline", T)
-        .await
-        .unwrap();
-    let (code, _, err) = run(&cluster, &["status", "node2", "web"]).await;
+    let mut c = c;
+    c.stop_agent("node2").await.unwrap();
+    c.wait_status("node2", "offline", T).await;
+    let (code, _, err) = c.run(&["status", "node2", "web"]).await.parts();
     assert_eq!(code, 1);
     assert!(err.contains("node node2 is offline"), "{err}");
-    cluster.down().await.unwrap();
+    c.down().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn log_levels_are_checked_and_applied() {
-    let cluster = cluster(2).await;
-    let conn = bus(&cluster).await;
-    let ctl = controller(&conn).await;
+    let c = TestCluster::start(2).await;
+    let api = c.api().await;
+    let ctl = api.controller().await;
     // Read through Properties.Get each time: LogLevel emits no change signal, so a
     // caching proxy would keep the first value.
-    let props = zbus::fdo::PropertiesProxy::builder(&conn)
+    let props = zbus::fdo::PropertiesProxy::builder(&api.conn)
         .destination(BUS_NAME)
         .path(CONTROLLER_PATH)
         .cache_properties(zbus::proxy::CacheProperties::No)
@@ -742,11 +633,11 @@ async fn log_levels_are_checked_and_applied() {
         "{target}"
     );
 
-    ok(&droverctl(&cluster, &["set-loglevel", "DEBUG"]).await);
+    c.ctl_ok(&["set-loglevel", "DEBUG"]).await;
     assert_eq!(level().await, "DEBUG");
-    ok(&droverctl(&cluster, &["set-loglevel", "warn"]).await);
+    c.ctl_ok(&["set-loglevel", "warn"]).await;
     assert_eq!(level().await, "WARN");
-    ok(&droverctl(&cluster, &["set-loglevel", "node1", "DEBUG"]).await);
+    c.ctl_ok(&["set-loglevel", "node1", "DEBUG"]).await;
 
     // Bad levels: refused locally (exit 2) and by the API (InvalidArgs); nothing
     // changes and the node stays online.
@@ -754,7 +645,7 @@ async fn log_levels_are_checked_and_applied() {
         &["set-loglevel", "LOUD"][..],
         &["set-loglevel", "node1", "TRACE"],
     ] {
-        let (code, _, err) = run(&cluster, bad).await;
+        let (code, _, err) = c.run(bad).await.parts();
         assert_eq!(code, 2, "{bad:?}: {err}");
         assert!(err.contains("invalid log level"), "{err}");
     }
@@ -764,7 +655,7 @@ async fn log_levels_are_checked_and_applied() {
         .unwrap_err();
     assert!(e.to_string().contains("InvalidArgs"), "{e}");
     assert_eq!(level().await, "WARN");
-    let n1 = node(&conn, "node1").await;
+    let n1 = api.node("node1").await;
     let e = n1
         .call::<_, _, ()>("SetLogLevel", &("LOUD",))
         .await
@@ -776,32 +667,28 @@ async fn log_levels_are_checked_and_applied() {
         "online",
         "a bad level does not disconnect the node"
     );
-    let (code, _, err) = run(&cluster, &["set-loglevel", "nodeX", "INFO"]).await;
+    let (code, _, err) = c.run(&["set-loglevel", "nodeX", "INFO"]).await.parts();
     assert_eq!(code, 1);
     assert!(err.contains("not found"), "{err}");
-    cluster.down().await.unwrap();
+    c.down().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_enable_listen_disable() {
-    let cluster = cluster(1).await;
-    cluster
-        .install_unit("node1", "quick.service", ONESHOT_OK)
-        .await
-        .unwrap();
-    let out = ok(&droverctl(&cluster, &["metrics", "enable"]).await);
+    let c = TestCluster::with_units(1, &[("node1", "quick.service", ONESHOT_OK)]).await;
+    let out = c.ctl_ok(&["metrics", "enable"]).await;
     assert_eq!(out, "Done\n");
-    let (code, _, err) = run(&cluster, &["metrics", "enable"]).await;
+    let (code, _, err) = c.run(&["metrics", "enable"]).await.parts();
     assert_eq!(code, 1, "enabling twice is an error: {err}");
 
-    let mut listen = CtlFollower::spawn(&cluster, &["metrics", "listen"]);
+    let mut listen = c.follow(&["metrics", "listen"]);
     listen
         .expect_line("the waiting line", T, |l| {
             l == "Waiting for metrics signals..."
         })
         .await
         .unwrap();
-    ok(&droverctl(&cluster, &["start", "node1", "quick"]).await);
+    c.ctl_ok(&["start", "node1", "quick"]).await;
     listen
         .expect_line("StartUnitJobMetrics", T, |l| {
             l.starts_with("[node1] Job /org/eclipse/bluechi/job/")
@@ -827,21 +714,17 @@ async fn metrics_enable_listen_disable() {
     let status = listen.interrupt(T).await.unwrap();
     assert!(status.success(), "Ctrl-C ends listen with 0: {status:?}");
 
-    let out = ok(&droverctl(&cluster, &["metrics", "disable"]).await);
+    let out = c.ctl_ok(&["metrics", "disable"]).await;
     assert_eq!(out, "Done\n");
-    let (code, _, _) = run(&cluster, &["metrics", "disable"]).await;
+    let (code, _, _) = c.run(&["metrics", "disable"]).await.parts();
     assert_eq!(code, 1, "disabling twice is an error");
-    cluster.down().await.unwrap();
+    c.down().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_nodes_and_bad_names_change_nothing() {
-    let cluster = cluster(1).await;
-    cluster
-        .install_unit("node1", "web.service", SLEEPER)
-        .await
-        .unwrap();
-    ok(&droverctl(&cluster, &["start", "node1", "web"]).await);
+    let c = TestCluster::with_units(1, &[("node1", "web.service", SLEEPER)]).await;
+    c.ctl_ok(&["start", "node1", "web"]).await;
     for args in [
         &["freeze", "nodeX", "web"][..],
         &["thaw", "nodeX", "web"],
@@ -854,7 +737,7 @@ async fn unknown_nodes_and_bad_names_change_nothing() {
         &["list-unit-files", "nodeX"],
         &["proxies", "nodeX"],
     ] {
-        let (code, _, err) = run(&cluster, args).await;
+        let (code, _, err) = c.run(args).await.parts();
         assert_eq!(code, 1, "{args:?}: {err}");
         assert!(err.contains("node 'nodeX' not found"), "{args:?}: {err}");
     }
@@ -864,12 +747,12 @@ async fn unknown_nodes_and_bad_names_change_nothing() {
         &["kill", "no_de", "web"],
         &["status", "node1", "web", "x/y"],
     ] {
-        let (code, _, err) = run(&cluster, args).await;
+        let (code, _, err) = c.run(args).await.parts();
         assert_eq!(code, 2, "{args:?}: {err}");
     }
     // Over D-Bus, bad unit names are InvalidArgs.
-    let conn = bus(&cluster).await;
-    let n1 = node(&conn, "node1").await;
+    let api = c.api().await;
+    let n1 = api.node("node1").await;
     for (method, res) in [
         (
             "FreezeUnit",
@@ -894,41 +777,23 @@ async fn unknown_nodes_and_bad_names_change_nothing() {
         .await
         .unwrap_err();
     assert!(e.to_string().contains("InvalidArgs"), "{e}");
-    assert_eq!(
-        active_state(&cluster, "node1", "web.service").await,
-        "active"
-    );
-    cluster.down().await.unwrap();
+    assert_eq!(c.state("node1", "web.service").await, "active");
+    c.down().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn droverctl_proxies_lists_cross_node_dependencies() {
-    let cluster = cluster(3).await;
-    cluster
-        .install_unit("node2", "db.service", SLEEPER)
-        .await
-        .unwrap();
-    cluster
-        .install_unit(
-            "node1",
-            "need-db.service",
-            "[Unit]\nWants=drover-proxy@node2_db.service\nAfter=drover-proxy@node2_db.service\n[Service]\nExecStart=/bin/sleep 600\n",
-        )
-        .await
-        .unwrap();
-    let empty = ok(&droverctl(&cluster, &["proxies"]).await);
+    let c = TestCluster::with_units(3, &[("node2", "db.service", SLEEPER), ("node1", "need-db.service", "[Unit]\nWants=drover-proxy@node2_db.service\nAfter=drover-proxy@node2_db.service\n[Service]\nExecStart=/bin/sleep 600\n")]).await;
+    let empty = c.ctl_ok(&["proxies"]).await;
     assert_eq!(
         empty.lines().count(),
         2,
         "header and separator only: {empty}"
     );
-    ok(&droverctl(&cluster, &["start", "node1", "need-db"]).await);
-    assert_eq!(
-        active_state(&cluster, "node2", "db.service").await,
-        "active"
-    );
+    c.ctl_ok(&["start", "node1", "need-db"]).await;
+    assert_eq!(c.state("node2", "db.service").await, "active");
 
-    let out = ok(&droverctl(&cluster, &["proxies"]).await);
+    let out = c.ctl_ok(&["proxies"]).await;
     let lines: Vec<&str> = out.lines().collect();
     let fields = |l: &str| {
         l.split('|')
@@ -956,8 +821,7 @@ async fn droverctl_proxies_lists_cross_node_dependencies() {
     // NODE filters on requester or target.
     for n in ["node1", "node2"] {
         let v: serde_json::Value =
-            serde_json::from_str(&ok(&droverctl(&cluster, &["--json", "proxies", n]).await))
-                .unwrap();
+            serde_json::from_str(&c.ctl_ok(&["--json", "proxies", n]).await).unwrap();
         assert_eq!(
             v,
             serde_json::json!([{"requester": "node1", "target_node": "node2", "unit": "db.service",
@@ -965,10 +829,10 @@ async fn droverctl_proxies_lists_cross_node_dependencies() {
             "{n}"
         );
     }
-    let node3 = ok(&droverctl(&cluster, &["proxies", "node3"]).await);
+    let node3 = c.ctl_ok(&["proxies", "node3"]).await;
     assert_eq!(node3.lines().count(), 2, "node3 is not involved: {node3}");
-    let (code, _, err) = run(&cluster, &["proxies", "nodeX"]).await;
+    let (code, _, err) = c.run(&["proxies", "nodeX"]).await.parts();
     assert_eq!(code, 1);
     assert!(err.contains("node 'nodeX' not found"), "{err}");
-    cluster.down().await.unwrap();
+    c.down().await;
 }

@@ -2,22 +2,22 @@
 //! duplicate names, dead agents noticed within the threshold, and convergence
 //! after agent and manager restarts.
 
-mod common;
-
-use common::*;
-use drover_sandbox::Cluster;
+use drover_testkit::api::job_call;
+use drover_testkit::prelude::*;
 use nix::sys::signal::Signal;
 use std::time::Duration;
 
 /// Heartbeat threshold of the sandbox defaults (2 s) plus scheduling slack.
 const DETECT: Duration = Duration::from_secs(5);
+/// How long an agent (re)start may take to register.
+const ONLINE: Duration = Duration::from_secs(10);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_register_and_show_online() {
-    let cluster = cluster(3).await;
-    let conn = bus(&cluster).await;
+    let c = TestCluster::start(3).await;
+    let api = c.api().await;
 
-    let nodes = list_nodes(&conn).await;
+    let nodes = api.list_nodes().await;
     let names: Vec<_> = nodes.iter().map(|(n, _, _)| n.as_str()).collect();
     assert_eq!(names, ["node1", "node2", "node3"], "config order");
     for (name, status, ip) in &nodes {
@@ -25,11 +25,10 @@ async fn agents_register_and_show_online() {
         assert_eq!(ip, "127.0.0.1", "{name} connects over loopback");
     }
 
-    let controller = controller(&conn).await;
-    let status: String = controller.get_property("Status").await.unwrap();
+    let status: String = api.controller().await.get_property("Status").await.unwrap();
     assert_eq!(status, "up");
 
-    let out = ok(&droverctl(&cluster, &["status"]).await);
+    let out = c.ctl_ok(&["status"]).await;
     for n in ["node1", "node2", "node3"] {
         let line = out
             .lines()
@@ -40,17 +39,12 @@ async fn agents_register_and_show_online() {
     // A reader that stops early (`droverctl status | head -0`): no complaint, exit 0.
     let (reader, writer) = std::io::pipe().unwrap();
     drop(reader);
-    let closed = tokio::process::Command::new(bin("droverctl"))
-        .arg("status")
-        .env("DROVER_BUS", cluster.bus_address())
-        .stdout(writer)
-        .output()
-        .await
-        .unwrap();
+    let closed = c.ctl().command(&["status"]).stdout(writer).output();
+    let closed = closed.await.unwrap();
     assert!(closed.status.success(), "{:?}", closed.status);
-    assert_eq!(stderr(&closed), "");
+    assert_eq!(String::from_utf8_lossy(&closed.stderr), "");
 
-    let node2 = node(&conn, "node2").await;
+    let node2 = api.node("node2").await;
     assert_eq!(node2.path().as_str(), "/org/eclipse/bluechi/node/node2");
     let name: String = node2.get_property("Name").await.unwrap();
     assert_eq!(name, "node2");
@@ -63,112 +57,90 @@ async fn agents_register_and_show_online() {
         seen > 0 && seen <= now_us && now_us - seen < 10_000_000,
         "last seen {seen} vs now {now_us}"
     );
-    cluster.down().await.unwrap();
+    c.down().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_node_name_is_refused_and_never_appears() {
-    let mut cluster = cluster(2).await;
-    let pid = cluster
-        .start_agent_named("node1", "intruder")
-        .await
-        .unwrap();
-    let conn = bus(&cluster).await;
+    let mut c = TestCluster::start(2).await;
+    let pid = c.start_agent_named("node1", "intruder").await.unwrap();
+    let api = c.api().await;
 
     // The refused agent keeps retrying; whatever it does, it never shows up.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let nodes = list_nodes(&conn).await;
+    let nodes = api.list_nodes().await;
     assert!(nodes.iter().all(|(n, _, _)| n != "intruder"), "{nodes:?}");
     assert_eq!(nodes.len(), 2);
-    let err = controller(&conn)
-        .await
-        .call::<_, _, zbus::OwnedObjectPath>("GetNode", &("intruder",))
-        .await
-        .unwrap_err();
+    let err = api.get_node("intruder").await.unwrap_err();
     assert!(err.to_string().contains("ServiceUnknown"), "{err}");
-    let out = droverctl(&cluster, &["status", "intruder"]).await;
-    assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("not found"), "{}", stderr(&out));
+    let out = c.run(&["status", "intruder"]).await;
+    assert_eq!(out.code, 1);
+    assert!(out.stderr.contains("not found"), "{}", out.stderr);
 
     // The manager says whom it refused, so an operator can find the typo.
     assert!(pid > 0);
-    let log = std::fs::read_to_string(cluster.log_path("manager")).unwrap();
+    let log = std::fs::read_to_string(c.log_path("manager")).unwrap();
     assert!(
         log.contains("intruder"),
         "manager log names the refused node:\n{log}"
     );
-    cluster.down().await.unwrap();
+    c.down().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duplicate_name_of_a_live_node_is_refused_and_the_first_stays_online() {
-    let mut cluster = cluster(2).await;
-    let conn = bus(&cluster).await;
-    let first_pid = cluster.agent_pid("node2").unwrap();
-    cluster.start_agent_named("node1", "node2").await.unwrap();
+    let mut c = TestCluster::start(2).await;
+    let api = c.api().await;
+    let first_pid = c.agent_pid("node2").unwrap();
+    c.start_agent_named("node1", "node2").await.unwrap();
 
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let node2 = node(&conn, "node2").await;
+    let node2 = api.node("node2").await;
     let status: String = node2.get_property("Status").await.unwrap();
     assert_eq!(status, "online");
     // The original agent still serves node2: a job there runs on node2's systemd.
-    cluster
-        .install_unit("node2", "only-on-2.service", ONESHOT_OK)
-        .await
-        .unwrap();
-    let mut jobs = JobWatch::new(&conn).await;
+    c.install("node2", "only-on-2.service", ONESHOT_OK).await;
+    let mut jobs = api.jobs().await;
     let path = job_call(&node2, "StartUnit", "only-on-2.service")
         .await
         .unwrap();
     assert_eq!(jobs.removed(&path, DETECT).await.unwrap().result, "done");
-    assert_eq!(cluster.agent_pid("node2"), Some(first_pid));
-    cluster.down().await.unwrap();
+    assert_eq!(c.agent_pid("node2"), Some(first_pid));
+    c.down().await;
 }
 
-async fn pending_job(
-    cluster: &Cluster,
-    conn: &zbus::Connection,
-    node_name: &str,
-) -> (JobWatch, String) {
-    cluster
-        .install_unit(node_name, "slow.service", SLOW_START)
-        .await
-        .unwrap();
-    let mut jobs = JobWatch::new(conn).await;
-    let n = node(conn, node_name).await;
-    let path = job_call(&n, "StartUnit", "slow.service").await.unwrap();
+/// A cluster of `n` nodes with a pending start job on `node`: (cluster, client, the job's
+/// watch, its path).
+async fn pending_job(n: usize, node: &str) -> (TestCluster, Api, JobWatch, String) {
+    let c = TestCluster::with_units(n, &[(node, "slow.service", SLOW_START)]).await;
+    let (api, node, mut jobs) = c.jobs_on(node).await;
+    let path = job_call(&node, "StartUnit", "slow.service").await.unwrap();
     jobs.job_new(&path, DETECT).await.unwrap();
-    (jobs, path)
+    (c, api, jobs, path)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_agent_goes_offline_and_its_pending_job_ends() {
-    let cluster = cluster(2).await;
-    let conn = bus(&cluster).await;
-    let (mut jobs, path) = pending_job(&cluster, &conn, "node2").await;
+    let (c, api, mut jobs, path) = pending_job(2, "node2").await;
 
     let started = std::time::Instant::now();
-    cluster.signal_agent("node2", Signal::SIGKILL).unwrap();
+    c.signal_agent("node2", Signal::SIGKILL).unwrap();
     let removed = jobs.removed(&path, DETECT).await.unwrap();
     assert_eq!(removed.result, "disconnected");
     assert_eq!(
         (removed.node.as_str(), removed.unit.as_str()),
         ("node2", "slow.service")
     );
-    cluster
-        .wait_node_status("node2", "offline", DETECT)
-        .await
-        .unwrap();
+    c.wait_status("node2", "offline", DETECT).await;
     assert!(started.elapsed() < DETECT);
     jobs.no_more_removed(&path, Duration::from_millis(500))
         .await
         .unwrap();
 
-    let controller = controller(&conn).await;
-    let status: String = controller.get_property("Status").await.unwrap();
+    let status: String = api.controller().await.get_property("Status").await.unwrap();
     assert_eq!(status, "degraded");
     // Calls on the offline node get BlueChi's Offline error.
-    let n = node(&conn, "node2").await;
+    let n = api.node("node2").await;
     let err = job_call(&n, "StartUnit", "slow.service").await.unwrap_err();
     assert!(
         err.to_string().contains("org.eclipse.bluechi.Offline"),
@@ -176,21 +148,16 @@ async fn killed_agent_goes_offline_and_its_pending_job_ends() {
     );
     let ip: String = n.get_property("PeerIp").await.unwrap();
     assert_eq!(ip, "");
-    cluster.down().await.unwrap();
+    c.down().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frozen_agent_goes_offline_within_the_threshold_and_comes_back() {
-    let cluster = cluster(2).await;
-    let conn = bus(&cluster).await;
-    let (mut jobs, path) = pending_job(&cluster, &conn, "node1").await;
+    let (c, _api, mut jobs, path) = pending_job(2, "node1").await;
 
     let started = std::time::Instant::now();
-    cluster.signal_agent("node1", Signal::SIGSTOP).unwrap();
-    cluster
-        .wait_node_status("node1", "offline", DETECT)
-        .await
-        .unwrap();
+    c.signal_agent("node1", Signal::SIGSTOP).unwrap();
+    c.wait_status("node1", "offline", DETECT).await;
     let elapsed = started.elapsed();
     assert!(
         elapsed >= Duration::from_millis(1500),
@@ -202,62 +169,45 @@ async fn frozen_agent_goes_offline_within_the_threshold_and_comes_back() {
     );
 
     // Thawed, the agent finds its link dead and registers again by itself.
-    cluster.signal_agent("node1", Signal::SIGCONT).unwrap();
-    cluster
-        .wait_node_status("node1", "online", Duration::from_secs(10))
-        .await
-        .unwrap();
-    cluster.down().await.unwrap();
+    c.signal_agent("node1", Signal::SIGCONT).unwrap();
+    c.wait_status("node1", "online", ONLINE).await;
+    c.down().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarted_agent_and_restarted_manager_converge_to_all_online() {
-    let mut cluster = cluster(3).await;
+    let mut c = TestCluster::start(3).await;
 
-    cluster.stop_agent("node3").await.unwrap();
-    cluster
-        .wait_node_status("node3", "offline", DETECT)
-        .await
-        .unwrap();
-    cluster.start_agent("node3").await.unwrap();
-    cluster
-        .wait_node_status("node3", "online", Duration::from_secs(10))
-        .await
-        .unwrap();
+    c.stop_agent("node3").await.unwrap();
+    c.wait_status("node3", "offline", DETECT).await;
+    c.start_agent("node3").await.unwrap();
+    c.wait_status("node3", "online", ONLINE).await;
 
-    cluster.stop_manager().await.unwrap();
+    c.stop_manager().await.unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    cluster.start_manager().await.unwrap();
+    c.start_manager().await.unwrap();
     for n in ["node1", "node2", "node3"] {
-        cluster
-            .wait_node_status(n, "online", Duration::from_secs(10))
-            .await
-            .unwrap();
+        c.wait_status(n, "online", ONLINE).await;
     }
-    let conn = bus(&cluster).await;
-    let status: String = controller(&conn)
-        .await
-        .get_property("Status")
-        .await
-        .unwrap();
+    let api = c.api().await;
+    let status: String = api.controller().await.get_property("Status").await.unwrap();
     assert_eq!(status, "up");
     // And the fleet is usable again.
-    let out = ok(&droverctl(&cluster, &["list-units", "node1"]).await);
+    let out = c.ctl_ok(&["list-units", "node1"]).await;
     assert!(
         out.lines()
             .any(|l| l.contains("init.scope") || l.contains(".service")),
         "{out}"
     );
-    cluster.down().await.unwrap();
+    c.down().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_status_changes_are_signalled() {
-    let cluster = cluster(2).await;
-    let conn = bus(&cluster).await;
-    let n = node(&conn, "node2").await;
+    let c = TestCluster::start(2).await;
+    let n = c.api().await.node("node2").await;
     let mut changes = n.receive_property_changed::<String>("Status").await;
-    cluster.signal_agent("node2", Signal::SIGKILL).unwrap();
+    c.signal_agent("node2", Signal::SIGKILL).unwrap();
     let got = tokio::time::timeout(DETECT, async {
         use futures::StreamExt;
         while let Some(change) = changes.next().await {
@@ -273,5 +223,5 @@ async fn node_status_changes_are_signalled() {
         Some(true),
         "PropertiesChanged(Status=offline) arrives"
     );
-    cluster.down().await.unwrap();
+    c.down().await;
 }

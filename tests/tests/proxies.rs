@@ -10,10 +10,9 @@
 //! Names: node1 requests, node2 is the target (node3 requests too where two
 //! requesting nodes are needed).
 
-mod common;
-
-use common::*;
-use drover_sandbox::{Cluster, ClusterOptions};
+use drover_sandbox::ClusterOptions;
+use drover_testkit::prelude::*;
+use drover_testkit::wait::poll;
 use nix::sys::signal::Signal;
 use std::time::{Duration, Instant};
 
@@ -24,15 +23,6 @@ const NEED_DB: &str = "need-db.service";
 /// Long enough for a cross-node start on a loaded 2-core CI machine.
 const T: Duration = Duration::from_secs(20);
 
-/// A long-running requester of `proxy` with dependency kind `kind` (and `After=`).
-fn requester(kind: &str, proxy: &str) -> String {
-    format!("[Unit]\n{kind}={proxy}\nAfter={proxy}\n[Service]\nExecStart=/bin/sleep 600\n")
-}
-
-async fn start_cluster(opts: ClusterOptions) -> Cluster {
-    Cluster::start(opts).await.expect("sandbox cluster starts")
-}
-
 /// A cluster whose manager drops references `grace_ms` after a disconnect.
 fn with_grace(nodes: usize, grace_ms: u64) -> ClusterOptions {
     ClusterOptions {
@@ -41,28 +31,19 @@ fn with_grace(nodes: usize, grace_ms: u64) -> ClusterOptions {
     }
 }
 
-async fn state(c: &Cluster, node: &str, unit: &str) -> String {
-    unit_prop(c, node, unit, "ActiveState").await
-}
-
 /// A `…TimestampMonotonic` property: microseconds on the one clock all
 /// sandbox nodes share, so the times of two nodes compare.
-async fn timestamp(c: &Cluster, node: &str, unit: &str, prop: &str) -> u64 {
-    let raw = unit_prop(c, node, unit, prop).await;
+async fn timestamp(c: &TestCluster, node: &str, unit: &str, prop: &str) -> u64 {
+    let raw = c.prop(node, unit, prop).await;
     raw.parse()
         .unwrap_or_else(|e| panic!("{prop} of {unit} on {node} is {raw:?}: {e}"))
 }
 
 /// Waits until `unit` on `node` is `want`; the error names the last state seen.
-async fn wait_state(c: &Cluster, node: &str, unit: &str, want: &str) {
-    let res = eventually(T, &format!("{unit} on {node} to be {want}"), || async {
-        state(c, node, unit).await == want
-    })
-    .await;
-    if let Err(e) = res {
+async fn wait_state(c: &TestCluster, node: &str, unit: &str, want: &str) {
+    if let Err(e) = c.try_wait_state(node, unit, want, T).await {
         panic!(
-            "{e:#} (it is {}; proxy log on node1: {:?})\n{}",
-            state(c, node, unit).await,
+            "{e:#} (proxy log on node1: {:?})\n{}",
             c.unit_log("node1", PROXY).unwrap_or_default(),
             proxy_table(c).await
         );
@@ -71,46 +52,23 @@ async fn wait_state(c: &Cluster, node: &str, unit: &str, want: &str) {
 
 /// The manager's proxy table, for a failed wait's message (the cluster prints
 /// the manager's and agents' logs itself when a test panics).
-async fn proxy_table(c: &Cluster) -> String {
-    let table = droverctl(c, &["proxies"]).await;
-    format!(
-        "droverctl proxies:\n{}{}",
-        String::from_utf8_lossy(&table.stdout),
-        String::from_utf8_lossy(&table.stderr)
-    )
+async fn proxy_table(c: &TestCluster) -> String {
+    let table = c.run(&["proxies"]).await;
+    format!("droverctl proxies:\n{}{}", table.stdout, table.stderr)
 }
 
-/// `unit` on `node` stays `want` for `period` (checked every 100 ms).
-async fn stays(c: &Cluster, node: &str, unit: &str, want: &str, period: Duration) {
-    let end = tokio::time::Instant::now() + period;
-    while tokio::time::Instant::now() < end {
-        let now = state(c, node, unit).await;
-        assert_eq!(now, want, "{unit} on {node} left {want}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-async fn systemctl(c: &Cluster, node: &str, args: &[&str]) -> std::process::Output {
-    c.systemctl(node, args).await.expect("systemctl runs")
-}
-
-async fn start_ok(c: &Cluster, node: &str, unit: &str) {
-    let out = systemctl(c, node, &["start", unit]).await;
+async fn start_ok(c: &TestCluster, node: &str, unit: &str) {
+    let out = c.systemctl(node, &["start", unit]).await;
     assert!(
-        out.status.success(),
+        out.success(),
         "systemctl start {unit} on {node} failed: {}\nproxy log: {:?}",
-        stderr(&out),
+        out.stderr,
         c.unit_log("node1", PROXY).unwrap_or_default()
     );
 }
 
-async fn stop_ok(c: &Cluster, node: &str, unit: &str) {
-    let out = systemctl(c, node, &["stop", unit]).await;
-    assert!(
-        out.status.success(),
-        "systemctl stop {unit} on {node}: {}",
-        stderr(&out)
-    );
+async fn stop_ok(c: &TestCluster, node: &str, unit: &str) {
+    c.systemctl_ok(node, &["stop", unit]).await;
 }
 
 /// One row of `droverctl --json proxies`.
@@ -124,9 +82,8 @@ struct Row {
     refs: u64,
 }
 
-async fn proxies(c: &Cluster) -> Vec<Row> {
-    let out = droverctl(c, &["--json", "proxies"]).await;
-    let text = ok(&out);
+async fn proxies(c: &TestCluster) -> Vec<Row> {
+    let text = c.ctl_ok(&["--json", "proxies"]).await;
     let value: serde_json::Value = serde_json::from_str(&text)
         .unwrap_or_else(|e| panic!("droverctl --json proxies is not JSON ({e}): {text}"));
     let rows = value.as_array().expect("a JSON array");
@@ -151,7 +108,7 @@ async fn proxies(c: &Cluster) -> Vec<Row> {
 
 /// The rows whose proxy is live (`waiting` or `active`), as (requester, target, unit,
 /// state, refs).
-async fn live(c: &Cluster) -> Vec<(String, String, String, String, u64)> {
+async fn live(c: &TestCluster) -> Vec<(String, String, String, String, u64)> {
     proxies(c)
         .await
         .into_iter()
@@ -170,34 +127,38 @@ fn row(
     (req.into(), target.into(), unit.into(), state.into(), refs)
 }
 
-async fn wait_live(c: &Cluster, want: Vec<(String, String, String, String, u64)>) {
-    let deadline = tokio::time::Instant::now() + T;
-    loop {
-        let seen = live(c).await;
-        if seen == want {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "droverctl proxies: want {want:?}, still {seen:?} after {T:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+async fn wait_live(c: &TestCluster, want: Vec<(String, String, String, String, u64)>) {
+    let what = format!("droverctl proxies to show {want:?}");
+    let res = poll(T, Duration::from_millis(100), &what, || async {
+        live(c).await == want
+    });
+    if let Err(e) = res.await {
+        panic!("{e:#}: still {:?}", live(c).await);
     }
 }
 
 /// The proxy unit's output (its journal in a real installation).
-fn proxy_log(c: &Cluster, node: &str, proxy: &str) -> String {
+fn proxy_log(c: &TestCluster, node: &str, proxy: &str) -> String {
     c.unit_log(node, proxy).expect("proxy log readable")
+}
+
+/// need-db on node1 `Requires=` `proxy`: starting it fails, and so does the proxy.
+/// Returns what the proxy printed.
+async fn requirer_fails(c: &TestCluster, proxy: &str) -> String {
+    c.install("node1", NEED_DB, &requester("Requires", proxy))
+        .await;
+    let out = c.systemctl("node1", &["start", NEED_DB]).await;
+    assert!(!out.success(), "need-db must not start: {out:?}");
+    wait_state(c, "node1", proxy, "failed").await;
+    proxy_log(c, "node1", proxy)
 }
 
 /// Sets up node2's db and node1's need-db (`kind`), starts need-db and checks the
 /// whole chain is up.
-async fn chain_up(c: &Cluster, kind: &str, db: &str) {
-    c.install_unit("node2", DB, db).await.unwrap();
-    c.install_unit("node1", NEED_DB, &requester(kind, PROXY))
-        .await
-        .unwrap();
-    assert_eq!(state(c, "node2", DB).await, "inactive");
+async fn chain_up(c: &TestCluster, kind: &str, db: &str) {
+    c.install("node2", DB, db).await;
+    c.install("node1", NEED_DB, &requester(kind, PROXY)).await;
+    assert_eq!(c.state("node2", DB).await, "inactive");
     start_ok(c, "node1", NEED_DB).await;
     wait_state(c, "node1", NEED_DB, "active").await;
     wait_state(c, "node1", PROXY, "active").await;
@@ -211,26 +172,24 @@ async fn chain_up(c: &Cluster, kind: &str, db: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dep_template_starts_its_target_and_goes_down_with_it() {
-    let c = start_cluster(ClusterOptions::with_nodes(1)).await;
-    c.install_unit("node1", DB, SLEEPER).await.unwrap();
+    let c = TestCluster::with_units(1, &[("node1", DB, SLEEPER)]).await;
     start_ok(&c, "node1", DEP).await;
-    assert_eq!(state(&c, "node1", DB).await, "active");
-    assert_eq!(state(&c, "node1", DEP).await, "active");
+    assert_eq!(c.state("node1", DB).await, "active");
+    assert_eq!(c.state("node1", DEP).await, "active");
     stop_ok(&c, "node1", DB).await;
     wait_state(&c, "node1", DEP, "inactive").await;
     // Stopping the dep alone leaves the target running.
     start_ok(&c, "node1", DEP).await;
     stop_ok(&c, "node1", DEP).await;
-    assert_eq!(state(&c, "node1", DB).await, "active");
+    assert_eq!(c.state("node1", DB).await, "active");
     // The proxy template is installed with this build's helper.
-    let out = systemctl(&c, "node1", &["cat", PROXY]).await;
-    let text = stdout(&out);
+    let text = c.systemctl("node1", &["cat", PROXY]).await.stdout;
     let helper = bin("drover-proxy");
     assert!(
         text.contains(&format!("ExecStart={} create --user %i", helper.display())),
         "{text}"
     );
-    c.down().await.unwrap();
+    c.down().await;
 }
 
 // ---------------------------------------------------------------------------------
@@ -240,7 +199,7 @@ async fn dep_template_starts_its_target_and_goes_down_with_it() {
 /// proxy-service-start
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_start_brings_up_the_remote_target_first() {
-    let c = start_cluster(ClusterOptions::with_nodes(2)).await;
+    let c = TestCluster::start(2).await;
     chain_up(&c, "Wants", SLEEPER).await;
     // After=: need-db started only once the target was active, i.e. after the proxy.
     let proxy_up = timestamp(&c, "node1", PROXY, "ActiveEnterTimestampMonotonic").await;
@@ -250,7 +209,7 @@ async fn proxy_start_brings_up_the_remote_target_first() {
     let rows = proxies(&c).await;
     assert_eq!(rows[0].target_state, "active");
     // The table form names the same dependency.
-    let table = ok(&droverctl(&c, &["proxies", "node2"]).await);
+    let table = c.ctl_ok(&["proxies", "node2"]).await;
     assert!(table.contains("REQUESTER"), "{table}");
     assert!(
         table
@@ -259,188 +218,161 @@ async fn proxy_start_brings_up_the_remote_target_first() {
         "{table}"
     );
     assert!(proxy_log(&c, "node1", PROXY).contains("db.service on node node2 is active"));
-    c.down().await.unwrap();
+    c.down().await;
 }
 
 /// proxy-service-denied-by-default
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_denied_by_default() {
-    let c = start_cluster(ClusterOptions {
+    let c = TestCluster::with(ClusterOptions {
         allow_all_proxies: false,
         ..ClusterOptions::with_nodes(2)
     })
     .await;
-    c.install_unit("node2", DB, SLEEPER).await.unwrap();
-    c.install_unit("node1", NEED_DB, &requester("Wants", PROXY))
-        .await
-        .unwrap();
+    c.install("node2", DB, SLEEPER).await;
+    c.install("node1", NEED_DB, &requester("Wants", PROXY))
+        .await;
     // Wants=: need-db runs anyway; the proxy fails and says why.
     start_ok(&c, "node1", NEED_DB).await;
     wait_state(&c, "node1", PROXY, "failed").await;
-    assert_eq!(state(&c, "node1", NEED_DB).await, "active");
+    assert_eq!(c.state("node1", NEED_DB).await, "active");
     let log = proxy_log(&c, "node1", PROXY);
     assert!(
         log.contains("cannot start db.service on node node2")
             && log.contains("AllowDependenciesOn"),
         "{log}"
     );
-    assert_eq!(state(&c, "node2", DB).await, "inactive");
-    assert_eq!(state(&c, "node2", DEP).await, "inactive");
+    assert_eq!(c.state("node2", DB).await, "inactive");
+    assert_eq!(c.state("node2", DEP).await, "inactive");
     assert!(live(&c).await.is_empty());
-    c.down().await.unwrap();
+    c.down().await;
 }
 
 /// proxy-service-fails-on-execstart
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_fails_when_the_target_fails_to_start() {
-    let c = start_cluster(ClusterOptions::with_nodes(2)).await;
-    c.install_unit("node2", DB, FAILING).await.unwrap();
-    c.install_unit("node1", NEED_DB, &requester("Requires", PROXY))
-        .await
-        .unwrap();
-    let out = systemctl(&c, "node1", &["start", NEED_DB]).await;
-    assert!(!out.status.success(), "need-db must not start: {out:?}");
-    wait_state(&c, "node1", PROXY, "failed").await;
-    assert_ne!(state(&c, "node1", NEED_DB).await, "active");
-    assert_eq!(state(&c, "node2", DB).await, "failed");
+    let c = TestCluster::with_units(2, &[("node2", DB, FAILING)]).await;
+    let log = requirer_fails(&c, PROXY).await;
+    assert_ne!(c.state("node1", NEED_DB).await, "active");
+    assert_eq!(c.state("node2", DB).await, "failed");
     wait_state(&c, "node2", DEP, "inactive").await;
-    let log = proxy_log(&c, "node1", PROXY);
     assert!(
         log.contains("cannot start db.service on node node2") && log.contains("failed"),
         "{log}"
     );
     assert!(live(&c).await.is_empty());
-    c.down().await.unwrap();
+    c.down().await;
 }
 
 /// proxy-service-fails-on-non-existent-node
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_fails_on_a_node_that_does_not_exist() {
-    let c = start_cluster(ClusterOptions::with_nodes(2)).await;
-    let proxy = "drover-proxy@node9_db.service";
-    c.install_unit("node1", NEED_DB, &requester("Requires", proxy))
-        .await
-        .unwrap();
-    let out = systemctl(&c, "node1", &["start", NEED_DB]).await;
-    assert!(!out.status.success());
-    wait_state(&c, "node1", proxy, "failed").await;
-    let log = proxy_log(&c, "node1", proxy);
+    let c = TestCluster::start(2).await;
+    let log = requirer_fails(&c, "drover-proxy@node9_db.service").await;
     assert!(
         log.contains("cannot start db.service on node node9") && log.contains("no such node"),
         "{log}"
     );
     assert!(live(&c).await.is_empty());
-    c.down().await.unwrap();
+    c.down().await;
 }
 
 /// proxy-service-fails-on-non-existent-service
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_fails_on_a_unit_that_does_not_exist() {
-    let c = start_cluster(ClusterOptions::with_nodes(2)).await;
-    let proxy = "drover-proxy@node2_nope.service";
-    c.install_unit("node1", NEED_DB, &requester("Requires", proxy))
-        .await
-        .unwrap();
-    let out = systemctl(&c, "node1", &["start", NEED_DB]).await;
-    assert!(!out.status.success());
-    wait_state(&c, "node1", proxy, "failed").await;
-    let log = proxy_log(&c, "node1", proxy);
+    let c = TestCluster::start(2).await;
+    let log = requirer_fails(&c, "drover-proxy@node2_nope.service").await;
     assert!(
         log.contains("cannot start nope.service on node node2")
             && log.to_lowercase().contains("not found"),
         "the reason says the unit does not exist: {log}"
     );
     assert_eq!(
-        state(&c, "node2", "drover-dep@nope.service.service").await,
+        c.state("node2", "drover-dep@nope.service.service").await,
         "inactive"
     );
     assert!(live(&c).await.is_empty());
-    c.down().await.unwrap();
+    c.down().await;
 }
 
 /// proxy-service-fails-on-typo-in-file
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_fails_on_a_target_unit_file_with_a_typo() {
-    let c = start_cluster(ClusterOptions::with_nodes(2)).await;
+    let c = TestCluster::start(2).await;
     // "ExecStrat": the unit has no ExecStart= and cannot be loaded.
-    c.install_unit("node2", DB, "[Service]\nExecStrat=/bin/sleep 600\n")
-        .await
-        .unwrap();
-    assert_eq!(unit_prop(&c, "node2", DB, "LoadState").await, "bad-setting");
-    c.install_unit("node1", NEED_DB, &requester("Requires", PROXY))
-        .await
-        .unwrap();
-    let out = systemctl(&c, "node1", &["start", NEED_DB]).await;
-    assert!(!out.status.success());
-    wait_state(&c, "node1", PROXY, "failed").await;
-    let log = proxy_log(&c, "node1", PROXY);
+    c.install("node2", DB, "[Service]\nExecStrat=/bin/sleep 600\n")
+        .await;
+    assert_eq!(c.prop("node2", DB, "LoadState").await, "bad-setting");
+    let log = requirer_fails(&c, PROXY).await;
     assert!(
         log.contains("cannot start db.service on node node2")
             && log.to_lowercase().contains("setting"),
         "the reason says the unit file is bad: {log}"
     );
-    assert_eq!(state(&c, "node2", DEP).await, "inactive");
+    assert_eq!(c.state("node2", DEP).await, "inactive");
     assert!(live(&c).await.is_empty());
-    c.down().await.unwrap();
+    c.down().await;
 }
 
 /// proxy-service-propagate-target-service-failure
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn target_failure_propagates_through_binds_to() {
-    let c = start_cluster(ClusterOptions::with_nodes(2)).await;
+    let c = TestCluster::start(2).await;
     chain_up(&c, "BindsTo", SLEEPER).await;
-    let out = systemctl(&c, "node2", &["kill", "--signal=SIGKILL", DB]).await;
-    assert!(out.status.success(), "{}", stderr(&out));
+    c.systemctl_ok("node2", &["kill", "--signal=SIGKILL", DB])
+        .await;
     wait_state(&c, "node2", DB, "failed").await;
     wait_state(&c, "node2", DEP, "inactive").await;
     // The proxy goes down, and with it the BindsTo= requester.
     wait_state(&c, "node1", PROXY, "inactive").await;
     wait_state(&c, "node1", NEED_DB, "inactive").await;
     wait_live(&c, vec![]).await;
-    c.down().await.unwrap();
+    c.down().await;
 }
 
 /// proxy-service-stop-target
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopping_the_target_stops_dep_and_proxy_requester_keeps_running() {
-    let c = start_cluster(ClusterOptions::with_nodes(2)).await;
+    let c = TestCluster::start(2).await;
     chain_up(&c, "Wants", SLEEPER).await;
     stop_ok(&c, "node2", DB).await;
     wait_state(&c, "node2", DEP, "inactive").await;
     wait_state(&c, "node1", PROXY, "inactive").await;
-    stays(&c, "node1", NEED_DB, "active", Duration::from_millis(500)).await;
+    c.stays("node1", NEED_DB, "active", Duration::from_millis(500))
+        .await;
     wait_live(&c, vec![]).await;
-    c.down().await.unwrap();
+    c.down().await;
 }
 
 /// proxy-service-stop-requesting
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopping_the_requester_releases_proxy_and_dep_target_keeps_running() {
-    let c = start_cluster(ClusterOptions::with_nodes(2)).await;
+    let c = TestCluster::start(2).await;
     chain_up(&c, "Wants", SLEEPER).await;
     stop_ok(&c, "node1", NEED_DB).await;
     // StopWhenUnneeded= on the proxy, then the last reference goes, then the dep.
     wait_state(&c, "node1", PROXY, "inactive").await;
     wait_state(&c, "node2", DEP, "inactive").await;
-    stays(&c, "node2", DB, "active", Duration::from_millis(500)).await;
+    c.stays("node2", DB, "active", Duration::from_millis(500))
+        .await;
     wait_live(&c, vec![]).await;
     assert!(
         proxy_log(&c, "node1", PROXY).contains("released the proxy for db.service on node node2")
     );
-    c.down().await.unwrap();
+    c.down().await;
 }
 
 /// proxy-service-stop-requesting-with-unneeded
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopping_the_requester_stops_a_stop_when_unneeded_target() {
-    let c = start_cluster(ClusterOptions::with_nodes(2)).await;
+    let c = TestCluster::start(2).await;
     let db = format!("[Unit]\nStopWhenUnneeded=yes\n{SLEEPER}");
     chain_up(&c, "Wants", &db).await;
     stop_ok(&c, "node1", NEED_DB).await;
     wait_state(&c, "node1", PROXY, "inactive").await;
     wait_state(&c, "node2", DEP, "inactive").await;
     wait_state(&c, "node2", DB, "inactive").await;
-    c.down().await.unwrap();
+    c.down().await;
 }
 
 /// proxy-service-stop-bluechi-dep: the operator stops the dep unit on the target
@@ -448,50 +380,45 @@ async fn stopping_the_requester_stops_a_stop_when_unneeded_target() {
 /// proxy keep running (the proxy follows the target, not the dep).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopping_the_dep_unit_leaves_both_services_running() {
-    let c = start_cluster(ClusterOptions::with_nodes(2)).await;
+    let c = TestCluster::start(2).await;
     chain_up(&c, "Wants", SLEEPER).await;
     stop_ok(&c, "node2", DEP).await;
     let settle = Duration::from_secs(1);
-    stays(&c, "node2", DEP, "inactive", settle).await;
-    assert_eq!(state(&c, "node2", DB).await, "active");
-    assert_eq!(state(&c, "node1", NEED_DB).await, "active");
-    assert_eq!(state(&c, "node1", PROXY).await, "active");
-    c.down().await.unwrap();
+    c.stays("node2", DEP, "inactive", settle).await;
+    assert_eq!(c.state("node2", DB).await, "active");
+    assert_eq!(c.state("node1", NEED_DB).await, "active");
+    assert_eq!(c.state("node1", PROXY).await, "active");
+    c.down().await;
 }
 
 /// proxy-service-multiple-services-one-node
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_services_on_one_node_share_one_proxy() {
-    let c = start_cluster(ClusterOptions::with_nodes(2)).await;
-    c.install_unit("node2", DB, SLEEPER).await.unwrap();
+    let c = TestCluster::with_units(2, &[("node2", DB, SLEEPER)]).await;
     for unit in ["need-db-a.service", "need-db-b.service"] {
-        c.install_unit("node1", unit, &requester("Wants", PROXY))
-            .await
-            .unwrap();
+        c.install("node1", unit, &requester("Wants", PROXY)).await;
         start_ok(&c, "node1", unit).await;
     }
     wait_state(&c, "node2", DEP, "active").await;
     wait_live(&c, vec![row("node1", "node2", DB, "active", 1)]).await;
     // The proxy lives as long as one of them needs it.
     stop_ok(&c, "node1", "need-db-a.service").await;
-    stays(&c, "node1", PROXY, "active", Duration::from_millis(500)).await;
-    assert_eq!(state(&c, "node2", DEP).await, "active");
+    c.stays("node1", PROXY, "active", Duration::from_millis(500))
+        .await;
+    assert_eq!(c.state("node2", DEP).await, "active");
     stop_ok(&c, "node1", "need-db-b.service").await;
     wait_state(&c, "node1", PROXY, "inactive").await;
     wait_state(&c, "node2", DEP, "inactive").await;
-    assert_eq!(state(&c, "node2", DB).await, "active");
-    c.down().await.unwrap();
+    assert_eq!(c.state("node2", DB).await, "active");
+    c.down().await;
 }
 
 /// proxy-service-multiple-nodes
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_nodes_on_one_target_hold_it_together() {
-    let c = start_cluster(ClusterOptions::with_nodes(3)).await;
-    c.install_unit("node2", DB, SLEEPER).await.unwrap();
+    let c = TestCluster::with_units(3, &[("node2", DB, SLEEPER)]).await;
     for node in ["node1", "node3"] {
-        c.install_unit(node, NEED_DB, &requester("Wants", PROXY))
-            .await
-            .unwrap();
+        c.install(node, NEED_DB, &requester("Wants", PROXY)).await;
         start_ok(&c, node, NEED_DB).await;
         wait_state(&c, node, PROXY, "active").await;
     }
@@ -506,12 +433,12 @@ async fn two_nodes_on_one_target_hold_it_together() {
     stop_ok(&c, "node1", NEED_DB).await;
     wait_state(&c, "node1", PROXY, "inactive").await;
     wait_live(&c, vec![row("node3", "node2", DB, "active", 1)]).await;
-    assert_eq!(state(&c, "node2", DEP).await, "active");
-    assert_eq!(state(&c, "node3", PROXY).await, "active");
+    assert_eq!(c.state("node2", DEP).await, "active");
+    assert_eq!(c.state("node3", PROXY).await, "active");
     stop_ok(&c, "node3", NEED_DB).await;
     wait_state(&c, "node2", DEP, "inactive").await;
-    assert_eq!(state(&c, "node2", DB).await, "active");
-    c.down().await.unwrap();
+    assert_eq!(c.state("node2", DB).await, "active");
+    c.down().await;
 }
 
 /// Start and stop the chain back to back, the target stopped between rounds: every
@@ -519,7 +446,7 @@ async fn two_nodes_on_one_target_hold_it_together() {
 /// round (db stopped, db unloaded by systemd) must never fail the next one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn back_to_back_rounds_never_fail_on_news_of_the_previous_round() {
-    let c = start_cluster(ClusterOptions::with_nodes(2)).await;
+    let c = TestCluster::start(2).await;
     chain_up(&c, "Wants", SLEEPER).await;
     for round in 0..40 {
         stop_ok(&c, "node1", NEED_DB).await;
@@ -527,17 +454,14 @@ async fn back_to_back_rounds_never_fail_on_news_of_the_previous_round() {
         wait_state(&c, "node2", DEP, "inactive").await;
         stop_ok(&c, "node2", DB).await;
         start_ok(&c, "node1", NEED_DB).await;
-        let (proxy, db) = (
-            state(&c, "node1", PROXY).await,
-            state(&c, "node2", DB).await,
-        );
+        let (proxy, db) = (c.state("node1", PROXY).await, c.state("node2", DB).await);
         assert!(
             proxy == "active" && db == "active",
             "round {round}: need-db started but the proxy is {proxy} and db is {db}; proxy log: {}",
             proxy_log(&c, "node1", PROXY)
         );
     }
-    c.down().await.unwrap();
+    c.down().await;
 }
 
 // ---------------------------------------------------------------------------------
@@ -550,42 +474,40 @@ async fn back_to_back_rounds_never_fail_on_news_of_the_previous_round() {
 /// but not a start: nothing may start on the target node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_other_than_start_on_an_idle_proxy_start_nothing_remote() {
-    let c = start_cluster(ClusterOptions::with_nodes(2)).await;
-    c.install_unit("node2", DB, SLEEPER).await.unwrap();
+    let c = TestCluster::with_units(2, &[("node2", DB, SLEEPER)]).await;
     for verb in ["stop", "try-restart", "stop", "try-restart"] {
-        let out = systemctl(&c, "node1", &[verb, PROXY]).await;
-        assert!(out.status.success(), "{verb}: {}", stderr(&out));
+        let out = c.systemctl("node1", &[verb, PROXY]).await;
+        assert!(out.success(), "{verb}: {}", out.stderr);
     }
-    stays(&c, "node2", DB, "inactive", Duration::from_secs(1)).await;
-    assert_eq!(state(&c, "node2", DEP).await, "inactive");
+    c.stays("node2", DB, "inactive", Duration::from_secs(1))
+        .await;
+    assert_eq!(c.state("node2", DEP).await, "inactive");
     assert_eq!(live(&c).await, vec![]);
-    assert_eq!(state(&c, "node1", PROXY).await, "inactive");
-    c.down().await.unwrap();
+    assert_eq!(c.state("node1", PROXY).await, "inactive");
+    c.down().await;
 }
 
 /// A proxy ordered after a slow local unit: its target starts only once the proxy's
 /// start job runs, and everything comes up in order after that.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_waiting_for_its_turn_does_not_start_the_target_early() {
-    let c = start_cluster(ClusterOptions::with_nodes(2)).await;
-    c.install_unit("node2", DB, SLEEPER).await.unwrap();
+    let c = TestCluster::with_units(2, &[("node2", DB, SLEEPER)]).await;
     let gate = format!("[Unit]\nBefore={PROXY}\n[Service]\nType=oneshot\nExecStart=/bin/sleep 3\n");
-    c.install_unit("node1", "gate.service", &gate)
-        .await
-        .unwrap();
+    c.install("node1", "gate.service", &gate).await;
     let need = format!(
         "[Unit]\nWants=gate.service {PROXY}\nAfter={PROXY}\n[Service]\nExecStart=/bin/sleep 600\n"
     );
-    c.install_unit("node1", NEED_DB, &need).await.unwrap();
-    let out = systemctl(&c, "node1", &["start", "--no-block", NEED_DB]).await;
-    assert!(out.status.success(), "{}", stderr(&out));
+    c.install("node1", NEED_DB, &need).await;
+    c.systemctl_ok("node1", &["start", "--no-block", NEED_DB])
+        .await;
     wait_state(&c, "node1", "gate.service", "activating").await;
     // The proxy's job is queued behind gate: no announcement, no remote start.
-    stays(&c, "node2", DB, "inactive", Duration::from_millis(1500)).await;
-    assert_eq!(state(&c, "node1", PROXY).await, "inactive");
+    c.stays("node2", DB, "inactive", Duration::from_millis(1500))
+        .await;
+    assert_eq!(c.state("node1", PROXY).await, "inactive");
     assert_eq!(live(&c).await, vec![]);
     wait_state(&c, "node1", NEED_DB, "active").await;
-    assert_eq!(state(&c, "node2", DB).await, "active");
+    assert_eq!(c.state("node2", DB).await, "active");
     let gate_done = timestamp(
         &c,
         "node1",
@@ -599,7 +521,7 @@ async fn a_proxy_waiting_for_its_turn_does_not_start_the_target_early() {
         "the proxy started before gate finished"
     );
     wait_live(&c, vec![row("node1", "node2", DB, "active", 1)]).await;
-    c.down().await.unwrap();
+    c.down().await;
 }
 
 /// The agent starts the target before the proxy's helper runs only when
@@ -607,29 +529,26 @@ async fn a_proxy_waiting_for_its_turn_does_not_start_the_target_early() {
 /// ordered after the proxy goes first, so the target waits for it too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_start_waits_for_the_stop_of_a_unit_ordered_after_it() {
-    let c = start_cluster(ClusterOptions::with_nodes(2)).await;
-    c.install_unit("node2", DB, SLEEPER).await.unwrap();
+    let c = TestCluster::with_units(2, &[("node2", DB, SLEEPER)]).await;
     let later = format!(
         "[Unit]\nAfter={PROXY}\n[Service]\nExecStart=/bin/sleep 600\nExecStop=/bin/sleep 2\n"
     );
-    c.install_unit("node1", "later.service", &later)
-        .await
-        .unwrap();
+    c.install("node1", "later.service", &later).await;
     start_ok(&c, "node1", "later.service").await;
-    let out = systemctl(&c, "node1", &["stop", "--no-block", "later.service"]).await;
-    assert!(out.status.success(), "{}", stderr(&out));
+    c.systemctl_ok("node1", &["stop", "--no-block", "later.service"])
+        .await;
     wait_state(&c, "node1", "later.service", "deactivating").await;
-    c.install_unit("node1", NEED_DB, &requester("Wants", PROXY))
-        .await
-        .unwrap();
-    let out = systemctl(&c, "node1", &["start", "--no-block", NEED_DB]).await;
-    assert!(out.status.success(), "{}", stderr(&out));
+    c.install("node1", NEED_DB, &requester("Wants", PROXY))
+        .await;
+    c.systemctl_ok("node1", &["start", "--no-block", NEED_DB])
+        .await;
     // The proxy's start job waits behind the stop: nothing starts on node2.
-    stays(&c, "node2", DB, "inactive", Duration::from_millis(1200)).await;
+    c.stays("node2", DB, "inactive", Duration::from_millis(1200))
+        .await;
     assert_eq!(live(&c).await, vec![]);
     wait_state(&c, "node1", NEED_DB, "active").await;
-    assert_eq!(state(&c, "node1", PROXY).await, "active");
-    assert_eq!(state(&c, "node2", DB).await, "active");
+    assert_eq!(c.state("node1", PROXY).await, "active");
+    assert_eq!(c.state("node2", DB).await, "active");
     let stopped = timestamp(
         &c,
         "node1",
@@ -642,29 +561,27 @@ async fn a_proxy_start_waits_for_the_stop_of_a_unit_ordered_after_it() {
         stopped <= db_started,
         "db started on node2 before later.service had stopped on node1"
     );
-    c.down().await.unwrap();
+    c.down().await;
 }
 
 /// Not in BlueChi (services only): any unit type can be a target.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn other_unit_types_are_targets_too() {
-    let c = start_cluster(ClusterOptions::with_nodes(2)).await;
+    let c = TestCluster::start(2).await;
     let proxy = "drover-proxy@node2_data.target.service";
-    c.install_unit(
+    c.install(
         "node2",
         "data.target",
         "[Unit]\nDescription=data is there\n",
     )
-    .await
-    .unwrap();
-    c.install_unit("node1", NEED_DB, &requester("Requires", proxy))
-        .await
-        .unwrap();
+    .await;
+    c.install("node1", NEED_DB, &requester("Requires", proxy))
+        .await;
     start_ok(&c, "node1", NEED_DB).await;
     wait_state(&c, "node1", proxy, "active").await;
-    assert_eq!(state(&c, "node2", "data.target").await, "active");
+    assert_eq!(c.state("node2", "data.target").await, "active");
     assert_eq!(
-        state(&c, "node2", "drover-dep@data.target.service").await,
+        c.state("node2", "drover-dep@data.target.service").await,
         "active"
     );
     wait_live(&c, vec![row("node1", "node2", "data.target", "active", 1)]).await;
@@ -672,56 +589,52 @@ async fn other_unit_types_are_targets_too() {
     wait_state(&c, "node2", "drover-dep@data.target.service", "inactive").await;
     // An instance of a template is a unit like any other.
     let proxy = "drover-proxy@node2_worker@1.service";
-    c.install_unit("node2", "worker@.service", SLEEPER)
-        .await
-        .unwrap();
+    c.install("node2", "worker@.service", SLEEPER).await;
     // (Through a requester: a proxy nothing needs is stopped at once, StopWhenUnneeded=.)
-    c.install_unit(
+    c.install(
         "node1",
         "need-worker.service",
         &requester("Requires", proxy),
     )
-    .await
-    .unwrap();
+    .await;
     start_ok(&c, "node1", "need-worker.service").await;
-    assert_eq!(state(&c, "node1", proxy).await, "active");
-    assert_eq!(state(&c, "node2", "worker@1.service").await, "active");
+    assert_eq!(c.state("node1", proxy).await, "active");
+    assert_eq!(c.state("node2", "worker@1.service").await, "active");
     assert_eq!(
-        state(&c, "node2", "drover-dep@worker@1.service.service").await,
+        c.state("node2", "drover-dep@worker@1.service.service")
+            .await,
         "active"
     );
-    c.down().await.unwrap();
+    c.down().await;
 }
 
 /// Restarting the target is a real stop: the proxy ends. A requester that says
 /// `Upholds=` gets its proxy (and so the dependency) back by itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn target_restart_ends_the_proxy_and_upholds_brings_it_back() {
-    let c = start_cluster(ClusterOptions::with_nodes(2)).await;
-    c.install_unit("node2", DB, SLEEPER).await.unwrap();
+    let c = TestCluster::with_units(2, &[("node2", DB, SLEEPER)]).await;
     let upholder =
         format!("[Unit]\nUpholds={PROXY}\nAfter={PROXY}\n[Service]\nExecStart=/bin/sleep 600\n");
-    c.install_unit("node1", NEED_DB, &upholder).await.unwrap();
+    c.install("node1", NEED_DB, &upholder).await;
     start_ok(&c, "node1", NEED_DB).await;
     wait_state(&c, "node1", PROXY, "active").await;
     wait_state(&c, "node2", DB, "active").await;
     let first = invocation(&c, "node1", PROXY).await;
-    let out = systemctl(&c, "node2", &["restart", DB]).await;
-    assert!(out.status.success(), "{}", stderr(&out));
+    c.systemctl_ok("node2", &["restart", DB]).await;
     let res = eventually(T, "a new, active run of the proxy", || async {
-        state(&c, "node1", PROXY).await == "active"
-            && unit_prop(&c, "node1", PROXY, "InvocationID").await != first
+        c.state("node1", PROXY).await == "active"
+            && c.prop("node1", PROXY, "InvocationID").await != first
     })
     .await;
     assert!(
         res.is_ok(),
         "{res:?}: proxy is {}",
-        state(&c, "node1", PROXY).await
+        c.state("node1", PROXY).await
     );
-    assert_eq!(state(&c, "node1", NEED_DB).await, "active");
+    assert_eq!(c.state("node1", NEED_DB).await, "active");
     wait_state(&c, "node2", DEP, "active").await;
     wait_live(&c, vec![row("node1", "node2", DB, "active", 1)]).await;
-    c.down().await.unwrap();
+    c.down().await;
 }
 
 // ---------------------------------------------------------------------------------
@@ -731,57 +644,58 @@ async fn target_restart_ends_the_proxy_and_upholds_brings_it_back() {
 // ---------------------------------------------------------------------------------
 
 /// Pauses `node`'s agent until the manager reports the node offline.
-async fn pause_agent(c: &Cluster, node: &str) {
+async fn pause_agent(c: &TestCluster, node: &str) {
     c.signal_agent(node, Signal::SIGSTOP).unwrap();
-    c.wait_node_status(node, "offline", T).await.unwrap();
+    c.wait_status(node, "offline", T).await;
 }
 
-async fn resume_agent(c: &Cluster, node: &str) {
+async fn resume_agent(c: &TestCluster, node: &str) {
     c.signal_agent(node, Signal::SIGCONT).unwrap();
-    c.wait_node_status(node, "online", T).await.unwrap();
+    c.wait_status(node, "online", T).await;
 }
 
-async fn invocation(c: &Cluster, node: &str, unit: &str) -> String {
-    let id = unit_prop(c, node, unit, "InvocationID").await;
+async fn invocation(c: &TestCluster, node: &str, unit: &str) -> String {
+    let id = c.prop(node, unit, "InvocationID").await;
     assert!(!id.is_empty(), "{unit} on {node} has no invocation");
     id
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requesting_node_back_within_grace_changes_nothing_on_the_target() {
-    let c = start_cluster(with_grace(2, 15_000)).await;
+    let c = TestCluster::with(with_grace(2, 15_000)).await;
     chain_up(&c, "Wants", SLEEPER).await;
     let dep_run = invocation(&c, "node2", DEP).await;
     let db_run = invocation(&c, "node2", DB).await;
     pause_agent(&c, "node1").await;
-    stays(&c, "node2", DEP, "active", Duration::from_secs(1)).await;
+    c.stays("node2", DEP, "active", Duration::from_secs(1))
+        .await;
     resume_agent(&c, "node1").await;
     wait_live(&c, vec![row("node1", "node2", DB, "active", 1)]).await;
     // Same runs of dep and target: never stopped, never restarted.
     assert_eq!(invocation(&c, "node2", DEP).await, dep_run);
     assert_eq!(invocation(&c, "node2", DB).await, db_run);
-    assert_eq!(state(&c, "node1", PROXY).await, "active");
-    assert_eq!(state(&c, "node1", NEED_DB).await, "active");
-    c.down().await.unwrap();
+    assert_eq!(c.state("node1", PROXY).await, "active");
+    assert_eq!(c.state("node1", NEED_DB).await, "active");
+    c.down().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requesting_node_away_past_grace_loses_its_references_and_regains_them() {
-    let c = start_cluster(with_grace(2, 1_500)).await;
+    let c = TestCluster::with(with_grace(2, 1_500)).await;
     chain_up(&c, "Wants", SLEEPER).await;
     pause_agent(&c, "node1").await;
     // Past the grace period the reference is stale: the dep (the last want) stops;
     // the target itself has no StopWhenUnneeded= and keeps running.
     wait_state(&c, "node2", DEP, "inactive").await;
     wait_live(&c, vec![]).await;
-    assert_eq!(state(&c, "node2", DB).await, "active");
+    assert_eq!(c.state("node2", DB).await, "active");
     // The requesting node comes back with its proxy still active: it re-announces
     // it and the reference (and the dep) is back.
     resume_agent(&c, "node1").await;
     wait_state(&c, "node2", DEP, "active").await;
     wait_live(&c, vec![row("node1", "node2", DB, "active", 1)]).await;
-    assert_eq!(state(&c, "node1", PROXY).await, "active");
-    c.down().await.unwrap();
+    assert_eq!(c.state("node1", PROXY).await, "active");
+    c.down().await;
 }
 
 /// `systemctl restart drover-agent` on the requesting node: a clean stop leaves the
@@ -790,16 +704,17 @@ async fn requesting_node_away_past_grace_loses_its_references_and_regains_them()
 /// of the target still reaches the dependents.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarting_the_requesting_agent_leaves_dependents_running() {
-    let mut c = start_cluster(with_grace(2, 15_000)).await;
+    let mut c = TestCluster::with(with_grace(2, 15_000)).await;
     chain_up(&c, "BindsTo", SLEEPER).await;
     let (need_run, dep_run) = (
         invocation(&c, "node1", NEED_DB).await,
         invocation(&c, "node2", DEP).await,
     );
     c.stop_agent("node1").await.unwrap();
-    stays(&c, "node1", PROXY, "active", Duration::from_secs(1)).await;
-    assert_eq!(state(&c, "node1", NEED_DB).await, "active");
-    assert_eq!(state(&c, "node2", DEP).await, "active");
+    c.stays("node1", PROXY, "active", Duration::from_secs(1))
+        .await;
+    assert_eq!(c.state("node1", NEED_DB).await, "active");
+    assert_eq!(c.state("node2", DEP).await, "active");
     c.start_agent("node1").await.unwrap();
     wait_live(&c, vec![row("node1", "node2", DB, "active", 1)]).await;
     assert_eq!(invocation(&c, "node1", NEED_DB).await, need_run);
@@ -807,29 +722,31 @@ async fn restarting_the_requesting_agent_leaves_dependents_running() {
     stop_ok(&c, "node2", DB).await;
     wait_state(&c, "node1", PROXY, "inactive").await;
     wait_state(&c, "node1", NEED_DB, "inactive").await;
-    c.down().await.unwrap();
+    c.down().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn target_node_back_within_grace_keeps_running_proxies() {
-    let c = start_cluster(with_grace(2, 15_000)).await;
+    let c = TestCluster::with(with_grace(2, 15_000)).await;
     chain_up(&c, "BindsTo", SLEEPER).await;
     let dep_run = invocation(&c, "node2", DEP).await;
     pause_agent(&c, "node2").await;
     // The target may well still run: nothing on node1 goes down.
-    stays(&c, "node1", PROXY, "active", Duration::from_secs(2)).await;
-    assert_eq!(state(&c, "node1", NEED_DB).await, "active");
+    c.stays("node1", PROXY, "active", Duration::from_secs(2))
+        .await;
+    assert_eq!(c.state("node1", NEED_DB).await, "active");
     resume_agent(&c, "node2").await;
     wait_live(&c, vec![row("node1", "node2", DB, "active", 1)]).await;
-    stays(&c, "node1", PROXY, "active", Duration::from_millis(500)).await;
-    assert_eq!(state(&c, "node1", NEED_DB).await, "active");
+    c.stays("node1", PROXY, "active", Duration::from_millis(500))
+        .await;
+    assert_eq!(c.state("node1", NEED_DB).await, "active");
     assert_eq!(invocation(&c, "node2", DEP).await, dep_run);
-    c.down().await.unwrap();
+    c.down().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn target_node_away_past_grace_stops_proxies_and_leaks_no_dep() {
-    let c = start_cluster(with_grace(2, 1_500)).await;
+    let c = TestCluster::with(with_grace(2, 1_500)).await;
     chain_up(&c, "BindsTo", SLEEPER).await;
     pause_agent(&c, "node2").await;
     wait_state(&c, "node1", PROXY, "inactive").await;
@@ -838,30 +755,30 @@ async fn target_node_away_past_grace_stops_proxies_and_leaks_no_dep() {
     // Back: nobody needs db on node2 any more, so its dep goes (no leak).
     resume_agent(&c, "node2").await;
     wait_state(&c, "node2", DEP, "inactive").await;
-    assert_eq!(state(&c, "node1", PROXY).await, "inactive");
-    c.down().await.unwrap();
+    assert_eq!(c.state("node1", PROXY).await, "inactive");
+    c.down().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pending_proxy_waits_for_an_offline_target_node() {
-    let c = start_cluster(with_grace(2, 1_500)).await;
-    c.install_unit("node2", DB, SLEEPER).await.unwrap();
-    c.install_unit("node1", NEED_DB, &requester("Requires", PROXY))
-        .await
-        .unwrap();
+    let c = TestCluster::with(with_grace(2, 1_500)).await;
+    c.install("node2", DB, SLEEPER).await;
+    c.install("node1", NEED_DB, &requester("Requires", PROXY))
+        .await;
     pause_agent(&c, "node2").await;
-    let out = systemctl(&c, "node1", &["start", "--no-block", NEED_DB]).await;
-    assert!(out.status.success(), "{}", stderr(&out));
+    c.systemctl_ok("node1", &["start", "--no-block", NEED_DB])
+        .await;
     // Waiting proxies keep waiting past the grace period (their start timeout bounds
     // them), and complete once the target node is back.
     wait_state(&c, "node1", PROXY, "activating").await;
-    stays(&c, "node1", PROXY, "activating", Duration::from_secs(3)).await;
+    c.stays("node1", PROXY, "activating", Duration::from_secs(3))
+        .await;
     resume_agent(&c, "node2").await;
     wait_state(&c, "node1", PROXY, "active").await;
     wait_state(&c, "node1", NEED_DB, "active").await;
-    assert_eq!(state(&c, "node2", DB).await, "active");
-    assert_eq!(state(&c, "node2", DEP).await, "active");
-    c.down().await.unwrap();
+    assert_eq!(c.state("node2", DB).await, "active");
+    assert_eq!(c.state("node2", DEP).await, "active");
+    c.down().await;
 }
 
 /// Stopping a proxy that still waits (here: its target node is away) releases its
@@ -869,35 +786,33 @@ async fn pending_proxy_waits_for_an_offline_target_node() {
 /// helper does it on SIGTERM, and the unit ends inactive, not failed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopping_a_waiting_proxy_releases_its_reference() {
-    let c = start_cluster(with_grace(2, 15_000)).await;
-    c.install_unit("node2", DB, SLEEPER).await.unwrap();
-    c.install_unit("node1", NEED_DB, &requester("Requires", PROXY))
-        .await
-        .unwrap();
+    let c = TestCluster::with(with_grace(2, 15_000)).await;
+    c.install("node2", DB, SLEEPER).await;
+    c.install("node1", NEED_DB, &requester("Requires", PROXY))
+        .await;
     pause_agent(&c, "node2").await;
-    let out = systemctl(&c, "node1", &["start", "--no-block", NEED_DB]).await;
-    assert!(out.status.success(), "{}", stderr(&out));
+    c.systemctl_ok("node1", &["start", "--no-block", NEED_DB])
+        .await;
     wait_state(&c, "node1", PROXY, "activating").await;
     wait_live(&c, vec![row("node1", "node2", DB, "waiting", 1)]).await;
     stop_ok(&c, "node1", PROXY).await;
-    assert_eq!(state(&c, "node1", PROXY).await, "inactive");
-    assert_ne!(state(&c, "node1", NEED_DB).await, "active");
+    assert_eq!(c.state("node1", PROXY).await, "inactive");
+    assert_ne!(c.state("node1", NEED_DB).await, "active");
     wait_live(&c, vec![]).await;
     // node2 back: nothing is started there for the released reference.
     resume_agent(&c, "node2").await;
-    stays(&c, "node2", DEP, "inactive", Duration::from_secs(2)).await;
-    assert_eq!(state(&c, "node2", DB).await, "inactive");
-    c.down().await.unwrap();
+    c.stays("node2", DEP, "inactive", Duration::from_secs(2))
+        .await;
+    assert_eq!(c.state("node2", DB).await, "inactive");
+    c.down().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manager_restart_rebuilds_references_exactly() {
-    let mut c = start_cluster(with_grace(3, 3_000)).await;
-    c.install_unit("node2", DB, SLEEPER).await.unwrap();
+    let mut c = TestCluster::with(with_grace(3, 3_000)).await;
+    c.install("node2", DB, SLEEPER).await;
     for node in ["node1", "node3"] {
-        c.install_unit(node, NEED_DB, &requester("Wants", PROXY))
-            .await
-            .unwrap();
+        c.install(node, NEED_DB, &requester("Wants", PROXY)).await;
         start_ok(&c, node, NEED_DB).await;
     }
     wait_state(&c, "node2", DEP, "active").await;
@@ -910,42 +825,43 @@ async fn manager_restart_rebuilds_references_exactly() {
     wait_state(&c, "node3", PROXY, "inactive").await;
     c.start_manager().await.unwrap();
     for node in ["node1", "node2", "node3"] {
-        c.wait_node_status(node, "online", T).await.unwrap();
+        c.wait_status(node, "online", T).await;
     }
     // Exactly node1's reference is rebuilt; the in-use target was never stopped.
     wait_live(&c, vec![row("node1", "node2", DB, "active", 1)]).await;
     // Past the grace period nothing else is swept away either.
-    stays(&c, "node2", DEP, "active", Duration::from_secs(4)).await;
+    c.stays("node2", DEP, "active", Duration::from_secs(4))
+        .await;
     assert_eq!(invocation(&c, "node2", DEP).await, dep_run);
     assert_eq!(invocation(&c, "node2", DB).await, db_run);
-    assert_eq!(state(&c, "node1", PROXY).await, "active");
+    assert_eq!(c.state("node1", PROXY).await, "active");
     // And the rebuilt reference is a real one: releasing it releases the dep.
     stop_ok(&c, "node1", NEED_DB).await;
     wait_state(&c, "node2", DEP, "inactive").await;
-    assert_eq!(state(&c, "node2", DB).await, "active");
-    c.down().await.unwrap();
+    assert_eq!(c.state("node2", DB).await, "active");
+    c.down().await;
 }
 
 /// A manager restart while the only requester is gone for good: the dep it left
 /// behind is stopped (no leak).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manager_restart_stops_deps_nobody_reclaims() {
-    let mut c = start_cluster(with_grace(2, 2_000)).await;
+    let mut c = TestCluster::with(with_grace(2, 2_000)).await;
     chain_up(&c, "Wants", SLEEPER).await;
     c.stop_manager().await.unwrap();
     // node1's agent dies with the manager away: nobody will re-announce the proxy.
     c.signal_agent("node1", Signal::SIGKILL).unwrap();
     c.start_manager().await.unwrap();
-    c.wait_node_status("node2", "online", T).await.unwrap();
+    c.wait_status("node2", "online", T).await;
     wait_state(&c, "node2", DEP, "inactive").await;
-    assert_eq!(state(&c, "node2", DB).await, "active");
-    c.down().await.unwrap();
+    assert_eq!(c.state("node2", DB).await, "active");
+    c.down().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn config_reload_revoking_permission_drops_references_at_once() {
     let allow = "[node node1]\nAllowDependenciesOn=node2\n";
-    let c = start_cluster(ClusterOptions {
+    let c = TestCluster::with(ClusterOptions {
         allow_all_proxies: false,
         manager_extra_config: allow.into(),
         ..ClusterOptions::with_nodes(2)
@@ -956,24 +872,24 @@ async fn config_reload_revoking_permission_drops_references_at_once() {
     // "At once": well inside a heartbeat threshold, no grace period.
     let quick = Duration::from_secs(3);
     let res = eventually(quick, "the dep on node2 to stop", || async {
-        state(&c, "node2", DEP).await == "inactive"
+        c.state("node2", DEP).await == "inactive"
     })
     .await;
     assert!(
         res.is_ok(),
         "{res:?}; dep is {}",
-        state(&c, "node2", DEP).await
+        c.state("node2", DEP).await
     );
     // The requester's proxy no longer stands for anything: it is not active either.
     wait_state(&c, "node1", PROXY, "inactive").await;
     wait_live(&c, vec![]).await;
-    assert_eq!(state(&c, "node2", DB).await, "active");
+    assert_eq!(c.state("node2", DB).await, "active");
     // A new attempt is refused, saying why.
     stop_ok(&c, "node1", NEED_DB).await;
     start_ok(&c, "node1", NEED_DB).await;
     wait_state(&c, "node1", PROXY, "failed").await;
     assert!(proxy_log(&c, "node1", PROXY).contains("AllowDependenciesOn"));
-    c.down().await.unwrap();
+    c.down().await;
 }
 
 // ---------------------------------------------------------------------------------
@@ -982,7 +898,7 @@ async fn config_reload_revoking_permission_drops_references_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_instance_names_are_refused_before_anything_is_sent() {
-    let c = start_cluster(ClusterOptions::with_nodes(2)).await;
+    let c = TestCluster::start(2).await;
     let helper = bin("drover-proxy");
     let helper = helper.to_str().unwrap();
     for (instance, why) in [
@@ -994,10 +910,9 @@ async fn malformed_instance_names_are_refused_before_anything_is_sent() {
         // By hand, inside the node, as systemd would run it.
         let out = c
             .exec("node1", &[helper, "create", "--user", instance])
-            .await
-            .unwrap();
-        assert_eq!(out.status.code(), Some(2), "create {instance:?}: {out:?}");
-        let err = stderr(&out);
+            .await;
+        assert_eq!(out.code, 2, "create {instance:?}: {out:?}");
+        let err = out.stderr;
         assert!(err.contains(why), "{instance:?}: {err}");
         assert_eq!(err.trim_end().lines().count(), 1, "one line: {err:?}");
     }
@@ -1009,14 +924,14 @@ async fn malformed_instance_names_are_refused_before_anything_is_sent() {
         ("drover-proxy@node_.service", "unit name is empty"),
         (r"drover-proxy@a\x20b_c.service", "bad target node"),
     ] {
-        let out = systemctl(&c, "node1", &["start", unit]).await;
-        assert!(!out.status.success(), "{unit} must fail");
-        assert_eq!(state(&c, "node1", unit).await, "failed");
+        let out = c.systemctl("node1", &["start", unit]).await;
+        assert!(!out.success(), "{unit} must fail");
+        assert_eq!(c.state("node1", unit).await, "failed");
         let log = proxy_log(&c, "node1", unit);
         assert!(log.contains(why), "{unit}: {log:?}");
     }
     assert!(proxies(&c).await.is_empty(), "nothing reached the manager");
-    c.down().await.unwrap();
+    c.down().await;
 }
 
 /// A target stopped on its own node while it is still starting (here: in its
@@ -1025,14 +940,13 @@ async fn malformed_instance_names_are_refused_before_anything_is_sent() {
 /// not start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_target_stopped_during_its_own_start_fails_the_proxy_at_once() {
-    let c = start_cluster(ClusterOptions::with_nodes(2)).await;
+    let c = TestCluster::start(2).await;
     let slow = "[Service]\nExecStartPre=/bin/sleep 30\nExecStart=/bin/sleep 600\n";
-    c.install_unit("node2", DB, slow).await.unwrap();
-    c.install_unit("node1", NEED_DB, &requester("Requires", PROXY))
-        .await
-        .unwrap();
-    let out = systemctl(&c, "node1", &["start", "--no-block", NEED_DB]).await;
-    assert!(out.status.success(), "{}", stderr(&out));
+    c.install("node2", DB, slow).await;
+    c.install("node1", NEED_DB, &requester("Requires", PROXY))
+        .await;
+    c.systemctl_ok("node1", &["start", "--no-block", NEED_DB])
+        .await;
     wait_state(&c, "node2", DB, "activating").await;
     let stopped = Instant::now();
     stop_ok(&c, "node2", DB).await;
@@ -1042,7 +956,7 @@ async fn a_target_stopped_during_its_own_start_fails_the_proxy_at_once() {
         "the proxy failed only after {:?}",
         stopped.elapsed()
     );
-    assert_ne!(state(&c, "node1", NEED_DB).await, "active");
+    assert_ne!(c.state("node1", NEED_DB).await, "active");
     wait_state(&c, "node2", DEP, "inactive").await;
     let log = proxy_log(&c, "node1", PROXY);
     assert!(
@@ -1050,5 +964,5 @@ async fn a_target_stopped_during_its_own_start_fails_the_proxy_at_once() {
         "{log}"
     );
     wait_live(&c, vec![]).await;
-    c.down().await.unwrap();
+    c.down().await;
 }

@@ -1,30 +1,16 @@
 //! Driving units on real systemd nodes through the manager: list, start,
 //! stop, restart, reload, failures, missing units, daemon-reload.
 
-mod common;
-
-use common::*;
-use drover_bus::systemd::UnitTuple;
+use drover_testkit::api::job_call;
+use drover_testkit::prelude::*;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 const JOB: Duration = Duration::from_secs(10);
 
 /// name → (active, sub) straight from a node's systemd.
-async fn systemd_units(bus_address: &str) -> BTreeMap<String, (String, String)> {
-    let conn = zbus::connection::Builder::address(bus_address)
-        .build()
-        .await
-        .unwrap();
-    let mgr = zbus::Proxy::new(
-        &conn,
-        "org.freedesktop.systemd1",
-        "/org/freedesktop/systemd1",
-        "org.freedesktop.systemd1.Manager",
-    )
-    .await
-    .unwrap();
-    let units: Vec<UnitTuple> = mgr.call("ListUnits", &()).await.unwrap();
+async fn systemd_units(c: &TestCluster, node: &str) -> BTreeMap<String, (String, String)> {
+    let units: Vec<UnitTuple> = c.systemd(node).await.call("ListUnits", &()).await.unwrap();
     units.into_iter().map(|u| (u.0, (u.3, u.4))).collect()
 }
 
@@ -47,19 +33,13 @@ fn parse_table(out: &str) -> BTreeMap<(String, String), (String, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_units_of_a_node_equals_what_its_systemd_reports() {
-    let cluster = cluster(2).await;
-    cluster
-        .install_unit("node2", "web.service", SLEEPER)
-        .await
-        .unwrap();
-    cluster
-        .systemctl("node2", &["start", "web.service"])
-        .await
-        .unwrap();
+    let c = TestCluster::with_units(2, &[("node2", "web.service", SLEEPER)]).await;
+    c.systemctl("node2", &["start", "web.service"]).await;
 
-    let direct = systemd_units(&cluster.node_bus_address("node2")).await;
-    let conn = bus(&cluster).await;
-    let via_api: Vec<UnitTuple> = node(&conn, "node2")
+    let direct = systemd_units(&c, "node2").await;
+    let api = c.api().await;
+    let via_api: Vec<UnitTuple> = api
+        .node("node2")
         .await
         .call("ListUnits", &())
         .await
@@ -74,7 +54,7 @@ async fn list_units_of_a_node_equals_what_its_systemd_reports() {
         Some(&("active".into(), "running".into()))
     );
 
-    let table = parse_table(&ok(&droverctl(&cluster, &["list-units", "node2"]).await));
+    let table = parse_table(&c.ctl_ok(&["list-units", "node2"]).await);
     let from_ctl: BTreeMap<_, _> = table
         .into_iter()
         .map(|((n, u), s)| {
@@ -85,110 +65,70 @@ async fn list_units_of_a_node_equals_what_its_systemd_reports() {
     assert_eq!(from_ctl, direct);
 
     // The glob filters on the unit name.
-    let filtered = parse_table(&ok(&droverctl(
-        &cluster,
-        &["list-units", "node2", "--filter", "web*"],
-    )
-    .await));
+    let filtered = parse_table(&c.ctl_ok(&["list-units", "node2", "--filter", "web*"]).await);
     assert_eq!(
         filtered.keys().map(|(_, u)| u.as_str()).collect::<Vec<_>>(),
         ["web.service"]
     );
 
     // Without a node: every online node, keyed by node name.
-    let all: BTreeMap<String, Vec<UnitTuple>> = controller(&conn)
-        .await
-        .call("ListUnits", &())
-        .await
-        .unwrap();
+    let all: BTreeMap<String, Vec<UnitTuple>> =
+        api.controller().await.call("ListUnits", &()).await.unwrap();
     assert_eq!(all.keys().collect::<Vec<_>>(), ["node1", "node2"]);
     assert!(all["node2"].iter().any(|u| u.0 == "web.service"));
     assert!(
         !all["node1"].iter().any(|u| u.0 == "web.service"),
         "nodes do not share units"
     );
-    cluster.down().await.unwrap();
+    c.down().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn start_stop_restart_reload_end_with_done() {
-    let cluster = cluster(2).await;
-    cluster
-        .install_unit("node2", "web.service", SLEEPER)
-        .await
-        .unwrap();
+    let c = TestCluster::with_units(2, &[("node2", "web.service", SLEEPER)]).await;
 
-    let out = ok(&droverctl(&cluster, &["start", "node2", "web.service"]).await);
+    let out = c.ctl_ok(&["start", "node2", "web.service"]).await;
     assert!(
         out.contains("Unit web.service StartUnit operation result: done"),
         "{out}"
     );
+    assert_eq!(c.state("node2", "web.service").await, "active");
     assert_eq!(
-        unit_prop(&cluster, "node2", "web.service", "ActiveState").await,
-        "active"
-    );
-    assert_eq!(
-        unit_prop(&cluster, "node1", "web.service", "ActiveState").await,
+        c.state("node1", "web.service").await,
         "inactive",
         "only node2 runs it"
     );
 
-    let pid_before = unit_prop(&cluster, "node2", "web.service", "MainPID").await;
-    let out = ok(&droverctl(&cluster, &["restart", "node2", "web"]).await);
+    let pid_before = c.prop("node2", "web.service", "MainPID").await;
+    let out = c.ctl_ok(&["restart", "node2", "web"]).await;
     assert!(out.contains("RestartUnit operation result: done"), "{out}");
-    let pid_after = unit_prop(&cluster, "node2", "web.service", "MainPID").await;
+    let pid_after = c.prop("node2", "web.service", "MainPID").await;
     assert_ne!(pid_before, pid_after, "restart gives a new main process");
 
-    let out = ok(&droverctl(&cluster, &["reload", "node2", "web.service"]).await);
+    let out = c.ctl_ok(&["reload", "node2", "web.service"]).await;
     assert!(out.contains("ReloadUnit operation result: done"), "{out}");
 
-    let out = ok(&droverctl(&cluster, &["stop", "node2", "web.service"]).await);
+    let out = c.ctl_ok(&["stop", "node2", "web.service"]).await;
     assert!(out.contains("StopUnit operation result: done"), "{out}");
-    assert_eq!(
-        unit_prop(&cluster, "node2", "web.service", "ActiveState").await,
-        "inactive"
-    );
-    cluster.down().await.unwrap();
+    assert_eq!(c.state("node2", "web.service").await, "inactive");
+    c.down().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_are_announced_then_removed_exactly_once_with_properties() {
-    let cluster = cluster(1).await;
-    cluster
-        .install_unit("node1", "quick.service", ONESHOT_OK)
-        .await
-        .unwrap();
-    let conn = bus(&cluster).await;
-    let mut jobs = JobWatch::new(&conn).await;
-    let n = node(&conn, "node1").await;
+    let c = TestCluster::with_units(1, &[("node1", "quick.service", ONESHOT_OK)]).await;
+    let (api, n, mut jobs) = c.jobs_on("node1").await;
     let path = job_call(&n, "StartUnit", "quick.service").await.unwrap();
-    let id = jobs.job_new(&path, JOB).await.unwrap();
+    let quick = ("node1", "quick.service", "done");
+    let quiet = Duration::from_millis(500);
+    let id = jobs.ends_once(&path, quick, JOB, quiet).await;
     assert_eq!(path, format!("/org/eclipse/bluechi/job/{id}"));
-    let removed = jobs.removed(&path, JOB).await.unwrap();
-    assert_eq!(
-        removed,
-        JobRemoved {
-            id,
-            path: path.clone(),
-            node: "node1".into(),
-            unit: "quick.service".into(),
-            result: "done".into(),
-        }
-    );
-    jobs.no_more_removed(&path, Duration::from_millis(500))
-        .await
-        .unwrap();
 
     // A pending job can be inspected and cancelled.
-    cluster
-        .install_unit("node1", "slow.service", SLOW_START)
-        .await
-        .unwrap();
+    c.install("node1", "slow.service", SLOW_START).await;
     let path = job_call(&n, "StartUnit", "slow.service").await.unwrap();
     jobs.job_new(&path, JOB).await.unwrap();
-    let job = zbus::Proxy::new(&conn, BUS_NAME, path.as_str(), "org.eclipse.bluechi.Job")
-        .await
-        .unwrap();
+    let job = api.proxy(&path, drover_testkit::api::JOB_IFACE).await;
     let (unit, jt, node_name): (String, String, String) = (
         job.get_property("Unit").await.unwrap(),
         job.get_property("JobType").await.unwrap(),
@@ -205,83 +145,67 @@ async fn jobs_are_announced_then_removed_exactly_once_with_properties() {
     .unwrap();
     let _: () = job.call("Cancel", &()).await.unwrap();
     assert_eq!(jobs.removed(&path, JOB).await.unwrap().result, "canceled");
-    cluster.down().await.unwrap();
+    c.down().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failing_unit_gives_failed_and_a_missing_unit_a_clear_error() {
-    let cluster = cluster(1).await;
-    cluster
-        .install_unit("node1", "broken.service", FAILING)
-        .await
-        .unwrap();
+    let c = TestCluster::with_units(1, &[("node1", "broken.service", FAILING)]).await;
 
-    let out = droverctl(&cluster, &["start", "node1", "broken.service"]).await;
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "a failed job is a failed command"
-    );
+    let out = c.run(&["start", "node1", "broken.service"]).await;
+    assert_eq!(out.code, 1, "a failed job is a failed command");
     assert!(
-        stdout(&out).contains("Unit broken.service StartUnit operation result: failed"),
+        out.stdout
+            .contains("Unit broken.service StartUnit operation result: failed"),
         "{}",
-        stdout(&out)
+        out.stdout
     );
-    assert_eq!(
-        unit_prop(&cluster, "node1", "broken.service", "ActiveState").await,
-        "failed"
-    );
+    assert_eq!(c.state("node1", "broken.service").await, "failed");
 
-    let out = droverctl(&cluster, &["start", "node1", "nope.service"]).await;
-    assert_eq!(out.status.code(), Some(1));
-    let err = stderr(&out);
+    let out = c.run(&["start", "node1", "nope.service"]).await;
+    assert_eq!(out.code, 1);
+    let err = out.stderr;
     assert!(
         err.contains("nope.service") && err.lines().count() == 1,
         "one clear line: {err}"
     );
 
     // Over D-Bus the node's systemd error comes back unchanged.
-    let conn = bus(&cluster).await;
-    let e = job_call(&node(&conn, "node1").await, "StartUnit", "nope.service")
-        .await
-        .unwrap_err();
+    let n = c.api().await.node("node1").await;
+    let e = job_call(&n, "StartUnit", "nope.service").await.unwrap_err();
     assert!(
         e.to_string()
             .contains("org.freedesktop.systemd1.NoSuchUnit"),
         "{e}"
     );
-    cluster.down().await.unwrap();
+    c.down().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn daemon_reload_picks_up_a_changed_unit() {
-    let cluster = cluster(1).await;
-    cluster
-        .install_unit("node1", "web.service", SLEEPER)
-        .await
-        .unwrap();
-    let unit_file = cluster.dir().join("node1/config/systemd/user/web.service");
+    let c = TestCluster::with_units(1, &[("node1", "web.service", SLEEPER)]).await;
+    let unit_file = c.dir().join("node1/config/systemd/user/web.service");
     assert!(unit_file.exists(), "units live at {}", unit_file.display());
     // Loaded (running) before the file changes, so systemd holds the old version.
-    ok(&droverctl(&cluster, &["start", "node1", "web.service"]).await);
+    c.ctl_ok(&["start", "node1", "web.service"]).await;
     std::fs::write(
         &unit_file,
         "[Unit]\nDescription=changed by test\n[Service]\nExecStart=/bin/sleep 600\n",
     )
     .unwrap();
     assert_eq!(
-        unit_prop(&cluster, "node1", "web.service", "NeedDaemonReload").await,
+        c.prop("node1", "web.service", "NeedDaemonReload").await,
         "yes"
     );
 
-    ok(&droverctl(&cluster, &["daemon-reload", "node1"]).await);
+    c.ctl_ok(&["daemon-reload", "node1"]).await;
     assert_eq!(
-        unit_prop(&cluster, "node1", "web.service", "NeedDaemonReload").await,
+        c.prop("node1", "web.service", "NeedDaemonReload").await,
         "no"
     );
     assert_eq!(
-        unit_prop(&cluster, "node1", "web.service", "Description").await,
+        c.prop("node1", "web.service", "Description").await,
         "changed by test"
     );
-    cluster.down().await.unwrap();
+    c.down().await;
 }

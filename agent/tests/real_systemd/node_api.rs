@@ -8,22 +8,52 @@ use zbus::OwnedVariant;
 
 const INVALID_ARGS: &str = "org.freedesktop.DBus.Error.InvalidArgs";
 
-/// Sends request `id` and returns its reply; events that arrive first are
-/// kept in `events`.
-async fn call(
-    d: &Dispatcher<ZbusSystemd>,
-    rx: &mut mpsc::Receiver<ToManager>,
-    events: &mut Vec<Event>,
-    id: u64,
-    req: Request,
-) -> Result<Response, RemoteError> {
-    d.handle(1, id, req).await;
-    loop {
-        match next(rx).await {
-            ToManager::Reply { id: got, result } if got == id => return result,
-            ToManager::Event(e) => events.push(e),
-            other => panic!("unexpected {other:?}"),
+/// The dispatcher on a node's systemd and what it sends the manager in session 1:
+/// a request's reply is returned, events that arrive before it are kept in `events`.
+struct Session {
+    d: Arc<Dispatcher<ZbusSystemd>>,
+    rx: mpsc::Receiver<ToManager>,
+    events: Vec<Event>,
+}
+
+impl Session {
+    /// Session 1 (its tags' guid `guid`) on `node`, after a first `Reload`.
+    async fn open(node: &SystemdNode, guid: u64) -> Session {
+        let (d, rx) = dispatcher(node).await;
+        d.shared().session_started(1, guid);
+        let mut s = Session {
+            d,
+            rx,
+            events: Vec::new(),
+        };
+        s.call(1, Request::Reload).await.unwrap();
+        s
+    }
+
+    /// Sends request `id` and returns its reply.
+    async fn call(&mut self, id: u64, req: Request) -> Result<Response, RemoteError> {
+        self.d.handle(1, id, req).await;
+        loop {
+            match next(&mut self.rx).await {
+                ToManager::Reply { id: got, result } if got == id => return result,
+                ToManager::Event(e) => self.events.push(e),
+                other => panic!("unexpected {other:?}"),
+            }
         }
+    }
+
+    /// A unit property, read with `GetUnitProperty` (request 900).
+    async fn get(&mut self, u: &str, iface: &str, prop: &str) -> OwnedVariant {
+        let req = Request::GetUnitProperty {
+            unit: unit(u),
+            interface: iface.into(),
+            property: prop.into(),
+        };
+        let events = self.events.len();
+        let r = self.call(900, req).await.unwrap();
+        // What arrived meanwhile is not the caller's business.
+        self.events.truncate(events);
+        value(&r)
     }
 }
 
@@ -45,123 +75,83 @@ fn value(m: &Response) -> OwnedVariant {
     }
 }
 
-async fn get(
-    d: &Dispatcher<ZbusSystemd>,
-    rx: &mut mpsc::Receiver<ToManager>,
-    u: &str,
-    iface: &str,
-    prop: &str,
-) -> OwnedVariant {
-    let mut ev = Vec::new();
-    let r = call(
-        d,
-        rx,
-        &mut ev,
-        900,
-        Request::GetUnitProperty {
-            unit: unit(u),
-            interface: iface.into(),
-            property: prop.into(),
-        },
-    )
-    .await
-    .unwrap();
-    value(&r)
-}
-
 const UNIT_IFACE: &str = "org.freedesktop.systemd1.Unit";
 const SERVICE_IFACE: &str = "org.freedesktop.systemd1.Service";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_pass_through_on_real_systemd() {
-    let node = UserSystemd::start("node-api");
+    let node = user_systemd("node-api").await;
     node.write_unit(
         "a.service",
         "[Unit]\nDescription=drover a\n[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart=/bin/true\n[Install]\nWantedBy=default.target\n",
     );
     node.write_unit("long.service", "[Service]\nExecStart=/bin/sleep infinity\n");
-    let (d, mut rx) = dispatcher(&node).await;
-    d.shared().session_started(1, 1);
-    let mut ev = Vec::new();
-    call(&d, &mut rx, &mut ev, 1, Request::Reload)
-        .await
-        .unwrap();
+    let mut s = Session::open(&node, 1).await;
 
     // Properties of a unit nobody loaded yet (GetUnit fails, LoadUnit works).
-    let r = call(
-        &d,
-        &mut rx,
-        &mut ev,
-        2,
-        Request::GetUnitProperties {
-            unit: unit("a.service"),
-            interface: UNIT_IFACE.into(),
-        },
-    )
-    .await
-    .unwrap();
+    let r = s
+        .call(
+            2,
+            Request::GetUnitProperties {
+                unit: unit("a.service"),
+                interface: UNIT_IFACE.into(),
+            },
+        )
+        .await
+        .unwrap();
     let p = props(&r);
     assert_eq!(text(&p["Id"]), "a.service");
     assert_eq!(text(&p["Description"]), "drover a");
     assert_eq!(text(&p["ActiveState"]), "inactive");
     assert!(!p.contains_key("ExecMainPID"), "Unit interface only");
     // Empty interface: every interface merged.
-    let r = call(
-        &d,
-        &mut rx,
-        &mut ev,
-        3,
-        Request::GetUnitProperties {
-            unit: unit("a.service"),
-            interface: String::new(),
-        },
-    )
-    .await
-    .unwrap();
+    let r = s
+        .call(
+            3,
+            Request::GetUnitProperties {
+                unit: unit("a.service"),
+                interface: String::new(),
+            },
+        )
+        .await
+        .unwrap();
     let p = props(&r);
     assert_eq!(text(&p["Id"]), "a.service");
     assert_eq!(text(&p["Type"]), "oneshot", "Service properties too");
     assert_eq!(
-        text(&get(&d, &mut rx, "a.service", SERVICE_IFACE, "Type").await),
+        text(&s.get("a.service", SERVICE_IFACE, "Type").await),
         "oneshot"
     );
-    let e = call(
-        &d,
-        &mut rx,
-        &mut ev,
-        4,
-        Request::GetUnitProperty {
-            unit: unit("a.service"),
-            interface: UNIT_IFACE.into(),
-            property: "NoSuchProperty".into(),
-        },
-    )
-    .await
-    .unwrap_err();
+    let e = s
+        .call(
+            4,
+            Request::GetUnitProperty {
+                unit: unit("a.service"),
+                interface: UNIT_IFACE.into(),
+                property: "NoSuchProperty".into(),
+            },
+        )
+        .await
+        .unwrap_err();
     assert!(
         e.name.starts_with("org.freedesktop.DBus.Error."),
         "systemd's error name is kept: {e}"
     );
-    let e = call(
-        &d,
-        &mut rx,
-        &mut ev,
-        5,
-        Request::GetUnitProperties {
-            unit: unit("a.service"),
-            interface: "not an interface".into(),
-        },
-    )
-    .await
-    .unwrap_err();
+    let e = s
+        .call(
+            5,
+            Request::GetUnitProperties {
+                unit: unit("a.service"),
+                interface: "not an interface".into(),
+            },
+        )
+        .await
+        .unwrap_err();
     assert_eq!(e.name, INVALID_ARGS);
 
     // SetUnitProperties (runtime), read back.
     let list: PropertyList = vec![("CPUWeight".into(), OwnedVariant::from(50u64))];
-    call(
-        &d,
-        &mut rx,
-        &mut ev,
+    s.call(
         6,
         Request::SetUnitProperties {
             unit: unit("a.service"),
@@ -172,24 +162,22 @@ async fn every_pass_through_on_real_systemd() {
     .await
     .unwrap();
     assert_eq!(
-        u64::try_from(get(&d, &mut rx, "a.service", SERVICE_IFACE, "CPUWeight").await).unwrap(),
+        u64::try_from(s.get("a.service", SERVICE_IFACE, "CPUWeight").await).unwrap(),
         50
     );
 
     // Unit files.
-    let r = call(
-        &d,
-        &mut rx,
-        &mut ev,
-        7,
-        Request::EnableUnitFiles {
-            files: vec!["a.service".into()],
-            runtime: false,
-            force: false,
-        },
-    )
-    .await
-    .unwrap();
+    let r = s
+        .call(
+            7,
+            Request::EnableUnitFiles {
+                files: vec!["a.service".into()],
+                runtime: false,
+                force: false,
+            },
+        )
+        .await
+        .unwrap();
     match &r {
         Response::Changes {
             carries_install_info,
@@ -205,22 +193,17 @@ async fn every_pass_through_on_real_systemd() {
         }
         other => panic!("unexpected {other:?}"),
     }
-    let r = call(
-        &d,
-        &mut rx,
-        &mut ev,
-        8,
-        Request::GetUnitFileState {
-            file: "a.service".into(),
-        },
-    )
-    .await
-    .unwrap();
-    assert_eq!(r, Response::Text("enabled".into()));
-    match call(&d, &mut rx, &mut ev, 9, Request::ListUnitFiles)
+    let r = s
+        .call(
+            8,
+            Request::GetUnitFileState {
+                file: "a.service".into(),
+            },
+        )
         .await
-        .unwrap()
-    {
+        .unwrap();
+    assert_eq!(r, Response::Text("enabled".into()));
+    match s.call(9, Request::ListUnitFiles).await.unwrap() {
         Response::UnitFiles(files) => assert!(
             files
                 .iter()
@@ -229,67 +212,57 @@ async fn every_pass_through_on_real_systemd() {
         ),
         other => panic!("unexpected {other:?}"),
     }
-    match call(
-        &d,
-        &mut rx,
-        &mut ev,
-        10,
-        Request::DisableUnitFiles {
-            files: vec!["a.service".into()],
-            runtime: false,
-        },
-    )
-    .await
-    .unwrap()
+    match s
+        .call(
+            10,
+            Request::DisableUnitFiles {
+                files: vec!["a.service".into()],
+                runtime: false,
+            },
+        )
+        .await
+        .unwrap()
     {
         Response::Changes { changes, .. } => assert_eq!(changes[0].0, "unlink", "{changes:?}"),
         other => panic!("unexpected {other:?}"),
     }
-    let r = call(
-        &d,
-        &mut rx,
-        &mut ev,
-        11,
-        Request::GetUnitFileState {
-            file: "a.service".into(),
-        },
-    )
-    .await
-    .unwrap();
+    let r = s
+        .call(
+            11,
+            Request::GetUnitFileState {
+                file: "a.service".into(),
+            },
+        )
+        .await
+        .unwrap();
     assert_eq!(r, Response::Text("disabled".into()));
-    let e = call(
-        &d,
-        &mut rx,
-        &mut ev,
-        12,
-        Request::GetUnitFileState {
-            file: "nope.service".into(),
-        },
-    )
-    .await
-    .unwrap_err();
+    let e = s
+        .call(
+            12,
+            Request::GetUnitFileState {
+                file: "nope.service".into(),
+            },
+        )
+        .await
+        .unwrap_err();
     assert!(e.name.starts_with("org.freedesktop."), "{e}");
 
     // Default target.
-    let r = call(&d, &mut rx, &mut ev, 13, Request::GetDefaultTarget)
-        .await
-        .unwrap();
+    let r = s.call(13, Request::GetDefaultTarget).await.unwrap();
     assert!(
         matches!(&r, Response::Text(t) if t.ends_with(".target")),
         "{r:?}"
     );
-    match call(
-        &d,
-        &mut rx,
-        &mut ev,
-        14,
-        Request::SetDefaultTarget {
-            target: unit("basic.target"),
-            force: true,
-        },
-    )
-    .await
-    .unwrap()
+    match s
+        .call(
+            14,
+            Request::SetDefaultTarget {
+                target: unit("basic.target"),
+                force: true,
+            },
+        )
+        .await
+        .unwrap()
     {
         Response::Changes {
             carries_install_info,
@@ -300,61 +273,50 @@ async fn every_pass_through_on_real_systemd() {
         }
         other => panic!("unexpected {other:?}"),
     }
-    let r = call(&d, &mut rx, &mut ev, 15, Request::GetDefaultTarget)
-        .await
-        .unwrap();
+    let r = s.call(15, Request::GetDefaultTarget).await.unwrap();
     assert_eq!(r, Response::Text("basic.target".into()));
 
     // Kill: bad arguments never reach systemd; a real kill fails the service.
-    call(&d, &mut rx, &mut ev, 16, start("long.service", 1))
-        .await
-        .unwrap();
-    let (_, result) = until_done(&mut rx, 1).await;
+    s.call(16, start("long.service", 1)).await.unwrap();
+    let (_, result) = until_done(&mut s.rx, 1).await;
     assert_eq!(result, "done");
     for (whom, signal) in [("main", 0), ("main", 65), ("nobody", 9)] {
-        let e = call(
-            &d,
-            &mut rx,
-            &mut ev,
-            17,
-            Request::KillUnit {
-                unit: unit("long.service"),
-                whom: whom.into(),
-                signal,
-            },
-        )
-        .await
-        .unwrap_err();
+        let e = s
+            .call(
+                17,
+                Request::KillUnit {
+                    unit: unit("long.service"),
+                    whom: whom.into(),
+                    signal,
+                },
+            )
+            .await
+            .unwrap_err();
         assert_eq!(e.name, INVALID_ARGS, "{whom} {signal}");
     }
     assert_eq!(
-        text(&get(&d, &mut rx, "long.service", UNIT_IFACE, "ActiveState").await),
+        text(&s.get("long.service", UNIT_IFACE, "ActiveState").await),
         "active",
         "still running after the refused kills"
     );
 
     // Freeze / thaw: works where the freezer does (cgroup v2); elsewhere
     // systemd's own error comes back with its name.
-    match call(
-        &d,
-        &mut rx,
-        &mut ev,
-        18,
-        Request::FreezeUnit {
-            unit: unit("long.service"),
-        },
-    )
-    .await
+    match s
+        .call(
+            18,
+            Request::FreezeUnit {
+                unit: unit("long.service"),
+            },
+        )
+        .await
     {
         Ok(_) => {
             assert_eq!(
-                text(&get(&d, &mut rx, "long.service", UNIT_IFACE, "FreezerState").await),
+                text(&s.get("long.service", UNIT_IFACE, "FreezerState").await),
                 "frozen"
             );
-            call(
-                &d,
-                &mut rx,
-                &mut ev,
+            s.call(
                 19,
                 Request::ThawUnit {
                     unit: unit("long.service"),
@@ -366,25 +328,20 @@ async fn every_pass_through_on_real_systemd() {
         Err(e) => {
             assert_ne!(e.name, "org.freedesktop.DBus.Error.Failed", "{e}");
             assert!(e.name.starts_with("org.freedesktop."), "{e}");
-            let e2 = call(
-                &d,
-                &mut rx,
-                &mut ev,
-                19,
-                Request::ThawUnit {
-                    unit: unit("long.service"),
-                },
-            )
-            .await
-            .unwrap_err();
+            let e2 = s
+                .call(
+                    19,
+                    Request::ThawUnit {
+                        unit: unit("long.service"),
+                    },
+                )
+                .await
+                .unwrap_err();
             assert!(e2.name.starts_with("org.freedesktop."), "{e2}");
         }
     }
 
-    call(
-        &d,
-        &mut rx,
-        &mut ev,
+    s.call(
         20,
         Request::KillUnit {
             unit: unit("long.service"),
@@ -395,14 +352,11 @@ async fn every_pass_through_on_real_systemd() {
     .await
     .unwrap();
     let deadline = Instant::now() + T;
-    while text(&get(&d, &mut rx, "long.service", UNIT_IFACE, "ActiveState").await) != "failed" {
+    while text(&s.get("long.service", UNIT_IFACE, "ActiveState").await) != "failed" {
         assert!(Instant::now() < deadline, "SIGKILL fails the service");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    call(
-        &d,
-        &mut rx,
-        &mut ev,
+    s.call(
         21,
         Request::ResetFailedUnit {
             unit: unit("long.service"),
@@ -411,29 +365,22 @@ async fn every_pass_through_on_real_systemd() {
     .await
     .unwrap();
     // After reset-failed the unit may be inactive or already unloaded.
-    let r = call(
-        &d,
-        &mut rx,
-        &mut ev,
-        22,
-        Request::GetUnitProperty {
-            unit: unit("long.service"),
-            interface: UNIT_IFACE.into(),
-            property: "ActiveState".into(),
-        },
-    )
-    .await
-    .unwrap();
-    assert_eq!(text(&value(&r)), "inactive");
-    call(&d, &mut rx, &mut ev, 23, Request::ResetFailed)
+    let r = s
+        .call(
+            22,
+            Request::GetUnitProperty {
+                unit: unit("long.service"),
+                interface: UNIT_IFACE.into(),
+                property: "ActiveState".into(),
+            },
+        )
         .await
         .unwrap();
+    assert_eq!(text(&value(&r)), "inactive");
+    s.call(23, Request::ResetFailed).await.unwrap();
 
     // Log level words.
-    call(
-        &d,
-        &mut rx,
-        &mut ev,
+    s.call(
         24,
         Request::SetLogLevel {
             level: "DEBUG".into(),
@@ -441,23 +388,19 @@ async fn every_pass_through_on_real_systemd() {
     )
     .await
     .unwrap();
-    let e = call(
-        &d,
-        &mut rx,
-        &mut ev,
-        25,
-        Request::SetLogLevel {
-            level: "LOUD".into(),
-        },
-    )
-    .await
-    .unwrap_err();
+    let e = s
+        .call(
+            25,
+            Request::SetLogLevel {
+                level: "LOUD".into(),
+            },
+        )
+        .await
+        .unwrap_err();
     assert_eq!(e.name, INVALID_ARGS);
 
     // A transient unit is a tracked job; with metrics on, it is measured.
-    call(&d, &mut rx, &mut ev, 26, Request::EnableMetrics)
-        .await
-        .unwrap();
+    s.call(26, Request::EnableMetrics).await.unwrap();
     let exec: Vec<(String, Vec<String>, bool)> =
         vec![("/bin/true".into(), vec!["/bin/true".into()], false)];
     let props: PropertyList = vec![
@@ -471,10 +414,7 @@ async fn every_pass_through_on_real_systemd() {
         ),
     ];
     let aux: AuxUnits = vec![];
-    call(
-        &d,
-        &mut rx,
-        &mut ev,
+    s.call(
         27,
         Request::StartTransientUnit {
             unit: unit("transient-drover.service"),
@@ -486,9 +426,9 @@ async fn every_pass_through_on_real_systemd() {
     )
     .await
     .unwrap();
-    let (_, result) = until_done(&mut rx, 2).await;
+    let (_, result) = until_done(&mut s.rx, 2).await;
     assert_eq!(result, "done");
-    match next(&mut rx).await {
+    match next(&mut s.rx).await {
         ToManager::Event(Event::JobMetrics {
             unit: u,
             method,
@@ -505,35 +445,29 @@ async fn every_pass_through_on_real_systemd() {
         "Type".into(),
         OwnedVariant::from(zbus::Str::from("oneshot")),
     )];
-    let e = call(
-        &d,
-        &mut rx,
-        &mut ev,
-        28,
-        Request::StartTransientUnit {
-            unit: unit("transient-bad.service"),
-            mode: "replace".into(),
-            properties: marshal::encode(&bad).unwrap(),
-            aux: marshal::encode(&aux).unwrap(),
-            job_id: 3,
-        },
-    )
-    .await
-    .unwrap_err();
+    let e = s
+        .call(
+            28,
+            Request::StartTransientUnit {
+                unit: unit("transient-bad.service"),
+                mode: "replace".into(),
+                properties: marshal::encode(&bad).unwrap(),
+                aux: marshal::encode(&aux).unwrap(),
+                job_id: 3,
+            },
+        )
+        .await
+        .unwrap_err();
     assert!(e.name.starts_with("org.freedesktop."), "{e}");
-    call(&d, &mut rx, &mut ev, 29, Request::DisableMetrics)
-        .await
-        .unwrap();
-    call(&d, &mut rx, &mut ev, 30, start("a.service", 4))
-        .await
-        .unwrap();
-    until_done(&mut rx, 4).await;
-    let extra = tokio::time::timeout(Duration::from_millis(300), rx.recv()).await;
+    s.call(29, Request::DisableMetrics).await.unwrap();
+    s.call(30, start("a.service", 4)).await.unwrap();
+    until_done(&mut s.rx, 4).await;
+    let extra = tokio::time::timeout(Duration::from_millis(300), s.rx.recv()).await;
     assert!(extra.is_err(), "no metrics once disabled: {extra:?}");
     assert!(
-        ev.iter().all(|e| !matches!(e, Event::UnitNew { .. })),
+        s.events.iter().all(|e| !matches!(e, Event::UnitNew { .. })),
         "nothing subscribed, no unit events: {:?}",
-        summaries(&ev)
+        summaries(&s.events)
     );
 }
 
@@ -608,23 +542,15 @@ fn is_state(e: &Event, u: &str, active: &str, sub: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscription_follows_a_unit_through_start_stop_and_removal() {
-    let node = UserSystemd::start("subs");
+    let node = user_systemd("subs").await;
     node.write_unit("w.service", "[Service]\nExecStart=/bin/sleep infinity\n");
     node.write_unit(
         "other.service",
         "[Service]\nExecStart=/bin/sleep infinity\n",
     );
-    let (d, mut rx) = dispatcher(&node).await;
-    let shared = d.shared().clone();
-    shared.session_started(1, 42);
-    let mut ev = Vec::new();
-    call(&d, &mut rx, &mut ev, 1, Request::Reload)
-        .await
-        .unwrap();
-    call(
-        &d,
-        &mut rx,
-        &mut ev,
+    let mut s = Session::open(&node, 42).await;
+    let shared = s.d.shared().clone();
+    s.call(
         2,
         Request::Subscribe {
             unit: Some(unit("w.service")),
@@ -633,32 +559,26 @@ async fn subscription_follows_a_unit_through_start_stop_and_removal() {
     .await
     .unwrap();
     assert!(
-        ev.is_empty(),
+        s.events.is_empty(),
         "w.service is not loaded: no replay, {:?}",
-        summaries(&ev)
+        summaries(&s.events)
     );
-    let e = call(
-        &d,
-        &mut rx,
-        &mut ev,
-        3,
-        Request::Subscribe {
-            unit: Some(unit("w.service")),
-        },
-    )
-    .await
-    .unwrap_err();
+    let e = s
+        .call(
+            3,
+            Request::Subscribe {
+                unit: Some(unit("w.service")),
+            },
+        )
+        .await
+        .unwrap_err();
     assert!(e.message.contains("already subscribed"), "{e}");
 
     // Start: real UnitNew, then states up to active/running.
-    call(&d, &mut rx, &mut ev, 4, start("w.service", 1))
-        .await
-        .unwrap();
-    call(&d, &mut rx, &mut ev, 5, start("other.service", 2))
-        .await
-        .unwrap();
+    s.call(4, start("w.service", 1)).await.unwrap();
+    s.call(5, start("other.service", 2)).await.unwrap();
     let mut index = 1;
-    let mut seen = ev.clone();
+    let mut seen = s.events.clone();
     seen.retain(|e| unit_event(e).is_some());
     for e in &seen {
         assert_eq!(unit_event(e).map(|t| t.0), Some(ModTag::new(42, index)));
@@ -669,7 +589,7 @@ async fn subscription_follows_a_unit_through_start_stop_and_removal() {
         .any(|e| is_state(e, "w.service", "active", "running"))
     {
         seen.extend(
-            unit_events_until(&mut rx, 42, &mut index, |e| {
+            unit_events_until(&mut s.rx, 42, &mut index, |e| {
                 is_state(e, "w.service", "active", "running")
             })
             .await,
@@ -715,7 +635,7 @@ async fn subscription_follows_a_unit_through_start_stop_and_removal() {
     let (tx, mut rx2) = mpsc::channel(256);
     shared.outbox.open(2, tx, SessionKill::new());
     shared.session_started(2, 43);
-    d.handle(
+    s.d.handle(
         2,
         1,
         Request::Subscribe {
@@ -751,7 +671,7 @@ async fn subscription_follows_a_unit_through_start_stop_and_removal() {
 
     // A daemon-reload unloads and re-creates every unit: no news for the
     // manager (the next event for w.service is its stop, not a removal).
-    d.handle(2, 6, Request::Reload).await;
+    s.d.handle(2, 6, Request::Reload).await;
     let mut around_reload = Vec::new();
     loop {
         match next(&mut rx2).await {
@@ -765,7 +685,7 @@ async fn subscription_follows_a_unit_through_start_stop_and_removal() {
     }
 
     // Stop: down to inactive/dead.
-    d.handle(
+    s.d.handle(
         2,
         2,
         Request::UnitJob {
@@ -802,7 +722,7 @@ async fn subscription_follows_a_unit_through_start_stop_and_removal() {
 
     // Delete the file and daemon-reload: systemd unloads it.
     std::fs::remove_file(node_unit_path(&node, "w.service")).unwrap();
-    d.handle(2, 3, Request::Reload).await;
+    s.d.handle(2, 3, Request::Reload).await;
     let removed = unit_events_until(
         &mut rx2,
         43,
@@ -823,7 +743,7 @@ async fn subscription_follows_a_unit_through_start_stop_and_removal() {
     );
 
     // Unsubscribe: no more events for it; `*` then replays every loaded unit.
-    d.handle(
+    s.d.handle(
         2,
         4,
         Request::Unsubscribe {
@@ -837,7 +757,7 @@ async fn subscription_follows_a_unit_through_start_stop_and_removal() {
             break;
         }
     }
-    d.handle(2, 5, Request::Subscribe { unit: None }).await;
+    s.d.handle(2, 5, Request::Subscribe { unit: None }).await;
     let mut replayed = Vec::new();
     loop {
         match next(&mut rx2).await {
@@ -864,8 +784,8 @@ async fn subscription_follows_a_unit_through_start_stop_and_removal() {
     assert!(!replayed.iter().any(|u| u == "w.service"), "{replayed:?}");
 }
 
-fn node_unit_path(node: &UserSystemd, name: &str) -> PathBuf {
-    node.dir.join("config/systemd/user").join(name)
+fn node_unit_path(node: &SystemdNode, name: &str) -> PathBuf {
+    node.unit_dir().join(name)
 }
 
 /// A frame whose unit name is not a valid `UnitName` does not decode, so it
