@@ -220,11 +220,17 @@ fn the_etc_examples_really_set_something_when_uncommented() {
     let allowed: Vec<&str> = c.allowed_nodes.iter().map(|n| n.as_str()).collect();
     assert_eq!(allowed, ["node1", "node2"]);
     assert_eq!(c.nodes[0].allow_dependencies_on[0].as_str(), "node2");
+    let tls = c.tls.expect("the manager example shows TLS");
+    assert_eq!(tls.ca_bundle, Path::new("/etc/drover/tls/ca.pem"));
+    assert!(tls.crl.is_some());
+    assert!(c.allow_certified_nodes);
     let text = std::fs::read_to_string(root().join("dist/etc/drover/agent.conf")).unwrap();
     let (open, _) = uncomment(&text);
     let c = AgentConfig::parse_str(&open).unwrap();
     assert_eq!(c.node_name, "node1");
     assert_eq!(c.controller_host, "192.0.2.10");
+    assert!(c.tls.is_some(), "the agent example shows TLS");
+    assert_eq!(c.tls_server_name(), "manager.example.com");
 }
 
 #[test]

@@ -5,7 +5,9 @@
 //! * every listed key is recognised: a bad value for it is a value error, not
 //!   "unknown key";
 //! * every key the loaders' `match` arms name (read from their source) is
-//!   listed, so a key added to a loader without the list fails here.
+//!   listed, so a key added to a loader without the list fails here (the
+//!   logging keys and the TLS file keys are matched in shared modules, and
+//!   both daemons' lists must hold them).
 
 use drover_config::{AgentConfig, ManagerConfig};
 use std::collections::BTreeSet;
@@ -97,8 +99,14 @@ fn the_lists_hold_every_key_the_loaders_match() {
             .map(|s| s.to_string())
             .collect()
     );
+    // The TLS file keys are matched in tls.rs, from its own list.
+    let tls: BTreeSet<String> = drover_config::tls::KEYS
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
     let mut manager = match_arm_keys(include_str!("../src/manager.rs"));
     manager.extend(logging.iter().cloned());
+    manager.extend(tls.iter().cloned());
     let listed: BTreeSet<String> = drover_config::manager::KEYS
         .iter()
         .chain(drover_config::manager::NODE_KEYS)
@@ -111,6 +119,7 @@ fn the_lists_hold_every_key_the_loaders_match() {
 
     let mut agent = match_arm_keys(include_str!("../src/agent.rs"));
     agent.extend(logging.iter().cloned());
+    agent.extend(tls.iter().cloned());
     let listed: BTreeSet<String> = drover_config::agent::KEYS
         .iter()
         .map(|s| s.to_string())
