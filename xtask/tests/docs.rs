@@ -60,6 +60,7 @@ const TOP: &[&str] = &[
     "benches/",
     "build/",
     ".ci/",
+    "fuzz/",
 ];
 
 #[test]
