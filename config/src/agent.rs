@@ -203,9 +203,9 @@ impl Builder {
             && cfg.tls_controller_name.is_some()
             && let Some(at) = &self.controller_name_at
         {
-            return Err(at.err(
-                "needs TLS: set TLSCertificate, TLSPrivateKey and TLSCertificateAuthority",
-            ));
+            return Err(
+                at.err("needs TLS: set TLSCertificate, TLSPrivateKey and TLSCertificateAuthority")
+            );
         }
         Ok(cfg)
     }

@@ -601,7 +601,10 @@ mod tests {
         assert_eq!(tls.certificate, Path::new("/etc/drover/tls/manager.pem"));
         assert_eq!(tls.private_key, Path::new("/etc/drover/tls/manager.key"));
         assert_eq!(tls.ca_bundle, Path::new("/etc/drover/tls/ca.pem"));
-        assert_eq!(tls.crl.as_deref(), Some(Path::new("/etc/drover/tls/crl.pem")));
+        assert_eq!(
+            tls.crl.as_deref(),
+            Some(Path::new("/etc/drover/tls/crl.pem"))
+        );
         assert!(c.allow_certified_nodes);
         assert!(!c.allow_plaintext);
         // With TLS: all addresses by default, plaintext nowhere.
@@ -620,10 +623,7 @@ mod tests {
             3,
             "TLSCertificate",
         );
-        assert!(
-            msg.ends_with("TLSCertificateAuthority is not set"),
-            "{msg}"
-        );
+        assert!(msg.ends_with("TLSCertificateAuthority is not set"), "{msg}");
         value_err(
             ManagerConfig::parse_str("[drover-manager]\nTLSRevocationList=/crl.pem\n").unwrap_err(),
             2,
@@ -716,7 +716,11 @@ mod tests {
         let cases: &[(&str, &str, &str)] = &[
             ("TLSCertificate", "manager.pem", "not an absolute path"),
             ("TLSPrivateKey", "~/manager.key", "not an absolute path"),
-            ("TLSCertificateAuthority", "/etc/drover/tls/", "names a directory"),
+            (
+                "TLSCertificateAuthority",
+                "/etc/drover/tls/",
+                "names a directory",
+            ),
             ("TLSRevocationList", "crl.pem", "not an absolute path"),
             ("AllowCertifiedNodes", "sometimes", "not a boolean"),
             ("AllowPlaintext", "", "not a boolean"),

@@ -185,7 +185,10 @@ mod tests {
         // A CRL alone is not TLS either.
         apply(&mut k, "TLSRevocationList", "/crl.pem", 9).unwrap();
         let err = k.finish().unwrap_err().to_string();
-        assert!(err.starts_with("f.conf:9: key 'TLSRevocationList':"), "{err}");
+        assert!(
+            err.starts_with("f.conf:9: key 'TLSRevocationList':"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -29,33 +29,121 @@ type Method = (String, String);
 
 /// Methods only root may call, and why.
 const ROOT_ONLY: &[(&str, &str, &str)] = &[
-    ("org.eclipse.bluechi.Controller", "EnableMetrics", "changes what the manager emits"),
-    ("org.eclipse.bluechi.Controller", "DisableMetrics", "changes what the manager emits"),
-    ("org.eclipse.bluechi.Controller", "SetLogLevel", "changes the manager's logging"),
-    ("org.eclipse.bluechi.Node", "StartUnit", "runs a job on the node"),
-    ("org.eclipse.bluechi.Node", "StopUnit", "runs a job on the node"),
-    ("org.eclipse.bluechi.Node", "RestartUnit", "runs a job on the node"),
-    ("org.eclipse.bluechi.Node", "ReloadUnit", "runs a job on the node"),
-    ("org.eclipse.bluechi.Node", "Reload", "reloads the node's systemd"),
-    ("org.eclipse.bluechi.Node", "StartTransientUnit", "runs any command as root"),
-    ("org.eclipse.bluechi.Node", "FreezeUnit", "stops a unit's processes"),
-    ("org.eclipse.bluechi.Node", "ThawUnit", "resumes a unit's processes"),
-    ("org.eclipse.bluechi.Node", "KillUnit", "signals a unit's processes"),
-    ("org.eclipse.bluechi.Node", "SetUnitProperties", "changes a unit"),
-    ("org.eclipse.bluechi.Node", "EnableUnitFiles", "changes what boots"),
-    ("org.eclipse.bluechi.Node", "DisableUnitFiles", "changes what boots"),
-    ("org.eclipse.bluechi.Node", "ResetFailed", "clears failure state"),
-    ("org.eclipse.bluechi.Node", "ResetFailedUnit", "clears failure state"),
-    ("org.eclipse.bluechi.Node", "SetDefaultTarget", "changes what boots"),
-    ("org.eclipse.bluechi.Node", "SetLogLevel", "changes the agent's logging"),
-    ("org.eclipse.bluechi.Job", "Cancel", "cancels a job someone started"),
+    (
+        "org.eclipse.bluechi.Controller",
+        "EnableMetrics",
+        "changes what the manager emits",
+    ),
+    (
+        "org.eclipse.bluechi.Controller",
+        "DisableMetrics",
+        "changes what the manager emits",
+    ),
+    (
+        "org.eclipse.bluechi.Controller",
+        "SetLogLevel",
+        "changes the manager's logging",
+    ),
+    (
+        "org.eclipse.bluechi.Node",
+        "StartUnit",
+        "runs a job on the node",
+    ),
+    (
+        "org.eclipse.bluechi.Node",
+        "StopUnit",
+        "runs a job on the node",
+    ),
+    (
+        "org.eclipse.bluechi.Node",
+        "RestartUnit",
+        "runs a job on the node",
+    ),
+    (
+        "org.eclipse.bluechi.Node",
+        "ReloadUnit",
+        "runs a job on the node",
+    ),
+    (
+        "org.eclipse.bluechi.Node",
+        "Reload",
+        "reloads the node's systemd",
+    ),
+    (
+        "org.eclipse.bluechi.Node",
+        "StartTransientUnit",
+        "runs any command as root",
+    ),
+    (
+        "org.eclipse.bluechi.Node",
+        "FreezeUnit",
+        "stops a unit's processes",
+    ),
+    (
+        "org.eclipse.bluechi.Node",
+        "ThawUnit",
+        "resumes a unit's processes",
+    ),
+    (
+        "org.eclipse.bluechi.Node",
+        "KillUnit",
+        "signals a unit's processes",
+    ),
+    (
+        "org.eclipse.bluechi.Node",
+        "SetUnitProperties",
+        "changes a unit",
+    ),
+    (
+        "org.eclipse.bluechi.Node",
+        "EnableUnitFiles",
+        "changes what boots",
+    ),
+    (
+        "org.eclipse.bluechi.Node",
+        "DisableUnitFiles",
+        "changes what boots",
+    ),
+    (
+        "org.eclipse.bluechi.Node",
+        "ResetFailed",
+        "clears failure state",
+    ),
+    (
+        "org.eclipse.bluechi.Node",
+        "ResetFailedUnit",
+        "clears failure state",
+    ),
+    (
+        "org.eclipse.bluechi.Node",
+        "SetDefaultTarget",
+        "changes what boots",
+    ),
+    (
+        "org.eclipse.bluechi.Node",
+        "SetLogLevel",
+        "changes the agent's logging",
+    ),
+    (
+        "org.eclipse.bluechi.Job",
+        "Cancel",
+        "cancels a job someone started",
+    ),
     (
         "org.eclipse.bluechi.Monitor",
         "AddPeer",
         "makes the manager send a monitor's events to another client",
     ),
-    ("org.eclipse.bluechi.Monitor", "RemovePeer", "cuts another client off a monitor"),
-    ("org.freedesktop.DBus.Properties", "Set", "writes a property"),
+    (
+        "org.eclipse.bluechi.Monitor",
+        "RemovePeer",
+        "cuts another client off a monitor",
+    ),
+    (
+        "org.freedesktop.DBus.Properties",
+        "Set",
+        "writes a property",
+    ),
 ];
 
 /// Interfaces every local user may call (dbus's own conventions).
@@ -148,7 +236,10 @@ fn every_exported_method_is_classified_once() {
         let iface = attr(&rule, "send_interface").unwrap_or_else(|| panic!("no interface: {rule}"));
         let member = attr(&rule, "send_member").unwrap_or_else(|| panic!("no member: {rule}"));
         let method = (iface, member);
-        assert!(exported.contains(&method), "{method:?} is not exported: {rule}");
+        assert!(
+            exported.contains(&method),
+            "{method:?} is not exported: {rule}"
+        );
         assert!(readers.insert(method.clone()), "{method:?} listed twice");
     }
     let root_only: BTreeSet<Method> = ROOT_ONLY
@@ -172,7 +263,10 @@ fn every_exported_method_is_classified_once() {
          policy or to ROOT_ONLY): {neither:?}"
     );
     let stale: Vec<_> = root_only.difference(&exported).collect();
-    assert!(stale.is_empty(), "ROOT_ONLY names methods that are not exported: {stale:?}");
+    assert!(
+        stale.is_empty(),
+        "ROOT_ONLY names methods that are not exported: {stale:?}"
+    );
 }
 
 #[test]
