@@ -133,8 +133,8 @@ fn render_blocks(
             // An indented code block (inside a definition body).
             let mut code = Vec::new();
             while let Some(&(_, l)) = lines.get(i) {
-                if l.starts_with("    ") {
-                    code.push(&l[4..]);
+                if let Some(rest) = l.strip_prefix("    ") {
+                    code.push(rest);
                 } else if l.trim().is_empty()
                     && lines.get(i + 1).is_some_and(|(_, n)| n.starts_with("    "))
                 {

@@ -283,7 +283,7 @@ fn documented_keys() -> Vec<(String, BTreeSet<String>)> {
 #[test]
 fn drover_conf_documents_exactly_the_keys_the_parser_knows() {
     let set = |keys: &[&str]| keys.iter().map(|k| k.to_string()).collect::<BTreeSet<_>>();
-    let expected = vec![
+    let expected = [
         (
             "drover-manager".to_string(),
             set(drover_config::manager::KEYS),
