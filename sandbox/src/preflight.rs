@@ -175,7 +175,7 @@ mod tests {
         })
         .unwrap_err()
         .to_string();
-        assert!(err.contains("(9 problems)"), "{err}");
+        assert!(err.contains("(8 problems)"), "{err}");
         assert!(err.contains("not running as root"), "{err}");
         for (path, package) in [
             ("/usr/bin/unshare", "util-linux"),
