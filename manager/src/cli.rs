@@ -6,11 +6,22 @@
 //!
 //! Config layers come first (see `drover_config::Sources`), the flags
 //! override them.
+//!
+//! [`main`] is the whole process around the library: parse the command line,
+//! start the runtime, load the config, set up logging, run the manager until
+//! SIGTERM/SIGINT; SIGHUP reloads the config ([`crate::reload`]). A failure
+//! to start is one line on stderr and exit status 1.
 
+use crate::core::Timeouts;
+use crate::nodes::listener;
+use crate::server::Manager;
+use anyhow::Context;
 use clap::Parser;
 use drover_bus::Bus;
 use drover_config::{ConfigError, ManagerConfig, Sources};
 use std::path::PathBuf;
+use std::process::ExitCode;
+use tokio::signal::unix::{SignalKind, signal};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -71,6 +82,72 @@ impl Cli {
         }
         Ok(config)
     }
+}
+
+/// The `drover-manager` binary.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("drover-manager: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // stderr only: under systemd it lands in the journal, and logging
+            // may itself point at stderr (one line, not two).
+            eprintln!(
+                "drover-manager: {}",
+                drover_config::logging::error_line(e.as_ref())
+            );
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let config = cli.load_config().context("configuration")?;
+    let log = drover_config::logging::init(&config.logging);
+    let listener = listener::listener_for(&config)?;
+    let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
+    let manager = Manager::start(config, &cli.bus(), listener, Timeouts::default()).await?;
+    manager.core().set_log_handle(log);
+    if let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Ready]) {
+        tracing::debug!("sd_notify: {e}");
+    }
+    loop {
+        tokio::select! {
+            _ = term.recv() => {
+                tracing::info!("SIGTERM: shutting down");
+                break;
+            }
+            _ = int.recv() => {
+                tracing::info!("SIGINT: shutting down");
+                break;
+            }
+            _ = hup.recv() => {
+                tracing::info!("SIGHUP: reloading the configuration");
+                // Same sources and flags as at start; a config that does not
+                // load is logged by `reload` and the running one kept.
+                let _ = crate::reload::reload(
+                    manager.core(),
+                    Some(manager.connection()),
+                    cli.load_config(),
+                )
+                .await;
+            }
+        }
+    }
+    manager.shutdown().await;
+    Ok(())
 }
 
 #[cfg(test)]

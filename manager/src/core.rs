@@ -1,6 +1,12 @@
 //! The manager's state and the rules that tie sessions, nodes, jobs and the
 //! D-Bus API together.
 //!
+//! The core is every session's [`SessionOwner`] (events and disconnects come
+//! in through it) and puts what clients must hear on the bus through one
+//! [`Outbound`] (set when the API is served; before that, and in unit tests,
+//! nothing is emitted). It never names a D-Bus object: `api/` imports the
+//! core, not the other way round.
+//!
 //! Locks: `registry` and `jobs` are plain mutexes, held for a few map
 //! operations and never across an await. `announce` is an async mutex that
 //! serialises every online/offline transition *with its D-Bus
@@ -8,18 +14,17 @@
 //! clients in the order they happened (an offline of an old session can
 //! never overtake the online of its replacement).
 
-use crate::api::controller::ControllerObject;
-use crate::api::job::JobObject;
-use crate::api::metrics::Metrics;
 use crate::error::ApiError;
 use crate::escape::job_path;
 use crate::jobs::{Done, JobInfo, Jobs, RESULT_DISCONNECTED, RESULT_SHUTDOWN, valid_state};
-use crate::monitor::Monitors;
-use crate::proxies::Proxies;
-use crate::references::Policy;
-use crate::registry::{Admission, ControllerStatus, Registry};
-use crate::session::{Session, spawn_io};
-use crate::subscriptions::Subscriptions;
+use crate::metrics::Metrics;
+use crate::nodes::registry::{Admission, ControllerStatus, Registry};
+use crate::nodes::session::{Session, SessionOwner, spawn_io};
+use crate::outbound::Outbound;
+use crate::proxies::driver::Proxies;
+use crate::proxies::rules::Policy;
+use crate::units::hub::Subscriptions;
+use crate::units::monitor::Monitors;
 use drover_bus::bluechi::{CONTROLLER_IFACE, CONTROLLER_PATH, JOB_IFACE, NODE_IFACE};
 use drover_bus::systemd::{UnitTuple, unit_tuple};
 use drover_bus::timestamp;
@@ -27,16 +32,14 @@ use drover_config::{LogHandle, LogLevel, ManagerConfig};
 use drover_protocol::handshake::Accepted;
 use drover_protocol::link::manager_read_hello;
 use drover_protocol::{Event, JobKind, NodeName, RefuseReason, Request, Response, UnitName};
-use std::borrow::Cow;
+use futures::future::BoxFuture;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
-use zbus::Connection;
-use zbus::object_server::SignalEmitter;
-use zbus::{OwnedObjectPath, Variant};
+use zbus::OwnedObjectPath;
 
 /// systemd job modes (`systemctl --job-mode`); anything else is refused
 /// before it reaches a node.
@@ -86,7 +89,7 @@ pub struct Core {
     registry: Mutex<Registry>,
     jobs: Mutex<Jobs>,
     announce: tokio::sync::Mutex<Announced>,
-    conn: OnceLock<Connection>,
+    outbound: OnceLock<Arc<dyn Outbound>>,
     next_session: AtomicU64,
     shutting_down: AtomicBool,
     subscriptions: Arc<Subscriptions>,
@@ -106,6 +109,7 @@ impl Core {
         let registry = Registry::new(&config.allowed_nodes);
         let controller = registry.controller_status();
         let subscriptions = Subscriptions::new(timeouts.request);
+        let monitors = Monitors::new(subscriptions.clone());
         let proxies = Proxies::new(
             Policy::from_config(&config, config.allowed_nodes.iter().cloned()),
             subscriptions.clone(),
@@ -116,14 +120,14 @@ impl Core {
             registry: Mutex::new(registry),
             jobs: Mutex::new(Jobs::new()),
             announce: tokio::sync::Mutex::new(Announced { controller }),
-            conn: OnceLock::new(),
+            outbound: OnceLock::new(),
             // Seeded from the realtime clock so ids keep rising across
             // manager restarts: they are the guids of modification tags.
             next_session: AtomicU64::new(timestamp::realtime_us().max(1)),
             shutting_down: AtomicBool::new(false),
             subscriptions,
             proxies,
-            monitors: Monitors::new(),
+            monitors,
             metrics: Metrics::default(),
             log_handle: OnceLock::new(),
             config,
@@ -147,7 +151,7 @@ impl Core {
         lock(&self.jobs)
     }
 
-    /// Cross-node dependencies (see [`crate::proxies`]).
+    /// Cross-node dependencies (see [`crate::proxies::driver`]).
     pub fn proxies(&self) -> &Proxies {
         &self.proxies
     }
@@ -165,9 +169,9 @@ impl Core {
         &self.metrics
     }
 
-    /// The bus connection, once the API is served.
-    pub fn connection(&self) -> Option<&Connection> {
-        self.conn.get()
+    /// Where signals and objects go, once the API is served.
+    pub fn outbound(&self) -> Option<&Arc<dyn Outbound>> {
+        self.outbound.get()
     }
 
     /// Where `SetLogLevel` applies the level (the daemon sets it once).
@@ -191,9 +195,9 @@ impl Core {
         self.shutting_down.load(Ordering::SeqCst)
     }
 
-    /// The bus connection signals go to (set once, when the API is served).
-    pub fn set_connection(&self, conn: Connection) {
-        let _ = self.conn.set(conn);
+    /// Where signals and objects go (set once, when the API is served).
+    pub fn set_outbound(&self, outbound: Arc<dyn Outbound>) {
+        let _ = self.outbound.set(outbound);
     }
 
     /// How long one write to an agent may block before the agent counts as
@@ -297,7 +301,7 @@ impl Core {
             manager_version: env!("CARGO_PKG_VERSION").to_owned(),
         };
         match pending.accept(accepted, timeout).await {
-            Ok(framed) => spawn_io(self.clone(), session, framed, rx),
+            Ok(framed) => spawn_io(self.clone(), session, framed, rx, self.write_deadline()),
             Err(e) => {
                 self.end_session(&session, &format!("could not send the welcome: {e}"))
                     .await
@@ -467,7 +471,7 @@ impl Core {
                 micros,
             } => {
                 self.metrics
-                    .agent_job(self, session.node(), &unit, &method, micros)
+                    .agent_job(self.outbound(), session.node(), &unit, &method, micros)
                     .await
             }
         }
@@ -561,13 +565,12 @@ impl Core {
         }
         let path = job_path(id);
         let info = self.jobs().info(id).cloned();
-        if let (Some(info), Some(conn)) = (info, self.conn.get()) {
-            let object = JobObject::new(self.clone(), info);
-            if let Err(e) = conn.object_server().at(path.as_str(), object).await {
-                tracing::error!("cannot export {}: {e}", path.as_str());
+        if let Some(out) = self.outbound() {
+            if let Some(info) = info {
+                out.export_job(&info, &path).await;
             }
+            out.job_new(id, &path).await;
         }
-        self.emit_job_new(id, &path).await;
         let early = self.jobs().exported(id);
         if let Some((job, result)) = early {
             self.job_removed(&job, &result).await;
@@ -604,44 +607,12 @@ impl Core {
 
     async fn job_removed(&self, job: &JobInfo, result: &str) {
         let path = job_path(job.id);
-        self.metrics.job_finished(self, job);
-        if let Some(conn) = self.conn.get() {
-            match SignalEmitter::new(conn, CONTROLLER_PATH) {
-                Ok(emitter) => {
-                    if let Err(e) = ControllerObject::job_removed(
-                        &emitter,
-                        job.id,
-                        path.as_ref(),
-                        job.node.as_str(),
-                        job.unit.as_str(),
-                        result,
-                    )
-                    .await
-                    {
-                        tracing::warn!("cannot emit JobRemoved for job {}: {e}", job.id);
-                    }
-                }
-                Err(e) => tracing::error!("bad controller path: {e}"),
-            }
-            // Only errors if it was never exported, which is fine.
-            let _ = conn
-                .object_server()
-                .remove::<JobObject, _>(path.as_str())
-                .await;
+        self.metrics
+            .job_finished(job, self.outbound(), || self.session_of(&job.node).ok());
+        if let Some(out) = self.outbound() {
+            out.job_removed(job, &path, result).await;
         }
         tracing::debug!(job = job.id, node = %job.node, unit = %job.unit, "job removed: {result}");
-    }
-
-    async fn emit_job_new(&self, id: u32, path: &OwnedObjectPath) {
-        let Some(conn) = self.conn.get() else { return };
-        match SignalEmitter::new(conn, CONTROLLER_PATH) {
-            Ok(emitter) => {
-                if let Err(e) = ControllerObject::job_new(&emitter, id, path.as_ref()).await {
-                    tracing::warn!("cannot emit JobNew for job {id}: {e}");
-                }
-            }
-            Err(e) => tracing::error!("bad controller path: {e}"),
-        }
     }
 
     async fn properties_changed(
@@ -651,28 +622,32 @@ impl Core {
         property: &'static str,
         value: &str,
     ) {
-        let Some(conn) = self.conn.get() else { return };
-        let emitter = match SignalEmitter::new(conn, path) {
-            Ok(e) => e,
-            Err(e) => {
-                tracing::error!("bad object path {path}: {e}");
-                return;
-            }
-        };
-        let Ok(interface) = zbus::names::InterfaceName::try_from(interface) else {
-            return;
-        };
-        let changed = HashMap::from([(property, Variant::from(value))]);
-        if let Err(e) = zbus::fdo::Properties::properties_changed(
-            &emitter,
-            interface,
-            changed,
-            Cow::Borrowed(&[]),
-        )
-        .await
-        {
-            tracing::warn!("cannot emit PropertiesChanged for {path} {property}: {e}");
+        if let Some(out) = self.outbound() {
+            out.property_changed(path, interface, property, value).await;
         }
+    }
+
+    // ---- metrics ----------------------------------------------------------
+
+    /// `Controller.EnableMetrics` (`on`) / `DisableMetrics`.
+    pub async fn switch_metrics(&self, on: bool) -> Result<(), ApiError> {
+        self.metrics
+            .switch(on, self.outbound(), || {
+                self.registry().sessions().cloned().collect()
+            })
+            .await
+    }
+}
+
+/// The core is every session's owner: events go to [`Core::on_event`], the
+/// end to [`Core::end_session`].
+impl SessionOwner for Core {
+    fn on_event<'a>(&'a self, session: &'a Session, event: Event) -> BoxFuture<'a, ()> {
+        Box::pin(Core::on_event(self, session, event))
+    }
+
+    fn on_end<'a>(&'a self, session: &'a Arc<Session>, why: &'a str) -> BoxFuture<'a, ()> {
+        Box::pin(self.end_session(session, why))
     }
 }
 

@@ -3,35 +3,51 @@
 //!
 //! Two wires meet here. Agents connect over TCP with drover's own protocol
 //! (`drover-protocol`); clients (droverctl, bluechictl, python-bluechi,
-//! busctl) talk D-Bus. The modules follow that split:
+//! busctl) talk D-Bus. One folder per feature:
 //!
-//! * [`listener`] — where the TCP listener comes from (socket activation or
-//!   bind) and the accept loop that survives descriptor exhaustion.
-//! * [`session`] — one connected agent: reader/writer tasks, request ↔ reply
-//!   correlation with timeouts, liveness, bounded outgoing queue.
-//! * [`registry`] — the node table and its admission rules (allowed names,
-//!   one live session per name, dead sessions replaced).
+//! * [`nodes`] — the agents' side: [`nodes::listener`] (where the TCP
+//!   listener comes from, socket activation or bind, and the accept loop that
+//!   survives descriptor exhaustion), [`nodes::session`] (one connected
+//!   agent: reader/writer tasks, request ↔ reply correlation with timeouts,
+//!   liveness, bounded outgoing queue), [`nodes::registry`] (the node table
+//!   and its admission rules: allowed names, one live session per name, dead
+//!   sessions replaced).
+//! * [`units`] — units as clients see them: [`units::records`] (unit events
+//!   and the last state of each watched unit with its modification tag, by
+//!   the tag rules), [`units::hub`] (who watches which unit, what each agent
+//!   was told, fan-out of unit events), [`units::monitor`] (monitors:
+//!   subscriptions, peers, the snapshot + tagged stream of
+//!   `io.drover.Monitor`), [`units::signals`] (their events as unicast
+//!   D-Bus messages).
+//! * [`proxies`] — cross-node dependencies: [`proxies::rules`] (reference
+//!   sets per target unit and their rules — grace periods, permissions, dep
+//!   units — as plain data) and [`proxies::driver`] (carries out what they
+//!   decide).
 //! * [`jobs`] — BlueChi jobs and the ordering rules that make every job end
-//!   with exactly one `JobRemoved`.
-//! * [`core`] — the state shared by all of the above and the D-Bus objects,
-//!   and the rules that connect them (disconnect → offline, jobs end,
-//!   requests fail).
-//! * [`subscriptions`] — who watches which unit, the last state of each
-//!   watched unit with its modification tag, fan-out of unit events.
-//! * [`monitor`] — monitors: subscriptions, peers, unicast signals, the
-//!   snapshot + tagged stream of `io.drover.Monitor`.
-//! * [`api`] — the D-Bus objects: Controller, Node, Job, Monitor, Metrics.
-//! * [`references`] — cross-node dependencies: reference sets per target
-//!   unit and their rules (grace periods, permissions, dep units), as plain
-//!   data; [`proxies`] carries out what they decide; [`reload`] applies a
-//!   reloaded config (SIGHUP).
-//! * [`escape`] — node and job object paths as zbus values.
+//!   with exactly one `JobRemoved`; [`metrics`] — metrics on/off, job start
+//!   times, what to measure when a job ends.
+//! * [`core`] — the state shared by all of the above and the rules that
+//!   connect them (disconnect → offline, jobs end, requests fail). It emits
+//!   through [`outbound::Outbound`] and never names a D-Bus object.
+//! * [`api`] — the D-Bus objects (Controller, Node, Job, Monitor, Metrics)
+//!   over the core, and [`api::outbound::BusOutbound`], the core's outbound
+//!   side on a bus connection.
+//! * [`reload`] applies a reloaded config (SIGHUP); [`escape`] — node and
+//!   job object paths as zbus values; [`error`] — BlueChi's error replies.
+//! * [`server`] — start/stop of a whole manager; [`cli`] — the command line
+//!   and the process around it (runtime, signals, `sd_notify`).
+//!
+//! Imports run one way: `api` → `core` → `nodes`, `units`, `proxies`,
+//! `jobs`, `metrics`, `outbound`. What runs the other way goes through an
+//! interface the receiver defines: sessions report to their owner through
+//! [`nodes::session::SessionOwner`], the core emits through
+//! [`outbound::Outbound`], monitors export their objects through
+//! [`units::monitor::MonitorObjects`].
 //!
 //! What the manager shares with other processes lives outside it: the wire
 //! and every cross-process rule in `drover-protocol`; BlueChi's and systemd's
 //! D-Bus names, the bus choice, the `ListUnits` row and D-Bus value
 //! marshalling in `drover-bus`.
-//! * [`server`] — start/stop of a whole manager; [`cli`] — the command line.
 //!
 //! Why this shape: all logic that decides something (admission, job
 //! ordering, status words) is plain data behind a mutex and is unit-tested
@@ -59,15 +75,13 @@ pub mod core;
 pub mod error;
 pub mod escape;
 pub mod jobs;
-pub mod listener;
-pub mod monitor;
+pub mod metrics;
+pub mod nodes;
+pub mod outbound;
 pub mod proxies;
-pub mod references;
-pub mod registry;
 pub mod reload;
 pub mod server;
-pub mod session;
-pub mod subscriptions;
+pub mod units;
 
 pub use crate::core::{Core, Timeouts};
 pub use drover_bus::Bus;

@@ -22,7 +22,7 @@
 
 use crate::api::node::NodeObject;
 use crate::core::Core;
-use crate::references::Policy;
+use crate::proxies::rules::Policy;
 use drover_config::{ConfigError, ManagerConfig};
 use drover_protocol::NodeName;
 use std::sync::Arc;

@@ -10,7 +10,7 @@
 
 use crate::api;
 use crate::core::{Core, Timeouts};
-use crate::listener::accept_loop;
+use crate::nodes::listener::accept_loop;
 use drover_bus::Bus;
 use drover_bus::bluechi::BUS_NAME;
 use drover_config::ManagerConfig;
@@ -84,7 +84,6 @@ impl Manager {
     ) -> Result<Self, StartError> {
         let core = Core::new(config, timeouts);
         let conn = connect(bus).await?;
-        core.set_connection(conn.clone());
         api::export(&core, &conn)
             .await
             .map_err(StartError::Export)?;

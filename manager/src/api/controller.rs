@@ -2,7 +2,6 @@
 
 use crate::core::Core;
 use crate::error::ApiError;
-use crate::monitor::Monitors;
 use drover_bus::systemd::UnitTuple;
 use drover_config::LogLevel;
 use drover_protocol::Request;
@@ -104,15 +103,15 @@ impl ControllerObject {
         let Some(owner) = header.sender() else {
             return Err(ApiError::failed("the call carries no sender"));
         };
-        Monitors::create(&self.core, conn, owner).await
+        self.core.monitors().create(conn, owner).await
     }
 
     async fn enable_metrics(&self) -> Result<(), ApiError> {
-        self.core.metrics().enable(&self.core).await
+        self.core.switch_metrics(true).await
     }
 
     async fn disable_metrics(&self) -> Result<(), ApiError> {
-        self.core.metrics().disable(&self.core).await
+        self.core.switch_metrics(false).await
     }
 
     /// The manager's own log level: DEBUG, INFO, WARN or ERROR. Not persisted.

@@ -2,7 +2,7 @@
 //! controller object, on an interface of their own so BlueChi's
 //! `org.eclipse.bluechi.Controller` stays exactly as BlueChi defines it.
 
-use crate::proxies::{Proxies, ProxyTuple};
+use crate::proxies::driver::{Proxies, ProxyTuple};
 use zbus::interface;
 
 pub struct DroverControllerObject {

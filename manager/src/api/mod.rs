@@ -1,12 +1,17 @@
 //! BlueChi's public D-Bus objects, served on `org.eclipse.bluechi`.
 //!
 //! Each object is a thin adapter: it validates arguments, asks the
-//! [`Core`](crate::core::Core), and maps failures to BlueChi's error names.
+//! [`Core`], and maps failures to BlueChi's error names.
 //! Member names, argument names and signatures, property types and
 //! `EmitsChangedSignal` annotations follow BlueChi's interface XML, so
 //! `Introspect` describes exactly what is served (client libraries such as
 //! dasbus build their proxies from it). Only the members implemented so far
 //! are served — nothing is a stub.
+//!
+//! What the core and the monitors emit on their own (signals, job, metrics
+//! and monitor objects that come and go) goes out through
+//! [`outbound::BusOutbound`] and [`monitor::MonitorExport`], the bus side of
+//! the interfaces they define; [`export`] installs both.
 
 pub mod controller;
 pub mod drover_controller;
@@ -14,14 +19,17 @@ pub mod job;
 pub mod metrics;
 pub mod monitor;
 pub mod node;
+pub mod outbound;
 
 use crate::core::Core;
 use drover_bus::bluechi::CONTROLLER_PATH;
 use std::sync::Arc;
 use zbus::Connection;
 
-/// Exports the controller and one node object per allowed node.
+/// Exports the controller and one node object per allowed node, and points
+/// the core's and the monitors' output at `conn`.
 pub async fn export(core: &Arc<Core>, conn: &Connection) -> zbus::Result<()> {
+    core.set_outbound(outbound::BusOutbound::new(conn.clone(), core));
     let server = conn.object_server();
     server
         .at(
@@ -46,6 +54,10 @@ pub async fn export(core: &Arc<Core>, conn: &Connection) -> zbus::Result<()> {
             .at(path.as_str(), node::NodeObject::new(core.clone(), name))
             .await?;
     }
-    tokio::spawn(crate::monitor::watch_owners(core.clone(), conn.clone()));
+    core.monitors().serve(monitor::MonitorExport::new(core));
+    tokio::spawn(crate::units::monitor::watch_owners(
+        core.monitors().clone(),
+        conn.clone(),
+    ));
     Ok(())
 }

@@ -1,17 +1,65 @@
 //! `org.eclipse.bluechi.Monitor` and `io.drover.Monitor` at
 //! `/org/eclipse/bluechi/monitor/<id>`: thin adapters over
-//! [`crate::monitor`]. The signals are declared here so `Introspect`
+//! [`crate::units::monitor`]. The signals are declared here so `Introspect`
 //! describes them; they are emitted by the monitor's task as unicast
-//! messages (see [`crate::monitor`]), never through these declarations.
+//! messages (see [`crate::units::monitor`]), never through these declarations.
 
 use crate::core::Core;
 use crate::error::ApiError;
-use crate::monitor::{Monitor, Monitors, REASON_CLOSED};
-use crate::subscriptions::SnapshotRow;
+use crate::units::hub::SnapshotRow;
+use crate::units::monitor::{Monitor, MonitorObjects, Monitors, REASON_CLOSED};
+use drover_protocol::NodeName;
+use futures::future::BoxFuture;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use zbus::object_server::SignalEmitter;
 use zbus::{Connection, OwnedVariant, interface};
+
+/// Exports [`MonitorObject`] and [`DroverMonitorObject`] for each monitor
+/// (see [`MonitorObjects`]). Holds the core weakly: the core holds it.
+pub struct MonitorExport {
+    core: Weak<Core>,
+}
+
+impl MonitorExport {
+    pub fn new(core: &Arc<Core>) -> Arc<Self> {
+        Arc::new(Self {
+            core: Arc::downgrade(core),
+        })
+    }
+}
+
+impl MonitorObjects for MonitorExport {
+    fn export<'a>(
+        &'a self,
+        conn: &'a Connection,
+        monitor: &'a Arc<Monitor>,
+    ) -> BoxFuture<'a, zbus::Result<()>> {
+        Box::pin(async move {
+            let Some(core) = self.core.upgrade() else {
+                return Err(zbus::Error::Failure("the manager is stopping".into()));
+            };
+            let server = conn.object_server();
+            let path = monitor.path().as_str();
+            server
+                .at(path, MonitorObject::new(core.clone(), monitor.clone()))
+                .await?;
+            server
+                .at(path, DroverMonitorObject::new(core, monitor.clone()))
+                .await?;
+            Ok(())
+        })
+    }
+
+    fn unexport<'a>(&'a self, conn: &'a Connection, monitor: &'a Monitor) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let server = conn.object_server();
+            let path = monitor.path().as_str();
+            let _ = server.remove::<MonitorObject, _>(path).await;
+            let _ = server.remove::<DroverMonitorObject, _>(path).await;
+        })
+    }
+}
 
 pub struct MonitorObject {
     core: Arc<Core>,
@@ -21,6 +69,20 @@ pub struct MonitorObject {
 impl MonitorObject {
     pub fn new(core: Arc<Core>, monitor: Arc<Monitor>) -> Self {
         Self { core, monitor }
+    }
+
+    fn monitors(&self) -> &Monitors {
+        self.core.monitors()
+    }
+
+    /// Every configured node, in config order.
+    fn configured(&self) -> Vec<NodeName> {
+        self.core
+            .registry()
+            .nodes()
+            .iter()
+            .map(|n| n.name.clone())
+            .collect()
     }
 }
 
@@ -32,18 +94,22 @@ impl MonitorObject {
         if self.monitor.is_closed() {
             return Err(ApiError::failed("Monitor already closed"));
         }
-        Monitors::close(&self.core, conn, &self.monitor, REASON_CLOSED).await;
+        self.monitors()
+            .close(conn, &self.monitor, REASON_CLOSED)
+            .await;
         Ok(())
     }
 
     #[zbus(out_args("id"))]
     async fn subscribe(&self, node: String, unit: String) -> Result<u32, ApiError> {
-        Monitors::subscribe(&self.core, &self.monitor, &node, &[unit])
+        self.monitors()
+            .subscribe(&self.monitor, &self.configured(), &node, &[unit])
     }
 
     #[zbus(out_args("id"))]
     async fn subscribe_list(&self, node: String, units: Vec<String>) -> Result<u32, ApiError> {
-        Monitors::subscribe(&self.core, &self.monitor, &node, &units)
+        self.monitors()
+            .subscribe(&self.monitor, &self.configured(), &node, &units)
     }
 
     async fn unsubscribe(&self, id: u32) -> Result<(), ApiError> {
@@ -52,7 +118,7 @@ impl MonitorObject {
 
     #[zbus(out_args("id"))]
     async fn add_peer(&self, name: String) -> Result<u32, ApiError> {
-        Monitors::add_peer(&self.core, &self.monitor, &name)
+        self.monitors().add_peer(&self.monitor, &name)
     }
 
     async fn remove_peer(

@@ -7,7 +7,7 @@
 
 use crate::core::{Core, JOB_MODES, units_of};
 use crate::error::ApiError;
-use crate::registry::OFFLINE;
+use crate::nodes::registry::OFFLINE;
 use drover_bus::marshal::{self, PropertyMap};
 use drover_bus::systemd::UnitTuple;
 use drover_config::LogLevel;

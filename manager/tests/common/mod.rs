@@ -18,7 +18,8 @@ pub use drover_testkit::api::{
 pub use drover_testkit::wait::WAIT;
 
 use drover_config::ManagerConfig;
-use drover_manager::{Manager, Timeouts, listener};
+use drover_manager::nodes::listener;
+use drover_manager::{Manager, Timeouts};
 use drover_sandbox::PrivateBus;
 use drover_testkit::process::{TempDir, free_port};
 use std::net::SocketAddr;

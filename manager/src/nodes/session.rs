@@ -15,13 +15,17 @@
 //! * [`Session::mark_ended`] is idempotent: the first caller does the
 //!   teardown, later ones do nothing, whichever of the reader, the writer, the
 //!   heartbeat checker or a replacing registration noticed the end first.
+//! * A session reports to its owner (the core) only through [`SessionOwner`]:
+//!   every event in the order it arrived, then its end, once.
 
-use crate::core::Core;
 use crate::error::ApiError;
 use drover_bus::timestamp;
 use drover_protocol::error_names::NO_REPLY;
 use drover_protocol::link::ManagerFramed;
-use drover_protocol::{NodeName, Notice, RemoteError, Request, Response, ToAgent, ToManager};
+use drover_protocol::{
+    Event, NodeName, Notice, RemoteError, Request, Response, ToAgent, ToManager,
+};
+use futures::future::BoxFuture;
 use futures::{SinkExt, StreamExt};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -35,6 +39,18 @@ use tokio_util::sync::CancellationToken;
 pub const OUTGOING_QUEUE: usize = 256;
 
 type Reply = Result<Response, RemoteError>;
+
+/// Who a session reports to. The core implements it; a session knows
+/// nothing else of its owner.
+pub trait SessionOwner: Send + Sync + 'static {
+    /// An event from the agent. The reader waits for it before reading on,
+    /// so events are handled one at a time, in the order they arrived.
+    fn on_event<'a>(&'a self, session: &'a Session, event: Event) -> BoxFuture<'a, ()>;
+
+    /// The session ended (`why`): run the disconnect rules. Called once per
+    /// reader, after its last event.
+    fn on_end<'a>(&'a self, session: &'a Arc<Session>, why: &'a str) -> BoxFuture<'a, ()>;
+}
 
 pub struct Session {
     id: u64,
@@ -217,20 +233,20 @@ impl Session {
 }
 
 /// Starts the reader and writer tasks of an accepted session. When either
-/// ends (EOF, error, undecodable frame, write deadline), the session ends and
-/// the core runs the disconnect rules.
+/// ends (EOF, error, undecodable frame, a write blocked past
+/// `write_deadline`), the session ends and `owner` runs the disconnect rules.
 pub fn spawn_io<IO>(
-    core: Arc<Core>,
+    owner: Arc<dyn SessionOwner>,
     session: Arc<Session>,
     framed: ManagerFramed<IO>,
     rx: mpsc::Receiver<ToAgent>,
+    write_deadline: Duration,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (sink, stream) = framed.split();
-    let write_deadline = core.write_deadline();
     tokio::spawn(write_loop(session.clone(), sink, rx, write_deadline));
-    tokio::spawn(read_loop(core, session, stream));
+    tokio::spawn(read_loop(owner, session, stream));
 }
 
 async fn write_loop<S>(
@@ -266,11 +282,11 @@ async fn write_loop<S>(
             }
         }
     }
-    // Wake the reader so the core runs the disconnect rules once.
+    // Wake the reader so the owner runs the disconnect rules once.
     session.cancel.cancel();
 }
 
-async fn read_loop<S>(core: Arc<Core>, session: Arc<Session>, mut stream: S)
+async fn read_loop<S>(owner: Arc<dyn SessionOwner>, session: Arc<Session>, mut stream: S)
 where
     S: futures::Stream<Item = Result<ToManager, drover_protocol::FrameError>> + Unpin,
 {
@@ -291,12 +307,12 @@ where
                             tracing::debug!(node = %session.node, "reply to unknown or expired request {id}");
                         }
                     }
-                    ToManager::Event(event) => core.on_event(&session, event).await,
+                    ToManager::Event(event) => owner.on_event(&session, event).await,
                 }
             }
         }
     };
-    core.end_session(&session, &why).await;
+    owner.on_end(&session, &why).await;
 }
 
 #[cfg(test)]

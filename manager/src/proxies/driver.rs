@@ -1,5 +1,5 @@
 //! The async side of cross-node dependencies: carries out what
-//! [`crate::references`] decides and feeds back what happened.
+//! [`crate::proxies::rules`] decides and feeds back what happened.
 //!
 //! * Agent events (`ProxyNew`, `ProxyRemoved`), node online/offline and
 //!   config reloads go in through the hooks the core calls.
@@ -23,9 +23,10 @@
 //! and it re-announces its proxies when it is back). Dep requests and
 //! `ListUnits` for sweeps are awaited outside the lock.
 
-use crate::references::{Action, DepCommand, DepOutcome, Policy, ProxyRow, References};
-use crate::session::Session;
-use crate::subscriptions::{Change, Delivery, Subscriptions, WatchId, Watcher};
+use crate::nodes::session::Session;
+use crate::proxies::rules::{Action, DepCommand, DepOutcome, Policy, ProxyRow, References};
+use crate::units::hub::{Delivery, Subscriptions, WatchId, Watcher};
+use crate::units::records::Change;
 use drover_protocol::dep_unit::dep_target;
 use drover_protocol::error_names::OFFLINE;
 use drover_protocol::{Event, NodeName, Request, Response, TargetChange, UnitName};
@@ -344,7 +345,7 @@ impl Proxies {
     }
 
     /// Lists the dep units running on the node of `session` and stops those
-    /// nobody references (see `references`' module docs).
+    /// nobody references (see the module docs of [`crate::proxies::rules`]).
     async fn sweep(self, session: Arc<Session>) {
         let units = match session
             .request(Request::ListUnits, self.shared.request_timeout)

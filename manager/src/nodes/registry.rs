@@ -15,7 +15,7 @@
 //! changes on D-Bus is the core's job.
 
 use crate::escape::node_path;
-use crate::session::Session;
+use crate::nodes::session::Session;
 use drover_protocol::{NodeName, RefuseReason};
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -6,7 +6,7 @@
 //!
 //! This module is plain data: no sockets, no bus, no tasks. Inputs are method
 //! calls with the current [`Instant`]; outputs are [`Action`]s and
-//! [`DepCommand`]s that the async glue ([`crate::proxies`]) carries out and
+//! [`DepCommand`]s that the async glue ([`crate::proxies::driver`]) carries out and
 //! whose outcome it feeds back ([`References::dep_result`],
 //! [`References::sweep_result`]). Everything here is unit-tested with paused
 //! tokio time.

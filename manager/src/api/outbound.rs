@@ -1,0 +1,186 @@
+//! [`BusOutbound`]: the core's [`Outbound`] on a zbus connection — signals
+//! go out on it, job and metrics objects are exported and removed on its
+//! object server.
+//!
+//! It holds the core weakly (the core holds it): a `Job` object made here
+//! holds the core strongly, as every object does, and a core that is gone
+//! exports nothing.
+
+use crate::api::controller::ControllerObject;
+use crate::api::job::JobObject;
+use crate::api::metrics::MetricsObject;
+use crate::core::Core;
+use crate::jobs::JobInfo;
+use crate::outbound::Outbound;
+use drover_bus::bluechi::{CONTROLLER_PATH, METRICS_IFACE, METRICS_PATH};
+use futures::future::BoxFuture;
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use zbus::names::BusName;
+use zbus::object_server::SignalEmitter;
+use zbus::{Connection, OwnedObjectPath, Variant};
+
+pub struct BusOutbound {
+    conn: Connection,
+    core: Weak<Core>,
+}
+
+impl BusOutbound {
+    pub fn new(conn: Connection, core: &Arc<Core>) -> Arc<Self> {
+        Arc::new(Self {
+            conn,
+            core: Arc::downgrade(core),
+        })
+    }
+
+    async fn emit_metrics<B>(&self, member: &'static str, body: &B)
+    where
+        B: zbus::export::serde::Serialize + zbus::zvariant::DynamicType,
+    {
+        if let Err(e) = self
+            .conn
+            .emit_signal(
+                None::<BusName<'_>>,
+                METRICS_PATH,
+                METRICS_IFACE,
+                member,
+                body,
+            )
+            .await
+        {
+            tracing::debug!("cannot emit {member}: {e}");
+        }
+    }
+}
+
+impl Outbound for BusOutbound {
+    fn property_changed<'a>(
+        &'a self,
+        path: &'a str,
+        interface: &'static str,
+        property: &'static str,
+        value: &'a str,
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let emitter = match SignalEmitter::new(&self.conn, path) {
+                Ok(e) => e,
+                Err(e) => {
+                    tracing::error!("bad object path {path}: {e}");
+                    return;
+                }
+            };
+            let Ok(interface) = zbus::names::InterfaceName::try_from(interface) else {
+                return;
+            };
+            let changed = HashMap::from([(property, Variant::from(value))]);
+            if let Err(e) = zbus::fdo::Properties::properties_changed(
+                &emitter,
+                interface,
+                changed,
+                Cow::Borrowed(&[]),
+            )
+            .await
+            {
+                tracing::warn!("cannot emit PropertiesChanged for {path} {property}: {e}");
+            }
+        })
+    }
+
+    fn export_job<'a>(&'a self, job: &'a JobInfo, path: &'a OwnedObjectPath) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let Some(core) = self.core.upgrade() else {
+                return;
+            };
+            let object = JobObject::new(core, job.clone());
+            if let Err(e) = self.conn.object_server().at(path.as_str(), object).await {
+                tracing::error!("cannot export {}: {e}", path.as_str());
+            }
+        })
+    }
+
+    fn job_new<'a>(&'a self, id: u32, path: &'a OwnedObjectPath) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            match SignalEmitter::new(&self.conn, CONTROLLER_PATH) {
+                Ok(emitter) => {
+                    if let Err(e) = ControllerObject::job_new(&emitter, id, path.as_ref()).await {
+                        tracing::warn!("cannot emit JobNew for job {id}: {e}");
+                    }
+                }
+                Err(e) => tracing::error!("bad controller path: {e}"),
+            }
+        })
+    }
+
+    fn job_removed<'a>(
+        &'a self,
+        job: &'a JobInfo,
+        path: &'a OwnedObjectPath,
+        result: &'a str,
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            match SignalEmitter::new(&self.conn, CONTROLLER_PATH) {
+                Ok(emitter) => {
+                    if let Err(e) = ControllerObject::job_removed(
+                        &emitter,
+                        job.id,
+                        path.as_ref(),
+                        job.node.as_str(),
+                        job.unit.as_str(),
+                        result,
+                    )
+                    .await
+                    {
+                        tracing::warn!("cannot emit JobRemoved for job {}: {e}", job.id);
+                    }
+                }
+                Err(e) => tracing::error!("bad controller path: {e}"),
+            }
+            // Only errors if it was never exported, which is fine.
+            let _ = self
+                .conn
+                .object_server()
+                .remove::<JobObject, _>(path.as_str())
+                .await;
+        })
+    }
+
+    fn serve_metrics(&self, on: bool) -> BoxFuture<'_, zbus::Result<()>> {
+        Box::pin(async move {
+            let server = self.conn.object_server();
+            if on {
+                server.at(METRICS_PATH, MetricsObject).await?;
+            } else {
+                let _ = server.remove::<MetricsObject, _>(METRICS_PATH).await;
+            }
+            Ok(())
+        })
+    }
+
+    fn start_unit_job_metrics<'a>(
+        &'a self,
+        node: &'a str,
+        job: &'a str,
+        unit: &'a str,
+        gross_micros: u64,
+        net_micros: u64,
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let body = (node, job, unit, gross_micros, net_micros);
+            self.emit_metrics("StartUnitJobMetrics", &body).await
+        })
+    }
+
+    fn agent_job_metrics<'a>(
+        &'a self,
+        node: &'a str,
+        unit: &'a str,
+        method: &'a str,
+        micros: u64,
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let body = (node, unit, method, micros);
+            self.emit_metrics("AgentJobMetrics", &body).await
+        })
+    }
+}

@@ -1,0 +1,10 @@
+//! Units across the fleet, as clients see them: the event vocabulary and the
+//! last known state of each unit with its tag ([`records`]), who watches
+//! what and the fan-out of events to watchers ([`hub`]), and the monitors
+//! that turn those events into D-Bus signals ([`monitor`], with the
+//! messages built by [`signals`]).
+
+pub mod hub;
+pub mod monitor;
+pub mod records;
+pub mod signals;
