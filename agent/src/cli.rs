@@ -104,7 +104,11 @@ pub fn settings(args: &Args) -> Result<Settings, String> {
 pub fn main() -> ExitCode {
     let args = Args::parse();
     if args.version {
-        println!("drover-agent version {}", env!("CARGO_PKG_VERSION"));
+        println!(
+            "drover-agent version {} (commit {})",
+            env!("CARGO_PKG_VERSION"),
+            env!("DROVER_GIT_COMMIT")
+        );
         return ExitCode::SUCCESS;
     }
     let settings = match settings(&args) {

@@ -25,7 +25,7 @@ const NODE: &str = "bar";
 
 /// The dep template as shipped: its instance is the full target unit name
 /// (the contract of `drover_agent::deps::dep_unit`).
-const DEP_TEMPLATE: &str = include_str!("../../units/drover-dep@.service");
+const DEP_TEMPLATE: &str = include_str!("../../dist/usr/lib/systemd/system/drover-dep@.service");
 
 /// The target side: node `bar` with the dep template and a few targets, and the
 /// dispatcher on it that the test asks as the manager would.

@@ -13,12 +13,19 @@
 //! set, is a valid `tcp:host=H,port=P`. Millisecond values are capped at one
 //! day ([`crate::manager::MAX_MS`]) so timer arithmetic can never overflow.
 //!
-//! No cross-key rule is enforced: the agent's `ControllerHeartbeatThreshold`
-//! is measured against the *manager's* heartbeats, which this file cannot see.
+//! Cross-key rules, checked after the last layer: the TLS file keys are
+//! all-or-nothing (see [`crate::tls`]), and `TLSControllerName` needs them.
+//! No rule ties `ControllerHeartbeatThreshold` to anything: it is measured
+//! against the *manager's* heartbeats, which this file cannot see.
+//!
+//! With TLS the agent dials the manager over TLS only (there is no plaintext
+//! fallback to downgrade to) and requires the manager's certificate to name
+//! [`AgentConfig::tls_server_name`].
 
 use crate::ini::Document;
 use crate::layers::{Layered, apply_sources};
 use crate::manager::MAX_MS;
+use crate::tls::{Origin, TlsFiles, TlsKeys};
 use crate::value::{self, At, KEEPALIVE_COUNT_MAX, KEEPALIVE_SECS_MAX};
 use crate::{ConfigError, LoggingConfig, Sources};
 use drover_protocol::NodeName;
@@ -32,7 +39,9 @@ pub const SECTION: &str = "drover-agent";
 /// Where the host name comes from when `NodeName` is not set.
 const HOSTNAME_FILE: &str = "/proc/sys/kernel/hostname";
 
-const KEYS: &[&str] = &[
+/// Every key of `[drover-agent]` (drover.conf(5) documents each; a test keeps
+/// the list equal to the keys `apply_key` matches).
+pub const KEYS: &[&str] = &[
     "NodeName",
     "ControllerHost",
     "ControllerPort",
@@ -44,6 +53,11 @@ const KEYS: &[&str] = &[
     "TCPKeepAliveInterval",
     "TCPKeepAliveCount",
     "IPReceiveErrors",
+    "TLSCertificate",
+    "TLSPrivateKey",
+    "TLSCertificateAuthority",
+    "TLSRevocationList",
+    "TLSControllerName",
     "LogLevel",
     "LogTarget",
     "LogIsQuiet",
@@ -74,6 +88,12 @@ pub struct AgentConfig {
     pub tcp_keepalive_count: u32,
     /// `IPReceiveErrors` (default true).
     pub ip_receive_errors: bool,
+    /// `TLSCertificate`, `TLSPrivateKey`, `TLSCertificateAuthority`,
+    /// `TLSRevocationList`: dial the manager over mutual TLS when set.
+    pub tls: Option<TlsFiles>,
+    /// `TLSControllerName`: the name the manager's certificate must carry
+    /// (DNS name or IP literal). Unset: see [`AgentConfig::tls_server_name`].
+    pub tls_controller_name: Option<String>,
     /// `LogLevel`, `LogTarget`, `LogIsQuiet`.
     pub logging: LoggingConfig,
 }
@@ -92,6 +112,8 @@ impl Default for AgentConfig {
             tcp_keepalive_interval_s: 1,
             tcp_keepalive_count: 6,
             ip_receive_errors: true,
+            tls: None,
+            tls_controller_name: None,
             logging: LoggingConfig::default(),
         }
     }
@@ -110,9 +132,9 @@ impl AgentConfig {
         env: &dyn Fn(&str) -> Option<OsString>,
         hostname: &dyn Fn() -> Result<String, ConfigError>,
     ) -> Result<Self, ConfigError> {
-        let mut cfg = Self::default();
-        apply_sources(&mut cfg, sources, env)?;
-        cfg.finish(hostname)
+        let mut b = Builder::default();
+        apply_sources(&mut b, sources, env)?;
+        b.finish(hostname)
     }
 
     /// Parses one file's text over the defaults (tests, `-c` checks); errors
@@ -126,9 +148,9 @@ impl AgentConfig {
         hostname: &dyn Fn() -> Result<String, ConfigError>,
     ) -> Result<Self, ConfigError> {
         let doc = crate::ini::parse(Path::new("<string>"), text)?;
-        let mut cfg = Self::default();
-        cfg.apply(&doc)?;
-        cfg.finish(hostname)
+        let mut b = Builder::default();
+        b.apply(&doc)?;
+        b.finish(hostname)
     }
 
     /// The manager's host and port after `ControllerAddress` is applied.
@@ -140,23 +162,71 @@ impl AgentConfig {
         }
     }
 
+    /// The name the manager's TLS certificate must carry: `TLSControllerName`,
+    /// else the host the agent dials (`ControllerAddress`'s host, else
+    /// `ControllerHost`, as command-line flags left them). An IP literal is
+    /// matched against the certificate's IP address SANs.
+    pub fn tls_server_name(&self) -> String {
+        match &self.tls_controller_name {
+            Some(name) => name.clone(),
+            None => self
+                .controller_endpoint()
+                .map(|(host, _)| host)
+                .unwrap_or_else(|_| self.controller_host.clone()),
+        }
+    }
+}
+
+/// The config under construction, with where the keys checked after the
+/// last layer were set.
+#[derive(Default)]
+struct Builder {
+    cfg: AgentConfig,
+    tls: TlsKeys,
+    controller_name_at: Option<Origin>,
+}
+
+impl Builder {
     fn finish(
-        mut self,
+        self,
         hostname: &dyn Fn() -> Result<String, ConfigError>,
-    ) -> Result<Self, ConfigError> {
-        if self.node_name.is_empty() {
+    ) -> Result<AgentConfig, ConfigError> {
+        let mut cfg = self.cfg;
+        if cfg.node_name.is_empty() {
             // Not validated here: `drover-agent -n NAME` overrides it after
             // loading, and a host name like `my_host` must not stop that. The
             // binary validates the final name (see `agent::cli::settings`).
-            self.node_name = hostname()?;
+            cfg.node_name = hostname()?;
         }
-        Ok(self)
+        cfg.tls = self.tls.finish()?;
+        if cfg.tls.is_none()
+            && cfg.tls_controller_name.is_some()
+            && let Some(at) = &self.controller_name_at
+        {
+            return Err(
+                at.err("needs TLS: set TLSCertificate, TLSPrivateKey and TLSCertificateAuthority")
+            );
+        }
+        Ok(cfg)
     }
 
     fn apply_key(&mut self, at: At<'_>) -> Result<(), ConfigError> {
+        if self.tls.apply(at)? {
+            return Ok(());
+        }
+        let this = &mut self.cfg;
         match at.entry.key.as_str() {
+            "TLSControllerName" => {
+                this.tls_controller_name = if at.value().is_empty() {
+                    None
+                } else {
+                    check_host(at.value()).map_err(|m| at.err(m))?;
+                    Some(at.value().to_string())
+                };
+                self.controller_name_at = Some(Origin::of(at));
+            }
             "NodeName" => {
-                self.node_name = if at.value().is_empty() {
+                this.node_name = if at.value().is_empty() {
                     String::new()
                 } else {
                     NodeName::new(at.value())
@@ -166,32 +236,32 @@ impl AgentConfig {
             }
             "ControllerHost" => {
                 check_host(at.value()).map_err(|m| at.err(m))?;
-                self.controller_host = at.value().to_string();
+                this.controller_host = at.value().to_string();
             }
-            "ControllerPort" => self.controller_port = at.port()?,
+            "ControllerPort" => this.controller_port = at.port()?,
             "ControllerAddress" => {
-                self.controller_address = if at.value().is_empty() {
+                this.controller_address = if at.value().is_empty() {
                     None
                 } else {
                     parse_controller_address(at.value()).map_err(|m| at.err(m))?;
                     Some(at.value().to_string())
                 }
             }
-            "HeartbeatInterval" => self.heartbeat_interval_ms = at.number(0, MAX_MS)?,
+            "HeartbeatInterval" => this.heartbeat_interval_ms = at.number(0, MAX_MS)?,
             "ControllerHeartbeatThreshold" => {
-                self.controller_heartbeat_threshold_ms = at.number(0, MAX_MS)?
+                this.controller_heartbeat_threshold_ms = at.number(0, MAX_MS)?
             }
             "ConnectionRetryCountUntilQuiet" => {
-                self.connection_retry_count_until_quiet = at.u32_in(0, u32::MAX)?
+                this.connection_retry_count_until_quiet = at.u32_in(0, u32::MAX)?
             }
-            "TCPKeepAliveTime" => self.tcp_keepalive_time_s = at.u32_in(0, KEEPALIVE_SECS_MAX)?,
+            "TCPKeepAliveTime" => this.tcp_keepalive_time_s = at.u32_in(0, KEEPALIVE_SECS_MAX)?,
             "TCPKeepAliveInterval" => {
-                self.tcp_keepalive_interval_s = at.u32_in(0, KEEPALIVE_SECS_MAX)?
+                this.tcp_keepalive_interval_s = at.u32_in(0, KEEPALIVE_SECS_MAX)?
             }
-            "TCPKeepAliveCount" => self.tcp_keepalive_count = at.u32_in(0, KEEPALIVE_COUNT_MAX)?,
-            "IPReceiveErrors" => self.ip_receive_errors = at.boolean()?,
+            "TCPKeepAliveCount" => this.tcp_keepalive_count = at.u32_in(0, KEEPALIVE_COUNT_MAX)?,
+            "IPReceiveErrors" => this.ip_receive_errors = at.boolean()?,
             _ => {
-                if !value::apply_logging(at, &mut self.logging)? {
+                if !value::apply_logging(at, &mut this.logging)? {
                     return Err(value::unknown_key(at, SECTION, KEYS));
                 }
             }
@@ -200,7 +270,7 @@ impl AgentConfig {
     }
 }
 
-impl Layered for AgentConfig {
+impl Layered for Builder {
     fn apply(&mut self, doc: &Document) -> Result<(), ConfigError> {
         for section in &doc.sections {
             if section.name != SECTION {
@@ -229,7 +299,7 @@ impl Layered for AgentConfig {
     }
 
     fn logging_mut(&mut self) -> &mut LoggingConfig {
-        &mut self.logging
+        &mut self.cfg.logging
     }
 }
 
@@ -372,6 +442,69 @@ mod tests {
         let real = AgentConfig::parse_str("").unwrap();
         let want = std::fs::read_to_string(HOSTNAME_FILE).unwrap();
         assert_eq!(real.node_name, want.trim());
+    }
+
+    #[test]
+    fn tls_keys_and_the_controller_name() {
+        let tls = "[drover-agent]\n\
+                   TLSCertificate=/etc/drover/tls/node1.pem\n\
+                   TLSPrivateKey=/etc/drover/tls/node1.key\n\
+                   TLSCertificateAuthority=/etc/drover/tls/ca.pem\n";
+        let c = parse(tls).unwrap();
+        let files = c.tls.clone().unwrap();
+        assert_eq!(files.certificate, Path::new("/etc/drover/tls/node1.pem"));
+        assert_eq!(files.private_key, Path::new("/etc/drover/tls/node1.key"));
+        assert_eq!(files.ca_bundle, Path::new("/etc/drover/tls/ca.pem"));
+        assert_eq!(files.crl, None);
+        // The name defaults to the host dialled, as flags or ControllerAddress leave it.
+        assert_eq!(c.tls_server_name(), "127.0.0.1");
+        let mut c2 = parse(&format!("{tls}ControllerHost=mgr.example\n")).unwrap();
+        assert_eq!(c2.tls_server_name(), "mgr.example");
+        c2.controller_host = "from-flag.example".into();
+        assert_eq!(c2.tls_server_name(), "from-flag.example");
+        let c = parse(&format!(
+            "{tls}ControllerHost=a.example\nControllerAddress=tcp:host=10.1.2.3,port=842\n"
+        ))
+        .unwrap();
+        assert_eq!(c.tls_server_name(), "10.1.2.3");
+        let c = parse(&format!(
+            "{tls}ControllerHost=10.1.2.3\nTLSControllerName=manager.fleet\n\
+             TLSRevocationList=/etc/drover/tls/crl.pem\n"
+        ))
+        .unwrap();
+        assert_eq!(c.tls_server_name(), "manager.fleet");
+        assert!(c.tls.unwrap().crl.is_some());
+
+        // All or nothing, and the controller name needs TLS.
+        let msg = value_err(
+            parse("[drover-agent]\nNodeName=n1\nTLSCertificateAuthority=/ca.pem\n").unwrap_err(),
+            3,
+            "TLSCertificateAuthority",
+        );
+        assert!(
+            msg.ends_with("TLSCertificate and TLSPrivateKey are not set"),
+            "{msg}"
+        );
+        let msg = value_err(
+            parse("[drover-agent]\nTLSControllerName=manager.fleet\n").unwrap_err(),
+            2,
+            "TLSControllerName",
+        );
+        assert!(msg.starts_with("needs TLS"), "{msg}");
+        // Unset again, it is fine.
+        parse("[drover-agent]\nTLSControllerName=m\nTLSControllerName=\n").unwrap();
+        for (key, value, want) in [
+            ("TLSControllerName", "not a name!", "neither an IP address"),
+            ("TLSCertificate", "node1.pem", "not an absolute path"),
+            ("TLSPrivateKey", "/etc/drover/tls/", "names a directory"),
+        ] {
+            let msg = value_err(
+                parse(&format!("[drover-agent]\n{key}={value}\n")).unwrap_err(),
+                2,
+                key,
+            );
+            assert!(msg.contains(want), "{key}={value}: {msg}");
+        }
     }
 
     #[test]
@@ -616,7 +749,7 @@ mod tests {
     /// comment is the real default.
     #[test]
     fn shipped_agent_conf() {
-        let text = include_str!("../../units/agent.conf");
+        let text = include_str!("../../dist/usr/share/drover/agent.conf");
         assert_eq!(parse(text).unwrap(), defaults());
         let mut shown = 0;
         let uncommented: String = text

@@ -3,7 +3,9 @@
 //! Accepted:
 //! * `[section]` headers; the name is trimmed and may contain spaces (`[node foo]`);
 //! * `Key=Value`, whitespace around key and value trimmed; a value may be empty;
-//! * `#` and `;` comment lines, blank lines;
+//! * `#` and `;` comment lines, blank lines. Only whole lines are comments, as
+//!   in systemd: `Key=2000 # ms` has the value `2000 # ms`, which the typed
+//!   loaders then refuse, saying that comments must be on their own line;
 //! * a value continues on the following lines that begin with whitespace: each
 //!   continuation line is trimmed and appended to the value as is, without a
 //!   separator (inih/BlueChi behaviour, so `AllowedNodeNames=a,` + `  b` is `a,b`).

@@ -30,11 +30,18 @@ pub struct Sources {
     pub extra: Option<PathBuf>,
 }
 
+/// Where the vendor files are: `/usr/share`, or `$DROVER_DATADIR` at build
+/// time (`make install PREFIX=/opt/drover` builds with `/opt/drover/share`).
+pub const DATADIR: &str = match option_env!("DROVER_DATADIR") {
+    Some(dir) => dir,
+    None => "/usr/share",
+};
+
 impl Sources {
     /// Installed locations for `name` (`manager` or `agent`), plus `-c FILE`.
     pub fn system(name: &str, extra: Option<PathBuf>) -> Self {
         Self {
-            vendor: Some(PathBuf::from(format!("/usr/share/drover/{name}.conf"))),
+            vendor: Some(PathBuf::from(format!("{DATADIR}/drover/{name}.conf"))),
             etc: Some(PathBuf::from(format!("/etc/drover/{name}.conf"))),
             dropins: Some(PathBuf::from(format!("/etc/drover/{name}.conf.d"))),
             env: true,

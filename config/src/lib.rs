@@ -6,12 +6,14 @@
 //!   drover's defaults, loaded in layers (vendor file, `/etc` file, `conf.d`
 //!   drop-ins in alphabetical order, environment, `-c FILE`; command-line flags
 //!   are applied by the binaries on top).
+//! * [`tls`] — the TLS file keys both daemons share (all-or-nothing,
+//!   absolute paths); the transport rules built on them are in [`manager`].
 //! * [`logging`] — `LogLevel`/`LogTarget` and the tracing setup they select.
 //!
 //! Errors name the file, the line and the key, so a typo is found at once:
 //! unknown sections and keys are errors, never ignored.
 //!
-//! The shipped vendor files `units/manager.conf` and `units/agent.conf` list
+//! The shipped vendor files `dist/usr/share/drover/{manager,agent}.conf` list
 //! every key with its default; tests keep them in step with the code.
 
 pub mod agent;
@@ -20,6 +22,7 @@ pub mod ini;
 pub mod layers;
 pub mod logging;
 pub mod manager;
+pub mod tls;
 mod value;
 
 #[cfg(test)]
@@ -30,3 +33,4 @@ pub use error::ConfigError;
 pub use layers::Sources;
 pub use logging::{LogHandle, LogLevel, LogTarget, LoggingConfig};
 pub use manager::{ManagerConfig, NodeSection};
+pub use tls::TlsFiles;

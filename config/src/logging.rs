@@ -146,7 +146,7 @@ fn install(cfg: &LoggingConfig) -> LogHandle {
     let mut fallback_warning = None;
     let output: Output = match cfg.target {
         LogTarget::Journald => match tracing_journald::layer() {
-            Ok(j) => Box::new(j),
+            Ok(j) => Box::new(j.with_priority_mappings(journald_priorities())),
             Err(e) => {
                 fallback_warning = Some(e);
                 stderr_layer(false)
@@ -165,6 +165,21 @@ fn install(cfg: &LoggingConfig) -> LogHandle {
     }
     LogHandle {
         reload: Some(reload_handle),
+    }
+}
+
+/// The syslog priority of each level, as systemd's own daemons use them:
+/// ERROR is `err` (3), WARN `warning` (4), INFO `info` (6), DEBUG and TRACE
+/// `debug` (7). tracing-journald's default puts INFO at `notice` (5), which
+/// `journalctl -p notice` would show as if every routine line mattered.
+pub fn journald_priorities() -> tracing_journald::PriorityMappings {
+    use tracing_journald::Priority;
+    tracing_journald::PriorityMappings {
+        error: Priority::Error,
+        warn: Priority::Warning,
+        info: Priority::Informational,
+        debug: Priority::Debug,
+        trace: Priority::Debug,
     }
 }
 

@@ -8,10 +8,20 @@
 //! `AllowDependenciesOn`, `Allowed`, `ListenAddress`, `ProxyGracePeriod`) to
 //! their default; for other numbers, booleans and log words it is an error.
 //!
-//! Decisions (checked after the last layer, reported as [`ConfigError::Invalid`]):
+//! Decisions (checked after the last layer):
 //! * `NodeHeartbeatThreshold` must exceed `HeartbeatInterval` when both are
 //!   non-zero: the manager tells agents its interval at registration, so a
-//!   threshold at or below it would drop healthy nodes between two beats.
+//!   threshold at or below it would drop healthy nodes between two beats
+//!   ([`ConfigError::Invalid`]).
+//! * Transport (errors name the file, line and key that contradict):
+//!   - the TLS keys are all-or-nothing (see [`crate::tls`]);
+//!   - with TLS configured, plaintext is refused: `AllowPlaintext=true` is an
+//!     error, not a fallback;
+//!   - without TLS, plaintext is served on loopback only unless
+//!     `AllowPlaintext=true`: an explicit non-loopback `ListenAddress` is an
+//!     error, and an unset one means loopback ([`ManagerConfig::bind_address`]);
+//!   - `AllowCertifiedNodes=true` needs TLS (without certificates it would
+//!     admit nobody, and the operator surely meant TLS to be on).
 //!
 //! Other choices:
 //! * an explicit `Allowed=false` in `[node NAME]` wins over `AllowedNodeNames`
@@ -24,11 +34,12 @@
 
 use crate::ini::Document;
 use crate::layers::{Layered, apply_sources};
+use crate::tls::{Origin, TlsFiles, TlsKeys};
 use crate::value::{self, At, KEEPALIVE_COUNT_MAX, KEEPALIVE_SECS_MAX};
 use crate::{ConfigError, LoggingConfig, Sources};
 use drover_protocol::NodeName;
 use std::ffi::OsString;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 
 pub const DEFAULT_PORT: u16 = 842;
@@ -41,7 +52,9 @@ pub const SECTION: &str = "drover-manager";
 /// from overflowing in the daemons.
 pub const MAX_MS: u64 = 86_400_000;
 
-const KEYS: &[&str] = &[
+/// Every key of `[drover-manager]` (drover.conf(5) documents each; a test keeps
+/// the list equal to the keys `apply_key` matches).
+pub const KEYS: &[&str] = &[
     "ControllerPort",
     "ListenAddress",
     "UseTCP",
@@ -54,11 +67,18 @@ const KEYS: &[&str] = &[
     "TCPKeepAliveInterval",
     "TCPKeepAliveCount",
     "IPReceiveErrors",
+    "TLSCertificate",
+    "TLSPrivateKey",
+    "TLSCertificateAuthority",
+    "TLSRevocationList",
+    "AllowCertifiedNodes",
+    "AllowPlaintext",
     "LogLevel",
     "LogTarget",
     "LogIsQuiet",
 ];
-const NODE_KEYS: &[&str] = &["Allowed", "AllowDependenciesOn", "RequiredSelinuxContext"];
+/// Every key of `[node NAME]`.
+pub const NODE_KEYS: &[&str] = &["Allowed", "AllowDependenciesOn", "RequiredSelinuxContext"];
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ManagerConfig {
@@ -90,6 +110,15 @@ pub struct ManagerConfig {
     pub tcp_keepalive_count: u32,
     /// `IPReceiveErrors` (default true).
     pub ip_receive_errors: bool,
+    /// `TLSCertificate`, `TLSPrivateKey`, `TLSCertificateAuthority`,
+    /// `TLSRevocationList`: mutual TLS on the agent port when set.
+    pub tls: Option<TlsFiles>,
+    /// `AllowCertifiedNodes` (default false): with TLS, a node whose
+    /// certificate the CA signed may register without being allowed by name.
+    pub allow_certified_nodes: bool,
+    /// `AllowPlaintext` (default false): serve plaintext on a non-loopback
+    /// address. Never true together with `tls`.
+    pub allow_plaintext: bool,
     /// `LogLevel`, `LogTarget`, `LogIsQuiet`.
     pub logging: LoggingConfig,
 }
@@ -118,6 +147,9 @@ impl Default for ManagerConfig {
             tcp_keepalive_interval_s: 1,
             tcp_keepalive_count: 6,
             ip_receive_errors: true,
+            tls: None,
+            allow_certified_nodes: false,
+            allow_plaintext: false,
             logging: LoggingConfig::default(),
         }
     }
@@ -167,6 +199,26 @@ impl ManagerConfig {
     pub fn node(&self, name: &NodeName) -> Option<&NodeSection> {
         self.nodes.iter().find(|n| &n.name == name)
     }
+
+    /// Whether the agent port may speak plaintext to a peer reached through
+    /// the local address `local`: never with TLS; otherwise on loopback, or
+    /// anywhere with `AllowPlaintext=true`.
+    pub fn plaintext_allowed_on(&self, local: IpAddr) -> bool {
+        self.tls.is_none() && (self.allow_plaintext || local.to_canonical().is_loopback())
+    }
+
+    /// The address to bind (socket activation aside): `ListenAddress`, else
+    /// `None` — all addresses, `::` falling back to `0.0.0.0` — with TLS or
+    /// `AllowPlaintext=true`; without them, loopback only (`::1`, or
+    /// `127.0.0.1` when `ipv6` is false because IPv6 is off).
+    pub fn bind_address(&self, ipv6: bool) -> Option<IpAddr> {
+        match self.listen_address {
+            Some(addr) => Some(addr),
+            None if self.tls.is_some() || self.allow_plaintext => None,
+            None if ipv6 => Some(IpAddr::V6(Ipv6Addr::LOCALHOST)),
+            None => Some(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+        }
+    }
 }
 
 /// The config under construction: `AllowedNodeNames` is kept apart until the
@@ -175,6 +227,11 @@ impl ManagerConfig {
 struct Builder {
     cfg: ManagerConfig,
     allowed_names: Vec<NodeName>,
+    tls: TlsKeys,
+    /// Where the transport keys were last set, for errors after the last layer.
+    listen_at: Option<Origin>,
+    allow_plaintext_at: Option<Origin>,
+    allow_certified_at: Option<Origin>,
 }
 
 impl Layered for Builder {
@@ -249,10 +306,14 @@ fn node_section_name(section: &str) -> Option<&str> {
 
 impl Builder {
     fn apply_key(&mut self, at: At<'_>) -> Result<(), ConfigError> {
+        if self.tls.apply(at)? {
+            return Ok(());
+        }
         let c = &mut self.cfg;
         match at.entry.key.as_str() {
             "ControllerPort" => c.port = at.port()?,
             "ListenAddress" => {
+                self.listen_at = Some(Origin::of(at));
                 c.listen_address = if at.value().is_empty() {
                     None
                 } else {
@@ -288,6 +349,14 @@ impl Builder {
             }
             "TCPKeepAliveCount" => c.tcp_keepalive_count = at.u32_in(0, KEEPALIVE_COUNT_MAX)?,
             "IPReceiveErrors" => c.ip_receive_errors = at.boolean()?,
+            "AllowCertifiedNodes" => {
+                c.allow_certified_nodes = at.boolean()?;
+                self.allow_certified_at = Some(Origin::of(at));
+            }
+            "AllowPlaintext" => {
+                c.allow_plaintext = at.boolean()?;
+                self.allow_plaintext_at = Some(Origin::of(at));
+            }
             _ => {
                 if !value::apply_logging(at, &mut c.logging)? {
                     return Err(value::unknown_key(at, SECTION, KEYS));
@@ -327,8 +396,65 @@ impl Builder {
                 cfg.node_heartbeat_threshold_ms, cfg.heartbeat_interval_ms
             )));
         }
+        cfg.tls = self.tls.finish()?;
+        check_transport(
+            &cfg,
+            &self.tls,
+            self.listen_at.as_ref(),
+            self.allow_plaintext_at.as_ref(),
+            self.allow_certified_at.as_ref(),
+        )?;
         Ok(cfg)
     }
+}
+
+/// The transport rules of the module doc, after the last layer. Each error
+/// names the key (and its file and line) that contradicts the others.
+fn check_transport(
+    cfg: &ManagerConfig,
+    tls: &TlsKeys,
+    listen_at: Option<&Origin>,
+    allow_plaintext_at: Option<&Origin>,
+    allow_certified_at: Option<&Origin>,
+) -> Result<(), ConfigError> {
+    // An origin is recorded whenever the key was set, so these never fall
+    // back; the fallback only keeps the function total.
+    let at = |o: Option<&Origin>, key: &str| {
+        o.cloned().unwrap_or_else(|| Origin {
+            path: "<config>".into(),
+            line: 0,
+            key: key.into(),
+        })
+    };
+    if cfg.tls.is_some() {
+        if cfg.allow_plaintext {
+            let tls_at = tls
+                .first_origin()
+                .map(|o| format!(" ({} in {}:{})", o.key, o.path.display(), o.line))
+                .unwrap_or_default();
+            return Err(at(allow_plaintext_at, "AllowPlaintext").err(format!(
+                "TLS is configured{tls_at}, and with TLS plaintext is refused; \
+                 remove AllowPlaintext or set it to false"
+            )));
+        }
+        return Ok(());
+    }
+    if cfg.allow_certified_nodes {
+        return Err(at(allow_certified_at, "AllowCertifiedNodes").err(
+            "needs TLS: set TLSCertificate, TLSPrivateKey and TLSCertificateAuthority \
+             (without certificates it would admit nobody)",
+        ));
+    }
+    if let Some(addr) = cfg.listen_address
+        && !cfg.plaintext_allowed_on(addr)
+    {
+        return Err(at(listen_at, "ListenAddress").err(format!(
+            "{addr} is not a loopback address and TLS is not configured: set \
+             TLSCertificate, TLSPrivateKey and TLSCertificateAuthority, or accept \
+             unauthenticated agents with AllowPlaintext=true"
+        )));
+    }
+    Ok(())
 }
 
 fn apply_node_key(at: At<'_>, node: &mut NodeSection) -> Result<(), ConfigError> {
@@ -458,6 +584,152 @@ mod tests {
         assert_eq!(b.allowed, None);
         assert_eq!(names(&b.allow_dependencies_on), ["a", "c"]);
         assert!(c.node(&nn("a")).is_none());
+    }
+
+    const TLS: &str = "TLSCertificate=/etc/drover/tls/manager.pem\n\
+                       TLSPrivateKey=/etc/drover/tls/manager.key\n\
+                       TLSCertificateAuthority=/etc/drover/tls/ca.pem\n";
+
+    #[test]
+    fn tls_keys_and_their_rules() {
+        let c = ManagerConfig::parse_str(&format!(
+            "[drover-manager]\n{TLS}TLSRevocationList=/etc/drover/tls/crl.pem\n\
+             AllowCertifiedNodes=yes\nListenAddress=192.0.2.1\n"
+        ))
+        .unwrap();
+        let tls = c.tls.clone().unwrap();
+        assert_eq!(tls.certificate, Path::new("/etc/drover/tls/manager.pem"));
+        assert_eq!(tls.private_key, Path::new("/etc/drover/tls/manager.key"));
+        assert_eq!(tls.ca_bundle, Path::new("/etc/drover/tls/ca.pem"));
+        assert_eq!(
+            tls.crl.as_deref(),
+            Some(Path::new("/etc/drover/tls/crl.pem"))
+        );
+        assert!(c.allow_certified_nodes);
+        assert!(!c.allow_plaintext);
+        // With TLS: all addresses by default, plaintext nowhere.
+        assert_eq!(c.bind_address(true), Some("192.0.2.1".parse().unwrap()));
+        assert!(!c.plaintext_allowed_on("127.0.0.1".parse().unwrap()));
+        let c = ManagerConfig::parse_str(&format!("[drover-manager]\n{TLS}")).unwrap();
+        assert_eq!(c.bind_address(true), None);
+        assert_eq!(c.tls.unwrap().crl, None);
+
+        // A missing piece names the first TLS key set, its line, and what is missing.
+        let msg = value_err(
+            ManagerConfig::parse_str(
+                "[drover-manager]\nControllerPort=1\nTLSCertificate=/c.pem\nTLSPrivateKey=/k.key\n",
+            )
+            .unwrap_err(),
+            3,
+            "TLSCertificate",
+        );
+        assert!(msg.ends_with("TLSCertificateAuthority is not set"), "{msg}");
+        value_err(
+            ManagerConfig::parse_str("[drover-manager]\nTLSRevocationList=/crl.pem\n").unwrap_err(),
+            2,
+            "TLSRevocationList",
+        );
+        // TLS and plaintext contradict each other.
+        let msg = value_err(
+            ManagerConfig::parse_str(&format!("[drover-manager]\nAllowPlaintext=true\n{TLS}"))
+                .unwrap_err(),
+            2,
+            "AllowPlaintext",
+        );
+        assert!(msg.contains("plaintext is refused"), "{msg}");
+        assert!(msg.contains("TLSCertificate in <string>:3"), "{msg}");
+        // AllowPlaintext=false with TLS is fine.
+        ManagerConfig::parse_str(&format!("[drover-manager]\nAllowPlaintext=no\n{TLS}")).unwrap();
+        // AllowCertifiedNodes means nothing without TLS.
+        let msg = value_err(
+            ManagerConfig::parse_str("[drover-manager]\nAllowCertifiedNodes=true\n").unwrap_err(),
+            2,
+            "AllowCertifiedNodes",
+        );
+        assert!(msg.starts_with("needs TLS"), "{msg}");
+        ManagerConfig::parse_str("[drover-manager]\nAllowCertifiedNodes=false\n").unwrap();
+    }
+
+    #[test]
+    fn plaintext_is_for_loopback_unless_allowed() {
+        // Unset ListenAddress without TLS: loopback.
+        let c = ManagerConfig::default();
+        assert_eq!(c.bind_address(true), Some("::1".parse().unwrap()));
+        assert_eq!(c.bind_address(false), Some("127.0.0.1".parse().unwrap()));
+        assert!(c.plaintext_allowed_on("127.0.0.1".parse().unwrap()));
+        assert!(c.plaintext_allowed_on("::ffff:127.0.0.1".parse().unwrap()));
+        assert!(!c.plaintext_allowed_on("192.0.2.1".parse().unwrap()));
+        // Loopback addresses are fine without anything else.
+        for addr in ["127.0.0.1", "127.1.2.3", "::1"] {
+            let c = ManagerConfig::parse_str(&format!("[drover-manager]\nListenAddress={addr}\n"))
+                .unwrap();
+            assert_eq!(c.bind_address(true), Some(addr.parse().unwrap()));
+        }
+        // Anything else needs TLS or AllowPlaintext.
+        for addr in ["0.0.0.0", "::", "192.0.2.1"] {
+            let msg = value_err(
+                ManagerConfig::parse_str(&format!(
+                    "[drover-manager]\nUseTCP=yes\nListenAddress={addr}\n"
+                ))
+                .unwrap_err(),
+                3,
+                "ListenAddress",
+            );
+            assert!(msg.contains("AllowPlaintext=true"), "{msg}");
+            let c = ManagerConfig::parse_str(&format!(
+                "[drover-manager]\nListenAddress={addr}\nAllowPlaintext=true\n"
+            ))
+            .unwrap();
+            assert!(c.allow_plaintext);
+            assert!(c.plaintext_allowed_on(addr.parse().unwrap()));
+        }
+        let c = ManagerConfig::parse_str("[drover-manager]\nAllowPlaintext=true\n").unwrap();
+        assert_eq!(c.bind_address(true), None, "all addresses, as BlueChi");
+    }
+
+    #[test]
+    fn tls_keys_layer_and_unset() {
+        let l = layout();
+        l.dir.write(
+            "etc.conf",
+            "[drover-manager]\nTLSCertificate=/m.pem\nTLSPrivateKey=/m.key\n",
+        );
+        let ca = l.dir.write(
+            "conf.d/10-ca.conf",
+            "[drover-manager]\nTLSCertificateAuthority=/ca.pem\n",
+        );
+        let c = load(&l.sources, &[]).unwrap();
+        assert_eq!(c.tls.unwrap().ca_bundle, Path::new("/ca.pem"));
+        // A later drop-in that unsets one key leaves an incomplete set: the
+        // error is at the first key still set, in its own file.
+        std::fs::write(&ca, "[drover-manager]\nTLSCertificateAuthority=\n").unwrap();
+        let err = load(&l.sources, &[]).unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::Value { path, line: 2, key, .. }
+                if *path == l.dir.path().join("etc.conf") && key == "TLSCertificate"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn garbage_in_tls_keys_names_the_key() {
+        let cases: &[(&str, &str, &str)] = &[
+            ("TLSCertificate", "manager.pem", "not an absolute path"),
+            ("TLSPrivateKey", "~/manager.key", "not an absolute path"),
+            (
+                "TLSCertificateAuthority",
+                "/etc/drover/tls/",
+                "names a directory",
+            ),
+            ("TLSRevocationList", "crl.pem", "not an absolute path"),
+            ("AllowCertifiedNodes", "sometimes", "not a boolean"),
+            ("AllowPlaintext", "", "not a boolean"),
+        ];
+        for (key, value, want) in cases {
+            let text = format!("[drover-manager]\n{key}={value}\n");
+            let msg = value_err(ManagerConfig::parse_str(&text).unwrap_err(), 2, key);
+            assert!(msg.contains(want), "{key}={value}: {msg}");
+        }
     }
 
     #[test]
@@ -830,7 +1102,7 @@ mod tests {
     /// comment is the real default: uncommenting them all changes nothing.
     #[test]
     fn shipped_manager_conf() {
-        let text = include_str!("../../units/manager.conf");
+        let text = include_str!("../../dist/usr/share/drover/manager.conf");
         assert_eq!(
             ManagerConfig::parse_str(text).unwrap(),
             ManagerConfig::default()

@@ -18,12 +18,19 @@ pub(crate) struct At<'a> {
 }
 
 impl<'a> At<'a> {
+    /// An error about this entry's value. When the value looks like it ends in
+    /// a comment (`2000 # ms`), the message says that comments must be on their
+    /// own line: the syntax is systemd's, where `#` after a value is part of it.
     pub fn err(&self, message: impl Into<String>) -> ConfigError {
+        let mut message = message.into();
+        if has_trailing_comment(self.value()) {
+            message.push_str(" (comments must be on their own line)");
+        }
         ConfigError::Value {
             path: self.path.to_path_buf(),
             line: self.entry.line,
             key: self.entry.key.clone(),
-            message: message.into(),
+            message,
         }
     }
 
@@ -83,6 +90,14 @@ impl<'a> At<'a> {
         }
         Ok(out)
     }
+}
+
+/// A `#` or `;` after whitespace inside a value: what a comment after a value
+/// looks like in formats that allow one (systemd's INI, and so drover's, does not).
+pub(crate) fn has_trailing_comment(value: &str) -> bool {
+    value
+        .char_indices()
+        .any(|(i, c)| (c == '#' || c == ';') && value[..i].ends_with(char::is_whitespace))
 }
 
 /// systemd's boolean words, case-insensitive.
@@ -224,6 +239,38 @@ mod tests {
         assert!(at_value("18446744073709551616", |a| a.number(0, u64::MAX)).is_err());
         assert_eq!(at_value("127", |a| a.u32_in(0, 127)).unwrap(), 127);
         assert!(at_value("128", |a| a.u32_in(0, 127)).is_err());
+    }
+
+    #[test]
+    fn a_comment_after_a_value_is_refused_and_the_error_says_why() {
+        let err = at_value("2000 # ms", |a| a.number(0, 10_000))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "f.conf:7: key 'K': '2000 # ms' is not a number (comments must be on their own line)"
+        );
+        let err = at_value("yes ; really", |a| a.boolean())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.ends_with("(comments must be on their own line)"),
+            "{err}"
+        );
+        let err = at_value("a,b  # the two", |a| a.node_list())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.ends_with("(comments must be on their own line)"),
+            "{err}"
+        );
+        // No hint where there is nothing that looks like a comment.
+        let err = at_value("20#00", |a| a.number(0, 10_000))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(err, "f.conf:7: key 'K': '20#00' is not a number");
+        assert!(!has_trailing_comment("#hash-first"));
+        assert!(has_trailing_comment("x\t# y"));
     }
 
     #[test]

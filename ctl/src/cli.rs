@@ -38,7 +38,13 @@ Environment:
 #[derive(Debug, Parser)]
 #[command(
     name = "droverctl",
-    version = concat!("version ", env!("CARGO_PKG_VERSION")),
+    version = concat!(
+        "version ",
+        env!("CARGO_PKG_VERSION"),
+        " (commit ",
+        env!("DROVER_GIT_COMMIT"),
+        ")"
+    ),
     about = "Control the nodes and units of a drover fleet through drover-manager's D-Bus API",
     after_help = AFTER_HELP,
     subcommand_required = true,
@@ -295,7 +301,11 @@ mod tests {
             assert_eq!(e.kind(), ErrorKind::DisplayVersion, "{flag}");
             assert_eq!(
                 e.render().to_string().trim(),
-                format!("droverctl version {}", env!("CARGO_PKG_VERSION"))
+                format!(
+                    "droverctl version {} (commit {})",
+                    env!("CARGO_PKG_VERSION"),
+                    env!("DROVER_GIT_COMMIT")
+                )
             );
         }
     }

@@ -749,7 +749,11 @@ async fn version_needs_no_bus() {
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
-        format!("droverctl version {}\n", env!("CARGO_PKG_VERSION"))
+        format!(
+            "droverctl version {} (commit {})\n",
+            env!("CARGO_PKG_VERSION"),
+            env!("DROVER_GIT_COMMIT")
+        )
     );
 }
 

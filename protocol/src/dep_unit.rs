@@ -2,7 +2,7 @@
 //! node's agent start while some proxy elsewhere needs `UNIT`, and stop when
 //! none does.
 //!
-//! Rule (agreed with `units/drover-dep@.service`, which says `BindsTo=%i` and
+//! Rule (agreed with `dist/usr/lib/systemd/system/drover-dep@.service`, which says `BindsTo=%i` and
 //! `After=%i`): the instance is the target's *full* unit name, type suffix
 //! included, so any unit type works — `db.service` → `drover-dep@db.service.service`,
 //! `web.socket` → `drover-dep@web.socket.service`. The agent builds the name

@@ -18,6 +18,22 @@ pub const PROTOCOL_VERSION: u32 = 2;
 /// `DRVR`: tells a drover peer from anything else talking to the port.
 pub const MAGIC: [u8; 4] = *b"DRVR";
 
+/// Largest agent version string a [`Hello`] is meant to carry, in bytes.
+/// Versions are short (`0.1.0`); the budget leaves room for a distribution
+/// suffix and is what [`HELLO_MAX_LEN`] is sized from.
+pub const AGENT_VERSION_MAX: usize = 256;
+
+/// Cap on the body of the first frame a manager reads (the [`Hello`]), far
+/// below [`crate::MAX_FRAME_LEN`]: before the hello nothing is known about
+/// the peer, so what it can make the manager buffer must be small.
+///
+/// The largest legal hello is 4 (magic) + 5 (version, varint `u32::MAX`) +
+/// 1 + 64 (node name of [`crate::names::NODE_NAME_MAX`] bytes) + 2 + 256
+/// (agent version of [`AGENT_VERSION_MAX`] bytes) = 332 bytes; a test pins
+/// it. 512 leaves room for a field or two in a later protocol version
+/// without letting an unauthenticated peer cost more than half a KiB.
+pub const HELLO_MAX_LEN: usize = 512;
+
 /// Agent → manager, first frame.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Hello {
@@ -131,6 +147,18 @@ mod tests {
         assert_eq!(read_prefix(&hello).unwrap(), (MAGIC, PROTOCOL_VERSION));
         let welcome = encode_body(&Welcome::refused(RefuseReason::UnknownNode, "x")).unwrap();
         assert_eq!(read_prefix(&welcome).unwrap(), (MAGIC, PROTOCOL_VERSION));
+    }
+
+    #[test]
+    fn the_largest_legal_hello_fits_the_hello_cap() {
+        let mut hello = Hello::new(
+            "n".repeat(crate::names::NODE_NAME_MAX),
+            "v".repeat(AGENT_VERSION_MAX),
+        );
+        hello.protocol_version = u32::MAX;
+        let len = encode_body(&hello).unwrap().len();
+        assert_eq!(len, 332, "update the arithmetic in HELLO_MAX_LEN's doc");
+        assert!(len <= HELLO_MAX_LEN);
     }
 
     #[test]

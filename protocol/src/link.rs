@@ -3,17 +3,25 @@
 //!
 //! Every wait here has a timeout: a peer that connects and says nothing, or
 //! says something that is not drover, is dropped with a typed error.
+//!
+//! The manager reads the hello — the first frame of a connection, sent
+//! before anything is known about the peer — with its own cap,
+//! [`HELLO_MAX_LEN`]: the 4-byte header is read alone and checked, then
+//! exactly the announced body, so a peer announcing a 1 MiB hello costs
+//! the manager 4 bytes read and no buffer. Only after the hello does the
+//! connection switch to the normal codec and [`crate::MAX_FRAME_LEN`].
 
-use crate::codec::{FrameCodec, FrameError, Frames, decode_body, encode_body};
+use crate::codec::{FrameCodec, FrameError, Frames, HEADER_LEN, decode_body, encode_body};
 use crate::handshake::{
-    Accepted, Hello, MAGIC, Outcome, PROTOCOL_VERSION, RefuseReason, Welcome, read_prefix,
+    Accepted, HELLO_MAX_LEN, Hello, MAGIC, Outcome, PROTOCOL_VERSION, RefuseReason, Welcome,
+    read_prefix,
 };
 use crate::message::{ToAgent, ToManager};
 use bytes::BytesMut;
 use futures::{SinkExt, StreamExt};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite};
-use tokio_util::codec::{Decoder, Encoder, Framed};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio_util::codec::{Decoder, Encoder, Framed, FramedParts};
 
 /// The agent's end: sends [`ToManager`], receives [`ToAgent`].
 pub type AgentFramed<IO> = Framed<IO, FrameCodec<ToAgent, ToManager>>;
@@ -98,7 +106,55 @@ fn check_prefix(body: &[u8], what: &'static str) -> Result<(), HandshakeError> {
     Ok(())
 }
 
-/// Agent side: send `hello`, wait for the manager's answer.
+/// The first frame's body, read with the cap `max` checked on the header
+/// before any body byte is read: reads exactly the header and the body, no
+/// byte more, so the caller can go on with the rest of the stream.
+pub async fn read_bounded_frame<IO: AsyncRead + Unpin>(
+    io: &mut IO,
+    max: usize,
+) -> Result<Vec<u8>, HandshakeError> {
+    let mut header = [0u8; HEADER_LEN];
+    let mut got = 0;
+    while got < HEADER_LEN {
+        let n = io
+            .read(&mut header[got..])
+            .await
+            .map_err(|e| HandshakeError::Frame(FrameError::Io(e)))?;
+        if n == 0 {
+            return Err(if got == 0 {
+                HandshakeError::Closed
+            } else {
+                HandshakeError::Frame(FrameError::Truncated)
+            });
+        }
+        got += n;
+    }
+    let len = u32::from_be_bytes(header) as usize;
+    if len > max {
+        return Err(HandshakeError::Frame(FrameError::TooLarge { len, max }));
+    }
+    let mut body = vec![0; len];
+    io.read_exact(&mut body).await.map_err(|e| {
+        HandshakeError::Frame(if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            FrameError::Truncated
+        } else {
+            FrameError::Io(e)
+        })
+    })?;
+    Ok(body)
+}
+
+/// Checks and decodes a hello body: the prefix first (so another protocol
+/// version is told as such), then the whole [`Hello`]. Pure: the fuzz
+/// target and the property tests drive it directly.
+pub fn decode_hello(body: &[u8]) -> Result<Hello, HandshakeError> {
+    check_prefix(body, "agent")?;
+    Ok(decode_body::<Hello>(body)?)
+}
+
+/// Agent side: send `hello`, wait for the manager's answer. A hello over
+/// [`HELLO_MAX_LEN`] (an absurd agent version) is refused here, before
+/// anything is sent, rather than by the manager.
 pub async fn agent_handshake<IO: AsyncRead + AsyncWrite + Unpin>(
     io: IO,
     hello: &Hello,
@@ -106,6 +162,12 @@ pub async fn agent_handshake<IO: AsyncRead + AsyncWrite + Unpin>(
 ) -> Result<(AgentFramed<IO>, Accepted), HandshakeError> {
     let mut framed = Framed::new(io, RawCodec::default());
     let body = encode_body(hello)?;
+    if body.len() > HELLO_MAX_LEN {
+        return Err(HandshakeError::Frame(FrameError::TooLarge {
+            len: body.len(),
+            max: HELLO_MAX_LEN,
+        }));
+    }
     tokio::time::timeout(timeout, framed.send(body))
         .await
         .map_err(|_| HandshakeError::Timeout(timeout))??;
@@ -118,16 +180,25 @@ pub async fn agent_handshake<IO: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
-/// Manager side, step 1: read the agent's hello. A version mismatch or a
-/// non-drover peer is answered with a refusal (best effort) before the error
-/// is returned, so the agent learns why.
+/// Manager side, step 1: read the agent's hello, at most [`HELLO_MAX_LEN`]
+/// bytes of body (see the module doc); `timeout` bounds the whole read. A
+/// version mismatch, a non-drover peer or an oversized hello is answered
+/// with a refusal (best effort) before the error is returned, so the agent
+/// learns why; a timeout or a closed connection is not answered.
 pub async fn manager_read_hello<IO: AsyncRead + AsyncWrite + Unpin>(
-    io: IO,
+    mut io: IO,
     timeout: Duration,
 ) -> Result<(PendingAgent<IO>, Hello), HandshakeError> {
-    let mut framed = Framed::new(io, RawCodec::default());
-    let body = next_raw(&mut framed, timeout).await?;
-    let checked = check_prefix(&body, "agent").and_then(|()| Ok(decode_body::<Hello>(&body)?));
+    let read = tokio::time::timeout(timeout, read_bounded_frame(&mut io, HELLO_MAX_LEN)).await;
+    let checked = match read {
+        Err(_) => return Err(HandshakeError::Timeout(timeout)),
+        Ok(Err(e @ (HandshakeError::Closed | HandshakeError::Frame(FrameError::Io(_))))) => {
+            return Err(e);
+        }
+        Ok(read) => read.and_then(|body| decode_hello(&body)),
+    };
+    // No read buffer is allocated until the session reads its first message.
+    let mut framed = Framed::from_parts(FramedParts::new::<Vec<u8>>(io, RawCodec::default()));
     match checked {
         Ok(hello) => Ok((PendingAgent { framed }, hello)),
         Err(err) => {
@@ -244,6 +315,147 @@ mod tests {
             }) => {}
             other => panic!("unexpected {:?}", other.map(|(_, a)| a)),
         }
+    }
+
+    /// A peer that has `data` to send and counts what the manager reads;
+    /// what the manager writes is kept.
+    struct Counting {
+        data: Vec<u8>,
+        read: usize,
+        written: Vec<u8>,
+    }
+
+    impl AsyncRead for Counting {
+        fn poll_read(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            let n = buf.remaining().min(self.data.len() - self.read);
+            let start = self.read;
+            buf.put_slice(&self.data[start..start + n]);
+            self.read += n;
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    impl AsyncWrite for Counting {
+        fn poll_write(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            self.written.extend_from_slice(buf);
+            std::task::Poll::Ready(Ok(buf.len()))
+        }
+        fn poll_flush(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_1_mib_first_frame_is_refused_from_its_header() {
+        // A whole 1 MiB hello (the normal frame cap) is available to read.
+        let mut data = (1u32 << 20).to_be_bytes().to_vec();
+        data.resize(4 + (1 << 20), b'x');
+        let mut peer = Counting {
+            data,
+            read: 0,
+            written: Vec::new(),
+        };
+        let err = manager_read_hello(&mut peer, T).await.err().unwrap();
+        assert!(
+            matches!(
+                err,
+                HandshakeError::Frame(FrameError::TooLarge {
+                    len: 1_048_576,
+                    max: HELLO_MAX_LEN
+                })
+            ),
+            "{err}"
+        );
+        assert!(
+            peer.read <= HEADER_LEN + HELLO_MAX_LEN,
+            "read {} bytes",
+            peer.read
+        );
+        assert_eq!(peer.read, HEADER_LEN, "only the header was read");
+        // The peer is told why, in a Welcome it can decode.
+        let mut frames = Frames::default();
+        let mut written = BytesMut::from(&peer.written[..]);
+        let body = frames.decode_frame(&mut written).unwrap().unwrap();
+        match decode_body::<Welcome>(&body).unwrap().outcome {
+            Outcome::Refused {
+                reason: RefuseReason::BadHandshake,
+                message,
+            } => assert!(message.contains("exceeds the maximum of 512"), "{message}"),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_largest_legal_hello_is_read_exactly() {
+        let hello = Hello::new(
+            "n".repeat(crate::names::NODE_NAME_MAX),
+            "v".repeat(crate::handshake::AGENT_VERSION_MAX),
+        );
+        let body = encode_body(&hello).unwrap();
+        let mut data = (body.len() as u32).to_be_bytes().to_vec();
+        data.extend_from_slice(&body);
+        // What follows the hello is left for the session.
+        data.extend_from_slice(b"after");
+        let mut peer = Counting {
+            data,
+            read: 0,
+            written: Vec::new(),
+        };
+        let (_, got) = manager_read_hello(&mut peer, T).await.unwrap();
+        assert_eq!(got, hello);
+        assert_eq!(peer.read, HEADER_LEN + body.len());
+    }
+
+    #[tokio::test]
+    async fn a_hello_cut_short_is_truncated_and_an_empty_stream_closed() {
+        for (data, want_closed) in [
+            (vec![], true),
+            (vec![0, 0], false),
+            (vec![0, 0, 0, 9, 1, 2], false),
+        ] {
+            let mut peer = Counting {
+                data,
+                read: 0,
+                written: Vec::new(),
+            };
+            let err = manager_read_hello(&mut peer, T).await.err().unwrap();
+            if want_closed {
+                assert!(matches!(err, HandshakeError::Closed), "{err}");
+            } else {
+                assert!(
+                    matches!(err, HandshakeError::Frame(FrameError::Truncated)),
+                    "{err}"
+                );
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn an_agent_does_not_send_an_oversized_hello() {
+        let (a, _m) = tokio::io::duplex(4096);
+        let hello = Hello::new("n1", "v".repeat(HELLO_MAX_LEN));
+        let err = agent_handshake(a, &hello, T).await.err().unwrap();
+        assert!(
+            matches!(err, HandshakeError::Frame(FrameError::TooLarge { .. })),
+            "{err}"
+        );
     }
 
     #[tokio::test]

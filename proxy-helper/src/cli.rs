@@ -134,7 +134,11 @@ pub fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     if args.version {
-        println!("drover-proxy version {}", env!("CARGO_PKG_VERSION"));
+        println!(
+            "drover-proxy version {} (commit {})",
+            env!("CARGO_PKG_VERSION"),
+            env!("DROVER_GIT_COMMIT")
+        );
         return ExitCode::SUCCESS;
     }
     let Some(command) = &args.command else {

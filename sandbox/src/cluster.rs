@@ -19,8 +19,8 @@ use crate::binaries;
 use crate::bus;
 use crate::cgroups::{CgroupJoin, Layout, PROCS_GROUP, SandboxCgroups};
 use crate::files::{self, DaemonSettings};
-use crate::inotify;
 use crate::node;
+use crate::preflight;
 use crate::process::{self, Spawn};
 use crate::state::{NodeState, State};
 use anyhow::{Context, Result, anyhow, bail};
@@ -155,20 +155,85 @@ impl Cluster {
             binaries::locate_in("drover-proxy", &bin_dirs)?;
         }
         let mut cluster = Self::start_base(&opts, bin_dirs).await?;
-        cluster.allowed = opts
+        match cluster.start_daemons(&opts).await {
+            Ok(()) => Ok(cluster),
+            Err(e) => Err(cluster.failed_start(e)),
+        }
+    }
+
+    /// The manager, then the agents; returns once every agent's node is online.
+    async fn start_daemons(&mut self, opts: &ClusterOptions) -> Result<()> {
+        self.allowed = opts
             .allowed_nodes
             .clone()
             .unwrap_or_else(|| opts.nodes.clone());
-        cluster.write_manager_config(opts.allow_all_proxies, &opts.manager_extra_config)?;
-        cluster.start_manager().await?;
+        self.write_manager_config(opts.allow_all_proxies, &opts.manager_extra_config)?;
+        self.start_manager().await?;
 
         if opts.start_agents {
             for name in &opts.nodes {
-                cluster.start_agent(name).await?;
+                self.start_agent(name).await?;
             }
-            cluster.wait_all_online(&opts.nodes).await?;
+            self.wait_all_online(&opts.nodes).await?;
         }
-        Ok(cluster)
+        Ok(())
+    }
+
+    /// Tears down a sandbox whose start failed, keeping its logs and configs in a
+    /// directory of their own (teardown removes the sandbox's), and returns `error` with
+    /// where they are.
+    fn failed_start(self, error: anyhow::Error) -> anyhow::Error {
+        let kept = std::env::temp_dir().join(format!("drover-sandbox-failed-{}", self.state.id));
+        let note = match self.keep_logs(&kept) {
+            Ok(0) => "the failed start left no logs".to_string(),
+            Ok(n) => format!(
+                "the failed start's logs ({n} files) are kept in {}",
+                kept.display()
+            ),
+            Err(e) => format!("keeping the failed start's logs failed: {e:#}"),
+        };
+        // Dropping tears everything down (cgroups, mounts, the sandbox directory).
+        drop(self);
+        anyhow!("{error:#}\n{note}")
+    }
+
+    /// Copies the logs and configs of the sandbox (daemons, nodes' systemd, proxy units)
+    /// into `to`; returns how many files it copied.
+    fn keep_logs(&self, to: &Path) -> Result<usize> {
+        let dir = &self.state.dir;
+        let mut files: Vec<(PathBuf, PathBuf)> = Vec::new();
+        let keep = |name: &str| name.ends_with(".log") || name.ends_with(".conf");
+        for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if entry.file_type()?.is_file() && (keep(&name) || name == crate::state::STATE_FILE) {
+                files.push((entry.path(), to.join(&name)));
+            }
+        }
+        for n in &self.state.nodes {
+            let conf = node::home(dir, &n.name).join("agent.conf");
+            if conf.is_file() {
+                files.push((conf, to.join(format!("{}-agent.conf", n.name))));
+            }
+            let unit_logs = node::unit_log_dir(dir, &n.name);
+            for entry in std::fs::read_dir(&unit_logs)
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                files.push((entry.path(), to.join(format!("{}-{name}", n.name))));
+            }
+        }
+        if files.is_empty() {
+            return Ok(0);
+        }
+        std::fs::create_dir_all(to).with_context(|| format!("creating {}", to.display()))?;
+        for (from, into) in &files {
+            std::fs::copy(from, into)
+                .with_context(|| format!("copying {} to {}", from.display(), into.display()))?;
+        }
+        Ok(files.len())
     }
 
     /// Directory, cgroups, nodes and the private bus: everything but drover's daemons.
@@ -177,9 +242,7 @@ impl Cluster {
         bin_dirs: Vec<PathBuf>,
     ) -> Result<Cluster> {
         opts.validate()?;
-        check_host_tools()?;
-        inotify::ensure_capacity(opts.nodes.len())?;
-        let layout = Layout::detect()?;
+        let layout = preflight::check(opts.nodes.len())?;
 
         let id = new_id();
         let (dir, created_dir) = prepare_dir(opts.dir.as_deref(), &id, &opts.nodes)?;
@@ -227,27 +290,31 @@ impl Cluster {
             allowed: opts.nodes.clone(),
             finished: false,
         };
-        // Any error from here on drops `cluster`, and Drop tears down what was started.
-        cluster.cgroups.create_group(PROCS_GROUP)?;
-
-        for name in &opts.nodes {
-            cluster.spawn_node(name)?;
+        // From here on a failure tears down what was started, keeping the logs.
+        match cluster.start_nodes_and_bus(&opts.nodes).await {
+            Ok(()) => Ok(cluster),
+            Err(e) => Err(cluster.failed_start(e)),
         }
-        for name in &opts.nodes {
-            let pid = cluster.node_pid(name)?;
+    }
+
+    async fn start_nodes_and_bus(&mut self, nodes: &[String]) -> Result<()> {
+        self.cgroups.create_group(PROCS_GROUP)?;
+        for name in nodes {
+            self.spawn_node(name)?;
+        }
+        for name in nodes {
+            let pid = self.node_pid(name)?;
             node::wait_ready(
-                &dir,
+                &self.state.dir,
                 name,
                 pid,
-                &cluster.log_path(&format!("systemd@{name}")),
+                &self.log_path(&format!("systemd@{name}")),
                 NODE_READY_TIMEOUT,
             )
             .await?;
         }
-
-        cluster.start_bus().await?;
-        cluster.state.save()?;
-        Ok(cluster)
+        self.start_bus().await?;
+        self.state.save()
     }
 
     /// The sandbox directory.
@@ -839,20 +906,6 @@ fn check_socket_paths(dir: &Path, nodes: &[String]) -> Result<()> {
     Ok(())
 }
 
-fn check_host_tools() -> Result<()> {
-    for (path, package) in [
-        ("/usr/bin/unshare", "util-linux"),
-        ("/usr/bin/nsenter", "util-linux"),
-        ("/usr/bin/dbus-daemon", "dbus"),
-        (node::SYSTEMD, "systemd"),
-    ] {
-        if !Path::new(path).exists() {
-            bail!("{path} is missing: install the '{package}' package");
-        }
-    }
-    Ok(())
-}
-
 fn write_file(path: &Path, contents: &str) -> Result<()> {
     std::fs::write(path, contents).with_context(|| format!("writing {}", path.display()))
 }
@@ -1099,6 +1152,49 @@ pub(crate) mod tests {
         let err = cluster.start_agent("node1").await.unwrap_err().to_string();
         assert!(err.contains("'drover-agent' not found"), "{err}");
         cluster.down().await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_start_keeps_its_logs_and_says_where() {
+        let mut cluster = base(1).await;
+        let state = cluster.state().clone();
+        // A drover-manager that fails at once, as a broken build or config would.
+        let bins = cluster.dir().join("broken-bins");
+        std::fs::create_dir_all(&bins).unwrap();
+        let manager = bins.join("drover-manager");
+        std::fs::write(
+            &manager,
+            "#!/bin/sh\necho 'manager says: boom' >&2\nexit 3\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(
+            &manager,
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        cluster.bin_dirs = vec![bins];
+        let opts = ClusterOptions {
+            start_agents: false,
+            ..ClusterOptions::with_nodes(1)
+        };
+        let err = cluster.start_daemons(&opts).await.unwrap_err();
+        let err = cluster.failed_start(err).to_string();
+        assert!(
+            err.contains("drover-manager exited during startup"),
+            "{err}"
+        );
+        let kept = std::env::temp_dir().join(format!("drover-sandbox-failed-{}", state.id));
+        assert!(
+            err.contains(&format!("are kept in {}", kept.display())),
+            "{err}"
+        );
+        let log = std::fs::read_to_string(kept.join("manager.log")).unwrap();
+        assert!(log.contains("manager says: boom"), "{log}");
+        assert!(kept.join("manager.conf").is_file());
+        assert!(kept.join("systemd@node1.log").is_file());
+        // The sandbox itself is gone.
+        assert_eq!(leftovers(&state), Vec::<String>::new());
+        std::fs::remove_dir_all(&kept).unwrap();
     }
 
     #[test]

@@ -77,11 +77,12 @@ pub fn manager_config(
     text
 }
 
-/// The user-mode proxy template as shipped in `units/`; the sandbox points its
+/// The user-mode proxy template as shipped in `dist/usr/lib/systemd/user/`; the sandbox points its
 /// `ExecStart=`/`ExecStop=` at the `drover-proxy` it found.
-const PROXY_USER_TEMPLATE: &str = include_str!("../../units/drover-proxy-user@.service");
-/// The dep template as shipped in `units/` (the same file for system and user managers).
-const DEP_TEMPLATE: &str = include_str!("../../units/drover-dep@.service");
+const PROXY_USER_TEMPLATE: &str =
+    include_str!("../../dist/usr/lib/systemd/user/drover-proxy@.service");
+/// The dep template as shipped in `dist/usr/lib/systemd/system/` (the user one is a link to it).
+const DEP_TEMPLATE: &str = include_str!("../../dist/usr/lib/systemd/system/drover-dep@.service");
 /// Where the shipped templates expect the helper.
 const SHIPPED_PROXY_PATH: &str = "/usr/libexec/drover-proxy";
 

@@ -16,6 +16,7 @@
 //! * [`files`]: the config files and `sandbox.env` the sandbox writes;
 //! * [`bus`]: the few D-Bus calls the sandbox itself makes;
 //! * [`private_bus`]: a throwaway dbus-daemon for tests and benchmarks without systemd;
+//! * [`preflight`]: every host prerequisite, checked in one pass before anything starts;
 //! * [`binaries`], [`inotify`]: finding drover binaries, the inotify limit;
 //! * [`cli`]: the `drover-sandbox` command (`up`, `exec`, `install`, `down`, `demo`).
 //!
@@ -30,6 +31,7 @@ pub mod cluster;
 pub mod files;
 pub mod inotify;
 pub mod node;
+pub mod preflight;
 pub mod private_bus;
 pub mod process;
 pub mod state;

@@ -2,8 +2,8 @@
 //! tool (`drover-pki`) that makes what it needs.
 //!
 //! The agent port is reachable from the network and an agent acts as root on
-//! its node, so whoever speaks for a node or for the manager owns it (see
-//! DESIGN.md, "Trust"). This crate is the whole of that proof; the daemons
+//! its node, so whoever speaks for a node or for the manager owns it. This
+//! crate is the whole of that proof; the daemons
 //! only load settings, accept or connect, and read the peer's identity.
 //!
 //! # Decisions

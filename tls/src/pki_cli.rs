@@ -23,7 +23,13 @@ Keys are written with mode 0600, certificates and the CRL 0644.";
 #[derive(Parser)]
 #[command(
     name = "drover-pki",
-    version,
+    version = concat!(
+        "version ",
+        env!("CARGO_PKG_VERSION"),
+        " (commit ",
+        env!("DROVER_GIT_COMMIT"),
+        ")"
+    ),
     about = "Make the certificates of drover's mutual TLS: a CA, the manager's, the nodes', and revocations",
     after_help = LAYOUT
 )]

@@ -4,7 +4,7 @@
 //! some proxy somewhere needs a unit here, and to stop it when none does.
 //!
 //! **Dep unit name** ([`drover_protocol::dep_unit`], agreed with
-//! `units/drover-dep@.service`): the instance is the *full* target unit
+//! `dist/usr/lib/systemd/system/drover-dep@.service`): the instance is the *full* target unit
 //! name, so any unit type works:
 //! `db.service` → `drover-dep@db.service.service`, `web.socket` →
 //! `drover-dep@web.socket.service`. The template says `BindsTo=%i` and

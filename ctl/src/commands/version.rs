@@ -1,4 +1,4 @@
-//! `version`: `droverctl version X` (the same text as `--version`); needs no bus.
+//! `version`: `droverctl version X (commit C)` (the same text as `--version`); needs no bus.
 
 use serde::Serialize;
 
@@ -8,6 +8,8 @@ use crate::output::json;
 
 /// droverctl's version, from Cargo.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The commit it was built from (`unknown` outside git; see build/git_commit.rs).
+pub const COMMIT: &str = env!("DROVER_GIT_COMMIT");
 
 #[derive(Debug, clap::Args)]
 pub struct Version {}
@@ -16,6 +18,7 @@ pub struct Version {}
 struct VersionJson {
     name: &'static str,
     version: &'static str,
+    commit: &'static str,
 }
 
 impl Run for Version {
@@ -24,9 +27,10 @@ impl Run for Version {
             json(&[VersionJson {
                 name: "droverctl",
                 version: VERSION,
+                commit: COMMIT,
             }])
         } else {
-            format!("droverctl version {VERSION}\n")
+            format!("droverctl version {VERSION} (commit {COMMIT})\n")
         };
         ctx.emit(&text)
     }

@@ -1,0 +1,349 @@
+//! The .deb packages hold what they should, where they should, with the right
+//! modes and metadata, and what they install works.
+//!
+//! By default the packages are built here from the debug binaries of this
+//! target directory, uncompressed, so that `make test` checks the real packing
+//! code in seconds. `make deb-check` runs the same test on the release packages
+//! of `make deb` (`DROVER_DEB_DIR=target/debian`). Each package is unpacked
+//! with `dpkg-deb -x` into one scratch root, as `dpkg --root` would lay it out.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use xtask::packages::{self, Inputs, PACKAGES};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
+}
+
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Every file of each package (path → mode), as the package must hold it.
+fn expected() -> BTreeMap<&'static str, BTreeMap<String, u32>> {
+    let layout = packages::Layout::debian();
+    PACKAGES
+        .iter()
+        .map(|p| {
+            let files = p.items.iter().map(|i| (layout.dest(i), i.mode)).collect();
+            (p.name, files)
+        })
+        .collect()
+}
+
+#[test]
+fn packages_hold_their_files_with_their_modes_and_metadata() {
+    let scratch =
+        Scratch(std::env::temp_dir().join(format!("drover-deb-test-{}", std::process::id())));
+    let _ = std::fs::remove_dir_all(&scratch.0);
+    let debs_dir = match std::env::var_os("DROVER_DEB_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => {
+            let out = scratch.0.join("debs");
+            std::fs::create_dir_all(&out).unwrap();
+            let inputs = Inputs::new(&repo(), &bin_dir(), env!("CARGO_PKG_VERSION")).unwrap();
+            for pkg in PACKAGES {
+                packages::build_deb(pkg, &inputs, &out, "none").unwrap();
+            }
+            out
+        }
+    };
+    let root = scratch.0.join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let version = env!("CARGO_PKG_VERSION");
+    let expected = expected();
+    let mut all_files = 0;
+    let mut installed_kib = 0;
+    for pkg in PACKAGES {
+        let arch = if pkg.arch_all {
+            "all"
+        } else {
+            packages::deb_arch()
+        };
+        let deb = debs_dir.join(format!("{}_{version}_{arch}.deb", pkg.name));
+        assert!(deb.is_file(), "{} missing", deb.display());
+
+        // Metadata.
+        let field = |name: &str| {
+            run(Command::new("dpkg-deb").arg("-f").arg(&deb).arg(name))
+                .trim()
+                .to_string()
+        };
+        assert_eq!(field("Package"), pkg.name);
+        assert_eq!(field("Version"), version);
+        assert_eq!(field("Architecture"), arch);
+        installed_kib += field("Installed-Size").parse::<u64>().unwrap();
+        let depends = field("Depends");
+        if pkg.unit.is_some() {
+            for dep in ["systemd", "dbus", "drover-common (= "] {
+                assert!(depends.contains(dep), "{}: Depends: {depends}", pkg.name);
+            }
+        }
+        if !pkg.arch_all {
+            assert!(
+                depends.starts_with("libc6 (>= 2."),
+                "{}: Depends: {depends}",
+                pkg.name
+            );
+        }
+
+        // Files: exactly the expected ones (directories aside), with their modes.
+        let listing = run(Command::new("dpkg-deb").arg("-c").arg(&deb));
+        let mut files = BTreeMap::new();
+        for line in listing.lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (perms, owner, path) = (fields[0], fields[1], fields[5]);
+            assert_eq!(owner, "root/root", "{line}");
+            if perms.starts_with('d') {
+                continue;
+            }
+            assert!(
+                perms.starts_with('-'),
+                "{}: not a plain file: {line}",
+                pkg.name
+            );
+            let mode = perms[1..]
+                .chars()
+                .fold(0u32, |m, c| (m << 1) | u32::from(c != '-'));
+            files.insert(path.trim_start_matches('.').to_string(), mode);
+        }
+        assert_eq!(files, expected[pkg.name], "{}: files and modes", pkg.name);
+        all_files += files.len();
+
+        // /etc files are conffiles; units come with the preset, not a start.
+        let control = scratch.0.join("control").join(pkg.name);
+        std::fs::create_dir_all(control.parent().unwrap()).unwrap();
+        run(Command::new("dpkg-deb").arg("-e").arg(&deb).arg(&control));
+        let etc: Vec<&String> = files.keys().filter(|p| p.starts_with("/etc/")).collect();
+        let conffiles = std::fs::read_to_string(control.join("conffiles")).unwrap_or_default();
+        let listed: Vec<&str> = conffiles.lines().collect();
+        assert_eq!(listed, etc, "{}: conffiles", pkg.name);
+        if let Some(unit) = pkg.unit {
+            let postinst = std::fs::read_to_string(control.join("postinst")).unwrap();
+            assert!(
+                postinst.contains(&format!("systemctl --no-reload preset {unit}")),
+                "{postinst}"
+            );
+            let starts = postinst
+                .lines()
+                .filter(|l| !l.trim_start().starts_with('#'))
+                .any(|l| l.contains("start") || l.contains("--now"));
+            assert!(!starts, "postinst must not start anything:\n{postinst}");
+            let mode = std::fs::metadata(control.join("postinst"))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o755);
+            let preset = format!("/usr/lib/systemd/system-preset/50-{}.preset", pkg.name);
+            assert!(files.contains_key(&preset), "{}: no {preset}", pkg.name);
+        }
+
+        run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root));
+    }
+    assert!(all_files >= 25, "{all_files} files in all");
+    // The release packages (make deb-check) stay within the size budget.
+    if std::env::var_os("DROVER_DEB_DIR").is_some() {
+        assert!(
+            installed_kib <= 15 * 1024,
+            "the packages install {installed_kib} KiB, more than 15 MiB"
+        );
+        eprintln!("installed size of all packages: {installed_kib} KiB");
+    }
+
+    // What is installed works: the units run binaries that are there and start.
+    for unit in [
+        "usr/lib/systemd/system/drover-manager.service",
+        "usr/lib/systemd/system/drover-agent.service",
+        "usr/lib/systemd/system/drover-proxy@.service",
+        "usr/lib/systemd/user/drover-agent.service",
+        "usr/lib/systemd/user/drover-proxy@.service",
+    ] {
+        let text = std::fs::read_to_string(root.join(unit)).unwrap();
+        for line in text.lines().filter(|l| l.starts_with("ExecStart=")) {
+            let program = line["ExecStart=".len()..]
+                .split_whitespace()
+                .next()
+                .unwrap();
+            let installed = root.join(program.trim_start_matches('/'));
+            let out = run(Command::new(&installed).arg("--version"));
+            assert!(out.contains(" version "), "{program} --version: {out}");
+        }
+    }
+    for program in ["usr/bin/droverctl", "usr/bin/drover-pki"] {
+        let out = run(Command::new(root.join(program)).arg("--version"));
+        assert!(
+            out.contains(&format!("version {version} (commit ")),
+            "{program}: {out}"
+        );
+    }
+    // The user dep template is the system one.
+    assert_eq!(
+        std::fs::read(root.join("usr/lib/systemd/user/drover-dep@.service")).unwrap(),
+        std::fs::read(root.join("usr/lib/systemd/system/drover-dep@.service")).unwrap()
+    );
+    // Man pages are gzipped roff.
+    let page = run(Command::new("gzip")
+        .arg("-dc")
+        .arg(root.join("usr/share/man/man5/drover.conf.5.gz")));
+    assert!(
+        page.contains(".TH \"DROVER.CONF\" \"5\""),
+        "{}",
+        &page[..page.len().min(200)]
+    );
+    // The bash completion loads and completes droverctl's commands.
+    let completion = root.join("usr/share/bash-completion/completions/droverctl");
+    let script = format!(
+        "source {}; COMP_WORDS=(droverctl sta); COMP_CWORD=1; COMP_LINE='droverctl sta'; COMP_POINT=13; _droverctl droverctl sta droverctl; echo \"${{COMPREPLY[@]}}\"",
+        completion.display()
+    );
+    let words = run(Command::new("bash").arg("-c").arg(script));
+    assert!(words.split_whitespace().any(|w| w == "start"), "{words}");
+    assert!(words.split_whitespace().any(|w| w == "status"), "{words}");
+}
+
+#[test]
+fn install_honours_prefix_and_keeps_an_edited_etc_file() {
+    let scratch =
+        Scratch(std::env::temp_dir().join(format!("drover-install-test-{}", std::process::id())));
+    let _ = std::fs::remove_dir_all(&scratch.0);
+    let inputs = Inputs::new(&repo(), &bin_dir(), env!("CARGO_PKG_VERSION")).unwrap();
+    let layout = packages::Layout {
+        prefix: "/opt/drover".into(),
+        dbus_policy_dir: "/usr/share/dbus-1/system.d".into(),
+        zsh_dir: "/opt/drover/share/zsh/site-functions".into(),
+    };
+    let edited = scratch.0.join("etc/drover/agent.conf");
+    std::fs::create_dir_all(edited.parent().unwrap()).unwrap();
+    std::fs::write(&edited, "[drover-agent]\nNodeName=mine\n").unwrap();
+    for pkg in PACKAGES {
+        packages::stage(pkg, &scratch.0, &layout, &inputs).unwrap();
+    }
+    let unit = std::fs::read_to_string(
+        scratch
+            .0
+            .join("opt/drover/lib/systemd/system/drover-agent.service"),
+    )
+    .unwrap();
+    assert!(
+        unit.contains("ExecStart=/opt/drover/libexec/drover-agent"),
+        "{unit}"
+    );
+    let proxy = std::fs::read_to_string(
+        scratch
+            .0
+            .join("opt/drover/lib/systemd/system/drover-proxy@.service"),
+    )
+    .unwrap();
+    assert!(
+        proxy.contains("ExecStop=/opt/drover/libexec/drover-proxy remove %i"),
+        "{proxy}"
+    );
+    assert!(scratch.0.join("opt/drover/libexec/drover-proxy").is_file());
+    assert!(scratch.0.join("opt/drover/bin/droverctl").is_file());
+    assert!(
+        scratch
+            .0
+            .join("usr/share/dbus-1/system.d/org.eclipse.bluechi.conf")
+            .is_file()
+    );
+    assert_eq!(
+        std::fs::read_to_string(&edited).unwrap(),
+        "[drover-agent]\nNodeName=mine\n"
+    );
+    assert!(
+        scratch.0.join("etc/drover/manager.conf").is_file(),
+        "a missing /etc file is installed"
+    );
+}
+
+/// The rpm spec's `%files` name, per subpackage, exactly the files of the
+/// corresponding .deb (zsh's directory aside, which differs by distribution).
+#[test]
+fn the_rpm_spec_ships_the_same_files() {
+    let spec = std::fs::read_to_string(repo().join("dist/rpm/drover.spec")).unwrap();
+    let macros = [
+        ("%{_libexecdir}", "/usr/libexec"),
+        ("%{_unitdir}", "/usr/lib/systemd/system"),
+        ("%{_userunitdir}", "/usr/lib/systemd/user"),
+        ("%{_presetdir}", "/usr/lib/systemd/system-preset"),
+        ("%{_mandir}", "/usr/share/man"),
+        ("%{_datadir}", "/usr/share"),
+        ("%{_sysconfdir}", "/etc"),
+        ("%{_bindir}", "/usr/bin"),
+    ];
+    let mut spec_files: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut current: Option<String> = None;
+    for line in spec.lines() {
+        if let Some(sub) = line.strip_prefix("%files ") {
+            let name = match sub.trim() {
+                "ctl" => "droverctl".to_string(),
+                other => format!("drover-{other}"),
+            };
+            current = Some(name.clone());
+            spec_files.entry(name).or_default();
+            continue;
+        }
+        if line.starts_with('%')
+            && !line.starts_with("%{")
+            && !line.starts_with("%config")
+            && !line.starts_with("%dir")
+        {
+            current = None;
+            continue;
+        }
+        let (Some(pkg), false) = (&current, line.trim().is_empty() || line.starts_with("%dir"))
+        else {
+            continue;
+        };
+        let mut path = line.trim_start_matches("%config(noreplace) ").to_string();
+        for (m, v) in macros {
+            path = path.replace(m, v);
+        }
+        if let Some(page) = path.strip_suffix('*') {
+            path = format!("{page}.gz");
+        }
+        path = path.replace("/usr/share/zsh/site-functions", "{zsh}");
+        spec_files.get_mut(pkg).unwrap().push(path);
+    }
+    let layout = packages::Layout {
+        zsh_dir: "{zsh}".into(),
+        ..packages::Layout::debian()
+    };
+    let deb_files: BTreeMap<String, Vec<String>> = PACKAGES
+        .iter()
+        .map(|p| {
+            let mut files: Vec<String> = p.items.iter().map(|i| layout.dest(i)).collect();
+            files.sort();
+            (p.name.to_string(), files)
+        })
+        .collect();
+    for files in spec_files.values_mut() {
+        files.sort();
+    }
+    assert_eq!(spec_files, deb_files);
+}
