@@ -18,7 +18,8 @@ use crate::error::ApiError;
 use crate::escape::job_path;
 use crate::jobs::{Done, JobInfo, Jobs, RESULT_DISCONNECTED, RESULT_SHUTDOWN, valid_state};
 use crate::metrics::Metrics;
-use crate::nodes::registry::{Admission, ControllerStatus, Registry};
+use crate::nodes::gate::{Gate, Limits, LogLimiter, Ticket};
+use crate::nodes::registry::{Admission, ControllerStatus, Policy as AdmitPolicy, Registry};
 use crate::nodes::session::{Session, SessionOwner, spawn_io};
 use crate::outbound::Outbound;
 use crate::proxies::driver::Proxies;
@@ -32,6 +33,7 @@ use drover_config::{LogHandle, LogLevel, ManagerConfig};
 use drover_protocol::handshake::Accepted;
 use drover_protocol::link::manager_read_hello;
 use drover_protocol::{Event, JobKind, NodeName, RefuseReason, Request, Response, UnitName};
+use drover_tls::{Acceptor, NodeIdentity};
 use futures::future::BoxFuture;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -66,14 +68,18 @@ pub struct Timeouts {
     /// 25 s default method timeout of D-Bus clients, so one hung node makes
     /// the answer slow and partial, never a client-side timeout.
     pub fanout: Duration,
+    /// Caps on connections not yet admitted (see [`crate::nodes::gate`]).
+    pub pre_auth: Limits,
 }
 
 impl Default for Timeouts {
     fn default() -> Self {
         Self {
             request: Duration::from_secs(30),
-            handshake: Duration::from_secs(5),
+            // TLS handshake and hello together.
+            handshake: Duration::from_secs(10),
             fanout: Duration::from_secs(20),
+            pre_auth: Limits::default(),
         }
     }
 }
@@ -97,6 +103,10 @@ pub struct Core {
     metrics: Metrics,
     log_handle: OnceLock<LogHandle>,
     proxies: Proxies,
+    /// Mutual TLS on the agent port, when configured.
+    tls: Option<Acceptor>,
+    gate: Gate,
+    refusals: LogLimiter,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -105,8 +115,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Core {
-    pub fn new(config: ManagerConfig, timeouts: Timeouts) -> Arc<Self> {
-        let registry = Registry::new(&config.allowed_nodes);
+    /// `tls` must be the acceptor loaded from `config.tls` (`None` exactly
+    /// when the config has no TLS keys): see [`crate::Manager::start`].
+    pub fn new(config: ManagerConfig, timeouts: Timeouts, tls: Option<Acceptor>) -> Arc<Self> {
+        let mut registry = Registry::new(&config.allowed_nodes);
+        registry.set_policy(AdmitPolicy::from_config(&config));
         let controller = registry.controller_status();
         let subscriptions = Subscriptions::new(timeouts.request);
         let monitors = Monitors::new(subscriptions.clone());
@@ -130,6 +143,9 @@ impl Core {
             monitors,
             metrics: Metrics::default(),
             log_handle: OnceLock::new(),
+            tls,
+            gate: Gate::new(timeouts.pre_auth),
+            refusals: LogLimiter::default(),
             config,
             timeouts,
         })
@@ -141,6 +157,21 @@ impl Core {
 
     pub fn timeouts(&self) -> &Timeouts {
         &self.timeouts
+    }
+
+    /// The TLS acceptor in force (reload swaps its settings).
+    pub fn tls(&self) -> Option<&Acceptor> {
+        self.tls.as_ref()
+    }
+
+    /// The caps on connections not yet admitted.
+    pub fn gate(&self) -> &Gate {
+        &self.gate
+    }
+
+    /// Rate limits for the log lines about refused peers.
+    pub fn refusals(&self) -> &LogLimiter {
+        &self.refusals
     }
 
     pub fn registry(&self) -> MutexGuard<'_, Registry> {
@@ -211,16 +242,29 @@ impl Core {
 
     // ---- sessions -------------------------------------------------------
 
-    /// Runs the handshake on a fresh connection and, if admitted, the session.
-    pub async fn serve_connection<IO>(self: &Arc<Self>, io: IO, peer: SocketAddr)
-    where
+    /// Reads the hello of a connection (already through TLS when `identity`
+    /// is set: the node its certificate proved) and, if admitted, runs the
+    /// session. The hello must arrive by `deadline`. `ticket` is the
+    /// connection's pre-authentication place, given up once the verdict is
+    /// out.
+    pub async fn serve_connection<IO>(
+        self: &Arc<Self>,
+        io: IO,
+        peer: SocketAddr,
+        identity: Option<NodeIdentity>,
+        deadline: tokio::time::Instant,
+        ticket: Option<Ticket>,
+    ) where
         IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let timeout = self.timeouts.handshake;
-        let (pending, hello) = match manager_read_hello(io, timeout).await {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let (pending, hello) = match manager_read_hello(io, left).await {
             Ok(ok) => ok,
             Err(e) => {
-                tracing::info!(%peer, "connection dropped before registration: {e}");
+                self.refusals.warn("hello", || {
+                    format!("{peer}: connection dropped before registration: {e}")
+                });
                 return;
             }
         };
@@ -238,11 +282,22 @@ impl Core {
         let mut announced = self.announce.lock().await;
         let admission = self.registry().admit(
             &hello.node,
+            identity.as_ref().map(NodeIdentity::node),
             timestamp::monotonic_us(),
             self.config.node_heartbeat_threshold_ms,
         );
         let name = match admission {
-            Admission::Accept(name) => name,
+            Admission::Accept { node, new: false } => node,
+            Admission::Accept { node, new: true } => {
+                let added = self.registry().add_nodes(std::slice::from_ref(&node));
+                for (name, path) in &added {
+                    tracing::info!(node = %name, "certified node registers for the first time");
+                    if let Some(out) = self.outbound() {
+                        out.export_node(name, path).await;
+                    }
+                }
+                node
+            }
             Admission::Replace { node, old } => {
                 tracing::warn!(
                     node = %node,
@@ -261,13 +316,30 @@ impl Core {
             }
             Admission::Refuse(reason, message) => {
                 drop(announced);
-                tracing::warn!(%peer, node = %hello.node.escape_default(), "registration refused: {message}");
+                // The log may say more than the peer is told: who holds the name.
+                let holder = NodeName::new(hello.node.as_str())
+                    .ok()
+                    .and_then(|n| self.registry().session(n.as_str()))
+                    .filter(|_| reason == RefuseReason::AlreadyConnected)
+                    .map(|s| format!(" (held by session {} from {})", s.id(), s.peer_ip()))
+                    .unwrap_or_default();
+                let proven = identity
+                    .as_ref()
+                    .map(|i| format!(", certificate: {i}"))
+                    .unwrap_or_default();
+                self.refusals.warn(refuse_key(reason), || {
+                    format!(
+                        "{peer}: registration as '{}' refused{proven}: {message}{holder}",
+                        hello.node.escape_default()
+                    )
+                });
                 pending.refuse(reason, &message, timeout).await;
                 return;
             }
         };
+        drop(ticket);
         let id = self.next_session.fetch_add(1, Ordering::Relaxed);
-        let (session, rx) = Session::new(id, name, peer_ip);
+        let (session, rx) = Session::authenticated(id, name, peer_ip, identity);
         if self.registry().attach(session.clone()).is_err() {
             // Cannot happen: admission and attach run under `announce`.
             drop(announced);
@@ -280,13 +352,22 @@ impl Core {
                 .await;
             return;
         }
-        tracing::info!(
-            node = %session.node(),
-            session = id,
-            %peer,
-            agent_version = %hello.agent_version.escape_default(),
-            "node registered"
-        );
+        match session.identity() {
+            Some(identity) => tracing::info!(
+                node = %session.node(),
+                session = id,
+                %peer,
+                agent_version = %hello.agent_version.escape_default(),
+                "node registered over TLS, {identity}"
+            ),
+            None => tracing::info!(
+                node = %session.node(),
+                session = id,
+                %peer,
+                agent_version = %hello.agent_version.escape_default(),
+                "node registered"
+            ),
+        }
         self.subscriptions.node_online(&session);
         self.proxies.node_online(&session).await;
         self.metrics.node_online(&session);
@@ -651,6 +732,19 @@ impl SessionOwner for Core {
     }
 }
 
+/// The log-limiter bucket of a refusal.
+fn refuse_key(reason: RefuseReason) -> &'static str {
+    match reason {
+        RefuseReason::VersionMismatch => "refused: version",
+        RefuseReason::InvalidName => "refused: invalid name",
+        RefuseReason::UnknownNode => "refused: unknown node",
+        RefuseReason::AlreadyConnected => "refused: already connected",
+        RefuseReason::BadHandshake => "refused: bad handshake",
+        RefuseReason::ShuttingDown => "refused: shutting down",
+        RefuseReason::IdentityMismatch => "refused: identity mismatch",
+    }
+}
+
 fn unexpected(response: &Response) -> ApiError {
     let kind = match response {
         Response::Empty => "empty",
@@ -703,10 +797,10 @@ mod tests {
 
     #[test]
     fn session_ids_rise_across_restarts() {
-        let a = Core::new(ManagerConfig::default(), Timeouts::default());
+        let a = Core::new(ManagerConfig::default(), Timeouts::default(), None);
         let first = a.next_session.load(Ordering::Relaxed);
         std::thread::sleep(Duration::from_millis(2));
-        let b = Core::new(ManagerConfig::default(), Timeouts::default());
+        let b = Core::new(ManagerConfig::default(), Timeouts::default(), None);
         assert!(b.next_session.load(Ordering::Relaxed) > first);
     }
 

@@ -13,6 +13,7 @@
 //! before they return.
 
 use crate::jobs::JobInfo;
+use drover_protocol::NodeName;
 use futures::future::BoxFuture;
 use zbus::OwnedObjectPath;
 
@@ -25,6 +26,14 @@ pub trait Outbound: Send + Sync + 'static {
         interface: &'static str,
         property: &'static str,
         value: &'a str,
+    ) -> BoxFuture<'a, ()>;
+
+    /// Exports the `Node` object of a node that became known while running
+    /// (a certified node's first registration).
+    fn export_node<'a>(
+        &'a self,
+        node: &'a NodeName,
+        path: &'a OwnedObjectPath,
     ) -> BoxFuture<'a, ()>;
 
     /// Exports the `Job` object of `job` at `path`.

@@ -10,18 +10,27 @@
 //!   permissions apply to the next `ProxyNew`;
 //! * `ProxyGracePeriod`: for disconnects from then on (running grace periods
 //!   keep their deadline);
-//! * `LogLevel` (as `Controller.SetLogLevel` would).
+//! * `LogLevel` (as `Controller.SetLogLevel` would);
+//! * who may register (`AllowedNodeNames`, `Allowed=`, `AllowCertifiedNodes`):
+//!   a node no longer allowed is refused at its next hello, and its online
+//!   session is dropped now;
+//! * with TLS, the files of `TLSCertificate`, `TLSPrivateKey`,
+//!   `TLSCertificateAuthority` and `TLSRevocationList` are read again and put
+//!   in force for the next handshakes (healthy sessions stay up: rotating the
+//!   manager's or a node's certificate drops nothing); every online session
+//!   whose certificate the new CRL revokes is dropped. Files that fail to
+//!   load keep the TLS settings in force (logged), the rest of the reload
+//!   still applies.
 //!
-//! What it does not change: a node removed from the list stays known until
-//! the manager restarts (its session, jobs and object are not torn down by a
-//! config edit; it does lose every dependency permission the new file does
-//! not grant); listener, heartbeat, `LogTarget` and `LogIsQuiet` apply at the
-//! next start.
+//! What it does not change: a node removed from the list keeps its object
+//! until the manager restarts; listener, heartbeat, TLS on/off (or other
+//! paths), `LogTarget` and `LogIsQuiet` apply at the next start.
 //! Both are logged. A config that does not load is logged and the running
 //! one is kept, whole.
 
 use crate::api::node::NodeObject;
 use crate::core::Core;
+use crate::nodes::registry::Policy as AdmitPolicy;
 use crate::proxies::rules::Policy;
 use drover_config::{ConfigError, ManagerConfig};
 use drover_protocol::NodeName;
@@ -37,6 +46,10 @@ pub struct Report {
     pub kept: Vec<NodeName>,
     /// Keys that differ but only apply at the next start.
     pub at_restart: Vec<&'static str>,
+    /// Whether new TLS settings were put in force.
+    pub tls_reloaded: bool,
+    /// Online sessions dropped: (node, why).
+    pub dropped: Vec<(NodeName, String)>,
 }
 
 /// Applies `loaded` (the result of loading the config again). `Err` when it
@@ -57,15 +70,59 @@ pub async fn reload(
         at_restart: restart_only(core.config(), &new),
         ..Report::default()
     };
+    // TLS files first: what the new CRL revokes decides which sessions go.
+    let tls = match (core.tls(), &new.tls) {
+        (Some(acceptor), Some(files)) if core.config().tls.as_ref() == Some(files) => {
+            match drover_tls::ServerSettings::load(&crate::server::tls_files(files)) {
+                Ok(settings) => {
+                    tracing::info!(
+                        "config reload: TLS files read again (manager certificate serial {}, \
+                         {} revoked certificate(s))",
+                        settings.serial(),
+                        settings.revoked_count()
+                    );
+                    acceptor.reload(settings);
+                    report.tls_reloaded = true;
+                    Some(acceptor.settings())
+                }
+                Err(e) => {
+                    tracing::error!(
+                        "config reload: cannot load the TLS files, keeping the TLS settings in force: {e}"
+                    );
+                    Some(acceptor.settings())
+                }
+            }
+        }
+        (acceptor, _) => acceptor.map(drover_tls::Acceptor::settings),
+    };
+    let mut drop_now = Vec::new();
     let (added, known) = {
         let mut registry = core.registry();
+        registry.set_policy(AdmitPolicy::from_config(&new));
+        for session in registry.sessions() {
+            let why = match session.identity() {
+                Some(identity) if tls.as_ref().is_some_and(|t| t.is_revoked(identity)) => {
+                    format!("its certificate (serial {}) is revoked", identity.serial())
+                }
+                _ if !registry
+                    .policy()
+                    .allows(session.node(), session.identity().is_some()) =>
+                {
+                    "it is no longer allowed to register".to_owned()
+                }
+                _ => continue,
+            };
+            report.dropped.push((session.node().clone(), why.clone()));
+            drop_now.push((session.clone(), why));
+        }
         let added = registry.add_nodes(&new.allowed_nodes);
         let known: Vec<NodeName> = registry.nodes().iter().map(|n| n.name.clone()).collect();
         (added, known)
     };
+    let policy = AdmitPolicy::from_config(&new);
     report.kept = known
         .iter()
-        .filter(|n| !new.allowed_nodes.contains(n))
+        .filter(|n| !policy.allows(n, true))
         .cloned()
         .collect();
     if let Some(conn) = conn {
@@ -89,11 +146,16 @@ pub async fn reload(
         core.set_log_level(new.logging.level);
     }
 
+    for (session, why) in drop_now {
+        tracing::warn!(node = %session.node(), session = session.id(), "config reload: dropping the node's session: {why}");
+        core.end_session(&session, &format!("config reload: {why}"))
+            .await;
+    }
     for node in &report.added {
         tracing::info!(%node, "config reload: node added");
     }
     for node in &report.kept {
-        tracing::warn!(%node, "config reload: node no longer listed; it stays known until the manager restarts");
+        tracing::warn!(%node, "config reload: node no longer listed; it is refused from now on, its object stays until the manager restarts");
     }
     if !report.at_restart.is_empty() {
         tracing::warn!(
@@ -142,6 +204,7 @@ fn restart_only(old: &ManagerConfig, new: &ManagerConfig) -> Vec<&'static str> {
     );
     check(old.logging.target != new.logging.target, "LogTarget");
     check(old.logging.quiet != new.logging.quiet, "LogIsQuiet");
+    check(old.tls != new.tls, "TLS* (files or on/off)");
     keys
 }
 

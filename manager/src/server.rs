@@ -14,6 +14,7 @@ use crate::nodes::listener::accept_loop;
 use drover_bus::Bus;
 use drover_bus::bluechi::BUS_NAME;
 use drover_config::ManagerConfig;
+use drover_tls::{Acceptor, ServerSettings};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::task::JoinHandle;
@@ -31,6 +32,33 @@ pub enum StartError {
     Name(String),
     #[error("cannot use the agent listener: {0}")]
     Listener(std::io::Error),
+    #[error("TLS: {0}")]
+    Tls(#[from] drover_tls::Error),
+}
+
+/// The acceptor for `config.tls`, loaded and checked (`None` without TLS).
+pub fn load_tls(config: &ManagerConfig) -> Result<Option<Acceptor>, drover_tls::Error> {
+    let Some(files) = &config.tls else {
+        return Ok(None);
+    };
+    let settings = ServerSettings::load(&tls_files(files))?;
+    tracing::info!(
+        "TLS: manager certificate serial {}, valid until {}; {} revoked certificate(s) in the CRL",
+        settings.serial(),
+        drover_tls::format_utc(settings.not_after()),
+        settings.revoked_count()
+    );
+    Ok(Some(Acceptor::new(settings)))
+}
+
+/// The config's paths as `drover-tls` takes them.
+pub fn tls_files(files: &drover_config::TlsFiles) -> drover_tls::TlsFiles {
+    drover_tls::TlsFiles {
+        certificate: files.certificate.clone(),
+        private_key: files.private_key.clone(),
+        ca_bundle: files.ca_bundle.clone(),
+        crl: files.crl.clone(),
+    }
 }
 
 /// A running manager. Dropping it without [`Manager::shutdown`] stops the
@@ -82,7 +110,8 @@ impl Manager {
         listener: std::net::TcpListener,
         timeouts: Timeouts,
     ) -> Result<Self, StartError> {
-        let core = Core::new(config, timeouts);
+        let tls = load_tls(&config)?;
+        let core = Core::new(config, timeouts, tls);
         let conn = connect(bus).await?;
         api::export(&core, &conn)
             .await
@@ -113,6 +142,7 @@ impl Manager {
             .map_err(StartError::Listener)?;
         let local_addr = listener.local_addr().map_err(StartError::Listener)?;
         let listener = tokio::net::TcpListener::from_std(listener).map_err(StartError::Listener)?;
+        crate::nodes::listener::warn_if_plaintext(core.config(), local_addr);
         let stop = CancellationToken::new();
         let tasks = vec![
             tokio::spawn(accept_loop(core.clone(), listener, stop.clone())),
@@ -121,8 +151,13 @@ impl Manager {
             tokio::spawn(watch_name(conn.clone())),
         ];
         tracing::info!(
-            "serving {BUS_NAME} with {} allowed node(s); agents connect to {local_addr}",
-            core.registry().total()
+            "serving {BUS_NAME} with {} allowed node(s); agents connect to {local_addr}{}",
+            core.registry().total(),
+            if core.tls().is_some() {
+                " over mutual TLS"
+            } else {
+                ""
+            }
         );
         Ok(Self {
             core,

@@ -157,13 +157,15 @@ async fn running_out_of_descriptors_is_survived() {
         r.is_ok() && tokio::net::TcpStream::connect(addr).await.is_ok()
     });
     up.await.unwrap();
+    // From several loopback addresses: one address may only hold 16
+    // unauthenticated connections (the rest are closed at once, which frees
+    // their descriptors), so one address alone never runs the manager out.
     let mut flood = Vec::new();
-    for _ in 0..100 {
-        flood.push(
-            tokio::net::TcpStream::connect(addr)
-                .await
-                .expect("connect (backlog)"),
-        );
+    for i in 0..100u8 {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        let from = std::net::SocketAddr::from(([127, 0, 0, 2 + i % 8], 0));
+        socket.bind(from).expect("bind a loopback source address");
+        flood.push(socket.connect(addr).await.expect("connect (backlog)"));
     }
     let logged = eventually(Duration::from_millis(2500), "EMFILE is logged", || async {
         setup.logged().contains("cannot accept agents")

@@ -118,6 +118,8 @@ pub enum RefuseReason {
     BadHandshake,
     /// The manager is shutting down.
     ShuttingDown,
+    /// The hello names another node than the connection's TLS certificate.
+    IdentityMismatch,
 }
 
 impl RefuseReason {

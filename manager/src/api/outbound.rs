@@ -9,10 +9,12 @@
 use crate::api::controller::ControllerObject;
 use crate::api::job::JobObject;
 use crate::api::metrics::MetricsObject;
+use crate::api::node::NodeObject;
 use crate::core::Core;
 use crate::jobs::JobInfo;
 use crate::outbound::Outbound;
 use drover_bus::bluechi::{CONTROLLER_PATH, METRICS_IFACE, METRICS_PATH};
+use drover_protocol::NodeName;
 use futures::future::BoxFuture;
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -83,6 +85,22 @@ impl Outbound for BusOutbound {
             .await
             {
                 tracing::warn!("cannot emit PropertiesChanged for {path} {property}: {e}");
+            }
+        })
+    }
+
+    fn export_node<'a>(
+        &'a self,
+        node: &'a NodeName,
+        path: &'a OwnedObjectPath,
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let Some(core) = self.core.upgrade() else {
+                return;
+            };
+            let object = NodeObject::new(core, node.clone());
+            if let Err(e) = self.conn.object_server().at(path.as_str(), object).await {
+                tracing::error!(%node, "cannot export the node object: {e}");
             }
         })
     }

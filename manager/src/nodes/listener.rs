@@ -5,15 +5,26 @@
 //!   close-on-exec so no child inherits the agents' port) is used as is:
 //!   systemd socket activation, and the sandbox keeps the port across
 //!   manager restarts that way.
-//! * Otherwise bind `ListenAddress:port`, or `[::]:port` (dual stack) falling
-//!   back to `0.0.0.0:port` when IPv6 is off.
+//! * Otherwise bind `ListenAddress:port`; unset, `[::]:port` (dual stack)
+//!   falling back to `0.0.0.0:port` when IPv6 is off — with TLS or
+//!   `AllowPlaintext=true` only; without them `127.0.0.1` (the agents'
+//!   default `ControllerHost`), see `ManagerConfig::bind_address`.
+//! * Without TLS a warning is logged at start for the plaintext listener,
+//!   and a connection that reached a non-loopback local address is closed at
+//!   once unless `AllowPlaintext=true` (a socket-activated listener may be
+//!   bound anywhere).
 //! * The accept loop never gives up: when descriptors run out (EMFILE,
 //!   ENFILE) or memory is short it logs, backs off, and keeps accepting once
-//!   descriptors free up. Each connection gets TCP_NODELAY, keepalive per
-//!   config and IP_RECVERR, then its handshake runs in its own task so a slow
-//!   or silent peer never stalls the loop.
+//!   descriptors free up. Each connection takes a ticket of the
+//!   [`Gate`](crate::nodes::gate::Gate) (over a cap it is closed at once),
+//!   gets TCP_NODELAY, keepalive per config and IP_RECVERR, then its
+//!   handshake runs in its own task so a slow or silent peer never stalls
+//!   the loop: the TLS handshake (with TLS) and the hello must both be done
+//!   within `Timeouts::handshake` of the accept. With TLS, not one drover
+//!   byte is read before the client certificate is verified.
 
 use crate::core::Core;
+use crate::nodes::gate::{Over, Ticket};
 use drover_config::ManagerConfig;
 use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
 use std::io;
@@ -104,7 +115,29 @@ pub fn listener_for(config: &ManagerConfig) -> Result<TcpListener, ListenError> 
             Ok(listener)
         }
         None if !config.use_tcp => Err(ListenError::NoListener),
-        None => bind(config.listen_address, config.port),
+        // Plaintext without `ListenAddress`: 127.0.0.1, the agents' default
+        // `ControllerHost` (`::1` would leave every default agent outside).
+        None => bind(config.bind_address(false), config.port),
+    }
+}
+
+/// The start-up warning for a plaintext listener (nothing with TLS).
+pub fn warn_if_plaintext(config: &ManagerConfig, local: SocketAddr) {
+    if config.tls.is_some() {
+        return;
+    }
+    if config.allow_plaintext {
+        tracing::warn!(
+            "agents connect to {local} in PLAINTEXT, from any address (AllowPlaintext=true): \
+             whoever reaches this port can register as an allowed node; configure \
+             TLSCertificate, TLSPrivateKey and TLSCertificateAuthority"
+        );
+    } else {
+        tracing::warn!(
+            "agents connect to {local} in plaintext, accepted on loopback addresses only; \
+             configure TLSCertificate, TLSPrivateKey and TLSCertificateAuthority for agents \
+             on other hosts"
+        );
     }
 }
 
@@ -154,9 +187,7 @@ pub async fn accept_loop(
         match accepted {
             Ok((stream, peer)) => {
                 backoff = Duration::from_millis(10);
-                configure_stream(&stream, core.config());
-                let core = core.clone();
-                tokio::spawn(async move { core.serve_connection(stream, peer).await });
+                admit_connection(&core, stream, peer);
             }
             Err(e) if is_resource_exhaustion(&e) => {
                 tracing::error!(
@@ -173,6 +204,93 @@ pub async fn accept_loop(
             Err(e) => tracing::debug!("accept: {e}"),
         }
     }
+}
+
+/// One accepted connection: the caps, the plaintext rule, then its own task
+/// for TLS, hello and session.
+fn admit_connection(core: &Arc<Core>, stream: tokio::net::TcpStream, peer: SocketAddr) {
+    let ticket = match core.gate().enter(peer.ip()) {
+        Ok(t) => t,
+        Err(over) => {
+            let limits = core.gate().limits();
+            let (key, what) = match over {
+                Over::Total => (
+                    "over cap: total",
+                    format!(
+                        "{} connections are already authenticating",
+                        limits.handshakes
+                    ),
+                ),
+                Over::PerIp => (
+                    "over cap: per address",
+                    format!(
+                        "{} connections from this address are already authenticating",
+                        limits.per_ip
+                    ),
+                ),
+            };
+            core.refusals()
+                .warn(key, || format!("{peer}: closed at once: {what}"));
+            // Dropping the stream closes it; nothing was read.
+            return;
+        }
+    };
+    if core.tls().is_none() {
+        let local = stream.local_addr().map(|a| a.ip());
+        let allowed = local
+            .as_ref()
+            .is_ok_and(|ip| core.config().plaintext_allowed_on(*ip));
+        if !allowed {
+            core.refusals().warn("plaintext off loopback", || {
+                format!(
+                    "{peer}: closed at once: plaintext is served on loopback only (local address \
+                     {local:?}); configure TLS, or AllowPlaintext=true"
+                )
+            });
+            return;
+        }
+    }
+    configure_stream(&stream, core.config());
+    let core = core.clone();
+    tokio::spawn(async move { serve(core, stream, peer, ticket).await });
+}
+
+async fn serve(core: Arc<Core>, stream: tokio::net::TcpStream, peer: SocketAddr, ticket: Ticket) {
+    let deadline = tokio::time::Instant::now() + core.timeouts().handshake;
+    let Some(acceptor) = core.tls().cloned() else {
+        core.serve_connection(stream, peer, None, deadline, Some(ticket))
+            .await;
+        return;
+    };
+    let tls = match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(e)) => {
+            core.refusals().warn("tls handshake", || {
+                format!("{peer}: TLS handshake refused: {e}")
+            });
+            return;
+        }
+        Err(_) => {
+            core.refusals().warn("tls timeout", || {
+                format!(
+                    "{peer}: TLS handshake not done within {} ms; closed",
+                    core.timeouts().handshake.as_millis()
+                )
+            });
+            return;
+        }
+    };
+    let identity = match drover_tls::peer_identity(&tls) {
+        Ok(identity) => identity,
+        Err(e) => {
+            core.refusals().warn("tls identity", || {
+                format!("{peer}: client certificate refused: {e}")
+            });
+            return;
+        }
+    };
+    core.serve_connection(tls, peer, Some(identity), deadline, Some(ticket))
+        .await;
 }
 
 fn is_resource_exhaustion(e: &io::Error) -> bool {
@@ -211,6 +329,16 @@ mod tests {
         };
         let err = listener_for(&config).unwrap_err();
         assert!(err.to_string().contains("UseTCP=false"), "{err}");
+    }
+
+    #[test]
+    fn plaintext_binds_loopback_by_default() {
+        let config = ManagerConfig {
+            port: 0,
+            ..ManagerConfig::default()
+        };
+        let l = listener_for(&config).unwrap();
+        assert!(l.local_addr().unwrap().ip().is_loopback());
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! The agents' side of the manager: where their connections come from
 //! ([`listener`]), one connected agent ([`session`]), and the node table with
-//! its admission rules ([`registry`]).
+//! its admission rules ([`registry`]); what an unauthenticated connection may
+//! cost and how its refusal is logged ([`gate`]).
 
+pub mod gate;
 pub mod listener;
 pub mod registry;
 pub mod session;

@@ -2,8 +2,18 @@
 //!
 //! Rules (docs/architecture.md "Agent ↔ manager session"):
 //!
-//! * Only names in `AllowedNodeNames` exist; every one of them has an entry
-//!   (and a D-Bus object) from start to exit, online or not, in config order.
+//! * Every name in `AllowedNodeNames` has an entry (and a D-Bus object) from
+//!   start to exit, online or not, in config order. With TLS and
+//!   `AllowCertifiedNodes=true`, a node the CA certified gets its entry when it
+//!   first registers (`Admission::Accept { new: true }`), unless its
+//!   `[node NAME]` section says `Allowed=false`.
+//! * With TLS, the hello's name must be the certificate's node name
+//!   (`RefuseReason::IdentityMismatch` otherwise).
+//! * Who may register follows the [`Policy`] in force; a reload replaces it
+//!   (entries are never removed, a node taken off the list is refused and
+//!   its session dropped by the reload).
+//! * Refusal messages go to an unauthenticated peer: they never name another
+//!   node's address or session (only the log line does).
 //! * A name has at most one session. A newcomer for a name whose session has
 //!   been silent longer than the heartbeat threshold replaces it (the old one
 //!   is ended as a disconnect); otherwise the newcomer is refused with
@@ -16,8 +26,9 @@
 
 use crate::escape::node_path;
 use crate::nodes::session::Session;
+use drover_config::ManagerConfig;
 use drover_protocol::{NodeName, RefuseReason};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use zbus::OwnedObjectPath;
 
@@ -55,9 +66,53 @@ impl NodeEntry {
     }
 }
 
+/// Who may register: the names allowed, the names denied, and whether a
+/// certified node may register without being listed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Policy {
+    allowed: HashSet<NodeName>,
+    denied: HashSet<NodeName>,
+    certified: bool,
+}
+
+impl Policy {
+    /// `AllowedNodeNames` (with `[node NAME]` `Allowed=`), and
+    /// `AllowCertifiedNodes` when TLS is configured.
+    pub fn from_config(config: &ManagerConfig) -> Self {
+        Self {
+            allowed: config.allowed_nodes.iter().cloned().collect(),
+            denied: config
+                .nodes
+                .iter()
+                .filter(|n| n.allowed == Some(false))
+                .map(|n| n.name.clone())
+                .collect(),
+            certified: config.tls.is_some() && config.allow_certified_nodes,
+        }
+    }
+
+    /// Names only (no certified admission).
+    pub fn names(allowed: &[NodeName]) -> Self {
+        Self {
+            allowed: allowed.iter().cloned().collect(),
+            ..Self::default()
+        }
+    }
+
+    /// Whether `node` may register; `certified` when its TLS certificate
+    /// names it.
+    pub fn allows(&self, node: &NodeName, certified: bool) -> bool {
+        self.allowed.contains(node) || (certified && self.certified && !self.denied.contains(node))
+    }
+}
+
 /// The verdict on a hello.
 pub enum Admission {
-    Accept(NodeName),
+    /// `new`: the node has no entry yet (a certified node's first visit).
+    Accept {
+        node: NodeName,
+        new: bool,
+    },
     /// Accept after ending `old`, whose heartbeat expired.
     Replace {
         node: NodeName,
@@ -99,6 +154,7 @@ pub struct Registry {
     nodes: Vec<NodeEntry>,
     index: HashMap<NodeName, usize>,
     online: usize,
+    policy: Policy,
 }
 
 impl Registry {
@@ -122,7 +178,17 @@ impl Registry {
             nodes,
             index,
             online: 0,
+            policy: Policy::names(allowed),
         }
+    }
+
+    /// Puts `policy` in force for the next hellos.
+    pub fn set_policy(&mut self, policy: Policy) {
+        self.policy = policy;
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
     }
 
     pub fn nodes(&self) -> &[NodeEntry] {
@@ -156,36 +222,64 @@ impl Registry {
         ControllerStatus::compute(self.online, self.nodes.len())
     }
 
-    /// Decides on a hello claiming `raw_name`, at monotonic time `now_mono_us`.
-    pub fn admit(&self, raw_name: &str, now_mono_us: u64, threshold_ms: u64) -> Admission {
+    /// Decides on a hello claiming `raw_name`, at monotonic time
+    /// `now_mono_us`. `certified`: the node name the connection's TLS
+    /// certificate proved (`None` on plaintext).
+    pub fn admit(
+        &self,
+        raw_name: &str,
+        certified: Option<&NodeName>,
+        now_mono_us: u64,
+        threshold_ms: u64,
+    ) -> Admission {
         let name = match NodeName::new(raw_name) {
             Ok(name) => name,
             Err(e) => return Admission::Refuse(RefuseReason::InvalidName, e.to_string()),
         };
-        let Some(&i) = self.index.get(&name) else {
+        if let Some(proven) = certified
+            && *proven != name
+        {
             return Admission::Refuse(
-                RefuseReason::UnknownNode,
-                format!("node '{name}' is not in the manager's AllowedNodeNames"),
+                RefuseReason::IdentityMismatch,
+                format!(
+                    "this connection's certificate is for node '{proven}', so it cannot \
+                     register as node '{name}'"
+                ),
             );
+        }
+        if !self.policy.allows(&name, certified.is_some()) {
+            let why = if certified.is_some() && self.policy.certified {
+                "is denied by the manager's configuration (Allowed=false)"
+            } else {
+                "is not in the manager's AllowedNodeNames"
+            };
+            return Admission::Refuse(RefuseReason::UnknownNode, format!("node '{name}' {why}"));
+        }
+        let Some(&i) = self.index.get(&name) else {
+            return Admission::Accept {
+                node: name,
+                new: true,
+            };
         };
         match &self.nodes[i].session {
-            None => Admission::Accept(name),
+            None => Admission::Accept {
+                node: name,
+                new: false,
+            },
             Some(old) if old.is_silent(now_mono_us, threshold_ms) => Admission::Replace {
                 node: name,
                 old: old.clone(),
             },
-            Some(old) => {
-                let silent_ms = now_mono_us.saturating_sub(old.last_seen_mono_us()) / 1000;
-                Admission::Refuse(
-                    RefuseReason::AlreadyConnected,
-                    format!(
-                        "node '{name}' is already connected from {} (session {}, last heard {silent_ms} ms ago); \
-                         a second agent with the same name is refused while the first one is alive",
-                        old.peer_ip(),
-                        old.id()
-                    ),
-                )
-            }
+            // Say nothing of the other session (its address, its id): the
+            // peer is not authenticated on plaintext, and even a certified
+            // one has no business knowing.
+            Some(_) => Admission::Refuse(
+                RefuseReason::AlreadyConnected,
+                format!(
+                    "node '{name}' is already connected and alive; a second agent with the \
+                     same name is refused while the first one is"
+                ),
+            ),
         }
     }
 
@@ -288,10 +382,10 @@ mod tests {
     fn invalid_and_unknown_names_are_refused() {
         let r = Registry::new(&names(&["a"]));
         assert_eq!(
-            refused(r.admit("a b", 0, 6000)).0,
+            refused(r.admit("a b", None, 0, 6000)).0,
             RefuseReason::InvalidName
         );
-        let (reason, msg) = refused(r.admit("zzz", 0, 6000));
+        let (reason, msg) = refused(r.admit("zzz", None, 0, 6000));
         assert_eq!(reason, RefuseReason::UnknownNode);
         assert!(
             msg.contains("zzz") && msg.contains("AllowedNodeNames"),
@@ -302,24 +396,31 @@ mod tests {
     #[test]
     fn live_duplicate_is_refused_dead_one_is_replaced() {
         let mut r = Registry::new(&names(&["a"]));
-        assert!(matches!(r.admit("a", 0, 6000), Admission::Accept(_)));
+        assert!(matches!(
+            r.admit("a", None, 0, 6000),
+            Admission::Accept { .. }
+        ));
         let s1 = session(1, "a");
         let seen = s1.last_seen_mono_us();
         r.attach(s1.clone()).ok().unwrap();
         assert_eq!(r.get("a").unwrap().status(), ONLINE);
         assert_eq!(r.get("a").unwrap().peer_ip(), "10.0.0.1");
 
-        let (reason, msg) = refused(r.admit("a", seen + 1_000_000, 6000));
+        let (reason, msg) = refused(r.admit("a", None, seen + 1_000_000, 6000));
         assert_eq!(reason, RefuseReason::AlreadyConnected);
         assert!(msg.contains("already connected"), "{msg}");
+        assert!(
+            !msg.contains("10.0.0.1") && !msg.contains("session"),
+            "a refusal never tells another node's address or session: {msg}"
+        );
 
-        match r.admit("a", seen + 7_000_000, 6000) {
+        match r.admit("a", None, seen + 7_000_000, 6000) {
             Admission::Replace { old, .. } => assert_eq!(old.id(), 1),
             _ => panic!("a silent session must be replaced"),
         }
         // Threshold 0 disables liveness: the live-session rule alone applies.
         assert_eq!(
-            refused(r.admit("a", seen + 700_000_000, 0)).0,
+            refused(r.admit("a", None, seen + 700_000_000, 0)).0,
             RefuseReason::AlreadyConnected
         );
         // A second attach while held fails.
@@ -363,8 +464,59 @@ mod tests {
         assert_eq!(order, ["a", "b", "c", "d"]);
         assert_eq!(r.get("a").unwrap().status(), ONLINE, "untouched");
         assert_eq!(r.get("d").unwrap().status(), OFFLINE);
-        assert!(matches!(r.admit("d", 0, 6000), Admission::Accept(_)));
+        r.set_policy(Policy::names(&names(&["a", "b", "c", "d"])));
+        assert!(matches!(
+            r.admit("d", None, 0, 6000),
+            Admission::Accept { .. }
+        ));
         assert_eq!(r.controller_status().as_str(), "degraded");
+    }
+
+    #[test]
+    fn certificates_name_the_node_and_certified_nodes_may_register() {
+        let mut r = Registry::new(&names(&["a"]));
+        let a = NodeName::new("a").unwrap();
+        let b = NodeName::new("b").unwrap();
+        let (reason, msg) = refused(r.admit("b", Some(&a), 0, 6000));
+        assert_eq!(reason, RefuseReason::IdentityMismatch);
+        assert!(msg.contains("'a'") && msg.contains("'b'"), "{msg}");
+        assert!(matches!(
+            r.admit("a", Some(&a), 0, 6000),
+            Admission::Accept { new: false, .. }
+        ));
+        // Not listed, certified, but AllowCertifiedNodes is off.
+        assert_eq!(
+            refused(r.admit("b", Some(&b), 0, 6000)).0,
+            RefuseReason::UnknownNode
+        );
+        let config = ManagerConfig::parse_str(
+            "[drover-manager]\nAllowedNodeNames=a\nAllowCertifiedNodes=true\n\
+             TLSCertificate=/c\nTLSPrivateKey=/k\nTLSCertificateAuthority=/ca\n\
+             [node c]\nAllowed=false\n",
+        )
+        .unwrap();
+        r.set_policy(Policy::from_config(&config));
+        assert!(matches!(
+            r.admit("b", Some(&b), 0, 6000),
+            Admission::Accept { new: true, .. }
+        ));
+        let c = NodeName::new("c").unwrap();
+        assert_eq!(
+            refused(r.admit("c", Some(&c), 0, 6000)).0,
+            RefuseReason::UnknownNode,
+            "a listed denial still narrows certified admission"
+        );
+        assert_eq!(
+            refused(r.admit("b", None, 0, 6000)).0,
+            RefuseReason::UnknownNode,
+            "without a certificate only names count"
+        );
+        // A reload that drops a name refuses it at the next hello.
+        r.set_policy(Policy::names(&[]));
+        assert_eq!(
+            refused(r.admit("a", Some(&a), 0, 6000)).0,
+            RefuseReason::UnknownNode
+        );
     }
 
     #[test]

@@ -25,6 +25,7 @@ use drover_protocol::link::ManagerFramed;
 use drover_protocol::{
     Event, NodeName, Notice, RemoteError, Request, Response, ToAgent, ToManager,
 };
+use drover_tls::NodeIdentity;
 use futures::future::BoxFuture;
 use futures::{SinkExt, StreamExt};
 use std::collections::HashMap;
@@ -56,6 +57,9 @@ pub struct Session {
     id: u64,
     node: NodeName,
     peer_ip: String,
+    /// What the TLS client certificate proved (`None` on plaintext): a
+    /// reload drops the session when its serial is revoked.
+    identity: Option<NodeIdentity>,
     outgoing: mpsc::Sender<ToAgent>,
     pending: Mutex<HashMap<u64, oneshot::Sender<Reply>>>,
     next_request: AtomicU64,
@@ -68,11 +72,22 @@ pub struct Session {
 impl Session {
     /// A session and the receiving end of its outgoing queue (for the writer).
     pub fn new(id: u64, node: NodeName, peer_ip: String) -> (Arc<Self>, mpsc::Receiver<ToAgent>) {
+        Self::authenticated(id, node, peer_ip, None)
+    }
+
+    /// [`Session::new`] for a connection whose certificate proved `identity`.
+    pub fn authenticated(
+        id: u64,
+        node: NodeName,
+        peer_ip: String,
+        identity: Option<NodeIdentity>,
+    ) -> (Arc<Self>, mpsc::Receiver<ToAgent>) {
         let (outgoing, rx) = mpsc::channel(OUTGOING_QUEUE);
         let session = Arc::new(Self {
             id,
             node,
             peer_ip,
+            identity,
             outgoing,
             pending: Mutex::new(HashMap::new()),
             next_request: AtomicU64::new(1),
@@ -94,6 +109,11 @@ impl Session {
 
     pub fn peer_ip(&self) -> &str {
         &self.peer_ip
+    }
+
+    /// The certificate identity of a TLS session.
+    pub fn identity(&self) -> Option<&NodeIdentity> {
+        self.identity.as_ref()
     }
 
     pub fn last_seen_real_us(&self) -> u64 {

@@ -48,6 +48,7 @@ pub fn fast_timeouts() -> Timeouts {
         request: Duration::from_secs(2),
         handshake: Duration::from_millis(300),
         fanout: Duration::from_secs(1),
+        ..Timeouts::default()
     }
 }
 
