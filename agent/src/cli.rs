@@ -91,6 +91,33 @@ pub fn settings(args: &Args) -> Result<Settings, String> {
         count: config.tcp_keepalive_count,
     });
     link.ip_receive_errors = config.ip_receive_errors;
+    if let Some(files) = &config.tls {
+        // The name the manager's certificate must carry: TLSControllerName,
+        // else the host dialled (flags applied).
+        let server_name = config
+            .tls_controller_name
+            .clone()
+            .unwrap_or_else(|| link.host.clone());
+        let settings = drover_tls::ClientSettings::load(&drover_tls::TlsFiles {
+            certificate: files.certificate.clone(),
+            private_key: files.private_key.clone(),
+            ca_bundle: files.ca_bundle.clone(),
+            crl: files.crl.clone(),
+        })
+        .map_err(|e| format!("TLS: {e}"))?;
+        if settings.identity().node() != &link.node {
+            return Err(format!(
+                "TLS: the certificate {} is for node '{}', but this agent is node '{}'; \
+                 the manager would refuse it",
+                files.certificate.display(),
+                settings.identity().node(),
+                link.node
+            ));
+        }
+        link.tls = Some(
+            drover_tls::Connector::new(settings, &server_name).map_err(|e| format!("TLS: {e}"))?,
+        );
+    }
 
     let bus = match (&args.bus, args.user) {
         (Some(addr), _) => Bus::Address(addr.clone()),

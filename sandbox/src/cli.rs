@@ -48,6 +48,10 @@ pub enum Command {
         /// Sandbox directory.
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
+        /// Plaintext between agents and manager (on loopback) instead of the
+        /// default mutual TLS with certificates from `DIR/pki`.
+        #[arg(long)]
+        no_tls: bool,
     },
     /// Run a command inside a node (its namespaces and environment).
     Exec {
@@ -115,7 +119,12 @@ pub fn main() -> ExitCode {
 /// Runs one command; returns the process exit code.
 pub async fn run(cli: Cli) -> Result<u8> {
     match cli.command {
-        Command::Up { nodes, node, dir } => {
+        Command::Up {
+            nodes,
+            node,
+            dir,
+            no_tls,
+        } => {
             let mut opts = if node.is_empty() {
                 ClusterOptions::with_nodes(usize::from(nodes.unwrap_or(3)))
             } else {
@@ -125,6 +134,7 @@ pub async fn run(cli: Cli) -> Result<u8> {
                 }
             };
             opts.dir = Some(resolve_dir(dir));
+            opts.tls = !no_tls;
             up(opts).await
         }
         Command::Exec { dir, node, cmd } => exec(&resolve_dir(dir), &node, &cmd),

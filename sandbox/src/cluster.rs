@@ -68,6 +68,12 @@ pub struct ClusterOptions {
     pub allow_all_proxies: bool,
     /// Start one agent per node (default true).
     pub start_agents: bool,
+    /// Mutual TLS between agents and manager (default true): the sandbox makes
+    /// a CA in `DIR/pki` (`drover_tls::pki`), a manager certificate for
+    /// 127.0.0.1 and one certificate per node, and writes the TLS keys into
+    /// every config. Off: plaintext on loopback, for the tests of plaintext
+    /// behaviour.
+    pub tls: bool,
 }
 
 impl Default for ClusterOptions {
@@ -88,6 +94,7 @@ impl ClusterOptions {
             manager_extra_config: String::new(),
             allow_all_proxies: true,
             start_agents: true,
+            tls: true,
         }
     }
 
@@ -267,6 +274,13 @@ impl Cluster {
         state.save()?;
 
         let procs_join = cgroups.join_spec(PROCS_GROUP)?;
+        let pki = if opts.tls {
+            let mut names: Vec<String> = opts.nodes.clone();
+            names.extend(opts.allowed_nodes.iter().flatten().cloned());
+            Some(make_pki(&dir.join("pki"), &names)?)
+        } else {
+            None
+        };
         let proxy_bin = binaries::locate_in("drover-proxy", &bin_dirs).ok();
         let mut cluster = Cluster {
             state,
@@ -278,6 +292,7 @@ impl Cluster {
                 port,
                 heartbeat_interval_ms: opts.heartbeat_interval_ms,
                 heartbeat_threshold_ms: opts.heartbeat_threshold_ms,
+                pki,
             },
             node_children: BTreeMap::new(),
             bus_child: None,
@@ -439,6 +454,11 @@ impl Cluster {
         if claimed_name.is_empty() || claimed_name.contains(['\n', '\r']) {
             bail!("claimed name {claimed_name:?} cannot be written into a config file");
         }
+        if self.settings.pki.is_some() {
+            // A certificate of the claimed name from the cluster's CA: what is
+            // tested is the manager's admission, not a TLS failure.
+            self.issue_node(claimed_name)?;
+        }
         self.extra_counter += 1;
         let n = self.extra_counter;
         let conf = self.state.dir.join(format!("extra-agent-{n}.conf"));
@@ -450,6 +470,24 @@ impl Cluster {
         self.extra_agents.push(child);
         self.state.save()?;
         Ok(pid)
+    }
+
+    /// The cluster's PKI (`None` without TLS): its CA can issue, rotate and
+    /// revoke certificates for tests (`drover_tls::pki::Pki`).
+    pub fn pki(&self) -> Option<drover_tls::pki::Pki> {
+        self.settings.pki.as_ref().map(drover_tls::pki::Pki::new)
+    }
+
+    /// Issues a certificate for `node` from the cluster's CA unless it has one.
+    pub fn issue_node(&self, node: &str) -> Result<()> {
+        let Some(pki) = self.pki() else {
+            bail!("the sandbox runs without TLS");
+        };
+        let name = NodeName::new(node)?;
+        if !pki.node_key(&name).exists() {
+            pki.issue_node(&name, &pki_options()?)?;
+        }
+        Ok(())
     }
 
     /// Rewrites manager.conf as [`Cluster::start`] does, with `allow_all_proxies` and
@@ -839,6 +877,34 @@ impl Drop for Cluster {
         }
         self.finished = true;
     }
+}
+
+/// A year: longer than any test or demo.
+fn pki_options() -> Result<drover_tls::pki::Options> {
+    Ok(drover_tls::pki::Options {
+        validity: drover_tls::pki::Validity::days(365)?,
+        force: false,
+    })
+}
+
+/// A fresh CA in `dir`, a manager certificate for 127.0.0.1 (what agents
+/// dial) and a certificate for each of `nodes`. Returns `dir`.
+fn make_pki(dir: &Path, nodes: &[String]) -> Result<PathBuf> {
+    let pki = drover_tls::pki::Pki::new(dir);
+    let options = pki_options()?;
+    pki.create_ca(&options).context("making the sandbox CA")?;
+    pki.issue_manager(&["127.0.0.1"], &options)
+        .context("issuing the manager's certificate")?;
+    let mut names: Vec<NodeName> = Vec::new();
+    for n in nodes {
+        let name = NodeName::new(n.as_str())?;
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    pki.issue_nodes(&names, &options)
+        .context("issuing the nodes' certificates")?;
+    Ok(dir.to_path_buf())
 }
 
 fn new_id() -> String {

@@ -1,7 +1,7 @@
 //! The files a sandbox writes: its dbus-daemon config, the manager and agent configs, and
 //! the `sandbox.env` shell snippet. Pure text generation, so it is tested without processes.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Settings that go into the manager and agent configs.
 #[derive(Debug, Clone)]
@@ -9,6 +9,23 @@ pub struct DaemonSettings {
     pub port: u16,
     pub heartbeat_interval_ms: u64,
     pub heartbeat_threshold_ms: u64,
+    /// The cluster's PKI directory (`drover_tls::pki` layout) when the
+    /// daemons speak mutual TLS; `None` for plaintext.
+    pub pki: Option<PathBuf>,
+}
+
+/// The four TLS keys for a daemon whose certificate and key are `cert`, `key`.
+fn tls_keys(pki: &Path, cert: &Path, key: &Path) -> String {
+    format!(
+        "TLSCertificate={}\n\
+         TLSPrivateKey={}\n\
+         TLSCertificateAuthority={}\n\
+         TLSRevocationList={}\n",
+        cert.display(),
+        key.display(),
+        pki.join("ca.pem").display(),
+        pki.join("crl.pem").display(),
+    )
 }
 
 /// A session-style bus that listens on `socket` and lets anyone own and send anything.
@@ -61,6 +78,13 @@ pub fn manager_config(
         settings.heartbeat_interval_ms,
         settings.heartbeat_threshold_ms,
     );
+    if let Some(pki) = &settings.pki {
+        text.push_str(&tls_keys(
+            pki,
+            &pki.join("manager.pem"),
+            &pki.join("manager.key"),
+        ));
+    }
     for node in nodes.iter().filter(|_| allow_all_proxies) {
         text.push_str(&format!(
             "\n[node {node}]\nAllowDependenciesOn={}\n",
@@ -125,7 +149,7 @@ pub fn proxy_units(
 
 /// An agent config for the node called `name`.
 pub fn agent_config(settings: &DaemonSettings, name: &str) -> String {
-    format!(
+    let mut text = format!(
         "[drover-agent]\n\
          NodeName={name}\n\
          ControllerHost=127.0.0.1\n\
@@ -134,7 +158,16 @@ pub fn agent_config(settings: &DaemonSettings, name: &str) -> String {
          ControllerHeartbeatThreshold={}\n\
          LogTarget=stderr\n",
         settings.port, settings.heartbeat_interval_ms, settings.heartbeat_threshold_ms,
-    )
+    );
+    if let Some(pki) = &settings.pki {
+        let nodes = pki.join("nodes");
+        text.push_str(&tls_keys(
+            pki,
+            &nodes.join(format!("{name}.pem")),
+            &nodes.join(format!("{name}.key")),
+        ));
+    }
+    text
 }
 
 /// Shell `export` lines for a sandbox's bus and directory.
@@ -160,6 +193,7 @@ mod tests {
             port: 4242,
             heartbeat_interval_ms: 500,
             heartbeat_threshold_ms: 2000,
+            pki: None,
         }
     }
 

@@ -114,6 +114,10 @@ pub fn unit_name(s: &str) -> UnitName {
     UnitName::new(s).unwrap_or_else(|e| panic!("unit name {s:?}: {e}"))
 }
 
+/// What a fake agent's connection runs over: TCP, or TLS on TCP.
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Io for T {}
+
 /// How a [`FakeAgent`] presents itself and how often it beats.
 #[derive(Clone, Debug)]
 pub struct AgentOptions {
@@ -122,6 +126,8 @@ pub struct AgentOptions {
     pub heartbeat: Duration,
     /// How long the handshake may take.
     pub handshake_timeout: Duration,
+    /// Speak mutual TLS with this connector (its certificate is the agent's).
+    pub tls: Option<drover_tls::Connector>,
 }
 
 impl Default for AgentOptions {
@@ -130,6 +136,7 @@ impl Default for AgentOptions {
             version: "fake".into(),
             heartbeat: Duration::from_millis(100),
             handshake_timeout: WAIT,
+            tls: None,
         }
     }
 }
@@ -186,6 +193,15 @@ impl FakeAgent {
         let stream = tokio::net::TcpStream::connect(addr)
             .await
             .map_err(|e| HandshakeError::Frame(e.into()))?;
+        let stream: Box<dyn Io> = match &opts.tls {
+            None => Box::new(stream),
+            Some(connector) => Box::new(
+                tokio::time::timeout(opts.handshake_timeout, connector.connect(stream))
+                    .await
+                    .map_err(|_| HandshakeError::Timeout(opts.handshake_timeout))?
+                    .map_err(|e| HandshakeError::Frame(e.into()))?,
+            ),
+        };
         let hello = Hello::new(name, opts.version.as_str());
         let (framed, accepted) = agent_handshake(stream, &hello, opts.handshake_timeout).await?;
         let received = Arc::new(Mutex::new(Received::default()));

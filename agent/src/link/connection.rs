@@ -5,7 +5,15 @@
 //! 1. **Connect**: the manager's host is resolved again on every attempt (its
 //!    address may change), TCP with `TCP_NODELAY`, `SO_KEEPALIVE` with the
 //!    configured idle/interval/count and `IP_RECVERR`, so a dead peer is seen
-//!    quickly; then [`agent_handshake`] with a timeout.
+//!    quickly; with TLS configured ([`LinkConfig::tls`]) the TLS 1.3
+//!    handshake, which refuses a manager whose certificate does not chain to
+//!    the agent's CA bundle or does not name `TLSControllerName` (else the
+//!    host dialled) — a rogue manager would own the node; then
+//!    [`agent_handshake`] with a timeout. A refusal is logged (at error level
+//!    for certificate problems) and retried with the backoff below, as any
+//!    failed attempt. In TLS 1.3 the manager judges the agent's own
+//!    certificate after the agent's side of the handshake is done, so a
+//!    refused agent certificate shows as an error reading the welcome.
 //! 2. **Session** (one per accepted handshake, numbered by `epoch`): a reader,
 //!    a writer task fed by the bounded [`Outbox`](crate::link::outbox::Outbox) queue, and a heartbeat
 //!    timer. Each request runs as its own task, at most
@@ -71,7 +79,15 @@ pub struct LinkConfig {
     pub max_in_flight: usize,
     /// Messages queued for the manager before the link is dropped.
     pub outbox_capacity: usize,
+    /// Mutual TLS to the manager (`None`: plaintext).
+    pub tls: Option<drover_tls::Connector>,
 }
+
+/// What a link runs over: TCP, or TLS on TCP.
+pub trait LinkIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> LinkIo for T {}
+/// The connection of one session.
+pub type LinkStream = Box<dyn LinkIo>;
 
 impl LinkConfig {
     /// Defaults for everything but the endpoint and the name.
@@ -92,6 +108,7 @@ impl LinkConfig {
             connect_timeout: Duration::from_secs(5),
             max_in_flight: 64,
             outbox_capacity: 1024,
+            tls: None,
         }
     }
 
@@ -126,6 +143,12 @@ pub enum ConnectError {
     },
     #[error("timed out after {0:?}")]
     Timeout(Duration),
+    #[error("TLS with the manager at {addr} (expected name '{name}') failed: {source}")]
+    Tls {
+        addr: SocketAddr,
+        name: String,
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Handshake(#[from] HandshakeError),
 }
@@ -316,13 +339,23 @@ impl<S: Systemd> Link<S> {
             ConnectError::Handshake(HandshakeError::VersionMismatch { .. }) => {
                 tracing::error!("cannot register with the manager at {endpoint}: {err}{quiet}")
             }
+            ConnectError::Tls { .. } => tracing::error!(
+                "refusing the manager at {endpoint}: {err}; check TLSCertificateAuthority and \
+                 TLSControllerName{quiet}"
+            ),
             _ => tracing::warn!("cannot connect to the manager at {endpoint}: {err}{quiet}"),
         }
     }
 
     async fn connect(
         &self,
-    ) -> Result<(AgentFramed<TcpStream>, drover_protocol::handshake::Accepted), ConnectError> {
+    ) -> Result<
+        (
+            AgentFramed<LinkStream>,
+            drover_protocol::handshake::Accepted,
+        ),
+        ConnectError,
+    > {
         let t = self.cfg.connect_timeout;
         let host = self.cfg.host.as_str();
         let addrs: Vec<SocketAddr> =
@@ -352,6 +385,24 @@ impl<S: Systemd> Link<S> {
             }));
         };
         configure_socket(&stream, &self.cfg);
+        let stream: LinkStream = match &self.cfg.tls {
+            None => Box::new(stream),
+            Some(connector) => {
+                let addr = stream
+                    .peer_addr()
+                    .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+                let tls_err = |source| ConnectError::Tls {
+                    addr,
+                    name: server_name(connector),
+                    source,
+                };
+                match tokio::time::timeout(t, connector.connect(stream)).await {
+                    Ok(Ok(tls)) => Box::new(tls),
+                    Ok(Err(source)) => return Err(tls_err(source)),
+                    Err(_) => return Err(ConnectError::Timeout(t)),
+                }
+            }
+        };
         let hello = Hello::new(self.cfg.node.as_str(), AGENT_VERSION);
         Ok(agent_handshake(stream, &hello, t).await?)
     }
@@ -359,7 +410,7 @@ impl<S: Systemd> Link<S> {
     async fn session(
         &self,
         epoch: u64,
-        framed: AgentFramed<TcpStream>,
+        framed: AgentFramed<LinkStream>,
         manager_threshold_ms: u64,
         shutdown: &CancellationToken,
     ) -> SessionEnd {
@@ -432,7 +483,7 @@ impl<S: Systemd> Link<S> {
     async fn read_loop(
         &self,
         epoch: u64,
-        stream: &mut futures::stream::SplitStream<AgentFramed<TcpStream>>,
+        stream: &mut futures::stream::SplitStream<AgentFramed<LinkStream>>,
         kill: &Arc<SessionKill>,
         shutdown: &CancellationToken,
     ) -> SessionEnd {
@@ -502,7 +553,7 @@ type Next = Option<Result<ToAgent, drover_protocol::FrameError>>;
 
 /// The next frame, or `Err(())` when the threshold (if any) passed first.
 async fn next_within(
-    stream: &mut futures::stream::SplitStream<AgentFramed<TcpStream>>,
+    stream: &mut futures::stream::SplitStream<AgentFramed<LinkStream>>,
     threshold: Duration,
 ) -> Result<Next, ()> {
     if threshold.is_zero() {
@@ -514,7 +565,7 @@ async fn next_within(
 }
 
 async fn write_loop(
-    mut sink: futures::stream::SplitSink<AgentFramed<TcpStream>, ToManager>,
+    mut sink: futures::stream::SplitSink<AgentFramed<LinkStream>, ToManager>,
     mut rx: mpsc::Receiver<ToManager>,
     kill: Arc<SessionKill>,
 ) {
@@ -536,6 +587,11 @@ async fn write_loop(
     if let Err(e) = result {
         kill.kill(format!("writing to the manager failed: {e}"));
     }
+}
+
+/// The manager name a connector checks, for messages.
+fn server_name(connector: &drover_tls::Connector) -> String {
+    connector.server_name().to_str().into_owned()
 }
 
 /// Best effort: a socket option that cannot be set is logged, not fatal.
