@@ -489,3 +489,75 @@ fn backoff_starts_small_doubles_and_is_capped() {
     let later: Vec<_> = (0..20).map(|_| b.next_delay()).collect();
     assert!(later.iter().any(|d| *d != later[0]), "{later:?}");
 }
+
+/// A TLS "manager" whose certificate the agent must refuse: it only counts
+/// what its handshakes ended with.
+async fn rogue_manager(settings: drover_tls::ServerSettings) -> (u16, mpsc::Receiver<String>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let acceptor = drover_tls::Acceptor::new(settings);
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(async move {
+        while let Ok((sock, _)) = listener.accept().await {
+            let outcome = match acceptor.accept(sock).await {
+                Ok(_) => "handshake completed".to_string(),
+                Err(e) => e.to_string(),
+            };
+            let _ = tx.send(outcome).await;
+        }
+    });
+    (port, rx)
+}
+
+#[tokio::test]
+async fn refuses_a_manager_certified_for_another_name_or_by_another_ca() {
+    use drover_tls::pki::{Options, Pki, Validity};
+    let tmp = drover_testkit::process::TempDir::new("drover-agent-tls");
+    let opts = Options {
+        validity: Validity::days(1).unwrap(),
+        force: false,
+    };
+    let fleet = Pki::new(tmp.join("fleet"));
+    fleet.create_ca(&opts).unwrap();
+    fleet.issue_manager(&["manager.example"], &opts).unwrap();
+    let me = NodeName::new("node-a").unwrap();
+    fleet.issue_node(&me, &opts).unwrap();
+    let rogue = Pki::new(tmp.join("rogue"));
+    rogue.create_ca(&opts).unwrap();
+    rogue.issue_manager(&["127.0.0.1"], &opts).unwrap();
+
+    let cases = [
+        (
+            "a fleet certificate for another name",
+            drover_tls::ServerSettings::load(&fleet.manager_files()).unwrap(),
+        ),
+        (
+            "a certificate for 127.0.0.1 from another CA",
+            drover_tls::ServerSettings::load(&rogue.manager_files()).unwrap(),
+        ),
+    ];
+    for (case, settings) in cases {
+        let (port, mut outcomes) = rogue_manager(settings).await;
+        let client = drover_tls::ClientSettings::load(&fleet.node_files(&me)).unwrap();
+        let connector = drover_tls::Connector::new(client, "127.0.0.1").unwrap();
+        let mut agent = Agent::start(port, |c| {
+            c.host = "127.0.0.1".into();
+            c.tls = Some(connector);
+        })
+        .await;
+        // Two attempts, both refused by the agent (the manager sees the
+        // agent's alert), never connected.
+        for _ in 0..2 {
+            let seen = tokio::time::timeout(T, outcomes.recv())
+                .await
+                .expect("the agent dials")
+                .unwrap();
+            assert!(seen.contains("alert"), "{case}: {seen}");
+        }
+        let state = agent
+            .wait_for(|s| matches!(s, LinkState::Connecting { failures } if *failures >= 2))
+            .await;
+        assert!(matches!(state, LinkState::Connecting { .. }), "{case}");
+        agent.stop().await;
+    }
+}

@@ -1,0 +1,298 @@
+//! Mutual TLS on the agent port, against an in-process manager with real
+//! certificates (`drover_tls::pki`) and fake agents over real TLS: every
+//! refusal of issue 13 (no client certificate, another CA, expired, a
+//! certificate for node1 claiming node2, revoked — also an online session
+//! dropped on reload —, plaintext to a TLS manager), certified admission,
+//! and rotation of the manager's and a node's certificate on reload with no
+//! other session dropped.
+
+mod common;
+
+use common::*;
+use drover_config::ManagerConfig;
+use drover_protocol::link::{HandshakeError, agent_handshake};
+use drover_protocol::{Hello, RefuseReason};
+use drover_testkit::agent::AgentOptions;
+use drover_testkit::process::TempDir;
+use drover_tls::pki::{Options, Pki, RevokeTarget, Validity};
+use drover_tls::{ClientSettings, Connector};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+const DAY: Duration = Duration::from_secs(86_400);
+
+fn options(force: bool) -> Options {
+    Options {
+        validity: Validity::days(30).unwrap(),
+        force,
+    }
+}
+
+/// A CA with a manager certificate for 127.0.0.1 and node certificates.
+fn fleet(dir: &Path, nodes: &[&str]) -> Pki {
+    let pki = Pki::new(dir);
+    pki.create_ca(&options(false)).unwrap();
+    pki.issue_manager(&["127.0.0.1"], &options(false)).unwrap();
+    let names: Vec<_> = nodes.iter().map(|n| node_name(n)).collect();
+    pki.issue_nodes(&names, &options(false)).unwrap();
+    pki
+}
+
+fn tls_config(pki: &Pki, nodes: &[&str]) -> ManagerConfig {
+    let f = pki.manager_files();
+    ManagerConfig {
+        tls: Some(drover_config::TlsFiles {
+            certificate: f.certificate,
+            private_key: f.private_key,
+            ca_bundle: f.ca_bundle,
+            crl: f.crl,
+        }),
+        ..config(nodes)
+    }
+}
+
+fn connector(pki: &Pki, node: &str) -> Connector {
+    let settings = ClientSettings::load(&pki.node_files(&node_name(node))).unwrap();
+    Connector::new(settings, "127.0.0.1").unwrap()
+}
+
+async fn tls_agent(
+    f: &Fixture,
+    pki: &Pki,
+    node: &str,
+    claim: &str,
+) -> Result<FakeAgent, HandshakeError> {
+    let opts = AgentOptions {
+        tls: Some(connector(pki, node)),
+        ..AgentOptions::default()
+    };
+    FakeAgent::connect_with(f.addr, claim, reply_empty(), opts).await
+}
+
+/// A rustls client trusting `ca`, presenting `cert`/`key` if given: for
+/// what drover's own loader refuses to present.
+fn raw_client(ca: &Path, client: Option<(&Path, &Path)>) -> tokio_rustls::TlsConnector {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots);
+    let config = match client {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => builder
+            .with_client_auth_cert(
+                CertificateDer::pem_file_iter(cert)
+                    .unwrap()
+                    .map(Result::unwrap)
+                    .collect(),
+                PrivateKeyDer::from_pem_file(key).unwrap(),
+            )
+            .unwrap(),
+    };
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+}
+
+/// A raw TLS client's whole attempt to register as `node`: the error it saw.
+async fn raw_attempt(f: &Fixture, client: &tokio_rustls::TlsConnector, node: &str) -> String {
+    let tcp = tokio::net::TcpStream::connect(f.addr).await.unwrap();
+    let name = ServerName::try_from("127.0.0.1").unwrap();
+    let tls = match client.connect(name, tcp).await {
+        Ok(tls) => tls,
+        Err(e) => return e.to_string(),
+    };
+    match agent_handshake(tls, &Hello::new(node, "raw"), WAIT).await {
+        Ok(_) => "accepted".into(),
+        Err(e) => e.to_string(),
+    }
+}
+
+async fn status(f: &Fixture, node: &str) -> String {
+    let path = format!("/org/eclipse/bluechi/node/{node}");
+    f.get_property::<String>(&path, NODE_IFACE, "Status").await
+}
+
+#[tokio::test]
+async fn refused_without_a_valid_certificate_of_the_fleet() {
+    let tmp = TempDir::new("drover-tls-refusals");
+    let pki = fleet(&tmp.join("pki"), &["node1", "node2"]);
+    let other = fleet(&tmp.join("other"), &["node1"]);
+    // Expired yesterday, signed by the fleet's CA.
+    let expired = Pki::new(tmp.join("pki"));
+    let now = SystemTime::now();
+    expired
+        .issue_node(
+            &node_name("old"),
+            &Options {
+                validity: Validity {
+                    not_before: now - 10 * DAY,
+                    not_after: now - DAY,
+                },
+                force: false,
+            },
+        )
+        .unwrap();
+    let f = Fixture::start(tls_config(&pki, &["node1", "node2", "old"])).await;
+    let ca = pki.ca_certificate();
+
+    // No client certificate: refused inside TLS, never a drover byte.
+    let seen = raw_attempt(&f, &raw_client(&ca, None), "node1").await;
+    assert_ne!(seen, "accepted");
+    // A certificate of another CA for an allowed name.
+    let n1 = node_name("node1");
+    let seen = raw_attempt(
+        &f,
+        &raw_client(
+            &ca,
+            Some((&other.node_certificate(&n1), &other.node_key(&n1))),
+        ),
+        "node1",
+    )
+    .await;
+    assert_ne!(seen, "accepted");
+    // An expired certificate of the fleet.
+    let old = node_name("old");
+    let seen = raw_attempt(
+        &f,
+        &raw_client(
+            &ca,
+            Some((&pki.node_certificate(&old), &pki.node_key(&old))),
+        ),
+        "old",
+    )
+    .await;
+    assert_ne!(seen, "accepted");
+    // Plaintext to a TLS manager.
+    assert!(
+        FakeAgent::connect(f.addr, "node1", reply_empty())
+            .await
+            .is_err()
+    );
+    // A valid certificate for node1 claiming node2.
+    match tls_agent(&f, &pki, "node1", "node2").await {
+        Err(HandshakeError::Refused {
+            reason: RefuseReason::IdentityMismatch,
+            message,
+        }) => assert!(
+            message.contains("node1") && message.contains("node2"),
+            "{message}"
+        ),
+        other => panic!(
+            "node1 claiming node2 must be refused: {:?}",
+            other.map(|a| a.accepted.clone())
+        ),
+    }
+    for node in ["node1", "node2", "old"] {
+        assert_eq!(status(&f, node).await, "offline", "{node} never registered");
+    }
+    // And the real thing registers.
+    let a = tls_agent(&f, &pki, "node1", "node1")
+        .await
+        .expect("node1 registers over TLS");
+    assert!(a.session_id() > 0);
+    assert_eq!(status(&f, "node1").await, "online");
+}
+
+#[tokio::test]
+async fn certified_nodes_register_unlisted_but_denied_names_stay_out() {
+    let tmp = TempDir::new("drover-tls-certified");
+    let pki = fleet(&tmp.join("pki"), &["node1", "extra", "banned"]);
+    let mut config = tls_config(&pki, &["node1"]);
+    config.allow_certified_nodes = true;
+    config.nodes = vec![drover_config::NodeSection {
+        name: node_name("banned"),
+        allowed: Some(false),
+        allow_dependencies_on: Vec::new(),
+    }];
+    let f = Fixture::start(config).await;
+    let _extra = tls_agent(&f, &pki, "extra", "extra")
+        .await
+        .expect("a certified node registers");
+    assert_eq!(status(&f, "extra").await, "online");
+    match tls_agent(&f, &pki, "banned", "banned").await {
+        Err(HandshakeError::Refused {
+            reason: RefuseReason::UnknownNode,
+            ..
+        }) => {}
+        other => panic!(
+            "Allowed=false narrows: {:?}",
+            other.map(|a| a.accepted.clone())
+        ),
+    }
+}
+
+#[tokio::test]
+async fn reload_drops_revoked_and_unlisted_sessions_and_rotation_drops_nothing() {
+    let tmp = TempDir::new("drover-tls-reload");
+    let pki = fleet(&tmp.join("pki"), &["node1", "node2", "node3"]);
+    let config = tls_config(&pki, &["node1", "node2", "node3"]);
+    let f = Fixture::start(config.clone()).await;
+    let core = f.manager().core().clone();
+    let a1 = tls_agent(&f, &pki, "node1", "node1").await.unwrap();
+    let a2 = tls_agent(&f, &pki, "node2", "node2").await.unwrap();
+    let a3 = tls_agent(&f, &pki, "node3", "node3").await.unwrap();
+    let sessions = |core: &drover_manager::Core| {
+        let r = core.registry();
+        ["node1", "node2", "node3"].map(|n| r.session(n).map(|s| s.id()))
+    };
+    let before = sessions(&core);
+
+    // Rotation: new manager and node2 certificates, same CA; reload.
+    pki.issue_manager(&["127.0.0.1"], &options(true)).unwrap();
+    pki.issue_node(&node_name("node2"), &options(true)).unwrap();
+    let report = drover_manager::reload::reload(&core, None, Ok(config.clone()))
+        .await
+        .unwrap();
+    assert!(report.tls_reloaded);
+    assert!(report.dropped.is_empty(), "{:?}", report.dropped);
+    assert_eq!(sessions(&core), before, "a rotation drops no session");
+    // The rotated node2 certificate and the new manager certificate pass
+    // the TLS handshake: the refusal is drover's, because node2's first
+    // session is alive.
+    match tls_agent(&f, &pki, "node2", "node2").await {
+        Err(HandshakeError::Refused {
+            reason: RefuseReason::AlreadyConnected,
+            ..
+        }) => {}
+        other => panic!("{:?}", other.map(|a| a.accepted.clone())),
+    }
+
+    // Revocation: node1's certificate goes on the CRL; reload drops its session.
+    pki.revoke(&[RevokeTarget::Node(node_name("node1"))])
+        .unwrap();
+    let report = drover_manager::reload::reload(&core, None, Ok(config.clone()))
+        .await
+        .unwrap();
+    let dropped: Vec<_> = report.dropped.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(dropped, ["node1"]);
+    assert!(
+        report.dropped[0].1.contains("revoked"),
+        "{:?}",
+        report.dropped
+    );
+    assert_eq!(status(&f, "node1").await, "offline");
+    assert!(
+        core.registry().session("node3").map(|s| s.id()) == before[2],
+        "node3 untouched"
+    );
+    // And refused at the next handshake.
+    assert!(tls_agent(&f, &pki, "node1", "node1").await.is_err());
+    drop(a1);
+
+    // A name taken off the list: its session goes at once.
+    let mut fewer = config.clone();
+    fewer.allowed_nodes.retain(|n| n.as_str() != "node3");
+    let report = drover_manager::reload::reload(&core, None, Ok(fewer))
+        .await
+        .unwrap();
+    let dropped: Vec<_> = report.dropped.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(dropped, ["node3"]);
+    assert_eq!(status(&f, "node3").await, "offline");
+    drop((a2, a3));
+}
