@@ -58,11 +58,24 @@ async fn garbage_on_the_agent_port_leaves_the_manager_serving() {
         );
     }
     // Many idle connections that never speak don't stop registration of others.
-    let idle: Vec<TcpStream> = futures::future::join_all((0..50).map(|_| TcpStream::connect(addr)))
-        .await
-        .into_iter()
-        .map(Result::unwrap)
-        .collect();
+    // They come from another address than the agents (127.0.0.1): one address
+    // may hold only 16 unauthenticated connections, so a silent flood from one
+    // peer never locks out the others (from the agents' own address it would
+    // delay them by up to one handshake timeout).
+    let idle: Vec<TcpStream> = futures::future::join_all((0..50).map(|_| async {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind(std::net::SocketAddr::from(([127, 0, 0, 2], 0)))?;
+        socket
+            .connect(std::net::SocketAddr::from((
+                [127, 0, 0, 1],
+                c.manager_port(),
+            )))
+            .await
+    }))
+    .await
+    .into_iter()
+    .map(Result::unwrap)
+    .collect();
 
     assert!(all_online(&c).await);
     c.stop_agent("node2").await.unwrap();
