@@ -15,7 +15,9 @@ use crate::api::ProxyTuple;
 use crate::client::CallContext;
 use crate::context::{Context, Run};
 use crate::error::CtlError;
-use crate::output::{Width, json, table};
+use crate::output::fit_table;
+#[cfg(test)]
+use crate::output::json;
 use crate::parse::parse_node;
 
 #[derive(Debug, clap::Args)]
@@ -75,14 +77,14 @@ pub fn render_table(rows: &[ProxyRow]) -> String {
             ]
         })
         .collect();
-    table(
+    fit_table(
         &[
-            ("REQUESTER", Width::Fit),
-            ("TARGET NODE", Width::Fit),
-            ("UNIT", Width::Fit),
-            ("STATE", Width::Fit),
-            ("TARGET STATE", Width::Fit),
-            ("REFS", Width::Fit),
+            "REQUESTER",
+            "TARGET NODE",
+            "UNIT",
+            "STATE",
+            "TARGET STATE",
+            "REFS",
         ],
         &cells,
     )
@@ -112,12 +114,7 @@ impl Run for Proxies {
             listed.into_iter().map(ProxyRow::from).collect(),
             self.node.as_ref().map(NodeName::as_str),
         );
-        let text = if ctx.json() {
-            json(&rows)
-        } else {
-            render_table(&rows)
-        };
-        ctx.emit(&text)
+        ctx.emit_rows(&rows, render_table)
     }
 }
 

@@ -141,11 +141,7 @@ async fn reload(ctx: &mut Context, node: &NodeName) -> Result<(), CtlError> {
     let client = ctx.client().await?;
     let proxy = client.node(node).await?;
     let what = format!("Reload on node {node}");
-    let cc = CallContext {
-        what: &what,
-        node: Some(node),
-        unit: None,
-    };
+    let cc = CallContext::on(&what, node, None);
     client.check(proxy.reload().await, cc).await
 }
 
@@ -155,11 +151,11 @@ impl Run for Enable {
         let proxy = client.node(&self.node).await?;
         let files: Vec<&str> = self.units.iter().map(UnitName::as_str).collect();
         let what = format!("EnableUnitFiles on node {}", self.node);
-        let cc = CallContext {
-            what: &what,
-            node: Some(&self.node),
-            unit: self.units.first().filter(|_| self.units.len() == 1),
-        };
+        let cc = CallContext::on(
+            &what,
+            &self.node,
+            self.units.first().filter(|_| self.units.len() == 1),
+        );
         let (carries, changes) = client
             .check(
                 proxy
@@ -196,11 +192,11 @@ impl Run for Disable {
         let proxy = client.node(&self.node).await?;
         let files: Vec<&str> = self.units.iter().map(UnitName::as_str).collect();
         let what = format!("DisableUnitFiles on node {}", self.node);
-        let cc = CallContext {
-            what: &what,
-            node: Some(&self.node),
-            unit: self.units.first().filter(|_| self.units.len() == 1),
-        };
+        let cc = CallContext::on(
+            &what,
+            &self.node,
+            self.units.first().filter(|_| self.units.len() == 1),
+        );
         let changes = client
             .check(proxy.disable_unit_files(&files, self.runtime).await, cc)
             .await?;
@@ -243,11 +239,7 @@ impl Run for IsEnabled {
         let client = ctx.client().await?;
         let proxy = client.node(&self.node).await?;
         let what = format!("GetUnitFileState of {} on node {}", self.unit, self.node);
-        let cc = CallContext {
-            what: &what,
-            node: Some(&self.node),
-            unit: Some(&self.unit),
-        };
+        let cc = CallContext::on(&what, &self.node, Some(&self.unit));
         let state = client
             .check(proxy.get_unit_file_state(self.unit.as_str()).await, cc)
             .await?;
