@@ -67,6 +67,13 @@ pub fn json<T: Serialize + ?Sized>(value: &T) -> String {
     s
 }
 
+/// One JSON Lines record: `v` on one line, with its newline.
+pub fn json_line(v: &serde_json::Value) -> String {
+    let mut s = v.to_string();
+    s.push('\n');
+    s
+}
+
 /// `YYYY-MM-DD HH:MM:SS` in the local time zone for a realtime timestamp in µs
 /// (the unit of BlueChi's `LastSeenTimestamp`). Falls back to UTC-less seconds if
 /// the C library cannot convert the value.

@@ -145,17 +145,63 @@ async fn reload(ctx: &mut Context, node: &NodeName) -> Result<(), CtlError> {
     client.check(proxy.reload().await, cc).await
 }
 
+/// The unit the call is about when it names only one (for its error message).
+fn only(units: &[UnitName]) -> Option<&UnitName> {
+    match units {
+        [unit] => Some(unit),
+        _ => None,
+    }
+}
+
+/// What `EnableUnitFiles` or `DisableUnitFiles` did on `node`.
+struct FilesChanged<'a> {
+    node: &'a NodeName,
+    operation: &'static str,
+    /// Only for EnableUnitFiles.
+    carries_install_info: Option<bool>,
+    changes: Vec<ChangeTuple>,
+    /// Whether to make systemd reload its unit files now.
+    reload: bool,
+}
+
+impl FilesChanged<'_> {
+    /// Reports the changes as enable and disable both do (bluechictl's lines
+    /// on stderr, or one JSON document), reloading systemd in between if asked.
+    async fn report(self, ctx: &mut Context) -> Result<(), CtlError> {
+        if !ctx.json() {
+            let mut text = self
+                .carries_install_info
+                .map_or("", install_info_line)
+                .to_owned();
+            self.changes
+                .iter()
+                .for_each(|c| text.push_str(&change_line(c)));
+            ctx.warn(&text);
+        }
+        if self.reload {
+            reload(ctx, self.node).await?;
+        }
+        if ctx.json() {
+            let doc = [ChangesJson {
+                node: self.node.as_str(),
+                operation: self.operation,
+                carries_install_info: self.carries_install_info,
+                changes: changes_json(self.changes),
+                reloaded: self.reload,
+            }];
+            ctx.emit(&json(&doc))?;
+        }
+        Ok(())
+    }
+}
+
 impl Run for Enable {
     async fn run(self, ctx: &mut Context) -> Result<(), CtlError> {
         let client = ctx.client().await?;
         let proxy = client.node(&self.node).await?;
         let files: Vec<&str> = self.units.iter().map(UnitName::as_str).collect();
         let what = format!("EnableUnitFiles on node {}", self.node);
-        let cc = CallContext::on(
-            &what,
-            &self.node,
-            self.units.first().filter(|_| self.units.len() == 1),
-        );
+        let cc = CallContext::on(&what, &self.node, only(&self.units));
         let (carries, changes) = client
             .check(
                 proxy
@@ -164,25 +210,14 @@ impl Run for Enable {
                 cc,
             )
             .await?;
-        if !ctx.json() {
-            let mut text = install_info_line(carries).to_owned();
-            changes.iter().for_each(|c| text.push_str(&change_line(c)));
-            ctx.warn(&text);
-        }
-        if !self.no_reload {
-            reload(ctx, &self.node).await?;
-        }
-        if ctx.json() {
-            let doc = [ChangesJson {
-                node: self.node.as_str(),
-                operation: "EnableUnitFiles",
-                carries_install_info: Some(carries),
-                changes: changes_json(changes),
-                reloaded: !self.no_reload,
-            }];
-            ctx.emit(&json(&doc))?;
-        }
-        Ok(())
+        let done = FilesChanged {
+            node: &self.node,
+            operation: "EnableUnitFiles",
+            carries_install_info: Some(carries),
+            changes,
+            reload: !self.no_reload,
+        };
+        done.report(ctx).await
     }
 }
 
@@ -192,32 +227,18 @@ impl Run for Disable {
         let proxy = client.node(&self.node).await?;
         let files: Vec<&str> = self.units.iter().map(UnitName::as_str).collect();
         let what = format!("DisableUnitFiles on node {}", self.node);
-        let cc = CallContext::on(
-            &what,
-            &self.node,
-            self.units.first().filter(|_| self.units.len() == 1),
-        );
+        let cc = CallContext::on(&what, &self.node, only(&self.units));
         let changes = client
             .check(proxy.disable_unit_files(&files, self.runtime).await, cc)
             .await?;
-        if !ctx.json() {
-            let text: String = changes.iter().map(change_line).collect();
-            ctx.warn(&text);
-        }
-        if !self.no_reload {
-            reload(ctx, &self.node).await?;
-        }
-        if ctx.json() {
-            let doc = [ChangesJson {
-                node: self.node.as_str(),
-                operation: "DisableUnitFiles",
-                carries_install_info: None,
-                changes: changes_json(changes),
-                reloaded: !self.no_reload,
-            }];
-            ctx.emit(&json(&doc))?;
-        }
-        Ok(())
+        let done = FilesChanged {
+            node: &self.node,
+            operation: "DisableUnitFiles",
+            carries_install_info: None,
+            changes,
+            reload: !self.no_reload,
+        };
+        done.report(ctx).await
     }
 }
 
