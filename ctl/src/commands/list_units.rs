@@ -12,8 +12,6 @@ use drover_protocol::NodeName;
 use crate::context::{Context, Run};
 use crate::error::CtlError;
 use crate::output::fit_table;
-#[cfg(test)]
-use crate::output::json;
 use crate::parse::{parse_glob, parse_node};
 use drover_bus::systemd::UnitTuple;
 
@@ -98,6 +96,7 @@ impl Run for ListUnits {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::output::json;
 
     fn row(node: &str, unit: &str, active: &str, sub: &str) -> UnitRow {
         UnitRow {

@@ -16,8 +16,6 @@ use crate::client::CallContext;
 use crate::context::{Context, Run};
 use crate::error::CtlError;
 use crate::output::fit_table;
-#[cfg(test)]
-use crate::output::json;
 use crate::parse::parse_node;
 
 #[derive(Debug, clap::Args)]
@@ -121,6 +119,7 @@ impl Run for Proxies {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::output::json;
 
     fn row(req: &str, target: &str, unit: &str, refs: u32) -> ProxyRow {
         ProxyRow::from((

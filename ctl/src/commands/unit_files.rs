@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use drover_protocol::{NodeName, UnitName};
 
-use crate::api::ChangeTuple;
+use crate::api::{ChangeTuple, NodeProxy};
 use crate::client::CallContext;
 use crate::context::{Context, Run};
 use crate::error::CtlError;
@@ -145,12 +145,25 @@ async fn reload(ctx: &mut Context, node: &NodeName) -> Result<(), CtlError> {
     client.check(proxy.reload().await, cc).await
 }
 
-/// The unit the call is about when it names only one (for its error message).
-fn only(units: &[UnitName]) -> Option<&UnitName> {
-    match units {
+/// `operation` (`call`) with the unit files `units` on `node`; a failure is
+/// worded for that node, and for the unit when there is only one.
+async fn call_on_files<T>(
+    ctx: &mut Context,
+    node: &NodeName,
+    units: &[UnitName],
+    operation: &str,
+    call: impl AsyncFnOnce(&NodeProxy<'static>, &[&str]) -> zbus::Result<T>,
+) -> Result<T, CtlError> {
+    let client = ctx.client().await?;
+    let proxy = client.node(node).await?;
+    let files: Vec<&str> = units.iter().map(UnitName::as_str).collect();
+    let what = format!("{operation} on node {node}");
+    let only = match units {
         [unit] => Some(unit),
         _ => None,
-    }
+    };
+    let r = call(&proxy, &files).await;
+    client.check(r, CallContext::on(&what, node, only)).await
 }
 
 /// What `EnableUnitFiles` or `DisableUnitFiles` did on `node`.
@@ -197,19 +210,15 @@ impl FilesChanged<'_> {
 
 impl Run for Enable {
     async fn run(self, ctx: &mut Context) -> Result<(), CtlError> {
-        let client = ctx.client().await?;
-        let proxy = client.node(&self.node).await?;
-        let files: Vec<&str> = self.units.iter().map(UnitName::as_str).collect();
-        let what = format!("EnableUnitFiles on node {}", self.node);
-        let cc = CallContext::on(&what, &self.node, only(&self.units));
-        let (carries, changes) = client
-            .check(
-                proxy
-                    .enable_unit_files(&files, self.runtime, self.force)
-                    .await,
-                cc,
-            )
-            .await?;
+        let (runtime, force) = (self.runtime, self.force);
+        let (carries, changes) = call_on_files(
+            ctx,
+            &self.node,
+            &self.units,
+            "EnableUnitFiles",
+            async |node, files| node.enable_unit_files(files, runtime, force).await,
+        )
+        .await?;
         let done = FilesChanged {
             node: &self.node,
             operation: "EnableUnitFiles",
@@ -223,14 +232,15 @@ impl Run for Enable {
 
 impl Run for Disable {
     async fn run(self, ctx: &mut Context) -> Result<(), CtlError> {
-        let client = ctx.client().await?;
-        let proxy = client.node(&self.node).await?;
-        let files: Vec<&str> = self.units.iter().map(UnitName::as_str).collect();
-        let what = format!("DisableUnitFiles on node {}", self.node);
-        let cc = CallContext::on(&what, &self.node, only(&self.units));
-        let changes = client
-            .check(proxy.disable_unit_files(&files, self.runtime).await, cc)
-            .await?;
+        let runtime = self.runtime;
+        let changes = call_on_files(
+            ctx,
+            &self.node,
+            &self.units,
+            "DisableUnitFiles",
+            async |node, files| node.disable_unit_files(files, runtime).await,
+        )
+        .await?;
         let done = FilesChanged {
             node: &self.node,
             operation: "DisableUnitFiles",
