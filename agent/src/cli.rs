@@ -104,11 +104,7 @@ pub fn settings(args: &Args) -> Result<Settings, String> {
 pub fn main() -> ExitCode {
     let args = Args::parse();
     if args.version {
-        println!(
-            "drover-agent version {} (commit {})",
-            env!("CARGO_PKG_VERSION"),
-            env!("DROVER_GIT_COMMIT")
-        );
+        println!("drover-agent {}", drover_protocol::version_line!());
         return ExitCode::SUCCESS;
     }
     let settings = match settings(&args) {

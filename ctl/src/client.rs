@@ -9,6 +9,7 @@
 //! drover-manager is on it is found out lazily, when a call fails (a healthy command
 //! pays no extra round trip).
 
+use std::collections::HashMap;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -77,6 +78,17 @@ pub struct CallContext<'a> {
     pub what: &'a str,
     pub node: Option<&'a NodeName>,
     pub unit: Option<&'a UnitName>,
+}
+
+impl<'a> CallContext<'a> {
+    /// A call on `node`, about `unit` when it concerns one.
+    pub fn on(what: &'a str, node: &'a NodeName, unit: Option<&'a UnitName>) -> Self {
+        CallContext {
+            what,
+            node: Some(node),
+            unit,
+        }
+    }
 }
 
 /// A connection to one bus plus the proxies droverctl needs on it. Cloning is cheap
@@ -158,6 +170,44 @@ impl Client {
         match r {
             Ok(v) => Ok(v),
             Err(e) => Err(self.classify(e, ctx).await),
+        }
+    }
+
+    /// A listing of one node (`one`: `Node.<method>` on `node`) or of every online
+    /// node (`all`: `Controller.<method>`, keyed by node), each entry made a row by
+    /// `row(node, entry)`: what `list-units` and `list-unit-files` share.
+    pub async fn per_node<T, R>(
+        &self,
+        node: Option<&NodeName>,
+        method: &str,
+        one: impl AsyncFnOnce(&NodeProxy<'static>) -> zbus::Result<Vec<T>>,
+        all: impl AsyncFnOnce(&ControllerProxy<'static>) -> zbus::Result<HashMap<String, Vec<T>>>,
+        row: impl Fn(&str, T) -> R,
+    ) -> Result<Vec<R>, CtlError> {
+        match node {
+            Some(node) => {
+                let proxy = self.node(node).await?;
+                let what = format!("{method} on node {node}");
+                let listed = one(&proxy).await;
+                let listed = self
+                    .check(listed, CallContext::on(&what, node, None))
+                    .await?;
+                Ok(listed.into_iter().map(|t| row(node.as_str(), t)).collect())
+            }
+            None => {
+                let controller = self.controller().await?;
+                let cc = CallContext {
+                    what: method,
+                    ..Default::default()
+                };
+                let listed = all(&controller).await;
+                let listed = self.check(listed, cc).await?;
+                let row = &row;
+                Ok(listed
+                    .into_iter()
+                    .flat_map(|(node, ts)| ts.into_iter().map(move |t| row(&node, t)))
+                    .collect())
+            }
         }
     }
 

@@ -9,8 +9,11 @@
 
 use std::io::Write;
 
+use serde::Serialize;
+
 use crate::client::Client;
 use crate::error::CtlError;
+use crate::output::json;
 use drover_bus::Bus;
 
 /// What every command implements.
@@ -67,5 +70,15 @@ impl Context {
         self.out.write_all(text.as_bytes())?;
         self.out.flush()?;
         Ok(())
+    }
+
+    /// A listing: one JSON document of `rows` with `--json`, else `render(rows)`.
+    pub fn emit_rows<T: Serialize>(
+        &mut self,
+        rows: &[T],
+        render: impl FnOnce(&[T]) -> String,
+    ) -> Result<(), CtlError> {
+        let text = if self.json { json(rows) } else { render(rows) };
+        self.emit(&text)
     }
 }
