@@ -77,14 +77,17 @@ impl<S: Systemd> Dispatcher<S> {
 
     fn reply(&self, epoch: u64, id: u64, result: Result<Response, RemoteError>) {
         let mut msg = ToManager::Reply { id, result };
-        if let ToManager::Reply {
-            result: Ok(resp), ..
-        } = &msg
-            && !matches!(resp, Response::Empty)
-        {
-            // A reply over the frame cap would fail in the writer and take the
-            // link down (and the manager would ask again): answer with an
-            // error instead. Only lists can get that big, so measure those.
+        if !matches!(
+            msg,
+            ToManager::Reply {
+                result: Ok(Response::Empty),
+                ..
+            }
+        ) {
+            // A reply over the frame cap would be dropped by the writer and
+            // leave the manager waiting: answer with an error instead. Lists
+            // and errors (which may echo a caller's huge argument) can get
+            // that big, so measure those.
             let len = encode_body(&msg).map(|b| b.len()).unwrap_or(usize::MAX);
             if len > MAX_FRAME_LEN {
                 tracing::warn!(id, len, "reply too large for one frame");

@@ -444,3 +444,46 @@ async fn controller_log_level_unit_files_and_metrics() {
         assert!(!xml.contains("org.eclipse.bluechi.Metrics"), "{xml}");
     }
 }
+
+/// Issue 14.2: a request whose frame would exceed the cap is refused to its
+/// caller with `LimitsExceeded` and the sizes; nothing is sent, and the node's
+/// session (and its other calls) go on as if it never happened.
+#[tokio::test]
+async fn an_oversized_request_is_refused_and_the_node_stays_connected() {
+    let f = Fixture::start(config(&["node1"])).await;
+    let agent = f.agent("node1", systemd_like()).await;
+    let big = "x".repeat(2 << 20);
+    let set: Vec<(&str, zbus::Variant<'_>)> =
+        vec![("Description", zbus::Variant::from(big.as_str()))];
+    let res = f
+        .call::<_, ()>(
+            NODE1,
+            NODE_IFACE,
+            "SetUnitProperties",
+            &("a.service", true, set),
+        )
+        .await;
+    let (name, message) = error_of(&res.unwrap_err());
+    assert_eq!(
+        name, "org.freedesktop.DBus.Error.LimitsExceeded",
+        "{message}"
+    );
+    assert!(
+        message.contains("1048576") && message.contains("node1"),
+        "the sizes and the node are said: {message}"
+    );
+    assert_eq!(agent.request_count(), 0, "nothing reached the agent");
+
+    // The session lives on: the next call is answered by the same agent.
+    let state: String = f
+        .call(NODE1, NODE_IFACE, "GetUnitFileState", &("a.service",))
+        .await
+        .unwrap();
+    assert_eq!(state, "enabled");
+    let status: String = f
+        .client()
+        .await
+        .get_property(NODE1, NODE_IFACE, "Status")
+        .await;
+    assert_eq!(status, "online");
+}

@@ -520,10 +520,10 @@ async fn write_loop(
         _ = kill.token().cancelled() => return,
         r = async {
             while let Some(msg) = rx.recv().await {
-                sink.feed(msg).await?;
+                feed_fitting(&mut sink, msg).await?;
                 // Batch what is already queued into one flush.
                 while let Ok(more) = rx.try_recv() {
-                    sink.feed(more).await?;
+                    feed_fitting(&mut sink, more).await?;
                 }
                 sink.flush().await?;
             }
@@ -534,6 +534,26 @@ async fn write_loop(
     if let Err(e) = result {
         kill.kill(format!("writing to the manager failed: {e}"));
     }
+}
+
+/// Feeds one message; one that does not fit a frame is logged and dropped.
+/// One oversized message (an event carrying a huge property value) must not
+/// take the whole link down (issue 14.2). Replies are measured earlier, in
+/// the dispatcher, so the manager still gets an answer for them.
+async fn feed_fitting(
+    sink: &mut futures::stream::SplitSink<AgentFramed<TcpStream>, ToManager>,
+    msg: ToManager,
+) -> Result<(), drover_protocol::FrameError> {
+    // Measured before it reaches the sink: the split sink would only report
+    // the codec's refusal on the *next* message, which it then loses too.
+    if let Some(len) = drover_protocol::codec::oversized(&msg) {
+        tracing::error!(
+            "not sent to the manager: a message of {len} bytes exceeds the maximum of {} bytes",
+            drover_protocol::MAX_FRAME_LEN
+        );
+        return Ok(());
+    }
+    sink.feed(msg).await
 }
 
 /// Best effort: a socket option that cannot be set is logged, not fatal.

@@ -10,6 +10,10 @@
 //!   room; a request waits for room at most its own timeout. A peer that stops
 //!   reading blocks the writer, whose every write has a deadline: the session
 //!   is dropped, never buffered forever.
+//! * No message fails the session for its size: a request or notice over
+//!   the frame cap is refused to its caller (`LimitsExceeded`, with the
+//!   sizes) before it is queued, and the writer drops (and fails) anything
+//!   that still does not fit instead of ending the session (issue 14.2).
 //! * Any frame from the agent counts as a sign of life (`last seen`); a frame
 //!   that does not decode ends the session (the stream is out of sync).
 //! * [`Session::mark_ended`] is idempotent: the first caller does the
@@ -20,10 +24,11 @@
 
 use crate::error::ApiError;
 use drover_bus::timestamp;
-use drover_protocol::error_names::NO_REPLY;
+use drover_protocol::codec::oversized;
+use drover_protocol::error_names::{LIMITS_EXCEEDED, NO_REPLY};
 use drover_protocol::link::ManagerFramed;
 use drover_protocol::{
-    Event, NodeName, Notice, RemoteError, Request, Response, ToAgent, ToManager,
+    Event, MAX_FRAME_LEN, NodeName, Notice, RemoteError, Request, Response, ToAgent, ToManager,
 };
 use futures::future::BoxFuture;
 use futures::{SinkExt, StreamExt};
@@ -139,6 +144,17 @@ impl Session {
     pub async fn request(&self, body: Request, timeout: Duration) -> Result<Response, ApiError> {
         let deadline = tokio::time::Instant::now() + timeout;
         let id = self.next_request.fetch_add(1, Ordering::Relaxed);
+        let msg = ToAgent::Request { id, body };
+        if let Some(len) = oversized(&msg) {
+            return Err(ApiError::new(
+                LIMITS_EXCEEDED,
+                format!(
+                    "the request to node '{}' is {len} bytes encoded, more than the \
+                     {MAX_FRAME_LEN} bytes one frame to an agent may carry; nothing was sent",
+                    self.node
+                ),
+            ));
+        }
         let (tx, rx) = oneshot::channel();
         self.lock_pending().insert(id, tx);
         // Checked after inserting: `mark_ended` sets the flag before draining,
@@ -147,9 +163,7 @@ impl Session {
             self.lock_pending().remove(&id);
             return Err(ApiError::offline());
         }
-        let sent =
-            tokio::time::timeout_at(deadline, self.outgoing.send(ToAgent::Request { id, body }))
-                .await;
+        let sent = tokio::time::timeout_at(deadline, self.outgoing.send(msg)).await;
         match sent {
             Ok(Ok(())) => {}
             Ok(Err(_)) => {
@@ -177,7 +191,14 @@ impl Session {
         if self.is_ended() {
             return Err(ApiError::offline());
         }
-        match tokio::time::timeout(timeout, self.outgoing.send(ToAgent::Notice(notice))).await {
+        let msg = ToAgent::Notice(notice);
+        if let Some(len) = oversized(&msg) {
+            return Err(ApiError::new(
+                LIMITS_EXCEEDED,
+                format!("a notice of {len} bytes does not fit one frame ({MAX_FRAME_LEN} bytes)"),
+            ));
+        }
+        match tokio::time::timeout(timeout, self.outgoing.send(msg)).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(_)) => Err(ApiError::offline()),
             Err(_) => Err(self.no_reply(timeout)),
@@ -265,8 +286,23 @@ async fn write_loop<S>(
                 None => break,
             },
         };
+        let request_id = match &msg {
+            ToAgent::Request { id, .. } => Some(*id),
+            _ => None,
+        };
         match tokio::time::timeout(deadline, sink.send(msg)).await {
             Ok(Ok(())) => {}
+            Ok(Err(e @ drover_protocol::FrameError::TooLarge { .. })) => {
+                // Refused by the codec before a byte was written: the stream
+                // is intact, so only this message fails, never the session.
+                tracing::error!(node = %session.node, session = session.id, "not sent to the agent: {e}");
+                if let Some(id) = request_id {
+                    session.complete(
+                        id,
+                        Err(RemoteError::new(LIMITS_EXCEEDED, format!("not sent: {e}"))),
+                    );
+                }
+            }
             Ok(Err(e)) => {
                 tracing::info!(node = %session.node, session = session.id, "cannot write to the agent: {e}");
                 break;

@@ -578,3 +578,39 @@ fn backoff_starts_small_doubles_and_is_capped() {
     let later: Vec<_> = (0..20).map(|_| b.next_delay()).collect();
     assert!(later.iter().any(|d| *d != later[0]), "{later:?}");
 }
+
+/// Issue 14.2, agent side: one message over the frame cap is dropped by the
+/// writer, and the messages after it still reach the manager on the same link.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_message_is_dropped_not_the_link() {
+    use drover_protocol::link::AgentFramed;
+    use tokio_util::codec::Framed;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let client = TcpStream::connect(listener.local_addr().unwrap())
+        .await
+        .unwrap();
+    let (server, _) = listener.accept().await.unwrap();
+    let agent_end: AgentFramed<TcpStream> =
+        Framed::new(client, drover_protocol::FrameCodec::default());
+    let mut manager_end: ManagerFramed<TcpStream> =
+        Framed::new(server, drover_protocol::FrameCodec::default());
+    let (sink, _stream) = agent_end.split();
+    let (tx, rx) = mpsc::channel(4);
+    let kill = SessionKill::new();
+    let writer = tokio::spawn(write_loop(sink, rx, kill.clone()));
+    let huge = ToManager::Reply {
+        id: 1,
+        result: Err(drover_protocol::RemoteError::failed("x".repeat(2 << 20))),
+    };
+    tx.send(huge).await.unwrap();
+    tx.send(ToManager::Heartbeat).await.unwrap();
+    let next = tokio::time::timeout(T, manager_end.next())
+        .await
+        .expect("the next message arrives")
+        .expect("open")
+        .unwrap();
+    assert_eq!(next, ToManager::Heartbeat);
+    assert_eq!(kill.reason(), None, "the session was not killed");
+    drop(tx);
+    tokio::time::timeout(T, writer).await.unwrap().unwrap();
+}
