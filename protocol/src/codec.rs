@@ -61,11 +61,15 @@ pub fn encode_body<T: Serialize>(msg: &T) -> Result<Vec<u8>, FrameError> {
 /// a message over the cap fails the writer, and a failed writer ends the
 /// whole connection, not just that message.
 pub fn oversized<T: Serialize + ?Sized>(msg: &T) -> Option<usize> {
-    // Measured without building the body (no allocation, one walk).
-    let len =
-        postcard::serialize_with_flavor::<T, _, usize>(msg, postcard::ser_flavors::Size::default())
-            .unwrap_or(usize::MAX);
+    let len = encoded_len(msg);
     (len > MAX_FRAME_LEN).then_some(len)
+}
+
+/// The length of `msg`'s body, measured without building it (no
+/// allocation, one walk); `usize::MAX` when it cannot be encoded.
+pub fn encoded_len<T: Serialize + ?Sized>(msg: &T) -> usize {
+    postcard::serialize_with_flavor::<T, _, usize>(msg, postcard::ser_flavors::Size::default())
+        .unwrap_or(usize::MAX)
 }
 
 #[cfg(feature = "io")]

@@ -1,6 +1,12 @@
 //! `list-units [NODE] [--filter GLOB]`: units of every online node
 //! (`Controller.ListUnits`) or of one node (`Node.ListUnits`).
 //!
+//! Over all nodes, an online node the manager left out (it failed or timed
+//! out) is asked again on its own; if that fails too, its reason goes to
+//! stderr and the command exits 1 after printing the others. bluechictl
+//! prints nothing and fails when any node fails (BlueChi's manager fails the
+//! whole call); drover shows what it has and still says what is missing.
+//!
 //! Table `NODE | ID | ACTIVE | SUB`, each column as wide as its widest value, rows
 //! sorted by node then unit so output is stable across runs (the manager's map has no
 //! order). The glob matches the unit name only, as in bluechictl.
@@ -88,6 +94,8 @@ pub fn render_table(rows: &[UnitRow]) -> String {
 impl Run for ListUnits {
     async fn run(self, ctx: &mut Context) -> Result<(), CtlError> {
         let client = ctx.client().await?;
+        let mut left_out: Vec<String> = Vec::new();
+        let mut warnings = String::new();
         let rows: Vec<UnitRow> = match &self.node {
             Some(node) => {
                 let proxy = client.node(node).await?;
@@ -109,15 +117,8 @@ impl Run for ListUnits {
             }
             None => {
                 let controller = client.controller().await?;
-                match controller.list_units().await {
-                    Ok(map) => map
-                        .into_iter()
-                        .flat_map(|(node, units)| {
-                            units
-                                .into_iter()
-                                .map(move |t| UnitRow::from_tuple(&node, t))
-                        })
-                        .collect(),
+                let mut map = match controller.list_units().await {
+                    Ok(map) => map,
                     Err(e) => {
                         let cc = CallContext {
                             what: "ListUnits",
@@ -125,7 +126,48 @@ impl Run for ListUnits {
                         };
                         return Err(client.classify(e, cc).await);
                     }
+                };
+                // The manager leaves out a node it could not list (BlueChi
+                // fails the whole call instead). Never silently: ask each
+                // online node that is missing on its own, print what it
+                // says, and fail at the end (issue 14.3).
+                let nodes = match controller.list_nodes().await {
+                    Ok(nodes) => nodes,
+                    Err(e) => {
+                        let cc = CallContext {
+                            what: "ListNodes",
+                            ..Default::default()
+                        };
+                        return Err(client.classify(e, cc).await);
+                    }
+                };
+                for (node, _, status, _) in nodes {
+                    if status != "online" || map.contains_key(&node) {
+                        continue;
+                    }
+                    let listed = match NodeName::new(node.clone()) {
+                        Ok(name) => client.node(&name).await?.list_units().await,
+                        Err(e) => Err(zbus::Error::Failure(e.to_string())),
+                    };
+                    match listed {
+                        Ok(units) => {
+                            map.insert(node, units);
+                        }
+                        Err(e) => {
+                            warnings.push_str(&format!(
+                                "droverctl: cannot list units of node {node}: {e}\n"
+                            ));
+                            left_out.push(node);
+                        }
+                    }
                 }
+                map.into_iter()
+                    .flat_map(|(node, units)| {
+                        units
+                            .into_iter()
+                            .map(move |t| UnitRow::from_tuple(&node, t))
+                    })
+                    .collect()
             }
         };
         let rows = select(rows, self.filter.as_ref());
@@ -134,7 +176,14 @@ impl Run for ListUnits {
         } else {
             render_table(&rows)
         };
-        ctx.emit(&text)
+        ctx.emit(&text)?;
+        ctx.warn(&warnings);
+        if left_out.is_empty() {
+            Ok(())
+        } else {
+            left_out.sort();
+            Err(CtlError::NodesLeftOut { nodes: left_out })
+        }
     }
 }
 

@@ -14,6 +14,9 @@
 //!   the frame cap is refused to its caller (`LimitsExceeded`, with the
 //!   sizes) before it is queued, and the writer drops (and fails) anything
 //!   that still does not fit instead of ending the session (issue 14.2).
+//! * A list reply too large for one frame arrives as `ReplyPart`s and a
+//!   final `Reply`; the rows are joined (at most [`MAX_LIST_ROWS`]) and the
+//!   caller sees one reply. Parts die with their request (timeout, end).
 //! * Any frame from the agent counts as a sign of life (`last seen`); a frame
 //!   that does not decode ends the session (the stream is out of sync).
 //! * [`Session::mark_ended`] is idempotent: the first caller does the
@@ -43,6 +46,10 @@ use tokio_util::sync::CancellationToken;
 /// Room for this many queued messages per session.
 pub const OUTGOING_QUEUE: usize = 256;
 
+/// Most rows one list reply may carry in parts (a node with 20,000 units
+/// needs 20,000; a row is about 0.5 KiB, so this bounds a reply near 100 MiB).
+pub const MAX_LIST_ROWS: usize = 200_000;
+
 type Reply = Result<Response, RemoteError>;
 
 /// Who a session reports to. The core implements it; a session knows
@@ -63,6 +70,9 @@ pub struct Session {
     peer_ip: String,
     outgoing: mpsc::Sender<ToAgent>,
     pending: Mutex<HashMap<u64, oneshot::Sender<Reply>>>,
+    /// Rows of list replies that came in parts, per request id, until the
+    /// final `Reply` (bounded by [`MAX_LIST_ROWS`]; gone with the request).
+    parts: Mutex<HashMap<u64, Response>>,
     next_request: AtomicU64,
     last_seen_mono_us: AtomicU64,
     last_seen_real_us: AtomicU64,
@@ -80,6 +90,7 @@ impl Session {
             peer_ip,
             outgoing,
             pending: Mutex::new(HashMap::new()),
+            parts: Mutex::new(HashMap::new()),
             next_request: AtomicU64::new(1),
             last_seen_mono_us: AtomicU64::new(timestamp::monotonic_us()),
             last_seen_real_us: AtomicU64::new(timestamp::realtime_us()),
@@ -180,6 +191,7 @@ impl Session {
             Ok(Err(_)) => Err(ApiError::offline()),
             Err(_) => {
                 self.lock_pending().remove(&id);
+                self.lock_parts().remove(&id);
                 Err(self.no_reply(timeout))
             }
         }
@@ -219,6 +231,11 @@ impl Session {
     /// Hands a reply to the waiting request. Replies to unknown ids (the
     /// request timed out, or the agent is confused) are dropped.
     pub fn complete(&self, id: u64, reply: Reply) -> bool {
+        let earlier = self.lock_parts().remove(&id);
+        let reply = match (earlier, reply) {
+            (Some(first), Ok(last)) => join_parts(first, last),
+            (_, reply) => reply,
+        };
         let waiter = self.lock_pending().remove(&id);
         match waiter {
             Some(tx) => {
@@ -227,6 +244,47 @@ impl Session {
             }
             None => false,
         }
+    }
+
+    /// Rows of list reply `id` that came ahead of its final `Reply`. Parts
+    /// of unknown ids (timed out) are dropped; a reply growing past
+    /// [`MAX_LIST_ROWS`] fails its request with `LimitsExceeded`.
+    pub fn add_part(&self, id: u64, part: Response) {
+        if !self.lock_pending().contains_key(&id) {
+            return;
+        }
+        let mut parts = self.lock_parts();
+        let merged = match parts.remove(&id) {
+            None => Ok(part),
+            Some(first) => join_parts(first, part),
+        };
+        match merged {
+            Ok(rows) if list_rows(&rows) <= MAX_LIST_ROWS => {
+                parts.insert(id, rows);
+            }
+            Ok(_) => {
+                drop(parts);
+                self.complete(
+                    id,
+                    Err(RemoteError::new(
+                        LIMITS_EXCEEDED,
+                        format!(
+                            "node '{}' sent a list of more than {MAX_LIST_ROWS} rows",
+                            self.node
+                        ),
+                    )),
+                );
+                // Later parts find no request and are dropped.
+            }
+            Err(e) => {
+                drop(parts);
+                self.complete(id, Err(e));
+            }
+        }
+    }
+
+    fn lock_parts(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Response>> {
+        self.parts.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Marks the session ended: stops its socket tasks and fails every pending
@@ -239,6 +297,7 @@ impl Session {
         self.cancel.cancel();
         let drained: Vec<_> = self.lock_pending().drain().collect();
         drop(drained);
+        self.lock_parts().clear();
         true
     }
 
@@ -250,6 +309,33 @@ impl Session {
         // A panic while holding this lock cannot leave the map inconsistent
         // (single inserts/removes), so a poisoned lock is still usable.
         self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Rows of a list response (0 for anything else).
+fn list_rows(r: &Response) -> usize {
+    match r {
+        Response::Units(rows) => rows.len(),
+        Response::UnitFiles(rows) => rows.len(),
+        _ => 0,
+    }
+}
+
+/// `first`'s rows followed by `last`'s; parts of different kinds are a
+/// broken agent, told as such.
+fn join_parts(first: Response, last: Response) -> Reply {
+    match (first, last) {
+        (Response::Units(mut a), Response::Units(b)) => {
+            a.extend(b);
+            Ok(Response::Units(a))
+        }
+        (Response::UnitFiles(mut a), Response::UnitFiles(b)) => {
+            a.extend(b);
+            Ok(Response::UnitFiles(a))
+        }
+        _ => Err(RemoteError::failed(
+            "the agent sent parts of a list reply that do not fit together",
+        )),
     }
 }
 
@@ -344,6 +430,7 @@ where
                         }
                     }
                     ToManager::Event(event) => owner.on_event(&session, event).await,
+                    ToManager::ReplyPart { id, part } => session.add_part(id, part),
                 }
             }
         }
