@@ -5,6 +5,10 @@
 //! value, rows sorted by node then path. The glob matches the unit file's name (as
 //! with `systemctl list-unit-files PATTERN`) or its whole path (as bluechictl does),
 //! so both `--filter 'web*'` and `--filter '/etc/*'` work.
+//!
+//! Over all nodes, an online node the manager left out is asked again on its own;
+//! if that fails too, its reason goes to stderr and the command exits 1 after the
+//! output (as `list-units`).
 
 use serde::Serialize;
 
@@ -68,7 +72,7 @@ pub fn render_table(rows: &[UnitFileRow]) -> String {
 impl Run for ListUnitFiles {
     async fn run(self, ctx: &mut Context) -> Result<(), CtlError> {
         let client = ctx.client().await?;
-        let rows = client
+        let mut listing = client
             .per_node(
                 self.node.as_ref(),
                 "ListUnitFiles",
@@ -77,8 +81,8 @@ impl Run for ListUnitFiles {
                 UnitFileRow::from_tuple,
             )
             .await?;
-        let rows = select(rows, self.filter.as_ref());
-        ctx.emit_rows(&rows, render_table)
+        listing.rows = select(listing.rows, self.filter.as_ref());
+        ctx.emit_listing(listing, "unit files", render_table)
     }
 }
 

@@ -1,6 +1,12 @@
 //! `list-units [NODE] [--filter GLOB]`: units of every online node
 //! (`Controller.ListUnits`) or of one node (`Node.ListUnits`).
 //!
+//! Over all nodes, an online node the manager left out (it failed or timed
+//! out) is asked again on its own; if that fails too, its reason goes to
+//! stderr and the command exits 1 after printing the others. bluechictl
+//! prints nothing and fails when any node fails (BlueChi's manager fails the
+//! whole call); drover shows what it has and still says what is missing.
+//!
 //! Table `NODE | ID | ACTIVE | SUB`, each column as wide as its widest value, rows
 //! sorted by node then unit so output is stable across runs (the manager's map has no
 //! order). The glob matches the unit name only, as in bluechictl.
@@ -79,7 +85,7 @@ pub fn render_table(rows: &[UnitRow]) -> String {
 impl Run for ListUnits {
     async fn run(self, ctx: &mut Context) -> Result<(), CtlError> {
         let client = ctx.client().await?;
-        let rows = client
+        let mut listing = client
             .per_node(
                 self.node.as_ref(),
                 "ListUnits",
@@ -88,8 +94,8 @@ impl Run for ListUnits {
                 UnitRow::from_tuple,
             )
             .await?;
-        let rows = select(rows, self.filter.as_ref());
-        ctx.emit_rows(&rows, render_table)
+        listing.rows = select(listing.rows, self.filter.as_ref());
+        ctx.emit_listing(listing, "units", render_table)
     }
 }
 
