@@ -779,13 +779,19 @@ async fn version_needs_no_bus() {
         .await
         .expect("run droverctl");
     assert_eq!(out.status.code(), Some(0));
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        format!(
-            "droverctl version {} (commit {})\n",
-            env!("CARGO_PKG_VERSION"),
-            env!("DROVER_GIT_COMMIT")
-        )
+    // Which commit: xtask/tests/version.rs checks it against the checkout for every
+    // binary. Here, only that the line has its shape without a bus: this test binary
+    // and droverctl may be built at different commits when HEAD moves mid-run.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let prefix = format!("droverctl version {} (commit ", env!("CARGO_PKG_VERSION"));
+    let commit = stdout
+        .strip_prefix(&prefix)
+        .and_then(|rest| rest.strip_suffix(")\n"))
+        .unwrap_or_else(|| panic!("'{stdout}' is not '{prefix}C)'"));
+    assert!(
+        commit == "unknown"
+            || (commit.len() == 12 && commit.chars().all(|c| c.is_ascii_hexdigit())),
+        "{stdout}"
     );
 }
 
