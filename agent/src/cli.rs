@@ -80,9 +80,16 @@ pub fn settings(args: &Args) -> Result<Settings, String> {
     let node = NodeName::new(name)
         .map_err(|e| format!("node name: {e}; set NodeName= in [drover-agent] or pass -n NAME"))?;
 
+    let interval_ms = args.interval.unwrap_or(config.heartbeat_interval_ms);
+    if args.interval.is_some() {
+        drover_config::agent::check_heartbeat(
+            interval_ms,
+            config.controller_heartbeat_threshold_ms,
+        )
+        .map_err(|m| format!("--interval: {m}"))?;
+    }
     let mut link = LinkConfig::new(node, host, port);
-    link.heartbeat_interval =
-        Duration::from_millis(args.interval.unwrap_or(config.heartbeat_interval_ms));
+    link.heartbeat_interval = Duration::from_millis(interval_ms);
     link.heartbeat_threshold = Duration::from_millis(config.controller_heartbeat_threshold_ms);
     link.quiet_after = config.connection_retry_count_until_quiet;
     link.keepalive = (config.tcp_keepalive_time_s > 0).then(|| Keepalive {
@@ -131,11 +138,7 @@ pub fn settings(args: &Args) -> Result<Settings, String> {
 pub fn main() -> ExitCode {
     let args = Args::parse();
     if args.version {
-        println!(
-            "drover-agent version {} (commit {})",
-            env!("CARGO_PKG_VERSION"),
-            env!("DROVER_GIT_COMMIT")
-        );
+        println!("drover-agent {}", drover_protocol::version_line!());
         return ExitCode::SUCCESS;
     }
     let settings = match settings(&args) {
@@ -240,6 +243,16 @@ mod tests {
         assert_eq!(s.link.node.as_str(), "node-1");
         assert_eq!(s.link.heartbeat_interval, Duration::from_millis(500));
         assert_eq!(s.bus, Bus::System);
+    }
+
+    #[test]
+    fn an_interval_flag_not_below_the_threshold_is_refused() {
+        let args = parse(&["--no-default-config", "-n", "a", "-i", "6000"]).unwrap();
+        let err = settings(&args).unwrap_err();
+        assert!(
+            err.contains("--interval") && err.contains("ControllerHeartbeatThreshold"),
+            "{err}"
+        );
     }
 
     #[test]

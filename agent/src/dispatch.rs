@@ -13,6 +13,10 @@
 //! lock**, followed by any events that overtook it: the manager always sees
 //! the reply before the job's `JobStateChanged`/`JobDone`.
 //!
+//! A `Units` or `UnitFiles` reply too large for one frame (a node with
+//! thousands of units) goes as `ReplyPart`s and a final `Reply`, each at
+//! most half a frame of rows; the manager concatenates them (issue 14.3).
+//!
 //! Requests this agent does not implement yet are answered with
 //! `org.freedesktop.DBus.Error.NotSupported`.
 
@@ -60,6 +64,37 @@ pub fn request_name(req: &Request) -> &'static str {
     }
 }
 
+/// Rows per frame of a split list reply are packed up to this many bytes,
+/// half the frame cap, so row and framing overhead never push a part over.
+const PART_BUDGET: usize = MAX_FRAME_LEN / 2;
+
+/// Splits a `Units` / `UnitFiles` list into parts that each fit a frame
+/// (one part when it fits already; a single row too large for a frame stays
+/// alone in its part, and the size check of the reply refuses it).
+fn split_list(list: Response) -> Vec<Response> {
+    fn pack<T: serde::Serialize>(rows: Vec<T>, wrap: fn(Vec<T>) -> Response) -> Vec<Response> {
+        let mut parts = Vec::new();
+        let mut part = Vec::new();
+        let mut used = 0usize;
+        for row in rows {
+            let len = drover_protocol::codec::encoded_len(&row);
+            if !part.is_empty() && used.saturating_add(len) > PART_BUDGET {
+                parts.push(wrap(std::mem::take(&mut part)));
+                used = 0;
+            }
+            used = used.saturating_add(len);
+            part.push(row);
+        }
+        parts.push(wrap(part));
+        parts
+    }
+    match list {
+        Response::Units(rows) => pack(rows, Response::Units),
+        Response::UnitFiles(rows) => pack(rows, Response::UnitFiles),
+        other => vec![other],
+    }
+}
+
 /// See the module docs.
 pub struct Dispatcher<S> {
     systemd: Arc<S>,
@@ -76,15 +111,31 @@ impl<S: Systemd> Dispatcher<S> {
     }
 
     fn reply(&self, epoch: u64, id: u64, result: Result<Response, RemoteError>) {
+        let result = match result {
+            Ok(list @ (Response::Units(_) | Response::UnitFiles(_))) => {
+                let mut parts = split_list(list);
+                let last = parts.pop().unwrap_or(Response::Empty);
+                for part in parts {
+                    self.shared
+                        .outbox
+                        .send(epoch, ToManager::ReplyPart { id, part });
+                }
+                Ok(last)
+            }
+            other => other,
+        };
         let mut msg = ToManager::Reply { id, result };
-        if let ToManager::Reply {
-            result: Ok(resp), ..
-        } = &msg
-            && !matches!(resp, Response::Empty)
-        {
-            // A reply over the frame cap would fail in the writer and take the
-            // link down (and the manager would ask again): answer with an
-            // error instead. Only lists can get that big, so measure those.
+        if !matches!(
+            msg,
+            ToManager::Reply {
+                result: Ok(Response::Empty),
+                ..
+            }
+        ) {
+            // A reply over the frame cap would be dropped by the writer and
+            // leave the manager waiting: answer with an error instead. Lists
+            // and errors (which may echo a caller's huge argument) can get
+            // that big, so measure those.
             let len = encode_body(&msg).map(|b| b.len()).unwrap_or(usize::MAX);
             if len > MAX_FRAME_LEN {
                 tracing::warn!(id, len, "reply too large for one frame");
@@ -255,6 +306,53 @@ impl<S: Systemd> Dispatcher<S> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// Issue 14.3: a list larger than a frame splits into parts that each
+    /// fit one, and that join back to the same rows in the same order.
+    #[test]
+    fn a_list_over_a_frame_splits_into_fitting_parts() {
+        let rows: Vec<drover_protocol::UnitInfo> = (0..2500)
+            .map(|i| drover_protocol::UnitInfo {
+                name: format!("u{i:05}.service"),
+                description: "d".repeat(500),
+                load_state: "loaded".into(),
+                active_state: "inactive".into(),
+                sub_state: "dead".into(),
+                followed: String::new(),
+                object_path: format!("/org/freedesktop/systemd1/unit/u{i:05}_2eservice"),
+                job_id: 0,
+                job_type: String::new(),
+                job_path: "/".into(),
+            })
+            .collect();
+        let whole = Response::Units(rows.clone());
+        assert!(drover_protocol::codec::oversized(&whole).is_some());
+        let parts = split_list(whole);
+        assert!(parts.len() >= 3, "{} parts", parts.len());
+        let mut joined = Vec::new();
+        for (i, part) in parts.into_iter().enumerate() {
+            let msg = ToManager::ReplyPart { id: u64::MAX, part };
+            assert_eq!(drover_protocol::codec::oversized(&msg), None, "part {i}");
+            let ToManager::ReplyPart {
+                part: Response::Units(r),
+                ..
+            } = msg
+            else {
+                unreachable!()
+            };
+            joined.extend(r);
+        }
+        assert_eq!(joined, rows);
+        assert_eq!(
+            split_list(Response::Units(vec![])),
+            vec![Response::Units(vec![])]
+        );
+    }
+}
+
+#[cfg(test)]
+mod request_tests {
     use super::*;
     use crate::link::outbox::SessionKill;
     use crate::systemd::api::SystemdEvent;
@@ -564,7 +662,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_reply_too_large_for_a_frame_becomes_an_error() {
+    async fn a_list_too_large_for_a_frame_comes_in_parts() {
         let mut r = rig().await;
         for n in 0..6000 {
             r.fake.add_unit(
@@ -573,19 +671,34 @@ mod tests {
             );
         }
         r.d.handle(1, 1, Request::ListUnits).await;
-        match next(&mut r.rx).await {
-            ToManager::Reply {
-                id: 1,
-                result: Err(e),
-            } => {
-                assert_eq!(e.name, LIMITS_EXCEEDED);
-                assert!(e.message.contains("bytes"), "{e}");
+        let mut rows = 0;
+        let mut parts = 0;
+        loop {
+            let msg = next(&mut r.rx).await;
+            assert_eq!(drover_protocol::codec::oversized(&msg), None);
+            match msg {
+                ToManager::ReplyPart {
+                    id: 1,
+                    part: Response::Units(u),
+                } => {
+                    parts += 1;
+                    rows += u.len();
+                }
+                ToManager::Reply {
+                    id: 1,
+                    result: Ok(Response::Units(u)),
+                } => {
+                    rows += u.len();
+                    break;
+                }
+                other => panic!(
+                    "unexpected {}",
+                    format!("{other:?}").chars().take(300).collect::<String>()
+                ),
             }
-            other => panic!(
-                "unexpected {}",
-                format!("{other:?}").chars().take(300).collect::<String>()
-            ),
         }
+        assert!(parts >= 1);
+        assert_eq!(rows, 6000);
     }
 
     #[tokio::test]

@@ -287,6 +287,7 @@ async fn agent_runs_a_remote_start_end_to_end() {
                 done = Some(result);
             }
             ToManager::Event(_) => {}
+            other @ ToManager::ReplyPart { .. } => panic!("no list was asked for: {other:?}"),
         }
     }
     assert_eq!(done.as_deref(), Some("done"));

@@ -2,7 +2,7 @@
 //! helpers; starts the sandbox cluster, runs `start-unit`, `proxy` and `rss` on it
 //! (`events` needs no cluster), tears it down. [`main`] is the whole program.
 
-use crate::stats::{self, ms, paired_overhead, summarize};
+use crate::stats::{self, paired_overhead, summarize};
 use crate::{events, proxy};
 use anyhow::{Context, Result, bail};
 use clap::Parser;
@@ -131,12 +131,12 @@ async fn start_unit(cluster: &Cluster, samples: usize) -> Result<()> {
     // Warm-up, then interleave, alternating which side goes first.
     for i in 0..(samples + 20) {
         let (a, b) = if i % 2 == 0 {
-            let a = time_direct(&systemd, &mut systemd_removed).await?;
-            let b = time_drover(&node, &mut drover_removed).await?;
+            let a = time_start(&systemd, &mut systemd_removed).await?;
+            let b = time_start(&node, &mut drover_removed).await?;
             (a, b)
         } else {
-            let b = time_drover(&node, &mut drover_removed).await?;
-            let a = time_direct(&systemd, &mut systemd_removed).await?;
+            let b = time_start(&node, &mut drover_removed).await?;
+            let a = time_start(&systemd, &mut systemd_removed).await?;
             (a, b)
         };
         if i >= 20 {
@@ -148,14 +148,7 @@ async fn start_unit(cluster: &Cluster, samples: usize) -> Result<()> {
     let over = paired_overhead(&r, &d);
     println!("start-unit: trivial oneshot on node2, {samples} interleaved pairs");
     for (label, s) in [("direct systemd", &sd), ("via drover    ", &sr)] {
-        println!(
-            "  {label}  n={}  min {}  median {}  p90 {}  p99 {}",
-            s.n,
-            ms(s.min),
-            ms(s.median),
-            ms(s.p90),
-            ms(s.p99)
-        );
+        println!("  {label}  {}", s.line());
     }
     println!(
         "  overhead        median of medians {:.3} ms, median of paired differences {:.3} ms (target <= 1 ms)",
@@ -165,22 +158,15 @@ async fn start_unit(cluster: &Cluster, samples: usize) -> Result<()> {
     Ok(())
 }
 
-async fn time_direct(
-    systemd: &zbus::Proxy<'_>,
+/// One `StartUnit` of the trivial unit until its job is removed, through
+/// `starter` (systemd's manager or drover's node object, which take the same
+/// call).
+async fn time_start(
+    starter: &zbus::Proxy<'_>,
     removed: &mut zbus::proxy::SignalStream<'_>,
 ) -> Result<Duration> {
     let t = Instant::now();
-    let job: OwnedObjectPath = systemd.call("StartUnit", &(UNIT, "replace")).await?;
-    wait_removed(removed, job.as_str()).await?;
-    Ok(t.elapsed())
-}
-
-async fn time_drover(
-    node: &zbus::Proxy<'_>,
-    removed: &mut zbus::proxy::SignalStream<'_>,
-) -> Result<Duration> {
-    let t = Instant::now();
-    let job: OwnedObjectPath = node.call("StartUnit", &(UNIT, "replace")).await?;
+    let job: OwnedObjectPath = starter.call("StartUnit", &(UNIT, "replace")).await?;
     wait_removed(removed, job.as_str()).await?;
     Ok(t.elapsed())
 }

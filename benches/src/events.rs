@@ -215,16 +215,7 @@ impl Mode {
 }
 
 /// One `UnitsChanged` entry, borrowed from the message.
-type TaggedRow<'a> = (
-    &'a str,
-    &'a str,
-    &'a str,
-    &'a str,
-    &'a str,
-    &'a str,
-    u64,
-    u64,
-);
+type TaggedRow<'a> = drover_bus::bluechi::UnitsChangedRow<'a>;
 
 async fn monitor(address: String, slot: usize, flow: Arc<Flow>, mode: Mode) -> Result<()> {
     let conn = zbus::connection::Builder::address(address.as_str())

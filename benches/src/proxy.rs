@@ -428,14 +428,7 @@ fn report(samples: usize, remote: &[Remote], local: &[Local], alone: &[Duration]
         "proxy: start need-db until active, db not running before; {samples} interleaved samples of each kind"
     );
     for (label, s) in [("both on node1       ", &sl), ("db on node2 (proxy) ", &sr)] {
-        println!(
-            "  {label}  n={}  min {}  median {}  p90 {}  p99 {}",
-            s.n,
-            ms(s.min),
-            ms(s.median),
-            ms(s.p90),
-            ms(s.p99)
-        );
+        println!("  {label}  {}", s.line());
     }
     let median = |f: &dyn Fn(&Remote) -> Duration| {
         ms(summarize(&remote.iter().map(f).collect::<Vec<_>>()).median)

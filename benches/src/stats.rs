@@ -11,6 +11,20 @@ pub struct Summary {
     pub min: Duration,
 }
 
+impl Summary {
+    /// `n=… min … median … p90 … p99 …`, the figures of one row of a report.
+    pub fn line(&self) -> String {
+        format!(
+            "n={}  min {}  median {}  p90 {}  p99 {}",
+            self.n,
+            ms(self.min),
+            ms(self.median),
+            ms(self.p90),
+            ms(self.p99)
+        )
+    }
+}
+
 /// Nearest-rank percentile of sorted samples.
 fn pct(sorted: &[Duration], p: f64) -> Duration {
     let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;

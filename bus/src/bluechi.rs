@@ -50,6 +50,21 @@ pub const DROVER_CONTROLLER_IFACE: &str = "io.drover.Controller";
 /// drover's extensions of monitor objects (tagged snapshot + stream).
 pub const DROVER_MONITOR_IFACE: &str = "io.drover.Monitor";
 
+/// One entry of `io.drover.Monitor.UnitsChanged` `a(sssssstt)`: node, unit,
+/// kind (`new`, `state`, `removed`), active state, sub state, reason, tag
+/// guid, tag index. Borrowed: the manager builds it from its queued events
+/// without copying a string, a client reads it out of the message.
+pub type UnitsChangedRow<'a> = (
+    &'a str,
+    &'a str,
+    &'a str,
+    &'a str,
+    &'a str,
+    &'a str,
+    u64,
+    u64,
+);
+
 /// `/org/eclipse/bluechi/node/<escaped name>`: valid for any input.
 pub fn node_path(name: &str) -> String {
     format!("{NODE_PATH_PREFIX}/{}", bus_label_escape(name))

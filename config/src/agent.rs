@@ -15,8 +15,12 @@
 //!
 //! Cross-key rules, checked after the last layer: the TLS file keys are
 //! all-or-nothing (see [`crate::tls`]), and `TLSControllerName` needs them.
-//! No rule ties `ControllerHeartbeatThreshold` to anything: it is measured
-//! against the *manager's* heartbeats, which this file cannot see.
+//! `ControllerHeartbeatThreshold` must exceed `HeartbeatInterval` when both
+//! are > 0 (the manager has the same rule for its own pair; see
+//! [`check_heartbeat`]). At run time the threshold is measured against the
+//! interval the *manager* announces, which this file cannot see: the link
+//! raises it to fit that interval, so no accepted pair of settings makes a
+//! node flap (`agent::link::heartbeat`).
 //!
 //! With TLS the agent dials the manager over TLS only (there is no plaintext
 //! fallback to downgrade to) and requires the manager's certificate to name
@@ -198,6 +202,11 @@ impl Builder {
             // binary validates the final name (see `agent::cli::settings`).
             cfg.node_name = hostname()?;
         }
+        check_heartbeat(
+            cfg.heartbeat_interval_ms,
+            cfg.controller_heartbeat_threshold_ms,
+        )
+        .map_err(ConfigError::Invalid)?;
         cfg.tls = self.tls.finish()?;
         if cfg.tls.is_none()
             && cfg.tls_controller_name.is_some()
@@ -310,6 +319,21 @@ fn read_hostname() -> Result<String, ConfigError> {
             path: HOSTNAME_FILE.into(),
             source,
         })
+}
+
+/// The agent's heartbeat pair: a `ControllerHeartbeatThreshold` that is not
+/// larger than `HeartbeatInterval` (both > 0) is refused, as the manager
+/// refuses the same mistake for its own pair; 0 disables either. The binary
+/// checks again after `-i` replaced the interval.
+pub fn check_heartbeat(interval_ms: u64, threshold_ms: u64) -> Result<(), String> {
+    if interval_ms > 0 && threshold_ms > 0 && threshold_ms <= interval_ms {
+        return Err(format!(
+            "ControllerHeartbeatThreshold ({threshold_ms} ms) must be greater than \
+             HeartbeatInterval ({interval_ms} ms), or 0 to disable it: otherwise the agent \
+             drops a healthy manager between two heartbeats"
+        ));
+    }
+    Ok(())
 }
 
 /// Accepts an IP literal or a DNS host name (labels of ASCII letters, digits,
@@ -766,5 +790,28 @@ mod tests {
             .collect();
         assert_eq!(parse(&uncommented).unwrap(), defaults());
         assert_eq!(shown, KEYS.len(), "every key is documented");
+    }
+
+    #[test]
+    fn heartbeat_threshold_must_exceed_interval() {
+        for text in [
+            "[drover-agent]\nControllerHeartbeatThreshold=10\n",
+            "[drover-agent]\nHeartbeatInterval=3000\nControllerHeartbeatThreshold=3000\n",
+        ] {
+            let err = parse(text).unwrap_err();
+            assert!(
+                matches!(&err, ConfigError::Invalid(m) if m.contains("ControllerHeartbeatThreshold")
+                    && m.contains("HeartbeatInterval")),
+                "{text}: {err}"
+            );
+        }
+        // Either being 0 disables the rule.
+        for text in [
+            "[drover-agent]\nHeartbeatInterval=0\nControllerHeartbeatThreshold=10\n",
+            "[drover-agent]\nHeartbeatInterval=9000\nControllerHeartbeatThreshold=0\n",
+            "[drover-agent]\nHeartbeatInterval=2000\nControllerHeartbeatThreshold=2001\n",
+        ] {
+            assert!(parse(text).is_ok(), "{text}");
+        }
     }
 }

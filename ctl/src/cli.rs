@@ -38,13 +38,7 @@ Environment:
 #[derive(Debug, Parser)]
 #[command(
     name = "droverctl",
-    version = concat!(
-        "version ",
-        env!("CARGO_PKG_VERSION"),
-        " (commit ",
-        env!("DROVER_GIT_COMMIT"),
-        ")"
-    ),
+    version = drover_protocol::version_line!(),
     about = "Control the nodes and units of a drover fleet through drover-manager's D-Bus API",
     after_help = AFTER_HELP,
     subcommand_required = true,

@@ -9,6 +9,7 @@
 //! drover-manager is on it is found out lazily, when a call fails (a healthy command
 //! pays no extra round trip).
 
+use std::collections::HashMap;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -77,6 +78,17 @@ pub struct CallContext<'a> {
     pub what: &'a str,
     pub node: Option<&'a NodeName>,
     pub unit: Option<&'a UnitName>,
+}
+
+impl<'a> CallContext<'a> {
+    /// A call on `node`, about `unit` when it concerns one.
+    pub fn on(what: &'a str, node: &'a NodeName, unit: Option<&'a UnitName>) -> Self {
+        CallContext {
+            what,
+            node: Some(node),
+            unit,
+        }
+    }
 }
 
 /// A connection to one bus plus the proxies droverctl needs on it. Cloning is cheap
@@ -158,6 +170,77 @@ impl Client {
         match r {
             Ok(v) => Ok(v),
             Err(e) => Err(self.classify(e, ctx).await),
+        }
+    }
+
+    /// A listing of one node (`one`: `Node.<method>` on `node`) or of every online
+    /// node (`all`: `Controller.<method>`, keyed by node), each entry made a row by
+    /// `row(node, entry)`: what `list-units` and `list-unit-files` share.
+    ///
+    /// Over all nodes, an online node the manager left out (it failed or timed out
+    /// there; BlueChi's manager fails the whole call instead) is asked again on its
+    /// own with `one`; a node that fails again is named in [`Listing::left_out`]
+    /// with its reason, never dropped silently.
+    pub async fn per_node<T, R>(
+        &self,
+        node: Option<&NodeName>,
+        method: &str,
+        one: impl AsyncFn(&NodeProxy<'static>) -> zbus::Result<Vec<T>>,
+        all: impl AsyncFnOnce(&ControllerProxy<'static>) -> zbus::Result<HashMap<String, Vec<T>>>,
+        row: impl Fn(&str, T) -> R,
+    ) -> Result<Listing<R>, CtlError> {
+        match node {
+            Some(node) => {
+                let proxy = self.node(node).await?;
+                let what = format!("{method} on node {node}");
+                let listed = one(&proxy).await;
+                let listed = self
+                    .check(listed, CallContext::on(&what, node, None))
+                    .await?;
+                Ok(Listing {
+                    rows: listed.into_iter().map(|t| row(node.as_str(), t)).collect(),
+                    left_out: Vec::new(),
+                })
+            }
+            None => {
+                let controller = self.controller().await?;
+                let cc = CallContext {
+                    what: method,
+                    ..Default::default()
+                };
+                let listed = all(&controller).await;
+                let mut listed = self.check(listed, cc).await?;
+                let nodes = controller.list_nodes().await;
+                let cc = CallContext {
+                    what: "ListNodes",
+                    ..Default::default()
+                };
+                let mut left_out = Vec::new();
+                for (node, _, status, _) in self.check(nodes, cc).await? {
+                    if status != "online" || listed.contains_key(&node) {
+                        continue;
+                    }
+                    let again = match NodeName::new(node.clone()) {
+                        Ok(name) => one(&self.node(&name).await?).await,
+                        Err(e) => Err(zbus::Error::Failure(e.to_string())),
+                    };
+                    match again {
+                        Ok(entries) => {
+                            listed.insert(node, entries);
+                        }
+                        Err(e) => left_out.push((node, e.to_string())),
+                    }
+                }
+                left_out.sort();
+                let row = &row;
+                Ok(Listing {
+                    rows: listed
+                        .into_iter()
+                        .flat_map(|(node, ts)| ts.into_iter().map(move |t| row(&node, t)))
+                        .collect(),
+                    left_out,
+                })
+            }
         }
     }
 
@@ -249,6 +332,13 @@ pub fn error_name(err: &zbus::Error) -> Option<(String, String)> {
         )),
         _ => None,
     }
+}
+
+/// What [`Client::per_node`] found: the rows, and the online nodes that could not be
+/// listed, each with its reason (sorted by node).
+pub struct Listing<R> {
+    pub rows: Vec<R>,
+    pub left_out: Vec<(String, String)>,
 }
 
 #[cfg(test)]

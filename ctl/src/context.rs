@@ -9,8 +9,11 @@
 
 use std::io::Write;
 
-use crate::client::Client;
+use serde::Serialize;
+
+use crate::client::{Client, Listing};
 use crate::error::CtlError;
+use crate::output::json;
 use drover_bus::Bus;
 
 /// What every command implements.
@@ -67,5 +70,39 @@ impl Context {
         self.out.write_all(text.as_bytes())?;
         self.out.flush()?;
         Ok(())
+    }
+
+    /// Write a [`Listing`]'s rows (JSON or `render`), then one stderr line per node
+    /// that could not be listed; such nodes make the command fail after the output.
+    pub fn emit_listing<T: Serialize>(
+        &mut self,
+        listing: Listing<T>,
+        what: &str,
+        render: impl FnOnce(&[T]) -> String,
+    ) -> Result<(), CtlError> {
+        self.emit_rows(&listing.rows, render)?;
+        if listing.left_out.is_empty() {
+            return Ok(());
+        }
+        let mut warnings = String::new();
+        for (node, reason) in &listing.left_out {
+            warnings.push_str(&format!(
+                "droverctl: cannot list {what} of node {node}: {reason}\n"
+            ));
+        }
+        self.warn(&warnings);
+        Err(CtlError::NodesLeftOut {
+            nodes: listing.left_out.into_iter().map(|(node, _)| node).collect(),
+        })
+    }
+
+    /// A listing: one JSON document of `rows` with `--json`, else `render(rows)`.
+    pub fn emit_rows<T: Serialize>(
+        &mut self,
+        rows: &[T],
+        render: impl FnOnce(&[T]) -> String,
+    ) -> Result<(), CtlError> {
+        let text = if self.json { json(rows) } else { render(rows) };
+        self.emit(&text)
     }
 }

@@ -93,6 +93,11 @@ pub enum CtlError {
     #[error("{} unit(s) not found on node {node}: {}", .units.len(), .units.join(", "))]
     UnitsNotFound { node: String, units: Vec<String> },
 
+    /// `list-units` over all nodes: these online nodes could not be listed
+    /// (the rest was printed; each node's reason went to stderr first).
+    #[error("{} node(s) left out of the list: {}", .nodes.len(), .nodes.join(", "))]
+    NodesLeftOut { nodes: Vec<String> },
+
     /// `is-enabled`: the state (already printed) is not an enabled one. Like
     /// `systemctl is-enabled`, only the exit status says so.
     #[error("unit {unit} on node {node} is {state}")]

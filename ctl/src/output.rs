@@ -53,10 +53,23 @@ pub fn table(headers: &[(&str, Width)], rows: &[Vec<String>]) -> String {
     out
 }
 
+/// A table whose every column is as wide as its widest value ([`Width::Fit`]).
+pub fn fit_table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let headers: Vec<(&str, Width)> = headers.iter().map(|h| (*h, Width::Fit)).collect();
+    table(&headers, rows)
+}
+
 /// One JSON document, pretty-printed, with a final newline.
 pub fn json<T: Serialize + ?Sized>(value: &T) -> String {
     // Serializing plain structs of strings and numbers cannot fail.
     let mut s = serde_json::to_string_pretty(value).unwrap_or_else(|_| "null".to_owned());
+    s.push('\n');
+    s
+}
+
+/// One JSON Lines record: `v` on one line, with its newline.
+pub fn json_line(v: &serde_json::Value) -> String {
+    let mut s = v.to_string();
     s.push('\n');
     s
 }

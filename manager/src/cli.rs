@@ -26,13 +26,7 @@ use tokio::signal::unix::{SignalKind, signal};
 #[derive(Debug, Parser)]
 #[command(
     name = "drover-manager",
-    version = concat!(
-        "version ",
-        env!("CARGO_PKG_VERSION"),
-        " (commit ",
-        env!("DROVER_GIT_COMMIT"),
-        ")"
-    ),
+    version = drover_protocol::version_line!(),
     disable_version_flag = true,
     about = "drover's manager: tracks nodes and serves BlueChi's D-Bus API (org.eclipse.bluechi)"
 )]

@@ -444,3 +444,121 @@ async fn controller_log_level_unit_files_and_metrics() {
         assert!(!xml.contains("org.eclipse.bluechi.Metrics"), "{xml}");
     }
 }
+
+/// Issue 14.2: a request whose frame would exceed the cap is refused to its
+/// caller with `LimitsExceeded` and the sizes; nothing is sent, and the node's
+/// session (and its other calls) go on as if it never happened.
+#[tokio::test]
+async fn an_oversized_request_is_refused_and_the_node_stays_connected() {
+    let f = Fixture::start(config(&["node1"])).await;
+    let agent = f.agent("node1", systemd_like()).await;
+    let big = "x".repeat(2 << 20);
+    let set: Vec<(&str, zbus::Variant<'_>)> =
+        vec![("Description", zbus::Variant::from(big.as_str()))];
+    let res = f
+        .call::<_, ()>(
+            NODE1,
+            NODE_IFACE,
+            "SetUnitProperties",
+            &("a.service", true, set),
+        )
+        .await;
+    let (name, message) = error_of(&res.unwrap_err());
+    assert_eq!(
+        name, "org.freedesktop.DBus.Error.LimitsExceeded",
+        "{message}"
+    );
+    assert!(
+        message.contains("1048576") && message.contains("node1"),
+        "the sizes and the node are said: {message}"
+    );
+    assert_eq!(agent.request_count(), 0, "nothing reached the agent");
+
+    // The session lives on: the next call is answered by the same agent.
+    let state: String = f
+        .call(NODE1, NODE_IFACE, "GetUnitFileState", &("a.service",))
+        .await
+        .unwrap();
+    assert_eq!(state, "enabled");
+    let status: String = f
+        .client()
+        .await
+        .get_property(NODE1, NODE_IFACE, "Status")
+        .await;
+    assert_eq!(status, "online");
+}
+
+/// Issue 14.3: a list reply that comes in parts reaches the caller as one
+/// list, rows in the agent's order.
+#[tokio::test]
+async fn a_list_reply_in_parts_is_joined() {
+    use drover_protocol::UnitInfo;
+    let row = |i: usize| UnitInfo {
+        name: format!("u{i:04}.service"),
+        description: format!("unit {i}"),
+        load_state: "loaded".into(),
+        active_state: "inactive".into(),
+        sub_state: "dead".into(),
+        followed: String::new(),
+        object_path: format!("/org/freedesktop/systemd1/unit/u{i:04}_2eservice"),
+        job_id: 0,
+        job_type: String::new(),
+        job_path: "/".into(),
+    };
+    let f = Fixture::start(config(&["node1"])).await;
+    let _agent = f
+        .agent(
+            "node1",
+            Arc::new(move |id, req| match req {
+                Request::ListUnits => vec![
+                    ToManager::ReplyPart {
+                        id,
+                        part: Response::Units((0..3).map(row).collect()),
+                    },
+                    ToManager::ReplyPart {
+                        id,
+                        part: Response::Units((3..5).map(row).collect()),
+                    },
+                    ToManager::Reply {
+                        id,
+                        result: Ok(Response::Units(vec![row(5)])),
+                    },
+                ],
+                _ => vec![ToManager::Reply {
+                    id,
+                    result: Ok(Response::Empty),
+                }],
+            }),
+        )
+        .await;
+    type Tuple = (
+        String,
+        String,
+        String,
+        String,
+        String,
+        String,
+        OwnedObjectPath,
+        u32,
+        String,
+        OwnedObjectPath,
+    );
+    let units: Vec<Tuple> = f.call(NODE1, NODE_IFACE, "ListUnits", &()).await.unwrap();
+    let names: Vec<&str> = units.iter().map(|u| u.0.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "u0000.service",
+            "u0001.service",
+            "u0002.service",
+            "u0003.service",
+            "u0004.service",
+            "u0005.service"
+        ]
+    );
+    let all: HashMap<String, Vec<Tuple>> = f
+        .call(CONTROLLER, CTRL_IFACE, "ListUnits", &())
+        .await
+        .unwrap();
+    assert_eq!(all["node1"].len(), 6);
+}

@@ -56,6 +56,22 @@ pub fn encode_body<T: Serialize>(msg: &T) -> Result<Vec<u8>, FrameError> {
     postcard::to_stdvec(msg).map_err(|e| FrameError::Malformed(e.to_string()))
 }
 
+/// The body length of `msg` when it does not fit one frame, else `None`.
+/// Senders check what they build from outside input before queueing it:
+/// a message over the cap fails the writer, and a failed writer ends the
+/// whole connection, not just that message.
+pub fn oversized<T: Serialize + ?Sized>(msg: &T) -> Option<usize> {
+    let len = encoded_len(msg);
+    (len > MAX_FRAME_LEN).then_some(len)
+}
+
+/// The length of `msg`'s body, measured without building it (no
+/// allocation, one walk); `usize::MAX` when it cannot be encoded.
+pub fn encoded_len<T: Serialize + ?Sized>(msg: &T) -> usize {
+    postcard::serialize_with_flavor::<T, _, usize>(msg, postcard::ser_flavors::Size::default())
+        .unwrap_or(usize::MAX)
+}
+
 #[cfg(feature = "io")]
 pub use framed::{FrameCodec, Frames};
 
@@ -214,6 +230,7 @@ mod framed {
     #[cfg(test)]
     mod tests {
         use super::*;
+        use crate::codec::oversized;
         use crate::message::{ToAgent, ToManager};
         use bytes::BufMut;
 
@@ -299,6 +316,14 @@ mod framed {
             assert_eq!(rx.decode(&mut buf).unwrap(), Some(ToManager::Heartbeat));
             assert_eq!(rx.decode_eof(&mut buf).unwrap(), Some(ToManager::Heartbeat));
             assert_eq!(rx.decode_eof(&mut buf).unwrap(), None);
+        }
+        #[test]
+        fn oversized_measures_the_body_as_encoded() {
+            let small = vec![7u8; 1000];
+            assert_eq!(oversized(&small), None);
+            let big = vec![7u8; MAX_FRAME_LEN];
+            let len = encode_body(&big).unwrap().len();
+            assert_eq!(oversized(&big), Some(len));
         }
     }
 }

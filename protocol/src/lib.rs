@@ -59,3 +59,20 @@ pub use message::{
 pub use names::{NameError, NodeName, UnitName};
 pub use proxy_instance::{InstanceError, ProxyInstance};
 pub use tag::ModTag;
+
+/// `version X.Y.Z (commit C)`: what every drover binary's `--version` says after
+/// its name. A macro, not a const, so that `env!` reads the *calling* crate's
+/// version and the `DROVER_GIT_COMMIT` its build script
+/// (`build/git_commit.rs`) set; a crate that uses it must have that script.
+#[macro_export]
+macro_rules! version_line {
+    () => {
+        concat!(
+            "version ",
+            env!("CARGO_PKG_VERSION"),
+            " (commit ",
+            env!("DROVER_GIT_COMMIT"),
+            ")"
+        )
+    };
+}

@@ -65,6 +65,14 @@ pub enum ToManager {
     },
     Event(Event),
     Heartbeat,
+    /// Rows of a list reply (`Units`, `UnitFiles`) too large for one frame:
+    /// zero or more parts, in order, then the `Reply` with the last rows;
+    /// the receiver concatenates them (within a bound of its own). Appended
+    /// last so the other variants keep their wire tags.
+    ReplyPart {
+        id: u64,
+        part: Response,
+    },
 }
 
 /// What the manager asks an agent to do. Job operations carry the manager's

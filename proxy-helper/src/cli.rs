@@ -134,11 +134,7 @@ pub fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     if args.version {
-        println!(
-            "drover-proxy version {} (commit {})",
-            env!("CARGO_PKG_VERSION"),
-            env!("DROVER_GIT_COMMIT")
-        );
+        println!("drover-proxy {}", drover_protocol::version_line!());
         return ExitCode::SUCCESS;
     }
     let Some(command) = &args.command else {

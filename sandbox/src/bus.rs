@@ -48,16 +48,21 @@ fn path(p: &str) -> Result<OwnedObjectPath> {
     OwnedObjectPath::try_from(p).with_context(|| format!("bad object path {p}"))
 }
 
-/// systemd's `SystemState` on the bus at `address` (`running` once it finished starting).
-pub async fn systemd_state(address: &str) -> Result<String> {
-    let conn = connect(address).await?;
-    let manager = proxy(
-        &conn,
+/// systemd's manager object on `conn`.
+async fn systemd_manager(conn: &Connection) -> Result<Proxy<'static>> {
+    proxy(
+        conn,
         systemd::BUS_NAME,
         path(systemd::MANAGER_PATH)?,
         systemd::MANAGER_IFACE,
     )
-    .await?;
+    .await
+}
+
+/// systemd's `SystemState` on the bus at `address` (`running` once it finished starting).
+pub async fn systemd_state(address: &str) -> Result<String> {
+    let conn = connect(address).await?;
+    let manager = systemd_manager(&conn).await?;
     let state: String = manager
         .get_property("SystemState")
         .await
@@ -68,13 +73,7 @@ pub async fn systemd_state(address: &str) -> Result<String> {
 /// `org.freedesktop.systemd1.Manager.Reload` (returns once systemd re-read its units).
 pub async fn reload_systemd(address: &str) -> Result<()> {
     let conn = connect_with_timeout(address, RELOAD_TIMEOUT).await?;
-    let manager = proxy(
-        &conn,
-        systemd::BUS_NAME,
-        path(systemd::MANAGER_PATH)?,
-        systemd::MANAGER_IFACE,
-    )
-    .await?;
+    let manager = systemd_manager(&conn).await?;
     manager
         .call::<_, _, ()>("Reload", &())
         .await

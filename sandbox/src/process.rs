@@ -124,16 +124,22 @@ pub fn signal(pid: u32, sig: Signal) -> Result<()> {
     kill(Pid::from_raw(raw), sig).with_context(|| format!("sending {sig} to pid {pid}"))
 }
 
+/// One look at `child`: `Some(Some(status))` once it exited, `Some(None)` when
+/// `deadline` passed first, `None` to look again later.
+fn exited_by(child: &mut Child, deadline: Instant) -> Result<Option<Option<ExitStatus>>> {
+    if let Some(status) = child.try_wait().context("waiting for a child")? {
+        return Ok(Some(Some(status)));
+    }
+    Ok((Instant::now() >= deadline).then_some(None))
+}
+
 /// Waits for `child` to exit (polling, so it works from async code and from `Drop`).
 /// Returns `None` on timeout.
 pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Result<Option<ExitStatus>> {
     let deadline = Instant::now() + timeout;
     loop {
-        if let Some(status) = child.try_wait().context("waiting for a child")? {
-            return Ok(Some(status));
-        }
-        if Instant::now() >= deadline {
-            return Ok(None);
+        if let Some(ended) = exited_by(child, deadline)? {
+            return Ok(ended);
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -146,11 +152,8 @@ pub async fn wait_timeout_async(
 ) -> Result<Option<ExitStatus>> {
     let deadline = Instant::now() + timeout;
     loop {
-        if let Some(status) = child.try_wait().context("waiting for a child")? {
-            return Ok(Some(status));
-        }
-        if Instant::now() >= deadline {
-            return Ok(None);
+        if let Some(ended) = exited_by(child, deadline)? {
+            return Ok(ended);
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

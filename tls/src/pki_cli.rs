@@ -23,13 +23,7 @@ Keys are written with mode 0600, certificates and the CRL 0644.";
 #[derive(Parser)]
 #[command(
     name = "drover-pki",
-    version = concat!(
-        "version ",
-        env!("CARGO_PKG_VERSION"),
-        " (commit ",
-        env!("DROVER_GIT_COMMIT"),
-        ")"
-    ),
+    version = drover_protocol::version_line!(),
     about = "Make the certificates of drover's mutual TLS: a CA, the manager's, the nodes', and revocations",
     after_help = LAYOUT
 )]

@@ -16,7 +16,8 @@
 //!    refused agent certificate shows as an error reading the welcome.
 //! 2. **Session** (one per accepted handshake, numbered by `epoch`): a reader,
 //!    a writer task fed by the bounded [`Outbox`](crate::link::outbox::Outbox) queue, and a heartbeat
-//!    timer. Each request runs as its own task, at most
+//!    timer, both timer and silence threshold negotiated with what the
+//!    manager announced ([`crate::link::heartbeat`]). Each request runs as its own task, at most
 //!    [`LinkConfig::max_in_flight`] at once (the reader waits for a slot, so
 //!    TCP pushes back on the manager — nothing unbounded is fed from the
 //!    network). The session ends when the manager closes, sends something
@@ -34,6 +35,7 @@
 //! the manager can make the agent panic or grow memory without bound.
 
 use crate::dispatch::Dispatcher;
+use crate::link::heartbeat;
 use crate::link::outbox::SessionKill;
 use crate::state::Shared;
 use crate::systemd::api::Systemd;
@@ -66,9 +68,11 @@ pub struct LinkConfig {
     pub node: NodeName,
     pub host: String,
     pub port: u16,
-    /// Zero: no heartbeats.
+    /// Zero: no heartbeats (unless the manager watches for them, see
+    /// [`crate::link::heartbeat`]).
     pub heartbeat_interval: Duration,
-    /// Drop the link when nothing arrived for this long. Zero: never.
+    /// Drop the link when nothing arrived for this long. Zero: never. Raised
+    /// to fit the manager's announced interval; unused when it announces 0.
     pub heartbeat_threshold: Duration,
     pub quiet_after: u32,
     pub keepalive: Option<Keepalive>,
@@ -277,9 +281,16 @@ impl<S: Systemd> Link<S> {
                         epoch,
                         session_id: accepted.session_id,
                     });
-                    let end = self
-                        .session(epoch, framed, accepted.heartbeat_threshold_ms, &shutdown)
-                        .await;
+                    let beats = heartbeat::negotiate(
+                        self.cfg.heartbeat_interval,
+                        self.cfg.heartbeat_threshold,
+                        accepted.heartbeat_interval_ms,
+                        accepted.heartbeat_threshold_ms,
+                    );
+                    for note in &beats.notes {
+                        tracing::warn!("{note}");
+                    }
+                    let end = self.session(epoch, framed, &beats, &shutdown).await;
                     if end == SessionEnd::Shutdown {
                         break;
                     }
@@ -411,7 +422,7 @@ impl<S: Systemd> Link<S> {
         &self,
         epoch: u64,
         framed: AgentFramed<LinkStream>,
-        manager_threshold_ms: u64,
+        beats: &heartbeat::Negotiated,
         shutdown: &CancellationToken,
     ) -> SessionEnd {
         let (sink, mut stream) = framed.split();
@@ -424,7 +435,7 @@ impl<S: Systemd> Link<S> {
             .proxies
             .on_session(epoch, &self.shared().outbox);
         let mut writer = tokio::spawn(write_loop(sink, rx, kill.clone()));
-        let heartbeat = self.heartbeat_interval(manager_threshold_ms).map(|every| {
+        let heartbeat = beats.send_every.map(|every| {
             let shared = self.shared().clone();
             let kill = kill.clone();
             tokio::spawn(async move {
@@ -439,7 +450,9 @@ impl<S: Systemd> Link<S> {
             })
         });
 
-        let end = self.read_loop(epoch, &mut stream, &kill, shutdown).await;
+        let end = self
+            .read_loop(epoch, &mut stream, beats.silence, &kill, shutdown)
+            .await;
 
         self.shared().outbox.close(epoch);
         self.shared().session_ended(epoch);
@@ -464,30 +477,15 @@ impl<S: Systemd> Link<S> {
         end
     }
 
-    fn heartbeat_interval(&self, manager_threshold_ms: u64) -> Option<Duration> {
-        let every = self.cfg.heartbeat_interval;
-        if every.is_zero() {
-            return None;
-        }
-        let manager_threshold = Duration::from_millis(manager_threshold_ms);
-        if !manager_threshold.is_zero() && every.saturating_mul(2) > manager_threshold {
-            let adjusted = (manager_threshold / 2).max(Duration::from_millis(10));
-            tracing::warn!(
-                "HeartbeatInterval {every:?} is too long for the manager's threshold {manager_threshold:?}; sending every {adjusted:?}"
-            );
-            return Some(adjusted);
-        }
-        Some(every)
-    }
-
     async fn read_loop(
         &self,
         epoch: u64,
         stream: &mut futures::stream::SplitStream<AgentFramed<LinkStream>>,
+        silence: Option<Duration>,
         kill: &Arc<SessionKill>,
         shutdown: &CancellationToken,
     ) -> SessionEnd {
-        let threshold = self.cfg.heartbeat_threshold;
+        let threshold = silence.unwrap_or(Duration::ZERO);
         let in_flight: Arc<Mutex<HashSet<u64>>> = Arc::default();
         loop {
             let next = tokio::select! {
@@ -573,10 +571,10 @@ async fn write_loop(
         _ = kill.token().cancelled() => return,
         r = async {
             while let Some(msg) = rx.recv().await {
-                sink.feed(msg).await?;
+                feed_fitting(&mut sink, msg).await?;
                 // Batch what is already queued into one flush.
                 while let Ok(more) = rx.try_recv() {
-                    sink.feed(more).await?;
+                    feed_fitting(&mut sink, more).await?;
                 }
                 sink.flush().await?;
             }
@@ -592,6 +590,26 @@ async fn write_loop(
 /// The manager name a connector checks, for messages.
 fn server_name(connector: &drover_tls::Connector) -> String {
     connector.server_name().to_str().into_owned()
+}
+
+/// Feeds one message; one that does not fit a frame is logged and dropped.
+/// One oversized message (an event carrying a huge property value) must not
+/// take the whole link down (issue 14.2). Replies are measured earlier, in
+/// the dispatcher, so the manager still gets an answer for them.
+async fn feed_fitting(
+    sink: &mut futures::stream::SplitSink<AgentFramed<LinkStream>, ToManager>,
+    msg: ToManager,
+) -> Result<(), drover_protocol::FrameError> {
+    // Measured before it reaches the sink: the split sink would only report
+    // the codec's refusal on the *next* message, which it then loses too.
+    if let Some(len) = drover_protocol::codec::oversized(&msg) {
+        tracing::error!(
+            "not sent to the manager: a message of {len} bytes exceeds the maximum of {} bytes",
+            drover_protocol::MAX_FRAME_LEN
+        );
+        return Ok(());
+    }
+    sink.feed(msg).await
 }
 
 /// Best effort: a socket option that cannot be set is logged, not fatal.

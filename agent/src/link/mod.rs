@@ -2,6 +2,8 @@
 //!
 //! * [`connection`] — connect, handshake, serve a session (reader, writer,
 //!   heartbeats, one task per request), reconnect with jittered backoff.
+//! * [`heartbeat`] — the heartbeat interval and silence threshold of a
+//!   session, negotiated with what the manager announces.
 //! * [`outbox`] — the only way to the manager: bounded, never blocking,
 //!   drops what belongs to a session that is gone, kills a session whose
 //!   manager stopped reading.
@@ -9,5 +11,6 @@
 //!   last seen, controller address, log settings).
 
 pub mod connection;
+pub mod heartbeat;
 pub mod outbox;
 pub mod status;

@@ -260,6 +260,26 @@ fn tell(outbox: &Outbox, event: Event) -> Option<u64> {
 }
 
 impl Table {
+    /// Files `proxy` under the next id and announces it to the manager (now
+    /// if a session is open, else when the next one opens); `announced` is
+    /// set here. Returns the id and the filed proxy.
+    fn add(&mut self, mut proxy: Proxy, outbox: &Outbox) -> (u64, &Proxy) {
+        self.last_id += 1;
+        let id = self.last_id;
+        // Under the table lock: `on_session` either already ran (then the
+        // session is open and this sends) or runs after us and sends it.
+        proxy.announced = tell(
+            outbox,
+            Event::ProxyNew {
+                node: proxy.key.node.clone(),
+                unit: proxy.key.unit.clone(),
+                proxy_id: id,
+            },
+        );
+        self.by_key.insert(proxy.key.clone(), id);
+        (id, self.by_id.entry(id).or_insert(proxy))
+    }
+
     /// Forgets proxy `id` and tells the manager (now, or next session).
     fn forget(&mut self, id: u64, outbox: &Outbox) -> Option<Proxy> {
         let proxy = self.by_id.remove(&id)?;
@@ -344,40 +364,27 @@ impl Proxies {
                 phase,
             });
         }
-        t.last_id += 1;
-        let id = t.last_id;
-        // Under the table lock: `on_session` either already ran (then the
-        // session is open and this sends) or runs after us and sends it.
-        let announced = tell(
-            outbox,
-            Event::ProxyNew {
-                node: key.node.clone(),
-                unit: key.unit.clone(),
-                proxy_id: id,
-            },
-        );
-        tracing::info!(
-            proxy = id,
-            "proxy {} for {} on node {} created{}",
-            key.local,
-            key.unit,
-            key.node,
-            if announced.is_some() {
-                ""
-            } else {
-                " (the manager is told once connected)"
-            }
-        );
-        t.by_key.insert(key.clone(), id);
-        t.by_id.insert(
-            id,
+        let (id, p) = t.add(
             Proxy {
                 key,
                 reply: Some(tx),
                 active: false,
                 ahead: None,
-                announced,
+                announced: None,
             },
+            outbox,
+        );
+        tracing::info!(
+            proxy = id,
+            "proxy {} for {} on node {} created{}",
+            p.key.local,
+            p.key.unit,
+            p.key.node,
+            if p.announced.is_some() {
+                ""
+            } else {
+                " (the manager is told once connected)"
+            }
         );
         Ok((id, rx))
     }
@@ -392,33 +399,22 @@ impl Proxies {
         if t.closed || t.by_key.contains_key(&key) {
             return None;
         }
-        t.last_id += 1;
-        let id = t.last_id;
-        let announced = tell(
-            outbox,
-            Event::ProxyNew {
-                node: key.node.clone(),
-                unit: key.unit.clone(),
-                proxy_id: id,
-            },
-        );
-        tracing::info!(
-            proxy = id,
-            "{} was already active: following {} on node {} again",
-            key.local,
-            key.unit,
-            key.node
-        );
-        t.by_key.insert(key.clone(), id);
-        t.by_id.insert(
-            id,
+        let (id, p) = t.add(
             Proxy {
                 key,
                 reply: None,
                 active: true,
                 ahead: None,
-                announced,
+                announced: None,
             },
+            outbox,
+        );
+        tracing::info!(
+            proxy = id,
+            "{} was already active: following {} on node {} again",
+            p.key.local,
+            p.key.unit,
+            p.key.node
         );
         Some(id)
     }
@@ -434,33 +430,23 @@ impl Proxies {
         if t.closed || t.by_key.contains_key(&key) || t.failed_ahead.contains_key(&key) {
             return None;
         }
-        t.last_id += 1;
-        let id = t.last_id;
-        let announced = tell(
-            outbox,
-            Event::ProxyNew {
-                node: key.node.clone(),
-                unit: key.unit.clone(),
-                proxy_id: id,
-            },
-        );
-        tracing::debug!(
-            proxy = id,
-            "systemd runs {job} for {}: starting {} on node {} ahead of the helper",
-            key.local,
-            key.unit,
-            key.node
-        );
-        t.by_key.insert(key.clone(), id);
-        t.by_id.insert(
-            id,
+        let (id, p) = t.add(
             Proxy {
                 key,
                 reply: None,
                 active: false,
                 ahead: Some(job),
-                announced,
+                announced: None,
             },
+            outbox,
+        );
+        tracing::debug!(
+            proxy = id,
+            "systemd runs {} for {}: starting {} on node {} ahead of the helper",
+            p.ahead.as_deref().unwrap_or_default(),
+            p.key.local,
+            p.key.unit,
+            p.key.node
         );
         Some(id)
     }

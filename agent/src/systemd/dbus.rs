@@ -41,6 +41,7 @@ use std::collections::HashMap;
 use std::num::NonZeroUsize;
 use tokio::sync::mpsc;
 use zbus::export::ordered_stream::{self, OrderedStreamExt};
+use zbus::match_rule::Builder as MatchRuleBuilder;
 use zbus::message::Type as MessageType;
 use zbus::proxy::CacheProperties;
 use zbus::{
@@ -319,42 +320,22 @@ impl Systemd for ZbusSystemd {
     }
 
     async fn subscribe(&self) -> Result<EventStream, RemoteError> {
-        let rule_err = |e| RemoteError::failed(format!("building a D-Bus match rule: {e}"));
-        let removed_rule = MatchRule::builder()
-            .msg_type(MessageType::Signal)
-            .sender(BUS_NAME)
-            .path(MANAGER_PATH)
-            .interface(MANAGER_IFACE)
-            .member("JobRemoved")
-            .build()
-            .map_err(rule_err)?;
-        let new_rule = MatchRule::builder()
-            .msg_type(MessageType::Signal)
-            .sender(BUS_NAME)
-            .path(MANAGER_PATH)
-            .interface(MANAGER_IFACE)
-            .member("JobNew")
-            .build()
-            .map_err(rule_err)?;
-        let state_rule = MatchRule::builder()
-            .msg_type(MessageType::Signal)
-            .sender(BUS_NAME)
-            .path_namespace(JOB_PATH_PREFIX)
-            .interface(PROPERTIES_IFACE)
-            .member("PropertiesChanged")
-            .build()
-            .map_err(rule_err)?;
-        let queued = NonZeroUsize::new(EVENT_QUEUE);
+        let manager_signal = |member| {
+            move |rule: MatchRuleBuilder<'static>| {
+                rule.path(MANAGER_PATH)
+                    .interface(MANAGER_IFACE)
+                    .member(member)
+            }
+        };
         // Match rules first, then Subscribe: no signal can slip between them.
-        let removed = MessageStream::for_match_rule(removed_rule, &self.conn, queued)
-            .await
-            .map_err(|e| remote_error(e, "AddMatch"))?;
-        let states = MessageStream::for_match_rule(state_rule, &self.conn, queued)
-            .await
-            .map_err(|e| remote_error(e, "AddMatch"))?;
-        let news = MessageStream::for_match_rule(new_rule, &self.conn, queued)
-            .await
-            .map_err(|e| remote_error(e, "AddMatch"))?;
+        let removed = systemd_signals(&self.conn, manager_signal("JobRemoved")).await?;
+        let states = systemd_signals(&self.conn, |rule| {
+            rule.path_namespace(JOB_PATH_PREFIX)
+                .interface(PROPERTIES_IFACE)
+                .member("PropertiesChanged")
+        })
+        .await?;
+        let news = systemd_signals(&self.conn, manager_signal("JobNew")).await?;
         self.manager
             .subscribe()
             .await
@@ -371,15 +352,7 @@ impl Systemd for ZbusSystemd {
         // One match rule for every signal of systemd, filtered here: the
         // order between `Reloading`, `UnitRemoved`, `UnitNew` and the state
         // signals matters, and separate streams do not keep it reliably.
-        let rule = MatchRule::builder()
-            .msg_type(MessageType::Signal)
-            .sender(BUS_NAME)
-            .build()
-            .map_err(|e| RemoteError::failed(format!("building a D-Bus match rule: {e}")))?;
-        let stream =
-            MessageStream::for_match_rule(rule, &self.conn, NonZeroUsize::new(EVENT_QUEUE))
-                .await
-                .map_err(|e| remote_error(e, "AddMatch"))?;
+        let stream = systemd_signals(&self.conn, |rule| rule).await?;
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
         tokio::spawn(pump(stream, tx, parse_unit_signal, "systemd unit signals"));
         Ok(rx)
@@ -635,6 +608,24 @@ fn parse_unit_signal(msg: &zbus::Message) -> Option<UnitSignal> {
         }
         _ => None,
     }
+}
+
+/// systemd's signals that `rule` narrows (it starts as "signals from
+/// systemd"), as a stream; the match is on the bus when this returns.
+async fn systemd_signals(
+    conn: &Connection,
+    rule: impl FnOnce(MatchRuleBuilder<'static>) -> MatchRuleBuilder<'static>,
+) -> Result<MessageStream, RemoteError> {
+    let rule = rule(
+        MatchRule::builder()
+            .msg_type(MessageType::Signal)
+            .sender(BUS_NAME),
+    )
+    .build()
+    .map_err(|e| RemoteError::failed(format!("building a D-Bus match rule: {e}")))?;
+    MessageStream::for_match_rule(rule, conn, NonZeroUsize::new(EVENT_QUEUE))
+        .await
+        .map_err(|e| remote_error(e, "AddMatch"))
 }
 
 /// Turns signal messages into events with `parse` (malformed signals give

@@ -35,11 +35,7 @@ impl Run for DaemonReload {
         let proxy = client.node(&self.node).await?;
         if let Err(e) = proxy.reload().await {
             let what = format!("Reload on node {}", self.node);
-            let cc = CallContext {
-                what: &what,
-                node: Some(&self.node),
-                unit: None,
-            };
+            let cc = CallContext::on(&what, &self.node, None);
             return Err(client.classify(e, cc).await);
         }
         if ctx.json() {

@@ -46,11 +46,7 @@ impl Run for GetDefault {
         let client = ctx.client().await?;
         let proxy = client.node(&self.node).await?;
         let what = format!("GetDefaultTarget on node {}", self.node);
-        let cc = CallContext {
-            what: &what,
-            node: Some(&self.node),
-            unit: None,
-        };
+        let cc = CallContext::on(&what, &self.node, None);
         let target = client.check(proxy.get_default_target().await, cc).await?;
         let text = if ctx.json() {
             json(&[DefaultJson {
@@ -69,11 +65,7 @@ impl Run for SetDefault {
         let client = ctx.client().await?;
         let proxy = client.node(&self.node).await?;
         let what = format!("SetDefaultTarget {} on node {}", self.target, self.node);
-        let cc = CallContext {
-            what: &what,
-            node: Some(&self.node),
-            unit: Some(&self.target),
-        };
+        let cc = CallContext::on(&what, &self.node, Some(&self.target));
         let changes = client
             .check(
                 proxy.set_default_target(self.target.as_str(), true).await,

@@ -5,16 +5,19 @@
 //! value, rows sorted by node then path. The glob matches the unit file's name (as
 //! with `systemctl list-unit-files PATTERN`) or its whole path (as bluechictl does),
 //! so both `--filter 'web*'` and `--filter '/etc/*'` work.
+//!
+//! Over all nodes, an online node the manager left out is asked again on its own;
+//! if that fails too, its reason goes to stderr and the command exits 1 after the
+//! output (as `list-units`).
 
 use serde::Serialize;
 
 use drover_protocol::NodeName;
 
 use crate::api::UnitFileTuple;
-use crate::client::CallContext;
 use crate::context::{Context, Run};
 use crate::error::CtlError;
-use crate::output::{Width, json, table};
+use crate::output::fit_table;
 use crate::parse::{parse_glob, parse_node};
 
 #[derive(Debug, clap::Args)]
@@ -63,60 +66,23 @@ pub fn render_table(rows: &[UnitFileRow]) -> String {
         .iter()
         .map(|r| vec![r.node.clone(), r.path.clone(), r.state.clone()])
         .collect();
-    table(
-        &[
-            ("NODE", Width::Fit),
-            ("PATH", Width::Fit),
-            ("IS-ENABLED", Width::Fit),
-        ],
-        &cells,
-    )
+    fit_table(&["NODE", "PATH", "IS-ENABLED"], &cells)
 }
 
 impl Run for ListUnitFiles {
     async fn run(self, ctx: &mut Context) -> Result<(), CtlError> {
         let client = ctx.client().await?;
-        let rows: Vec<UnitFileRow> = match &self.node {
-            Some(node) => {
-                let proxy = client.node(node).await?;
-                let what = format!("ListUnitFiles on node {node}");
-                let cc = CallContext {
-                    what: &what,
-                    node: Some(node),
-                    unit: None,
-                };
-                client
-                    .check(proxy.list_unit_files().await, cc)
-                    .await?
-                    .into_iter()
-                    .map(|t| UnitFileRow::from_tuple(node.as_str(), t))
-                    .collect()
-            }
-            None => {
-                let controller = client.controller().await?;
-                let cc = CallContext {
-                    what: "ListUnitFiles",
-                    ..Default::default()
-                };
-                client
-                    .check(controller.list_unit_files().await, cc)
-                    .await?
-                    .into_iter()
-                    .flat_map(|(node, files)| {
-                        files
-                            .into_iter()
-                            .map(move |t| UnitFileRow::from_tuple(&node, t))
-                    })
-                    .collect()
-            }
-        };
-        let rows = select(rows, self.filter.as_ref());
-        let text = if ctx.json() {
-            json(&rows)
-        } else {
-            render_table(&rows)
-        };
-        ctx.emit(&text)
+        let mut listing = client
+            .per_node(
+                self.node.as_ref(),
+                "ListUnitFiles",
+                async |node| node.list_unit_files().await,
+                async |controller| controller.list_unit_files().await,
+                UnitFileRow::from_tuple,
+            )
+            .await?;
+        listing.rows = select(listing.rows, self.filter.as_ref());
+        ctx.emit_listing(listing, "unit files", render_table)
     }
 }
 

@@ -1,6 +1,12 @@
 //! `list-units [NODE] [--filter GLOB]`: units of every online node
 //! (`Controller.ListUnits`) or of one node (`Node.ListUnits`).
 //!
+//! Over all nodes, an online node the manager left out (it failed or timed
+//! out) is asked again on its own; if that fails too, its reason goes to
+//! stderr and the command exits 1 after printing the others. bluechictl
+//! prints nothing and fails when any node fails (BlueChi's manager fails the
+//! whole call); drover shows what it has and still says what is missing.
+//!
 //! Table `NODE | ID | ACTIVE | SUB`, each column as wide as its widest value, rows
 //! sorted by node then unit so output is stable across runs (the manager's map has no
 //! order). The glob matches the unit name only, as in bluechictl.
@@ -9,10 +15,9 @@ use serde::Serialize;
 
 use drover_protocol::NodeName;
 
-use crate::client::CallContext;
 use crate::context::{Context, Run};
 use crate::error::CtlError;
-use crate::output::{Width, json, table};
+use crate::output::fit_table;
 use crate::parse::{parse_glob, parse_node};
 use drover_bus::systemd::UnitTuple;
 
@@ -74,73 +79,30 @@ pub fn render_table(rows: &[UnitRow]) -> String {
             ]
         })
         .collect();
-    table(
-        &[
-            ("NODE", Width::Fit),
-            ("ID", Width::Fit),
-            ("ACTIVE", Width::Fit),
-            ("SUB", Width::Fit),
-        ],
-        &cells,
-    )
+    fit_table(&["NODE", "ID", "ACTIVE", "SUB"], &cells)
 }
 
 impl Run for ListUnits {
     async fn run(self, ctx: &mut Context) -> Result<(), CtlError> {
         let client = ctx.client().await?;
-        let rows: Vec<UnitRow> = match &self.node {
-            Some(node) => {
-                let proxy = client.node(node).await?;
-                let what = format!("ListUnits on node {node}");
-                match proxy.list_units().await {
-                    Ok(units) => units
-                        .into_iter()
-                        .map(|t| UnitRow::from_tuple(node.as_str(), t))
-                        .collect(),
-                    Err(e) => {
-                        let cc = CallContext {
-                            what: &what,
-                            node: Some(node),
-                            unit: None,
-                        };
-                        return Err(client.classify(e, cc).await);
-                    }
-                }
-            }
-            None => {
-                let controller = client.controller().await?;
-                match controller.list_units().await {
-                    Ok(map) => map
-                        .into_iter()
-                        .flat_map(|(node, units)| {
-                            units
-                                .into_iter()
-                                .map(move |t| UnitRow::from_tuple(&node, t))
-                        })
-                        .collect(),
-                    Err(e) => {
-                        let cc = CallContext {
-                            what: "ListUnits",
-                            ..Default::default()
-                        };
-                        return Err(client.classify(e, cc).await);
-                    }
-                }
-            }
-        };
-        let rows = select(rows, self.filter.as_ref());
-        let text = if ctx.json() {
-            json(&rows)
-        } else {
-            render_table(&rows)
-        };
-        ctx.emit(&text)
+        let mut listing = client
+            .per_node(
+                self.node.as_ref(),
+                "ListUnits",
+                async |node| node.list_units().await,
+                async |controller| controller.list_units().await,
+                UnitRow::from_tuple,
+            )
+            .await?;
+        listing.rows = select(listing.rows, self.filter.as_ref());
+        ctx.emit_listing(listing, "units", render_table)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::output::json;
 
     fn row(node: &str, unit: &str, active: &str, sub: &str) -> UnitRow {
         UnitRow {

@@ -66,11 +66,7 @@ impl Run for SetLoglevel {
             Some(node) => {
                 let proxy = client.node(node).await?;
                 let what = format!("SetLogLevel({level}) on node {node}");
-                let cc = CallContext {
-                    what: &what,
-                    node: Some(node),
-                    unit: None,
-                };
+                let cc = CallContext::on(&what, node, None);
                 client.check(proxy.set_log_level(&level).await, cc).await?;
             }
         }

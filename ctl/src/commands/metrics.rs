@@ -177,9 +177,7 @@ impl Run for Metrics {
                         msg = follow::next_signal(&mut events, &client) => {
                             if let Some(ev) = MetricsEvent::from_message(&msg?) {
                                 let text = if ctx.json() {
-                                    let mut s = ev.json().to_string();
-                                    s.push('\n');
-                                    s
+                                    output::json_line(&ev.json())
                                 } else {
                                     ev.text()
                                 };

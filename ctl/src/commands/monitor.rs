@@ -36,6 +36,7 @@ use crate::client::CallContext;
 use crate::context::{Context, Run};
 use crate::error::CtlError;
 use crate::follow::{self, ManagerWatch};
+use crate::output::json_line;
 use crate::parse::{UnitList, WILDCARD, parse_node_or_wildcard, parse_unit_list};
 
 /// How long closing the monitor on Ctrl-C may take before we just exit (the
@@ -244,12 +245,6 @@ pub fn header_text(monitor: &str, node: &str, units: &[String]) -> String {
     for unit in units {
         s.push_str(&format!("Subscribing to node '{node}' and unit '{unit}'\n"));
     }
-    s
-}
-
-fn json_line(v: &Json) -> String {
-    let mut s = v.to_string();
-    s.push('\n');
     s
 }
 

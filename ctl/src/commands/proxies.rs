@@ -15,7 +15,7 @@ use crate::api::ProxyTuple;
 use crate::client::CallContext;
 use crate::context::{Context, Run};
 use crate::error::CtlError;
-use crate::output::{Width, json, table};
+use crate::output::fit_table;
 use crate::parse::parse_node;
 
 #[derive(Debug, clap::Args)]
@@ -75,14 +75,14 @@ pub fn render_table(rows: &[ProxyRow]) -> String {
             ]
         })
         .collect();
-    table(
+    fit_table(
         &[
-            ("REQUESTER", Width::Fit),
-            ("TARGET NODE", Width::Fit),
-            ("UNIT", Width::Fit),
-            ("STATE", Width::Fit),
-            ("TARGET STATE", Width::Fit),
-            ("REFS", Width::Fit),
+            "REQUESTER",
+            "TARGET NODE",
+            "UNIT",
+            "STATE",
+            "TARGET STATE",
+            "REFS",
         ],
         &cells,
     )
@@ -112,18 +112,14 @@ impl Run for Proxies {
             listed.into_iter().map(ProxyRow::from).collect(),
             self.node.as_ref().map(NodeName::as_str),
         );
-        let text = if ctx.json() {
-            json(&rows)
-        } else {
-            render_table(&rows)
-        };
-        ctx.emit(&text)
+        ctx.emit_rows(&rows, render_table)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::output::json;
 
     fn row(req: &str, target: &str, unit: &str, refs: u32) -> ProxyRow {
         ProxyRow::from((

@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use drover_protocol::{NodeName, UnitName};
 
-use crate::api::ChangeTuple;
+use crate::api::{ChangeTuple, NodeProxy};
 use crate::client::CallContext;
 use crate::context::{Context, Run};
 use crate::error::CtlError;
@@ -141,48 +141,66 @@ async fn reload(ctx: &mut Context, node: &NodeName) -> Result<(), CtlError> {
     let client = ctx.client().await?;
     let proxy = client.node(node).await?;
     let what = format!("Reload on node {node}");
-    let cc = CallContext {
-        what: &what,
-        node: Some(node),
-        unit: None,
-    };
+    let cc = CallContext::on(&what, node, None);
     client.check(proxy.reload().await, cc).await
 }
 
-impl Run for Enable {
-    async fn run(self, ctx: &mut Context) -> Result<(), CtlError> {
-        let client = ctx.client().await?;
-        let proxy = client.node(&self.node).await?;
-        let files: Vec<&str> = self.units.iter().map(UnitName::as_str).collect();
-        let what = format!("EnableUnitFiles on node {}", self.node);
-        let cc = CallContext {
-            what: &what,
-            node: Some(&self.node),
-            unit: self.units.first().filter(|_| self.units.len() == 1),
-        };
-        let (carries, changes) = client
-            .check(
-                proxy
-                    .enable_unit_files(&files, self.runtime, self.force)
-                    .await,
-                cc,
-            )
-            .await?;
+/// `operation` (`call`) with the unit files `units` on `node`; a failure is
+/// worded for that node, and for the unit when there is only one.
+async fn call_on_files<T>(
+    ctx: &mut Context,
+    node: &NodeName,
+    units: &[UnitName],
+    operation: &str,
+    call: impl AsyncFnOnce(&NodeProxy<'static>, &[&str]) -> zbus::Result<T>,
+) -> Result<T, CtlError> {
+    let client = ctx.client().await?;
+    let proxy = client.node(node).await?;
+    let files: Vec<&str> = units.iter().map(UnitName::as_str).collect();
+    let what = format!("{operation} on node {node}");
+    let only = match units {
+        [unit] => Some(unit),
+        _ => None,
+    };
+    let r = call(&proxy, &files).await;
+    client.check(r, CallContext::on(&what, node, only)).await
+}
+
+/// What `EnableUnitFiles` or `DisableUnitFiles` did on `node`.
+struct FilesChanged<'a> {
+    node: &'a NodeName,
+    operation: &'static str,
+    /// Only for EnableUnitFiles.
+    carries_install_info: Option<bool>,
+    changes: Vec<ChangeTuple>,
+    /// Whether to make systemd reload its unit files now.
+    reload: bool,
+}
+
+impl FilesChanged<'_> {
+    /// Reports the changes as enable and disable both do (bluechictl's lines
+    /// on stderr, or one JSON document), reloading systemd in between if asked.
+    async fn report(self, ctx: &mut Context) -> Result<(), CtlError> {
         if !ctx.json() {
-            let mut text = install_info_line(carries).to_owned();
-            changes.iter().for_each(|c| text.push_str(&change_line(c)));
+            let mut text = self
+                .carries_install_info
+                .map_or("", install_info_line)
+                .to_owned();
+            self.changes
+                .iter()
+                .for_each(|c| text.push_str(&change_line(c)));
             ctx.warn(&text);
         }
-        if !self.no_reload {
-            reload(ctx, &self.node).await?;
+        if self.reload {
+            reload(ctx, self.node).await?;
         }
         if ctx.json() {
             let doc = [ChangesJson {
                 node: self.node.as_str(),
-                operation: "EnableUnitFiles",
-                carries_install_info: Some(carries),
-                changes: changes_json(changes),
-                reloaded: !self.no_reload,
+                operation: self.operation,
+                carries_install_info: self.carries_install_info,
+                changes: changes_json(self.changes),
+                reloaded: self.reload,
             }];
             ctx.emit(&json(&doc))?;
         }
@@ -190,38 +208,47 @@ impl Run for Enable {
     }
 }
 
+impl Run for Enable {
+    async fn run(self, ctx: &mut Context) -> Result<(), CtlError> {
+        let (runtime, force) = (self.runtime, self.force);
+        let (carries, changes) = call_on_files(
+            ctx,
+            &self.node,
+            &self.units,
+            "EnableUnitFiles",
+            async |node, files| node.enable_unit_files(files, runtime, force).await,
+        )
+        .await?;
+        let done = FilesChanged {
+            node: &self.node,
+            operation: "EnableUnitFiles",
+            carries_install_info: Some(carries),
+            changes,
+            reload: !self.no_reload,
+        };
+        done.report(ctx).await
+    }
+}
+
 impl Run for Disable {
     async fn run(self, ctx: &mut Context) -> Result<(), CtlError> {
-        let client = ctx.client().await?;
-        let proxy = client.node(&self.node).await?;
-        let files: Vec<&str> = self.units.iter().map(UnitName::as_str).collect();
-        let what = format!("DisableUnitFiles on node {}", self.node);
-        let cc = CallContext {
-            what: &what,
-            node: Some(&self.node),
-            unit: self.units.first().filter(|_| self.units.len() == 1),
+        let runtime = self.runtime;
+        let changes = call_on_files(
+            ctx,
+            &self.node,
+            &self.units,
+            "DisableUnitFiles",
+            async |node, files| node.disable_unit_files(files, runtime).await,
+        )
+        .await?;
+        let done = FilesChanged {
+            node: &self.node,
+            operation: "DisableUnitFiles",
+            carries_install_info: None,
+            changes,
+            reload: !self.no_reload,
         };
-        let changes = client
-            .check(proxy.disable_unit_files(&files, self.runtime).await, cc)
-            .await?;
-        if !ctx.json() {
-            let text: String = changes.iter().map(change_line).collect();
-            ctx.warn(&text);
-        }
-        if !self.no_reload {
-            reload(ctx, &self.node).await?;
-        }
-        if ctx.json() {
-            let doc = [ChangesJson {
-                node: self.node.as_str(),
-                operation: "DisableUnitFiles",
-                carries_install_info: None,
-                changes: changes_json(changes),
-                reloaded: !self.no_reload,
-            }];
-            ctx.emit(&json(&doc))?;
-        }
-        Ok(())
+        done.report(ctx).await
     }
 }
 
@@ -243,11 +270,7 @@ impl Run for IsEnabled {
         let client = ctx.client().await?;
         let proxy = client.node(&self.node).await?;
         let what = format!("GetUnitFileState of {} on node {}", self.unit, self.node);
-        let cc = CallContext {
-            what: &what,
-            node: Some(&self.node),
-            unit: Some(&self.unit),
-        };
+        let cc = CallContext::on(&what, &self.node, Some(&self.unit));
         let state = client
             .check(proxy.get_unit_file_state(self.unit.as_str()).await, cc)
             .await?;

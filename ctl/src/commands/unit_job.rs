@@ -135,11 +135,7 @@ async fn run_job(op: JobOp, args: JobArgs, ctx: &mut Context) -> Result<(), CtlE
     let controller = client.controller().await?;
     let node = client.node(&args.node).await?;
     let what = format!("{} of {} on node {}", op.method(), args.unit, args.node);
-    let call_ctx = CallContext {
-        what: &what,
-        node: Some(&args.node),
-        unit: Some(&args.unit),
-    };
+    let call_ctx = CallContext::on(&what, &args.node, Some(&args.unit));
 
     // Subscribe first: the job may end before the call below returns. Only
     // JobRemoved of this node and unit are delivered (the bus filters on the string

@@ -124,11 +124,7 @@ async fn freeze_thaw(ctx: &mut Context, args: UnitArgs, freeze: bool) -> Result<
         ("ThawUnit", "thaw")
     };
     let what = format!("{method} of {} on node {}", args.unit, args.node);
-    let cc = CallContext {
-        what: &what,
-        node: Some(&args.node),
-        unit: Some(&args.unit),
-    };
+    let cc = CallContext::on(&what, &args.node, Some(&args.unit));
     let unit = args.unit.as_str();
     let r = if freeze {
         proxy.freeze_unit(unit).await
@@ -168,11 +164,7 @@ impl Run for Kill {
             self.signal,
             self.kill_whom.as_str()
         );
-        let cc = CallContext {
-            what: &what,
-            node: Some(&args.node),
-            unit: Some(&args.unit),
-        };
+        let cc = CallContext::on(&what, &args.node, Some(&args.unit));
         let r = proxy
             .kill_unit(args.unit.as_str(), self.kill_whom.as_str(), self.signal)
             .await;
@@ -230,22 +222,14 @@ impl Run for ResetFailed {
                 let proxy = client.node(&node).await?;
                 if self.units.is_empty() {
                     let what = format!("ResetFailed on node {node}");
-                    let cc = CallContext {
-                        what: &what,
-                        node: Some(&node),
-                        unit: None,
-                    };
+                    let cc = CallContext::on(&what, &node, None);
                     client.check(proxy.reset_failed().await, cc).await?;
                     done.push(OpJson::new(node.as_str(), None, "ResetFailed"));
                 } else {
                     let mut first_error = None;
                     for unit in &self.units {
                         let what = format!("ResetFailedUnit of {unit} on node {node}");
-                        let cc = CallContext {
-                            what: &what,
-                            node: Some(&node),
-                            unit: Some(unit),
-                        };
+                        let cc = CallContext::on(&what, &node, Some(unit));
                         let r = proxy.reset_failed_unit(unit.as_str()).await;
                         match client.check(r, cc).await {
                             Ok(()) => {

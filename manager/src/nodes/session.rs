@@ -10,6 +10,13 @@
 //!   room; a request waits for room at most its own timeout. A peer that stops
 //!   reading blocks the writer, whose every write has a deadline: the session
 //!   is dropped, never buffered forever.
+//! * No message fails the session for its size: a request or notice over
+//!   the frame cap is refused to its caller (`LimitsExceeded`, with the
+//!   sizes) before it is queued, and the writer drops (and fails) anything
+//!   that still does not fit instead of ending the session (issue 14.2).
+//! * A list reply too large for one frame arrives as `ReplyPart`s and a
+//!   final `Reply`; the rows are joined (at most [`MAX_LIST_ROWS`]) and the
+//!   caller sees one reply. Parts die with their request (timeout, end).
 //! * Any frame from the agent counts as a sign of life (`last seen`); a frame
 //!   that does not decode ends the session (the stream is out of sync).
 //! * [`Session::mark_ended`] is idempotent: the first caller does the
@@ -20,10 +27,11 @@
 
 use crate::error::ApiError;
 use drover_bus::timestamp;
-use drover_protocol::error_names::NO_REPLY;
+use drover_protocol::codec::oversized;
+use drover_protocol::error_names::{LIMITS_EXCEEDED, NO_REPLY};
 use drover_protocol::link::ManagerFramed;
 use drover_protocol::{
-    Event, NodeName, Notice, RemoteError, Request, Response, ToAgent, ToManager,
+    Event, MAX_FRAME_LEN, NodeName, Notice, RemoteError, Request, Response, ToAgent, ToManager,
 };
 use drover_tls::NodeIdentity;
 use futures::future::BoxFuture;
@@ -38,6 +46,10 @@ use tokio_util::sync::CancellationToken;
 
 /// Room for this many queued messages per session.
 pub const OUTGOING_QUEUE: usize = 256;
+
+/// Most rows one list reply may carry in parts (a node with 20,000 units
+/// needs 20,000; a row is about 0.5 KiB, so this bounds a reply near 100 MiB).
+pub const MAX_LIST_ROWS: usize = 200_000;
 
 type Reply = Result<Response, RemoteError>;
 
@@ -62,6 +74,9 @@ pub struct Session {
     identity: Option<NodeIdentity>,
     outgoing: mpsc::Sender<ToAgent>,
     pending: Mutex<HashMap<u64, oneshot::Sender<Reply>>>,
+    /// Rows of list replies that came in parts, per request id, until the
+    /// final `Reply` (bounded by [`MAX_LIST_ROWS`]; gone with the request).
+    parts: Mutex<HashMap<u64, Response>>,
     next_request: AtomicU64,
     last_seen_mono_us: AtomicU64,
     last_seen_real_us: AtomicU64,
@@ -90,6 +105,7 @@ impl Session {
             identity,
             outgoing,
             pending: Mutex::new(HashMap::new()),
+            parts: Mutex::new(HashMap::new()),
             next_request: AtomicU64::new(1),
             last_seen_mono_us: AtomicU64::new(timestamp::monotonic_us()),
             last_seen_real_us: AtomicU64::new(timestamp::realtime_us()),
@@ -159,6 +175,17 @@ impl Session {
     pub async fn request(&self, body: Request, timeout: Duration) -> Result<Response, ApiError> {
         let deadline = tokio::time::Instant::now() + timeout;
         let id = self.next_request.fetch_add(1, Ordering::Relaxed);
+        let msg = ToAgent::Request { id, body };
+        if let Some(len) = oversized(&msg) {
+            return Err(ApiError::new(
+                LIMITS_EXCEEDED,
+                format!(
+                    "the request to node '{}' is {len} bytes encoded, more than the \
+                     {MAX_FRAME_LEN} bytes one frame to an agent may carry; nothing was sent",
+                    self.node
+                ),
+            ));
+        }
         let (tx, rx) = oneshot::channel();
         self.lock_pending().insert(id, tx);
         // Checked after inserting: `mark_ended` sets the flag before draining,
@@ -167,9 +194,7 @@ impl Session {
             self.lock_pending().remove(&id);
             return Err(ApiError::offline());
         }
-        let sent =
-            tokio::time::timeout_at(deadline, self.outgoing.send(ToAgent::Request { id, body }))
-                .await;
+        let sent = tokio::time::timeout_at(deadline, self.outgoing.send(msg)).await;
         match sent {
             Ok(Ok(())) => {}
             Ok(Err(_)) => {
@@ -186,6 +211,7 @@ impl Session {
             Ok(Err(_)) => Err(ApiError::offline()),
             Err(_) => {
                 self.lock_pending().remove(&id);
+                self.lock_parts().remove(&id);
                 Err(self.no_reply(timeout))
             }
         }
@@ -197,7 +223,14 @@ impl Session {
         if self.is_ended() {
             return Err(ApiError::offline());
         }
-        match tokio::time::timeout(timeout, self.outgoing.send(ToAgent::Notice(notice))).await {
+        let msg = ToAgent::Notice(notice);
+        if let Some(len) = oversized(&msg) {
+            return Err(ApiError::new(
+                LIMITS_EXCEEDED,
+                format!("a notice of {len} bytes does not fit one frame ({MAX_FRAME_LEN} bytes)"),
+            ));
+        }
+        match tokio::time::timeout(timeout, self.outgoing.send(msg)).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(_)) => Err(ApiError::offline()),
             Err(_) => Err(self.no_reply(timeout)),
@@ -218,6 +251,11 @@ impl Session {
     /// Hands a reply to the waiting request. Replies to unknown ids (the
     /// request timed out, or the agent is confused) are dropped.
     pub fn complete(&self, id: u64, reply: Reply) -> bool {
+        let earlier = self.lock_parts().remove(&id);
+        let reply = match (earlier, reply) {
+            (Some(first), Ok(last)) => join_parts(first, last),
+            (_, reply) => reply,
+        };
         let waiter = self.lock_pending().remove(&id);
         match waiter {
             Some(tx) => {
@@ -226,6 +264,47 @@ impl Session {
             }
             None => false,
         }
+    }
+
+    /// Rows of list reply `id` that came ahead of its final `Reply`. Parts
+    /// of unknown ids (timed out) are dropped; a reply growing past
+    /// [`MAX_LIST_ROWS`] fails its request with `LimitsExceeded`.
+    pub fn add_part(&self, id: u64, part: Response) {
+        if !self.lock_pending().contains_key(&id) {
+            return;
+        }
+        let mut parts = self.lock_parts();
+        let merged = match parts.remove(&id) {
+            None => Ok(part),
+            Some(first) => join_parts(first, part),
+        };
+        match merged {
+            Ok(rows) if list_rows(&rows) <= MAX_LIST_ROWS => {
+                parts.insert(id, rows);
+            }
+            Ok(_) => {
+                drop(parts);
+                self.complete(
+                    id,
+                    Err(RemoteError::new(
+                        LIMITS_EXCEEDED,
+                        format!(
+                            "node '{}' sent a list of more than {MAX_LIST_ROWS} rows",
+                            self.node
+                        ),
+                    )),
+                );
+                // Later parts find no request and are dropped.
+            }
+            Err(e) => {
+                drop(parts);
+                self.complete(id, Err(e));
+            }
+        }
+    }
+
+    fn lock_parts(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Response>> {
+        self.parts.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Marks the session ended: stops its socket tasks and fails every pending
@@ -238,6 +317,7 @@ impl Session {
         self.cancel.cancel();
         let drained: Vec<_> = self.lock_pending().drain().collect();
         drop(drained);
+        self.lock_parts().clear();
         true
     }
 
@@ -249,6 +329,33 @@ impl Session {
         // A panic while holding this lock cannot leave the map inconsistent
         // (single inserts/removes), so a poisoned lock is still usable.
         self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Rows of a list response (0 for anything else).
+fn list_rows(r: &Response) -> usize {
+    match r {
+        Response::Units(rows) => rows.len(),
+        Response::UnitFiles(rows) => rows.len(),
+        _ => 0,
+    }
+}
+
+/// `first`'s rows followed by `last`'s; parts of different kinds are a
+/// broken agent, told as such.
+fn join_parts(first: Response, last: Response) -> Reply {
+    match (first, last) {
+        (Response::Units(mut a), Response::Units(b)) => {
+            a.extend(b);
+            Ok(Response::Units(a))
+        }
+        (Response::UnitFiles(mut a), Response::UnitFiles(b)) => {
+            a.extend(b);
+            Ok(Response::UnitFiles(a))
+        }
+        _ => Err(RemoteError::failed(
+            "the agent sent parts of a list reply that do not fit together",
+        )),
     }
 }
 
@@ -285,8 +392,23 @@ async fn write_loop<S>(
                 None => break,
             },
         };
+        let request_id = match &msg {
+            ToAgent::Request { id, .. } => Some(*id),
+            _ => None,
+        };
         match tokio::time::timeout(deadline, sink.send(msg)).await {
             Ok(Ok(())) => {}
+            Ok(Err(e @ drover_protocol::FrameError::TooLarge { .. })) => {
+                // Refused by the codec before a byte was written: the stream
+                // is intact, so only this message fails, never the session.
+                tracing::error!(node = %session.node, session = session.id, "not sent to the agent: {e}");
+                if let Some(id) = request_id {
+                    session.complete(
+                        id,
+                        Err(RemoteError::new(LIMITS_EXCEEDED, format!("not sent: {e}"))),
+                    );
+                }
+            }
             Ok(Err(e)) => {
                 tracing::info!(node = %session.node, session = session.id, "cannot write to the agent: {e}");
                 break;
@@ -328,6 +450,7 @@ where
                         }
                     }
                     ToManager::Event(event) => owner.on_event(&session, event).await,
+                    ToManager::ReplyPart { id, part } => session.add_part(id, part),
                 }
             }
         }

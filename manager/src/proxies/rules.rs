@@ -245,6 +245,24 @@ struct Ref {
     seq: u64,
 }
 
+impl Ref {
+    /// `notice` (given the proxy id) for requester `a`, if `a` is online
+    /// (`online`, its current session) in the session that made this
+    /// reference: a proxy of an older session is gone.
+    fn notice(
+        &self,
+        a: &NodeName,
+        online: Option<u64>,
+        notice: impl FnOnce(u64) -> Notice,
+    ) -> Option<Action> {
+        (online == Some(self.session)).then(|| Action::Notify {
+            to: a.clone(),
+            session: self.session,
+            notice: notice(self.proxy_id),
+        })
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Want {
     running: bool,
@@ -578,16 +596,12 @@ impl References {
             if r.state == RefState::Waiting && !covers(acked, r.added_gen) {
                 continue;
             }
-            if self.online.get(a) == Some(&r.session) {
-                out.push(Action::Notify {
-                    to: a.clone(),
-                    session: r.session,
-                    notice: Notice::ProxyTarget {
-                        proxy_id: r.proxy_id,
-                        change: change.clone(),
-                    },
-                });
-            }
+            out.extend(r.notice(a, self.online.get(a).copied(), |proxy_id| {
+                Notice::ProxyTarget {
+                    proxy_id,
+                    change: change.clone(),
+                }
+            }));
             apply_rule(r, b, unit, change);
         }
         self.settle(b, unit, &mut out);
@@ -663,16 +677,12 @@ impl References {
             DepOutcome::Failed(message) if cmd.start => {
                 for (a, r) in target.refs.iter_mut() {
                     if r.state == RefState::Waiting && r.added_gen <= cmd.generation {
-                        if self.online.get(a) == Some(&r.session) {
-                            out.push(Action::Notify {
-                                to: a.clone(),
-                                session: r.session,
-                                notice: Notice::ProxyError {
-                                    proxy_id: r.proxy_id,
-                                    message: message.clone(),
-                                },
-                            });
-                        }
+                        out.extend(r.notice(a, self.online.get(a).copied(), |proxy_id| {
+                            Notice::ProxyError {
+                                proxy_id,
+                                message: message.clone(),
+                            }
+                        }));
                         r.state = RefState::Failed(message.clone());
                     }
                 }
@@ -774,16 +784,12 @@ impl References {
                     if r.state != RefState::Active {
                         continue;
                     }
-                    if self.online.get(a) == Some(&r.session) {
-                        out.push(Action::Notify {
-                            to: a.clone(),
-                            session: r.session,
-                            notice: Notice::ProxyTarget {
-                                proxy_id: r.proxy_id,
-                                change: change.clone(),
-                            },
-                        });
-                    }
+                    out.extend(r.notice(a, self.online.get(a).copied(), |proxy_id| {
+                        Notice::ProxyTarget {
+                            proxy_id,
+                            change: change.clone(),
+                        }
+                    }));
                     r.state = RefState::Ended(change.clone());
                 }
                 touched.push(key.clone());
@@ -816,15 +822,13 @@ impl References {
             for (a, r) in &target.refs {
                 if let Err(why) = self.policy.check(a, b) {
                     revoked.push(a.clone());
-                    if r.state.is_live() && self.online.get(a) == Some(&r.session) {
-                        out.push(Action::Notify {
-                            to: a.clone(),
-                            session: r.session,
-                            notice: Notice::ProxyError {
-                                proxy_id: r.proxy_id,
+                    if r.state.is_live() {
+                        out.extend(r.notice(a, self.online.get(a).copied(), |proxy_id| {
+                            Notice::ProxyError {
+                                proxy_id,
                                 message: format!("permission revoked by a config reload: {why}"),
-                            },
-                        });
+                            }
+                        }));
                     }
                 }
             }
@@ -921,16 +925,10 @@ impl References {
             },
         ];
         for change in changes {
-            if online == Some(r.session) {
-                out.push(Action::Notify {
-                    to: a.clone(),
-                    session: r.session,
-                    notice: Notice::ProxyTarget {
-                        proxy_id: r.proxy_id,
-                        change: change.clone(),
-                    },
-                });
-            }
+            out.extend(r.notice(a, online, |proxy_id| Notice::ProxyTarget {
+                proxy_id,
+                change: change.clone(),
+            }));
             apply_rule(r, b, unit, &change);
         }
     }

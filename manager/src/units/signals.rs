@@ -95,19 +95,9 @@ impl<'a> BluechiSignal<'a> {
     }
 }
 
-/// One entry of `io.drover.Monitor.UnitsChanged`, `(sssssstt)`: node, unit,
-/// kind, active_state, sub_state, reason, guid, index. Borrowed from the
-/// queued events, so building a batch copies no string.
-type TaggedRow<'a> = (
-    &'a str,
-    &'a str,
-    &'a str,
-    &'a str,
-    &'a str,
-    &'a str,
-    u64,
-    u64,
-);
+/// One entry of `io.drover.Monitor.UnitsChanged`, borrowed from the queued
+/// events, so building a batch copies no string.
+type TaggedRow<'a> = drover_bus::bluechi::UnitsChangedRow<'a>;
 
 /// The tagged entry of an event, or `None` for what the tagged stream does
 /// not carry (property changes, the pseudo unit `*`).

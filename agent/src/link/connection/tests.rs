@@ -38,12 +38,22 @@ impl FakeManager {
     }
 
     async fn accept(&self, session_id: u64) -> ManagerFramed<TcpStream> {
+        self.accept_announcing(session_id, 1000, 0).await
+    }
+
+    /// Accepts announcing the manager's heartbeat interval and threshold.
+    async fn accept_announcing(
+        &self,
+        session_id: u64,
+        heartbeat_interval_ms: u64,
+        heartbeat_threshold_ms: u64,
+    ) -> ManagerFramed<TcpStream> {
         let (pending, hello) = self.hello().await;
         assert_eq!(hello.node, "node-a");
         let accepted = Accepted {
             session_id,
-            heartbeat_interval_ms: 1000,
-            heartbeat_threshold_ms: 0,
+            heartbeat_interval_ms,
+            heartbeat_threshold_ms,
             manager_version: "fake".into(),
         };
         pending.accept(accepted, T).await.unwrap()
@@ -393,6 +403,85 @@ async fn manager_heartbeats_keep_the_link_up() {
     agent.stop().await;
 }
 
+/// Counts the agent's heartbeats for `span` of the fake manager's time;
+/// panics if the agent closes the link meanwhile.
+async fn heartbeats_during(m: &mut ManagerFramed<TcpStream>, span: Duration) -> usize {
+    let until = tokio::time::Instant::now() + span;
+    let mut beats = 0;
+    loop {
+        match tokio::time::timeout_at(until, m.next()).await {
+            Err(_) => return beats,
+            Ok(None) | Ok(Some(Err(_))) => panic!("the agent dropped the link"),
+            Ok(Some(Ok(ToManager::Heartbeat))) => beats += 1,
+            Ok(Some(Ok(_))) => {}
+        }
+    }
+}
+
+/// Issue 14.1: a manager with `HeartbeatInterval=0` sends nothing; the
+/// agent's own threshold must not drop it for that silence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manager_that_announces_no_heartbeats_is_not_dropped_for_silence() {
+    let mgr = FakeManager::bind().await;
+    let mut agent = Agent::start(mgr.port(), |c| {
+        c.heartbeat_threshold = Duration::from_millis(200)
+    })
+    .await;
+    let mut m = mgr.accept_announcing(1, 0, 0).await;
+    agent.wait_for(is_connected).await;
+    // Five thresholds of silence from the manager; the link stays.
+    let beats = heartbeats_during(&mut m, Duration::from_millis(1000)).await;
+    assert!(beats >= 5, "the agent keeps sending its own: {beats}");
+    assert_eq!(
+        *agent.state.borrow(),
+        LinkState::Connected {
+            epoch: 1,
+            session_id: 1
+        }
+    );
+    agent.stop().await;
+}
+
+/// Issue 14.1: a manager heartbeating every 300 ms keeps an agent whose
+/// configured threshold (150 ms) is shorter than that interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_silence_threshold_follows_the_announced_interval() {
+    let mgr = FakeManager::bind().await;
+    let mut agent = Agent::start(mgr.port(), |c| {
+        c.heartbeat_threshold = Duration::from_millis(150)
+    })
+    .await;
+    let mut m = mgr.accept_announcing(1, 300, 0).await;
+    agent.wait_for(is_connected).await;
+    for _ in 0..5 {
+        heartbeats_during(&mut m, Duration::from_millis(300)).await;
+        m.send(ToAgent::Heartbeat).await.unwrap();
+    }
+    assert_eq!(
+        *agent.state.borrow(),
+        LinkState::Connected {
+            epoch: 1,
+            session_id: 1
+        }
+    );
+    // And a manager silent for longer than three of its intervals is dropped.
+    wait_closed(&mut m).await;
+    agent.stop().await;
+}
+
+/// Issue 14.1: an agent with `HeartbeatInterval=0` still feeds a manager
+/// that drops silent nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_without_an_interval_feeds_a_watching_manager() {
+    let mgr = FakeManager::bind().await;
+    let mut agent = Agent::start(mgr.port(), |c| c.heartbeat_interval = Duration::ZERO).await;
+    let mut m = mgr.accept_announcing(1, 0, 300).await;
+    agent.wait_for(is_connected).await;
+    let beats = heartbeats_during(&mut m, Duration::from_millis(600)).await;
+    assert!(beats >= 3, "heartbeats every 100 ms expected, got {beats}");
+    agent.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_from_the_manager_drops_the_link_and_reconnects() {
     let mgr = FakeManager::bind().await;
@@ -560,4 +649,40 @@ async fn refuses_a_manager_certified_for_another_name_or_by_another_ca() {
         assert!(matches!(state, LinkState::Connecting { .. }), "{case}");
         agent.stop().await;
     }
+}
+
+/// Issue 14.2, agent side: one message over the frame cap is dropped by the
+/// writer, and the messages after it still reach the manager on the same link.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_message_is_dropped_not_the_link() {
+    use drover_protocol::link::AgentFramed;
+    use tokio_util::codec::Framed;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let client = TcpStream::connect(listener.local_addr().unwrap())
+        .await
+        .unwrap();
+    let (server, _) = listener.accept().await.unwrap();
+    let agent_end: AgentFramed<LinkStream> =
+        Framed::new(Box::new(client), drover_protocol::FrameCodec::default());
+    let mut manager_end: ManagerFramed<TcpStream> =
+        Framed::new(server, drover_protocol::FrameCodec::default());
+    let (sink, _stream) = agent_end.split();
+    let (tx, rx) = mpsc::channel(4);
+    let kill = SessionKill::new();
+    let writer = tokio::spawn(write_loop(sink, rx, kill.clone()));
+    let huge = ToManager::Reply {
+        id: 1,
+        result: Err(drover_protocol::RemoteError::failed("x".repeat(2 << 20))),
+    };
+    tx.send(huge).await.unwrap();
+    tx.send(ToManager::Heartbeat).await.unwrap();
+    let next = tokio::time::timeout(T, manager_end.next())
+        .await
+        .expect("the next message arrives")
+        .expect("open")
+        .unwrap();
+    assert_eq!(next, ToManager::Heartbeat);
+    assert_eq!(kill.reason(), None, "the session was not killed");
+    drop(tx);
+    tokio::time::timeout(T, writer).await.unwrap().unwrap();
 }

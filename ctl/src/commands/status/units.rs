@@ -176,11 +176,7 @@ async fn fetch(client: &Client, node: &NodeName, units: &[UnitName]) -> Result<F
                 missing.push(unit.to_string());
             }
             Err(e) => {
-                let cc = CallContext {
-                    what: &what,
-                    node: Some(node),
-                    unit: Some(unit),
-                };
+                let cc = CallContext::on(&what, node, Some(unit));
                 return Err(client.classify(e, cc).await);
             }
         }
@@ -240,11 +236,7 @@ pub async fn run(
     let mut events = follow::signal_stream(&client, path.as_str(), false, MONITOR_IFACE).await?;
     let unit_refs: Vec<&str> = names.iter().map(String::as_str).collect();
     let what = format!("SubscribeList({node}, {})", names.join(","));
-    let cc = CallContext {
-        what: &what,
-        node: Some(&node),
-        unit: None,
-    };
+    let cc = CallContext::on(&what, &node, None);
     // The subscription's own virtual events wait in the (large) queue; they only
     // cause one extra reprint.
     if let Err(e) = client
