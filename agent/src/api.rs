@@ -10,13 +10,27 @@
 //! `JobCancel` are not served (no stubs).
 //!
 //! * `CreateProxy(s local_service_name, s node, s unit)`: arguments are
-//!   validated first (garbage → `InvalidArgs`, nothing changes); the reply is
+//!   validated first (garbage → `InvalidArgs`, nothing changes), and
+//!   `local_service_name` must be exactly a proxy unit of `unit` on `node`
+//!   ([`ProxyInstance::proxy_of`]; a mismatch is `InvalidArgs`: the agent
+//!   stops the named proxy unit when the target goes down, so a mismatched
+//!   pair would bind one unit's fate to another's target). Then the caller
+//!   must be allowed ([`authorize`]); the reply is
 //!   deferred until the proxy's fate is known ([`crate::proxies::registry`]). There is no
 //!   timeout of our own: the start timeout of the proxy unit bounds the
 //!   helper, and when the helper is killed (it leaves the bus) the waiting
 //!   proxy is dropped.
-//! * `RemoveProxy(s local_service_name, s node, s unit)`: success even when
-//!   the proxy is unknown.
+//! * `RemoveProxy(s local_service_name, s node, s unit)`: the same checks;
+//!   success even when the proxy is unknown.
+//!
+//! Who may call them ([`authorize`]): root (the bus's
+//! `GetConnectionUnixUser` is 0), or a process of the proxy unit itself —
+//! the caller's PID (`GetConnectionUnixProcessID`) is in the cgroup of
+//! `local_service_name`, as systemd's `GetUnitByPID` says. That is where the
+//! helper runs (`ExecStart=`/`ExecStop=` of `drover-proxy@.service`). Anyone
+//! else gets `AccessDenied` and nothing changes. The D-Bus policy already
+//! keeps the name root-only on the system bus; this check holds where the
+//! policy is looser (a user bus, a misconfigured policy).
 //! * Properties read [`AgentStatus`](crate::link::status::AgentStatus),
 //!   which the link keeps current;
 //!   `PropertiesChanged` is emitted for `Status` and `ControllerAddress`.
@@ -28,16 +42,19 @@
 use crate::proxies::registry::{CreateError, ProxyKey};
 use crate::state::Shared;
 use drover_bus::bluechi::{AGENT_BUS_NAME, AGENT_IFACE, AGENT_PATH};
-use drover_protocol::error_names::{ACTIVATION_FAILED, FAILED, INVALID_ARGS};
+use drover_bus::systemd::{BUS_NAME as SYSTEMD_BUS_NAME, MANAGER_IFACE, MANAGER_PATH, UNIT_IFACE};
+use drover_protocol::ProxyInstance;
+use drover_protocol::error_names::{ACCESS_DENIED, ACTIVATION_FAILED, FAILED, INVALID_ARGS};
 use futures::StreamExt;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 use zbus::fdo::{RequestNameFlags, RequestNameReply};
 use zbus::message::{Header, Message};
-use zbus::names::{ErrorName, InterfaceName, OwnedUniqueName};
+use zbus::names::{BusName, ErrorName, InterfaceName, OwnedUniqueName};
 use zbus::object_server::SignalEmitter;
 use zbus::{Connection, Variant, interface};
+use zbus::{OwnedObjectPath, OwnedVariant};
 
 /// An error reply of the local API. Names are constants of this module.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -93,6 +110,87 @@ fn invalid(message: String) -> LocalError {
     LocalError::new(INVALID_ARGS, message)
 }
 
+/// The validated key of a `CreateProxy` / `RemoveProxy` call: each argument
+/// valid, and the proxy unit the proxy of exactly that node and unit.
+fn proxy_key(local: &str, node: &str, unit: &str) -> Result<ProxyKey, LocalError> {
+    let key = ProxyKey::parse(local, node, unit).map_err(invalid)?;
+    ProxyInstance::proxy_of(local, node, unit)
+        .map_err(|e| invalid(format!("local_service_name: {e}")))?;
+    Ok(key)
+}
+
+/// Lets the call through when its sender is root or a process of the proxy
+/// unit `proxy_unit` (see the module docs); `AccessDenied` otherwise, also
+/// when the bus or systemd cannot say who the caller is.
+pub async fn authorize(
+    conn: &Connection,
+    header: &Header<'_>,
+    proxy_unit: &str,
+) -> Result<(), LocalError> {
+    let denied = |why: String| {
+        let message =
+            format!("only root or the proxy unit {proxy_unit} itself may call this: {why}");
+        tracing::warn!("refused a proxy call: {message}");
+        LocalError::new(ACCESS_DENIED, message)
+    };
+    let Some(sender) = header.sender() else {
+        return Err(denied("the call carries no sender".into()));
+    };
+    let dbus = zbus::fdo::DBusProxy::new(conn)
+        .await
+        .map_err(|e| denied(format!("cannot ask the bus about {sender}: {e}")))?;
+    let uid = dbus
+        .get_connection_unix_user(BusName::from(sender.clone()))
+        .await
+        .map_err(|e| denied(format!("the bus does not know the uid of {sender}: {e}")))?;
+    if uid == 0 {
+        return Ok(());
+    }
+    let pid = dbus
+        .get_connection_unix_process_id(BusName::from(sender.clone()))
+        .await
+        .map_err(|e| {
+            denied(format!(
+                "the bus does not know the pid of {sender} (uid {uid}): {e}"
+            ))
+        })?;
+    match unit_of_pid(conn, pid).await {
+        Ok(unit) if unit == proxy_unit => Ok(()),
+        Ok(unit) => Err(denied(format!(
+            "the caller {sender} (uid {uid}, pid {pid}) runs in {unit}"
+        ))),
+        Err(e) => Err(denied(format!(
+            "the caller {sender} (uid {uid}, pid {pid}) is in no unit systemd names: {e}"
+        ))),
+    }
+}
+
+/// The unit whose cgroup holds `pid`, by systemd's `GetUnitByPID` and the
+/// unit's `Id`.
+async fn unit_of_pid(conn: &Connection, pid: u32) -> zbus::Result<String> {
+    let reply = conn
+        .call_method(
+            Some(SYSTEMD_BUS_NAME),
+            MANAGER_PATH,
+            Some(MANAGER_IFACE),
+            "GetUnitByPID",
+            &(pid,),
+        )
+        .await?;
+    let path: OwnedObjectPath = reply.body().deserialize()?;
+    let reply = conn
+        .call_method(
+            Some(SYSTEMD_BUS_NAME),
+            &path,
+            Some("org.freedesktop.DBus.Properties"),
+            "Get",
+            &(UNIT_IFACE, "Id"),
+        )
+        .await?;
+    let id: OwnedVariant = reply.body().deserialize()?;
+    String::try_from(id)
+}
+
 #[interface(name = "org.eclipse.bluechi.Agent", introspection_docs = false)]
 impl AgentObject {
     /// Deferred reply: see the module docs.
@@ -104,7 +202,8 @@ impl AgentObject {
         node: String,
         unit: String,
     ) -> Result<(), LocalError> {
-        let key = ProxyKey::parse(&local_service_name, &node, &unit).map_err(invalid)?;
+        let key = proxy_key(&local_service_name, &node, &unit)?;
+        authorize(conn, &header, key.local.as_str()).await?;
         let caller: Option<OwnedUniqueName> = header.sender().map(|s| s.to_owned().into());
         let shared = &self.shared;
         let (id, outcome) = shared
@@ -130,11 +229,14 @@ impl AgentObject {
     /// Success even when no such proxy exists.
     async fn remove_proxy(
         &self,
+        #[zbus(header)] header: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
         local_service_name: String,
         node: String,
         unit: String,
     ) -> Result<(), LocalError> {
-        let key = ProxyKey::parse(&local_service_name, &node, &unit).map_err(invalid)?;
+        let key = proxy_key(&local_service_name, &node, &unit)?;
+        authorize(conn, &header, key.local.as_str()).await?;
         self.shared.proxies.remove(&key, &self.shared.outbox);
         Ok(())
     }

@@ -1,6 +1,12 @@
 //! The local `org.eclipse.bluechi.Agent` API on a private dbus-daemon, as the
 //! proxy helper and `bluechi-is-online`-style watchers see it. The manager
 //! link is a fake: an outbox session whose messages the test reads.
+//!
+//! Who may call `CreateProxy` / `RemoveProxy` is checked with real bus
+//! credentials: clients connect as root or as `nobody`
+//! ([`drover_testkit::api::connect_as`]); the one question the agent asks
+//! systemd (`GetUnitByPID`) is answered by a stand-in that owns systemd's
+//! name on the private bus.
 
 use drover_agent::api;
 use drover_agent::link::outbox::SessionKill;
@@ -9,12 +15,12 @@ use drover_agent::state::Shared;
 use drover_bus::bluechi::{AGENT_BUS_NAME, AGENT_IFACE, AGENT_PATH};
 use drover_protocol::{Event, NodeName, Notice, Reason, TargetChange, ToManager, UnitName};
 use drover_sandbox::PrivateBus;
-use drover_testkit::api::assert_mentions;
+use drover_testkit::api::{NOBODY, assert_mentions, connect_as};
 use futures::StreamExt;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
-use zbus::{Connection, MatchRule, MessageStream, OwnedVariant};
+use zbus::{Connection, MatchRule, MessageStream, OwnedObjectPath, OwnedVariant};
 
 const WAIT: Duration = Duration::from_secs(5);
 const PROPS: &str = "org.freedesktop.DBus.Properties";
@@ -35,7 +41,8 @@ struct Rig {
 }
 
 async fn rig() -> Rig {
-    let bus = PrivateBus::start("drover-agent-api-test").unwrap();
+    // Open to every user: some tests call as `nobody`.
+    let bus = PrivateBus::start_open("drover-agent-api-test").unwrap();
     let shared = Arc::new(Shared::default());
     shared.status.set_controller("10.0.0.1", 842);
     shared.status.set_log_target("stderr");
@@ -178,6 +185,183 @@ async fn garbage_arguments_are_invalid_args_and_change_nothing() {
     assert!(err.to_string().contains("InvalidArgs"), "{err}");
     assert!(r.shared.proxies.list().is_empty());
     assert!(r.manager.try_recv().is_err(), "nothing told to the manager");
+}
+
+#[tokio::test]
+async fn a_proxy_unit_paired_with_another_target_is_invalid_args_and_changes_nothing() {
+    let mut r = rig().await;
+    for (args, says) in [
+        // The bug this closes: bar_db's proxy unit bound to web.service, or to
+        // db.service on another node; the agent would later stop the wrong unit.
+        (
+            (LOCAL, "bar", "web.service"),
+            "is the proxy of db.service on node bar, not of web.service on node bar",
+        ),
+        (
+            (LOCAL, "foo", "db.service"),
+            "is the proxy of db.service on node bar, not of db.service on node foo",
+        ),
+        ((LOCAL, "bar", "db.socket"), "not of db.socket on node bar"),
+        (
+            ("drover-proxy@bar_my_db.service", "bar", "db.service"),
+            "is the proxy of my_db.service on node bar",
+        ),
+        // Proxy template, but no NODE_UNIT instance in it.
+        (
+            ("drover-proxy@bar.service", "bar", "db.service"),
+            "is not a proxy unit",
+        ),
+        (
+            ("drover-proxy@bar_db.socket", "bar", "db.service"),
+            "is not a proxy unit",
+        ),
+        (
+            ("drover-proxy@-x_db.service", "bar", "db.service"),
+            "is not a proxy unit",
+        ),
+    ] {
+        for method in ["CreateProxy", "RemoveProxy"] {
+            let (name, msg) = call(&r.client, method, args).await.unwrap_err();
+            assert_eq!(name, "org.freedesktop.DBus.Error.InvalidArgs", "{args:?}");
+            assert!(msg.contains(says), "{method} {args:?}: {msg}");
+        }
+    }
+    assert!(r.shared.proxies.list().is_empty());
+    assert!(r.manager.try_recv().is_err(), "nothing told to the manager");
+    // The explicit-suffix spelling of the instance is the same target's proxy.
+    let client = r.client.clone();
+    let pending = tokio::spawn(async move {
+        call(
+            &client,
+            "CreateProxy",
+            ("drover-proxy@bar_db.service.service", "bar", "db.service"),
+        )
+        .await
+    });
+    assert!(matches!(
+        next_event(&mut r.manager).await,
+        Event::ProxyNew { .. }
+    ));
+    pending.abort();
+}
+
+/// Stands in for systemd's `Manager.GetUnitByPID` on the private bus: `pid`
+/// is in the unit at [`UNIT_OBJECT`] ([`UnitId`]), every other PID in no unit.
+struct UnitByPid {
+    pid: u32,
+}
+
+const UNIT_OBJECT: &str = "/org/freedesktop/systemd1/unit/the_5fcaller";
+
+#[zbus::interface(name = "org.freedesktop.systemd1.Manager")]
+impl UnitByPid {
+    #[zbus(name = "GetUnitByPID")]
+    fn get_unit_by_pid(&self, pid: u32) -> zbus::fdo::Result<OwnedObjectPath> {
+        if pid == self.pid {
+            Ok(OwnedObjectPath::try_from(UNIT_OBJECT).unwrap())
+        } else {
+            Err(zbus::fdo::Error::Failed(format!(
+                "PID {pid} does not belong to any loaded unit."
+            )))
+        }
+    }
+}
+
+struct UnitId(String);
+
+#[zbus::interface(name = "org.freedesktop.systemd1.Unit")]
+impl UnitId {
+    #[zbus(property)]
+    fn id(&self) -> String {
+        self.0.clone()
+    }
+}
+
+/// Serves [`UnitByPid`] for this test process as a process of `unit`.
+async fn systemd_says_we_run_in(bus: &PrivateBus, unit: &str) -> Connection {
+    zbus::connection::Builder::address(bus.address())
+        .name("org.freedesktop.systemd1")
+        .serve_at(
+            "/org/freedesktop/systemd1",
+            UnitByPid {
+                pid: std::process::id(),
+            },
+        )
+        .serve_at(UNIT_OBJECT, UnitId(unit.into()))
+        .build()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_caller_neither_root_nor_the_proxy_unit_is_denied_and_changes_nothing() {
+    let mut r = rig().await;
+    let nobody = connect_as(r.bus.address(), NOBODY).await;
+    // No systemd answers: the caller is in no unit anyone can name.
+    for method in ["CreateProxy", "RemoveProxy"] {
+        let (name, msg) = call(&nobody, method, (LOCAL, "bar", "db.service"))
+            .await
+            .unwrap_err();
+        assert_eq!(name, "org.freedesktop.DBus.Error.AccessDenied", "{method}");
+        assert!(
+            msg.contains("only root or the proxy unit drover-proxy@bar_db.service itself"),
+            "{msg}"
+        );
+        assert!(msg.contains("uid 65534"), "{msg}");
+    }
+    // systemd answers, but the caller runs in another unit (another proxy's, even).
+    let _systemd = systemd_says_we_run_in(&r.bus, "drover-proxy@bar_web.service").await;
+    let (name, msg) = call(&nobody, "CreateProxy", (LOCAL, "bar", "db.service"))
+        .await
+        .unwrap_err();
+    assert_eq!(name, "org.freedesktop.DBus.Error.AccessDenied");
+    assert!(
+        msg.contains("runs in drover-proxy@bar_web.service"),
+        "{msg}"
+    );
+    assert!(r.shared.proxies.list().is_empty());
+    assert!(r.manager.try_recv().is_err(), "nothing told to the manager");
+    // Arguments are checked before the caller: garbage is still InvalidArgs.
+    let (name, _) = call(&nobody, "CreateProxy", (LOCAL, "foo", "db.service"))
+        .await
+        .unwrap_err();
+    assert_eq!(name, "org.freedesktop.DBus.Error.InvalidArgs");
+}
+
+#[tokio::test]
+async fn the_proxy_units_own_process_may_create_and_remove_its_proxy() {
+    let mut r = rig().await;
+    let _systemd = systemd_says_we_run_in(&r.bus, LOCAL).await;
+    let helper = connect_as(r.bus.address(), NOBODY).await;
+    let caller = helper.clone();
+    let pending =
+        tokio::spawn(
+            async move { call(&caller, "CreateProxy", (LOCAL, "bar", "db.service")).await },
+        );
+    let Event::ProxyNew { proxy_id, .. } = next_event(&mut r.manager).await else {
+        panic!("expected ProxyNew");
+    };
+    // Its own proxy only: web.service's proxy unit is not where it runs.
+    let (name, _) = call(
+        &helper,
+        "CreateProxy",
+        ("drover-proxy@bar_web.service", "bar", "web.service"),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(name, "org.freedesktop.DBus.Error.AccessDenied");
+    r.shared
+        .proxies
+        .on_notice(target("active", Reason::Real, proxy_id), &r.shared.outbox);
+    assert_eq!(pending.await.unwrap(), Ok(()));
+    call(&helper, "RemoveProxy", (LOCAL, "bar", "db.service"))
+        .await
+        .unwrap();
+    assert!(matches!(
+        next_event(&mut r.manager).await,
+        Event::ProxyRemoved { .. }
+    ));
+    assert!(r.shared.proxies.list().is_empty());
 }
 
 #[tokio::test]
@@ -408,7 +592,8 @@ async fn introspection_describes_exactly_what_is_served() {
 
 #[tokio::test]
 async fn a_name_owner_that_refuses_replacement_is_a_clear_error_and_replacement_works() {
-    let bus = PrivateBus::start("drover-agent-api-test").unwrap();
+    // Open to every user: some tests call as `nobody`.
+    let bus = PrivateBus::start_open("drover-agent-api-test").unwrap();
     let squatter = connect(&bus).await;
     squatter
         .request_name_with_flags(AGENT_BUS_NAME, zbus::fdo::RequestNameFlags::DO_NOT_QUEUE)
@@ -427,7 +612,8 @@ async fn a_name_owner_that_refuses_replacement_is_a_clear_error_and_replacement_
     drop(squatter);
 
     // An agent that allows replacement gives the name to a newer one.
-    let bus = PrivateBus::start("drover-agent-api-test").unwrap();
+    // Open to every user: some tests call as `nobody`.
+    let bus = PrivateBus::start_open("drover-agent-api-test").unwrap();
     let first = connect(&bus).await;
     let _a = api::serve(&first, Arc::new(Shared::default()))
         .await

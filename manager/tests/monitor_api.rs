@@ -1,14 +1,17 @@
 //! Monitors (`org.eclipse.bluechi.Monitor`, `io.drover.Monitor`) against fake
 //! agents: subscriptions reach the agent, events come back as unicast
 //! signals, virtual events on subscribe and disconnect, peers, closing, and
-//! the snapshot + tagged stream.
+//! the snapshot + tagged stream; who may call a monitor (its owner, root) and
+//! how many monitors one client may hold.
 
 mod common;
 
 use common::*;
+use drover_manager::units::monitor::MAX_MONITORS_PER_CLIENT;
 use drover_protocol::{Reason, Request, UnitName};
 use drover_testkit::agent::unit_state as state_event;
-use drover_testkit::api::assert_mentions;
+use drover_testkit::api::{NOBODY, assert_mentions, connect_as, error_of};
+use drover_testkit::wait::{WAIT, eventually};
 use std::time::Duration;
 use zbus::OwnedObjectPath;
 use zbus::message::Message;
@@ -282,6 +285,150 @@ async fn peers_receive_events_and_peer_removed() {
         "org.freedesktop.DBus.Error.UnknownObject",
         "the monitor is unexported"
     );
+}
+
+const ACCESS_DENIED: &str = "org.freedesktop.DBus.Error.AccessDenied";
+
+/// The error of a call that must fail: (name, message).
+fn refused<T: std::fmt::Debug>(res: zbus::Result<T>) -> (String, String) {
+    match res {
+        Ok(v) => panic!("the call must fail, it returned {v:?}"),
+        Err(e) => error_of(&e),
+    }
+}
+
+#[tokio::test]
+async fn a_monitor_answers_its_owner_and_root_and_refuses_everyone_else() {
+    let (f, agent, owner, path) = monitored().await;
+    let p = path.as_str();
+    let sub = subscribed(&owner, p, &agent, "a.service").await;
+    let peer = f.client().await;
+    let peer_id = add_peer(&owner, p, &peer).await;
+    let id: u32 = p.rsplit('/').next().unwrap().parse().unwrap();
+    let monitor = f.manager().core().monitors().get(id).unwrap();
+
+    // Another client, not root (and a peer is not the owner either).
+    let stranger = Api {
+        conn: connect_as(f.bus.address(), NOBODY).await,
+    };
+    let name = stranger.unique_name();
+    let calls: Vec<(&str, zbus::Result<()>)> = vec![
+        ("Close", mcall(&stranger, p, "Close", &()).await),
+        (
+            "Subscribe",
+            mcall::<_, u32>(&stranger, p, "Subscribe", &("node1", "b.service"))
+                .await
+                .map(drop),
+        ),
+        (
+            "SubscribeList",
+            mcall::<_, u32>(&stranger, p, "SubscribeList", &("node1", vec!["b.service"]))
+                .await
+                .map(drop),
+        ),
+        (
+            "Unsubscribe",
+            mcall(&stranger, p, "Unsubscribe", &(sub,)).await,
+        ),
+        (
+            "AddPeer",
+            mcall::<_, u32>(&stranger, p, "AddPeer", &(name.as_str(),))
+                .await
+                .map(drop),
+        ),
+        (
+            "RemovePeer",
+            mcall(&stranger, p, "RemovePeer", &(peer_id, "taken over")).await,
+        ),
+        (
+            "Follow",
+            mcall::<_, Vec<(String, String, String, String, u64, u64)>>(
+                &stranger,
+                p,
+                "Follow",
+                &(),
+            )
+            .await
+            .map(drop),
+        ),
+    ];
+    for (method, res) in calls {
+        let (err, msg) = refused(res);
+        assert_eq!(err, ACCESS_DENIED, "{method}: {msg}");
+        assert!(
+            msg.contains(&format!("belongs to {}", owner.unique_name()))
+                && msg.contains("uid 65534"),
+            "{method}: {msg}"
+        );
+    }
+    // Nothing changed: the subscription, the peer, the monitor itself.
+    assert!(!monitor.is_closed());
+    assert_eq!(monitor.subscription_count(), 1);
+    mcall::<_, ()>(&owner, p, "RemovePeer", &(peer_id, "done"))
+        .await
+        .expect("the peer was still there");
+
+    // Root that is not the owner keeps BlueChi's reach (its policy: root only).
+    let root = f.client().await;
+    let sub2: u32 = mcall(&root, p, "Subscribe", &("node1", "*")).await.unwrap();
+    mcall::<_, ()>(&root, p, "Unsubscribe", &(sub2,))
+        .await
+        .unwrap();
+    mcall::<_, ()>(&root, p, "Close", &()).await.unwrap();
+    assert!(monitor.is_closed());
+    assert!(f.manager().core().monitors().is_empty());
+}
+
+#[tokio::test]
+async fn each_client_has_its_own_monitor_cap_and_leaving_the_bus_frees_it() {
+    let f = Fixture::start(config(&["node1"])).await;
+    let greedy = f.client().await;
+    let mut paths = Vec::new();
+    for _ in 0..MAX_MONITORS_PER_CLIENT {
+        paths.push(create_monitor(&greedy).await);
+    }
+    let (err, msg) = refused(
+        greedy
+            .call::<_, OwnedObjectPath>(CONTROLLER, CONTROLLER_IFACE, "CreateMonitor", &())
+            .await,
+    );
+    assert_eq!(err, "org.freedesktop.DBus.Error.LimitsExceeded", "{msg}");
+    assert!(
+        msg.contains(&format!(
+            "holds {MAX_MONITORS_PER_CLIENT} monitors, the most one client may hold"
+        )),
+        "{msg}"
+    );
+    let monitors = f.manager().core().monitors();
+    assert_eq!(
+        monitors.len(),
+        MAX_MONITORS_PER_CLIENT,
+        "the refusal made none"
+    );
+
+    // Another client is not held back by it.
+    let other = f.client().await;
+    create_monitor(&other).await;
+    // Closing one gives the greedy client room for one more.
+    mcall::<_, ()>(&greedy, paths[0].as_str(), "Close", &())
+        .await
+        .unwrap();
+    create_monitor(&greedy).await;
+    assert_eq!(
+        monitors.owned_by(&greedy.unique_name()),
+        MAX_MONITORS_PER_CLIENT
+    );
+
+    // Leaving the bus frees all of them.
+    drop(greedy);
+    let monitors2 = monitors.clone();
+    eventually(WAIT, "the greedy client's monitors to close", || {
+        let n = monitors2.len();
+        async move { n == 1 }
+    })
+    .await
+    .unwrap();
+    assert_eq!(monitors.owned_by(&other.unique_name()), 1);
 }
 
 #[tokio::test]

@@ -22,6 +22,9 @@ pub const NOT_SUPPORTED: &str = "org.freedesktop.DBus.Error.NotSupported";
 pub const UNKNOWN_METHOD: &str = "org.freedesktop.DBus.Error.UnknownMethod";
 /// No object at the path called.
 pub const UNKNOWN_OBJECT: &str = "org.freedesktop.DBus.Error.UnknownObject";
+/// The caller may not make this call (it is not root, not the monitor's
+/// owner, not the proxy unit it names, …).
+pub const ACCESS_DENIED: &str = "org.freedesktop.DBus.Error.AccessDenied";
 /// A bound was hit (too many monitors, a reply too large for one frame, …).
 pub const LIMITS_EXCEEDED: &str = "org.freedesktop.DBus.Error.LimitsExceeded";
 /// Nobody owns the bus name called, and it cannot be activated.

@@ -57,7 +57,7 @@ pub use message::{
     ToManager, UnitInfo,
 };
 pub use names::{NameError, NodeName, UnitName};
-pub use proxy_instance::{InstanceError, ProxyInstance};
+pub use proxy_instance::{InstanceError, ProxyInstance, ProxyMismatch};
 pub use tag::ModTag;
 
 /// `version X.Y.Z (commit C)`: what every drover binary's `--version` says after

@@ -4,7 +4,9 @@
 //! The helper parses the instance it is run with ([`ProxyInstance::parse`]);
 //! the agent recognises proxy units among the units systemd reports
 //! ([`ProxyInstance::from_unit_name`]) and checks the proxy unit a
-//! `CreateProxy` caller names ([`proxy_template_of`]). One rule for all three:
+//! `CreateProxy` caller names ([`proxy_template_of`], and
+//! [`ProxyInstance::proxy_of`]: the proxy unit must be the proxy of the very
+//! node and unit the call names). One rule for all of them:
 //!
 //! * the instance splits at the **first** `_`: everything before is the target
 //!   node, everything after the target unit (node names cannot contain `_`, so
@@ -82,6 +84,28 @@ pub enum InstanceError {
     ProxyUnit { instance: String, source: NameError },
 }
 
+/// Why a `(proxy unit, node, unit)` triple is not one proxy
+/// ([`ProxyInstance::proxy_of`]). The text is the message a caller gets.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProxyMismatch {
+    #[error(
+        "'{proxy_unit}' is not a proxy unit (expected an instance of {templates} naming NODE_UNIT)"
+    )]
+    NotAProxy {
+        proxy_unit: String,
+        templates: String,
+    },
+    #[error(
+        "'{proxy_unit}' is the proxy of {target}, not of {unit} on node {node}; a proxy unit may only ask for its own target"
+    )]
+    OtherTarget {
+        proxy_unit: String,
+        target: String,
+        node: String,
+        unit: String,
+    },
+}
+
 /// A validated proxy instance.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProxyInstance {
@@ -105,6 +129,31 @@ impl ProxyInstance {
         let prefix = proxy_template_of(unit)?;
         let instance = unit.strip_prefix(prefix)?.strip_suffix(PROXY_SUFFIX)?;
         Self::parse_for(prefix, instance).ok()
+    }
+
+    /// The proxy behind `proxy_unit` when it is exactly a proxy of `unit`
+    /// on `node` ([`ProxyInstance::from_unit_name`] of it names that very
+    /// node and unit). Several proxy units may name one target
+    /// (`drover-proxy@bar_db.service` and `drover-proxy@bar_db.service.service`
+    /// both mean `db.service` on `bar`); each is accepted for that target and
+    /// for no other. This is what keeps a `CreateProxy` from binding one
+    /// proxy unit to another unit's target: the agent stops the named proxy
+    /// unit when the target goes down.
+    pub fn proxy_of(proxy_unit: &str, node: &str, unit: &str) -> Result<Self, ProxyMismatch> {
+        let p = Self::from_unit_name(proxy_unit).ok_or_else(|| ProxyMismatch::NotAProxy {
+            proxy_unit: printable(proxy_unit),
+            templates: proxy_templates_text(),
+        })?;
+        if p.node.as_str() == node && p.unit.as_str() == unit {
+            Ok(p)
+        } else {
+            Err(ProxyMismatch::OtherTarget {
+                proxy_unit: printable(proxy_unit),
+                target: p.to_string(),
+                node: printable(node),
+                unit: printable(unit),
+            })
+        }
     }
 
     fn parse_for(prefix: &str, instance: &str) -> Result<Self, InstanceError> {
@@ -308,6 +357,52 @@ mod tests {
         ] {
             assert!(ProxyInstance::from_unit_name(bad).is_none(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_proxy_unit_is_the_proxy_of_its_own_target_only() {
+        let p =
+            ProxyInstance::proxy_of("drover-proxy@bar_db.service", "bar", "db.service").unwrap();
+        assert_eq!(p.instance(), "bar_db");
+        // The explicit suffix spelling names the same target.
+        ProxyInstance::proxy_of("drover-proxy@bar_db.service.service", "bar", "db.service")
+            .unwrap();
+        ProxyInstance::proxy_of("drover-proxy@bar_data.mount.service", "bar", "data.mount")
+            .unwrap();
+        for (local, node, unit) in [
+            ("drover-proxy@bar_db.service", "foo", "db.service"),
+            ("drover-proxy@bar_db.service", "bar", "web.service"),
+            ("drover-proxy@bar_db.service", "bar", "db"),
+            ("drover-proxy@bar_db.service", "bar", "db.socket"),
+            ("drover-proxy@bar_my_db.service", "bar_my", "db.service"),
+        ] {
+            let e = ProxyInstance::proxy_of(local, node, unit).unwrap_err();
+            assert!(
+                matches!(e, ProxyMismatch::OtherTarget { .. }),
+                "{local} {node} {unit}: {e}"
+            );
+            let text = e.to_string();
+            assert!(
+                text.contains("is the proxy of db.service on node bar") || text.contains("my_db"),
+                "{text}"
+            );
+        }
+        for local in [
+            "db.service",
+            "drover-proxy@.service",
+            "drover-proxy@bar.service",
+            "drover-proxy@bar_db.socket",
+            "other@bar_db.service",
+            "",
+        ] {
+            let e = ProxyInstance::proxy_of(local, "bar", "db.service").unwrap_err();
+            assert!(matches!(e, ProxyMismatch::NotAProxy { .. }), "{local}: {e}");
+            assert!(e.to_string().contains("drover-proxy@.service"), "{e}");
+        }
+        let e = ProxyInstance::proxy_of("drover-proxy@bar_db.service", "bar\n", "x")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains('\n'), "{e}");
     }
 
     #[test]

@@ -29,7 +29,19 @@ fn tls_keys(pki: &Path, cert: &Path, key: &Path) -> String {
 }
 
 /// A session-style bus that listens on `socket` and lets anyone own and send anything.
+/// Only the daemon's own user (root, in tests) may connect: dbus-daemon's default.
 pub fn bus_config(socket: &Path) -> String {
+    bus_config_for(socket, false)
+}
+
+/// [`bus_config`], and with `any_user` every local user may connect too (for tests of
+/// what a non-root caller may do; such a bus is still a throwaway in a test's directory).
+pub fn bus_config_for(socket: &Path, any_user: bool) -> String {
+    let users = if any_user {
+        "\n    <allow user=\"*\"/>"
+    } else {
+        ""
+    };
     format!(
         r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
  "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
@@ -37,7 +49,7 @@ pub fn bus_config(socket: &Path) -> String {
   <type>session</type>
   <listen>unix:path={}</listen>
   <auth>EXTERNAL</auth>
-  <policy context="default">
+  <policy context="default">{users}
     <allow send_destination="*" eavesdrop="true"/>
     <allow eavesdrop="true"/>
     <allow own="*"/>
@@ -293,6 +305,14 @@ mod tests {
             text,
             "export DROVER_BUS='unix:path=/tmp/it'\\''s/bus'\nexport DROVER_SANDBOX_DIR='/tmp/it'\\''s'\n"
         );
+    }
+
+    #[test]
+    fn only_an_open_bus_lets_other_users_connect() {
+        let closed = bus_config(Path::new("/tmp/sb/bus"));
+        assert!(!closed.contains("user="), "{closed}");
+        let open = bus_config_for(Path::new("/tmp/sb/bus"), true);
+        assert!(open.contains("<allow user=\"*\"/>"), "{open}");
     }
 
     #[test]

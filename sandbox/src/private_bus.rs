@@ -25,6 +25,16 @@ impl PrivateBus {
     /// Starts the daemon and returns once it listens. `tag` names its directory
     /// (`<tmp>/<tag>-<pid>-<n>`), so a leftover says who made it.
     pub fn start(tag: &str) -> Result<Self> {
+        Self::start_with(tag, false)
+    }
+
+    /// [`PrivateBus::start`] for a bus every local user may connect to (tests of what a
+    /// non-root caller may do, with `drover_testkit::api::connect_as`).
+    pub fn start_open(tag: &str) -> Result<Self> {
+        Self::start_with(tag, true)
+    }
+
+    fn start_with(tag: &str, any_user: bool) -> Result<Self> {
         let dir = std::env::temp_dir().join(format!(
             "{tag}-{}-{}",
             std::process::id(),
@@ -34,7 +44,7 @@ impl PrivateBus {
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let socket = dir.join("bus");
         let conf = dir.join("bus.conf");
-        std::fs::write(&conf, crate::files::bus_config(&socket))
+        std::fs::write(&conf, crate::files::bus_config_for(&socket, any_user))
             .context("writing the bus config")?;
         // The daemon's chatter (e.g. about fd limits) goes to a log, quoted on failure.
         let log = dir.join("dbus-daemon.log");

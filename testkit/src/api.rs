@@ -34,6 +34,54 @@ pub async fn connect(address: &str) -> Connection {
         .unwrap_or_else(|e| panic!("connecting to {address}: {e}"))
 }
 
+/// The user tests take as "not root": `nobody`.
+pub const NOBODY: u32 = 65534;
+
+/// A new connection to the bus at `address` (`unix:path=…`) as user `uid`, not root: the
+/// bus sees `uid` as the caller (`GetConnectionUnixUser`) and this process's PID. Only
+/// the connecting thread changes its effective uid, for the `connect(2)` alone (the
+/// kernel records the peer's credentials then), so the test process stays root. The bus
+/// must let other users in ([`drover_sandbox::PrivateBus::start_open`]).
+pub async fn connect_as(address: &str, uid: u32) -> Connection {
+    let path = address
+        .strip_prefix("unix:path=")
+        .unwrap_or_else(|| panic!("connect_as needs a unix:path= address, not {address}"))
+        .to_owned();
+    let stream = std::thread::spawn(move || {
+        let set_euid = |euid: u32| {
+            // SAFETY: a raw setresuid(-1, euid, -1) changes the credentials of this
+            // thread only (glibc's wrapper would change every thread's); the real and
+            // saved uids stay 0, so the thread can switch back. It touches no memory.
+            #[allow(unsafe_code)]
+            let rc = unsafe {
+                nix::libc::syscall(
+                    nix::libc::SYS_setresuid,
+                    -1 as nix::libc::c_long,
+                    nix::libc::c_long::from(euid),
+                    -1 as nix::libc::c_long,
+                )
+            };
+            assert_eq!(
+                rc,
+                0,
+                "setresuid(-1, {euid}, -1): {}",
+                std::io::Error::last_os_error()
+            );
+        };
+        set_euid(uid);
+        let stream = std::os::unix::net::UnixStream::connect(&path);
+        set_euid(0);
+        stream.unwrap_or_else(|e| panic!("connecting to {path} as uid {uid}: {e}"))
+    })
+    .join()
+    .expect("the connecting thread panicked");
+    zbus::connection::Builder::unix_stream(stream)
+        .user_id(uid)
+        .build()
+        .await
+        .unwrap_or_else(|e| panic!("authenticating to {address} as uid {uid}: {e}"))
+}
+
 /// A client of the manager's API: one connection to its bus.
 #[derive(Clone)]
 pub struct Api {

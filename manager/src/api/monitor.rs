@@ -3,15 +3,27 @@
 //! [`crate::units::monitor`]. The signals are declared here so `Introspect`
 //! describes them; they are emitted by the monitor's task as unicast
 //! messages (see [`crate::units::monitor`]), never through these declarations.
+//!
+//! Every method of a monitor (`Close`, `Subscribe`, `SubscribeList`,
+//! `Unsubscribe`, `AddPeer`, `RemovePeer`, `Follow`) is for the client that
+//! created it ([`owner_or_root`]): its unique name is the sender, or the
+//! sender is root (uid 0 by the bus's `GetConnectionUnixUser`). BlueChi
+//! checks no owner, but its policy lets only root call; drover's policy also
+//! lets the read-only group call monitor methods, so a reader who guesses a
+//! path cannot close, redirect or follow another client's monitor. Anyone
+//! else gets `AccessDenied` and nothing changes.
 
 use crate::core::Core;
 use crate::error::ApiError;
 use crate::units::hub::SnapshotRow;
 use crate::units::monitor::{Monitor, MonitorObjects, Monitors, REASON_CLOSED};
 use drover_protocol::NodeName;
+use drover_protocol::error_names::ACCESS_DENIED;
 use futures::future::BoxFuture;
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
+use zbus::message::Header;
+use zbus::names::BusName;
 use zbus::object_server::SignalEmitter;
 use zbus::{Connection, OwnedVariant, interface};
 
@@ -61,6 +73,48 @@ impl MonitorObjects for MonitorExport {
     }
 }
 
+/// Lets a monitor call through when it comes from the monitor's owner or
+/// from root (see the module docs); `AccessDenied` otherwise, also when the
+/// bus cannot say who the caller is.
+pub async fn owner_or_root(
+    conn: &Connection,
+    header: &Header<'_>,
+    monitor: &Monitor,
+) -> Result<(), ApiError> {
+    let Some(sender) = header.sender() else {
+        return Err(ApiError::new(ACCESS_DENIED, "the call carries no sender"));
+    };
+    if sender.as_str() == monitor.owner() {
+        return Ok(());
+    }
+    let denied = |why: String| {
+        tracing::info!(
+            monitor = monitor.id(),
+            owner = monitor.owner(),
+            "refused a monitor call from {sender}: {why}"
+        );
+        ApiError::new(
+            ACCESS_DENIED,
+            format!(
+                "monitor {} belongs to {}; only its owner or root may call it ({why})",
+                monitor.path().as_str(),
+                monitor.owner()
+            ),
+        )
+    };
+    let uid = zbus::fdo::DBusProxy::new(conn)
+        .await
+        .map_err(|e| denied(format!("cannot ask the bus about {sender}: {e}")))?
+        .get_connection_unix_user(BusName::from(sender.clone()))
+        .await
+        .map_err(|e| denied(format!("the bus does not know the uid of {sender}: {e}")))?;
+    if uid == 0 {
+        Ok(())
+    } else {
+        Err(denied(format!("{sender} is uid {uid}")))
+    }
+}
+
 pub struct MonitorObject {
     core: Arc<Core>,
     monitor: Arc<Monitor>,
@@ -90,7 +144,12 @@ impl MonitorObject {
 impl MonitorObject {
     /// Removes the subscriptions, sends `PeerRemoved("monitor closed")` to
     /// each peer, unexports the monitor.
-    async fn close(&self, #[zbus(connection)] conn: &Connection) -> Result<(), ApiError> {
+    async fn close(
+        &self,
+        #[zbus(header)] header: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<(), ApiError> {
+        owner_or_root(conn, &header, &self.monitor).await?;
         if self.monitor.is_closed() {
             return Err(ApiError::failed("Monitor already closed"));
         }
@@ -101,32 +160,60 @@ impl MonitorObject {
     }
 
     #[zbus(out_args("id"))]
-    async fn subscribe(&self, node: String, unit: String) -> Result<u32, ApiError> {
+    async fn subscribe(
+        &self,
+        #[zbus(header)] header: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        node: String,
+        unit: String,
+    ) -> Result<u32, ApiError> {
+        owner_or_root(conn, &header, &self.monitor).await?;
         self.monitors()
             .subscribe(&self.monitor, &self.configured(), &node, &[unit])
     }
 
     #[zbus(out_args("id"))]
-    async fn subscribe_list(&self, node: String, units: Vec<String>) -> Result<u32, ApiError> {
+    async fn subscribe_list(
+        &self,
+        #[zbus(header)] header: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        node: String,
+        units: Vec<String>,
+    ) -> Result<u32, ApiError> {
+        owner_or_root(conn, &header, &self.monitor).await?;
         self.monitors()
             .subscribe(&self.monitor, &self.configured(), &node, &units)
     }
 
-    async fn unsubscribe(&self, id: u32) -> Result<(), ApiError> {
+    async fn unsubscribe(
+        &self,
+        #[zbus(header)] header: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        id: u32,
+    ) -> Result<(), ApiError> {
+        owner_or_root(conn, &header, &self.monitor).await?;
         Monitors::unsubscribe(&self.monitor, id)
     }
 
     #[zbus(out_args("id"))]
-    async fn add_peer(&self, name: String) -> Result<u32, ApiError> {
+    async fn add_peer(
+        &self,
+        #[zbus(header)] header: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        name: String,
+    ) -> Result<u32, ApiError> {
+        owner_or_root(conn, &header, &self.monitor).await?;
         self.monitors().add_peer(&self.monitor, &name)
     }
 
     async fn remove_peer(
         &self,
+        #[zbus(header)] header: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
         id: u32,
         reason: String,
-        #[zbus(connection)] conn: &Connection,
     ) -> Result<(), ApiError> {
+        owner_or_root(conn, &header, &self.monitor).await?;
         Monitors::remove_peer(conn, &self.monitor, id, &reason).await
     }
 
@@ -192,7 +279,12 @@ impl DroverMonitorObject {
     /// only as `UnitsChanged` batches, no longer as BlueChi's signals; drop
     /// each entry whose `(guid, index)` does not succeed the record you hold.
     #[zbus(out_args("units"))]
-    async fn follow(&self) -> Result<Vec<SnapshotRow>, ApiError> {
+    async fn follow(
+        &self,
+        #[zbus(header)] header: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<Vec<SnapshotRow>, ApiError> {
+        owner_or_root(conn, &header, &self.monitor).await?;
         Monitors::follow(&self.monitor)
     }
 

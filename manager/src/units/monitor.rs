@@ -5,7 +5,15 @@
 //!
 //! Invariants:
 //!
-//! * A monitor belongs to the unique bus name that created it. It ends when
+//! * A monitor belongs to the unique bus name that created it. Only that
+//!   name may call its methods, or a root caller (BlueChi checks no owner,
+//!   and its policy lets only root call at all, so root keeps that reach);
+//!   anyone else gets `AccessDenied` ([`crate::api::monitor`]).
+//! * Each client (unique bus name) may hold [`MAX_MONITORS_PER_CLIENT`]
+//!   monitors, all clients together [`MAX_MONITORS`]; over either,
+//!   `CreateMonitor` is `LimitsExceeded` and nothing changes. A client's
+//!   monitors count against it until they are closed, which happens at the
+//!   latest when it leaves the bus, so one client cannot take them all. It ends when
 //!   the owner calls `Close`, when the owner leaves the bus
 //!   (NameOwnerChanged), or when it does not keep up: its event queue
 //!   ([`MONITOR_QUEUE`] items) is bounded and a full queue drops the monitor
@@ -48,8 +56,12 @@ use zbus::{Connection, Message, OwnedObjectPath};
 
 /// Events a monitor may have queued before it counts as not keeping up.
 pub const MONITOR_QUEUE: usize = 8192;
-/// Monitors at once, manager-wide (each holds a queue).
+/// Monitors one client (unique bus name) may hold at once.
+pub const MAX_MONITORS_PER_CLIENT: usize = 16;
+/// Monitors at once, manager-wide (each holds a queue): a ceiling far above
+/// what well-behaved clients use, against many clients at their own cap.
 pub const MAX_MONITORS: usize = 1024;
+const _: () = assert!(MAX_MONITORS >= 32 * MAX_MONITORS_PER_CLIENT);
 /// Peers per monitor.
 pub const MAX_PEERS: usize = 64;
 /// Events taken from a monitor's queue per socket write.
@@ -153,6 +165,26 @@ fn parse_targets(
     ))
 }
 
+/// Whether a client that holds `owned` monitors may create one more while
+/// `total` exist; the refusal says which bound was hit.
+fn admit(owner: &str, owned: usize, total: usize) -> Result<(), ApiError> {
+    if owned >= MAX_MONITORS_PER_CLIENT {
+        return Err(ApiError::new(
+            LIMITS_EXCEEDED,
+            format!(
+                "{owner} holds {owned} monitors, the most one client may hold ({MAX_MONITORS_PER_CLIENT}); close one first"
+            ),
+        ));
+    }
+    if total >= MAX_MONITORS {
+        return Err(ApiError::new(
+            LIMITS_EXCEEDED,
+            format!("too many monitors (at most {MAX_MONITORS} for all clients together)"),
+        ));
+    }
+    Ok(())
+}
+
 /// A monitor's D-Bus objects, put on and taken off the bus by the D-Bus
 /// layer ([`crate::api::monitor::MonitorExport`]); this module only decides
 /// when.
@@ -216,12 +248,9 @@ impl Monitors {
         owner: &UniqueName<'_>,
     ) -> Result<OwnedObjectPath, ApiError> {
         let monitors = self;
-        if monitors.len() >= MAX_MONITORS {
-            return Err(ApiError::new(
-                LIMITS_EXCEEDED,
-                format!("too many monitors (at most {MAX_MONITORS})"),
-            ));
-        }
+        // A first look, so a refused client costs no id and no watcher; the
+        // count that decides is taken again under the lock of the insert.
+        monitors.admit_locked(&lock(&monitors.table), owner)?;
         let id = monitors.next_monitor.fetch_add(1, Ordering::Relaxed);
         let path = OwnedObjectPath::try_from(format!("{MONITOR_PATH_PREFIX}/{id}"))
             .map_err(|e| ApiError::failed(e.to_string()))?;
@@ -234,7 +263,11 @@ impl Monitors {
             inner: Mutex::new(Inner::default()),
             closed: AtomicBool::new(false),
         });
-        lock(&monitors.table).insert(id, monitor.clone());
+        {
+            let mut table = lock(&monitors.table);
+            monitors.admit_locked(&table, owner)?;
+            table.insert(id, monitor.clone());
+        }
         let exported = match self.objects.get() {
             Some(objects) => objects.export(conn, &monitor).await,
             None => Ok(()),
@@ -260,6 +293,27 @@ impl Monitors {
         });
         tracing::debug!(monitor = id, owner = %owner, "monitor created");
         Ok(path)
+    }
+
+    /// [`admit`] for `owner` against the table as it is.
+    fn admit_locked(
+        &self,
+        table: &HashMap<u32, Arc<Monitor>>,
+        owner: &UniqueName<'_>,
+    ) -> Result<(), ApiError> {
+        let owned = table
+            .values()
+            .filter(|m| m.owner.as_str() == owner.as_str())
+            .count();
+        admit(owner.as_str(), owned, table.len())
+    }
+
+    /// How many monitors `owner` holds.
+    pub fn owned_by(&self, owner: &str) -> usize {
+        lock(&self.table)
+            .values()
+            .filter(|m| m.owner.as_str() == owner)
+            .count()
     }
 
     /// `Subscribe` / `SubscribeList`: one subscription id for every node ×
@@ -485,5 +539,25 @@ pub async fn watch_owners(monitors: Arc<Monitors>, conn: Connection) {
         if name.starts_with(':') && args.new_owner.is_none() && !monitors.is_empty() {
             monitors.name_gone(&conn, name).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_client_has_its_own_cap_under_a_far_higher_ceiling() {
+        assert!(admit(":1.1", 0, 0).is_ok());
+        assert!(admit(":1.1", MAX_MONITORS_PER_CLIENT - 1, 500).is_ok());
+        let e = admit(":1.1", MAX_MONITORS_PER_CLIENT, MAX_PEERS).unwrap_err();
+        assert_eq!(e.name(), LIMITS_EXCEEDED);
+        assert!(e.message().contains(":1.1 holds 16 monitors"), "{e}");
+        // Another client is not held back by the first one's monitors...
+        assert!(admit(":1.2", 0, MAX_MONITORS_PER_CLIENT).is_ok());
+        // ...only by the ceiling for all.
+        let e = admit(":1.2", 0, MAX_MONITORS).unwrap_err();
+        assert_eq!(e.name(), LIMITS_EXCEEDED);
+        assert!(e.message().contains("all clients together"), "{e}");
     }
 }

@@ -28,9 +28,10 @@ use std::time::Duration;
 
 pub const INVALID_ARGS: &str = "org.freedesktop.DBus.Error.InvalidArgs";
 
-/// A private `dbus-daemon` for a manager test.
+/// A private `dbus-daemon` for a manager test; every local user may connect
+/// (tests of what a non-root client may do use `drover_testkit::api::connect_as`).
 pub fn test_bus() -> PrivateBus {
-    PrivateBus::start("drover-manager-test").expect("private dbus-daemon")
+    PrivateBus::start_open("drover-manager-test").expect("private dbus-daemon")
 }
 
 /// A config allowing `nodes`, with fast heartbeats (100 ms, threshold 1 s).
