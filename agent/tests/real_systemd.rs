@@ -303,3 +303,69 @@ async fn agent_runs_a_remote_start_end_to_end() {
 /// Node API pass-throughs and unit subscriptions.
 #[path = "real_systemd/node_api.rs"]
 mod node_api;
+
+/// Issue 14 item 5: an agent whose systemd bus goes away exits with status 1
+/// and says why, so its unit (`Restart=on-failure`, checked by xtask's
+/// shipped-units test) starts it again on the bus as it is then. Killing the
+/// node's dbus-daemon is what a crashed or restarted bus looks like.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_binary_exits_1_when_its_systemd_bus_dies() {
+    use drover_testkit::process::{ChildGuard, free_port};
+    use std::process::{Command, Stdio};
+    let node = user_systemd("bus-dies").await;
+    let tmp = drover_testkit::process::TempDir::new("drover-agent-bus-dies");
+    let log = tmp.join("agent.log");
+    let mut agent = ChildGuard::new(
+        Command::new(env!("CARGO_BIN_EXE_drover-agent"))
+            .args(["--no-default-config", "--bus", &node.bus_address()])
+            // Nobody listens there: the agent keeps retrying, which is fine.
+            .args([
+                "-n",
+                "node1",
+                "-H",
+                "127.0.0.1",
+                "-p",
+                &free_port().to_string(),
+            ])
+            .env("DROVER_LOG_TARGET", "stderr")
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(&log).expect("log")))
+            .spawn()
+            .expect("spawn drover-agent"),
+    );
+    let client = zbus::connection::Builder::address(node.bus_address().as_str())
+        .build()
+        .await
+        .expect("connect to the node's bus");
+    let dbus = zbus::fdo::DBusProxy::new(&client).await.expect("bus proxy");
+    let agent_api = zbus::names::BusName::try_from("org.eclipse.bluechi.Agent").unwrap();
+    let deadline = Instant::now() + T;
+    while !dbus
+        .name_has_owner(agent_api.clone())
+        .await
+        .unwrap_or(false)
+    {
+        assert!(Instant::now() < deadline, "the agent never served its API");
+        assert!(agent.try_wait().is_none(), "{}", tmp.read("agent.log"));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let bus_pid = dbus
+        .get_connection_unix_process_id(
+            zbus::names::BusName::try_from("org.freedesktop.DBus").unwrap(),
+        )
+        .await
+        .expect("the bus daemon's pid");
+    let killed = Command::new("kill")
+        .args(["-KILL", &bus_pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+
+    let status = agent.exited(Duration::from_secs(5)).await;
+    let logged = tmp.read("agent.log");
+    assert_eq!(status.code(), Some(1), "{status}: {logged}");
+    assert!(
+        logged.contains("lost the connection to systemd"),
+        "{logged}"
+    );
+}

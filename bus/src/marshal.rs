@@ -12,7 +12,8 @@
 //! the same two functions, so both ends read one format.
 //!
 //! Shapes (docs/architecture.md "Unit subscriptions"): unit properties
-//! `a{sv}` ([`PropertyMap`]), one property `v`, properties to set `a(sv)`
+//! `a{sv}` ([`PropertyMap`]; [`OrderedProperties`] where the order systemd
+//! sent them in must survive, as in `UnitPropertiesChanged`), one property `v`, properties to set `a(sv)`
 //! ([`PropertyList`]), transient aux units `a(sa(sv))` ([`AuxUnits`]).
 //!
 //! Invariants: decoding never trusts its input — the signature must be the one
@@ -31,6 +32,60 @@ use zbus::wire::{DynamicType, LE, Type};
 
 /// `a{sv}`: a property dictionary (`GetAll`, `PropertiesChanged`).
 pub type PropertyMap = HashMap<String, OwnedVariant>;
+/// `a{sv}` in the order its entries came in: what `PropertiesChanged`
+/// carries from systemd and `UnitPropertiesChanged` forwards. BlueChi keeps
+/// systemd's order, and `bluechictl monitor` shows the first entry, so a
+/// [`PropertyMap`] (hash order, different in every process) would change
+/// what clients print from run to run.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OrderedProperties(pub Vec<(String, OwnedVariant)>);
+
+impl OrderedProperties {
+    /// The property names, in order.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(|(k, _)| k.as_str())
+    }
+}
+
+impl Type for OrderedProperties {
+    const SIGNATURE: &'static zbus::Signature = PropertyMap::SIGNATURE;
+}
+
+impl Serialize for OrderedProperties {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (k, v) in &self.0 {
+            map.serialize_entry(k, v)?;
+        }
+        map.end()
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for OrderedProperties {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Entries;
+        impl<'de> serde::de::Visitor<'de> for Entries {
+            type Value = OrderedProperties;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a{sv} dictionary")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut access: A,
+            ) -> Result<Self::Value, A::Error> {
+                // No size hint trusted: the count comes from the wire.
+                let mut entries = Vec::new();
+                while let Some(entry) = access.next_entry::<String, OwnedVariant>()? {
+                    entries.push(entry);
+                }
+                Ok(OrderedProperties(entries))
+            }
+        }
+        deserializer.deserialize_map(Entries)
+    }
+}
+
 /// `a(sv)`: a property list (`SetUnitProperties`, `StartTransientUnit`).
 pub type PropertyList = Vec<(String, OwnedVariant)>;
 /// `a(sa(sv))`: auxiliary units of `StartTransientUnit`.
@@ -118,6 +173,29 @@ mod tests {
         assert_eq!(len, m.data.len() - 8);
         let back: PropertyMap = decode(&m).unwrap();
         assert_eq!(back, map);
+    }
+
+    /// Entries keep their order both ways, and the bytes are those of the
+    /// same dictionary built by zbus itself (so it is a real `a{sv}`).
+    #[test]
+    fn ordered_properties_keep_their_order() {
+        let names = ["Zeta", "Alpha", "Mid", "Beta", "Omega", "Gamma", "A", "Z"];
+        let ordered = OrderedProperties(
+            names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| ((*n).to_owned(), ov(i as u32)))
+                .collect(),
+        );
+        let m = encode(&ordered).unwrap();
+        assert_eq!(m.signature, "a{sv}");
+        let back: OrderedProperties = decode(&m).unwrap();
+        assert_eq!(back.keys().collect::<Vec<_>>(), names);
+        assert_eq!(back, ordered);
+        // A PropertyMap reads the same bytes.
+        let map: PropertyMap = decode(&m).unwrap();
+        assert_eq!(map.len(), names.len());
+        assert_eq!(u32::try_from(&map["Mid"]).unwrap(), 2);
     }
 
     #[test]

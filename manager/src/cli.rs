@@ -10,7 +10,10 @@
 //! [`main`] is the whole process around the library: parse the command line,
 //! start the runtime, load the config, set up logging, run the manager until
 //! SIGTERM/SIGINT; SIGHUP reloads the config ([`crate::reload`]). A failure
-//! to start is one line on stderr and exit status 1.
+//! to start is one line on stderr and exit status 1; so is the loss of the
+//! bus connection while running (logged as an error first): the manager
+//! cannot win its name back on a connection that is gone, so it leaves the
+//! restart to its unit (`Restart=on-failure`).
 
 use crate::core::Timeouts;
 use crate::nodes::listener;
@@ -117,8 +120,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     if let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Ready]) {
         tracing::debug!("sd_notify: {e}");
     }
+    let mut bus_lost = false;
     loop {
         tokio::select! {
+            () = manager.bus_lost() => {
+                tracing::error!(
+                    "drover-manager lost its connection to {}; exiting so that the service manager restarts it",
+                    cli.bus()
+                );
+                bus_lost = true;
+                break;
+            }
             _ = term.recv() => {
                 tracing::info!("SIGTERM: shutting down");
                 break;
@@ -141,6 +153,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
     }
     manager.shutdown().await;
+    if bus_lost {
+        anyhow::bail!("lost its connection to {}", cli.bus());
+    }
     Ok(())
 }
 

@@ -180,6 +180,16 @@ impl Manager {
         &self.conn
     }
 
+    /// Resolves when the bus connection is gone (the bus daemon died or
+    /// dropped us). Nothing reconnects it: clients can no longer reach this
+    /// manager and the name `org.eclipse.bluechi` is lost with the
+    /// connection, so the process exits with a failure status and its unit
+    /// (`Restart=on-failure`) starts a fresh manager that owns the name on
+    /// the bus as it is now (docs/architecture.md, "Processes").
+    pub async fn bus_lost(&self) {
+        self.conn.closed().await;
+    }
+
     /// Orderly stop (SIGTERM): see the module docs for the order.
     pub async fn shutdown(mut self) {
         self.stop.cancel();

@@ -179,3 +179,47 @@ async fn running_out_of_descriptors_is_survived() {
         "a real agent registers once descriptors are free"
     );
 }
+
+/// Issue 14 item 3: a manager whose bus dies used to keep running headless,
+/// silent, holding its agents and port. It must notice, say why, and exit
+/// non-zero so its unit (`Restart=on-failure`) brings it back on the new bus.
+#[tokio::test]
+async fn losing_the_bus_ends_the_manager_with_a_failure_and_a_reason() {
+    let setup = BinarySetup::new(
+        "[drover-manager]\nAllowedNodeNames=node1\nLogTarget=stderr\nHeartbeatInterval=200\n",
+    );
+    let (bus, port) = (&setup.bus, setup.port);
+    let mut proc = ChildGuard::new(
+        Command::new(BIN)
+            .args(["--no-default-config", "--bus", bus.address()])
+            .args(["-p", &port.to_string(), "-c"])
+            .arg(&setup.conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(setup.log()))
+            .spawn()
+            .expect("spawn drover-manager"),
+    );
+    let addr = format!("127.0.0.1:{port}").parse().expect("addr");
+    let _agent = FakeAgent::connect_when_up(addr, "node1", reply_empty(), UP)
+        .await
+        .expect("the manager accepts node1");
+
+    // The bus daemon dies under the running manager.
+    let pid = libc::pid_t::try_from(bus.pid()).expect("pid");
+    // SAFETY: kill(2) on the pid of a child this test owns (its bus).
+    #[allow(unsafe_code)]
+    let killed = unsafe { libc::kill(pid, libc::SIGKILL) };
+    assert_eq!(killed, 0, "kill the dbus-daemon");
+
+    let status = proc.exited(WAIT).await;
+    assert_eq!(
+        status.code(),
+        Some(1),
+        "a manager without its bus exits 1, got {status}"
+    );
+    let log = setup.logged();
+    assert!(
+        log.contains("lost its connection to bus unix:"),
+        "the reason is logged: {log}"
+    );
+}

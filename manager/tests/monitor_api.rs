@@ -180,7 +180,7 @@ async fn bad_arguments_get_the_documented_errors_and_change_nothing() {
     assert!(error_of(&err).1.contains("77"));
 
     for (node, u) in [
-        ("node1", "no-suffix"),
+        ("node1", "no suffix"),
         ("node1", ""),
         ("bad node!", "a.service"),
         ("", "a.service"),
@@ -201,6 +201,18 @@ async fn bad_arguments_get_the_documented_errors_and_change_nothing() {
     )
     .await;
     assert_eq!(error_name(res), "org.freedesktop.DBus.Error.InvalidArgs");
+    // A name without a type suffix is accepted, as BlueChi does, and never
+    // matches a unit: the agent is not asked about it.
+    for u in ["no-suffix", "web.notatype"] {
+        let id: u32 = mcall(&owner, p, "Subscribe", &("node1", u))
+            .await
+            .unwrap_or_else(|e| panic!("{u}: {e}"));
+        let () = mcall(&owner, p, "Unsubscribe", &(id,)).await.unwrap();
+    }
+    let id: u32 = mcall(&owner, p, "SubscribeList", &("*", vec!["web", "db"]))
+        .await
+        .unwrap();
+    let () = mcall(&owner, p, "Unsubscribe", &(id,)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(agent.request_count(), 0, "nothing reached the agent");
 

@@ -121,24 +121,31 @@ async fn proxy_lifecycle_notices_and_list() {
             1
         )]
     );
-    // b's agent reports the target; a hears it, in order.
+    // b's agent reports the target; a hears it, in order. (This fake agent
+    // confirms StartDep before it reports the target, so the confirmation
+    // may be applied before that news — relayed as it comes — or after it —
+    // held back, then replayed as the state known: both end active.)
     b.unit_new(1, "db.service", Reason::Real).await;
     target_state(&b, "db.service", 2, "activating").await;
     target_state(&b, "db.service", 3, "active").await;
-    a.wait_for("a is told the target is active", |r| r.notices.len() == 3)
-        .await;
+    let is_active = |n: &Notice| matches!(n, Notice::ProxyTarget { proxy_id: 1, change: TargetChange::State { active_state, .. } } if active_state == "active");
+    a.wait_for("a is told the target is active", |r| {
+        r.notices.iter().any(is_active)
+    })
+    .await;
     let got = a.notices();
-    assert_eq!(
-        got[0],
-        Notice::ProxyTarget {
-            proxy_id: 1,
-            change: TargetChange::New {
-                reason: Reason::Real
+    assert!(
+        matches!(
+            got[0],
+            Notice::ProxyTarget {
+                proxy_id: 1,
+                change: TargetChange::New { .. }
             }
-        }
+        ),
+        "{got:?}"
     );
     assert!(
-        matches!(&got[2], Notice::ProxyTarget { proxy_id: 1, change: TargetChange::State { active_state, reason: Reason::Real, .. } } if active_state == "active"),
+        got.len() <= 3 && got.last().is_some_and(is_active),
         "{got:?}"
     );
     assert_eq!(
@@ -166,10 +173,11 @@ async fn proxy_lifecycle_notices_and_list() {
                     .into()
         }]
     );
-    a.wait_for("a is refused for nosuch", |r| r.notices.len() == 4)
+    let told = got.len();
+    a.wait_for("a is refused for nosuch", |r| r.notices.len() == told + 1)
         .await;
     assert_eq!(
-        a.notices()[3],
+        a.notices()[told],
         Notice::ProxyError {
             proxy_id: 2,
             message: "no such node nosuch".into()

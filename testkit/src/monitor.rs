@@ -6,9 +6,8 @@
 use crate::wait::{NotSeen, Seen};
 use anyhow::{Result, bail};
 use futures::StreamExt;
-use std::collections::HashMap;
 use std::time::Duration;
-use zbus::{MatchRule, MessageStream, OwnedObjectPath, OwnedVariant};
+use zbus::{MatchRule, MessageStream, OwnedObjectPath};
 
 use drover_protocol::ModTag;
 
@@ -126,10 +125,10 @@ impl Ev {
                     String,
                     String,
                     String,
-                    HashMap<String, OwnedVariant>,
+                    drover_bus::marshal::OrderedProperties,
                 ) = b.deserialize().ok()?;
-                let mut keys: Vec<String> = props.into_keys().collect();
-                keys.sort();
+                // In the order the signal carries them (systemd's, as BlueChi).
+                let keys: Vec<String> = props.keys().map(str::to_owned).collect();
                 Ev::Props {
                     node,
                     unit,

@@ -785,3 +785,218 @@ async fn follow_gives_a_snapshot_then_a_stream_without_gap_or_duplicate_across_a
     }
     c.down().await;
 }
+
+/// The real state and property events of a monitor, as lines to compare.
+fn forwarded(events: &[Ev]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Ev::State {
+                active,
+                sub,
+                reason,
+                ..
+            } if reason == "real" => Some(format!("state {active} {sub}")),
+            Ev::Props {
+                interface, keys, ..
+            } => Some(format!("props {interface} {}", keys.join(","))),
+            _ => None,
+        })
+        .collect()
+}
+
+/// What systemd itself said about `web.service` on `node`: each
+/// `PropertiesChanged` of its unit object as (interface, property names in
+/// order, ActiveState, SubState), read straight from the node's bus.
+struct SystemdSignals(tokio::sync::mpsc::UnboundedReceiver<SystemdSignal>);
+
+/// (interface, property names in order, ActiveState, SubState).
+type SystemdSignal = (String, Vec<String>, Option<String>, Option<String>);
+
+impl SystemdSignals {
+    async fn of_web(c: &TestCluster, node: &str) -> SystemdSignals {
+        use drover_bus::marshal::OrderedProperties;
+        use futures::StreamExt;
+        let conn = drover_testkit::api::connect(&c.node_bus_address(node)).await;
+        let rule = zbus::MatchRule::builder()
+            .msg_type(zbus::message::Type::Signal)
+            .interface("org.freedesktop.DBus.Properties")
+            .member("PropertiesChanged")
+            .path("/org/freedesktop/systemd1/unit/web_2eservice")
+            .build()
+            .expect("match rule");
+        let mut stream = zbus::MessageStream::for_match_rule(rule, &conn, None)
+            .await
+            .expect("match systemd's signals");
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let _conn = conn;
+            while let Some(Ok(msg)) = stream.next().await {
+                let Ok((iface, props, _)) = msg
+                    .body()
+                    .deserialize::<(String, OrderedProperties, Vec<String>)>()
+                else {
+                    continue;
+                };
+                let text = |key: &str| {
+                    props
+                        .0
+                        .iter()
+                        .find(|(k, _)| k == key)
+                        .and_then(|(_, v)| String::try_from(v.try_clone().ok()?).ok())
+                };
+                let (active, sub) = (text("ActiveState"), text("SubState"));
+                let keys = props.keys().map(str::to_owned).collect();
+                if tx.send((iface, keys, active, sub)).is_err() {
+                    return;
+                }
+            }
+        });
+        SystemdSignals(rx)
+    }
+}
+
+/// Issue 14 item 7, BlueChi's order: `UnitPropertiesChanged` carries the
+/// properties in the order systemd sent them (drover used a hash map: a
+/// different order in every run), and the `UnitStateChanged` of a change
+/// comes before the property event that carried it (drover sent it after).
+/// The expected stream is derived from systemd's own signals of the same
+/// restart, read from the node's bus next to the monitor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monitor_keeps_systemds_property_order_and_sends_the_state_first() {
+    let c = TestCluster::with_units(1, &[("node1", "web.service", SLEEPER)]).await;
+    c.systemctl_ok("node1", &["start", "web.service"]).await;
+    let mut m = c.monitor().await;
+    m.subscribe("node1", "web.service").await.unwrap();
+    m.expect("web replayed", T, |e| {
+        is_state(e, "node1", "web.service", "active", "virtual")
+    })
+    .await
+    .unwrap();
+    let mark = m.mark();
+    let mut systemd = SystemdSignals::of_web(&c, "node1").await;
+    c.systemctl_ok("node1", &["restart", "web.service"]).await;
+
+    // What a BlueChi agent forwards for systemd's signals, in order, until
+    // the unit is active again.
+    let mut expected = Vec::new();
+    let mut state = ("active".to_owned(), "running".to_owned());
+    let mut restarted = false;
+    let mut went_down = false;
+    while !restarted {
+        let (iface, keys, active, sub) = tokio::time::timeout(T, systemd.0.recv())
+            .await
+            .expect("systemd's signals of the restart")
+            .expect("signal stream");
+        if iface == "org.freedesktop.systemd1.Unit" && (active.is_some() || sub.is_some()) {
+            let now = (
+                active.unwrap_or_else(|| state.0.clone()),
+                sub.unwrap_or_else(|| state.1.clone()),
+            );
+            if now != state {
+                expected.push(format!("state {} {}", now.0, now.1));
+                went_down |= now.0 != "active";
+                restarted = went_down && now.0 == "active";
+                state = now;
+            }
+        }
+        expected.push(format!("props {iface} {}", keys.join(",")));
+    }
+    while forwarded(m.since(mark)).len() < expected.len() {
+        if let Err(e) = m.expect("more events of web", T, |_| true).await {
+            panic!(
+                "{e:#}\nsystemd's, in BlueChi's order:\n{}",
+                expected.join("\n")
+            );
+        }
+    }
+    let seen = forwarded(m.since(mark));
+    assert!(
+        seen.len() >= expected.len() && seen[..expected.len()] == expected[..],
+        "the monitor's events:\n{}\nsystemd's, in BlueChi's order:\n{}",
+        seen.join("\n"),
+        expected.join("\n")
+    );
+    c.down().await;
+}
+
+/// Issue 14 item 7: a client that subscribes to a whole node (`node1/*`)
+/// gets the virtual events of the units already loaded there; a monitor that
+/// already watched one of them does not hear "created" and "state" again
+/// (it did, every time: the agent's replay of `*` went to every watcher).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_node_subscription_replays_to_its_own_monitor_only() {
+    let c = TestCluster::with_units(
+        1,
+        &[
+            ("node1", "web.service", SLEEPER),
+            ("node1", "zz-last.service", SLEEPER),
+        ],
+    )
+    .await;
+    for u in ["web.service", "zz-last.service"] {
+        c.systemctl_ok("node1", &["start", u]).await;
+    }
+    let mut a = c.monitor().await;
+    a.subscribe("node1", "web.service").await.unwrap();
+    a.expect("web replayed to a", T, |e| {
+        is_state(e, "node1", "web.service", "active", "virtual")
+    })
+    .await
+    .unwrap();
+    let mark = a.mark();
+
+    let mut b = c.monitor().await;
+    b.subscribe("node1", "*").await.unwrap();
+    b.expect("web replayed to b", T, |e| {
+        is_state(e, "node1", "web.service", "active", "virtual")
+    })
+    .await
+    .unwrap();
+    // zz-last only the agent's replay of `*` announces (nobody watched it),
+    // and the replay goes in name order: once b has it, the agent's whole
+    // answer to `*`, web's part included, has been through the manager.
+    b.expect("the end of the agent's replay of *", T, |e| {
+        matches!(e, Ev::New { unit, reason, .. } if unit == "zz-last.service" && reason == "virtual")
+    })
+    .await
+    .unwrap();
+    // A real change of web after that replay: once `a` has it, everything
+    // the replay could have sent `a` has arrived (one ordered stream).
+    c.systemctl_ok("node1", &["stop", "web.service"]).await;
+    a.expect("web stops", T, |e| {
+        is_state(e, "node1", "web.service", "inactive", "real")
+    })
+    .await
+    .unwrap();
+    let again: Vec<&Ev> = a
+        .since(mark)
+        .iter()
+        .filter(|e| {
+            matches!(e, Ev::New { reason, .. } | Ev::State { reason, .. } if reason == "virtual")
+        })
+        .collect();
+    assert!(
+        again.is_empty(),
+        "b's subscription replayed to a: {again:?}"
+    );
+    // b saw web's stop too, and no unit twice as created.
+    b.expect("web stops for b", T, |e| {
+        is_state(e, "node1", "web.service", "inactive", "real")
+    })
+    .await
+    .unwrap();
+    let mut created = BTreeMap::new();
+    for e in b.since(0) {
+        if let Ev::New { unit, reason, .. } = e
+            && reason == "virtual"
+        {
+            *created.entry(unit.clone()).or_insert(0) += 1;
+        }
+    }
+    assert!(
+        created.values().all(|n| *n == 1),
+        "one virtual UnitNew per unit: {created:?}"
+    );
+    c.down().await;
+}

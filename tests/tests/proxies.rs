@@ -966,3 +966,88 @@ async fn a_target_stopped_during_its_own_start_fails_the_proxy_at_once() {
     wait_live(&c, vec![]).await;
     c.down().await;
 }
+
+/// Issue 14 item 6: a target that fails a few milliseconds after it starts.
+/// Its failure could reach the manager before the confirmation of the dep
+/// start (held back as news from before the start), and the confirmation
+/// then replayed it to the waiting proxy as *virtual* — which decides
+/// nothing — so the proxy hung `activating` for its whole start timeout
+/// (90 s). Each round here must settle within a few seconds: a oneshot
+/// target that fails never runs, so its proxy fails with the reason; a
+/// simple one that exits right away ran for a moment, so its proxy either
+/// failed or was active and then stopped — never left waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_failing_right_after_its_start_never_leaves_the_proxy_waiting() {
+    const ROUNDS: usize = 40;
+    /// Far below the proxy's start timeout (90 s), far above a healthy round.
+    const SETTLE: Duration = Duration::from_secs(8);
+    let c = TestCluster::start(2).await;
+    c.install("node1", NEED_DB, &requester("Wants", PROXY))
+        .await;
+    for (kind, unit, must_fail) in [
+        (
+            "oneshot",
+            "[Service]\nType=oneshot\nExecStart=/bin/sh -c 'exit 1'\n",
+            true,
+        ),
+        (
+            "simple",
+            "[Service]\nType=simple\nExecStart=/bin/sh -c 'exit 1'\n",
+            false,
+        ),
+        (
+            "exec",
+            "[Service]\nType=exec\nExecStart=/bin/sh -c 'exit 1'\n",
+            false,
+        ),
+    ] {
+        c.install("node2", DB, unit).await;
+        for round in 0..ROUNDS {
+            let began = Instant::now();
+            // Wants= + After=: the start returns once the proxy's job ends.
+            let started =
+                tokio::time::timeout(SETTLE, c.systemctl("node1", &["start", NEED_DB])).await;
+            let settled = poll(
+                SETTLE,
+                Duration::from_millis(20),
+                "proxy settled",
+                || async {
+                    matches!(
+                        c.state("node1", PROXY).await.as_str(),
+                        "failed" | "inactive"
+                    )
+                },
+            )
+            .await;
+            match started {
+                Ok(out) if out.success() => {}
+                other => panic!(
+                    "{kind} round {round}: need-db's start did not end well in {SETTLE:?} \
+                     ({other:?}; proxy {}):\n{}",
+                    c.state("node1", PROXY).await,
+                    proxy_table(&c).await
+                ),
+            }
+            if settled.is_err() {
+                panic!(
+                    "{kind} round {round}: the proxy is still {} after {:?}\n{}",
+                    c.state("node1", PROXY).await,
+                    began.elapsed(),
+                    proxy_table(&c).await
+                );
+            }
+            let state = c.state("node1", PROXY).await;
+            if must_fail {
+                assert_eq!(state, "failed", "{kind} round {round}");
+                let log = proxy_log(&c, "node1", PROXY);
+                assert!(log.contains("db.service"), "{kind} round {round}: {log}");
+            }
+            // Next round from scratch: nothing running, nothing failed, no reference.
+            stop_ok(&c, "node1", NEED_DB).await;
+            c.systemctl("node1", &["reset-failed", PROXY]).await;
+            c.systemctl("node2", &["reset-failed", DB]).await;
+            wait_live(&c, vec![]).await;
+        }
+    }
+    c.down().await;
+}

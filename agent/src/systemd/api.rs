@@ -31,7 +31,7 @@
 //!   (`crate::jobs`) buffers such early events (`crate::early_events`).
 //! * Events of one stream arrive in the order systemd sent them.
 
-use drover_bus::marshal::{self, PropertyMap};
+use drover_bus::marshal;
 use drover_protocol::{JobKind, Marshalled, RemoteError, UnitInfo};
 use std::future::Future;
 use tokio::sync::mpsc;
@@ -139,7 +139,8 @@ impl From<Marshalled> for ChangedProperties {
 /// The changed properties of a `PropertiesChanged` message, as a
 /// [`Marshalled`] `a{sv}` (see [`ChangedProperties`]).
 fn changed_properties(msg: &zbus::Message) -> Result<Marshalled, RemoteError> {
-    let (_, changed, _): (String, PropertyMap, Vec<String>) = msg
+    // Ordered: systemd's order is what BlueChi forwards and clients show.
+    let (_, changed, _): (String, marshal::OrderedProperties, Vec<String>) = msg
         .body()
         .deserialize()
         .map_err(|e| RemoteError::failed(format!("malformed PropertiesChanged signal: {e}")))?;

@@ -351,17 +351,17 @@ mod tests {
         r.fake
             .emit_unit(state_signal("other.service", "failed", "failed"))
             .await;
-        // A real change: properties, then the state.
+        // A real change: the state, then the properties (BlueChi's order).
         r.fake
             .emit_unit(state_signal("a.service", "deactivating", "stop-sigterm"))
             .await;
-        let e = next_event(&mut r.rx).await;
-        assert!(matches!(e, Event::UnitPropertiesChanged { .. }), "{e:?}");
-        assert_eq!(tag(&e), ModTag::new(77, 4));
         assert_eq!(
             next_event(&mut r.rx).await,
-            state(5, "a.service", "deactivating", "stop-sigterm", Reason::Real)
+            state(4, "a.service", "deactivating", "stop-sigterm", Reason::Real)
         );
+        let e = next_event(&mut r.rx).await;
+        assert!(matches!(e, Event::UnitPropertiesChanged { .. }), "{e:?}");
+        assert_eq!(tag(&e), ModTag::new(77, 5));
 
         // Another interface: forwarded as properties, never as a state.
         r.fake
@@ -390,11 +390,11 @@ mod tests {
                 sub_state: Some("stop-sigkill".into()),
             })
             .await;
-        next_event(&mut r.rx).await;
         assert_eq!(
             next_event(&mut r.rx).await,
-            state(8, "a.service", "deactivating", "stop-sigkill", Reason::Real)
+            state(7, "a.service", "deactivating", "stop-sigkill", Reason::Real)
         );
+        next_event(&mut r.rx).await;
 
         // Removal is forwarded; a new load starts from inactive/dead.
         r.fake
@@ -430,11 +430,11 @@ mod tests {
         r.fake
             .emit_unit(state_signal("a.service", "active", "running"))
             .await;
-        next_event(&mut r.rx).await;
         assert_eq!(
             next_event(&mut r.rx).await,
-            state(13, "a.service", "active", "running", Reason::Real)
+            state(12, "a.service", "active", "running", Reason::Real)
         );
+        next_event(&mut r.rx).await;
     }
 
     #[tokio::test]
@@ -489,12 +489,12 @@ mod tests {
         r.fake
             .emit_unit(state_signal("c.service", "active", "running"))
             .await;
-        next_event(&mut r.rx).await;
         assert_eq!(
             next_event(&mut r.rx).await,
-            state(6, "c.service", "active", "running", Reason::Real),
+            state(5, "c.service", "active", "running", Reason::Real),
             "a unit first seen in a signal has changed by definition"
         );
+        next_event(&mut r.rx).await;
 
         r.d.handle(1, 3, Request::Unsubscribe { unit: None }).await;
         assert_eq!(next(&mut r.rx).await, ok_reply(3));
@@ -686,20 +686,20 @@ mod tests {
         r.fake
             .emit_unit(state_signal("a.service", "deactivating", "stop-sigterm"))
             .await;
-        assert!(matches!(
-            next_event(&mut r.rx).await,
-            Event::UnitPropertiesChanged { .. }
-        ));
         assert_eq!(
             next_event(&mut r.rx).await,
             state(
-                12,
+                11,
                 "a.service",
                 "deactivating",
                 "stop-sigterm",
                 Reason::Real
             )
         );
+        assert!(matches!(
+            next_event(&mut r.rx).await,
+            Event::UnitPropertiesChanged { .. }
+        ));
     }
 
     #[tokio::test]

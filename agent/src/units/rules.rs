@@ -10,9 +10,11 @@
 //!   every loaded unit in the case of `*`.
 //! * **Real events** ([`View::on_signal`]): for watched units, systemd's
 //!   `UnitNew` and `UnitRemoved`, every `PropertiesChanged` of the unit object
-//!   as `UnitPropertiesChanged` (the changed `a{sv}`), and a real
-//!   `UnitStateChanged` only when `ActiveState` or `SubState` actually changed
-//!   (systemd repeats both in every change signal of the Unit interface).
+//!   as `UnitPropertiesChanged` (the changed `a{sv}`, in systemd's order), and
+//!   a real `UnitStateChanged` only when `ActiveState` or `SubState` actually
+//!   changed (systemd repeats both in every change signal of the Unit
+//!   interface). The state event of a signal goes out before its property
+//!   event, as BlueChi sends them.
 //!   "Loaded" and "changed" are read from the view's cache of systemd's
 //!   loaded units and their states.
 //! * **Daemon-reload.** systemd unloads every unit (`UnitRemoved`) and
@@ -356,6 +358,12 @@ impl View {
                     } else {
                         None
                     };
+                // The state first, then the properties that carried it: the
+                // order BlueChi's agent sends them in, which its clients
+                // (`bluechictl monitor`) rely on.
+                if let Some(now) = changed_state {
+                    events.push(state_event(&unit, &now, Reason::Real));
+                }
                 // Decoded only for a watched unit (see `ChangedProperties`).
                 if self.session.as_ref().is_some_and(|s| s.watches(&unit)) {
                     match properties.marshal() {
@@ -367,9 +375,6 @@ impl View {
                         }),
                         Err(e) => tracing::warn!("ignoring a signal of {unit}: {}", e.message),
                     }
-                }
-                if let Some(now) = changed_state {
-                    events.push(state_event(&unit, &now, Reason::Real));
                 }
             }
         }

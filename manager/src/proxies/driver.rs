@@ -9,7 +9,17 @@
 //!   layer replays the known states as virtual events, so nothing is lost
 //!   that matters: the latest state).
 //! * Dep commands run in one task per command; [`References`] allows at most
-//!   one in flight per target, so they stay ordered. `StartDep` may take as
+//!   one in flight per target, so they stay ordered. **Their outcomes go
+//!   through the relay task**, after the target events queued before them:
+//!   B's agent sends the target's news up to the end of a dep start before
+//!   it answers `StartDep`, and the session reader queues that news to the
+//!   watcher before it completes the request — but the relay is a task of
+//!   its own, so a confirmation applied straight from the command's task
+//!   could overtake it and meet a stale target state (the rules then replay
+//!   old news to a waiting proxy, or hold back a failure that was this
+//!   start's outcome until the proxy's start timeout: issue 14 item 6). The
+//!   relay prefers queued events over outcomes (`biased` select), so an
+//!   outcome is applied only once every event queued before it is. `StartDep` may take as
 //!   long as the target's start (the agent answers when the dep's job is
 //!   done, bounded by 90 s), hence its own, longer timeout.
 //! * A timer task wakes at [`References::next_deadline`] for grace periods
@@ -57,6 +67,9 @@ struct Inner {
     watcher: Option<Watcher>,
     /// Every watched target; `None` while the watcher is being renewed.
     watches: HashMap<(NodeName, UnitName), Option<WatchId>>,
+    /// Dep command outcomes for the relay task to apply in order with the
+    /// target events (see the module docs); `None` while no relay runs.
+    outcomes: Option<mpsc::UnboundedSender<(DepCommand, DepOutcome)>>,
 }
 
 struct Shared {
@@ -84,6 +97,7 @@ impl Proxies {
                     sessions: HashMap::new(),
                     watcher: None,
                     watches: HashMap::new(),
+                    outcomes: None,
                 }),
                 wake: Notify::new(),
                 subs,
@@ -253,9 +267,13 @@ impl Proxies {
     fn watch(&self, inner: &mut Inner, node: NodeName, unit: UnitName) {
         if inner.watcher.is_none() {
             let (watcher, rx) = self.shared.subs.watcher(WATCH_QUEUE);
-            let task: BoxFuture = Box::pin(self.clone().relay(rx));
+            // At most one outcome per target is in flight: bounded by the
+            // number of targets.
+            let (outcomes, outcomes_rx) = mpsc::unbounded_channel();
+            let task: BoxFuture = Box::pin(self.clone().relay(rx, outcomes_rx));
             tokio::spawn(task);
             inner.watcher = Some(watcher);
+            inner.outcomes = Some(outcomes);
         }
         let id = inner
             .watcher
@@ -268,9 +286,27 @@ impl Proxies {
 
     /// Feeds target states into the references; renews the watcher when the
     /// subscription layer dropped it.
-    async fn relay(self, mut rx: mpsc::Receiver<Delivery>) {
+    async fn relay(
+        self,
+        mut rx: mpsc::Receiver<Delivery>,
+        mut outcomes: mpsc::UnboundedReceiver<(DepCommand, DepOutcome)>,
+    ) {
         loop {
-            while let Some(delivery) = rx.recv().await {
+            loop {
+                let delivery = tokio::select! {
+                    // Events first: an outcome waits for those queued before it.
+                    biased;
+                    delivery = rx.recv() => match delivery {
+                        Some(delivery) => delivery,
+                        None => break,
+                    },
+                    Some((cmd, outcome)) = outcomes.recv() => {
+                        let mut inner = self.shared.inner.lock().await;
+                        let actions = inner.refs.dep_result(&cmd, outcome);
+                        self.run(&mut inner, actions).await;
+                        continue;
+                    }
+                };
                 let event = &delivery.event;
                 let Some(unit) = &event.unit else { continue };
                 let change = match &event.change {
@@ -297,6 +333,13 @@ impl Proxies {
             let targets: Vec<(NodeName, UnitName)> = inner.watches.keys().cloned().collect();
             inner.watches.clear();
             if targets.is_empty() {
+                // No relay from here on: outcomes are applied where they
+                // end, and those already queued now.
+                inner.outcomes = None;
+                while let Ok((cmd, outcome)) = outcomes.try_recv() {
+                    let actions = inner.refs.dep_result(&cmd, outcome);
+                    self.run(&mut inner, actions).await;
+                }
                 return;
             }
             tracing::warn!(
@@ -340,6 +383,15 @@ impl Proxies {
             }
         };
         let mut inner = self.shared.inner.lock().await;
+        // Through the relay, after the target news B sent before answering
+        // (see the module docs); straight away when no relay runs.
+        let (cmd, outcome) = match &inner.outcomes {
+            Some(relay) => match relay.send((cmd, outcome)) {
+                Ok(()) => return,
+                Err(mpsc::error::SendError(back)) => back,
+            },
+            None => (cmd, outcome),
+        };
         let actions = inner.refs.dep_result(&cmd, outcome);
         self.run(&mut inner, actions).await;
     }

@@ -29,6 +29,20 @@
 //!   it); the confirmation replays the target's state as known, and B's agent
 //!   sends it only after the target's news up to the end of the start job.
 //!   Failing starts reach it as `ProxyError` with B's reason.
+//! * **After the confirmation, a down target fails a waiting reference,
+//!   however the manager learnt it.** The driver applies the confirmation
+//!   only after every target event B sent before it (see
+//!   [`crate::proxies::driver`]), so the state known then is the target's
+//!   state at the end of the start job or later: if that is `failed` or
+//!   `inactive`, the target went down after this start — it is the start's
+//!   outcome, not old news. The same holds for a *virtual* down that comes
+//!   after the confirmation (B's agent answering a `Subscribe` that reached
+//!   it after the start job: a replay of the current state), except
+//!   `agent-offline`, which says nothing about the target. Such a reference
+//!   fails with `ProxyError` ("db.service on node b is failed (failed)"):
+//!   relayed as the virtual state it is, the requesting agent would ignore
+//!   it and its proxy would hang `activating` until its start timeout (issue
+//!   14 item 6: a target that exits ~4 ms after its start, 3 tries in 75).
 //! * The manager applies the agent's own rule to the target states it relays,
 //!   so both sides agree on a proxy's fate without an extra message: a waiting
 //!   proxy becomes active when the target is `active` (real or virtual) and
@@ -68,7 +82,7 @@
 //!   `ProxyError`; a new grace period applies to disconnects from then on.
 
 use drover_config::ManagerConfig;
-use drover_protocol::verdict::{Verdict, verdict};
+use drover_protocol::verdict::{Verdict, is_down, verdict};
 use drover_protocol::{NodeName, Notice, Reason, TargetChange, UnitName};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
@@ -596,6 +610,12 @@ impl References {
             if r.state == RefState::Waiting && !covers(acked, r.added_gen) {
                 continue;
             }
+            if r.state == RefState::Waiting
+                && let Some(message) = down_after_start(unit, b, change)
+            {
+                fail_waiting(r, a, self.online.get(a).copied(), message, &mut out);
+                continue;
+            }
             out.extend(r.notice(a, self.online.get(a).copied(), |proxy_id| {
                 Notice::ProxyTarget {
                     proxy_id,
@@ -650,10 +670,10 @@ impl References {
                     target.acked = Some(sent);
                     // The waiting references this start covers get the
                     // target's state now (see `target_event`): `active`
-                    // completes them. What is down was down before or during
-                    // the start, and is left to the next real change (or the
-                    // proxy's start timeout), as the agent ignores virtual
-                    // "down" news.
+                    // completes them; `failed` or `inactive` is known only
+                    // from news up to the end of the start job or later, so
+                    // it is this start's outcome and fails them (see the
+                    // module docs).
                     let covered: Vec<NodeName> = if sent.running {
                         target
                             .refs
@@ -669,6 +689,8 @@ impl References {
                     for a in covered {
                         self.replay(&a, &cmd.node, &cmd.unit, &mut out);
                     }
+                    // A replay may have failed the last live reference.
+                    self.settle(&cmd.node, &cmd.unit, &mut out);
                 }
             }
             DepOutcome::Offline => {}
@@ -914,6 +936,22 @@ impl References {
         let Known::Loaded { active, sub, .. } = &target.known else {
             return;
         };
+        // A down state known once the start is confirmed is that start's
+        // outcome (see the module docs), not news to ignore.
+        if r.state == RefState::Waiting
+            && let Some(message) = down_after_start(
+                unit,
+                b,
+                &TargetChange::State {
+                    active_state: active.clone(),
+                    sub_state: sub.clone(),
+                    reason: Reason::Virtual,
+                },
+            )
+        {
+            fail_waiting(r, a, online, message, out);
+            return;
+        }
         let changes = [
             TargetChange::New {
                 reason: Reason::Virtual,
@@ -999,6 +1037,38 @@ impl References {
 /// The agent's rule for one reference and one target change.
 /// The agent's own rule ([`drover_protocol::verdict`]) applied to one
 /// reference, so both sides agree on the proxy's fate.
+/// For a waiting reference whose dep start B confirmed: the reason to fail
+/// it when `change` says the target is down, but is a virtual state the
+/// verdict rule would ignore (a real one fails the reference by that rule).
+/// `agent-offline` says nothing about the target and fails nothing.
+fn down_after_start(unit: &UnitName, b: &NodeName, change: &TargetChange) -> Option<String> {
+    match change {
+        TargetChange::State {
+            active_state,
+            sub_state,
+            reason: Reason::Virtual,
+        } if is_down(active_state) && sub_state != AGENT_OFFLINE => Some(format!(
+            "{unit} on node {b} is {active_state} ({sub_state})"
+        )),
+        _ => None,
+    }
+}
+
+/// Fails a waiting reference with `message`, told to its requester.
+fn fail_waiting(
+    r: &mut Ref,
+    a: &NodeName,
+    online: Option<u64>,
+    message: String,
+    out: &mut Vec<Action>,
+) {
+    out.extend(r.notice(a, online, |proxy_id| Notice::ProxyError {
+        proxy_id,
+        message: message.clone(),
+    }));
+    r.state = RefState::Failed(message);
+}
+
 fn apply_rule(r: &mut Ref, b: &NodeName, unit: &UnitName, change: &TargetChange) {
     let v = verdict(change);
     match r.state {

@@ -29,8 +29,15 @@
 //!   reader may still be draining).
 //! * A new watch of a unit known to be loaded gets a virtual `UnitNew` (and a
 //!   virtual `UnitStateChanged` if the state is known) on its own queue; a new
-//!   `*` watch on an online node gets a virtual `UnitNew("*")`, and so do all
-//!   `*` watchers when the node registers again.
+//!   `*` watch on an online node gets a virtual `UnitNew("*")` and the same
+//!   pair for every loaded unit known here, and all `*` watchers get the
+//!   `UnitNew("*")` when the node registers again. Virtual events go to the
+//!   watch that is new and to nobody else: the agent's replay of a
+//!   `Subscribe` (virtual `UnitNew` + `UnitStateChanged` of what is loaded)
+//!   is forwarded only for what the records did not know yet (a new unit,
+//!   a changed state), so a client watching `node/*` does not make every
+//!   other monitor of that node's units hear "created" again (BlueChi sends a
+//!   new subscription's virtual events to its own monitor only).
 //! * Node disconnect (BlueChi's §2.4): for every loaded record, a virtual
 //!   `UnitStateChanged(inactive, agent-offline)` unless it was already
 //!   inactive, then a virtual `UnitRemoved`; the same pair for `*` watchers.
@@ -226,6 +233,28 @@ impl State {
     }
 }
 
+/// The virtual `UnitNew` (+ `UnitStateChanged` when the state is known) that
+/// tells one new watch about a loaded unit from its record.
+fn virtual_replay(node: &NodeName, unit: &UnitName, rec: &Record) -> Vec<UnitEvent> {
+    let ev = |change| UnitEvent {
+        node: node.clone(),
+        unit: Some(unit.clone()),
+        tag: rec.tag,
+        change,
+    };
+    let mut events = vec![ev(Change::New {
+        reason: Reason::Virtual,
+    })];
+    if !rec.active_state.is_empty() {
+        events.push(ev(Change::State {
+            active_state: rec.active_state.clone(),
+            sub_state: rec.sub_state.clone(),
+            reason: Reason::Virtual,
+        }));
+    }
+    events
+}
+
 fn schedule_sync(node: &NodeName, ns: &mut NodeState, syncs: &mut Syncs) {
     let Some(session) = &ns.session else { return };
     if ns.syncing == Some(session.id()) || !ns.needs_sync() {
@@ -343,32 +372,28 @@ impl Subscriptions {
         match unit {
             Some(u) => {
                 if let Some(rec) = ns.records.get(u).filter(|r| r.loaded) {
-                    let ev = |change| UnitEvent {
-                        node: node.clone(),
-                        unit: Some(u.clone()),
-                        tag: rec.tag,
-                        change,
-                    };
-                    virtual_events.push(ev(Change::New {
-                        reason: Reason::Virtual,
-                    }));
-                    if !rec.active_state.is_empty() {
-                        virtual_events.push(ev(Change::State {
-                            active_state: rec.active_state.clone(),
-                            sub_state: rec.sub_state.clone(),
-                            reason: Reason::Virtual,
-                        }));
-                    }
+                    virtual_events.extend(virtual_replay(node, u, rec));
                 }
             }
-            None if ns.session.is_some() => virtual_events.push(UnitEvent {
-                node: node.clone(),
-                unit: None,
-                tag: ModTag::new(ns.guid, ns.max_index),
-                change: Change::New {
-                    reason: Reason::Virtual,
-                },
-            }),
+            None if ns.session.is_some() => {
+                virtual_events.push(UnitEvent {
+                    node: node.clone(),
+                    unit: None,
+                    tag: ModTag::new(ns.guid, ns.max_index),
+                    change: Change::New {
+                        reason: Reason::Virtual,
+                    },
+                });
+                // The loaded units already known here (watched by others):
+                // the agent's replay of `*` is no news for them (see
+                // `on_event`), so this sink hears of them from the records.
+                let mut known: Vec<(&UnitName, &Record)> =
+                    ns.records.iter().filter(|(_, r)| r.loaded).collect();
+                known.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+                for (u, rec) in known {
+                    virtual_events.extend(virtual_replay(node, u, rec));
+                }
+            }
             None => {}
         }
         schedule_sync(node, ns, &mut syncs);

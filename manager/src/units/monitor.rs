@@ -128,7 +128,16 @@ struct Targets {
     units: Vec<Option<UnitName>>,
 }
 
-/// `configured`: every node of the registry, in config order.
+/// True for a unit name that is valid but for its missing (or unknown) type
+/// suffix: no unit systemd loads is called that, so a watch of it would
+/// never see an event.
+fn never_matches(unit: &str) -> bool {
+    UnitName::new(format!("{unit}.service")).is_ok()
+}
+
+/// `configured`: every node of the registry, in config order. A unit that
+/// [`never_matches`] takes no place in the targets; the subscription that
+/// names only such units holds no watch but is a subscription all the same.
 fn parse_targets(
     configured: &[NodeName],
     node: &str,
@@ -142,9 +151,14 @@ fn parse_targets(
         if u == WILDCARD {
             parsed.push(None);
         } else {
-            let unit =
-                UnitName::new(u.as_str()).map_err(|e| ApiError::invalid_args(e.to_string()))?;
-            parsed.push(Some(unit));
+            match UnitName::new(u.as_str()) {
+                Ok(unit) => parsed.push(Some(unit)),
+                // As BlueChi: a name without a unit type suffix (`web`) is
+                // accepted and never matches, since systemd names every
+                // unit with one. Anything else wrong with it is refused.
+                Err(_) if never_matches(u) => {}
+                Err(e) => return Err(ApiError::invalid_args(e.to_string())),
+            }
         }
     }
     parsed.sort();

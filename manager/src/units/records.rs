@@ -119,6 +119,8 @@ impl Records {
     ///
     /// * `New` (state becomes `inactive`/`dead`, as the agent's cache does on
     ///   load) and `State` are updates: applied if `tag` succeeds the record's.
+    ///   A virtual `New` of a unit the record holds as loaded only takes the
+    ///   tag (a replay, `Same`): the state it knows stays.
     /// * `Removed` is applied if `tag` succeeds or equals it; an equal tag on
     ///   an already removed unit changes nothing.
     /// * `Properties` does not change the record; it passes if `tag`
@@ -137,6 +139,21 @@ impl Records {
                 };
                 match existing {
                     Some(rec) if !tag.succeeds(&rec.tag) => Applied::Stale,
+                    // A replay (virtual `UnitNew`) of a unit already loaded
+                    // here: no news, and its known state stays (it is not a
+                    // fresh load that starts inactive).
+                    Some(rec)
+                        if rec.loaded
+                            && matches!(
+                                change,
+                                Change::New {
+                                    reason: Reason::Virtual
+                                }
+                            ) =>
+                    {
+                        rec.tag = tag;
+                        Applied::Same
+                    }
                     Some(rec) => {
                         let same = rec.loaded && rec.active_state == active && rec.sub_state == sub;
                         rec.tag = tag;

@@ -13,8 +13,7 @@
 use crate::units::hub::Delivery;
 use crate::units::records::{Change, UnitEvent};
 use drover_bus::bluechi::{DROVER_MONITOR_IFACE, MONITOR_IFACE};
-use drover_bus::marshal::{self, PropertyMap};
-use std::collections::HashMap;
+use drover_bus::marshal::{self, OrderedProperties};
 use zbus::names::OwnedUniqueName;
 use zbus::{Message, OwnedObjectPath};
 
@@ -42,14 +41,7 @@ enum BluechiSignal<'a> {
     /// `UnitStateChanged`: (node, unit, active, sub, reason).
     State((&'a str, &'a str, &'a str, &'a str, &'static str)),
     /// `UnitPropertiesChanged`: (node, unit, interface, props).
-    Properties(
-        (
-            &'a str,
-            &'a str,
-            &'a str,
-            HashMap<String, zbus::OwnedVariant>,
-        ),
-    ),
+    Properties((&'a str, &'a str, &'a str, OrderedProperties)),
 }
 
 impl<'a> BluechiSignal<'a> {
@@ -69,7 +61,7 @@ impl<'a> BluechiSignal<'a> {
             Change::Properties {
                 interface,
                 properties,
-            } => match marshal::decode::<PropertyMap>(properties) {
+            } => match marshal::decode::<OrderedProperties>(properties) {
                 Ok(props) => Self::Properties((node, unit, interface, props)),
                 Err(e) => {
                     tracing::debug!(

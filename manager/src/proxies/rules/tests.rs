@@ -192,7 +192,7 @@ async fn first_reference_watches_starts_dep_and_relays_state() {
         TargetChange::New {
             reason: Reason::Virtual,
         },
-        state("inactive", Reason::Virtual),
+        state("activating", Reason::Virtual),
         state("activating", Reason::Real),
     ] {
         let out = r.target_event(&n("b"), &u("db.service"), &change);
@@ -386,11 +386,16 @@ async fn real_target_failure_fails_waiting_and_ends_active_proxies() {
     let mut r = setup();
     r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
     ack_all(&mut r);
-    // Virtual inactive/removal while waiting changes nothing.
+    // B going offline (virtual inactive/agent-offline, virtual removal)
+    // while waiting changes nothing.
     r.target_event(
         &n("b"),
         &u("db.service"),
-        &state("inactive", Reason::Virtual),
+        &TargetChange::State {
+            active_state: "inactive".into(),
+            sub_state: AGENT_OFFLINE.into(),
+            reason: Reason::Virtual,
+        },
     );
     r.target_event(
         &n("b"),
@@ -808,36 +813,57 @@ async fn down_news_before_the_dep_start_is_confirmed_does_not_fail_a_waiting_pro
     );
 }
 
+/// Issue 14 item 6, the failure before the confirmation: the target failed
+/// right after its start, and B's news of it arrived while StartDep was
+/// still running (held back then). B confirms the start only after that news,
+/// so the state known at the confirmation is the start's outcome: the
+/// waiting proxy fails with it at once. (It was replayed as a *virtual*
+/// state, which the requesting agent ignores: the proxy hung `activating`
+/// for its whole start timeout.)
 #[tokio::test(start_paused = true)]
-async fn down_news_is_relayed_once_the_dep_start_is_confirmed() {
+async fn a_target_down_when_its_start_is_confirmed_fails_the_waiting_proxy() {
+    for down in ["failed", "inactive"] {
+        let mut r = setup();
+        r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
+        let cmds = r.dep_commands();
+        for change in [
+            state("activating", Reason::Real),
+            state("active", Reason::Real),
+            state(down, Reason::Real),
+        ] {
+            let out = r.target_event(&n("b"), &u("db.service"), &change);
+            assert!(notices(&out).is_empty(), "{out:?}");
+        }
+        let out = r.dep_result(&cmds[0], DepOutcome::Done);
+        assert_eq!(
+            notices(&out),
+            [(
+                "a".to_string(),
+                Notice::ProxyError {
+                    proxy_id: 1,
+                    message: format!("db.service on node b is {down} (x)")
+                }
+            )],
+            "{down}"
+        );
+        assert_eq!(row_states(&r)[0].2, "failed");
+        // Nothing holds the dep any more.
+        assert_eq!(ack_all(&mut r), [(false, "db.service".into())]);
+    }
+}
+
+/// Issue 14 item 6, the failure after the confirmation, at each point it
+/// can reach the manager: as B's real news (relayed, the agent's rule fails
+/// the proxy), or as B's *replay* of the state — B's agent got the
+/// `Subscribe` for the target only after the start job ended, so it answers
+/// with a virtual state, which here is the start's outcome too. A virtual
+/// `agent-offline` says nothing about the target: the proxy keeps waiting.
+#[tokio::test(start_paused = true)]
+async fn a_target_down_after_its_confirmed_start_fails_the_waiting_proxy_whatever_the_reason() {
+    // Real news.
     let mut r = setup();
     r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
-    let cmds = r.dep_commands();
-    // Old news during the start is held back; the confirmation replays the
-    // state as known, virtually, which fails nothing (the agent ignores
-    // virtual "down" news).
-    r.target_event(&n("b"), &u("db.service"), &state("inactive", Reason::Real));
-    let out = r.dep_result(&cmds[0], DepOutcome::Done);
-    assert_eq!(
-        notices(&out),
-        [
-            (
-                "a".to_string(),
-                target_notice(
-                    1,
-                    TargetChange::New {
-                        reason: Reason::Virtual
-                    }
-                )
-            ),
-            (
-                "a".to_string(),
-                target_notice(1, state("inactive", Reason::Virtual))
-            )
-        ]
-    );
-    assert_eq!(row_states(&r)[0].2, "waiting");
-    // News after the confirmation is relayed and decides.
+    ack_all(&mut r);
     let out = r.target_event(&n("b"), &u("db.service"), &state("failed", Reason::Real));
     assert_eq!(
         notices(&out),
@@ -847,6 +873,60 @@ async fn down_news_is_relayed_once_the_dep_start_is_confirmed() {
         )]
     );
     assert_eq!(row_states(&r)[0].2, "failed");
+
+    // B's late replay, virtual.
+    let mut r = setup();
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
+    ack_all(&mut r);
+    let out = r.target_event(
+        &n("b"),
+        &u("db.service"),
+        &TargetChange::New {
+            reason: Reason::Virtual,
+        },
+    );
+    assert_eq!(notices(&out).len(), 1, "the New is relayed: {out:?}");
+    let out = r.target_event(&n("b"), &u("db.service"), &state("failed", Reason::Virtual));
+    assert_eq!(
+        notices(&out),
+        [(
+            "a".to_string(),
+            Notice::ProxyError {
+                proxy_id: 1,
+                message: "db.service on node b is failed (x)".into()
+            }
+        )]
+    );
+    assert_eq!(row_states(&r)[0].2, "failed");
+
+    // B offline: nothing is decided.
+    let mut r = setup();
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
+    ack_all(&mut r);
+    let offline = TargetChange::State {
+        active_state: "inactive".into(),
+        sub_state: AGENT_OFFLINE.into(),
+        reason: Reason::Virtual,
+    };
+    let out = r.target_event(&n("b"), &u("db.service"), &offline);
+    assert!(
+        !notices(&out)
+            .iter()
+            .any(|(_, n)| matches!(n, Notice::ProxyError { .. })),
+        "{out:?}"
+    );
+    assert_eq!(row_states(&r)[0].2, "waiting");
+    // An active proxy is not failed by a virtual down either.
+    r.target_event(&n("b"), &u("db.service"), &state("active", Reason::Real));
+    assert_eq!(row_states(&r)[0].2, "active");
+    let out = r.target_event(&n("b"), &u("db.service"), &state("failed", Reason::Virtual));
+    assert!(
+        !notices(&out)
+            .iter()
+            .any(|(_, n)| matches!(n, Notice::ProxyError { .. })),
+        "{out:?}"
+    );
+    assert_eq!(row_states(&r)[0].2, "active");
 }
 
 /// The race behind "db.service is inactive (dead)" on a healthy proxy: B's
