@@ -355,11 +355,12 @@ async fn the_agent_binary_exits_1_when_its_systemd_bus_dies() {
         )
         .await
         .expect("the bus daemon's pid");
-    let killed = Command::new("kill")
-        .args(["-KILL", &bus_pid.to_string()])
-        .status()
-        .expect("kill");
-    assert!(killed.success());
+    let bus_pid = i32::try_from(bus_pid).expect("a pid");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(bus_pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("SIGKILL to the node's bus daemon");
 
     let status = agent.exited(Duration::from_secs(5)).await;
     let logged = tmp.read("agent.log");
