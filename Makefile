@@ -140,7 +140,8 @@ deb:
 	$(CARGO) run -q -p xtask -- deb --bin-dir $(DIST_BIN) --out target/debian
 
 # The package test of `make test` (which packs the debug build), on the real packages.
-deb-check: deb
+# (The package test's install check uses the debug binaries, hence `build`.)
+deb-check: deb build
 	DROVER_DEB_DIR=$(CURDIR)/target/debian $(CARGO) test -p xtask --test packages
 
 # README's two commands on a fresh Debian 12 root (debootstrap); see docs/fresh-machine.md.
