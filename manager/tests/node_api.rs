@@ -7,6 +7,7 @@ mod common;
 
 use common::*;
 use drover_bus::marshal;
+use drover_bus::systemd::UnitTuple;
 use drover_protocol::{Event, Request, Response, ToManager, UnitName};
 use drover_testkit::agent::job_done;
 use std::collections::HashMap;
@@ -531,19 +532,7 @@ async fn a_list_reply_in_parts_is_joined() {
             }),
         )
         .await;
-    type Tuple = (
-        String,
-        String,
-        String,
-        String,
-        String,
-        String,
-        OwnedObjectPath,
-        u32,
-        String,
-        OwnedObjectPath,
-    );
-    let units: Vec<Tuple> = f.call(NODE1, NODE_IFACE, "ListUnits", &()).await.unwrap();
+    let units: Vec<UnitTuple> = f.call(NODE1, NODE_IFACE, "ListUnits", &()).await.unwrap();
     let names: Vec<&str> = units.iter().map(|u| u.0.as_str()).collect();
     assert_eq!(
         names,
@@ -556,7 +545,7 @@ async fn a_list_reply_in_parts_is_joined() {
             "u0005.service"
         ]
     );
-    let all: HashMap<String, Vec<Tuple>> = f
+    let all: HashMap<String, Vec<UnitTuple>> = f
         .call(CONTROLLER, CTRL_IFACE, "ListUnits", &())
         .await
         .unwrap();
