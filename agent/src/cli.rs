@@ -126,6 +126,7 @@ pub fn settings(args: &Args) -> Result<Settings, String> {
                 link.node
             ));
         }
+        link.tls_name_follows_host = config.tls_controller_name.is_none();
         link.tls = Some(
             drover_tls::Connector::new(settings, &server_name).map_err(|e| format!("TLS: {e}"))?,
         );
