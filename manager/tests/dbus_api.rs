@@ -538,6 +538,24 @@ async fn shutdown_cancels_jobs_before_leaving_the_bus() {
     assert_eq!((job, result.as_str()), (path, "cancelled due to shutdown"));
 }
 
+/// On shutdown the controller's `Status` goes from `up` straight to `down`,
+/// as BlueChi signals it (no `degraded` while the nodes are let go one by one).
+#[tokio::test]
+async fn shutdown_announces_down_once_and_no_degraded() {
+    let mut f = Fixture::start(config(&["node1", "node-bar"])).await;
+    let mut ctrl_signals = f.signals(CONTROLLER, PROPS).await;
+    let _a = f.agent("node1", reply_empty()).await;
+    let _b = f.agent("node-bar", reply_empty()).await;
+    wait_changed(&mut ctrl_signals, "Status", "up").await;
+    f.manager.take().expect("running").shutdown().await;
+    let (member, msg) = next_signal(&mut ctrl_signals).await;
+    assert_eq!(member, "PropertiesChanged");
+    assert_eq!(
+        drover_testkit::api::changed_value(&msg, "Status").as_deref(),
+        Some("down")
+    );
+}
+
 #[tokio::test]
 async fn introspection_describes_exactly_what_is_served() {
     let f = Fixture::start(config(&["node1"])).await;
