@@ -40,7 +40,7 @@ pub struct Args {
     /// Talk to the user's systemd on the session bus.
     #[arg(short = 'u', long = "user")]
     pub user: bool,
-    /// Read only -c FILE and the environment, not /usr/share/drover or /etc/drover.
+    /// Read only -c FILE and the environment, not /usr/share/drover, /etc/bluechi or /etc/drover.
     #[arg(long = "no-default-config")]
     pub no_default_config: bool,
     /// Print the version and exit.
