@@ -582,7 +582,7 @@ async fn introspection_describes_exactly_what_is_served() {
             r#"<property name="Status" type="s" access="read"/>"#,
             r#"<property name="LogLevel" type="s" access="read">"#,
             r#"<property name="LogTarget" type="s" access="read">"#,
-            r#"<node name="node">"#,
+            r#"<node name="node"/>"#,
         ],
     );
     assert_mentions(
@@ -670,6 +670,90 @@ async fn introspection_describes_exactly_what_is_served() {
             r#"<property name="State" type="s" access="read"/>"#,
         ],
     );
+}
+
+/// The paths leading to objects name their children and do not inline them
+/// (sd-bus's form), so `busctl tree` walks the tree without a warning; the
+/// `job` level comes and goes with the jobs.
+#[tokio::test]
+async fn introspection_names_children_without_inlining_them() {
+    let f = Fixture::start(config(&["node1", "node-bar"])).await;
+    let behavior = reply_then(|req| match req {
+        Request::JobCancel { job_id } => vec![job_done(*job_id, "canceled")],
+        _ => vec![],
+    });
+    let _agent = f.agent("node1", behavior).await;
+    let children = |xml: &str| -> Vec<String> {
+        xml.match_indices("<node name=\"")
+            .map(|(i, _)| {
+                let rest = &xml[i + 12..];
+                let end = rest.find('"').unwrap();
+                assert!(rest[end..].starts_with("\"/>"), "inlined child: {xml}");
+                rest[..end].to_owned()
+            })
+            .collect()
+    };
+    assert_eq!(children(&f.introspect("/").await), ["org"]);
+    assert_eq!(children(&f.introspect("/org").await), ["eclipse"]);
+    assert_eq!(children(&f.introspect("/org/eclipse").await), ["bluechi"]);
+    let xml = f.introspect(CONTROLLER).await;
+    assert_eq!(children(&xml), ["node"]);
+    assert!(!xml.contains("org.eclipse.bluechi.Node"), "{xml}");
+    assert_mentions(
+        &xml,
+        "controller XML",
+        &[
+            r#"<interface name="org.eclipse.bluechi.Controller">"#,
+            r#"<interface name="io.drover.Controller">"#,
+            r#"<interface name="org.freedesktop.DBus.Properties">"#,
+        ],
+    );
+    assert_eq!(
+        children(&f.introspect("/org/eclipse/bluechi/node").await),
+        ["node1", "node_2dbar"]
+    );
+
+    for round in 0..2 {
+        let path: OwnedObjectPath = f
+            .call(NODE1, NODE_IFACE, "StartUnit", &("a.service", "replace"))
+            .await
+            .unwrap();
+        let id = path.as_str().rsplit('/').next().unwrap().to_owned();
+        assert_eq!(
+            children(&f.introspect(CONTROLLER).await),
+            ["job", "node"],
+            "round {round}"
+        );
+        assert_eq!(
+            children(&f.introspect("/org/eclipse/bluechi/job").await),
+            [id],
+            "round {round}"
+        );
+        // Async: the manager runs on this test's runtime and must answer busctl.
+        let out = tokio::process::Command::new("busctl")
+            .args(["--address", f.bus.address(), "tree", "org.eclipse.bluechi"])
+            .output()
+            .await
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && stderr.is_empty(),
+            "busctl tree: {stderr}"
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains(path.as_str()), "{stdout}");
+        // The job ends: its level goes with it.
+        let () = f
+            .call(path.as_str(), JOB_IFACE, "Cancel", &())
+            .await
+            .expect("Cancel");
+        assert!(f.introspect_job_gone(path.as_str()).await);
+        assert_eq!(
+            children(&f.introspect(CONTROLLER).await),
+            ["node"],
+            "round {round}"
+        );
+    }
 }
 
 /// A reload that adds a node (offline until it registers) turns `up` into
