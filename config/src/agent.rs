@@ -46,10 +46,10 @@ use std::net::IpAddr;
 use std::path::Path;
 
 /// Section of the agent's keys.
-pub const SECTION: &str = "drover-agent";
+pub const SECTION: &str = sections::AGENT;
 
 /// BlueChi's name of the same section.
-pub const BLUECHI_SECTION: &str = "bluechi-agent";
+pub const BLUECHI_SECTION: &str = sections::AGENT_BLUECHI;
 
 /// Where the host name comes from when `NodeName` is not set.
 const HOSTNAME_FILE: &str = "/proc/sys/kernel/hostname";

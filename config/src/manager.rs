@@ -51,10 +51,10 @@ use std::path::Path;
 pub const DEFAULT_PORT: u16 = 842;
 
 /// Section of the manager's own keys.
-pub const SECTION: &str = "drover-manager";
+pub const SECTION: &str = sections::MANAGER;
 
 /// BlueChi's name of the same section.
-pub const BLUECHI_SECTION: &str = "bluechi-controller";
+pub const BLUECHI_SECTION: &str = sections::MANAGER_BLUECHI;
 
 /// Largest accepted millisecond value (one day): heartbeat intervals and
 /// thresholds beyond that are mistakes, and the cap keeps `Instant + Duration`

@@ -13,6 +13,13 @@
 use crate::ConfigError;
 use crate::ini::{Document, Section};
 
+/// The manager's section, drover's name and BlueChi's.
+pub(crate) const MANAGER: &str = "drover-manager";
+pub(crate) const MANAGER_BLUECHI: &str = "bluechi-controller";
+/// The agent's section, drover's name and BlueChi's.
+pub(crate) const AGENT: &str = "drover-agent";
+pub(crate) const AGENT_BLUECHI: &str = "bluechi-agent";
+
 /// The daemon whose files are being read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Daemon {
@@ -41,8 +48,8 @@ impl Daemon {
     /// drover's and BlueChi's name of the daemon's own section.
     pub fn sections(self) -> (&'static str, &'static str) {
         match self {
-            Daemon::Manager => (crate::manager::SECTION, crate::manager::BLUECHI_SECTION),
-            Daemon::Agent => (crate::agent::SECTION, crate::agent::BLUECHI_SECTION),
+            Daemon::Manager => (MANAGER, MANAGER_BLUECHI),
+            Daemon::Agent => (AGENT, AGENT_BLUECHI),
         }
     }
 
