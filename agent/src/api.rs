@@ -27,7 +27,8 @@
 //! `GetConnectionUnixUser` is 0), or a process of the proxy unit itself —
 //! the caller's PID (`GetConnectionUnixProcessID`) is in the cgroup of
 //! `local_service_name`, as systemd's `GetUnitByPID` says. That is where the
-//! helper runs (`ExecStart=`/`ExecStop=` of `drover-proxy@.service`). Anyone
+//! helper runs (`ExecStart=`/`ExecStop=` of `drover-proxy@.service`, or of
+//! BlueChi's `bluechi-proxy@.service`). Anyone
 //! else gets `AccessDenied` and nothing changes. The D-Bus policy already
 //! keeps the name root-only on the system bus; this check holds where the
 //! policy is looser (a user bus, a misconfigured policy).

@@ -714,3 +714,92 @@ async fn a_name_owner_that_refuses_replacement_is_a_clear_error_and_replacement_
         second.unique_name().map(|n| n.as_str())
     );
 }
+
+/// BlueChi's helper, run by `bluechi-proxy@bar_db.service`, calls exactly
+/// `CreateProxy("bluechi-proxy@bar_db.service", "bar", "db.service")` from the
+/// proxy unit's own process (and `RemoveProxy` alike on stop). That call is
+/// served as drover's helper's is; BlueChi-named garbage is refused with the
+/// reason and changes nothing.
+#[tokio::test]
+async fn bluechis_helper_call_is_served_and_its_garbage_is_refused() {
+    const BLUECHI_LOCAL: &str = "bluechi-proxy@bar_db.service";
+    let mut r = rig().await;
+    for (args, says) in [
+        (
+            (
+                "bluechi-proxy@nounderscore.service",
+                "nounderscore",
+                "db.service",
+            ),
+            "is not a proxy unit",
+        ),
+        (
+            (BLUECHI_LOCAL, "foo", "db.service"),
+            "is the proxy of db.service on node bar, not of db.service on node foo",
+        ),
+        (
+            (BLUECHI_LOCAL, "bar", "web.service"),
+            "not of web.service on node bar",
+        ),
+        // BlueChi's helper for a non-service target asks for "X.mount.service".
+        (
+            (
+                "bluechi-proxy@bar_data.mount.service",
+                "bar",
+                "data.mount.service",
+            ),
+            "is the proxy of data.mount on node bar",
+        ),
+        (
+            ("bluechi-proxy@.service", "bar", "db.service"),
+            "is not an instance of drover-proxy@.service or bluechi-proxy@.service",
+        ),
+        (
+            ("bluechi-dep@db.service", "bar", "db.service"),
+            "is not an instance of drover-proxy@.service or bluechi-proxy@.service",
+        ),
+    ] {
+        for method in ["CreateProxy", "RemoveProxy"] {
+            let (name, msg) = call(&r.client, method, args).await.unwrap_err();
+            assert_eq!(name, "org.freedesktop.DBus.Error.InvalidArgs", "{args:?}");
+            assert!(msg.contains(says), "{method} {args:?}: {msg}");
+        }
+    }
+    assert!(r.shared.proxies.list().is_empty());
+    assert!(r.manager.try_recv().is_err(), "nothing told to the manager");
+
+    // The real call, from the BlueChi proxy unit's own (non-root) process.
+    let _systemd = systemd_says_we_run_in(&r.bus, BLUECHI_LOCAL).await;
+    let helper = connect_as(r.bus.address(), NOBODY).await;
+    let caller = helper.clone();
+    let pending = tokio::spawn(async move {
+        call(&caller, "CreateProxy", (BLUECHI_LOCAL, "bar", "db.service")).await
+    });
+    let Event::ProxyNew {
+        proxy_id,
+        node,
+        unit,
+    } = next_event(&mut r.manager).await
+    else {
+        panic!("expected ProxyNew");
+    };
+    assert_eq!((node.as_str(), unit.as_str()), ("bar", "db.service"));
+    // It may not speak for drover's proxy unit of the same target.
+    let (name, _) = call(&helper, "CreateProxy", (LOCAL, "bar", "db.service"))
+        .await
+        .unwrap_err();
+    assert_eq!(name, "org.freedesktop.DBus.Error.AccessDenied");
+    r.shared
+        .proxies
+        .on_notice(target("active", Reason::Real, proxy_id), &r.shared.outbox);
+    assert_eq!(pending.await.unwrap(), Ok(()));
+    assert_eq!(r.shared.proxies.list()[0].key.local.as_str(), BLUECHI_LOCAL);
+    call(&helper, "RemoveProxy", (BLUECHI_LOCAL, "bar", "db.service"))
+        .await
+        .unwrap();
+    assert!(matches!(
+        next_event(&mut r.manager).await,
+        Event::ProxyRemoved { .. }
+    ));
+    assert!(r.shared.proxies.list().is_empty());
+}
