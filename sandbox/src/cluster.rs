@@ -22,7 +22,7 @@ use crate::files::{self, DaemonSettings};
 use crate::node;
 use crate::preflight;
 use crate::process::{self, Spawn};
-use crate::state::{NodeState, State};
+use crate::state::{NodeState, State, TeardownOnDrop};
 use anyhow::{Context, Result, anyhow, bail};
 use drover_bus::bluechi;
 use drover_protocol::{NodeName, UnitName};
@@ -74,6 +74,8 @@ pub struct ClusterOptions {
     /// every config. Off: plaintext on loopback, for the tests of plaintext
     /// behaviour.
     pub tls: bool,
+    /// Where the drover binaries are (default: [`binaries::search_dirs`]).
+    pub bin_dir: Option<PathBuf>,
 }
 
 impl Default for ClusterOptions {
@@ -95,6 +97,7 @@ impl ClusterOptions {
             allow_all_proxies: true,
             start_agents: true,
             tls: true,
+            bin_dir: None,
         }
     }
 
@@ -153,7 +156,10 @@ pub struct Cluster {
 impl Cluster {
     /// Starts the whole cluster; returns when every agent-started node is `online`.
     pub async fn start(opts: ClusterOptions) -> Result<Cluster> {
-        let bin_dirs = binaries::search_dirs();
+        let bin_dirs = opts
+            .bin_dir
+            .clone()
+            .map_or_else(binaries::search_dirs, |dir| vec![dir]);
         // Fail fast, before any node is started, when a binary is missing.
         binaries::locate_in("drover-manager", &bin_dirs)?;
         if opts.start_agents {
@@ -251,16 +257,16 @@ impl Cluster {
         opts.validate()?;
         let layout = preflight::check(opts.nodes.len())?;
 
-        let id = new_id();
-        let (dir, created_dir) = prepare_dir(opts.dir.as_deref(), &id, &opts.nodes)?;
-
-        let cgroups = SandboxCgroups::for_id(&layout, &id);
         let listener =
             TcpListener::bind("127.0.0.1:0").context("binding the manager's TCP port")?;
         let port = listener
             .local_addr()
             .context("reading the manager's port")?
             .port();
+        let id = new_id();
+        let (dir, created_dir) = prepare_dir(opts.dir.as_deref(), &id, &opts.nodes)?;
+
+        let cgroups = SandboxCgroups::for_id(&layout, &id);
         let mut state = State::new(id, dir.clone(), created_dir, &cgroups, port);
         state.nodes = opts
             .nodes
@@ -270,6 +276,8 @@ impl Cluster {
                 systemd_pid: None,
             })
             .collect();
+        // The directory exists: until the cluster value owns it, a failure removes it.
+        let held = TeardownOnDrop::new(state.clone());
         // Written before the first cgroup exists: from here on `down --dir` can clean up.
         state.save()?;
 
@@ -305,6 +313,8 @@ impl Cluster {
             allowed: opts.nodes.clone(),
             finished: false,
         };
+        // Owned by `cluster` now: its `Drop` tears down.
+        held.release();
         // From here on a failure tears down what was started, keeping the logs.
         match cluster.start_nodes_and_bus(&opts.nodes).await {
             Ok(()) => Ok(cluster),
@@ -427,10 +437,11 @@ impl Cluster {
     /// (Re)starts the node's agent; does not wait for the node to be online.
     pub async fn start_agent(&mut self, node: &str) -> Result<()> {
         self.node_pid(node)?;
-        // An old agent that died (e.g. SIGKILLed by a test) is reaped here and replaced.
+        // An old agent that died (e.g. SIGKILLed by a test) is reaped here and replaced;
+        // one that is exiting (its link already closed) is waited for.
         if let Some(child) = self.agents.get_mut(node)
-            && child
-                .try_wait()
+            && process::settle(child)
+                .await
                 .context("checking the old agent")?
                 .is_none()
         {
@@ -778,7 +789,10 @@ impl Cluster {
 
     async fn spawn_manager(&mut self, bin: &Path) -> Result<()> {
         if let Some(child) = &mut self.manager
-            && child.try_wait().context("checking the manager")?.is_none()
+            && process::settle(child)
+                .await
+                .context("checking the manager")?
+                .is_none()
         {
             bail!("the manager (pid {}) is already running", child.id());
         }
@@ -1295,6 +1309,8 @@ pub(crate) mod tests {
         // The creator is gone (detached): everything still runs, described by state.json.
         assert!(process::alive(pid));
         let state = State::load(&dir).unwrap().expect("state.json");
+        // Nobody owns it now: this tears it down if an assert below fails.
+        let held = TeardownOnDrop::new(state.clone());
         assert!(state.created_dir);
         assert!(state.is_live());
 
@@ -1305,8 +1321,62 @@ pub(crate) mod tests {
             .to_string();
         assert!(err.contains("already running"), "{err}");
 
-        assert_eq!(state.teardown(), Vec::<String>::new());
+        assert_eq!(held.teardown(), Vec::<String>::new());
         assert_eq!(leftovers(&state), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_detached_sandbox_held_by_a_failing_test_is_torn_down() {
+        let dir = PathBuf::from(format!("/tmp/drover-sb-held-{}", new_id()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let joined = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            let opts = ClusterOptions {
+                dir: Some(dir.clone()),
+                ..ClusterOptions::with_nodes(2)
+            };
+            let cluster = rt.block_on(Cluster::start_base(&opts, Vec::new())).unwrap();
+            cluster.detach().unwrap();
+            let held = TeardownOnDrop::new(State::load(&dir).unwrap().unwrap());
+            tx.send(held.state().clone()).unwrap();
+            assert!(held.state().is_live());
+            panic!("a test failing while it holds a detached sandbox");
+        })
+        .join();
+        assert!(joined.is_err(), "the thread panicked");
+        let state = rx.recv().unwrap();
+        assert_eq!(leftovers(&state), Vec::<String>::new());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_start_that_fails_before_the_nodes_removes_what_it_made() {
+        // A file where the sandbox's PKI directory goes: the start fails after the
+        // directory and state.json exist, before any cgroup or process.
+        let dir = PathBuf::from(format!("/tmp/drover-sb-early-{}", new_id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("pki"), "in the way").unwrap();
+        let opts = ClusterOptions {
+            dir: Some(dir.clone()),
+            ..ClusterOptions::with_nodes(1)
+        };
+        let err = Cluster::start_base(&opts, Vec::new())
+            .await
+            .err()
+            .expect("the start fails")
+            .to_string();
+        assert!(err.contains("CA"), "{err}");
+        assert!(
+            !dir.join(crate::state::STATE_FILE).exists(),
+            "state.json removed"
+        );
+        assert!(!node::home(&dir, "node1").exists());
+        // The caller's own file is the caller's.
+        assert!(dir.join("pki").is_file());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
