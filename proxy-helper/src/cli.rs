@@ -13,7 +13,9 @@
 //! While `create` waits, SIGTERM or SIGINT (systemd stopping the proxy unit,
 //! or its `TimeoutStartSec=` running out) releases the proxy with
 //! `RemoveProxy` first — systemd runs no `ExecStop=` for a unit stopped while
-//! starting — and then ends the helper by that same signal, so that
+//! starting — prints why the proxy was still waiting (the agent's answer to the
+//! interrupted `CreateProxy`, e.g. "node bar is offline (since …, 93 s ago)"),
+//! and then ends the helper by that same signal, so that
 //! `SuccessExitStatus=SIGTERM` applies.
 //!
 //! The arguments are parsed by hand and everything blocks on one thread: the
@@ -29,6 +31,10 @@ use std::time::Duration;
 
 /// How long a removal may take before the helper gives up on it.
 pub const REMOVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// After a removal, how long the helper waits for the agent's answer to the
+/// interrupted `CreateProxy` (sent as the removal is handled, so it is there
+/// by then or very soon after; the bound is for an agent that went away).
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
 
 pub const USAGE: &str = "\
 drover-proxy: backs drover-proxy@NODE_UNIT.service; asks the local drover
@@ -183,9 +189,16 @@ pub fn create(bus: Bus, proxy: &ProxyInstance) -> Result<String, String> {
         Err(CallEnd::Failed(e)) => return Err(format!("{what}: {e}")),
         Err(CallEnd::Interrupted(sig)) => sig,
     };
-    eprintln!("drover-proxy: stopped while waiting for {proxy}; releasing the proxy");
-    if let Err(e) = client.remove_proxy(proxy, REMOVE_TIMEOUT) {
-        eprintln!("drover-proxy: releasing the proxy for {proxy} failed: {e}");
+    let released = client.remove_proxy(proxy, REMOVE_TIMEOUT);
+    // The removal ends the waiting call; the agent's answer to it says why
+    // the proxy was still waiting (its target's node offline, and since when).
+    match client.create_proxy_answer(ANSWER_TIMEOUT) {
+        Some(why) => eprintln!("drover-proxy: stopped while waiting for {proxy}: {why}"),
+        None => eprintln!("drover-proxy: stopped while waiting for {proxy}"),
+    }
+    match released {
+        Ok(()) => eprintln!("drover-proxy: released the proxy for {proxy}"),
+        Err(e) => eprintln!("drover-proxy: releasing the proxy for {proxy} failed: {e}"),
     }
     die_by(signal)
 }

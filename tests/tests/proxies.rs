@@ -14,7 +14,7 @@ use drover_sandbox::ClusterOptions;
 use drover_testkit::prelude::*;
 use drover_testkit::wait::poll;
 use nix::sys::signal::Signal;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 const DB: &str = "db.service";
 const PROXY: &str = "drover-proxy@node2_db.service";
@@ -804,6 +804,59 @@ async fn stopping_a_waiting_proxy_releases_its_reference() {
     c.stays("node2", DEP, "inactive", Duration::from_secs(2))
         .await;
     assert_eq!(c.state("node2", DB).await, "inactive");
+    c.down().await;
+}
+
+/// Issue 14 item 9: a proxy whose start timeout runs out while its target node is
+/// offline says that the node is offline and since when, in the proxy unit's log
+/// (its journal in a real installation), not only that it timed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_timing_out_on_an_offline_node_says_so_and_since_when() {
+    let mut c = TestCluster::with(with_grace(2, 60_000)).await;
+    c.install("node2", DB, SLEEPER).await;
+    // A short start timeout for this proxy, as an operator would set it: a drop-in.
+    let dropin = drover_sandbox::node::unit_dir(c.dir(), "node1").join(format!("{PROXY}.d"));
+    std::fs::create_dir_all(&dropin).unwrap();
+    std::fs::write(
+        dropin.join("timeout.conf"),
+        "[Service]\nTimeoutStartSec=3\n",
+    )
+    .unwrap();
+    c.systemctl_ok("node1", &["daemon-reload"]).await;
+
+    let before = SystemTime::now();
+    c.stop_agent("node2").await.unwrap();
+    c.wait_status("node2", "offline", T).await;
+    let after = SystemTime::now();
+    c.systemctl_ok("node1", &["start", "--no-block", PROXY])
+        .await;
+    wait_state(&c, "node1", PROXY, "failed").await;
+    assert_eq!(c.prop("node1", PROXY, "Result").await, "timeout");
+
+    let log = proxy_log(&c, "node1", PROXY);
+    let line = log
+        .lines()
+        .find(|l| l.contains("stopped while waiting"))
+        .unwrap_or_else(|| panic!("no reason in the proxy's log: {log}"));
+    assert!(
+        line.starts_with(
+            "drover-proxy: stopped while waiting for db.service on node node2: \
+             node node2 is offline (since "
+        ),
+        "{line}"
+    );
+    // Since when: the moment node2 went offline, to the second, and how long ago.
+    let secs = |t: SystemTime| t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let went = (secs(before)..=secs(after))
+        .map(|s| drover_protocol::offline::utc(std::time::UNIX_EPOCH + Duration::from_secs(s)))
+        .find(|date| line.contains(&format!("(since {date}, ")));
+    assert!(
+        went.is_some(),
+        "the date is when node2 went offline: {line}"
+    );
+    assert!(line.ends_with(" s ago)"), "{line}");
+    // The proxy released its reference.
+    wait_live(&c, vec![]).await;
     c.down().await;
 }
 

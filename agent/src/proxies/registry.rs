@@ -56,11 +56,13 @@
 use crate::link::outbox::{Outbox, Sent};
 use crate::systemd::api::{JobPath, Systemd};
 use drover_protocol::JobKind;
+use drover_protocol::offline::offline_reason;
 use drover_protocol::proxy_instance::{ProxyInstance, proxy_template_of, proxy_templates_text};
 use drover_protocol::verdict::{Verdict, verdict};
 use drover_protocol::{Event, NodeName, Notice, TargetChange, ToManager, UnitName};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
 use tokio::sync::{Notify, oneshot};
 
 /// Removals kept for the next session at most (oldest dropped first).
@@ -181,9 +183,23 @@ struct Proxy {
     ahead: Option<JobPath>,
     /// The session in which the manager was last told about it.
     announced: Option<u64>,
+    /// While waiting: the manager said the target's node is offline, since
+    /// this moment on our clock (`None`: not connected since the manager
+    /// started). What the proxy says if it is stopped while it waits.
+    node_offline: Option<Option<SystemTime>>,
 }
 
 impl Proxy {
+    /// Why it still waits, if known: its target's node is offline.
+    fn waiting_reason(&self) -> Option<String> {
+        let since = self.node_offline?;
+        Some(offline_reason(
+            self.key.node.as_str(),
+            since,
+            SystemTime::now(),
+        ))
+    }
+
     fn phase(&self) -> Phase {
         if self.active {
             Phase::Active
@@ -224,6 +240,8 @@ fn fate(key: &ProxyKey, notice: Notice) -> Fate {
     let change = match notice {
         Notice::ProxyError { message, .. } => return Fate::Down(one_line(&message)),
         Notice::ProxyTarget { change, .. } => change,
+        // News of the target's node decides nothing (see `Proxies::on_notice`).
+        Notice::TargetNodeOffline { .. } | Notice::TargetNodeOnline { .. } => return Fate::Ignore,
     };
     let target = format!("{} on node {}", key.unit, key.node);
     match (verdict(&change), change) {
@@ -371,6 +389,7 @@ impl Proxies {
                 active: false,
                 ahead: None,
                 announced: None,
+                node_offline: None,
             },
             outbox,
         );
@@ -406,6 +425,7 @@ impl Proxies {
                 active: true,
                 ahead: None,
                 announced: None,
+                node_offline: None,
             },
             outbox,
         );
@@ -437,6 +457,7 @@ impl Proxies {
                 active: false,
                 ahead: Some(job),
                 announced: None,
+                node_offline: None,
             },
             outbox,
         );
@@ -489,10 +510,23 @@ impl Proxies {
         if let Some(mut proxy) = t.forget(id, outbox)
             && let Some(reply) = proxy.reply.take()
         {
-            let _ = reply.send(Err(format!(
-                "{} was removed before {} on node {} became active",
-                key.local, key.unit, key.node
-            )));
+            // The waiting call's answer is what the helper, stopped while it
+            // waits (its start timeout ran out), reports as the reason.
+            let why = match proxy.waiting_reason() {
+                Some(reason) => {
+                    tracing::warn!(
+                        proxy = id,
+                        "proxy {} stopped while waiting: {reason}",
+                        key.local
+                    );
+                    reason
+                }
+                None => format!(
+                    "{} was removed before {} on node {} became active",
+                    key.local, key.unit, key.node
+                ),
+            };
+            let _ = reply.send(Err(why));
         }
         tracing::info!(proxy = id, "proxy {} removed", key.local);
         true
@@ -508,8 +542,12 @@ impl Proxies {
         {
             tracing::info!(
                 proxy = id,
-                "the caller of CreateProxy for {} left before the target was active; proxy dropped",
-                proxy.key.local
+                "the caller of CreateProxy for {} left before the target was active; proxy dropped{}",
+                proxy.key.local,
+                proxy
+                    .waiting_reason()
+                    .map(|r| format!(" ({r})"))
+                    .unwrap_or_default()
             );
         }
     }
@@ -543,9 +581,7 @@ impl Proxies {
 
     /// News from the manager about one of our proxies (see the module docs).
     pub fn on_notice(&self, notice: Notice, outbox: &Outbox) {
-        let id = match &notice {
-            Notice::ProxyError { proxy_id, .. } | Notice::ProxyTarget { proxy_id, .. } => *proxy_id,
-        };
+        let id = notice.proxy_id();
         let mut t = self.lock();
         let Some(proxy) = t.by_id.get_mut(&id) else {
             // Late news about a proxy that is gone: nothing to do.
@@ -553,10 +589,30 @@ impl Proxies {
             return;
         };
         let key = proxy.key.clone();
+        match notice {
+            // Only a waiting proxy is told; it keeps waiting either way.
+            Notice::TargetNodeOffline { offline_for_ms, .. } => {
+                let since = offline_for_ms.map(|ms| {
+                    let now = SystemTime::now();
+                    now.checked_sub(Duration::from_millis(ms)).unwrap_or(now)
+                });
+                proxy.node_offline = Some(since);
+                if let Some(reason) = proxy.waiting_reason() {
+                    tracing::info!(proxy = id, "proxy {} waits: {reason}", key.local);
+                }
+                return;
+            }
+            Notice::TargetNodeOnline { .. } => {
+                proxy.node_offline = None;
+                return;
+            }
+            Notice::ProxyError { .. } | Notice::ProxyTarget { .. } => {}
+        }
         match fate(&key, notice) {
             Fate::Ignore => {}
             Fate::Active => {
                 proxy.active = true;
+                proxy.node_offline = None;
                 let Some(reply) = proxy.reply.take() else {
                     return;
                 };
@@ -1066,6 +1122,60 @@ mod tests {
         let got = drain(&mut rx3);
         assert_eq!(got.len(), 1, "{got:?}");
         assert!(!format!("{got:?}").contains(&format!("proxy_id: {c}")));
+    }
+
+    #[tokio::test]
+    async fn a_proxy_stopped_while_its_target_node_is_offline_says_so_and_since_when() {
+        let outbox = Outbox::default();
+        let _rx = session(&outbox, 3);
+        let p = Proxies::default();
+        let (id, reply) = p.create(db(), &outbox).unwrap();
+        // The manager: bar went offline 93 s ago. The proxy keeps waiting.
+        p.on_notice(
+            Notice::TargetNodeOffline {
+                proxy_id: id,
+                offline_for_ms: Some(93_000),
+            },
+            &outbox,
+        );
+        assert_eq!(p.list()[0].phase, Phase::Waiting);
+        assert!(p.remove(&db(), &outbox));
+        let why = reply.await.unwrap().unwrap_err();
+        assert!(why.starts_with("node bar is offline (since "), "{why}");
+        assert!(why.contains(" UTC, 93 s ago)"), "{why}");
+
+        // Back online: the reason goes with it.
+        let (id, reply) = p.create(db(), &outbox).unwrap();
+        p.on_notice(
+            Notice::TargetNodeOffline {
+                proxy_id: id,
+                offline_for_ms: None,
+            },
+            &outbox,
+        );
+        p.on_notice(Notice::TargetNodeOnline { proxy_id: id }, &outbox);
+        assert!(p.remove(&db(), &outbox));
+        let why = reply.await.unwrap().unwrap_err();
+        assert!(why.contains("was removed before"), "{why}");
+
+        // Never connected since the manager started.
+        let (id, reply) = p.create(db(), &outbox).unwrap();
+        p.on_notice(
+            Notice::TargetNodeOffline {
+                proxy_id: id,
+                offline_for_ms: None,
+            },
+            &outbox,
+        );
+        assert!(p.remove(&db(), &outbox));
+        let why = reply.await.unwrap().unwrap_err();
+        assert_eq!(
+            why,
+            "node bar is offline (not connected since the manager started)"
+        );
+        // A node notice for a proxy that is gone changes nothing.
+        p.on_notice(Notice::TargetNodeOnline { proxy_id: id }, &outbox);
+        assert!(p.list().is_empty());
     }
 
     #[tokio::test]
