@@ -6,7 +6,8 @@
 //!
 //! Exit codes: 0 = done (`create`: the target is active; `remove`: the agent
 //! released the proxy or holds none); 1 = the agent refused or failed, or could
-//! not be reached (one line on stderr says why, and systemd puts it in the
+//! not be reached, or (`remove`) it stopped the proxy because its target
+//! failed, so that the proxy unit ends `failed` (one line on stderr says why, and systemd puts it in the
 //! proxy unit's journal); 2 = a malformed instance or bad arguments, refused
 //! before anything is sent.
 //!
@@ -213,6 +214,9 @@ pub fn remove(bus: Bus, proxy: &ProxyInstance) -> Result<String, String> {
         Err(e @ AgentError::NotRunning { .. }) => {
             Ok(format!("nothing to release for {proxy}: {e}"))
         }
+        // The agent stopped this proxy because its target failed: the stop
+        // fails with that reason, so the proxy unit ends `failed`.
+        Err(AgentError::Refused { reason }) => Err(format!("{proxy} ended: {reason}")),
         Err(e) => Err(format!("{what}: {e}")),
     }
 }

@@ -225,6 +225,9 @@ struct Table {
     unsent_removals: VecDeque<Event>,
     stops: VecDeque<UnitName>,
     failed_ahead: HashMap<ProxyKey, AheadFailure>,
+    /// Active proxies stopped because their target failed: the reason, for
+    /// the `RemoveProxy` of that stop ([`Proxies::take_failure`]).
+    failed_stops: HashMap<UnitName, String>,
     closed: bool,
 }
 
@@ -232,13 +235,25 @@ struct Table {
 /// manager applies too ([`drover_protocol::verdict`]), or a refusal.
 enum Fate {
     Active,
-    Down(String),
+    /// `failed`: the target failed (not stopped, unloaded or refused): an
+    /// active proxy then ends `failed`, not `inactive`.
+    Down {
+        why: String,
+        failed: bool,
+    },
     Ignore,
 }
 
 fn fate(key: &ProxyKey, notice: Notice) -> Fate {
     let change = match notice {
-        Notice::ProxyError { message, .. } => return Fate::Down(one_line(&message)),
+        // A refusal fails a waiting proxy (its call's answer); an active one
+        // (a permission revoked) is stopped, as when its target is stopped.
+        Notice::ProxyError { message, .. } => {
+            return Fate::Down {
+                why: one_line(&message),
+                failed: false,
+            };
+        }
         Notice::ProxyTarget { change, .. } => change,
         // News of the target's node decides nothing (see `Proxies::on_notice`).
         Notice::TargetNodeOffline { .. } | Notice::TargetNodeOnline { .. } => return Fate::Ignore,
@@ -253,12 +268,18 @@ fn fate(key: &ProxyKey, notice: Notice) -> Fate {
                 sub_state,
                 ..
             },
-        ) => Fate::Down(format!(
-            "{target} is {} ({})",
-            one_line(&active_state),
-            one_line(&sub_state)
-        )),
-        (Verdict::RealDown, _) => Fate::Down(format!("{target} was unloaded")),
+        ) => Fate::Down {
+            failed: active_state == "failed",
+            why: format!(
+                "{target} is {} ({})",
+                one_line(&active_state),
+                one_line(&sub_state)
+            ),
+        },
+        (Verdict::RealDown, _) => Fate::Down {
+            why: format!("{target} was unloaded"),
+            failed: false,
+        },
         (Verdict::Undecided, _) => Fate::Ignore,
     }
 }
@@ -347,6 +368,8 @@ impl Proxies {
             return Err(CreateError::ShuttingDown);
         }
         let (tx, rx) = oneshot::channel();
+        // A new start: an old failure is no longer what a stop would report.
+        t.failed_stops.remove(&key.local);
         if let Some(failure) = t.failed_ahead.remove(&key) {
             // Started ahead, and the target failed before we were asked.
             let _ = tx.send(Err(failure.why));
@@ -532,6 +555,15 @@ impl Proxies {
         true
     }
 
+    /// Why the active proxy behind `key` was stopped, if it was stopped because
+    /// its target failed: `RemoveProxy` (the stop's
+    /// `ExecStop=`) answers it as an error, so the proxy unit ends `failed`
+    /// with the target's reason, as one whose target fails while it waits.
+    /// Taken once.
+    pub fn take_failure(&self, key: &ProxyKey) -> Option<String> {
+        self.lock().failed_stops.remove(&key.local)
+    }
+
     /// The `CreateProxy` caller left the bus while the proxy was waiting (its
     /// `ExecStart` was killed: stop or start timeout). systemd runs no
     /// `ExecStop` for a start that failed, so nobody would remove it: forget it.
@@ -631,7 +663,7 @@ impl Proxies {
                     t.forget(id, outbox);
                 }
             }
-            Fate::Down(why) => {
+            Fate::Down { why, failed } => {
                 let reply = proxy.reply.take();
                 let ahead = proxy.ahead.take();
                 t.forget(id, outbox);
@@ -649,6 +681,15 @@ impl Proxies {
                     }
                     (None, None) => {
                         tracing::warn!(proxy = id, "stopping proxy {}: {why}", key.local);
+                        if failed {
+                            // The stop's `RemoveProxy` (ExecStop=) gets this
+                            // as its error: the proxy ends `failed`, and its
+                            // journal says why.
+                            if t.failed_stops.len() >= AHEAD_FAILURES_CAP {
+                                t.failed_stops.clear();
+                            }
+                            t.failed_stops.insert(key.local.clone(), why);
+                        }
                         t.stops.push_back(key.local);
                         drop(t);
                         self.stop_wake.notify_one();
@@ -1122,6 +1163,40 @@ mod tests {
         let got = drain(&mut rx3);
         assert_eq!(got.len(), 1, "{got:?}");
         assert!(!format!("{got:?}").contains(&format!("proxy_id: {c}")));
+    }
+
+    #[tokio::test]
+    async fn an_active_proxy_whose_target_fails_is_stopped_with_a_failure_to_report() {
+        let outbox = Outbox::default();
+        let _rx = session(&outbox, 3);
+        let p = Proxies::default();
+        let (id, reply) = p.create(db(), &outbox).unwrap();
+        p.on_notice(state(id, "active", "running", Reason::Real), &outbox);
+        reply.await.unwrap().unwrap();
+        p.on_notice(state(id, "failed", "failed", Reason::Real), &outbox);
+        assert_eq!(p.pending_stops(), vec![db().local]);
+        // The stop's RemoveProxy hears why, once.
+        assert!(!p.remove(&db(), &outbox), "already forgotten");
+        assert_eq!(
+            p.take_failure(&db()).as_deref(),
+            Some("db.service on node bar is failed (failed)")
+        );
+        assert_eq!(p.take_failure(&db()), None);
+
+        // A clean stop of the target is no failure of the proxy.
+        let (id, reply) = p.create(db(), &outbox).unwrap();
+        p.on_notice(state(id, "active", "running", Reason::Real), &outbox);
+        reply.await.unwrap().unwrap();
+        p.on_notice(state(id, "inactive", "dead", Reason::Real), &outbox);
+        assert_eq!(p.take_failure(&db()), None);
+
+        // A failure not yet reported is dropped by the next start of the proxy.
+        let (id, reply) = p.create(db(), &outbox).unwrap();
+        p.on_notice(state(id, "active", "running", Reason::Real), &outbox);
+        reply.await.unwrap().unwrap();
+        p.on_notice(state(id, "failed", "failed", Reason::Real), &outbox);
+        let (_id, _reply) = p.create(db(), &outbox).unwrap();
+        assert_eq!(p.take_failure(&db()), None);
     }
 
     #[tokio::test]
