@@ -31,7 +31,7 @@ use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Output};
+use std::process::{Child, ExitStatus, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -538,6 +538,58 @@ impl Cluster {
             process::terminate(&mut child, STOP_GRACE).await?;
         }
         Ok(())
+    }
+
+    /// Waits (at most `timeout`) for the manager to exit by itself, reaps it and returns
+    /// its exit status; the cluster then holds no manager ([`Cluster::start_manager`]
+    /// starts one again).
+    pub async fn wait_manager_exit(&mut self, timeout: Duration) -> Result<ExitStatus> {
+        let child = self
+            .manager
+            .as_mut()
+            .context("the manager is not running")?;
+        let status = process::wait_timeout_async(child, timeout)
+            .await?
+            .with_context(|| format!("the manager did not exit within {timeout:?}"))?;
+        self.manager = None;
+        self.state.manager_pid = None;
+        self.state.save()?;
+        Ok(status)
+    }
+
+    /// Waits (at most `timeout`) for the agent of `node` to exit by itself, reaps it and
+    /// returns its exit status ([`Cluster::start_agent`] starts one again).
+    pub async fn wait_agent_exit(&mut self, node: &str, timeout: Duration) -> Result<ExitStatus> {
+        let child = self
+            .agents
+            .get_mut(node)
+            .with_context(|| format!("node {node} has no agent"))?;
+        let status = process::wait_timeout_async(child, timeout)
+            .await?
+            .with_context(|| format!("the agent of node {node} did not exit within {timeout:?}"))?;
+        self.agents.remove(node);
+        self.state.agent_pids.remove(node);
+        self.state.save()?;
+        Ok(status)
+    }
+
+    /// SIGKILLs the manager's bus daemon and reaps it: a crashed bus, for tests of what
+    /// the daemons do without it. [`Cluster::restart_bus`] brings it back.
+    pub async fn kill_bus(&mut self) -> Result<()> {
+        let mut child = self.bus_child.take().context("the bus is not running")?;
+        self.state.bus_pid = None;
+        self.state.save()?;
+        let _ = process::signal(child.id(), Signal::SIGKILL);
+        process::terminate(&mut child, STOP_GRACE).await?;
+        Ok(())
+    }
+
+    /// Starts the manager's bus daemon again, on the same address.
+    pub async fn restart_bus(&mut self) -> Result<()> {
+        if self.bus_child.is_some() {
+            bail!("the bus is running; kill it first");
+        }
+        self.start_bus().await
     }
 
     /// Starts the manager again on the same port and bus; returns once it owns its name.
