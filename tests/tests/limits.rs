@@ -3,6 +3,7 @@
 //! over the 1 MiB frame cap), and one with 20,000, list in full, alone and
 //! fleet-wide.
 
+use drover_testkit::api::job_call;
 use drover_testkit::prelude::*;
 
 const UNITS: usize = 2500;
@@ -87,5 +88,71 @@ async fn a_node_with_20000_units_lists_in_full() {
         listed - loaded,
         fleet - listed
     );
+    c.down().await;
+}
+
+/// Issue 14 item 2 on real systemd: calls whose request frame would exceed the
+/// 1 MiB cap (the issue's three reproductions) are refused to their caller with
+/// `LimitsExceeded`, and nothing else notices: the node stays online, its
+/// session is the same one, and a job running meanwhile ends `done`, not
+/// `disconnected` (before, each such call dropped the node's session).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_calls_are_refused_and_the_node_never_notices() {
+    let quick_slow = "[Service]\nType=oneshot\nExecStart=/bin/sleep 3\n";
+    let c = TestCluster::with_units(2, &[("node2", "slow.service", quick_slow)]).await;
+    let (_api, node, mut jobs) = c.jobs_on("node2").await;
+    let path = job_call(&node, "StartUnit", "slow.service").await.unwrap();
+    jobs.job_new(&path, std::time::Duration::from_secs(10))
+        .await
+        .unwrap();
+
+    let four_kb = format!("/etc/systemd/user/{}.service", "p".repeat(4000));
+    let paths: Vec<&str> = (0..300).map(|_| four_kb.as_str()).collect();
+    let two_mib = "x".repeat(2 << 20);
+    let description = || vec![("Description", zbus::Variant::from(two_mib.as_str()))];
+    let aux: Vec<(&str, Vec<(&str, zbus::Variant<'_>)>)> = Vec::new();
+    let refused = [
+        (
+            "EnableUnitFiles",
+            node.call_method("EnableUnitFiles", &(paths.clone(), false, false))
+                .await
+                .err(),
+        ),
+        (
+            "SetUnitProperties",
+            node.call_method("SetUnitProperties", &("slow.service", true, description()))
+                .await
+                .err(),
+        ),
+        (
+            "StartTransientUnit",
+            node.call_method(
+                "StartTransientUnit",
+                &("big.service", "replace", description(), aux.clone()),
+            )
+            .await
+            .err(),
+        ),
+    ];
+    for (method, err) in refused {
+        let err = err
+            .unwrap_or_else(|| panic!("{method} went through"))
+            .to_string();
+        assert!(
+            err.contains("org.freedesktop.DBus.Error.LimitsExceeded") && err.contains("1048576"),
+            "{method}: {err}"
+        );
+    }
+
+    // The running job was never cut off, and the node never left.
+    let removed = jobs
+        .removed(&path, std::time::Duration::from_secs(20))
+        .await
+        .unwrap();
+    assert_eq!(removed.result, "done");
+    let log = std::fs::read_to_string(c.log_path("manager")).unwrap();
+    assert!(!log.contains("node disconnected"), "{log}");
+    c.wait_status("node2", "online", std::time::Duration::from_secs(1))
+        .await;
     c.down().await;
 }
