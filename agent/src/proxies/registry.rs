@@ -65,6 +65,9 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 use tokio::sync::{Notify, oneshot};
 
+/// systemd's refusal of a job that would reverse a pending one (mode `fail`).
+const TRANSACTION_IS_DESTRUCTIVE: &str = "org.freedesktop.systemd1.TransactionIsDestructive";
+
 /// Removals kept for the next session at most (oldest dropped first).
 pub const UNSENT_REMOVALS_CAP: usize = 4096;
 /// Failures of proxies started ahead kept for their helpers at most.
@@ -228,6 +231,11 @@ struct Table {
     /// Active proxies stopped because their target failed: the reason, for
     /// the `RemoveProxy` of that stop ([`Proxies::take_failure`]).
     failed_stops: HashMap<UnitName, String>,
+    /// Stops refused while the unit's start job still ran (see
+    /// [`Proxies::run_stopper`]); sent again when a job ends.
+    deferred_stops: Vec<UnitName>,
+    /// systemd jobs ended so far (a wake-up a deferral cannot miss).
+    jobs_ended: u64,
     closed: bool,
 }
 
@@ -500,6 +508,12 @@ impl Proxies {
     /// before its helper ran) is dropped, and so is a failure kept for it.
     pub fn job_ended(&self, job: &str, outbox: &Outbox) {
         let mut t = self.lock();
+        t.jobs_ended = t.jobs_ended.wrapping_add(1);
+        if !t.deferred_stops.is_empty() {
+            let deferred = std::mem::take(&mut t.deferred_stops);
+            t.stops.extend(deferred);
+            self.stop_wake.notify_one();
+        }
         t.failed_ahead.retain(|_, f| f.job != job);
         let unclaimed = t
             .by_id
@@ -746,22 +760,38 @@ impl Proxies {
     }
 
     /// Stops the local proxy units this module gave up on, forever. Each stop
-    /// is `StopUnit(unit, "replace")`; a failure is logged (the unit's
-    /// dependents then stay up, which is what the log line must say).
+    /// is `StopUnit(unit, "fail")`: while the unit's start job still runs
+    /// (its helper was answered a moment ago and is exiting), systemd refuses
+    /// it, and it is sent again once a job ends. A stop that replaced that
+    /// start job would cancel it, so the unit would end `inactive` without
+    /// running `ExecStop=`, and a failing target's reason would be lost.
+    /// Any other failure is logged (the unit's dependents then stay up,
+    /// which is what the log line must say).
     pub async fn run_stopper<S: Systemd>(&self, systemd: &S) {
         loop {
-            let next = self.lock().stops.pop_front();
+            let (next, jobs_ended) = {
+                let mut t = self.lock();
+                (t.stops.pop_front(), t.jobs_ended)
+            };
             let Some(unit) = next else {
                 self.stop_wake.notified().await;
                 continue;
             };
-            if let Err(e) = systemd
-                .unit_job(JobKind::Stop, unit.as_str(), "replace")
-                .await
-            {
-                tracing::error!(
+            match systemd.unit_job(JobKind::Stop, unit.as_str(), "fail").await {
+                Ok(_) => {}
+                Err(e) if e.name == TRANSACTION_IS_DESTRUCTIVE => {
+                    let mut t = self.lock();
+                    if t.jobs_ended == jobs_ended {
+                        tracing::debug!("{unit} is still starting; stopping it once the job ends");
+                        t.deferred_stops.push(unit);
+                    } else {
+                        // A job ended meanwhile: try again at once.
+                        t.stops.push_back(unit);
+                    }
+                }
+                Err(e) => tracing::error!(
                     "cannot stop {unit} after its target went down; units bound to it keep running: {e}"
-                );
+                ),
             }
         }
     }
@@ -1063,7 +1093,7 @@ mod tests {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         while !fake
             .calls()
-            .contains(&"StopUnit drover-proxy@bar_db.service replace".to_string())
+            .contains(&"StopUnit drover-proxy@bar_db.service fail".to_string())
         {
             assert!(tokio::time::Instant::now() < deadline, "{:?}", fake.calls());
             tokio::time::sleep(Duration::from_millis(5)).await;
