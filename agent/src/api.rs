@@ -21,7 +21,11 @@
 //!   helper, and when the helper is killed (it leaves the bus) the waiting
 //!   proxy is dropped.
 //! * `RemoveProxy(s local_service_name, s node, s unit)`: the same checks;
-//!   success even when the proxy is unknown.
+//!   success even when the proxy is unknown, except for the stop the agent
+//!   makes of a proxy whose target *failed*: that one answers
+//!   `ActivationFailed` with the target's reason, so the proxy unit's
+//!   `ExecStop=` fails and the unit ends `failed` with the reason in its
+//!   journal (as when the target fails while the proxy waits).
 //!
 //! Who may call them ([`authorize`]): root (the bus's
 //! `GetConnectionUnixUser` is 0), or a process of the proxy unit itself —
@@ -292,7 +296,12 @@ impl AgentObject {
         let key = proxy_key(&local_service_name, &node, &unit)?;
         authorize(conn, &header, key.local.as_str()).await?;
         self.shared.proxies.remove(&key, &self.shared.outbox);
-        Ok(())
+        // The stop of a proxy whose target failed fails too (see
+        // `Proxies::take_failure`).
+        match self.shared.proxies.take_failure(&key) {
+            Some(why) => Err(LocalError::new(ACTIVATION_FAILED, why)),
+            None => Ok(()),
+        }
     }
 
     /// Dial another manager: see the module docs.

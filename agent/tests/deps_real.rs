@@ -286,10 +286,11 @@ async fn proxy_unit_follows_the_target_across_reconnects_and_shutdown() {
     r.wait("need-db.service", "active").await;
     assert_eq!(r.state("drover-proxy@bar_db.service").await, "active");
 
-    // 2. A real failure of the target stops the proxy and its dependents.
+    // 2. A real failure of the target stops the proxy and its dependents; the
+    //    stop's RemoveProxy answers the failure, so the proxy ends failed.
     tell(&mut m, a, "failed").await;
     assert_eq!(proxy_event(&mut m).await, db_removed(a));
-    r.wait("drover-proxy@bar_db.service", "inactive").await;
+    r.wait("drover-proxy@bar_db.service", "failed").await;
     r.wait("need-db.service", "inactive").await;
 
     // 3. Started again; the manager goes away and comes back: the live
@@ -355,9 +356,10 @@ async fn an_agent_restarted_after_a_crash_follows_the_proxy_units_left_active() 
         panic!("expected ProxyNew");
     };
     assert_eq!((target_node.as_str(), unit.as_str()), ("bar", "db.service"));
-    // The adopted proxy still follows the target: a real failure stops it.
+    // The adopted proxy still follows the target: a real failure stops it,
+    // failed.
     tell(&mut m, b, "failed").await;
     assert_eq!(proxy_event(&mut m).await, db_removed(b));
-    r.wait("drover-proxy@bar_db.service", "inactive").await;
+    r.wait("drover-proxy@bar_db.service", "failed").await;
     r.wait("need-db.service", "inactive").await;
 }

@@ -14,7 +14,8 @@ use serde::{Deserialize, Serialize};
 /// 2: one `Request::UnitJob { kind, .. }` replaced the four
 /// `Request::{Start,Stop,Restart,Reload}Unit` variants.
 /// 3: `ToManager::ReplyPart`, the parts of a list reply larger than a frame.
-pub const PROTOCOL_VERSION: u32 = 3;
+/// 4: `Notice::TargetNodeOffline` / `TargetNodeOnline`, why a proxy waits.
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// `DRVR`: tells a drover peer from anything else talking to the port.
 pub const MAGIC: [u8; 4] = *b"DRVR";

@@ -29,6 +29,7 @@
 //! * [`job`] — the four unit jobs with systemd's and BlueChi's words for them.
 //! * [`verdict`] — what a target's state change means for a proxy (agent and
 //!   manager decide alike without telling each other).
+//! * [`offline`] — how a proxy that waits for an offline node says so.
 //! * [`error_names`] — the D-Bus error names every process produces or matches.
 //!
 //! Features: without `io` the crate is data and rules only (serde, postcard,
@@ -44,6 +45,7 @@ pub mod job;
 pub mod link;
 pub mod message;
 pub mod names;
+pub mod offline;
 pub mod proxy_instance;
 pub mod tag;
 pub mod verdict;

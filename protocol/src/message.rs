@@ -40,6 +40,33 @@ pub enum Notice {
     /// The target unit of the proxy changed (or its state is replayed:
     /// `reason` virtual).
     ProxyTarget { proxy_id: u64, change: TargetChange },
+    /// The proxy waits and its target's node is offline: sent when the node
+    /// goes offline, or when the proxy is announced while it is. `offline_for_ms`:
+    /// how long ago the manager last heard from the node, as of sending (a
+    /// duration, not a date, so the two hosts' clocks need not agree); `None`
+    /// when the node has not connected since the manager started. It decides
+    /// nothing (the proxy keeps waiting); it is what the proxy says if it is
+    /// stopped while waiting ([`crate::offline`]). Appended after the older
+    /// variants so they keep their wire tags.
+    TargetNodeOffline {
+        proxy_id: u64,
+        offline_for_ms: Option<u64>,
+    },
+    /// The waiting proxy's target node is online again (ends a
+    /// `TargetNodeOffline`).
+    TargetNodeOnline { proxy_id: u64 },
+}
+
+impl Notice {
+    /// The proxy the notice is about.
+    pub fn proxy_id(&self) -> u64 {
+        match self {
+            Notice::ProxyError { proxy_id, .. }
+            | Notice::ProxyTarget { proxy_id, .. }
+            | Notice::TargetNodeOffline { proxy_id, .. }
+            | Notice::TargetNodeOnline { proxy_id } => *proxy_id,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -460,6 +487,13 @@ mod tests {
                 proxy_id,
                 change: TargetChange::Removed { reason }
             }),
+            (any::<u64>(), any::<Option<u64>>()).prop_map(|(proxy_id, offline_for_ms)| {
+                Notice::TargetNodeOffline {
+                    proxy_id,
+                    offline_for_ms,
+                }
+            }),
+            any::<u64>().prop_map(|proxy_id| Notice::TargetNodeOnline { proxy_id }),
         ]
     }
 

@@ -48,6 +48,9 @@ pub enum AgentError {
 pub struct AgentClient {
     conn: Connection,
     bus: Bus,
+    /// The serial of a `CreateProxy` whose wait was interrupted: its answer
+    /// still comes ([`AgentClient::create_proxy_answer`]).
+    interrupted_create: Option<u32>,
 }
 
 /// How a call to the agent ended, when it did not end with an answer.
@@ -77,14 +80,36 @@ impl AgentClient {
             Bus::Address(a) => a.clone(),
         };
         let conn = Connection::open(&address).map_err(connect_error)?;
-        Ok(Self { conn, bus })
+        Ok(Self {
+            conn,
+            bus,
+            interrupted_create: None,
+        })
     }
 
     /// `CreateProxy(proxy unit, node, unit)`: returns once the target is
     /// active. No method timeout (see the module docs); a signal read from
     /// `interrupt` ends the wait.
     pub fn create_proxy(&mut self, p: &ProxyInstance, interrupt: &SignalFd) -> Result<(), CallEnd> {
-        self.call("CreateProxy", p, None, Some(interrupt))
+        let result = self.call("CreateProxy", p, None, Some(interrupt));
+        if let Err(CallEnd::Interrupted(_)) = result {
+            self.interrupted_create = Some(self.conn.last_serial());
+        }
+        result
+    }
+
+    /// After an interrupted [`AgentClient::create_proxy`] and the
+    /// `RemoveProxy` that releases it: the agent's answer to the
+    /// `CreateProxy`, which it gives when the proxy is removed and which says
+    /// why the proxy was still waiting (e.g. its target's node is offline,
+    /// and since when). Waits at most `timeout`; `None` if no answer came or
+    /// no call was interrupted.
+    pub fn create_proxy_answer(&mut self, timeout: Duration) -> Option<AgentError> {
+        let serial = self.interrupted_create.take()?;
+        match self.conn.reply(serial, Some(timeout), None) {
+            Ok(Err((name, message))) => Some(classify(&name, &message, &self.bus)),
+            Ok(Ok(())) | Err(_) => None,
+        }
     }
 
     /// `RemoveProxy(proxy unit, node, unit)`; `timeout` bounds the wait (a

@@ -145,7 +145,13 @@ pub struct Connection {
     last_serial: u32,
     /// `BEGIN` and `Hello`, sent in front of the first call.
     pending_hello: Option<Vec<u8>>,
+    /// Replies to earlier calls that came while waiting for another one
+    /// (the helper makes two calls at most; see [`Connection::reply`]).
+    early: Vec<(u32, Reply)>,
 }
+
+/// Replies to other calls kept while waiting for one.
+const EARLY_REPLIES_MAX: usize = 4;
 
 impl Connection {
     /// Connects to the first endpoint of `address` that accepts, and
@@ -199,6 +205,7 @@ impl Connection {
             buf: Vec::new(),
             last_serial: 1,
             pending_hello: Some(first),
+            early: Vec::new(),
         })
     }
 
@@ -210,6 +217,17 @@ impl Connection {
         timeout: Option<Duration>,
         interrupt: Option<&SignalFd>,
     ) -> Result<Reply, CallError> {
+        let serial = self.send(call)?;
+        self.reply(serial, timeout, interrupt)
+    }
+
+    /// The serial of the last call sent.
+    pub fn last_serial(&self) -> u32 {
+        self.last_serial
+    }
+
+    /// Sends `call`; its serial, for [`Connection::reply`].
+    pub fn send(&mut self, call: &Call<'_>) -> Result<u32, CallError> {
         self.last_serial += 1;
         let serial = self.last_serial;
         let mut out = self.pending_hello.take().unwrap_or_default();
@@ -217,20 +235,45 @@ impl Connection {
         self.sock
             .write_all(&out)
             .map_err(|e| CallError::Io(e.to_string()))?;
+        Ok(serial)
+    }
+
+    /// Waits for the reply to the call sent as `serial`, at most `timeout`
+    /// (`None`: as long as it takes), or until `interrupt` reports a signal.
+    /// A reply to another call of ours that arrives meanwhile is kept for a
+    /// later `reply` of that serial (an interrupted call's answer may come
+    /// while a second call is waited for).
+    pub fn reply(
+        &mut self,
+        serial: u32,
+        timeout: Option<Duration>,
+        interrupt: Option<&SignalFd>,
+    ) -> Result<Reply, CallError> {
+        if let Some(at) = self.early.iter().position(|(s, _)| *s == serial) {
+            return Ok(self.early.swap_remove(at).1);
+        }
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
             while let Some(msg) = self.next_buffered()? {
-                if msg.reply_serial == Some(serial) {
-                    return Ok(match msg.kind {
-                        Kind::Error => Err((
-                            msg.error_name.unwrap_or_default(),
-                            msg.first_string.unwrap_or_default(),
-                        )),
-                        _ => Ok(()),
-                    });
+                let Some(to) = msg.reply_serial else {
+                    // NameAcquired and other signals answer no call.
+                    continue;
+                };
+                let reply = match msg.kind {
+                    Kind::Error => Err((
+                        msg.error_name.unwrap_or_default(),
+                        msg.first_string.unwrap_or_default(),
+                    )),
+                    _ => Ok(()),
+                };
+                if to == serial {
+                    return Ok(reply);
                 }
-                // Hello's reply, NameAcquired, a late reply to an earlier
-                // call: none of them answers this one.
+                // Hello's reply (serial 1) answers nothing we wait for; a
+                // reply to another call of ours is kept for it.
+                if to > 1 && to <= self.last_serial && self.early.len() < EARLY_REPLIES_MAX {
+                    self.early.push((to, reply));
+                }
             }
             self.wait(deadline, interrupt)?;
             let mut chunk = [0u8; 4096];
@@ -410,6 +453,44 @@ mod tests {
                 "no such node 'n'".into()
             ))
         );
+    }
+
+    #[test]
+    fn the_answer_to_an_interrupted_call_is_kept_while_another_is_waited_for() {
+        // CreateProxy (serial 2) was interrupted; RemoveProxy (3) is sent.
+        // The agent answers both, in either order.
+        for create_first in [true, false] {
+            let create = error_reply(
+                2,
+                "org.eclipse.bluechi.ActivationFailed",
+                "node n is offline",
+            );
+            let remove = error_reply(3, "x.Fine", "");
+            let then = if create_first {
+                [create, remove].concat()
+            } else {
+                [remove, create].concat()
+            };
+            let sock = scripted_bus(b"OK 1\r\n", then);
+            let mut conn = Connection::authenticate(sock).unwrap();
+            let created = conn.send(&CALL).unwrap();
+            assert_eq!(created, 2);
+            let removed = conn
+                .call(&CALL, Some(Duration::from_secs(10)), None)
+                .unwrap();
+            assert_eq!(removed, Err(("x.Fine".into(), String::new())));
+            let answer = conn
+                .reply(created, Some(Duration::from_secs(10)), None)
+                .unwrap();
+            assert_eq!(
+                answer,
+                Err((
+                    "org.eclipse.bluechi.ActivationFailed".into(),
+                    "node n is offline".into()
+                )),
+                "create first: {create_first}"
+            );
+        }
     }
 
     #[test]

@@ -14,14 +14,17 @@
 //!
 //! Exit codes: 0 = done (`create`: the target is active; `remove`: the agent
 //! released the proxy or holds none); 1 = the agent refused or failed, or could
-//! not be reached (one line on stderr says why, and systemd puts it in the
+//! not be reached, or (`remove`) it stopped the proxy because its target
+//! failed, so that the proxy unit ends `failed` (one line on stderr says why, and systemd puts it in the
 //! proxy unit's journal); 2 = a malformed instance or bad arguments, refused
 //! before anything is sent.
 //!
 //! While `create` waits, SIGTERM or SIGINT (systemd stopping the proxy unit,
 //! or its `TimeoutStartSec=` running out) releases the proxy with
 //! `RemoveProxy` first — systemd runs no `ExecStop=` for a unit stopped while
-//! starting — and then ends the helper by that same signal, so that
+//! starting — prints why the proxy was still waiting (the agent's answer to the
+//! interrupted `CreateProxy`, e.g. "node bar is offline (since …, 93 s ago)"),
+//! and then ends the helper by that same signal, so that
 //! `SuccessExitStatus=SIGTERM` applies.
 //!
 //! The arguments are parsed by hand and everything blocks on one thread: the
@@ -38,6 +41,10 @@ use std::time::Duration;
 
 /// How long a removal may take before the helper gives up on it.
 pub const REMOVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// After a removal, how long the helper waits for the agent's answer to the
+/// interrupted `CreateProxy` (sent as the removal is handled, so it is there
+/// by then or very soon after; the bound is for an agent that went away).
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
 
 pub const USAGE: &str = "\
 drover-proxy: backs drover-proxy@NODE_UNIT.service; asks the local drover
@@ -199,9 +206,16 @@ pub fn create(bus: Bus, proxy: &ProxyInstance) -> Result<String, String> {
         Err(CallEnd::Failed(e)) => return Err(format!("{what}: {e}")),
         Err(CallEnd::Interrupted(sig)) => sig,
     };
-    eprintln!("drover-proxy: stopped while waiting for {proxy}; releasing the proxy");
-    if let Err(e) = client.remove_proxy(proxy, REMOVE_TIMEOUT) {
-        eprintln!("drover-proxy: releasing the proxy for {proxy} failed: {e}");
+    let released = client.remove_proxy(proxy, REMOVE_TIMEOUT);
+    // The removal ends the waiting call; the agent's answer to it says why
+    // the proxy was still waiting (its target's node offline, and since when).
+    match client.create_proxy_answer(ANSWER_TIMEOUT) {
+        Some(why) => eprintln!("drover-proxy: stopped while waiting for {proxy}: {why}"),
+        None => eprintln!("drover-proxy: stopped while waiting for {proxy}"),
+    }
+    match released {
+        Ok(()) => eprintln!("drover-proxy: released the proxy for {proxy}"),
+        Err(e) => eprintln!("drover-proxy: releasing the proxy for {proxy} failed: {e}"),
     }
     die_by(signal)
 }
@@ -216,6 +230,9 @@ pub fn remove(bus: Bus, proxy: &ProxyInstance) -> Result<String, String> {
         Err(e @ AgentError::NotRunning { .. }) => {
             Ok(format!("nothing to release for {proxy}: {e}"))
         }
+        // The agent stopped this proxy because its target failed: the stop
+        // fails with that reason, so the proxy unit ends `failed`.
+        Err(AgentError::Refused { reason }) => Err(format!("{proxy} ended: {reason}")),
         Err(e) => Err(format!("{what}: {e}")),
     }
 }

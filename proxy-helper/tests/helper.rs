@@ -263,8 +263,15 @@ async fn sigterm_while_waiting_releases_the_proxy_and_ends_by_sigterm() {
         "the helper ends by SIGTERM so SuccessExitStatus=SIGTERM applies: {:?}",
         out.status
     );
+    // This fake agent never answers the waiting call, so there is no reason
+    // to quote (the real agent's answer is tested in tests/tests/proxies.rs).
     assert!(
-        stderr(&out).contains("releasing the proxy"),
+        stderr(&out).contains("stopped while waiting for db.service on node slow\n"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        stderr(&out).contains("released the proxy"),
         "{}",
         stderr(&out)
     );

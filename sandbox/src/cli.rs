@@ -159,9 +159,11 @@ async fn up(opts: ClusterOptions) -> Result<u8> {
         _ = interrupt.recv() => bail!("interrupted; nothing was left running"),
     };
     let env = files::env_lines(cluster.bus_address(), cluster.dir());
-    let dir = cluster.detach()?;
-    std::fs::write(dir.join(ENV_FILE), &env)
-        .with_context(|| format!("writing {}", dir.join(ENV_FILE).display()))?;
+    let env_file = cluster.dir().join(ENV_FILE);
+    // Written while the cluster value still owns the sandbox: a failure here drops it,
+    // which tears it down, instead of leaving a sandbox nobody was told about.
+    std::fs::write(&env_file, &env).with_context(|| format!("writing {}", env_file.display()))?;
+    cluster.detach()?;
     print!("{env}");
     Ok(0)
 }
@@ -395,6 +397,7 @@ fn shown_arg(arg: &str) -> String {
 mod tests {
     use super::*;
     use crate::cluster::tests::leftovers;
+    use crate::state::TeardownOnDrop;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn exec_install_and_down_work_on_a_detached_sandbox() {
@@ -405,7 +408,9 @@ mod tests {
         };
         let cluster = Cluster::start_base(&opts, Vec::new()).await.unwrap();
         cluster.detach().unwrap();
-        let state = State::load(&dir).unwrap().unwrap();
+        // Detached, the sandbox has no owner: this one tears it down if an assert fails.
+        let held = TeardownOnDrop::new(State::load(&dir).unwrap().unwrap());
+        let state = held.state().clone();
 
         let sh = |script: &str| vec!["/bin/sh".to_string(), "-c".to_string(), script.to_string()];
         assert_eq!(
@@ -443,6 +448,7 @@ mod tests {
 
         assert_eq!(down(&dir).unwrap(), 0);
         assert_eq!(leftovers(&state), Vec::<String>::new());
+        held.release();
         assert_eq!(down(&dir).unwrap(), 0, "down is idempotent");
         assert!(
             exec(&dir, "node1", &sh("true"))

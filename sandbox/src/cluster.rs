@@ -23,7 +23,7 @@ use crate::files::{self, DaemonSettings};
 use crate::node;
 use crate::preflight;
 use crate::process::{self, Spawn};
-use crate::state::{NodeState, State};
+use crate::state::{NodeState, State, TeardownOnDrop};
 use anyhow::{Context, Result, anyhow, bail};
 use drover_bus::bluechi;
 use drover_protocol::{NodeName, UnitName};
@@ -32,7 +32,7 @@ use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Output};
+use std::process::{Child, ExitStatus, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -80,6 +80,8 @@ pub struct ClusterOptions {
     /// install-bluechi-compat` installs them; default false), so units written
     /// for BlueChi (`Wants=bluechi-proxy@node2_db.service`) work.
     pub bluechi_compat: bool,
+    /// Where the drover binaries are (default: [`binaries::search_dirs`]).
+    pub bin_dir: Option<PathBuf>,
 }
 
 impl Default for ClusterOptions {
@@ -102,6 +104,7 @@ impl ClusterOptions {
             start_agents: true,
             tls: true,
             bluechi_compat: false,
+            bin_dir: None,
         }
     }
 
@@ -162,7 +165,10 @@ pub struct Cluster {
 impl Cluster {
     /// Starts the whole cluster; returns when every agent-started node is `online`.
     pub async fn start(opts: ClusterOptions) -> Result<Cluster> {
-        let bin_dirs = binaries::search_dirs();
+        let bin_dirs = opts
+            .bin_dir
+            .clone()
+            .map_or_else(binaries::search_dirs, |dir| vec![dir]);
         // Fail fast, before any node is started, when a binary is missing.
         binaries::locate_in("drover-manager", &bin_dirs)?;
         if opts.start_agents {
@@ -260,16 +266,16 @@ impl Cluster {
         opts.validate()?;
         let layout = preflight::check(opts.nodes.len())?;
 
-        let id = new_id();
-        let (dir, created_dir) = prepare_dir(opts.dir.as_deref(), &id, &opts.nodes)?;
-
-        let cgroups = SandboxCgroups::for_id(&layout, &id);
         let listener =
             TcpListener::bind("127.0.0.1:0").context("binding the manager's TCP port")?;
         let port = listener
             .local_addr()
             .context("reading the manager's port")?
             .port();
+        let id = new_id();
+        let (dir, created_dir) = prepare_dir(opts.dir.as_deref(), &id, &opts.nodes)?;
+
+        let cgroups = SandboxCgroups::for_id(&layout, &id);
         let mut state = State::new(id, dir.clone(), created_dir, &cgroups, port);
         state.nodes = opts
             .nodes
@@ -279,6 +285,8 @@ impl Cluster {
                 systemd_pid: None,
             })
             .collect();
+        // The directory exists: until the cluster value owns it, a failure removes it.
+        let held = TeardownOnDrop::new(state.clone());
         // Written before the first cgroup exists: from here on `down --dir` can clean up.
         state.save()?;
 
@@ -315,6 +323,8 @@ impl Cluster {
             allowed: opts.nodes.clone(),
             finished: false,
         };
+        // Owned by `cluster` now: its `Drop` tears down.
+        held.release();
         // From here on a failure tears down what was started, keeping the logs.
         match cluster.start_nodes_and_bus(&opts.nodes).await {
             Ok(()) => Ok(cluster),
@@ -437,10 +447,11 @@ impl Cluster {
     /// (Re)starts the node's agent; does not wait for the node to be online.
     pub async fn start_agent(&mut self, node: &str) -> Result<()> {
         self.node_pid(node)?;
-        // An old agent that died (e.g. SIGKILLed by a test) is reaped here and replaced.
+        // An old agent that died (e.g. SIGKILLed by a test) is reaped here and replaced;
+        // one that is exiting (its link already closed) is waited for.
         if let Some(child) = self.agents.get_mut(node)
-            && child
-                .try_wait()
+            && process::settle(child)
+                .await
                 .context("checking the old agent")?
                 .is_none()
         {
@@ -537,6 +548,58 @@ impl Cluster {
             process::terminate(&mut child, STOP_GRACE).await?;
         }
         Ok(())
+    }
+
+    /// Waits (at most `timeout`) for the manager to exit by itself, reaps it and returns
+    /// its exit status; the cluster then holds no manager ([`Cluster::start_manager`]
+    /// starts one again).
+    pub async fn wait_manager_exit(&mut self, timeout: Duration) -> Result<ExitStatus> {
+        let child = self
+            .manager
+            .as_mut()
+            .context("the manager is not running")?;
+        let status = process::wait_timeout_async(child, timeout)
+            .await?
+            .with_context(|| format!("the manager did not exit within {timeout:?}"))?;
+        self.manager = None;
+        self.state.manager_pid = None;
+        self.state.save()?;
+        Ok(status)
+    }
+
+    /// Waits (at most `timeout`) for the agent of `node` to exit by itself, reaps it and
+    /// returns its exit status ([`Cluster::start_agent`] starts one again).
+    pub async fn wait_agent_exit(&mut self, node: &str, timeout: Duration) -> Result<ExitStatus> {
+        let child = self
+            .agents
+            .get_mut(node)
+            .with_context(|| format!("node {node} has no agent"))?;
+        let status = process::wait_timeout_async(child, timeout)
+            .await?
+            .with_context(|| format!("the agent of node {node} did not exit within {timeout:?}"))?;
+        self.agents.remove(node);
+        self.state.agent_pids.remove(node);
+        self.state.save()?;
+        Ok(status)
+    }
+
+    /// SIGKILLs the manager's bus daemon and reaps it: a crashed bus, for tests of what
+    /// the daemons do without it. [`Cluster::restart_bus`] brings it back.
+    pub async fn kill_bus(&mut self) -> Result<()> {
+        let mut child = self.bus_child.take().context("the bus is not running")?;
+        self.state.bus_pid = None;
+        self.state.save()?;
+        let _ = process::signal(child.id(), Signal::SIGKILL);
+        process::terminate(&mut child, STOP_GRACE).await?;
+        Ok(())
+    }
+
+    /// Starts the manager's bus daemon again, on the same address.
+    pub async fn restart_bus(&mut self) -> Result<()> {
+        if self.bus_child.is_some() {
+            bail!("the bus is running; kill it first");
+        }
+        self.start_bus().await
     }
 
     /// Starts the manager again on the same port and bus; returns once it owns its name.
@@ -789,7 +852,10 @@ impl Cluster {
 
     async fn spawn_manager(&mut self, bin: &Path) -> Result<()> {
         if let Some(child) = &mut self.manager
-            && child.try_wait().context("checking the manager")?.is_none()
+            && process::settle(child)
+                .await
+                .context("checking the manager")?
+                .is_none()
         {
             bail!("the manager (pid {}) is already running", child.id());
         }
@@ -1306,6 +1372,8 @@ pub(crate) mod tests {
         // The creator is gone (detached): everything still runs, described by state.json.
         assert!(process::alive(pid));
         let state = State::load(&dir).unwrap().expect("state.json");
+        // Nobody owns it now: this tears it down if an assert below fails.
+        let held = TeardownOnDrop::new(state.clone());
         assert!(state.created_dir);
         assert!(state.is_live());
 
@@ -1316,8 +1384,62 @@ pub(crate) mod tests {
             .to_string();
         assert!(err.contains("already running"), "{err}");
 
-        assert_eq!(state.teardown(), Vec::<String>::new());
+        assert_eq!(held.teardown(), Vec::<String>::new());
         assert_eq!(leftovers(&state), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_detached_sandbox_held_by_a_failing_test_is_torn_down() {
+        let dir = PathBuf::from(format!("/tmp/drover-sb-held-{}", new_id()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let joined = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            let opts = ClusterOptions {
+                dir: Some(dir.clone()),
+                ..ClusterOptions::with_nodes(2)
+            };
+            let cluster = rt.block_on(Cluster::start_base(&opts, Vec::new())).unwrap();
+            cluster.detach().unwrap();
+            let held = TeardownOnDrop::new(State::load(&dir).unwrap().unwrap());
+            tx.send(held.state().clone()).unwrap();
+            assert!(held.state().is_live());
+            panic!("a test failing while it holds a detached sandbox");
+        })
+        .join();
+        assert!(joined.is_err(), "the thread panicked");
+        let state = rx.recv().unwrap();
+        assert_eq!(leftovers(&state), Vec::<String>::new());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_start_that_fails_before_the_nodes_removes_what_it_made() {
+        // A file where the sandbox's PKI directory goes: the start fails after the
+        // directory and state.json exist, before any cgroup or process.
+        let dir = PathBuf::from(format!("/tmp/drover-sb-early-{}", new_id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("pki"), "in the way").unwrap();
+        let opts = ClusterOptions {
+            dir: Some(dir.clone()),
+            ..ClusterOptions::with_nodes(1)
+        };
+        let err = Cluster::start_base(&opts, Vec::new())
+            .await
+            .err()
+            .expect("the start fails")
+            .to_string();
+        assert!(err.contains("CA"), "{err}");
+        assert!(
+            !dir.join(crate::state::STATE_FILE).exists(),
+            "state.json removed"
+        );
+        assert!(!node::home(&dir, "node1").exists());
+        // The caller's own file is the caller's.
+        assert!(dir.join("pki").is_file());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,6 +4,10 @@
 //! does not reach it and it can outlive `drover-sandbox up`), with its stdout and stderr in
 //! a log file, and inside a sandbox cgroup joined before `exec` (so teardown finds it even
 //! if the creator died). A socket-activated child gets the listener as fd 3.
+//!
+//! A process counts as stopped only once it is reaped ([`settle`]): one that has begun to
+//! exit (its sockets already closed, so the manager may already report its node offline)
+//! but is not yet a zombie is waited for, never taken for a running one.
 
 use crate::cgroups::CgroupJoin;
 use anyhow::{Context, Result, bail};
@@ -159,6 +163,74 @@ pub async fn wait_timeout_async(
     }
 }
 
+/// `PF_EXITING` in the flags of `/proc/PID/stat`: the task has entered `do_exit`.
+const PF_EXITING: u64 = 0x4;
+
+/// SIGKILL's bit in the pending-signal masks of `/proc/PID/status`.
+const SIGKILL_BIT: u64 = 1 << (Signal::SIGKILL as u64 - 1);
+
+/// Whether `pid` has begun to exit: a SIGKILL is pending for it, it is past the start of
+/// `do_exit` (which closes its files, sockets included, before it becomes a zombie), or
+/// it is a zombie. A pid that is gone is not "exiting": it has exited. (The pending mask
+/// is read before the flags: a SIGKILL leaves the mask only to set `PF_EXITING`.)
+pub fn exiting(pid: u32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    if kill_pending(&status) {
+        return true;
+    }
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| exiting_by_stat(&stat))
+}
+
+/// Whether `/proc/PID/status` text shows a SIGKILL pending (for the thread or the process).
+fn kill_pending(status: &str) -> bool {
+    status.lines().any(|line| {
+        line.strip_prefix("ShdPnd:")
+            .or_else(|| line.strip_prefix("SigPnd:"))
+            .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+            .is_some_and(|mask| mask & SIGKILL_BIT != 0)
+    })
+}
+
+/// Whether `/proc/PID/stat` text shows a zombie or a task with `PF_EXITING`.
+fn exiting_by_stat(stat: &str) -> bool {
+    // Fields after the ')' closing the command name: state, ppid, pgrp, session,
+    // tty_nr, tpgid, flags, ...
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return false;
+    };
+    let mut fields = rest.split_whitespace();
+    let state = fields.next().unwrap_or_default();
+    let flags = fields
+        .nth(5)
+        .and_then(|f| f.parse::<u64>().ok())
+        .unwrap_or_default();
+    state == "Z" || state == "X" || flags & PF_EXITING != 0
+}
+
+/// How long [`settle`] waits for an exiting child to be reapable. Exiting is not
+/// optional for such a process: this bounds only a kernel that is very slow about it.
+const EXIT_GRACE: Duration = Duration::from_secs(10);
+
+/// `Some(status)` once `child` has exited, waiting for it (bounded) when it has begun
+/// to exit but is not reapable yet; `None` while it runs on. This is the one test of
+/// "is it still running" before starting a replacement: `try_wait` alone misses the
+/// window between an exit's closing of the sockets and the zombie.
+pub async fn settle(child: &mut Child) -> Result<Option<ExitStatus>> {
+    if let Some(status) = child.try_wait().context("waiting for a child")? {
+        return Ok(Some(status));
+    }
+    if !exiting(child.id()) {
+        return Ok(None);
+    }
+    match wait_timeout_async(child, EXIT_GRACE).await? {
+        Some(status) => Ok(Some(status)),
+        None => bail!(
+            "pid {} began to exit but was not reapable within {EXIT_GRACE:?}",
+            child.id()
+        ),
+    }
+}
+
 /// SIGTERM (and SIGCONT, in case it is stopped), wait up to `grace`, then SIGKILL; reaps.
 pub async fn terminate(child: &mut Child, grace: Duration) -> Result<ExitStatus> {
     if let Some(status) = child.try_wait().context("waiting for a child")? {
@@ -213,5 +285,82 @@ pub fn log_tail(path: &Path, lines: usize) -> String {
             }
         }
         Err(e) => format!("({}: {e})", path.display()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RUNNING: &str =
+        "4242 (drover-agent) S 1 4242 4242 0 -1 4194560 120 0 0 0 3 1 0 0 20 0 3 0";
+
+    #[test]
+    fn an_exit_under_way_counts_as_exiting() {
+        assert!(!exiting_by_stat(RUNNING));
+        // PF_EXITING (0x4) set: past the start of do_exit, sockets may be closed already.
+        let exiting = RUNNING.replace(" 4194560 ", &format!(" {} ", 4194560 | 4));
+        assert!(exiting_by_stat(&exiting));
+        assert!(exiting_by_stat(&RUNNING.replace(") S ", ") Z ")));
+        // A command name with ") S " in it does not confuse the parse.
+        let tricky = RUNNING.replace("(drover-agent)", "(a) S 1 2 3 4 5 4 (b)");
+        assert!(!exiting_by_stat(&tricky));
+        assert!(!exiting_by_stat("garbage"));
+        assert!(!exiting_by_stat(""));
+    }
+
+    #[test]
+    fn a_pending_sigkill_counts_as_exiting() {
+        let status = |sig: &str, shd: &str| {
+            format!(
+                "Name:\tdrover-agent\nState:\tR (running)\nSigPnd:\t{sig}\nShdPnd:\t{shd}\nSigBlk:\t0000000000000000\n"
+            )
+        };
+        assert!(!kill_pending(&status(
+            "0000000000000000",
+            "0000000000000000"
+        )));
+        // SIGTERM (15) pending is no exit yet.
+        assert!(!kill_pending(&status(
+            "0000000000004000",
+            "0000000000004000"
+        )));
+        assert!(kill_pending(&status(
+            "0000000000000000",
+            "0000000000000100"
+        )));
+        assert!(kill_pending(&status(
+            "0000000000000100",
+            "0000000000000000"
+        )));
+        assert!(!kill_pending("SigPnd:\tnot-hex\n"));
+    }
+
+    #[tokio::test]
+    async fn settle_tells_running_from_exited_children() {
+        let mut sleeper = Command::new("/bin/sleep").arg("600").spawn().unwrap();
+        assert!(!exiting(sleeper.id()));
+        assert_eq!(settle(&mut sleeper).await.unwrap(), None, "runs on");
+        signal(sleeper.id(), Signal::SIGKILL).unwrap();
+        // Killed, reaped or not yet: settle waits for the exit instead of calling it running.
+        let status = settle(&mut sleeper).await.unwrap().expect("exited");
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(9)
+        );
+
+        let mut quick = Command::new("/bin/true").spawn().unwrap();
+        // A zombie is exiting until it is reaped.
+        while alive(quick.id()) {
+            tokio::task::yield_now().await;
+        }
+        assert!(exiting(quick.id()));
+        assert!(
+            settle(&mut quick)
+                .await
+                .unwrap()
+                .is_some_and(|s| s.success())
+        );
+        assert!(!exiting(quick.id()), "reaped: gone");
     }
 }

@@ -4,7 +4,8 @@
 //! whenever a pid changes, so a later `drover-sandbox down --dir DIR` can clean up even
 //! after the creator crashed mid-start. Teardown needs only the cgroup parents (every
 //! process lives below them) and the directory; the pids are informational and used by
-//! `exec` to find a node's systemd.
+//! `exec` to find a node's systemd. [`TeardownOnDrop`] holds a sandbox described only by
+//! its state (detached from its creator) and tears it down unless released.
 
 use crate::cgroups::SandboxCgroups;
 use crate::node;
@@ -186,6 +187,47 @@ impl State {
         }
         errors.extend(self.cleanup());
         errors
+    }
+}
+
+/// Holds a sandbox that no [`crate::Cluster`] owns (a detached one, or one found by its
+/// directory) and tears it down when dropped, unless [`TeardownOnDrop::release`]d: a
+/// holder that fails half-way (an error, a panicking test) leaves nothing running.
+pub struct TeardownOnDrop {
+    state: State,
+    armed: bool,
+}
+
+impl TeardownOnDrop {
+    pub fn new(state: State) -> Self {
+        Self { state, armed: true }
+    }
+
+    /// The sandbox held.
+    pub fn state(&self) -> &State {
+        &self.state
+    }
+
+    /// Stops holding: the sandbox stays as it is.
+    pub fn release(mut self) -> State {
+        self.armed = false;
+        self.state.clone()
+    }
+
+    /// Tears the sandbox down now; every failure.
+    pub fn teardown(mut self) -> Vec<String> {
+        self.armed = false;
+        self.state.teardown()
+    }
+}
+
+impl Drop for TeardownOnDrop {
+    fn drop(&mut self) {
+        if self.armed {
+            for error in self.state.teardown() {
+                eprintln!("drover-sandbox: teardown: {error}");
+            }
+        }
     }
 }
 

@@ -14,7 +14,7 @@ use drover_sandbox::ClusterOptions;
 use drover_testkit::prelude::*;
 use drover_testkit::wait::poll;
 use nix::sys::signal::Signal;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 const DB: &str = "db.service";
 const PROXY: &str = "drover-proxy@node2_db.service";
@@ -323,9 +323,14 @@ async fn target_failure_propagates_through_binds_to() {
         .await;
     wait_state(&c, "node2", DB, "failed").await;
     wait_state(&c, "node2", DEP, "inactive").await;
-    // The proxy goes down, and with it the BindsTo= requester.
-    wait_state(&c, "node1", PROXY, "inactive").await;
+    // The proxy goes down, failed as its target, and with it the BindsTo= requester.
+    wait_state(&c, "node1", PROXY, "failed").await;
     wait_state(&c, "node1", NEED_DB, "inactive").await;
+    let log = proxy_log(&c, "node1", PROXY);
+    assert!(
+        log.contains("db.service on node node2 ended: db.service on node node2 is failed"),
+        "{log}"
+    );
     wait_live(&c, vec![]).await;
     c.down().await;
 }
@@ -807,6 +812,59 @@ async fn stopping_a_waiting_proxy_releases_its_reference() {
     c.down().await;
 }
 
+/// Issue 14 item 9: a proxy whose start timeout runs out while its target node is
+/// offline says that the node is offline and since when, in the proxy unit's log
+/// (its journal in a real installation), not only that it timed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_timing_out_on_an_offline_node_says_so_and_since_when() {
+    let mut c = TestCluster::with(with_grace(2, 60_000)).await;
+    c.install("node2", DB, SLEEPER).await;
+    // A short start timeout for this proxy, as an operator would set it: a drop-in.
+    let dropin = drover_sandbox::node::unit_dir(c.dir(), "node1").join(format!("{PROXY}.d"));
+    std::fs::create_dir_all(&dropin).unwrap();
+    std::fs::write(
+        dropin.join("timeout.conf"),
+        "[Service]\nTimeoutStartSec=3\n",
+    )
+    .unwrap();
+    c.systemctl_ok("node1", &["daemon-reload"]).await;
+
+    let before = SystemTime::now();
+    c.stop_agent("node2").await.unwrap();
+    c.wait_status("node2", "offline", T).await;
+    let after = SystemTime::now();
+    c.systemctl_ok("node1", &["start", "--no-block", PROXY])
+        .await;
+    wait_state(&c, "node1", PROXY, "failed").await;
+    assert_eq!(c.prop("node1", PROXY, "Result").await, "timeout");
+
+    let log = proxy_log(&c, "node1", PROXY);
+    let line = log
+        .lines()
+        .find(|l| l.contains("stopped while waiting"))
+        .unwrap_or_else(|| panic!("no reason in the proxy's log: {log}"));
+    assert!(
+        line.starts_with(
+            "drover-proxy: stopped while waiting for db.service on node node2: \
+             node node2 is offline (since "
+        ),
+        "{line}"
+    );
+    // Since when: the moment node2 went offline, to the second, and how long ago.
+    let secs = |t: SystemTime| t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let went = (secs(before)..=secs(after))
+        .map(|s| drover_protocol::offline::utc(std::time::UNIX_EPOCH + Duration::from_secs(s)))
+        .find(|date| line.contains(&format!("(since {date}, ")));
+    assert!(
+        went.is_some(),
+        "the date is when node2 went offline: {line}"
+    );
+    assert!(line.ends_with(" s ago)"), "{line}");
+    // The proxy released its reference.
+    wait_live(&c, vec![]).await;
+    c.down().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manager_restart_rebuilds_references_exactly() {
     let mut c = TestCluster::with(with_grace(3, 3_000)).await;
@@ -972,10 +1030,13 @@ async fn a_target_stopped_during_its_own_start_fails_the_proxy_at_once() {
 /// start (held back as news from before the start), and the confirmation
 /// then replayed it to the waiting proxy as *virtual* — which decides
 /// nothing — so the proxy hung `activating` for its whole start timeout
-/// (90 s). Each round here must settle within a few seconds: a oneshot
-/// target that fails never runs, so its proxy fails with the reason; a
-/// simple one that exits right away ran for a moment, so its proxy either
-/// failed or was active and then stopped — never left waiting.
+/// (90 s). Each round here must settle within a few seconds, never left
+/// waiting, and end `failed` with the target's reason, whatever the type: a
+/// oneshot target that fails never runs, so its proxy fails while it waits;
+/// a simple or exec one that exits right away ran for a moment, so its proxy
+/// may complete first, and is then stopped with a failing `ExecStop=` (the
+/// agent answers its `RemoveProxy` with the reason). Either way the proxy
+/// is `failed` within 1 s of its target.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_target_failing_right_after_its_start_never_leaves_the_proxy_waiting() {
     const ROUNDS: usize = 40;
@@ -984,21 +1045,18 @@ async fn a_target_failing_right_after_its_start_never_leaves_the_proxy_waiting()
     let c = TestCluster::start(2).await;
     c.install("node1", NEED_DB, &requester("Wants", PROXY))
         .await;
-    for (kind, unit, must_fail) in [
+    for (kind, unit) in [
         (
             "oneshot",
             "[Service]\nType=oneshot\nExecStart=/bin/sh -c 'exit 1'\n",
-            true,
         ),
         (
             "simple",
             "[Service]\nType=simple\nExecStart=/bin/sh -c 'exit 1'\n",
-            false,
         ),
         (
             "exec",
             "[Service]\nType=exec\nExecStart=/bin/sh -c 'exit 1'\n",
-            false,
         ),
     ] {
         c.install("node2", DB, unit).await;
@@ -1037,11 +1095,25 @@ async fn a_target_failing_right_after_its_start_never_leaves_the_proxy_waiting()
                 );
             }
             let state = c.state("node1", PROXY).await;
-            if must_fail {
-                assert_eq!(state, "failed", "{kind} round {round}");
-                let log = proxy_log(&c, "node1", PROXY);
-                assert!(log.contains("db.service"), "{kind} round {round}: {log}");
-            }
+            let log = proxy_log(&c, "node1", PROXY);
+            assert_eq!(state, "failed", "{kind} round {round}: {log}");
+            assert!(
+                // The target's reason: it failed (while the proxy waited, or
+                // after it completed), in the last line the proxy printed.
+                log.lines().last().is_some_and(
+                    |l| l.contains("db.service on node node2") && l.contains("failed")
+                ),
+                "{kind} round {round}: {log}"
+            );
+            // Within 1 s of the target (both nodes share one monotonic clock).
+            let db_failed = timestamp(&c, "node2", DB, "InactiveEnterTimestampMonotonic").await;
+            let proxy_failed =
+                timestamp(&c, "node1", PROXY, "InactiveEnterTimestampMonotonic").await;
+            assert!(
+                proxy_failed.saturating_sub(db_failed) < 1_000_000,
+                "{kind} round {round}: the proxy failed {} µs after its target",
+                proxy_failed.saturating_sub(db_failed)
+            );
             // Next round from scratch: nothing running, nothing failed, no reference.
             stop_ok(&c, "node1", NEED_DB).await;
             c.systemctl("node1", &["reset-failed", PROXY]).await;

@@ -59,12 +59,17 @@
 use crate::link::outbox::{Outbox, Sent};
 use crate::systemd::api::{JobPath, Systemd};
 use drover_protocol::JobKind;
+use drover_protocol::offline::offline_reason;
 use drover_protocol::proxy_instance::{ProxyInstance, ProxyTemplate, proxy_templates_text};
 use drover_protocol::verdict::{Verdict, verdict};
 use drover_protocol::{Event, NodeName, Notice, TargetChange, ToManager, UnitName};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
 use tokio::sync::{Notify, oneshot};
+
+/// systemd's refusal of a job that would reverse a pending one (mode `fail`).
+const TRANSACTION_IS_DESTRUCTIVE: &str = "org.freedesktop.systemd1.TransactionIsDestructive";
 
 /// Removals kept for the next session at most (oldest dropped first).
 pub const UNSENT_REMOVALS_CAP: usize = 4096;
@@ -185,9 +190,23 @@ struct Proxy {
     ahead: Option<JobPath>,
     /// The session in which the manager was last told about it.
     announced: Option<u64>,
+    /// While waiting: the manager said the target's node is offline, since
+    /// this moment on our clock (`None`: not connected since the manager
+    /// started). What the proxy says if it is stopped while it waits.
+    node_offline: Option<Option<SystemTime>>,
 }
 
 impl Proxy {
+    /// Why it still waits, if known: its target's node is offline.
+    fn waiting_reason(&self) -> Option<String> {
+        let since = self.node_offline?;
+        Some(offline_reason(
+            self.key.node.as_str(),
+            since,
+            SystemTime::now(),
+        ))
+    }
+
     fn phase(&self) -> Phase {
         if self.active {
             Phase::Active
@@ -213,6 +232,14 @@ struct Table {
     unsent_removals: VecDeque<Event>,
     stops: VecDeque<UnitName>,
     failed_ahead: HashMap<ProxyKey, AheadFailure>,
+    /// Active proxies stopped because their target failed: the reason, for
+    /// the `RemoveProxy` of that stop ([`Proxies::take_failure`]).
+    failed_stops: HashMap<UnitName, String>,
+    /// Stops refused while the unit's start job still ran (see
+    /// [`Proxies::run_stopper`]); sent again when a job ends.
+    deferred_stops: Vec<UnitName>,
+    /// systemd jobs ended so far (a wake-up a deferral cannot miss).
+    jobs_ended: u64,
     closed: bool,
 }
 
@@ -220,14 +247,28 @@ struct Table {
 /// manager applies too ([`drover_protocol::verdict`]), or a refusal.
 enum Fate {
     Active,
-    Down(String),
+    /// `failed`: the target failed (not stopped, unloaded or refused): an
+    /// active proxy then ends `failed`, not `inactive`.
+    Down {
+        why: String,
+        failed: bool,
+    },
     Ignore,
 }
 
 fn fate(key: &ProxyKey, notice: Notice) -> Fate {
     let change = match notice {
-        Notice::ProxyError { message, .. } => return Fate::Down(one_line(&message)),
+        // A refusal fails a waiting proxy (its call's answer); an active one
+        // (a permission revoked) is stopped, as when its target is stopped.
+        Notice::ProxyError { message, .. } => {
+            return Fate::Down {
+                why: one_line(&message),
+                failed: false,
+            };
+        }
         Notice::ProxyTarget { change, .. } => change,
+        // News of the target's node decides nothing (see `Proxies::on_notice`).
+        Notice::TargetNodeOffline { .. } | Notice::TargetNodeOnline { .. } => return Fate::Ignore,
     };
     let target = format!("{} on node {}", key.unit, key.node);
     match (verdict(&change), change) {
@@ -239,12 +280,18 @@ fn fate(key: &ProxyKey, notice: Notice) -> Fate {
                 sub_state,
                 ..
             },
-        ) => Fate::Down(format!(
-            "{target} is {} ({})",
-            one_line(&active_state),
-            one_line(&sub_state)
-        )),
-        (Verdict::RealDown, _) => Fate::Down(format!("{target} was unloaded")),
+        ) => Fate::Down {
+            failed: active_state == "failed",
+            why: format!(
+                "{target} is {} ({})",
+                one_line(&active_state),
+                one_line(&sub_state)
+            ),
+        },
+        (Verdict::RealDown, _) => Fate::Down {
+            why: format!("{target} was unloaded"),
+            failed: false,
+        },
         (Verdict::Undecided, _) => Fate::Ignore,
     }
 }
@@ -333,6 +380,8 @@ impl Proxies {
             return Err(CreateError::ShuttingDown);
         }
         let (tx, rx) = oneshot::channel();
+        // A new start: an old failure is no longer what a stop would report.
+        t.failed_stops.remove(&key.local);
         if let Some(failure) = t.failed_ahead.remove(&key) {
             // Started ahead, and the target failed before we were asked.
             let _ = tx.send(Err(failure.why));
@@ -375,6 +424,7 @@ impl Proxies {
                 active: false,
                 ahead: None,
                 announced: None,
+                node_offline: None,
             },
             outbox,
         );
@@ -410,6 +460,7 @@ impl Proxies {
                 active: true,
                 ahead: None,
                 announced: None,
+                node_offline: None,
             },
             outbox,
         );
@@ -441,6 +492,7 @@ impl Proxies {
                 active: false,
                 ahead: Some(job),
                 announced: None,
+                node_offline: None,
             },
             outbox,
         );
@@ -460,6 +512,12 @@ impl Proxies {
     /// before its helper ran) is dropped, and so is a failure kept for it.
     pub fn job_ended(&self, job: &str, outbox: &Outbox) {
         let mut t = self.lock();
+        t.jobs_ended = t.jobs_ended.wrapping_add(1);
+        if !t.deferred_stops.is_empty() {
+            let deferred = std::mem::take(&mut t.deferred_stops);
+            t.stops.extend(deferred);
+            self.stop_wake.notify_one();
+        }
         t.failed_ahead.retain(|_, f| f.job != job);
         let unclaimed = t
             .by_id
@@ -493,13 +551,35 @@ impl Proxies {
         if let Some(mut proxy) = t.forget(id, outbox)
             && let Some(reply) = proxy.reply.take()
         {
-            let _ = reply.send(Err(format!(
-                "{} was removed before {} on node {} became active",
-                key.local, key.unit, key.node
-            )));
+            // The waiting call's answer is what the helper, stopped while it
+            // waits (its start timeout ran out), reports as the reason.
+            let why = match proxy.waiting_reason() {
+                Some(reason) => {
+                    tracing::warn!(
+                        proxy = id,
+                        "proxy {} stopped while waiting: {reason}",
+                        key.local
+                    );
+                    reason
+                }
+                None => format!(
+                    "{} was removed before {} on node {} became active",
+                    key.local, key.unit, key.node
+                ),
+            };
+            let _ = reply.send(Err(why));
         }
         tracing::info!(proxy = id, "proxy {} removed", key.local);
         true
+    }
+
+    /// Why the active proxy behind `key` was stopped, if it was stopped because
+    /// its target failed: `RemoveProxy` (the stop's
+    /// `ExecStop=`) answers it as an error, so the proxy unit ends `failed`
+    /// with the target's reason, as one whose target fails while it waits.
+    /// Taken once.
+    pub fn take_failure(&self, key: &ProxyKey) -> Option<String> {
+        self.lock().failed_stops.remove(&key.local)
     }
 
     /// The `CreateProxy` caller left the bus while the proxy was waiting (its
@@ -512,8 +592,12 @@ impl Proxies {
         {
             tracing::info!(
                 proxy = id,
-                "the caller of CreateProxy for {} left before the target was active; proxy dropped",
-                proxy.key.local
+                "the caller of CreateProxy for {} left before the target was active; proxy dropped{}",
+                proxy.key.local,
+                proxy
+                    .waiting_reason()
+                    .map(|r| format!(" ({r})"))
+                    .unwrap_or_default()
             );
         }
     }
@@ -547,9 +631,7 @@ impl Proxies {
 
     /// News from the manager about one of our proxies (see the module docs).
     pub fn on_notice(&self, notice: Notice, outbox: &Outbox) {
-        let id = match &notice {
-            Notice::ProxyError { proxy_id, .. } | Notice::ProxyTarget { proxy_id, .. } => *proxy_id,
-        };
+        let id = notice.proxy_id();
         let mut t = self.lock();
         let Some(proxy) = t.by_id.get_mut(&id) else {
             // Late news about a proxy that is gone: nothing to do.
@@ -557,10 +639,30 @@ impl Proxies {
             return;
         };
         let key = proxy.key.clone();
+        match notice {
+            // Only a waiting proxy is told; it keeps waiting either way.
+            Notice::TargetNodeOffline { offline_for_ms, .. } => {
+                let since = offline_for_ms.map(|ms| {
+                    let now = SystemTime::now();
+                    now.checked_sub(Duration::from_millis(ms)).unwrap_or(now)
+                });
+                proxy.node_offline = Some(since);
+                if let Some(reason) = proxy.waiting_reason() {
+                    tracing::info!(proxy = id, "proxy {} waits: {reason}", key.local);
+                }
+                return;
+            }
+            Notice::TargetNodeOnline { .. } => {
+                proxy.node_offline = None;
+                return;
+            }
+            Notice::ProxyError { .. } | Notice::ProxyTarget { .. } => {}
+        }
         match fate(&key, notice) {
             Fate::Ignore => {}
             Fate::Active => {
                 proxy.active = true;
+                proxy.node_offline = None;
                 let Some(reply) = proxy.reply.take() else {
                     return;
                 };
@@ -579,7 +681,7 @@ impl Proxies {
                     t.forget(id, outbox);
                 }
             }
-            Fate::Down(why) => {
+            Fate::Down { why, failed } => {
                 let reply = proxy.reply.take();
                 let ahead = proxy.ahead.take();
                 t.forget(id, outbox);
@@ -597,6 +699,15 @@ impl Proxies {
                     }
                     (None, None) => {
                         tracing::warn!(proxy = id, "stopping proxy {}: {why}", key.local);
+                        if failed {
+                            // The stop's `RemoveProxy` (ExecStop=) gets this
+                            // as its error: the proxy ends `failed`, and its
+                            // journal says why.
+                            if t.failed_stops.len() >= AHEAD_FAILURES_CAP {
+                                t.failed_stops.clear();
+                            }
+                            t.failed_stops.insert(key.local.clone(), why);
+                        }
                         t.stops.push_back(key.local);
                         drop(t);
                         self.stop_wake.notify_one();
@@ -653,22 +764,38 @@ impl Proxies {
     }
 
     /// Stops the local proxy units this module gave up on, forever. Each stop
-    /// is `StopUnit(unit, "replace")`; a failure is logged (the unit's
-    /// dependents then stay up, which is what the log line must say).
+    /// is `StopUnit(unit, "fail")`: while the unit's start job still runs
+    /// (its helper was answered a moment ago and is exiting), systemd refuses
+    /// it, and it is sent again once a job ends. A stop that replaced that
+    /// start job would cancel it, so the unit would end `inactive` without
+    /// running `ExecStop=`, and a failing target's reason would be lost.
+    /// Any other failure is logged (the unit's dependents then stay up,
+    /// which is what the log line must say).
     pub async fn run_stopper<S: Systemd>(&self, systemd: &S) {
         loop {
-            let next = self.lock().stops.pop_front();
+            let (next, jobs_ended) = {
+                let mut t = self.lock();
+                (t.stops.pop_front(), t.jobs_ended)
+            };
             let Some(unit) = next else {
                 self.stop_wake.notified().await;
                 continue;
             };
-            if let Err(e) = systemd
-                .unit_job(JobKind::Stop, unit.as_str(), "replace")
-                .await
-            {
-                tracing::error!(
+            match systemd.unit_job(JobKind::Stop, unit.as_str(), "fail").await {
+                Ok(_) => {}
+                Err(e) if e.name == TRANSACTION_IS_DESTRUCTIVE => {
+                    let mut t = self.lock();
+                    if t.jobs_ended == jobs_ended {
+                        tracing::debug!("{unit} is still starting; stopping it once the job ends");
+                        t.deferred_stops.push(unit);
+                    } else {
+                        // A job ended meanwhile: try again at once.
+                        t.stops.push_back(unit);
+                    }
+                }
+                Err(e) => tracing::error!(
                     "cannot stop {unit} after its target went down; units bound to it keep running: {e}"
-                );
+                ),
             }
         }
     }
@@ -970,7 +1097,7 @@ mod tests {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         while !fake
             .calls()
-            .contains(&"StopUnit drover-proxy@bar_db.service replace".to_string())
+            .contains(&"StopUnit drover-proxy@bar_db.service fail".to_string())
         {
             assert!(tokio::time::Instant::now() < deadline, "{:?}", fake.calls());
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -1070,6 +1197,94 @@ mod tests {
         let got = drain(&mut rx3);
         assert_eq!(got.len(), 1, "{got:?}");
         assert!(!format!("{got:?}").contains(&format!("proxy_id: {c}")));
+    }
+
+    #[tokio::test]
+    async fn an_active_proxy_whose_target_fails_is_stopped_with_a_failure_to_report() {
+        let outbox = Outbox::default();
+        let _rx = session(&outbox, 3);
+        let p = Proxies::default();
+        let (id, reply) = p.create(db(), &outbox).unwrap();
+        p.on_notice(state(id, "active", "running", Reason::Real), &outbox);
+        reply.await.unwrap().unwrap();
+        p.on_notice(state(id, "failed", "failed", Reason::Real), &outbox);
+        assert_eq!(p.pending_stops(), vec![db().local]);
+        // The stop's RemoveProxy hears why, once.
+        assert!(!p.remove(&db(), &outbox), "already forgotten");
+        assert_eq!(
+            p.take_failure(&db()).as_deref(),
+            Some("db.service on node bar is failed (failed)")
+        );
+        assert_eq!(p.take_failure(&db()), None);
+
+        // A clean stop of the target is no failure of the proxy.
+        let (id, reply) = p.create(db(), &outbox).unwrap();
+        p.on_notice(state(id, "active", "running", Reason::Real), &outbox);
+        reply.await.unwrap().unwrap();
+        p.on_notice(state(id, "inactive", "dead", Reason::Real), &outbox);
+        assert_eq!(p.take_failure(&db()), None);
+
+        // A failure not yet reported is dropped by the next start of the proxy.
+        let (id, reply) = p.create(db(), &outbox).unwrap();
+        p.on_notice(state(id, "active", "running", Reason::Real), &outbox);
+        reply.await.unwrap().unwrap();
+        p.on_notice(state(id, "failed", "failed", Reason::Real), &outbox);
+        let (_id, _reply) = p.create(db(), &outbox).unwrap();
+        assert_eq!(p.take_failure(&db()), None);
+    }
+
+    #[tokio::test]
+    async fn a_proxy_stopped_while_its_target_node_is_offline_says_so_and_since_when() {
+        let outbox = Outbox::default();
+        let _rx = session(&outbox, 3);
+        let p = Proxies::default();
+        let (id, reply) = p.create(db(), &outbox).unwrap();
+        // The manager: bar went offline 93 s ago. The proxy keeps waiting.
+        p.on_notice(
+            Notice::TargetNodeOffline {
+                proxy_id: id,
+                offline_for_ms: Some(93_000),
+            },
+            &outbox,
+        );
+        assert_eq!(p.list()[0].phase, Phase::Waiting);
+        assert!(p.remove(&db(), &outbox));
+        let why = reply.await.unwrap().unwrap_err();
+        assert!(why.starts_with("node bar is offline (since "), "{why}");
+        assert!(why.contains(" UTC, 93 s ago)"), "{why}");
+
+        // Back online: the reason goes with it.
+        let (id, reply) = p.create(db(), &outbox).unwrap();
+        p.on_notice(
+            Notice::TargetNodeOffline {
+                proxy_id: id,
+                offline_for_ms: None,
+            },
+            &outbox,
+        );
+        p.on_notice(Notice::TargetNodeOnline { proxy_id: id }, &outbox);
+        assert!(p.remove(&db(), &outbox));
+        let why = reply.await.unwrap().unwrap_err();
+        assert!(why.contains("was removed before"), "{why}");
+
+        // Never connected since the manager started.
+        let (id, reply) = p.create(db(), &outbox).unwrap();
+        p.on_notice(
+            Notice::TargetNodeOffline {
+                proxy_id: id,
+                offline_for_ms: None,
+            },
+            &outbox,
+        );
+        assert!(p.remove(&db(), &outbox));
+        let why = reply.await.unwrap().unwrap_err();
+        assert_eq!(
+            why,
+            "node bar is offline (not connected since the manager started)"
+        );
+        // A node notice for a proxy that is gone changes nothing.
+        p.on_notice(Notice::TargetNodeOnline { proxy_id: id }, &outbox);
+        assert!(p.list().is_empty());
     }
 
     #[tokio::test]

@@ -149,9 +149,14 @@ impl Proxies {
                 proxy_id,
             } => {
                 tracing::debug!(requester = %session.node(), %node, %unit, proxy_id, "proxy announced");
-                inner
-                    .refs
-                    .proxy_new(session.node(), session.id(), node, unit, *proxy_id)
+                inner.refs.proxy_new(
+                    session.node(),
+                    session.id(),
+                    node,
+                    unit,
+                    *proxy_id,
+                    Instant::now(),
+                )
             }
             Event::ProxyRemoved {
                 node,

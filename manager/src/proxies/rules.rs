@@ -75,7 +75,10 @@
 //!   stay active for the grace period; past it every active reference on B
 //!   ends and its requester is told `inactive`/`agent-offline` with reason
 //!   `real`, which makes agent A stop the proxy unit. Waiting proxies keep
-//!   waiting (their own start timeout bounds them).
+//!   waiting (their own start timeout bounds them); they are told that B is
+//!   offline and for how long (`Notice::TargetNodeOffline`, also for a proxy
+//!   announced while B is away), and that it is back when B registers, so a
+//!   proxy stopped while it waits can say why (issue 14 item 9).
 //! * B registers: every unacknowledged dep want is sent again; one grace
 //!   period later the manager sweeps B: every running `drover-dep@` unit that
 //!   no live reference wants is stopped. This is what makes a manager restart
@@ -380,6 +383,9 @@ pub struct References {
     targets: BTreeMap<(NodeName, UnitName), Target>,
     /// Target nodes that are offline: when their active proxies end.
     offline_until: HashMap<NodeName, Instant>,
+    /// Nodes that went offline: since when (what a waiting proxy is told).
+    /// A node in neither this nor `online` has not connected since we started.
+    offline_since: HashMap<NodeName, Instant>,
     /// Orphan-dep sweeps due: node → (session, when).
     sweeps: HashMap<NodeName, (u64, Instant)>,
     next_gen: u64,
@@ -398,6 +404,7 @@ impl References {
             online: HashMap::new(),
             targets: BTreeMap::new(),
             offline_until: HashMap::new(),
+            offline_since: HashMap::new(),
             sweeps: HashMap::new(),
             next_gen: 1,
             next_seq: 1,
@@ -420,14 +427,31 @@ impl References {
 
     // ---- node lifecycle -------------------------------------------------
 
-    /// `node` registered with `session`.
+    /// `node` registered with `session`. Proxies waiting on its units hear
+    /// that it is back (they were told it was offline).
     pub fn node_online(&mut self, node: &NodeName, session: u64, now: Instant) -> Vec<Action> {
         self.online.insert(node.clone(), session);
         self.offline_until.remove(node);
+        self.offline_since.remove(node);
         self.sweeps
             .insert(node.clone(), (session, now + self.policy.grace));
         // Its unacknowledged wants go out through `dep_commands`.
-        Vec::new()
+        let mut out = Vec::new();
+        for ((b, _), target) in &self.targets {
+            if b != node {
+                continue;
+            }
+            for ((a, _), r) in target
+                .refs
+                .iter()
+                .filter(|(_, r)| r.state == RefState::Waiting)
+            {
+                out.extend(r.notice(a, self.online.get(a).copied(), |proxy_id| {
+                    Notice::TargetNodeOnline { proxy_id }
+                }));
+            }
+        }
+        out
     }
 
     /// `node`'s session ended.
@@ -438,6 +462,8 @@ impl References {
         self.sweeps.remove(node);
         let until = now + self.policy.grace;
         self.offline_until.insert(node.clone(), until);
+        self.offline_since.insert(node.clone(), now);
+        let mut out = Vec::new();
         for ((b, _), target) in self.targets.iter_mut() {
             if b == node {
                 // B may have done anything meanwhile; and its last news is stale.
@@ -454,14 +480,25 @@ impl References {
                 if a == node && r.grace_until.is_none() {
                     r.grace_until = Some(until);
                 }
+                // Waiting proxies keep waiting; this is what they say if
+                // they are stopped meanwhile.
+                if b == node && r.state == RefState::Waiting {
+                    out.extend(r.notice(a, self.online.get(a).copied(), |proxy_id| {
+                        Notice::TargetNodeOffline {
+                            proxy_id,
+                            offline_for_ms: Some(0),
+                        }
+                    }));
+                }
             }
         }
-        Vec::new()
+        out
     }
 
     // ---- agent events -----------------------------------------------------
 
-    /// `Event::ProxyNew` from node `a` in `session`.
+    /// `Event::ProxyNew` from node `a` in `session`. A reference that waits
+    /// for a target on an offline node is told so.
     pub fn proxy_new(
         &mut self,
         a: &NodeName,
@@ -469,6 +506,7 @@ impl References {
         b: &NodeName,
         unit: &UnitName,
         proxy_id: u64,
+        now: Instant,
     ) -> Vec<Action> {
         let mut out = Vec::new();
         if let Err(message) = self.policy.check(a, b) {
@@ -525,6 +563,7 @@ impl References {
                     r.grace_until = None;
                 }
                 self.replay(&rk, b, unit, &mut out);
+                self.tell_node_offline(&rk, b, unit, now, &mut out);
             }
             // The same proxy again after it failed or ended: tell it again.
             Announcement::TellAgain(seq) => {
@@ -583,6 +622,7 @@ impl References {
                 };
                 // Nothing is replayed: a waiting reference hears of its
                 // target once B confirms the dep start (see `target_event`).
+                self.tell_node_offline(&(a.clone(), seq), b, unit, now, &mut out);
                 self.settle(b, unit, &mut out);
             }
         }
@@ -987,6 +1027,39 @@ impl References {
     }
 
     // ---- internals --------------------------------------------------------
+
+    /// Tells reference `rk` (of node A) on (b, unit), if it waits, that B is
+    /// offline and for how long, when B is offline.
+    fn tell_node_offline(
+        &self,
+        rk: &RefKey,
+        b: &NodeName,
+        unit: &UnitName,
+        now: Instant,
+        out: &mut Vec<Action>,
+    ) {
+        if self.online.contains_key(b) {
+            return;
+        }
+        let Some(r) = self
+            .targets
+            .get(&(b.clone(), unit.clone()))
+            .and_then(|t| t.refs.get(rk))
+            .filter(|r| r.state == RefState::Waiting)
+        else {
+            return;
+        };
+        let offline_for_ms = self.offline_since.get(b).map(|since| {
+            u64::try_from(now.saturating_duration_since(*since).as_millis()).unwrap_or(u64::MAX)
+        });
+        let a = &rk.0;
+        out.extend(r.notice(a, self.session_of(a), |proxy_id| {
+            Notice::TargetNodeOffline {
+                proxy_id,
+                offline_for_ms,
+            }
+        }));
+    }
 
     /// Replays the known target state to reference `rk` on (b, unit), and
     /// applies the agent's rule to it (a known `active` completes it). Not to

@@ -50,6 +50,13 @@ fn notices(actions: &[Action]) -> Vec<(String, Notice)> {
         .collect()
 }
 
+fn node_offline(proxy_id: u64, offline_for_ms: Option<u64>) -> Notice {
+    Notice::TargetNodeOffline {
+        proxy_id,
+        offline_for_ms,
+    }
+}
+
 fn state(active: &str, reason: Reason) -> TargetChange {
     TargetChange::State {
         active_state: active.into(),
@@ -114,7 +121,7 @@ fn dep_unit_names() {
 #[tokio::test(start_paused = true)]
 async fn unknown_and_not_allowed_nodes_get_proxy_error() {
     let mut r = setup();
-    let out = r.proxy_new(&n("a"), S_A, &n("nowhere"), &u("db.service"), 1);
+    let out = r.proxy_new(&n("a"), S_A, &n("nowhere"), &u("db.service"), 1, now());
     assert_eq!(
         notices(&out),
         [(
@@ -125,7 +132,7 @@ async fn unknown_and_not_allowed_nodes_get_proxy_error() {
             }
         )]
     );
-    let out = r.proxy_new(&n("d"), 40, &n("b"), &u("db.service"), 2);
+    let out = r.proxy_new(&n("d"), 40, &n("b"), &u("db.service"), 2, now());
     assert_eq!(
         notices(&out),
         [(
@@ -158,7 +165,7 @@ async fn unknown_and_not_allowed_nodes_get_proxy_error() {
 #[tokio::test(start_paused = true)]
 async fn first_reference_watches_starts_dep_and_relays_state() {
     let mut r = setup();
-    let out = r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
+    let out = r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1, now());
     assert_eq!(
         out,
         [Action::Watch {
@@ -220,11 +227,11 @@ async fn first_reference_watches_starts_dep_and_relays_state() {
 #[tokio::test(start_paused = true)]
 async fn second_requester_shares_the_dep() {
     let mut r = setup();
-    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1, now());
     ack_all(&mut r);
     r.target_event(&n("b"), &u("db.service"), &state("active", Reason::Real));
 
-    let out = r.proxy_new(&n("c"), S_C, &n("b"), &u("db.service"), 7);
+    let out = r.proxy_new(&n("c"), S_C, &n("b"), &u("db.service"), 7, now());
     assert!(!out.iter().any(|a| matches!(a, Action::Watch { .. })));
     // c hears of the target once B confirms the start that covers it (see
     // a_later_requester_waits_for_the_start_that_covers_it).
@@ -273,11 +280,11 @@ async fn two_proxies_of_one_requester_for_one_target_both_count_and_keep_the_dep
     // Node a runs a unit written for BlueChi (bluechi-proxy@b_db.service,
     // proxy 1) and one written for drover (drover-proxy@b_db.service, proxy 2).
     let mut r = setup();
-    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1, now());
     let first = r.dep_commands();
     assert_eq!(first.len(), 1);
     // While StartDep #1 is in flight, the second proxy arrives.
-    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 2);
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 2, now());
     assert_eq!(r.live_count(&n("b"), &u("db.service")), 2);
     assert!(
         r.dep_commands().is_empty(),
@@ -298,7 +305,7 @@ async fn two_proxies_of_one_requester_for_one_target_both_count_and_keep_the_dep
         ]
     );
     // The same proxy announced again in the same session is still one.
-    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 2);
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 2, now());
     assert_eq!(r.live_count(&n("b"), &u("db.service")), 2);
     ack_all(&mut r);
     r.target_event(&n("b"), &u("db.service"), &state("active", Reason::Real));
@@ -314,7 +321,7 @@ async fn two_proxies_of_one_requester_for_one_target_both_count_and_keep_the_dep
     r.proxy_removed(&n("a"), &n("b"), &u("db.service"), 2, now());
     let stop = r.dep_commands();
     assert!(!stop[0].start);
-    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 3);
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 3, now());
     assert!(r.dep_commands().is_empty());
     r.dep_result(&stop[0], DepOutcome::Done);
     assert_eq!(ack_all(&mut r), [(true, "db.service".into())]);
@@ -323,15 +330,15 @@ async fn two_proxies_of_one_requester_for_one_target_both_count_and_keep_the_dep
 #[tokio::test(start_paused = true)]
 async fn two_proxies_of_one_requester_resume_each_and_the_unannounced_one_goes_after_grace() {
     let mut r = setup();
-    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
-    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 2);
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1, now());
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 2, now());
     ack_all(&mut r);
     r.target_event(&n("b"), &u("db.service"), &state("active", Reason::Real));
     r.node_offline(&n("a"), now());
     // The agent restarted: it adopts both proxy units, with new ids.
     r.node_online(&n("a"), S_A2, now());
     for id in [7, 8] {
-        let out = r.proxy_new(&n("a"), S_A2, &n("b"), &u("db.service"), id);
+        let out = r.proxy_new(&n("a"), S_A2, &n("b"), &u("db.service"), id, now());
         assert_eq!(
             notices(&out).last(),
             Some(&(
@@ -351,7 +358,7 @@ async fn two_proxies_of_one_requester_resume_each_and_the_unannounced_one_goes_a
     // the grace period, and the dep stays for the one left.
     r.node_offline(&n("a"), now());
     r.node_online(&n("a"), 12, now());
-    r.proxy_new(&n("a"), 12, &n("b"), &u("db.service"), 1);
+    r.proxy_new(&n("a"), 12, &n("b"), &u("db.service"), 1, now());
     advance(GRACE - Duration::from_secs(1)).await;
     r.tick(now());
     assert_eq!(r.live_count(&n("b"), &u("db.service")), 2, "within grace");
@@ -365,11 +372,11 @@ async fn two_proxies_of_one_requester_resume_each_and_the_unannounced_one_goes_a
 #[tokio::test(start_paused = true)]
 async fn start_dep_failure_fails_the_waiting_requesters_only() {
     let mut r = setup();
-    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1, now());
     ack_all(&mut r);
     r.target_event(&n("b"), &u("db.service"), &state("active", Reason::Real));
     // c arrives; its StartDep fails (say the dep's unit file broke meanwhile).
-    r.proxy_new(&n("c"), S_C, &n("b"), &u("db.service"), 5);
+    r.proxy_new(&n("c"), S_C, &n("b"), &u("db.service"), 5, now());
     // c was completed by the replay of `active`: make a waiting one instead
     // (c's agent releases proxy 5 and announces a new one).
     r.target_event(
@@ -378,7 +385,7 @@ async fn start_dep_failure_fails_the_waiting_requesters_only() {
         &state("activating", Reason::Real),
     );
     r.proxy_removed(&n("c"), &n("b"), &u("db.service"), 5, now());
-    r.proxy_new(&n("c"), S_C, &n("b"), &u("db.service"), 6);
+    r.proxy_new(&n("c"), S_C, &n("b"), &u("db.service"), 6, now());
     let cmds = r.dep_commands();
     assert_eq!(cmds.len(), 1);
     let out = r.dep_result(
@@ -404,7 +411,7 @@ async fn start_dep_failure_fails_the_waiting_requesters_only() {
 
     // A unit that does not exist: the only (waiting) requester fails and
     // the dep is stopped again.
-    r.proxy_new(&n("a"), S_A, &n("b"), &u("missing.service"), 9);
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("missing.service"), 9, now());
     let cmds = r.dep_commands();
     let out = r.dep_result(
         &cmds[0],
@@ -437,7 +444,7 @@ async fn start_dep_failure_fails_the_waiting_requesters_only() {
 #[tokio::test(start_paused = true)]
 async fn real_target_failure_fails_waiting_and_ends_active_proxies() {
     let mut r = setup();
-    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1, now());
     ack_all(&mut r);
     // B going offline (virtual inactive/agent-offline, virtual removal)
     // while waiting changes nothing.
@@ -464,7 +471,7 @@ async fn real_target_failure_fails_waiting_and_ends_active_proxies() {
 
     // Active, then a real stop: the reference ends (agent a stops its proxy
     // unit and its ProxyRemoved finds nothing).
-    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 2);
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 2, now());
     r.target_event(&n("b"), &u("db.service"), &state("active", Reason::Real));
     ack_all(&mut r);
     let out = r.target_event(&n("b"), &u("db.service"), &state("inactive", Reason::Real));
@@ -481,8 +488,8 @@ async fn real_target_failure_fails_waiting_and_ends_active_proxies() {
 #[tokio::test(start_paused = true)]
 async fn requester_back_within_grace_resumes_without_touching_the_target() {
     let mut r = setup();
-    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
-    r.proxy_new(&n("a"), S_A, &n("b"), &u("web.service"), 2);
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1, now());
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("web.service"), 2, now());
     ack_all(&mut r);
     r.target_event(&n("b"), &u("db.service"), &state("active", Reason::Real));
     r.node_offline(&n("a"), now());
@@ -496,7 +503,7 @@ async fn requester_back_within_grace_resumes_without_touching_the_target() {
 
     // Back, with new proxy ids (its agent restarted): matched on (a, b, unit).
     r.node_online(&n("a"), S_A2, now());
-    let out = r.proxy_new(&n("a"), S_A2, &n("b"), &u("db.service"), 100);
+    let out = r.proxy_new(&n("a"), S_A2, &n("b"), &u("db.service"), 100, now());
     assert_eq!(
         notices(&out),
         [
@@ -515,7 +522,7 @@ async fn requester_back_within_grace_resumes_without_touching_the_target() {
             ),
         ]
     );
-    r.proxy_new(&n("a"), S_A2, &n("b"), &u("web.service"), 101);
+    r.proxy_new(&n("a"), S_A2, &n("b"), &u("web.service"), 101, now());
     assert!(r.dep_commands().is_empty(), "nothing happens on b");
     // Past the old deadline nothing is dropped.
     advance(Duration::from_secs(5)).await;
@@ -533,16 +540,16 @@ async fn requester_back_within_grace_resumes_without_touching_the_target() {
 #[tokio::test(start_paused = true)]
 async fn requester_away_past_grace_loses_its_references() {
     let mut r = setup();
-    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
-    r.proxy_new(&n("c"), S_C, &n("b"), &u("db.service"), 2);
-    r.proxy_new(&n("a"), S_A, &n("b"), &u("web.service"), 3);
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1, now());
+    r.proxy_new(&n("c"), S_C, &n("b"), &u("db.service"), 2, now());
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("web.service"), 3, now());
     ack_all(&mut r);
     r.node_offline(&n("a"), now());
     assert_eq!(r.next_deadline(), Some(now() + GRACE));
     // Back online but never re-announcing web (its proxy is gone on a).
     advance(Duration::from_secs(2)).await;
     r.node_online(&n("a"), S_A2, now());
-    r.proxy_new(&n("a"), S_A2, &n("b"), &u("db.service"), 1);
+    r.proxy_new(&n("a"), S_A2, &n("b"), &u("db.service"), 1, now());
     advance(GRACE).await;
     let out = r.tick(now());
     assert!(out.contains(&Action::Unwatch {
@@ -573,7 +580,7 @@ async fn zero_grace_drops_at_once() {
     ));
     r.node_online(&n("a"), S_A, now());
     r.node_online(&n("b"), S_B, now());
-    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1, now());
     ack_all(&mut r);
     r.node_offline(&n("a"), now());
     r.tick(now());
@@ -583,7 +590,7 @@ async fn zero_grace_drops_at_once() {
 #[tokio::test(start_paused = true)]
 async fn target_node_back_within_grace_keeps_active_proxies() {
     let mut r = setup();
-    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1, now());
     ack_all(&mut r);
     r.target_event(&n("b"), &u("db.service"), &state("active", Reason::Real));
     r.node_offline(&n("b"), now());
@@ -614,8 +621,8 @@ async fn target_node_back_within_grace_keeps_active_proxies() {
 #[tokio::test(start_paused = true)]
 async fn target_node_away_past_grace_stops_active_proxies_not_waiting_ones() {
     let mut r = setup();
-    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
-    r.proxy_new(&n("c"), S_C, &n("b"), &u("db.service"), 2);
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1, now());
+    r.proxy_new(&n("c"), S_C, &n("b"), &u("db.service"), 2, now());
     ack_all(&mut r);
     r.target_event(&n("b"), &u("db.service"), &state("active", Reason::Real));
     // c's proxy was re-added and is waiting again.
@@ -625,15 +632,18 @@ async fn target_node_away_past_grace_stops_active_proxies_not_waiting_ones() {
         &state("activating", Reason::Real),
     );
     r.proxy_removed(&n("c"), &n("b"), &u("db.service"), 2, now());
-    r.proxy_new(&n("c"), S_C, &n("b"), &u("db.service"), 3);
+    r.proxy_new(&n("c"), S_C, &n("b"), &u("db.service"), 3, now());
     let inflight = r.dep_commands();
-    r.node_offline(&n("b"), now());
+    let out = r.node_offline(&n("b"), now());
+    // The waiting proxy hears why it waits; the active one hears nothing yet.
+    assert_eq!(notices(&out), [("c".into(), node_offline(3, Some(0)))]);
     // The StartDep in flight ends with Offline: not a failure.
     assert!(r.dep_result(&inflight[0], DepOutcome::Offline).is_empty());
     // A new proxy while b is away waits; the last news of b is stale, so
-    // what is known is `inactive` (virtual), never the old `active`.
-    let out = r.proxy_new(&n("a"), S_A, &n("b"), &u("web.service"), 4);
-    assert!(notices(&out).is_empty());
+    // what is known is `inactive` (virtual), never the old `active`. It is
+    // told only that b is offline.
+    let out = r.proxy_new(&n("a"), S_A, &n("b"), &u("web.service"), 4, now());
+    assert_eq!(notices(&out), [("a".into(), node_offline(4, Some(0)))]);
     let rows = row_states(&r);
     assert_eq!(
         rows[0],
@@ -659,8 +669,18 @@ async fn target_node_away_past_grace_stops_active_proxies_not_waiting_ones() {
     assert!(rows.iter().all(|row| row.2 == "waiting"), "{rows:?}");
     assert_eq!(r.live_count(&n("b"), &u("db.service")), 1);
 
-    // b returns: outstanding StartDeps go out (db for c, web for a).
-    r.node_online(&n("b"), 22, now());
+    // b returns: the waiting proxies hear it; outstanding StartDeps go out
+    // (db for c, web for a).
+    let out = r.node_online(&n("b"), 22, now());
+    let mut back = notices(&out);
+    back.sort_by_key(|(to, _)| to.clone());
+    assert_eq!(
+        back,
+        [
+            ("a".into(), Notice::TargetNodeOnline { proxy_id: 4 }),
+            ("c".into(), Notice::TargetNodeOnline { proxy_id: 3 })
+        ]
+    );
     let mut sent = ack_all(&mut r);
     sent.sort();
     assert_eq!(
@@ -670,14 +690,14 @@ async fn target_node_away_past_grace_stops_active_proxies_not_waiting_ones() {
     // a re-announces the ended proxy (same id): it hears the outcome again.
     r.node_offline(&n("a"), now());
     r.node_online(&n("a"), S_A2, now());
-    let out = r.proxy_new(&n("a"), S_A2, &n("b"), &u("db.service"), 1);
+    let out = r.proxy_new(&n("a"), S_A2, &n("b"), &u("db.service"), 1, now());
     assert_eq!(notices(&out), [("a".into(), target_notice(1, gone))]);
 }
 
 #[tokio::test(start_paused = true)]
 async fn stop_dep_of_an_offline_target_is_sent_when_it_returns() {
     let mut r = setup();
-    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1, now());
     ack_all(&mut r);
     r.node_offline(&n("b"), now());
     r.proxy_removed(&n("a"), &n("b"), &u("db.service"), 1, now());
@@ -690,9 +710,9 @@ async fn stop_dep_of_an_offline_target_is_sent_when_it_returns() {
 #[tokio::test(start_paused = true)]
 async fn reload_revoking_permission_drops_references_at_once() {
     let mut r = setup();
-    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
-    r.proxy_new(&n("c"), S_C, &n("b"), &u("db.service"), 2);
-    r.proxy_new(&n("c"), S_C, &n("b"), &u("web.service"), 3);
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1, now());
+    r.proxy_new(&n("c"), S_C, &n("b"), &u("db.service"), 2, now());
+    r.proxy_new(&n("c"), S_C, &n("b"), &u("web.service"), 3, now());
     ack_all(&mut r);
     // c loses its permission; a keeps it; e is a new node a may depend on.
     let out = r.reload(Policy::new(
@@ -718,7 +738,7 @@ async fn reload_revoking_permission_drops_references_at_once() {
     assert_eq!(ack_all(&mut r), [(false, "web.service".into())]);
     // The new permission works at once.
     r.node_online(&n("e"), 50, now());
-    let out = r.proxy_new(&n("a"), S_A, &n("e"), &u("x.service"), 9);
+    let out = r.proxy_new(&n("a"), S_A, &n("e"), &u("x.service"), 9, now());
     assert!(out.contains(&Action::Watch {
         node: n("e"),
         unit: u("x.service")
@@ -743,7 +763,7 @@ async fn manager_restart_rebuilds_references_and_stops_only_orphans() {
     );
     advance(Duration::from_secs(3)).await;
     r.node_online(&n("a"), S_A, now());
-    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 4);
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 4, now());
     // The re-announce restarts the dep that is running anyway (a no-op).
     assert_eq!(ack_all(&mut r), [(true, "db.service".into())]);
     r.target_event(&n("b"), &u("db.service"), &state("active", Reason::Virtual));
@@ -778,13 +798,13 @@ async fn manager_restart_rebuilds_references_and_stops_only_orphans() {
 #[tokio::test(start_paused = true)]
 async fn failed_proxy_outcome_is_replayed_to_a_returning_requester() {
     let mut r = setup();
-    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1, now());
     let cmds = r.dep_commands();
     r.node_offline(&n("a"), now());
     let out = r.dep_result(&cmds[0], DepOutcome::Failed("boom".into()));
     assert!(notices(&out).is_empty(), "a is away");
     r.node_online(&n("a"), S_A2, now());
-    let out = r.proxy_new(&n("a"), S_A2, &n("b"), &u("db.service"), 1);
+    let out = r.proxy_new(&n("a"), S_A2, &n("b"), &u("db.service"), 1, now());
     assert!(
         matches!(&notices(&out)[0].1, Notice::ProxyError { proxy_id: 1, message } if message.contains("boom"))
     );
@@ -794,21 +814,21 @@ async fn failed_proxy_outcome_is_replayed_to_a_returning_requester() {
         "no new StartDep for the old proxy; the dep is stopped"
     );
     // A new proxy (new id) is a fresh start.
-    r.proxy_new(&n("a"), S_A2, &n("b"), &u("db.service"), 2);
+    r.proxy_new(&n("a"), S_A2, &n("b"), &u("db.service"), 2, now());
     assert_eq!(ack_all(&mut r), [(true, "db.service".into())]);
 }
 
 #[tokio::test(start_paused = true)]
 async fn notices_never_reach_a_newer_session_with_old_ids() {
     let mut r = setup();
-    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1, now());
     ack_all(&mut r);
     r.node_offline(&n("a"), now());
     r.node_online(&n("a"), S_A2, now());
     // a is online again but has not re-announced: nothing for it yet.
     let out = r.target_event(&n("b"), &u("db.service"), &state("active", Reason::Real));
     assert!(notices(&out).is_empty());
-    for action in r.proxy_new(&n("a"), S_A2, &n("b"), &u("db.service"), 2) {
+    for action in r.proxy_new(&n("a"), S_A2, &n("b"), &u("db.service"), 2, now()) {
         if let Action::Notify { session, .. } = action {
             assert_eq!(session, S_A2);
         }
@@ -819,7 +839,7 @@ async fn notices_never_reach_a_newer_session_with_old_ids() {
 async fn dead_references_are_bounded_per_requester() {
     let mut r = setup();
     for i in 0..(MAX_DEAD_PER_REQUESTER as u64 + 10) {
-        r.proxy_new(&n("d"), 40, &n("b"), &u(&format!("u{i}.service")), i);
+        r.proxy_new(&n("d"), 40, &n("b"), &u(&format!("u{i}.service")), i, now());
     }
     let rows = r.rows();
     assert_eq!(rows.len(), MAX_DEAD_PER_REQUESTER);
@@ -827,14 +847,14 @@ async fn dead_references_are_bounded_per_requester() {
     // The oldest went first.
     assert!(!rows.iter().any(|row| row.unit.as_str() == "u0.service"));
     // Unknown target nodes are never stored.
-    r.proxy_new(&n("d"), 40, &n("zz"), &u("x.service"), 1);
+    r.proxy_new(&n("d"), 40, &n("zz"), &u("x.service"), 1, now());
     assert_eq!(r.rows().len(), MAX_DEAD_PER_REQUESTER);
 }
 
 #[tokio::test(start_paused = true)]
 async fn down_news_before_the_dep_start_is_confirmed_does_not_fail_a_waiting_proxy() {
     let mut r = setup();
-    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1, now());
     let cmds = r.dep_commands();
     assert_eq!(cmds.len(), 1);
     // While StartDep runs, the target's old state and a probe's load/unload
@@ -878,7 +898,7 @@ async fn down_news_before_the_dep_start_is_confirmed_does_not_fail_a_waiting_pro
 async fn a_target_down_when_its_start_is_confirmed_fails_the_waiting_proxy() {
     for down in ["failed", "inactive"] {
         let mut r = setup();
-        r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
+        r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1, now());
         let cmds = r.dep_commands();
         for change in [
             state("activating", Reason::Real),
@@ -916,7 +936,7 @@ async fn a_target_down_when_its_start_is_confirmed_fails_the_waiting_proxy() {
 async fn a_target_down_after_its_confirmed_start_fails_the_waiting_proxy_whatever_the_reason() {
     // Real news.
     let mut r = setup();
-    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1, now());
     ack_all(&mut r);
     let out = r.target_event(&n("b"), &u("db.service"), &state("failed", Reason::Real));
     assert_eq!(
@@ -930,7 +950,7 @@ async fn a_target_down_after_its_confirmed_start_fails_the_waiting_proxy_whateve
 
     // B's late replay, virtual.
     let mut r = setup();
-    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1, now());
     ack_all(&mut r);
     let out = r.target_event(
         &n("b"),
@@ -955,7 +975,7 @@ async fn a_target_down_after_its_confirmed_start_fails_the_waiting_proxy_whateve
 
     // B offline: nothing is decided.
     let mut r = setup();
-    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1, now());
     ack_all(&mut r);
     let offline = TargetChange::State {
         active_state: "inactive".into(),
@@ -990,7 +1010,7 @@ async fn a_target_down_after_its_confirmed_start_fails_the_waiting_proxy_whateve
 #[tokio::test(start_paused = true)]
 async fn a_waiting_proxy_completes_on_the_confirmed_start_not_on_older_news() {
     let mut r = setup();
-    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1, now());
     let cmds = r.dep_commands();
     for change in [
         state("active", Reason::Virtual),
@@ -1029,11 +1049,11 @@ async fn a_waiting_proxy_completes_on_the_confirmed_start_not_on_older_news() {
 #[tokio::test(start_paused = true)]
 async fn a_later_requester_waits_for_the_start_that_covers_it() {
     let mut r = setup();
-    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1, now());
     ack_all(&mut r);
     r.target_event(&n("b"), &u("db.service"), &state("active", Reason::Real));
     assert_eq!(row_states(&r)[0].2, "active");
-    let out = r.proxy_new(&n("c"), S_C, &n("b"), &u("db.service"), 7);
+    let out = r.proxy_new(&n("c"), S_C, &n("b"), &u("db.service"), 7, now());
     assert!(notices(&out).is_empty(), "{out:?}");
     let cmds = r.dep_commands();
     assert_eq!(cmds.len(), 1, "the re-add sends StartDep again");
@@ -1048,4 +1068,37 @@ async fn a_later_requester_waits_for_the_start_that_covers_it() {
         ))
     );
     assert!(row_states(&r).iter().all(|row| row.2 == "active"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiting_proxy_hears_that_its_target_node_is_offline_and_for_how_long() {
+    // Policy: a may depend on b. b has not connected since the manager started.
+    let mut r = References::new(policy());
+    r.node_online(&n("a"), S_A, now());
+    let out = r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1, now());
+    assert_eq!(notices(&out), [("a".into(), node_offline(1, None))]);
+
+    // b comes, the dep is confirmed and the target is still starting.
+    r.node_online(&n("b"), S_B, now());
+    ack_all(&mut r);
+    // b goes away after 5 s; the waiting proxy is told at once.
+    advance(Duration::from_secs(5)).await;
+    let out = r.node_offline(&n("b"), now());
+    assert_eq!(notices(&out), [("a".into(), node_offline(1, Some(0)))]);
+    // A proxy announced 93 s later hears how long b has been away; a
+    // resumed one (a reconnected) too.
+    advance(Duration::from_secs(93)).await;
+    let out = r.proxy_new(&n("a"), S_A, &n("b"), &u("web.service"), 2, now());
+    assert_eq!(notices(&out), [("a".into(), node_offline(2, Some(93_000)))]);
+    r.node_offline(&n("a"), now());
+    r.node_online(&n("a"), S_A2, now());
+    let out = r.proxy_new(&n("a"), S_A2, &n("b"), &u("db.service"), 7, now());
+    assert_eq!(notices(&out), [("a".into(), node_offline(7, Some(93_000)))]);
+
+    // Refused proxies and active ones are not told anything about b.
+    let out = r.proxy_new(&n("d"), 40, &n("b"), &u("db.service"), 9, now());
+    assert!(matches!(
+        notices(&out)[..],
+        [(_, Notice::ProxyError { .. })]
+    ));
 }

@@ -1,0 +1,66 @@
+//! Issue 14 item 1 on real systemd nodes with real agents: heartbeat settings
+//! that both sides accept never make a node flap. The agent takes the interval
+//! the manager announces (`agent/src/link/heartbeat.rs`); before, it kept its
+//! own threshold, and a manager that sends no heartbeats (`HeartbeatInterval=0`,
+//! BlueChi's default) or sends them more slowly than that threshold made every
+//! node drop and register again every few seconds. Every pair the configs
+//! accept is checked on the pure rule (`no_accepted_pair_of_settings_flaps`);
+//! here the two the issue reproduced run for real.
+//!
+//! The sandbox's agents send every 500 ms and watch for 2 s of silence.
+
+use drover_sandbox::ClusterOptions;
+use drover_testkit::prelude::*;
+use std::time::Duration;
+
+/// Several agent thresholds (2 s): a flapping node registers again at least
+/// twice in this time.
+const WATCH: Duration = Duration::from_secs(7);
+
+/// Starts two nodes with `manager` appended to the manager's config, waits
+/// `WATCH`, and checks that each node registered exactly once and is online.
+async fn stays_registered(manager: &str) {
+    let c = TestCluster::with(ClusterOptions {
+        manager_extra_config: manager.into(),
+        ..ClusterOptions::with_nodes(2)
+    })
+    .await;
+    tokio::time::sleep(WATCH).await;
+    let log = std::fs::read_to_string(c.log_path("manager")).unwrap();
+    let registered = log
+        .lines()
+        .filter(|l| l.contains("node registered"))
+        .count();
+    let dropped: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("node disconnected"))
+        .collect();
+    assert_eq!(
+        (registered, dropped.len()),
+        (2, 0),
+        "with {manager:?} every node registers once and stays: {dropped:#?}"
+    );
+    for node in ["node1", "node2"] {
+        let agent = std::fs::read_to_string(c.log_path(node)).unwrap();
+        assert!(
+            !agent.contains("lost the link to the manager"),
+            "the agent of {node} lost its link:\n{agent}"
+        );
+        c.wait_status(node, "online", Duration::from_secs(1)).await;
+    }
+    c.down().await;
+}
+
+/// A manager that sends no heartbeats (its threshold still watches the agents).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manager_without_heartbeats_keeps_every_node() {
+    stays_registered("[drover-manager]\nHeartbeatInterval=0\n").await;
+}
+
+/// A manager whose heartbeats are further apart (3 s) than the agents' own
+/// threshold (2 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manager_slower_than_the_agents_threshold_keeps_every_node() {
+    stays_registered("[drover-manager]\nHeartbeatInterval=3000\nNodeHeartbeatThreshold=9000\n")
+        .await;
+}
