@@ -52,6 +52,8 @@ pub struct Package {
     pub summary: &'static str,
     pub description: &'static str,
     pub depends: &'static [&'static str],
+    /// Other drover packages it needs, at exactly the same version.
+    pub siblings: &'static [&'static str],
     /// No binaries: `Architecture: all`.
     pub arch_all: bool,
     /// The unit its preset enables on first install.
@@ -85,6 +87,29 @@ const fn man(page: &'static str, dest: &'static str) -> Item {
     }
 }
 
+/// Every package. Adding one is one entry: its files (each also under
+/// `dist/`, which a unit test checks), what it depends on, and the unit its
+/// preset enables, if any. The BlueChi drop-in templates
+/// (`bluechi-proxy@.service`, `bluechi-dep@.service`, `make
+/// install-bluechi-compat`) are meant to become one more entry:
+///
+/// ```text
+/// Package {
+///     name: "drover-bluechi-compat",
+///     summary: "drover: BlueChi's proxy unit names for existing unit files",
+///     description: "...",
+///     depends: &[],
+///     siblings: &["drover-agent"],   // the templates run drover-proxy
+///     arch_all: true,                // unit files only
+///     unit: None,                    // templates: nothing to enable
+///     items: &[dist("usr/lib/systemd/system/bluechi-proxy@.service",
+///                   "{prefix}/lib/systemd/system/bluechi-proxy@.service"), ...],
+///     dirs: &[],
+/// },
+/// ```
+///
+/// plus its `%files bluechi-compat` section in `dist/rpm/drover.spec` (the rpm test
+/// compares the two lists).
 pub const PACKAGES: &[Package] = &[
     Package {
         name: "drover-manager",
@@ -93,6 +118,7 @@ pub const PACKAGES: &[Package] = &[
                       Eclipse BlueChi's public D-Bus API (org.eclipse.bluechi), so bluechictl-style\n\
                       tools, BlueChi's Python bindings and droverctl drive the whole fleet.",
         depends: &["systemd", "dbus"],
+        siblings: &["drover-common"],
         arch_all: false,
         unit: Some("drover-manager.service"),
         items: &[
@@ -100,6 +126,10 @@ pub const PACKAGES: &[Package] = &[
             dist(
                 "usr/lib/systemd/system/drover-manager.service",
                 "{prefix}/lib/systemd/system/drover-manager.service",
+            ),
+            dist(
+                "usr/lib/systemd/system/drover-manager.socket",
+                "{prefix}/lib/systemd/system/drover-manager.socket",
             ),
             dist(
                 "usr/lib/systemd/system-preset/50-drover-manager.preset",
@@ -128,6 +158,7 @@ pub const PACKAGES: &[Package] = &[
                       Ships drover-proxy and the drover-proxy@.service and drover-dep@.service\n\
                       templates, with which a unit depends on a unit of another node.",
         depends: &["systemd", "dbus"],
+        siblings: &["drover-common"],
         arch_all: false,
         unit: Some("drover-agent.service"),
         items: &[
@@ -188,6 +219,7 @@ pub const PACKAGES: &[Package] = &[
                       BlueChi-compatible D-Bus API; drover-pki makes the certificates of\n\
                       drover's mutual TLS.",
         depends: &[],
+        siblings: &[],
         arch_all: false,
         unit: None,
         items: &[
@@ -219,6 +251,7 @@ pub const PACKAGES: &[Package] = &[
         description: "The drover.conf(5) manual page: every key of the manager's and the\n\
                       agent's configuration files.",
         depends: &[],
+        siblings: &[],
         arch_all: true,
         unit: None,
         items: &[man(
@@ -529,8 +562,8 @@ pub fn build_deb(
         depends.insert(0, newest);
     }
     depends.extend(pkg.depends.iter().map(|d| d.to_string()));
-    if pkg.unit.is_some() {
-        depends.push(format!("drover-common (= {})", inputs.version));
+    for sibling in pkg.siblings {
+        depends.push(format!("{sibling} (= {})", inputs.version));
     }
 
     let size_kib: u64 = installed

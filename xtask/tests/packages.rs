@@ -104,6 +104,10 @@ fn packages_hold_their_files_with_their_modes_and_metadata() {
                 assert!(depends.contains(dep), "{}: Depends: {depends}", pkg.name);
             }
         }
+        for sibling in pkg.siblings {
+            let dep = format!("{sibling} (= {version})");
+            assert!(depends.contains(&dep), "{}: Depends: {depends}", pkg.name);
+        }
         if !pkg.arch_all {
             assert!(
                 depends.starts_with("libc6 (>= 2."),
@@ -178,14 +182,18 @@ fn packages_hold_their_files_with_their_modes_and_metadata() {
     // What is installed works: the units run binaries that are there and start.
     for unit in [
         "usr/lib/systemd/system/drover-manager.service",
+        "usr/lib/systemd/system/drover-manager.socket",
         "usr/lib/systemd/system/drover-agent.service",
         "usr/lib/systemd/system/drover-proxy@.service",
         "usr/lib/systemd/user/drover-agent.service",
         "usr/lib/systemd/user/drover-proxy@.service",
     ] {
         let text = std::fs::read_to_string(root.join(unit)).unwrap();
-        for line in text.lines().filter(|l| l.starts_with("ExecStart=")) {
-            let program = line["ExecStart=".len()..]
+        for line in text
+            .lines()
+            .filter(|l| l.starts_with("ExecStart=") || l.starts_with("ExecReload="))
+        {
+            let program = line[line.find('=').unwrap() + 1..]
                 .split_whitespace()
                 .next()
                 .unwrap();
