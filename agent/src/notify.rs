@@ -108,16 +108,28 @@ mod tests {
     fn retry_lines_say_what_failed_and_when_the_next_try_is() {
         let ms = Duration::from_millis;
         assert_eq!(
-            retry_line("m:842", &Failure::Unreachable("connection refused"), ms(800)),
+            retry_line(
+                "m:842",
+                &Failure::Unreachable("connection refused"),
+                ms(800)
+            ),
             "manager m:842 unreachable (connection refused), retrying in 0.8s"
         );
         assert_eq!(
-            retry_line("m:842", &Failure::Refused("UnknownNode: not allowed"), ms(2000)),
+            retry_line(
+                "m:842",
+                &Failure::Refused("UnknownNode: not allowed"),
+                ms(2000)
+            ),
             "refused by the manager at m:842 (UnknownNode: not allowed), retrying in 2.0s"
         );
         assert!(retry_line("m:842", &Failure::Tls("bad CA"), ms(100)).starts_with("TLS with"));
         assert_eq!(
-            retry_line("m:842", &Failure::Lost("the manager closed the connection"), ms(300)),
+            retry_line(
+                "m:842",
+                &Failure::Lost("the manager closed the connection"),
+                ms(300)
+            ),
             "lost the manager at m:842 (the manager closed the connection), reconnecting in 0.3s"
         );
     }

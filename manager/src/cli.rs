@@ -21,16 +21,16 @@
 //! restart to its unit (`Restart=on-failure`).
 
 use crate::core::{Core, Timeouts};
-use crate::notify;
 use crate::nodes::listener;
+use crate::notify;
 use crate::server::Manager;
 use anyhow::Context;
 use clap::Parser;
 use drover_bus::Bus;
 use drover_config::{ConfigError, ManagerConfig, Sources};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::process::ExitCode;
+use std::sync::Arc;
 use tokio::signal::unix::{SignalKind, signal};
 
 #[derive(Debug, Clone, Parser)]

@@ -119,11 +119,8 @@ mod tests {
     async fn no_watchdog_means_no_ping() {
         let mut off = Watchdog::every(None);
         assert_eq!(off.period(), None);
-        let pinged = tokio::time::timeout(
-            Duration::from_millis(50),
-            off.ping_when_due(async {}),
-        )
-        .await;
+        let pinged =
+            tokio::time::timeout(Duration::from_millis(50), off.ping_when_due(async {})).await;
         assert!(pinged.is_err(), "an unset watchdog never pings");
         let on = Watchdog::every(Some(Duration::from_secs(5)));
         assert_eq!(on.period(), Some(Duration::from_secs(5)));

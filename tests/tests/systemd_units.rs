@@ -136,7 +136,8 @@ async fn setup() -> Setup {
     pki.create_ca(&options).unwrap();
     pki.issue_manager(&["127.0.0.1"], &options).unwrap();
     let n1 = NodeName::new("n1").unwrap();
-    pki.issue_nodes(std::slice::from_ref(&n1), &options).unwrap();
+    pki.issue_nodes(std::slice::from_ref(&n1), &options)
+        .unwrap();
     let keys = |cert: PathBuf, key: PathBuf| {
         format!(
             "TLSCertificate={}\nTLSPrivateKey={}\nTLSCertificateAuthority={}\n",
@@ -252,9 +253,16 @@ async fn shipped_units_run_under_systemd_with_status_reload_watchdog_and_socket(
     assert_eq!(show(node, manager, "ActiveState"), "active");
 
     // A configuration that does not load fails the reload and changes nothing.
-    std::fs::write(&s.manager_conf, "[drover-manager]\nAllowedNodeNames=n1\nBogus=1\n").unwrap();
+    std::fs::write(
+        &s.manager_conf,
+        "[drover-manager]\nAllowedNodeNames=n1\nBogus=1\n",
+    )
+    .unwrap();
     let out = node.systemctl(&["reload", manager]);
-    assert!(!out.status.success(), "a broken config must fail the reload");
+    assert!(
+        !out.status.success(),
+        "a broken config must fail the reload"
+    );
     assert_eq!(show(node, manager, "ActiveState"), "active");
     assert_eq!(show(node, manager, "StatusText"), "1 of 2 nodes online");
     s.write_manager_conf("n1,n2");
@@ -283,18 +291,20 @@ async fn shipped_units_run_under_systemd_with_status_reload_watchdog_and_socket(
     wait_show(node, manager, "ActiveState", "active", START).await;
     wait_show(node, manager, "StatusText", "1 of 2 nodes online", START).await;
     assert_ne!(show(node, manager, "MainPID"), pid);
-    assert_eq!(show(node, agent, "MainPID"), agent_pid, "the agent kept running");
+    assert_eq!(
+        show(node, agent, "MainPID"),
+        agent_pid,
+        "the agent kept running"
+    );
 
     run_ok(node, &["stop", agent, manager, socket]);
 }
 
 async fn wait_show_changed(node: &SystemdNode, unit: &str, property: &str, from: &str) {
     let what = format!("{unit} {property} to change from {from}");
-    eventually(
-        Duration::from_secs(3 * WATCHDOG_SEC),
-        &what,
-        || async { show(node, unit, property) != from },
-    )
+    eventually(Duration::from_secs(3 * WATCHDOG_SEC), &what, || async {
+        show(node, unit, property) != from
+    })
     .await
     .unwrap_or_else(|e| panic!("{e}\n--- log ---\n{}", logs(node)));
 }
