@@ -22,11 +22,22 @@
 //! event loop does.
 
 use drover_config::notify;
+use std::sync::Mutex;
 use std::time::Duration;
+
+/// The last `STATUS=` line, sent again when a reload ends (the service
+/// manager shows "reloading" until then). One per process, as the service
+/// manager's socket is.
+static LAST: Mutex<String> = Mutex::new(String::new());
+
+fn status(line: String) {
+    notify::status(&line);
+    *LAST.lock().unwrap_or_else(|p| p.into_inner()) = line;
+}
 
 /// The link is up.
 pub fn connected(endpoint: &str, node: &str) {
-    notify::status(&format!("connected to {endpoint} as {node}"));
+    status(format!("connected to {endpoint} as {node}"));
 }
 
 /// What the last attempt or session ended with.
@@ -62,22 +73,26 @@ pub fn retry_line(endpoint: &str, failure: &Failure<'_>, delay: Duration) -> Str
 
 /// The link is down and will be tried again after `delay`.
 pub fn retrying(endpoint: &str, failure: &Failure<'_>, delay: Duration) {
-    notify::status(&retry_line(endpoint, failure, delay));
+    status(retry_line(endpoint, failure, delay));
 }
 
 /// `READY=1`: systemd answers; the link starts connecting.
 pub fn ready(endpoint: &str, node: &str) {
-    notify::ready(&format!("connecting to {endpoint} as {node}"));
+    let line = format!("connecting to {endpoint} as {node}");
+    notify::ready(&line);
+    *LAST.lock().unwrap_or_else(|p| p.into_inner()) = line;
 }
 
-/// A reload begins (`SIGHUP`).
+/// A reload begins (`SIGHUP`): `RELOADING=1`. Call [`reloaded`] when it is
+/// applied or refused.
 pub fn reloading() {
     notify::reloading("reloading");
 }
 
-/// The reload is done; `line` is the status to show again.
-pub fn reloaded(line: &str) {
-    notify::ready(line);
+/// The reload is done: `READY=1` and the link's status line again.
+pub fn reloaded() {
+    let line = LAST.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    notify::ready(&line);
 }
 
 /// The agent begins to shut down.

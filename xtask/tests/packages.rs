@@ -172,9 +172,11 @@ fn packages_hold_their_files_with_their_modes_and_metadata() {
     assert!(all_files >= 25, "{all_files} files in all");
     // The release packages (make deb-check) stay within the size budget.
     if std::env::var_os("DROVER_DEB_DIR").is_some() {
+        // Issue 16: "the whole installed set <= 15 MB"; held to 15,000,000
+        // bytes (14,648 KiB), which also satisfies the reading as MiB.
         assert!(
-            installed_kib <= 15 * 1024,
-            "the packages install {installed_kib} KiB, more than 15 MiB"
+            installed_kib * 1024 <= 15_000_000,
+            "the packages install {installed_kib} KiB, more than 15 MB (14,648 KiB)"
         );
         eprintln!("installed size of all packages: {installed_kib} KiB");
     }
