@@ -109,7 +109,7 @@ pub fn main() -> ExitCode {
         return match runtime.block_on(ask_reload(&cli.bus())) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("drover-manager --reload: {e}");
+                eprintln!("drover-manager --reload: {e:#}");
                 ExitCode::FAILURE
             }
         };
@@ -143,15 +143,21 @@ async fn ask_reload(bus: &Bus) -> anyhow::Result<()> {
     let reply: zbus::Result<()> = proxy.call("Reload", &()).await;
     match reply {
         Ok(()) => Ok(()),
-        Err(zbus::Error::MethodError(name, message, _)) => anyhow::bail!(
-            "{}{}",
-            message.unwrap_or_default(),
-            if name.as_str() == "org.freedesktop.DBus.Error.ServiceUnknown" {
-                " (is drover-manager running?)"
-            } else {
-                ""
-            }
-        ),
+        // The manager's answer (or the bus's, when no manager owns the
+        // name): its message is the whole story.
+        Err(zbus::Error::FDO(e)) => {
+            use zbus::DBusError;
+            let hint = match *e {
+                zbus::fdo::Error::ServiceUnknown(_) | zbus::fdo::Error::NameHasNoOwner(_) => {
+                    " (is drover-manager running?)"
+                }
+                _ => "",
+            };
+            anyhow::bail!("{}{hint}", e.description().unwrap_or(e.name().as_str()))
+        }
+        Err(zbus::Error::MethodError(name, message, _)) => {
+            anyhow::bail!("{}", message.unwrap_or_else(|| name.to_string()))
+        }
         Err(e) => Err(e).context("the reload call failed"),
     }
 }

@@ -322,7 +322,7 @@ async fn reload_flag_applies_the_reload_before_it_returns_and_fails_with_a_reaso
         )
         .await;
     assert!(
-        matches!(&denied, Err(zbus::Error::MethodError(name, _, _)) if name.as_str() == "org.freedesktop.DBus.Error.AccessDenied"),
+        matches!(&denied, Err(zbus::Error::FDO(e)) if matches!(**e, zbus::fdo::Error::AccessDenied(_))),
         "{denied:?}"
     );
 
