@@ -14,7 +14,9 @@
 //! * the watchdog: pings arrive (`WatchdogTimestamp` moves), the unit outlives
 //!   several watchdog periods; a manager stopped with SIGSTOP is killed by
 //!   the watchdog and restarted, and the socket keeps the port meanwhile, so
-//!   the agent comes back on its own.
+//!   the agent comes back on its own;
+//! * without a manager, the agent's status says it is unreachable and when
+//!   it tries again.
 //!
 //! The unit files are the shipped ones with these substitutions, each named
 //! in [`install`]: the binaries' path (and, on the command line, the config
@@ -297,7 +299,22 @@ async fn shipped_units_run_under_systemd_with_status_reload_watchdog_and_socket(
         "the agent kept running"
     );
 
-    run_ok(node, &["stop", agent, manager, socket]);
+    // Without a manager the agent says so, and when it tries again.
+    run_ok(node, &["stop", socket, manager]);
+    let unreachable = format!("manager {endpoint} unreachable (");
+    eventually(
+        START,
+        "the agent's status says the manager is unreachable",
+        || async {
+            let text = show(node, agent, "StatusText");
+            text.starts_with(&unreachable) && text.contains("), retrying in ")
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}: '{}'", show(node, agent, "StatusText")));
+    assert_eq!(show(node, agent, "ActiveState"), "active");
+
+    run_ok(node, &["stop", agent]);
 }
 
 async fn wait_show_changed(node: &SystemdNode, unit: &str, property: &str, from: &str) {
