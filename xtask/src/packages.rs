@@ -12,7 +12,11 @@
 //!   proxy/dep templates (system and user), preset, D-Bus policy, configs;
 //! * `droverctl`: `droverctl` and `drover-pki`, with completions;
 //! * `drover-common`: `drover.conf(5)`, which both daemons' packages need and
-//!   only one package may own.
+//!   only one package may own;
+//! * `drover-bluechi-compat` (optional, [`OPTIONAL`]: not part of `make
+//!   install`, installed by `make install-bluechi-compat`): Eclipse BlueChi's
+//!   `bluechi-proxy@.service` and `bluechi-dep@.service` templates (system and
+//!   user), so unit files written for BlueChi work with drover's agent.
 //!
 //! Units are enabled by the presets on first install, never started by a
 //! maintainer script; `/etc/drover/*.conf` are conffiles.
@@ -88,28 +92,11 @@ const fn man(page: &'static str, dest: &'static str) -> Item {
 }
 
 /// Every package. Adding one is one entry: its files (each also under
-/// `dist/`, which a unit test checks), what it depends on, and the unit its
-/// preset enables, if any. The BlueChi drop-in templates
-/// (`bluechi-proxy@.service`, `bluechi-dep@.service`, `make
-/// install-bluechi-compat`) are meant to become one more entry:
-///
-/// ```text
-/// Package {
-///     name: "drover-bluechi-compat",
-///     summary: "drover: BlueChi's proxy unit names for existing unit files",
-///     description: "...",
-///     depends: &[],
-///     siblings: &["drover-agent"],   // the templates run drover-proxy
-///     arch_all: true,                // unit files only
-///     unit: None,                    // templates: nothing to enable
-///     items: &[dist("usr/lib/systemd/system/bluechi-proxy@.service",
-///                   "{prefix}/lib/systemd/system/bluechi-proxy@.service"), ...],
-///     dirs: &[],
-/// },
-/// ```
-///
-/// plus its `%files bluechi-compat` section in `dist/rpm/drover.spec` (the rpm test
-/// compares the two lists).
+/// `dist/`, which a unit test checks), what it depends on, the drover
+/// packages it needs at the same version (`siblings`), and the unit its
+/// preset enables, if any; plus its `%files` section in `dist/rpm/drover.spec`
+/// (the rpm test compares the two lists). `drover-bluechi-compat` below is
+/// such an entry.
 pub const PACKAGES: &[Package] = &[
     Package {
         name: "drover-manager",
@@ -260,7 +247,44 @@ pub const PACKAGES: &[Package] = &[
         )],
         dirs: &[],
     },
+    Package {
+        name: "drover-bluechi-compat",
+        summary: "drover: Eclipse BlueChi's proxy unit names for existing unit files",
+        description: "The bluechi-proxy@.service and bluechi-dep@.service templates (system and\n\
+                      user), so unit files written for Eclipse BlueChi\n\
+                      (Wants=bluechi-proxy@node2_db.service) work unchanged with drover's agent\n\
+                      and its drover-proxy helper.",
+        depends: &[],
+        // The templates run drover-agent's drover-proxy, whose command line
+        // they use: the same version.
+        siblings: &["drover-agent"],
+        arch_all: true,
+        unit: None,
+        items: &[
+            dist(
+                "usr/lib/systemd/system/bluechi-proxy@.service",
+                "{prefix}/lib/systemd/system/bluechi-proxy@.service",
+            ),
+            dist(
+                "usr/lib/systemd/system/bluechi-dep@.service",
+                "{prefix}/lib/systemd/system/bluechi-dep@.service",
+            ),
+            dist(
+                "usr/lib/systemd/user/bluechi-proxy@.service",
+                "{prefix}/lib/systemd/user/bluechi-proxy@.service",
+            ),
+            dist(
+                "usr/lib/systemd/user/bluechi-dep@.service",
+                "{prefix}/lib/systemd/user/bluechi-dep@.service",
+            ),
+        ],
+        dirs: &[],
+    },
 ];
+
+/// Packages `make install` leaves out; each has its own install goal
+/// (`make install-bluechi-compat`).
+pub const OPTIONAL: &[&str] = &["drover-bluechi-compat"];
 
 /// Where things go.
 #[derive(Debug, Clone)]

@@ -9,8 +9,11 @@
 //!   manager stopped reading.
 //! * [`status`] — the link's state as the local API shows it (online,
 //!   last seen, controller address, log settings).
+//! * [`target`] — where the link dials, switchable at run time
+//!   (`SwitchController`).
 
 pub mod connection;
 pub mod heartbeat;
 pub mod outbox;
 pub mod status;
+pub mod target;
