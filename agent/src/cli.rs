@@ -1,5 +1,7 @@
 //! The `drover-agent` command line: arguments, configuration, logging,
-//! signals and `sd_notify`, around [`crate::agent::run`].
+//! signals, around [`crate::agent::run`]; what systemd hears is
+//! [`crate::notify`] (turned on here: `READY=1`, the link's `STATUS=`, the
+//! watchdog, `STOPPING=1`).
 //!
 //! Exit codes: 0 after a clean shutdown (SIGTERM/SIGINT), 1 for an invalid
 //! configuration or node name (one clear line on stderr) or a lost systemd,
@@ -94,6 +96,7 @@ pub fn settings(args: &Args) -> Result<Settings, String> {
         .map_err(|m| format!("--interval: {m}"))?;
     }
     let mut link = LinkConfig::new(node, host, port);
+    link.notify = true;
     link.heartbeat_interval = Duration::from_millis(interval_ms);
     link.heartbeat_threshold = Duration::from_millis(config.controller_heartbeat_threshold_ms);
     link.quiet_after = config.connection_retry_count_until_quiet;
@@ -194,15 +197,16 @@ async fn serve(settings: Settings) -> Result<(), crate::agent::AgentError> {
     let shutdown = CancellationToken::new();
     spawn_signal_handler(shutdown.clone());
     let logging = &settings.config.logging;
+    let endpoint = format!("{}:{}", settings.link.host, settings.link.port);
+    let node = settings.link.node.clone();
+    let watchdog = tokio::spawn(crate::notify::watchdog());
     let result =
         crate::agent::run_configured(&settings.bus, settings.link, logging, shutdown, || {
-            // Not under systemd, NOTIFY_SOCKET is unset and this does nothing.
-            if let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Ready]) {
-                tracing::warn!("sd_notify READY=1 failed: {e}");
-            }
+            crate::notify::ready(&endpoint, node.as_str());
         })
         .await;
-    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+    crate::notify::stopping();
+    watchdog.abort();
     result
 }
 

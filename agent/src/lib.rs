@@ -10,7 +10,8 @@
 //!
 //! Drivers:
 //! * [`agent`] — wires the rest together; [`cli`] — arguments, config,
-//!   logging, signals, `sd_notify` for the thin binary.
+//!   logging, signals for the thin binary; [`notify`] — what systemd hears
+//!   (`READY=1`, `STATUS=` as the link changes, `WATCHDOG=1`, `RELOADING=1`).
 //! * [`link`] — [`link::connection`]: TCP connect, handshake, heartbeats,
 //!   silence threshold, reconnect with jittered backoff; [`link::outbox`]:
 //!   the only way to the manager — bounded, never blocking, drops what
@@ -70,6 +71,7 @@ pub mod fanout;
 pub mod jobs;
 pub mod link;
 pub mod node_api;
+pub mod notify;
 pub mod proxies;
 pub mod state;
 pub mod systemd;

@@ -9,6 +9,8 @@
 //! * [`tls`] — the TLS file keys both daemons share (all-or-nothing,
 //!   absolute paths); the transport rules built on them are in [`manager`].
 //! * [`logging`] — `LogLevel`/`LogTarget` and the tracing setup they select.
+//! * [`notify`] — what both daemons tell their service manager (`READY=1`,
+//!   `STATUS=`, `RELOADING=1`, `WATCHDOG=1`, `STOPPING=1`).
 //!
 //! * BlueChi's files and section names (`[bluechi-controller]`,
 //!   `[bluechi-agent]`) are read too, under drover's ([`layers`], `sections`).
@@ -27,6 +29,7 @@ pub mod ini;
 pub mod layers;
 pub mod logging;
 pub mod manager;
+pub mod notify;
 mod sections;
 pub mod tls;
 mod value;

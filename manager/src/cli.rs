@@ -12,14 +12,20 @@
 //!
 //! [`main`] is the whole process around the library: parse the command line,
 //! start the runtime, load the config, set up logging, run the manager until
-//! SIGTERM/SIGINT; SIGHUP reloads the config ([`crate::reload`]). A failure
+//! SIGTERM/SIGINT; SIGHUP reloads the config ([`crate::reload`]), and so
+//! does `io.drover.Controller.Reload`, which `drover-manager --reload` calls
+//! (the unit's `ExecReload=`: it returns when the reload is applied). The
+//! service manager hears of all of it through [`crate::notify`]; the
+//! watchdog is pinged from this loop, after a check that the worker threads
+//! run tasks and the node table's lock is free. A failure
 //! to start is one line on stderr and exit status 1; so is the loss of the
 //! bus connection while running (logged as an error first): the manager
 //! cannot win its name back on a connection that is gone, so it leaves the
 //! restart to its unit (`Restart=on-failure`).
 
-use crate::core::Timeouts;
+use crate::core::{Core, Timeouts};
 use crate::nodes::listener;
+use crate::notify;
 use crate::server::Manager;
 use anyhow::Context;
 use clap::Parser;
@@ -27,9 +33,10 @@ use drover_bus::Bus;
 use drover_config::{ConfigError, LoadReport, ManagerConfig, Sources};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use tokio::signal::unix::{SignalKind, signal};
 
-#[derive(Debug, Parser)]
+#[derive(Debug, Clone, Parser)]
 #[command(
     name = "drover-manager",
     version = drover_protocol::version_line!(),
@@ -52,6 +59,10 @@ pub struct Cli {
     /// Read only -c FILE (and DROVER_LOG_* from the environment), no system files.
     #[arg(long = "no-default-config")]
     pub no_default_config: bool,
+    /// Ask the manager serving the bus to reload its configuration, and
+    /// wait until it is applied (the unit's ExecReload=); exit 1 if it fails.
+    #[arg(long = "reload", conflicts_with_all = ["config", "port", "no_default_config"])]
+    pub reload: bool,
     /// Print the version and exit.
     #[arg(short = 'v', long = "version", action = clap::ArgAction::Version)]
     pub version: Option<bool>,
@@ -106,6 +117,15 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if cli.reload {
+        return match runtime.block_on(ask_reload(&cli.bus())) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("drover-manager --reload: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -120,6 +140,40 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// `--reload`: `io.drover.Controller.Reload` on the manager that owns
+/// `org.eclipse.bluechi` on `bus`. The D-Bus call waits as long as the
+/// reload takes (no client timeout: systemd's `TimeoutStartSec=` bounds it).
+async fn ask_reload(bus: &Bus) -> anyhow::Result<()> {
+    use drover_bus::bluechi::{BUS_NAME, CONTROLLER_PATH, DROVER_CONTROLLER_IFACE};
+    let conn = bus
+        .connect()
+        .await
+        .with_context(|| format!("cannot connect to {bus}"))?;
+    let proxy = zbus::Proxy::new(&conn, BUS_NAME, CONTROLLER_PATH, DROVER_CONTROLLER_IFACE)
+        .await
+        .context("cannot reach the manager")?;
+    let reply: zbus::Result<()> = proxy.call("Reload", &()).await;
+    match reply {
+        Ok(()) => Ok(()),
+        // The manager's answer (or the bus's, when no manager owns the
+        // name): its message is the whole story.
+        Err(zbus::Error::FDO(e)) => {
+            use zbus::DBusError;
+            let hint = match *e {
+                zbus::fdo::Error::ServiceUnknown(_) | zbus::fdo::Error::NameHasNoOwner(_) => {
+                    " (is drover-manager running?)"
+                }
+                _ => "",
+            };
+            anyhow::bail!("{}{hint}", e.description().unwrap_or(e.name().as_str()))
+        }
+        Err(zbus::Error::MethodError(name, message, _)) => {
+            anyhow::bail!("{}", message.unwrap_or_else(|| name.to_string()))
+        }
+        Err(e) => Err(e).context("the reload call failed"),
+    }
+}
+
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let (config, report) = cli.load_config().context("configuration")?;
     let log = drover_config::logging::init(&config.logging);
@@ -130,12 +184,24 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
     let manager = Manager::start(config, &cli.bus(), listener, Timeouts::default()).await?;
     manager.core().set_log_handle(log);
-    if let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Ready]) {
-        tracing::debug!("sd_notify: {e}");
+    let sources = cli.clone();
+    manager.core().set_config_source(Box::new(move || {
+        sources.load_config().map(|(config, report)| {
+            log_report(&report);
+            config
+        })
+    }));
+    let counts = manager.core().node_counts();
+    notify::ready(*counts.borrow());
+    let status = tokio::spawn(notify::follow_status(counts));
+    let mut watchdog = notify::Watchdog::from_env();
+    if let Some(every) = watchdog.period() {
+        tracing::info!("watchdog: pinging the service manager every {every:?}");
     }
     let mut bus_lost = false;
     loop {
         tokio::select! {
+            () = watchdog.ping_when_due(alive(manager.core())) => {}
             () = manager.bus_lost() => {
                 tracing::error!(
                     "drover-manager lost its connection to {}; exiting so that the service manager restarts it",
@@ -156,24 +222,32 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 tracing::info!("SIGHUP: reloading the configuration");
                 // Same sources and flags as at start; a config that does not
                 // load is logged by `reload` and the running one kept.
-                let loaded = cli.load_config().map(|(config, report)| {
-                    log_report(&report);
-                    config
-                });
-                let _ = crate::reload::reload(
+                let _ = crate::reload::reload_from_source(
                     manager.core(),
                     Some(manager.connection()),
-                    loaded,
                 )
                 .await;
             }
         }
     }
+    notify::stopping();
+    status.abort();
     manager.shutdown().await;
     if bus_lost {
         anyhow::bail!("lost its connection to {}", cli.bus());
     }
     Ok(())
+}
+
+/// The check before each watchdog ping: a task runs on the worker threads
+/// and takes the node table's lock. A manager whose workers are all stuck,
+/// or whose registry lock is never released, stops pinging.
+async fn alive(core: &Arc<Core>) {
+    let core = core.clone();
+    let _ = tokio::spawn(async move {
+        let _ = core.registry().online();
+    })
+    .await;
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ use crate::metrics::Metrics;
 use crate::nodes::gate::{Gate, Limits, LogLimiter, Ticket};
 use crate::nodes::registry::{Admission, ControllerStatus, Policy as AdmitPolicy, Registry};
 use crate::nodes::session::{Session, SessionOwner, spawn_io};
+use crate::notify::NodeCounts;
 use crate::outbound::Outbound;
 use crate::proxies::driver::Proxies;
 use crate::proxies::rules::Policy;
@@ -42,6 +43,13 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use zbus::OwnedObjectPath;
+
+fn counts_of(registry: &Registry) -> NodeCounts {
+    NodeCounts {
+        online: registry.online(),
+        known: registry.total(),
+    }
+}
 
 /// systemd job modes (`systemctl --job-mode`); anything else is refused
 /// before it reaches a node.
@@ -107,7 +115,19 @@ pub struct Core {
     tls: Option<Acceptor>,
     gate: Gate,
     refusals: LogLimiter,
+    /// Nodes online / known, as last announced (the service manager's
+    /// `STATUS=`, see [`crate::notify`]).
+    node_counts: tokio::sync::watch::Sender<NodeCounts>,
+    /// Where a reload reads the configuration from (set by the binary;
+    /// unset in library use, where only `reload::reload` with a config is
+    /// possible), and the lock that runs one reload at a time.
+    config_source: OnceLock<ConfigSource>,
+    reload_lock: tokio::sync::Mutex<()>,
 }
+
+/// Loads the configuration again, from the sources and flags of the start.
+pub type ConfigSource =
+    Box<dyn Fn() -> Result<ManagerConfig, drover_config::ConfigError> + Send + Sync>;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // The guarded data is only changed by short, panic-free sections.
@@ -121,6 +141,7 @@ impl Core {
         let mut registry = Registry::new(&config.allowed_nodes);
         registry.set_policy(AdmitPolicy::from_config(&config));
         let controller = registry.controller_status();
+        let counts = counts_of(&registry);
         let subscriptions = Subscriptions::new(timeouts.request);
         let monitors = Monitors::new(subscriptions.clone());
         let proxies = Proxies::new(
@@ -146,6 +167,9 @@ impl Core {
             tls,
             gate: Gate::new(timeouts.pre_auth),
             refusals: LogLimiter::default(),
+            node_counts: tokio::sync::watch::Sender::new(counts),
+            config_source: OnceLock::new(),
+            reload_lock: tokio::sync::Mutex::new(()),
             config,
             timeouts,
         })
@@ -208,6 +232,21 @@ impl Core {
     /// Where `SetLogLevel` applies the level (the daemon sets it once).
     pub fn set_log_handle(&self, handle: LogHandle) {
         let _ = self.log_handle.set(handle);
+    }
+
+    /// Where reloads read the configuration (once; later calls are ignored).
+    pub fn set_config_source(&self, source: ConfigSource) {
+        let _ = self.config_source.set(source);
+    }
+
+    /// The configuration loaded again, `None` without a source.
+    pub fn load_config_again(&self) -> Option<Result<ManagerConfig, drover_config::ConfigError>> {
+        self.config_source.get().map(|load| load())
+    }
+
+    /// Held for the whole of a reload, so two never interleave.
+    pub async fn reload_lock(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.reload_lock.lock().await
     }
 
     /// `Controller.SetLogLevel`: the level reported and the level in force.
@@ -416,11 +455,30 @@ impl Core {
         }
     }
 
+    /// Nodes online and known, as announced; changes with every
+    /// online/offline transition and every node added.
+    pub fn node_counts(&self) -> tokio::sync::watch::Receiver<NodeCounts> {
+        self.node_counts.subscribe()
+    }
+
+    /// Publishes the registry's counts (called under `announce`).
+    fn publish_counts(&self, counts: NodeCounts) {
+        self.node_counts.send_if_modified(|c| {
+            let changed = *c != counts;
+            *c = counts;
+            changed
+        });
+    }
+
     /// Emits `Controller.Status` when it differs from what was last announced:
     /// a reload that adds (offline) nodes can change it with no node changing.
     pub async fn announce_controller(&self) {
         let mut announced = self.announce.lock().await;
-        let controller = self.registry().controller_status();
+        let (controller, counts) = {
+            let registry = self.registry();
+            (registry.controller_status(), counts_of(&registry))
+        };
+        self.publish_counts(counts);
         if controller != announced.controller {
             announced.controller = controller;
             self.properties_changed(
@@ -435,7 +493,7 @@ impl Core {
 
     /// Emits `Node.Status` and, when it crossed a threshold, `Controller.Status`.
     async fn announce_node_locked(&self, announced: &mut Announced, node: &NodeName) {
-        let (status, path, controller) = {
+        let (status, path, controller, counts) = {
             let registry = self.registry();
             let Some(entry) = registry.get(node.as_str()) else {
                 return;
@@ -444,8 +502,10 @@ impl Core {
                 entry.status(),
                 entry.path.clone(),
                 registry.controller_status(),
+                counts_of(&registry),
             )
         };
+        self.publish_counts(counts);
         self.properties_changed(path.as_str(), NODE_IFACE, "Status", status)
             .await;
         // While shutting down, `shutdown` announces the final state once.

@@ -32,9 +32,12 @@
 //! * [`api`] — the D-Bus objects (Controller, Node, Job, Monitor, Metrics)
 //!   over the core, and [`api::outbound::BusOutbound`], the core's outbound
 //!   side on a bus connection.
-//! * [`reload`] applies a reloaded config (SIGHUP); [`escape`] — node and
+//! * [`reload`] applies a reloaded config (SIGHUP, `io.drover.Controller.Reload`);
+//!   [`notify`] — what the service manager hears (`READY=1`, `STATUS=`,
+//!   `RELOADING=1`, `WATCHDOG=1`, `STOPPING=1`); [`escape`] — node and
 //!   job object paths as zbus values; [`error`] — BlueChi's error replies.
-//! * [`server`] — start/stop of a whole manager; [`cli`] — the command line
+//! * [`server`] — start/stop of a whole manager ([`tls`]: its TLS settings
+//!   from the config, shared with [`reload`]); [`cli`] — the command line
 //!   and the process around it (runtime, signals, `sd_notify`).
 //!
 //! Imports run one way: `api` → `core` → `nodes`, `units`, `proxies`,
@@ -77,10 +80,12 @@ pub mod escape;
 pub mod jobs;
 pub mod metrics;
 pub mod nodes;
+pub mod notify;
 pub mod outbound;
 pub mod proxies;
 pub mod reload;
 pub mod server;
+pub mod tls;
 pub mod units;
 
 pub use crate::core::{Core, Timeouts};

@@ -27,10 +27,16 @@
 //! paths), `LogTarget` and `LogIsQuiet` apply at the next start.
 //! Both are logged. A config that does not load is logged and the running
 //! one is kept, whole.
+//!
+//! [`reload_from_source`] is the reload the binary runs on `SIGHUP` and on
+//! `io.drover.Controller.Reload` (what the unit's `ExecReload=` calls): one
+//! at a time, between `RELOADING=1` and `READY=1` to the service manager
+//! ([`crate::notify`]), so `systemctl reload` returns once it is applied.
 
 use crate::api::node::NodeObject;
 use crate::core::Core;
 use crate::nodes::registry::Policy as AdmitPolicy;
+use crate::notify;
 use crate::proxies::rules::Policy;
 use drover_config::{ConfigError, ManagerConfig};
 use drover_protocol::NodeName;
@@ -50,6 +56,34 @@ pub struct Report {
     pub tls_reloaded: bool,
     /// Online sessions dropped: (node, why).
     pub dropped: Vec<(NodeName, String)>,
+}
+
+/// Why [`reload_from_source`] changed nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error("this manager was started without a configuration source; nothing to reload from")]
+    NoSource,
+    #[error("the configuration does not load, the running one is kept: {0}")]
+    Config(ConfigError),
+}
+
+/// Loads the configuration from the start's sources and flags and applies
+/// it, told to the service manager as `RELOADING=1` … `READY=1`. Reloads
+/// run one at a time.
+pub async fn reload_from_source(
+    core: &Arc<Core>,
+    conn: Option<&Connection>,
+) -> Result<Report, ReloadError> {
+    let _one_at_a_time = core.reload_lock().await;
+    notify::reloading();
+    let result = match core.load_config_again() {
+        Some(loaded) => reload(core, conn, loaded)
+            .await
+            .map_err(ReloadError::Config),
+        None => Err(ReloadError::NoSource),
+    };
+    notify::reloaded(*core.node_counts().borrow());
+    result
 }
 
 /// Applies `loaded` (the result of loading the config again). `Err` when it
@@ -73,7 +107,7 @@ pub async fn reload(
     // TLS files first: what the new CRL revokes decides which sessions go.
     let tls = match (core.tls(), &new.tls) {
         (Some(acceptor), Some(files)) if core.config().tls.as_ref() == Some(files) => {
-            match drover_tls::ServerSettings::load(&crate::server::tls_files(files)) {
+            match drover_tls::ServerSettings::load(&crate::tls::tls_files(files)) {
                 Ok(settings) => {
                     tracing::info!(
                         "config reload: TLS files read again (manager certificate serial {}, \

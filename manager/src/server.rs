@@ -14,7 +14,6 @@ use crate::nodes::listener::accept_loop;
 use drover_bus::Bus;
 use drover_bus::bluechi::BUS_NAME;
 use drover_config::ManagerConfig;
-use drover_tls::{Acceptor, ServerSettings};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::task::JoinHandle;
@@ -36,30 +35,7 @@ pub enum StartError {
     Tls(#[from] drover_tls::Error),
 }
 
-/// The acceptor for `config.tls`, loaded and checked (`None` without TLS).
-pub fn load_tls(config: &ManagerConfig) -> Result<Option<Acceptor>, drover_tls::Error> {
-    let Some(files) = &config.tls else {
-        return Ok(None);
-    };
-    let settings = ServerSettings::load(&tls_files(files))?;
-    tracing::info!(
-        "TLS: manager certificate serial {}, valid until {}; {} revoked certificate(s) in the CRL",
-        settings.serial(),
-        drover_tls::format_utc(settings.not_after()),
-        settings.revoked_count()
-    );
-    Ok(Some(Acceptor::new(settings)))
-}
-
-/// The config's paths as `drover-tls` takes them.
-pub fn tls_files(files: &drover_config::TlsFiles) -> drover_tls::TlsFiles {
-    drover_tls::TlsFiles {
-        certificate: files.certificate.clone(),
-        private_key: files.private_key.clone(),
-        ca_bundle: files.ca_bundle.clone(),
-        crl: files.crl.clone(),
-    }
-}
+pub use crate::tls::{load_tls, tls_files};
 
 /// A running manager. Dropping it without [`Manager::shutdown`] stops the
 /// tasks but skips the orderly end of jobs.

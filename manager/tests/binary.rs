@@ -1,5 +1,5 @@
-//! The `drover-manager` binary: command line, socket activation, sd_notify,
-//! bus name ownership, SIGTERM.
+//! The `drover-manager` binary: command line, socket activation, sd_notify
+//! (`READY=1`, `STATUS=`), `--reload`, bus name ownership, SIGTERM.
 
 mod common;
 
@@ -65,14 +65,22 @@ async fn socket_activated_manager_serves_notifies_and_stops_on_sigterm() {
         .await
         .expect("the socket-activated manager accepts node1");
 
-    let notify_msg = tokio::task::spawn_blocking(move || {
+    // READY=1 first, then STATUS= follows the node count.
+    let notify_msgs = tokio::task::spawn_blocking(move || {
+        let mut seen = Vec::new();
         let mut buf = [0u8; 256];
-        let n = notify.recv(&mut buf).expect("a notification");
-        String::from_utf8_lossy(&buf[..n]).into_owned()
+        while !seen
+            .iter()
+            .any(|m: &String| m.contains("STATUS=1 of 1 node online"))
+        {
+            let n = notify.recv(&mut buf).expect("a notification");
+            seen.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+        seen
     })
     .await
     .expect("join");
-    assert!(notify_msg.contains("READY=1"), "{notify_msg}");
+    assert!(notify_msgs[0].contains("READY=1"), "{notify_msgs:?}");
 
     let client = Api::connect(bus.address()).await;
     let nodes: Vec<(String, OwnedObjectPath, String, String)> = client
@@ -222,4 +230,122 @@ async fn losing_the_bus_ends_the_manager_with_a_failure_and_a_reason() {
         log.contains("lost its connection to bus unix:"),
         "the reason is logged: {log}"
     );
+}
+
+/// `drover-manager --reload` (the unit's `ExecReload=`): returns after the
+/// reload is applied, fails with the reason when the configuration does not
+/// load (nothing changes), fails clearly when no manager answers; the
+/// `Reload()` it calls refuses other users.
+#[tokio::test]
+async fn reload_flag_applies_the_reload_before_it_returns_and_fails_with_a_reason() {
+    let setup = BinarySetup::new("[drover-manager]\nAllowedNodeNames=node1\nLogTarget=stderr\n");
+    let (bus, port) = (setup.bus.address().to_owned(), setup.port.to_string());
+    let mut proc = ChildGuard::new(
+        Command::new(BIN)
+            .args(["--no-default-config", "--bus", &bus, "-p", &port, "-c"])
+            .arg(&setup.conf)
+            .stdout(Stdio::null())
+            .stderr(setup.log())
+            .spawn()
+            .expect("run"),
+    );
+    let client = Api::connect(&bus).await;
+    eventually(UP, "the manager serves ListNodes", || async {
+        client
+            .call::<_, Vec<(String, OwnedObjectPath, String, String)>>(
+                CONTROLLER,
+                CONTROLLER_IFACE,
+                "ListNodes",
+                &(),
+            )
+            .await
+            .is_ok()
+    })
+    .await
+    .unwrap();
+    let reload = |bus: String| {
+        tokio::task::spawn_blocking(move || {
+            Command::new(BIN)
+                .args(["--bus", &bus, "--reload"])
+                .output()
+                .expect("run --reload")
+        })
+    };
+    let names = || async {
+        let nodes: Vec<(String, OwnedObjectPath, String, String)> = client
+            .call(CONTROLLER, CONTROLLER_IFACE, "ListNodes", &())
+            .await
+            .expect("ListNodes");
+        nodes.into_iter().map(|n| n.0).collect::<Vec<_>>()
+    };
+
+    std::fs::write(
+        &setup.conf,
+        "[drover-manager]\nAllowedNodeNames=node1,node2\nLogTarget=stderr\n",
+    )
+    .unwrap();
+    let out = reload(bus.clone()).await.unwrap();
+    assert!(out.status.success(), "{out:?}\n{}", setup.logged());
+    assert_eq!(
+        names().await,
+        ["node1", "node2"],
+        "applied when --reload returned"
+    );
+
+    std::fs::write(
+        &setup.conf,
+        "[drover-manager]\nAllowedNodeNames=node1,node3\nBogus=1\n",
+    )
+    .unwrap();
+    let out = reload(bus.clone()).await.unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("Bogus") && stderr.contains("running one is kept"),
+        "{stderr}"
+    );
+    assert_eq!(
+        names().await,
+        ["node1", "node2"],
+        "a failed reload changes nothing"
+    );
+
+    // Only root (or the manager's own user) may reload it.
+    let stranger = drover_testkit::api::connect_as(&bus, 65534).await;
+    let denied = stranger
+        .call_method(
+            Some(BUS_NAME),
+            CONTROLLER,
+            Some("io.drover.Controller"),
+            "Reload",
+            &(),
+        )
+        .await;
+    assert!(
+        matches!(&denied, Err(zbus::Error::FDO(e)) if matches!(**e, zbus::fdo::Error::AccessDenied(_))),
+        "{denied:?}"
+    );
+
+    proc.signal(Signal::SIGTERM);
+    assert!(proc.exited(WAIT).await.success());
+
+    // No manager on the bus: exit 1 and say so.
+    let out = reload(bus.clone()).await.unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("drover-manager --reload:"),
+        "{out:?}"
+    );
+    // No bus at all, and flags that mean nothing to --reload.
+    let out = reload("unix:path=/nonexistent/bus".into()).await.unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot connect"),
+        "{out:?}"
+    );
+    let out = Command::new(BIN)
+        .args(["--reload", "-c", "/etc/x.conf"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
 }

@@ -775,3 +775,19 @@ async fn a_reload_adding_nodes_announces_the_controller_status() {
     let status: String = f.get_property(CONTROLLER, CTRL_IFACE, "Status").await;
     assert_eq!(status, "degraded");
 }
+
+/// `io.drover.Controller.Reload` on a manager started as a library (no
+/// configuration source, as in these tests): a clear failure, nothing changed.
+#[tokio::test]
+async fn reload_without_a_configuration_source_fails_clearly() {
+    let f = Fixture::start(config(&["node1"])).await;
+    let res: zbus::Result<()> = f
+        .call(CONTROLLER, DROVER_CONTROLLER_IFACE, "Reload", &())
+        .await;
+    let err = format!("{res:?}");
+    assert!(
+        err.contains("Failed") && err.contains("without a configuration source"),
+        "{err}"
+    );
+    assert_eq!(f.list_nodes().await.len(), 1);
+}

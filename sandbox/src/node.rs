@@ -96,10 +96,17 @@ pub fn prepare_dirs(dir: &Path, node: &str) -> Result<()> {
 }
 
 /// The script run inside the new namespaces: private /run that says "booted with
-/// systemd", the node's own view of the cgroup trees, then systemd itself.
+/// systemd", with the inaccessible nodes PID 1 makes at boot (units with
+/// `ProtectHome=`, `ProtectKernelTunables=`, `ProtectKernelLogs=` or
+/// `InaccessiblePaths=` mount them over what they hide; without them such a
+/// unit fails with status 226/NAMESPACE), the node's own view of the cgroup
+/// trees, then systemd itself.
 pub fn script(layout: &Layout) -> String {
     let mut s = String::from(
-        "set -e\nmount -t tmpfs -o mode=755 tmpfs /run\nmkdir -p /run/systemd/system\n",
+        "set -e\nmount -t tmpfs -o mode=755 tmpfs /run\nmkdir -p /run/systemd/system\n\
+         mkdir -p /run/systemd/inaccessible\ncd /run/systemd/inaccessible\n\
+         touch reg\nmkdir dir\nmkfifo fifo\nmknod chr c 0 0\nmknod blk b 0 0\n\
+         chmod 0000 reg dir fifo chr blk\ncd /\n",
     );
     s.push_str(&layout.node_mount_script());
     s.push_str(&format!("exec {SYSTEMD} --user\n"));

@@ -22,13 +22,19 @@ pub struct SystemdNode {
 impl SystemdNode {
     /// Starts node `name` in a fresh directory tagged `tag`; returns once its systemd runs.
     pub async fn start(tag: &str, name: &str) -> SystemdNode {
+        Self::start_in(&std::env::temp_dir(), tag, name).await
+    }
+
+    /// [`Self::start`] with the node's directory under `base` instead of the
+    /// temporary directory (a unit with `PrivateTmp=yes` cannot see `/tmp`).
+    pub async fn start_in(base: &Path, tag: &str, name: &str) -> SystemdNode {
         let layout = Layout::detect().expect("cgroup layout");
         let stamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default()
             .as_nanos();
         let id = format!("{tag}-{}-{stamp}", std::process::id());
-        let dir = std::env::temp_dir().join(format!("drover-{id}"));
+        let dir = base.join(format!("drover-{id}"));
         // Owned from here: a failure below still tears down what exists.
         let mut n = SystemdNode {
             name: name.to_owned(),
@@ -72,6 +78,16 @@ impl SystemdNode {
     pub fn write_unit(&self, name: &str, text: &str) {
         let path = self.unit_dir().join(name);
         std::fs::write(&path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+    }
+
+    /// `systemctl --user ARGS` inside the node (its mount and cgroup namespace).
+    pub fn systemctl(&self, args: &[&str]) -> std::process::Output {
+        let pid = self.child.as_ref().map_or(0, Child::id);
+        let mut argv = vec!["systemctl", "--user"];
+        argv.extend_from_slice(args);
+        node::exec_command(&self.dir, &self.name, pid, &argv)
+            .output()
+            .unwrap_or_else(|e| panic!("systemctl {args:?} on node {}: {e}", self.name))
     }
 
     /// systemd's `Reload` (daemon-reload), after writing unit files.

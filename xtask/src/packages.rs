@@ -56,6 +56,8 @@ pub struct Package {
     pub summary: &'static str,
     pub description: &'static str,
     pub depends: &'static [&'static str],
+    /// Other drover packages it needs, at exactly the same version.
+    pub siblings: &'static [&'static str],
     /// No binaries: `Architecture: all`.
     pub arch_all: bool,
     /// The unit its preset enables on first install.
@@ -89,6 +91,12 @@ const fn man(page: &'static str, dest: &'static str) -> Item {
     }
 }
 
+/// Every package. Adding one is one entry: its files (each also under
+/// `dist/`, which a unit test checks), what it depends on, the drover
+/// packages it needs at the same version (`siblings`), and the unit its
+/// preset enables, if any; plus its `%files` section in `dist/rpm/drover.spec`
+/// (the rpm test compares the two lists). `drover-bluechi-compat` below is
+/// such an entry.
 pub const PACKAGES: &[Package] = &[
     Package {
         name: "drover-manager",
@@ -97,6 +105,7 @@ pub const PACKAGES: &[Package] = &[
                       Eclipse BlueChi's public D-Bus API (org.eclipse.bluechi), so bluechictl-style\n\
                       tools, BlueChi's Python bindings and droverctl drive the whole fleet.",
         depends: &["systemd", "dbus"],
+        siblings: &["drover-common"],
         arch_all: false,
         unit: Some("drover-manager.service"),
         items: &[
@@ -104,6 +113,10 @@ pub const PACKAGES: &[Package] = &[
             dist(
                 "usr/lib/systemd/system/drover-manager.service",
                 "{prefix}/lib/systemd/system/drover-manager.service",
+            ),
+            dist(
+                "usr/lib/systemd/system/drover-manager.socket",
+                "{prefix}/lib/systemd/system/drover-manager.socket",
             ),
             dist(
                 "usr/lib/systemd/system-preset/50-drover-manager.preset",
@@ -132,6 +145,7 @@ pub const PACKAGES: &[Package] = &[
                       Ships drover-proxy and the drover-proxy@.service and drover-dep@.service\n\
                       templates, with which a unit depends on a unit of another node.",
         depends: &["systemd", "dbus"],
+        siblings: &["drover-common"],
         arch_all: false,
         unit: Some("drover-agent.service"),
         items: &[
@@ -192,6 +206,7 @@ pub const PACKAGES: &[Package] = &[
                       BlueChi-compatible D-Bus API; drover-pki makes the certificates of\n\
                       drover's mutual TLS.",
         depends: &[],
+        siblings: &[],
         arch_all: false,
         unit: None,
         items: &[
@@ -223,6 +238,7 @@ pub const PACKAGES: &[Package] = &[
         description: "The drover.conf(5) manual page: every key of the manager's and the\n\
                       agent's configuration files.",
         depends: &[],
+        siblings: &[],
         arch_all: true,
         unit: None,
         items: &[man(
@@ -238,8 +254,10 @@ pub const PACKAGES: &[Package] = &[
                       user), so unit files written for Eclipse BlueChi\n\
                       (Wants=bluechi-proxy@node2_db.service) work unchanged with drover's agent\n\
                       and its drover-proxy helper.",
-        // The templates run drover-agent's drover-proxy.
-        depends: &["drover-agent"],
+        depends: &[],
+        // The templates run drover-agent's drover-proxy, whose command line
+        // they use: the same version.
+        siblings: &["drover-agent"],
         arch_all: true,
         unit: None,
         items: &[
@@ -568,8 +586,8 @@ pub fn build_deb(
         depends.insert(0, newest);
     }
     depends.extend(pkg.depends.iter().map(|d| d.to_string()));
-    if pkg.unit.is_some() {
-        depends.push(format!("drover-common (= {})", inputs.version));
+    for sibling in pkg.siblings {
+        depends.push(format!("{sibling} (= {})", inputs.version));
     }
 
     let size_kib: u64 = installed

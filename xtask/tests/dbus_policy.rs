@@ -30,6 +30,11 @@ type Method = (String, String);
 /// Methods only root may call, and why.
 const ROOT_ONLY: &[(&str, &str, &str)] = &[
     (
+        "io.drover.Controller",
+        "Reload",
+        "reloads the manager's configuration (ExecReload=)",
+    ),
+    (
         "org.eclipse.bluechi.Controller",
         "EnableMetrics",
         "changes what the manager emits",

@@ -104,6 +104,10 @@ fn packages_hold_their_files_with_their_modes_and_metadata() {
                 assert!(depends.contains(dep), "{}: Depends: {depends}", pkg.name);
             }
         }
+        for sibling in pkg.siblings {
+            let dep = format!("{sibling} (= {version})");
+            assert!(depends.contains(&dep), "{}: Depends: {depends}", pkg.name);
+        }
         if !pkg.arch_all {
             assert!(
                 depends.starts_with("libc6 (>= 2."),
@@ -168,9 +172,11 @@ fn packages_hold_their_files_with_their_modes_and_metadata() {
     assert!(all_files >= 25, "{all_files} files in all");
     // The release packages (make deb-check) stay within the size budget.
     if std::env::var_os("DROVER_DEB_DIR").is_some() {
+        // Issue 16: "the whole installed set <= 15 MB"; held to 15,000,000
+        // bytes (14,648 KiB), which also satisfies the reading as MiB.
         assert!(
-            installed_kib <= 15 * 1024,
-            "the packages install {installed_kib} KiB, more than 15 MiB"
+            installed_kib * 1024 <= 15_000_000,
+            "the packages install {installed_kib} KiB, more than 15 MB (14,648 KiB)"
         );
         eprintln!("installed size of all packages: {installed_kib} KiB");
     }
@@ -178,14 +184,18 @@ fn packages_hold_their_files_with_their_modes_and_metadata() {
     // What is installed works: the units run binaries that are there and start.
     for unit in [
         "usr/lib/systemd/system/drover-manager.service",
+        "usr/lib/systemd/system/drover-manager.socket",
         "usr/lib/systemd/system/drover-agent.service",
         "usr/lib/systemd/system/drover-proxy@.service",
         "usr/lib/systemd/user/drover-agent.service",
         "usr/lib/systemd/user/drover-proxy@.service",
     ] {
         let text = std::fs::read_to_string(root.join(unit)).unwrap();
-        for line in text.lines().filter(|l| l.starts_with("ExecStart=")) {
-            let program = line["ExecStart=".len()..]
+        for line in text
+            .lines()
+            .filter(|l| l.starts_with("ExecStart=") || l.starts_with("ExecReload="))
+        {
+            let program = line[line.find('=').unwrap() + 1..]
                 .split_whitespace()
                 .next()
                 .unwrap();

@@ -44,6 +44,7 @@
 use crate::dispatch::Dispatcher;
 use crate::link::heartbeat;
 use crate::link::outbox::SessionKill;
+use crate::notify;
 use crate::state::Shared;
 use crate::systemd::api::Systemd;
 use drover_protocol::link::{AgentFramed, HandshakeError, agent_handshake};
@@ -92,6 +93,9 @@ pub struct LinkConfig {
     pub outbox_capacity: usize,
     /// Mutual TLS to the manager (`None`: plaintext).
     pub tls: Option<drover_tls::Connector>,
+    /// Tell the service manager the link's state (`STATUS=`, see
+    /// [`crate::notify`]); the binary sets it, library users do not.
+    pub notify: bool,
     /// `TLSControllerName` is unset: the certificate must name the host
     /// dialled, so a switch to another host checks that host's name.
     pub tls_name_follows_host: bool,
@@ -123,6 +127,7 @@ impl LinkConfig {
             max_in_flight: 64,
             outbox_capacity: 1024,
             tls: None,
+            notify: false,
             tls_name_follows_host: false,
         }
     }
@@ -284,7 +289,7 @@ impl<S: Systemd> Link<S> {
                 }
                 attempt = self.connect(&target) => attempt,
             };
-            match attempt {
+            let (kind, why) = match attempt {
                 Ok((framed, accepted)) => {
                     if failures > self.quiet_limit() {
                         tracing::info!(
@@ -302,6 +307,9 @@ impl<S: Systemd> Link<S> {
                         "connected to the manager at {endpoint} as node '{}'",
                         self.cfg.node.as_str()
                     );
+                    if self.cfg.notify {
+                        notify::connected(&endpoint, self.cfg.node.as_str());
+                    }
                     self.state.send_replace(LinkState::Connected {
                         epoch,
                         session_id: accepted.session_id,
@@ -331,13 +339,18 @@ impl<S: Systemd> Link<S> {
                     tracing::warn!(
                         "lost the link to the manager at {endpoint}: {end}; reconnecting"
                     );
+                    (FailureKind::Lost, end.to_string())
                 }
                 Err(err) => {
                     failures = failures.saturating_add(1);
                     self.log_failure(&endpoint, &err, failures);
+                    notify_failure(&err)
                 }
-            }
+            };
             let delay = backoff.next_delay();
+            if self.cfg.notify {
+                notify::retrying(&endpoint, &kind.with(&why), delay);
+            }
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 _ = switched.changed() => {
@@ -607,6 +620,41 @@ impl<S: Systemd> Link<S> {
                 drop(slot);
             });
         }
+    }
+}
+
+/// What a failure was, for the status line ([`notify::Failure`] borrows
+/// its text; this owns it across the backoff computation).
+#[derive(Clone, Copy)]
+enum FailureKind {
+    Unreachable,
+    Refused,
+    Tls,
+    Lost,
+}
+
+impl FailureKind {
+    fn with(self, text: &str) -> notify::Failure<'_> {
+        match self {
+            FailureKind::Unreachable => notify::Failure::Unreachable(text),
+            FailureKind::Refused => notify::Failure::Refused(text),
+            FailureKind::Tls => notify::Failure::Tls(text),
+            FailureKind::Lost => notify::Failure::Lost(text),
+        }
+    }
+}
+
+fn notify_failure(err: &ConnectError) -> (FailureKind, String) {
+    match err {
+        ConnectError::Handshake(HandshakeError::Refused { reason, message }) => {
+            (FailureKind::Refused, format!("{reason:?}: {message}"))
+        }
+        ConnectError::Handshake(e @ HandshakeError::VersionMismatch { .. }) => {
+            (FailureKind::Refused, e.to_string())
+        }
+        ConnectError::Tls { source, .. } => (FailureKind::Tls, source.to_string()),
+        ConnectError::Connect { source, .. } => (FailureKind::Unreachable, source.to_string()),
+        other => (FailureKind::Unreachable, other.to_string()),
     }
 }
 

@@ -1,17 +1,30 @@
 //! `io.drover.Controller` at `/org/eclipse/bluechi`: drover's additions to the
 //! controller object, on an interface of their own so BlueChi's
 //! `org.eclipse.bluechi.Controller` stays exactly as BlueChi defines it.
+//!
+//! `Reload()` is what the shipped unit's `ExecReload=` calls
+//! (`drover-manager --reload`): it returns once the configuration is
+//! applied, or fails with the reason and keeps the running one. Root only
+//! on the system bus (the D-Bus policy); the method itself also refuses any
+//! caller that is neither root nor the manager's own user (a session bus).
 
-use crate::proxies::driver::{Proxies, ProxyTuple};
-use zbus::interface;
+use crate::core::Core;
+use crate::error::ApiError;
+use crate::proxies::driver::ProxyTuple;
+use crate::reload::{ReloadError, reload_from_source};
+use drover_protocol::error_names::ACCESS_DENIED;
+use std::sync::Arc;
+use zbus::message::Header;
+use zbus::names::BusName;
+use zbus::{Connection, interface};
 
 pub struct DroverControllerObject {
-    proxies: Proxies,
+    core: Arc<Core>,
 }
 
 impl DroverControllerObject {
-    pub fn new(proxies: Proxies) -> Self {
-        Self { proxies }
+    pub fn new(core: Arc<Core>) -> Self {
+        Self { core }
     }
 }
 
@@ -23,6 +36,55 @@ impl DroverControllerObject {
     /// last known or `unknown`, number of live references on the target).
     #[zbus(out_args("proxies"))]
     async fn list_proxies(&self) -> Vec<ProxyTuple> {
-        self.proxies.list().await
+        self.core.proxies().list().await
+    }
+
+    /// Loads the configuration again, as `SIGHUP` does, and returns once it
+    /// is applied (see [`crate::reload`]).
+    async fn reload(
+        &self,
+        #[zbus(connection)] conn: &Connection,
+        #[zbus(header)] header: Header<'_>,
+    ) -> Result<(), ApiError> {
+        root_or_self(conn, &header).await?;
+        match reload_from_source(&self.core, Some(conn)).await {
+            Ok(_) => Ok(()),
+            Err(e @ (ReloadError::NoSource | ReloadError::Config(_))) => {
+                Err(ApiError::failed(e.to_string()))
+            }
+        }
+    }
+}
+
+/// Lets a call through from root or from the user the manager runs as.
+async fn root_or_self(conn: &Connection, header: &Header<'_>) -> Result<(), ApiError> {
+    let denied = |why: String| ApiError::new(ACCESS_DENIED, format!("Reload: {why}"));
+    let Some(sender) = header.sender() else {
+        return Err(denied("the call carries no sender".into()));
+    };
+    let bus = zbus::fdo::DBusProxy::new(conn)
+        .await
+        .map_err(|e| denied(format!("cannot ask the bus about {sender}: {e}")))?;
+    let uid_of = |name: BusName<'static>| {
+        let bus = bus.clone();
+        async move { bus.get_connection_unix_user(name).await }
+    };
+    let caller = uid_of(BusName::from(sender.to_owned()))
+        .await
+        .map_err(|e| denied(format!("the bus does not know the uid of {sender}: {e}")))?;
+    if caller == 0 {
+        return Ok(());
+    }
+    let own = match conn.unique_name() {
+        Some(me) => uid_of(BusName::from(me.to_owned())).await.ok(),
+        None => None,
+    };
+    if own == Some(caller) {
+        Ok(())
+    } else {
+        tracing::info!("refused Reload from {sender} (uid {caller})");
+        Err(denied(format!(
+            "only root or the manager's own user may reload it; {sender} is uid {caller}"
+        )))
     }
 }

@@ -45,7 +45,7 @@ pub async fn export(core: &Arc<Core>, conn: &Connection) -> zbus::Result<()> {
     server
         .at(
             CONTROLLER_PATH,
-            drover_controller::DroverControllerObject::new(core.proxies().clone()),
+            drover_controller::DroverControllerObject::new(core.clone()),
         )
         .await?;
     let nodes: Vec<_> = core
