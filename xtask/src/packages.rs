@@ -58,6 +58,10 @@ pub struct Package {
     pub depends: &'static [&'static str],
     /// Other drover packages it needs, at exactly the same version.
     pub siblings: &'static [&'static str],
+    /// Eclipse BlueChi packages that own the same paths or bus names: the deb
+    /// says `Conflicts:` and `Replaces:` (so one `apt-get install` swaps them),
+    /// the rpm spec `Conflicts:`.
+    pub replaces: &'static [&'static str],
     /// No binaries: `Architecture: all`.
     pub arch_all: bool,
     /// The unit its preset enables on first install.
@@ -106,6 +110,7 @@ pub const PACKAGES: &[Package] = &[
                       tools, BlueChi's Python bindings and droverctl drive the whole fleet.",
         depends: &["systemd", "dbus"],
         siblings: &["drover-common"],
+        replaces: &["bluechi-controller"],
         arch_all: false,
         unit: Some("drover-manager.service"),
         items: &[
@@ -146,6 +151,7 @@ pub const PACKAGES: &[Package] = &[
                       templates, with which a unit depends on a unit of another node.",
         depends: &["systemd", "dbus"],
         siblings: &["drover-common"],
+        replaces: &["bluechi-agent"],
         arch_all: false,
         unit: Some("drover-agent.service"),
         items: &[
@@ -207,6 +213,7 @@ pub const PACKAGES: &[Package] = &[
                       drover's mutual TLS.",
         depends: &[],
         siblings: &[],
+        replaces: &[],
         arch_all: false,
         unit: None,
         items: &[
@@ -239,6 +246,7 @@ pub const PACKAGES: &[Package] = &[
                       agent's configuration files.",
         depends: &[],
         siblings: &[],
+        replaces: &[],
         arch_all: true,
         unit: None,
         items: &[man(
@@ -258,6 +266,7 @@ pub const PACKAGES: &[Package] = &[
         // The templates run drover-agent's drover-proxy, whose command line
         // they use: the same version.
         siblings: &["drover-agent"],
+        replaces: &["bluechi-agent"],
         arch_all: true,
         unit: None,
         items: &[
@@ -609,6 +618,10 @@ pub fn build_deb(
     );
     if !depends.is_empty() {
         control.push_str(&format!("Depends: {}\n", depends.join(", ")));
+    }
+    if !pkg.replaces.is_empty() {
+        let list = pkg.replaces.join(", ");
+        control.push_str(&format!("Conflicts: {list}\nReplaces: {list}\n"));
     }
     let description: Vec<String> = pkg
         .description

@@ -108,6 +108,16 @@ fn packages_hold_their_files_with_their_modes_and_metadata() {
             let dep = format!("{sibling} (= {version})");
             assert!(depends.contains(&dep), "{}: Depends: {depends}", pkg.name);
         }
+        // BlueChi's package that ships the same D-Bus policy file or the same
+        // templates: apt must swap it out, never overwrite its files.
+        let bluechi = match pkg.name {
+            "drover-manager" => "bluechi-controller",
+            "drover-agent" | "drover-bluechi-compat" => "bluechi-agent",
+            _ => "",
+        };
+        for key in ["Conflicts", "Replaces"] {
+            assert_eq!(field(key), bluechi, "{}: {key}", pkg.name);
+        }
         if !pkg.arch_all {
             assert!(
                 depends.starts_with("libc6 (>= 2."),
