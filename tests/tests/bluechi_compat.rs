@@ -224,7 +224,10 @@ async fn requires_and_binds_to_on_bluechi_names_behave_as_on_drovers() {
         .await;
     wait_state(&c, "node2", DB, "failed").await;
     wait_state(&c, "node2", DEP, "inactive").await;
-    wait_state(&c, "node1", BC_PROXY, "inactive").await;
+    // A failed target fails its proxy, with the reason (as drover's names do).
+    wait_state(&c, "node1", BC_PROXY, "failed").await;
+    let log = c.unit_log("node1", BC_PROXY).unwrap();
+    assert!(log.contains("db.service on node node2 is failed"), "{log}");
     wait_state(&c, "node1", NEED_DB, "inactive").await;
     wait_live(&c, &[]).await;
     c.down().await;
