@@ -1,6 +1,9 @@
 //! The `drover-agent` command line: arguments, configuration, logging,
 //! signals and `sd_notify`, around [`crate::agent::run`].
 //!
+//! Signals: SIGTERM and SIGINT stop the agent; SIGHUP reads the TLS files
+//! again for the next dial ([`crate::link::tls`]).
+//!
 //! Exit codes: 0 after a clean shutdown (SIGTERM/SIGINT), 1 for an invalid
 //! configuration or node name (one clear line on stderr) or a lost systemd,
 //! 2 for bad arguments (clap's usage error).
@@ -105,25 +108,11 @@ pub fn settings(args: &Args) -> Result<Settings, String> {
             .tls_controller_name
             .clone()
             .unwrap_or_else(|| link.host.clone());
-        let settings = drover_tls::ClientSettings::load(&drover_tls::TlsFiles {
-            certificate: files.certificate.clone(),
-            private_key: files.private_key.clone(),
-            ca_bundle: files.ca_bundle.clone(),
-            crl: files.crl.clone(),
-        })
-        .map_err(|e| format!("TLS: {e}"))?;
-        if settings.identity().node() != &link.node {
-            return Err(format!(
-                "TLS: the certificate {} is for node '{}', but this agent is node '{}'; \
-                 the manager would refuse it",
-                files.certificate.display(),
-                settings.identity().node(),
-                link.node
-            ));
-        }
-        link.tls = Some(
-            drover_tls::Connector::new(settings, &server_name).map_err(|e| format!("TLS: {e}"))?,
-        );
+        link.tls = Some(crate::link::tls::connector(
+            files,
+            &link.node,
+            &server_name,
+        )?);
     }
 
     let bus = match (&args.bus, args.user) {
@@ -178,6 +167,8 @@ pub fn main() -> ExitCode {
 async fn serve(settings: Settings) -> Result<(), crate::agent::AgentError> {
     let shutdown = CancellationToken::new();
     spawn_signal_handler(shutdown.clone());
+    let tls = settings.link.tls.clone().zip(settings.config.tls.clone());
+    crate::link::tls::spawn_reload_on_sighup(tls, settings.link.node.clone());
     let logging = &settings.config.logging;
     let result =
         crate::agent::run_configured(&settings.bus, settings.link, logging, shutdown, || {

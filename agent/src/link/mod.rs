@@ -9,8 +9,11 @@
 //!   manager stopped reading.
 //! * [`status`] — the link's state as the local API shows it (online,
 //!   last seen, controller address, log settings).
+//! * [`tls`] — the agent's TLS settings: loaded and checked at start, read
+//!   again on `SIGHUP` for the next dial.
 
 pub mod connection;
 pub mod heartbeat;
 pub mod outbox;
 pub mod status;
+pub mod tls;

@@ -375,7 +375,13 @@ impl References {
     // ---- node lifecycle -------------------------------------------------
 
     /// `node` registered with `session`.
+    ///
+    /// A node that comes online exists from then on, also for the permission
+    /// check: a node admitted by its certificate alone (`AllowCertifiedNodes`,
+    /// not listed) gets its registry entry at its first registration, after
+    /// the policy was built.
     pub fn node_online(&mut self, node: &NodeName, session: u64, now: Instant) -> Vec<Action> {
+        self.policy.known.insert(node.clone());
         self.online.insert(node.clone(), session);
         self.offline_until.remove(node);
         self.sweeps

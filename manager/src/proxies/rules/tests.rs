@@ -156,6 +156,40 @@ async fn unknown_and_not_allowed_nodes_get_proxy_error() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_node_unknown_to_the_config_becomes_a_target_once_online() {
+    // "e" is in no list (a node admitted by its certificate alone); the
+    // config lets a depend on it.
+    let policy = Policy::new(
+        ["a", "b"].map(n),
+        [(n("a"), vec![n("b"), n("e")]), (n("e"), vec![n("a")])],
+        GRACE,
+    );
+    let mut r = References::new(policy);
+    r.node_online(&n("a"), S_A, now());
+    let out = r.proxy_new(&n("a"), S_A, &n("e"), &u("db.service"), 1);
+    assert_eq!(
+        notices(&out),
+        [(
+            "a".into(),
+            Notice::ProxyError {
+                proxy_id: 1,
+                message: "no such node e".into()
+            }
+        )]
+    );
+    r.node_online(&n("e"), 50, now());
+    let out = r.proxy_new(&n("a"), S_A, &n("e"), &u("db.service"), 2);
+    assert!(notices(&out).is_empty(), "{out:?}");
+    assert!(
+        out.iter().any(|a| matches!(a, Action::Watch { .. })),
+        "{out:?}"
+    );
+    assert_eq!(r.dep_commands().len(), 1);
+    // As a requester it needed nothing more: a requester is online.
+    assert!(r.policy().check(&n("e"), &n("a")).is_ok());
+}
+
+#[tokio::test(start_paused = true)]
 async fn first_reference_watches_starts_dep_and_relays_state() {
     let mut r = setup();
     let out = r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
