@@ -1,9 +1,9 @@
 //! The `drover-bench` command: which benchmark, how many samples, which proxy
 //! helpers; starts the sandbox cluster, runs `start-unit`, `proxy` and `rss` on it
-//! (`events` needs no cluster), tears it down. [`main`] is the whole program.
+//! (`events` needs no cluster, `tls` starts two), tears it down. [`main`] is the whole program.
 
 use crate::stats::{self, paired_overhead, summarize};
-use crate::{events, proxy};
+use crate::{events, proxy, tls};
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use drover_bus::{bluechi, systemd};
@@ -17,7 +17,8 @@ use zbus::OwnedObjectPath;
 #[derive(Parser)]
 #[command(about = "drover benchmarks (run on an otherwise idle machine)")]
 struct Args {
-    /// Which benchmark: start-unit, proxy, rss, events or all (events runs alone).
+    /// Which benchmark: start-unit, proxy, rss, events, tls or all (events and tls run
+    /// alone: they start their own daemons).
     #[arg(default_value = "all")]
     which: String,
     /// Samples per side.
@@ -31,7 +32,7 @@ struct Args {
     helper_a: Option<PathBuf>,
 }
 
-const UNIT: &str = "bench-noop.service";
+pub(crate) const UNIT: &str = "bench-noop.service";
 
 /// The whole program: what `main.rs` calls. A failure is printed as `Error: ...`
 /// with its causes, exit status 1 (what a `main` returning `anyhow::Result` did).
@@ -61,6 +62,10 @@ async fn bench(args: Args) -> Result<()> {
     if args.which == "events" {
         // Fake agents and a real manager; no systemd nodes needed.
         return events::main().await;
+    }
+    if args.which == "tls" {
+        // Two clusters of its own: TLS and plaintext side by side.
+        return tls::main(args.samples).await;
     }
     let mut opts = ClusterOptions::with_nodes(2);
     opts.heartbeat_interval_ms = 2000;
@@ -161,7 +166,7 @@ async fn start_unit(cluster: &Cluster, samples: usize) -> Result<()> {
 /// One `StartUnit` of the trivial unit until its job is removed, through
 /// `starter` (systemd's manager or drover's node object, which take the same
 /// call).
-async fn time_start(
+pub(crate) async fn time_start(
     starter: &zbus::Proxy<'_>,
     removed: &mut zbus::proxy::SignalStream<'_>,
 ) -> Result<Duration> {
@@ -195,7 +200,7 @@ async fn wait_removed(stream: &mut zbus::proxy::SignalStream<'_>, path: &str) ->
     .context("job did not finish within 10 s")?
 }
 
-fn rss_kib(pid: u32) -> Result<u64> {
+pub(crate) fn rss_kib(pid: u32) -> Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     status
         .lines()
