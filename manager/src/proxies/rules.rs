@@ -121,9 +121,30 @@ impl Policy {
         }
     }
 
+    /// `known`: the registry's names. With certified admission
+    /// (`AllowCertifiedNodes`) a node may exist before its first
+    /// registration, so every node some node may depend on is known too
+    /// (unless `Allowed=false` keeps it out): a requester that registers
+    /// first, after a manager restart, waits for such a target as for a
+    /// listed one that is offline, instead of failing with "no such node".
     pub fn from_config(config: &ManagerConfig, known: impl IntoIterator<Item = NodeName>) -> Self {
+        let certified = config.tls.is_some() && config.allow_certified_nodes;
+        let denied = |b: &NodeName| {
+            config
+                .nodes
+                .iter()
+                .any(|n| &n.name == b && n.allowed == Some(false))
+        };
+        let targets: Vec<NodeName> = config
+            .nodes
+            .iter()
+            .filter(|_| certified)
+            .flat_map(|n| n.allow_dependencies_on.iter())
+            .filter(|b| !denied(b))
+            .cloned()
+            .collect();
         Self::new(
-            known,
+            known.into_iter().chain(targets),
             config
                 .nodes
                 .iter()
