@@ -11,7 +11,11 @@
 //!    round. Reported: each path's figures, the median of the paired
 //!    differences drover-TLS − drover-plaintext, and the same for drover's
 //!    overhead over its own node's systemd (which cancels the difference
-//!    between the two clusters' nodes). Target: TLS adds ≤ 0.1 ms median.
+//!    between the two clusters' nodes), each with a 95% bootstrap interval.
+//!    Target: TLS adds ≤ 0.1 ms median. Also the CPU time the manager and
+//!    node2's agent of each cluster spent per call over the counted rounds
+//!    (all threads, `/proc/PID/task/*/schedstat`), which a busy machine
+//!    does not inflate as it does latency.
 //! 2. **Manager memory per session.** `DROVER_BENCH_SESSIONS` (default 200)
 //!    fake agents in this process, allowed by `[node NAME]` sections,
 //!    register on each manager (over TLS with certificates of the cluster's
@@ -158,13 +162,48 @@ struct Series {
     drover_plain: Vec<Duration>,
 }
 
+/// CPU time of every thread of `pid` so far, ns (`/proc/PID/task/*/schedstat`,
+/// first field): a cost that does not depend on how busy the machine is.
+fn cpu_ns(pid: u32) -> Result<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let stat = std::fs::read_to_string(task?.path().join("schedstat"))?;
+        total += stat
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<u64>().ok())
+            .context("schedstat")?;
+    }
+    Ok(total)
+}
+
+/// The manager and node2's agent of `cluster`.
+fn daemons(cluster: &Cluster) -> Result<[u32; 2]> {
+    Ok([
+        cluster
+            .state()
+            .manager_pid
+            .context("the manager is not running")?,
+        cluster.agent_pid("node2").context("node2 has no agent")?,
+    ])
+}
+
+fn cpu_of(pids: [u32; 2]) -> Result<[u64; 2]> {
+    Ok([cpu_ns(pids[0])?, cpu_ns(pids[1])?])
+}
+
 async fn start_unit(tls: &Cluster, plain: &Cluster, samples: usize) -> Result<()> {
     let mut t = Paths::new(tls).await?;
     let mut p = Paths::new(plain).await?;
     let mut s = Series::default();
+    let (tls_pids, plain_pids) = (daemons(tls)?, daemons(plain)?);
+    let mut cpu_start = None;
     for i in 0..(samples + WARMUP) {
         // slot: 0 direct TLS, 1 drover TLS, 2 direct plain, 3 drover plain;
         // the starting slot turns every round.
+        if i == WARMUP {
+            cpu_start = Some((cpu_of(tls_pids)?, cpu_of(plain_pids)?));
+        }
         let mut round = [Duration::ZERO; 4];
         for k in 0..4 {
             let slot = (i + k) % 4;
@@ -193,6 +232,19 @@ async fn start_unit(tls: &Cluster, plain: &Cluster, samples: usize) -> Result<()
     ] {
         println!("  {label}  {}", summarize(v).line());
     }
+    // The counted rounds' CPU, per StartUnit through drover (the direct calls
+    // cost these daemons nothing).
+    let (t0, p0) = cpu_start.context("no counted round")?;
+    let (t1, p1) = (cpu_of(tls_pids)?, cpu_of(plain_pids)?);
+    let per = |a: u64, b: u64| (b.saturating_sub(a)) as f64 / samples.max(1) as f64 / 1000.0;
+    println!(
+        "  CPU per StartUnit via drover: manager {:.1} µs TLS, {:.1} µs plaintext; node2's agent \
+         {:.1} µs TLS, {:.1} µs plaintext",
+        per(t0[0], t1[0]),
+        per(p0[0], p1[0]),
+        per(t0[1], t1[1]),
+        per(p0[1], p1[1]),
+    );
     let drover_diff = paired_overhead(&s.drover_tls, &s.drover_plain);
     let over_tls = paired_overhead(&s.drover_tls, &s.direct_tls);
     let over_plain = paired_overhead(&s.drover_plain, &s.direct_plain);
