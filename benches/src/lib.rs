@@ -22,10 +22,11 @@
 
 //!
 //! Layout: [`cli`] (the command, `start-unit` and `rss`), `proxy`, `events` and
-//! `tls` (one benchmark each), `stats` (medians, tails, paired overhead; pure).
+//! `tls` (one benchmark each), `start` (one timed `StartUnit`, a process's RSS), `stats` (medians, tails, paired overhead; pure).
 
 pub mod cli;
 mod events;
 mod proxy;
+mod start;
 mod stats;
 mod tls;

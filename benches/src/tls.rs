@@ -23,7 +23,7 @@
 //!    requests; the manager's RSS once they are all online, minus its RSS
 //!    before, divided by their number.
 
-use crate::cli::{UNIT, rss_kib, time_start};
+use crate::start::{UNIT, rss_kib, time_start};
 use crate::stats::{median_ci95, median_f64, paired_overhead, summarize};
 use anyhow::{Context, Result, anyhow, bail};
 use drover_bus::{bluechi, systemd};
