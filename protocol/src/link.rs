@@ -50,6 +50,12 @@ pub enum HandshakeError {
          TLS keys (TLSCertificate, TLSPrivateKey, TLSCertificateAuthority)"
     )]
     PeerSpeaksTls,
+    /// A peer opened with a TLS record on a plaintext link (read the same way).
+    #[error(
+        "the peer started a TLS handshake, and this link is plaintext: configure TLS on the \
+         manager too, or none on the agent"
+    )]
+    PeerStartsTls,
     #[error(transparent)]
     Frame(#[from] FrameError),
 }
@@ -216,6 +222,11 @@ pub async fn manager_read_hello<IO: AsyncRead + AsyncWrite + Unpin>(
         Err(_) => return Err(HandshakeError::Timeout(timeout)),
         Ok(Err(e @ (HandshakeError::Closed | HandshakeError::Frame(FrameError::Io(_))))) => {
             return Err(e);
+        }
+        Ok(Err(HandshakeError::Frame(FrameError::TooLarge { len, .. })))
+            if is_tls_record_header(len) =>
+        {
+            Err(HandshakeError::PeerStartsTls)
         }
         Ok(read) => read.and_then(|body| decode_hello(&body)),
     };
@@ -520,5 +531,16 @@ mod tests {
         assert!(!is_tls_record_header(0x1903_0300));
         assert!(!is_tls_record_header(0x1504_0300 | 0x0001_0000));
         assert!(!is_tls_record_header(0x1_1503_0300));
+    }
+
+    #[tokio::test]
+    async fn a_tls_client_hello_on_a_plaintext_link_says_so() {
+        let (mut a, m) = tokio::io::duplex(4096);
+        // A TLS record header announcing a ClientHello, then some of it.
+        tokio::io::AsyncWriteExt::write_all(&mut a, &[0x16, 0x03, 0x01, 0x00, 0xf4, 0x01])
+            .await
+            .unwrap();
+        let err = manager_read_hello(m, T).await.err().unwrap();
+        assert!(matches!(err, HandshakeError::PeerStartsTls), "{err}");
     }
 }

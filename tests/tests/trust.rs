@@ -2,7 +2,8 @@
 //! `drover-agent` processes with certificates the manager must refuse, a real
 //! manager whose certificate the agents must refuse, revocation and rotation
 //! on `SIGHUP` of the manager and of an agent, and a node admitted by its
-//! certificate alone (`AllowCertifiedNodes`) as a proxy target and requester.
+//! certificate alone (`AllowCertifiedNodes`) as a proxy target and requester,
+//! and a TLS agent against a plaintext manager.
 //!
 //! Each case asserts what a user sees: the node's status in `ListNodes` and
 //! `droverctl status`, and the line in the manager's or the agent's log that
@@ -505,5 +506,43 @@ async fn a_node_admitted_by_its_certificate_alone_is_a_proxy_target_and_requeste
         .await;
     c.wait_state("node2", "drover-dep@cache.service.service", "inactive", T)
         .await;
+    c.down().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_agent_and_a_plaintext_manager_are_told_apart_in_the_log() {
+    let mut c = TestCluster::with(ClusterOptions {
+        tls: false,
+        allowed_nodes: Some(vec!["node1".into(), "node2".into()]),
+        ..ClusterOptions::with_nodes(1)
+    })
+    .await;
+    assert!(c.pki().is_none());
+    let pki = Pki::new(c.dir().join("pki"));
+    pki.create_ca(&options(false)).unwrap();
+    let n2 = node("node2");
+    pki.issue_node(&n2, &options(false)).unwrap();
+    let from = mark(&c);
+    let agent = c
+        .start_agent_with(
+            "node1",
+            "node2",
+            &format!(
+                "{}TLSCertificateAuthority={}\n",
+                tls_override(&pki.node_certificate(&n2), &pki.node_key(&n2)),
+                pki.ca_certificate().display()
+            ),
+        )
+        .await
+        .unwrap();
+    wait_log(
+        &c.log_path("manager"),
+        from,
+        "the peer started a TLS handshake, and this link is plaintext",
+    )
+    .await;
+    wait_log(&agent.log, 0, "refusing the manager").await;
+    assert_offline(&c, "node2").await;
+    stop_extra(&mut c, &agent).await;
     c.down().await;
 }
