@@ -16,7 +16,7 @@ PREFIX ?= /usr
 DBUS_POLICY_DIR ?= /usr/share/dbus-1/system.d
 
 .PHONY: all build build-all demo test check fmt clippy pure units deny deny-advisories bench pydeps \
-	dist-build install man completions deb deb-check fresh-check
+	dist-build install install-bluechi-compat man completions deb deb-check fresh-check
 
 all: build
 
@@ -132,7 +132,15 @@ install: dist-build
 	$(CARGO) run -q -p xtask -- install --bin-dir $(DIST_BIN) --destdir "$(DESTDIR)" \
 		--prefix $(PREFIX) --dbus-policy-dir $(DBUS_POLICY_DIR)
 
-# Debian packages into target/debian/: drover-manager, drover-agent, droverctl, drover-common.
+# The optional BlueChi compatibility set (package drover-bluechi-compat): BlueChi's
+# bluechi-proxy@.service and bluechi-dep@.service templates, system and user, so unit
+# files written for BlueChi work unchanged. They run the drover-proxy of `make install`.
+install-bluechi-compat:
+	$(CARGO) run -q -p xtask -- install --package drover-bluechi-compat --bin-dir $(DIST_BIN) \
+		--destdir "$(DESTDIR)" --prefix $(PREFIX) --dbus-policy-dir $(DBUS_POLICY_DIR)
+
+# Debian packages into target/debian/: drover-manager, drover-agent, droverctl, drover-common,
+# drover-bluechi-compat.
 deb:
 	$(HOST_DEPS) deb
 	$(MAKE) dist-build PREFIX=/usr

@@ -6,8 +6,8 @@
 //! helper's `CreateProxy` / `RemoveProxy`, and the link's status for
 //! `bluechi-is-online`-style watchers. Member names, argument names,
 //! signatures, property types and `EmitsChangedSignal` follow BlueChi's XML,
-//! so `Introspect` describes exactly what is served. `SwitchController` and
-//! `JobCancel` are not served (no stubs).
+//! so `Introspect` describes exactly what is served (BlueChi serves
+//! `JobCancel` without declaring it in its XML; drover declares it).
 //!
 //! * `CreateProxy(s local_service_name, s node, s unit)`: arguments are
 //!   validated first (garbage → `InvalidArgs`, nothing changes), and
@@ -27,10 +27,25 @@
 //! `GetConnectionUnixUser` is 0), or a process of the proxy unit itself —
 //! the caller's PID (`GetConnectionUnixProcessID`) is in the cgroup of
 //! `local_service_name`, as systemd's `GetUnitByPID` says. That is where the
-//! helper runs (`ExecStart=`/`ExecStop=` of `drover-proxy@.service`). Anyone
+//! helper runs (`ExecStart=`/`ExecStop=` of `drover-proxy@.service`, or of
+//! BlueChi's `bluechi-proxy@.service`). Anyone
 //! else gets `AccessDenied` and nothing changes. The D-Bus policy already
 //! keeps the name root-only on the system bus; this check holds where the
 //! policy is looser (a user bus, a misconfigured policy).
+//! * `SwitchController(s dbus_address)`: BlueChi's `tcp:host=H,port=P`
+//!   (garbage, a `unix:` address and the address already dialled are
+//!   `InvalidArgs`, nothing changes). Replies at once, after
+//!   `ControllerAddress` changed; the link then drops its session and dials
+//!   the new manager (`crate::link::target`, where the TLS name rule is).
+//! * `JobCancel(u id)`: cancels the systemd job behind the manager's job `id`
+//!   of the current session (`org.freedesktop.systemd1.Job.Cancel`, systemd's
+//!   errors as `Failed` with their text); an id the agent does not track is
+//!   `org.freedesktop.systemd1.NoSuchJob`. The manager hears the job end as
+//!   `canceled`, as for `Job.Cancel` on the manager.
+//!
+//! Who may call `SwitchController` and `JobCancel` ([`authorize_owner`]): root
+//! or the user the agent runs as (on the system bus that is root; the D-Bus
+//! policy already says so); anyone else gets `AccessDenied`.
 //! * Properties read [`AgentStatus`](crate::link::status::AgentStatus),
 //!   which the link keeps current;
 //!   `PropertiesChanged` is emitted for `Status` and `ControllerAddress`.
@@ -42,9 +57,13 @@
 use crate::proxies::registry::{CreateError, ProxyKey};
 use crate::state::Shared;
 use drover_bus::bluechi::{AGENT_BUS_NAME, AGENT_IFACE, AGENT_PATH};
-use drover_bus::systemd::{BUS_NAME as SYSTEMD_BUS_NAME, MANAGER_IFACE, MANAGER_PATH, UNIT_IFACE};
+use drover_bus::systemd::{
+    BUS_NAME as SYSTEMD_BUS_NAME, JOB_IFACE, MANAGER_IFACE, MANAGER_PATH, UNIT_IFACE,
+};
 use drover_protocol::ProxyInstance;
-use drover_protocol::error_names::{ACCESS_DENIED, ACTIVATION_FAILED, FAILED, INVALID_ARGS};
+use drover_protocol::error_names::{
+    ACCESS_DENIED, ACTIVATION_FAILED, FAILED, INVALID_ARGS, NO_SUCH_JOB,
+};
 use futures::StreamExt;
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -165,6 +184,41 @@ pub async fn authorize(
     }
 }
 
+/// Lets the call `what` through when its sender is root or runs as the same
+/// user as this agent; `AccessDenied` otherwise, also when the bus cannot say
+/// who the caller is.
+pub async fn authorize_owner(
+    conn: &Connection,
+    header: &Header<'_>,
+    what: &str,
+) -> Result<(), LocalError> {
+    let denied = |why: String| {
+        let message = format!("only root or the agent's own user may call {what}: {why}");
+        tracing::warn!("refused a local call: {message}");
+        LocalError::new(ACCESS_DENIED, message)
+    };
+    let Some(sender) = header.sender() else {
+        return Err(denied("the call carries no sender".into()));
+    };
+    let dbus = zbus::fdo::DBusProxy::new(conn)
+        .await
+        .map_err(|e| denied(format!("cannot ask the bus about {sender}: {e}")))?;
+    let uid = dbus
+        .get_connection_unix_user(BusName::from(sender.clone()))
+        .await
+        .map_err(|e| denied(format!("the bus does not know the uid of {sender}: {e}")))?;
+    // The owner of /proc/self is this process's effective uid.
+    let own = std::os::unix::fs::MetadataExt::uid(
+        &std::fs::metadata("/proc/self")
+            .map_err(|e| denied(format!("cannot read the agent's own uid: {e}")))?,
+    );
+    if uid == 0 || uid == own {
+        Ok(())
+    } else {
+        Err(denied(format!("the caller {sender} runs as uid {uid}")))
+    }
+}
+
 /// The unit whose cgroup holds `pid`, by systemd's `GetUnitByPID` and the
 /// unit's `Id`.
 async fn unit_of_pid(conn: &Connection, pid: u32) -> zbus::Result<String> {
@@ -239,6 +293,61 @@ impl AgentObject {
         authorize(conn, &header, key.local.as_str()).await?;
         self.shared.proxies.remove(&key, &self.shared.outbox);
         Ok(())
+    }
+
+    /// Dial another manager: see the module docs.
+    async fn switch_controller(
+        &self,
+        #[zbus(header)] header: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        dbus_address: String,
+    ) -> Result<(), LocalError> {
+        authorize_owner(conn, &header, "SwitchController").await?;
+        let new = self
+            .shared
+            .switch_controller(&dbus_address)
+            .map_err(|m| invalid(format!("dbus_address: {m}")))?;
+        tracing::info!("SwitchController: the manager is now at {new}");
+        Ok(())
+    }
+
+    /// Cancel the systemd job of one of the manager's jobs: see the module docs.
+    async fn job_cancel(
+        &self,
+        #[zbus(header)] header: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        id: u32,
+    ) -> Result<(), LocalError> {
+        authorize_owner(conn, &header, "JobCancel").await?;
+        let shared = &self.shared;
+        let path = shared
+            .outbox
+            .current()
+            .and_then(|epoch| shared.tracker().job_path(epoch, id).map(str::to_owned));
+        let Some(path) = path else {
+            return Err(LocalError::new(
+                NO_SUCH_JOB,
+                format!("no job {id} of the manager is running on this node"),
+            ));
+        };
+        let path = zbus::ObjectPath::try_from(path.as_str())
+            .map_err(|e| LocalError::new(FAILED, format!("job {id}: bad job path {path}: {e}")))?;
+        conn.call_method(
+            Some(SYSTEMD_BUS_NAME),
+            &path,
+            Some(JOB_IFACE),
+            "Cancel",
+            &(),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| match e {
+            // The job ended between the lookup and the call.
+            zbus::Error::MethodError(name, _, _) if name.as_str() == NO_SUCH_JOB => {
+                LocalError::new(NO_SUCH_JOB, format!("job {id} has already ended"))
+            }
+            other => LocalError::new(FAILED, format!("cancelling job {id}: {other}")),
+        })
     }
 
     /// `online` while registered with the manager, else `offline`.

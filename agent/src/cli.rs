@@ -11,7 +11,7 @@
 use crate::link::connection::{Keepalive, LinkConfig};
 use clap::Parser;
 use drover_bus::Bus;
-use drover_config::{AgentConfig, Sources};
+use drover_config::{AgentConfig, LoadReport, Sources};
 use drover_protocol::NodeName;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -43,7 +43,7 @@ pub struct Args {
     /// Talk to the user's systemd on the session bus.
     #[arg(short = 'u', long = "user")]
     pub user: bool,
-    /// Read only -c FILE and the environment, not /usr/share/drover or /etc/drover.
+    /// Read only -c FILE and the environment, not /usr/share/drover, /etc/bluechi or /etc/drover.
     #[arg(long = "no-default-config")]
     pub no_default_config: bool,
     /// Print the version and exit.
@@ -57,17 +57,22 @@ pub struct Settings {
     pub bus: Bus,
     pub link: LinkConfig,
     pub config: AgentConfig,
+    /// Which files were read and the warnings about them (logged at start).
+    pub report: LoadReport,
 }
 
 /// Merges the configuration layers and the flags, and validates the result.
 /// The error is the one line the binary prints.
 pub fn settings(args: &Args) -> Result<Settings, String> {
+    // BlueChi's /etc/bluechi/agent.conf* are read under drover's files;
+    // DROVER_CONFIG_ROOT moves the default search (drover_config::layers).
     let sources = if args.no_default_config {
         Sources::only(args.config.clone())
     } else {
-        Sources::system("agent", args.config.clone())
+        Sources::from_env("agent", args.config.clone(), &|v| std::env::var_os(v))
+            .map_err(|e| e.to_string())?
     };
-    let config = AgentConfig::load(&sources).map_err(|e| e.to_string())?;
+    let (config, report) = AgentConfig::load_report(&sources).map_err(|e| e.to_string())?;
     let (mut host, mut port) = config.controller_endpoint().map_err(|e| e.to_string())?;
     if let Some(h) = &args.host {
         drover_config::agent::check_host(h).map_err(|m| format!("--host: {m}"))?;
@@ -108,6 +113,7 @@ pub fn settings(args: &Args) -> Result<Settings, String> {
             .tls_controller_name
             .clone()
             .unwrap_or_else(|| link.host.clone());
+        link.tls_name_follows_host = config.tls_controller_name.is_none();
         link.tls = Some(crate::link::tls::connector(
             files,
             &link.node,
@@ -120,7 +126,12 @@ pub fn settings(args: &Args) -> Result<Settings, String> {
         (None, true) => Bus::Session,
         (None, false) => Bus::System,
     };
-    Ok(Settings { bus, link, config })
+    Ok(Settings {
+        bus,
+        link,
+        config,
+        report,
+    })
 }
 
 /// The whole binary.
@@ -138,6 +149,10 @@ pub fn main() -> ExitCode {
         }
     };
     let log = drover_config::logging::init(&settings.config.logging);
+    tracing::info!("{}", settings.report.files_line());
+    for warning in &settings.report.warnings {
+        tracing::warn!("{warning}");
+    }
     // SetLogLevel from the manager changes this subscriber's level.
     crate::node_api::use_log_handle(log);
 

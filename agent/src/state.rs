@@ -17,6 +17,7 @@ use crate::deps::unit_fence::UnitFence;
 use crate::jobs::{JobTracker, Output};
 use crate::link::outbox::Outbox;
 use crate::link::status::AgentStatus;
+use crate::link::target::{ControllerTarget, Endpoint};
 use crate::node_api::NodeState;
 use crate::proxies::early_start::EarlyStart;
 use crate::proxies::registry::Proxies;
@@ -41,6 +42,8 @@ pub struct Shared {
     pub fence: UnitFence,
     /// The link as the local API shows it: `crate::link::status`.
     pub status: AgentStatus,
+    /// Where the link dials: `crate::link::target`.
+    pub controller: ControllerTarget,
     /// Unit subscriptions of the manager: `crate::units::hub`.
     pub units: UnitHub,
     /// Metrics and log level: `crate::node_api`.
@@ -48,6 +51,15 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// `SwitchController`: the link dials `address` from now on, and the
+    /// local API shows it as `ControllerAddress` (changed before the link
+    /// drops its session, as BlueChi orders it).
+    pub fn switch_controller(&self, address: &str) -> Result<Endpoint, String> {
+        let new = self.controller.switch(address)?;
+        self.status.set_controller(&new.host, new.port);
+        Ok(new)
+    }
+
     pub fn tracker(&self) -> MutexGuard<'_, JobTracker> {
         // The tracker is only mutated by short, non-panicking sections; a
         // poisoned lock still holds consistent state.

@@ -45,6 +45,7 @@ async fn rig() -> Rig {
     let bus = PrivateBus::start_open("drover-agent-api-test").unwrap();
     let shared = Arc::new(Shared::default());
     shared.status.set_controller("10.0.0.1", 842);
+    shared.controller.init("10.0.0.1", 842);
     shared.status.set_log_target("stderr");
     let (tx, manager) = mpsc::channel(64);
     shared.outbox.open(1, tx, SessionKill::new());
@@ -575,6 +576,10 @@ async fn introspection_describes_exactly_what_is_served() {
             r#"<arg name="node" type="s" direction="in"/>"#,
             r#"<arg name="unit" type="s" direction="in"/>"#,
             r#"<method name="RemoveProxy">"#,
+            r#"<method name="SwitchController">"#,
+            r#"<arg name="dbus_address" type="s" direction="in"/>"#,
+            r#"<method name="JobCancel">"#,
+            r#"<arg name="id" type="u" direction="in"/>"#,
             r#"<property name="Status" type="s" access="read"/>"#,
             r#"<property name="ControllerAddress" type="s" access="read"/>"#,
             r#"<property name="LogLevel" type="s" access="read">"#,
@@ -585,9 +590,86 @@ async fn introspection_describes_exactly_what_is_served() {
             r#"<property name="LastSeenTimestampMonotonic" type="t" access="read">"#,
         ],
     );
-    for absent in ["SwitchController", "JobCancel", "header", "connection"] {
+    for absent in ["header", "connection"] {
         assert!(!xml.contains(absent), "XML must not show {absent}:\n{xml}");
     }
+}
+
+/// `SwitchController` / `JobCancel` with one argument; the error's name and text.
+async fn call_one<B>(conn: &Connection, method: &str, arg: B) -> Result<(), (String, String)>
+where
+    B: serde::Serialize + zbus::zvariant::Type,
+{
+    conn.call_method(
+        Some(AGENT_BUS_NAME),
+        AGENT_PATH,
+        Some(AGENT_IFACE),
+        method,
+        &(arg,),
+    )
+    .await
+    .map(|_| ())
+    .map_err(|e| match e {
+        zbus::Error::MethodError(name, msg, _) => (name.to_string(), msg.unwrap_or_default()),
+        zbus::Error::FDO(e) => (
+            zbus::DBusError::name(&*e).to_string(),
+            zbus::DBusError::description(&*e)
+                .unwrap_or_default()
+                .to_owned(),
+        ),
+        other => panic!("{method}: {other}"),
+    })
+}
+
+#[tokio::test]
+async fn switch_controller_and_job_cancel_refuse_strangers_and_garbage() {
+    let mut r = rig().await;
+    let nobody = connect_as(r.bus.address(), NOBODY).await;
+    let (name, msg) = call_one(&nobody, "SwitchController", "tcp:host=10.0.0.2,port=842")
+        .await
+        .unwrap_err();
+    assert_eq!(name, "org.freedesktop.DBus.Error.AccessDenied");
+    assert!(
+        msg.contains("only root or the agent's own user may call SwitchController"),
+        "{msg}"
+    );
+    let (name, _) = call_one(&nobody, "JobCancel", 1u32).await.unwrap_err();
+    assert_eq!(name, "org.freedesktop.DBus.Error.AccessDenied");
+    let switched = r.shared.controller.watch();
+    for bad in [
+        "",
+        "tcp:",
+        "tcp:host=10.0.0.1,port=842",
+        "unix:path=/x",
+        "tcp:host=,port=1",
+    ] {
+        let (name, msg) = call_one(&r.client, "SwitchController", bad)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            name, "org.freedesktop.DBus.Error.InvalidArgs",
+            "{bad:?}: {msg}"
+        );
+    }
+    assert!(!switched.has_changed().unwrap(), "nothing switched");
+    assert_eq!(
+        get::<String>(&r.client, "ControllerAddress").await,
+        "tcp:host=10.0.0.1,port=842"
+    );
+    // An id no session of this agent started: systemd's NoSuchJob.
+    let (name, msg) = call_one(&r.client, "JobCancel", 7u32).await.unwrap_err();
+    assert_eq!(name, "org.freedesktop.systemd1.NoSuchJob");
+    assert_eq!(msg, "no job 7 of the manager is running on this node");
+    // Root switches: the address changes and the link is woken.
+    call_one(&r.client, "SwitchController", "tcp:host=10.0.0.2,port=9000")
+        .await
+        .unwrap();
+    assert!(switched.has_changed().unwrap());
+    assert_eq!(
+        get::<String>(&r.client, "ControllerAddress").await,
+        "tcp:host=10.0.0.2,port=9000"
+    );
+    assert!(r.manager.try_recv().is_err(), "nothing told to the manager");
 }
 
 #[tokio::test]
@@ -631,4 +713,93 @@ async fn a_name_owner_that_refuses_replacement_is_a_clear_error_and_replacement_
         Some(owner.as_str()),
         second.unique_name().map(|n| n.as_str())
     );
+}
+
+/// BlueChi's helper, run by `bluechi-proxy@bar_db.service`, calls exactly
+/// `CreateProxy("bluechi-proxy@bar_db.service", "bar", "db.service")` from the
+/// proxy unit's own process (and `RemoveProxy` alike on stop). That call is
+/// served as drover's helper's is; BlueChi-named garbage is refused with the
+/// reason and changes nothing.
+#[tokio::test]
+async fn bluechis_helper_call_is_served_and_its_garbage_is_refused() {
+    const BLUECHI_LOCAL: &str = "bluechi-proxy@bar_db.service";
+    let mut r = rig().await;
+    for (args, says) in [
+        (
+            (
+                "bluechi-proxy@nounderscore.service",
+                "nounderscore",
+                "db.service",
+            ),
+            "is not a proxy unit",
+        ),
+        (
+            (BLUECHI_LOCAL, "foo", "db.service"),
+            "is the proxy of db.service on node bar, not of db.service on node foo",
+        ),
+        (
+            (BLUECHI_LOCAL, "bar", "web.service"),
+            "not of web.service on node bar",
+        ),
+        // BlueChi's helper for a non-service target asks for "X.mount.service".
+        (
+            (
+                "bluechi-proxy@bar_data.mount.service",
+                "bar",
+                "data.mount.service",
+            ),
+            "is the proxy of data.mount on node bar",
+        ),
+        (
+            ("bluechi-proxy@.service", "bar", "db.service"),
+            "is not an instance of drover-proxy@.service or bluechi-proxy@.service",
+        ),
+        (
+            ("bluechi-dep@db.service", "bar", "db.service"),
+            "is not an instance of drover-proxy@.service or bluechi-proxy@.service",
+        ),
+    ] {
+        for method in ["CreateProxy", "RemoveProxy"] {
+            let (name, msg) = call(&r.client, method, args).await.unwrap_err();
+            assert_eq!(name, "org.freedesktop.DBus.Error.InvalidArgs", "{args:?}");
+            assert!(msg.contains(says), "{method} {args:?}: {msg}");
+        }
+    }
+    assert!(r.shared.proxies.list().is_empty());
+    assert!(r.manager.try_recv().is_err(), "nothing told to the manager");
+
+    // The real call, from the BlueChi proxy unit's own (non-root) process.
+    let _systemd = systemd_says_we_run_in(&r.bus, BLUECHI_LOCAL).await;
+    let helper = connect_as(r.bus.address(), NOBODY).await;
+    let caller = helper.clone();
+    let pending = tokio::spawn(async move {
+        call(&caller, "CreateProxy", (BLUECHI_LOCAL, "bar", "db.service")).await
+    });
+    let Event::ProxyNew {
+        proxy_id,
+        node,
+        unit,
+    } = next_event(&mut r.manager).await
+    else {
+        panic!("expected ProxyNew");
+    };
+    assert_eq!((node.as_str(), unit.as_str()), ("bar", "db.service"));
+    // It may not speak for drover's proxy unit of the same target.
+    let (name, _) = call(&helper, "CreateProxy", (LOCAL, "bar", "db.service"))
+        .await
+        .unwrap_err();
+    assert_eq!(name, "org.freedesktop.DBus.Error.AccessDenied");
+    r.shared
+        .proxies
+        .on_notice(target("active", Reason::Real, proxy_id), &r.shared.outbox);
+    assert_eq!(pending.await.unwrap(), Ok(()));
+    assert_eq!(r.shared.proxies.list()[0].key.local.as_str(), BLUECHI_LOCAL);
+    call(&helper, "RemoveProxy", (BLUECHI_LOCAL, "bar", "db.service"))
+        .await
+        .unwrap();
+    assert!(matches!(
+        next_event(&mut r.manager).await,
+        Event::ProxyRemoved { .. }
+    ));
+    assert!(r.shared.proxies.list().is_empty());
 }

@@ -112,7 +112,7 @@ impl Switch {
         };
         switch.point(false)?;
         let logs = node::unit_log_dir(cluster.dir(), "node1");
-        let units = files::proxy_units(&switch.link, &logs).map_err(|e| anyhow!(e))?;
+        let units = files::proxy_units(&switch.link, &logs, false).map_err(|e| anyhow!(e))?;
         let (name, text) = units
             .into_iter()
             .find(|(name, _)| *name == "drover-proxy@.service")

@@ -22,13 +22,21 @@
 //! raises it to fit that interval, so no accepted pair of settings makes a
 //! node flap (`agent::link::heartbeat`).
 //!
+//! BlueChi's section `[bluechi-agent]` takes the same keys
+//! ([`crate::sections`]). The one BlueChi value drover cannot serve,
+//! `ControllerAddress=unix:path=…` (drover agents dial TCP only), is an error
+//! in `[drover-agent]` and, in `[bluechi-agent]`, a warning naming the file,
+//! line and key: the key is ignored and `ControllerHost`/`ControllerPort`
+//! apply, so a BlueChi file that worked still starts the agent.
+//!
 //! With TLS the agent dials the manager over TLS only (there is no plaintext
 //! fallback to downgrade to) and requires the manager's certificate to name
 //! [`AgentConfig::tls_server_name`].
 
 use crate::ini::Document;
-use crate::layers::{Layered, apply_sources};
+use crate::layers::{Layered, LoadReport, apply_sources};
 use crate::manager::MAX_MS;
+use crate::sections::{self, Daemon, Dialect, Kind};
 use crate::tls::{Origin, TlsFiles, TlsKeys};
 use crate::value::{self, At, KEEPALIVE_COUNT_MAX, KEEPALIVE_SECS_MAX};
 use crate::{ConfigError, LoggingConfig, Sources};
@@ -38,7 +46,10 @@ use std::net::IpAddr;
 use std::path::Path;
 
 /// Section of the agent's keys.
-pub const SECTION: &str = "drover-agent";
+pub const SECTION: &str = sections::AGENT;
+
+/// BlueChi's name of the same section.
+pub const BLUECHI_SECTION: &str = sections::AGENT_BLUECHI;
 
 /// Where the host name comes from when `NodeName` is not set.
 const HOSTNAME_FILE: &str = "/proc/sys/kernel/hostname";
@@ -127,18 +138,24 @@ impl AgentConfig {
     /// Loads every layer of `sources` over the defaults; `NodeName` falls
     /// back to the host name.
     pub fn load(sources: &Sources) -> Result<Self, ConfigError> {
+        Self::load_report(sources).map(|(c, _)| c)
+    }
+
+    /// [`AgentConfig::load`], with which files were read and the warnings.
+    pub fn load_report(sources: &Sources) -> Result<(Self, LoadReport), ConfigError> {
         Self::load_with(sources, &|var| std::env::var_os(var), &read_hostname)
     }
 
-    /// [`AgentConfig::load`] with the environment and the host name injected.
+    /// [`AgentConfig::load_report`] with the environment and the host name injected.
     pub(crate) fn load_with(
         sources: &Sources,
         env: &dyn Fn(&str) -> Option<OsString>,
         hostname: &dyn Fn() -> Result<String, ConfigError>,
-    ) -> Result<Self, ConfigError> {
+    ) -> Result<(Self, LoadReport), ConfigError> {
         let mut b = Builder::default();
-        apply_sources(&mut b, sources, env)?;
-        b.finish(hostname)
+        let files = apply_sources(&mut b, sources, env)?;
+        let warnings = std::mem::take(&mut b.warnings);
+        Ok((b.finish(hostname)?, LoadReport { files, warnings }))
     }
 
     /// Parses one file's text over the defaults (tests, `-c` checks); errors
@@ -188,6 +205,7 @@ struct Builder {
     cfg: AgentConfig,
     tls: TlsKeys,
     controller_name_at: Option<Origin>,
+    warnings: Vec<String>,
 }
 
 impl Builder {
@@ -219,7 +237,7 @@ impl Builder {
         Ok(cfg)
     }
 
-    fn apply_key(&mut self, at: At<'_>) -> Result<(), ConfigError> {
+    fn apply_key(&mut self, at: At<'_>, dialect: Dialect) -> Result<(), ConfigError> {
         if self.tls.apply(at)? {
             return Ok(());
         }
@@ -251,6 +269,14 @@ impl Builder {
             "ControllerAddress" => {
                 this.controller_address = if at.value().is_empty() {
                     None
+                } else if dialect == Dialect::BlueChi && at.value().starts_with("unix:") {
+                    self.warnings.push(at.warning(format!(
+                        "'{}': drover agents connect over TCP only; ignored, \
+                         ControllerHost and ControllerPort apply (set \
+                         ControllerAddress=tcp:host=HOST,port=PORT in [drover-agent] to choose)",
+                        at.value()
+                    )));
+                    None
                 } else {
                     parse_controller_address(at.value()).map_err(|m| at.err(m))?;
                     Some(at.value().to_string())
@@ -271,7 +297,11 @@ impl Builder {
             "IPReceiveErrors" => this.ip_receive_errors = at.boolean()?,
             _ => {
                 if !value::apply_logging(at, &mut this.logging)? {
-                    return Err(value::unknown_key(at, SECTION, KEYS));
+                    let section = match dialect {
+                        Dialect::Drover => SECTION,
+                        Dialect::BlueChi => BLUECHI_SECTION,
+                    };
+                    return Err(value::unknown_key(at, section, KEYS));
                 }
             }
         }
@@ -282,26 +312,18 @@ impl Builder {
 impl Layered for Builder {
     fn apply(&mut self, doc: &Document) -> Result<(), ConfigError> {
         for section in &doc.sections {
-            if section.name != SECTION {
-                let hint = if section.name.starts_with("bluechi") {
-                    " (drover's agent section is [drover-agent])"
-                } else {
-                    ""
-                };
-                return Err(ConfigError::Syntax {
-                    path: doc.path.clone(),
-                    line: section.line,
-                    message: format!(
-                        "unknown section [{}]: expected [{SECTION}]{hint}",
-                        section.name
-                    ),
-                });
-            }
+            // The agent has no `[node NAME]`: `classify` only returns `Main`.
+            let Kind::Main(dialect) = sections::classify(doc, section, Daemon::Agent)? else {
+                continue;
+            };
             for entry in &section.entries {
-                self.apply_key(At {
-                    path: &doc.path,
-                    entry,
-                })?;
+                self.apply_key(
+                    At {
+                        path: &doc.path,
+                        entry,
+                    },
+                    dialect,
+                )?;
             }
         }
         Ok(())
@@ -419,6 +441,7 @@ mod tests {
     use crate::test_util::TempDir;
     use crate::{LogLevel, LogTarget};
     use std::collections::HashMap;
+    use std::path::PathBuf;
 
     fn host_ok() -> Result<String, ConfigError> {
         Ok("testhost".into())
@@ -677,10 +700,20 @@ mod tests {
             2,
             "AllowedNodeNames",
         );
+        // BlueChi's section name is the same section.
+        assert_eq!(
+            parse("[bluechi-agent]\nNodeName=a\n").unwrap().node_name,
+            "a"
+        );
+        let err = parse("[bluechi-agent]\nControllerHots=b\n").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "<string>:2: key 'ControllerHots': unknown key in [bluechi-agent]"
+        );
         for (text, line) in [
             ("[drover-agent]\n[drover-manager]\n", 2),
             ("[node a]\nAllowed=true\n", 1),
-            ("[bluechi-agent]\nNodeName=a\n", 1),
+            ("[bluechi-controller]\nNodeName=a\n", 1),
         ] {
             match parse(text).unwrap_err() {
                 ConfigError::Syntax {
@@ -725,6 +758,7 @@ mod tests {
             dropins: Some(d.join("agent.conf.d")),
             env: true,
             extra: Some(extra),
+            ..Sources::default()
         };
         let env: HashMap<&str, OsString> = [
             ("DROVER_LOG_LEVEL", OsString::from("WARN")),
@@ -732,13 +766,91 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        let c = AgentConfig::load_with(&sources, &|k| env.get(k).cloned(), &host_ok).unwrap();
+        let (c, report) =
+            AgentConfig::load_with(&sources, &|k| env.get(k).cloned(), &host_ok).unwrap();
+        assert_eq!(report.files.len(), 5, "{report:?}");
         assert_eq!(c.node_name, "from-etc");
         assert_eq!(c.controller_port, 400);
         assert_eq!(c.heartbeat_interval_ms, 1000);
         assert_eq!(c.logging.target, LogTarget::StderrFull, "env over drop-ins");
         assert_eq!(c.logging.level, LogLevel::Error, "-c over env");
         assert_eq!(c.controller_host, "192.0.2.7");
+    }
+
+    /// A tree holding only BlueChi's files, found under DROVER_CONFIG_ROOT:
+    /// BlueChi's file, then its drop-ins, then drover's files over them.
+    #[test]
+    fn bluechi_files_under_a_config_root() {
+        let dir = TempDir::new("agent-bluechi");
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("etc/bluechi/agent.conf.d")).unwrap();
+        dir.write(
+            "etc/bluechi/agent.conf",
+            "[bluechi-agent]\nNodeName=bc-node\nControllerHost=192.0.2.1\n\
+             ControllerAddress=unix:path=/run/bluechi/bluechi.sock\nControllerPort=8420\n",
+        );
+        dir.write(
+            "etc/bluechi/agent.conf.d/10-port.conf",
+            "[bluechi-agent]\nControllerPort=8421\nHeartbeatInterval=1000\n",
+        );
+        let env_map: HashMap<&str, OsString> =
+            [(crate::layers::ROOT_ENV, root.as_os_str().to_owned())]
+                .into_iter()
+                .collect();
+        let env = |k: &str| env_map.get(k).cloned();
+        let sources = Sources::from_env("agent", None, &env).unwrap();
+        let (c, report) = AgentConfig::load_with(&sources, &env, &host_ok).unwrap();
+        assert_eq!(c.node_name, "bc-node");
+        assert_eq!(
+            c.controller_endpoint().unwrap(),
+            ("192.0.2.1".to_string(), 8421),
+            "the unix: address is ignored, host and port apply"
+        );
+        assert_eq!(c.heartbeat_interval_ms, 1000);
+        assert_eq!(
+            report.files,
+            [
+                root.join("etc/bluechi/agent.conf"),
+                root.join("etc/bluechi/agent.conf.d/10-port.conf")
+            ]
+        );
+        assert!(report.files_line().contains("etc/bluechi/agent.conf,"));
+        assert_eq!(report.warnings.len(), 1, "{:?}", report.warnings);
+        let w = &report.warnings[0];
+        assert!(
+            w.starts_with(&format!(
+                "{}:4: key 'ControllerAddress': 'unix:path=/run/bluechi/bluechi.sock'",
+                root.join("etc/bluechi/agent.conf").display()
+            )) && w.contains("TCP only"),
+            "{w}"
+        );
+        // drover's own file wins over BlueChi's, key by key.
+        std::fs::create_dir_all(root.join("etc/drover")).unwrap();
+        dir.write(
+            "etc/drover/agent.conf",
+            "[drover-agent]\nControllerPort=9000\n",
+        );
+        let (c, report) = AgentConfig::load_with(&sources, &env, &host_ok).unwrap();
+        assert_eq!(c.node_name, "bc-node");
+        assert_eq!(c.controller_port, 9000);
+        assert_eq!(report.files.len(), 3);
+        // In drover's own section a unix: address stays an error.
+        let msg = value_err(
+            parse("[drover-agent]\nControllerAddress=unix:path=/x\n").unwrap_err(),
+            2,
+            "ControllerAddress",
+        );
+        assert!(msg.contains("not supported"), "{msg}");
+        // A relative root is refused.
+        let rel = |k: &str| (k == crate::layers::ROOT_ENV).then(|| OsString::from("etc"));
+        let err = Sources::from_env("agent", None, &rel).unwrap_err();
+        assert!(err.to_string().contains("DROVER_CONFIG_ROOT"), "{err}");
+        // Unset or empty: the installed locations.
+        let none = |_: &str| None;
+        assert_eq!(
+            Sources::from_env("agent", None, &none).unwrap().bluechi_etc,
+            Some(PathBuf::from("/etc/bluechi/agent.conf"))
+        );
     }
 
     #[test]

@@ -1,6 +1,20 @@
 //! Where configuration comes from, in order (later layers override earlier):
-//! vendor file, `/etc` file, drop-ins (`*.conf`, sorted by file name), the
+//! drover's vendor file, BlueChi's `/etc` file and drop-ins, drover's `/etc`
+//! file, drover's drop-ins (`*.conf`, sorted by file name), the
 //! `DROVER_LOG_*` environment variables, then `-c FILE`.
+//!
+//! BlueChi's files (`/etc/bluechi/controller.conf` and `controller.conf.d/` for
+//! the manager, `/etc/bluechi/agent.conf` and `agent.conf.d/` for the agent)
+//! are read *under* drover's: a node moved from BlueChi keeps its settings,
+//! and whatever drover's own files say wins, key by key. BlueChi's vendor file
+//! (`/usr/share/bluechi…`) is not read: it holds BlueChi's defaults, not the
+//! operator's choices, and drover's defaults apply instead
+//! (docs/migrating-from-bluechi.md lists where they differ).
+//!
+//! `DROVER_CONFIG_ROOT=DIR` (absolute) makes the default search look under
+//! `DIR` instead of `/` (`DIR/etc/drover/…`, `DIR/etc/bluechi/…`,
+//! `DIR/usr/share/drover/…`): for tests and for checking a config tree
+//! before installing it. [`Sources::from_env`] reads it.
 //!
 //! Missing vendor/etc files and a missing drop-in directory are fine (a fresh
 //! install has none); any other read failure, and a missing `-c FILE`, is an
@@ -20,6 +34,10 @@ use std::path::{Path, PathBuf};
 pub struct Sources {
     /// Vendor defaults, e.g. `/usr/share/drover/manager.conf` (missing is fine).
     pub vendor: Option<PathBuf>,
+    /// BlueChi's administrator file, e.g. `/etc/bluechi/controller.conf` (missing is fine).
+    pub bluechi_etc: Option<PathBuf>,
+    /// BlueChi's drop-in directory, e.g. `/etc/bluechi/controller.conf.d`.
+    pub bluechi_dropins: Option<PathBuf>,
     /// Administrator file, e.g. `/etc/drover/manager.conf` (missing is fine).
     pub etc: Option<PathBuf>,
     /// Drop-in directory, e.g. `/etc/drover/manager.conf.d` (`*.conf`, alphabetical).
@@ -37,15 +55,55 @@ pub const DATADIR: &str = match option_env!("DROVER_DATADIR") {
     None => "/usr/share",
 };
 
+/// The environment variable that moves the default search under another root.
+pub const ROOT_ENV: &str = "DROVER_CONFIG_ROOT";
+
 impl Sources {
     /// Installed locations for `name` (`manager` or `agent`), plus `-c FILE`.
     pub fn system(name: &str, extra: Option<PathBuf>) -> Self {
+        Self::under(Path::new("/"), name, extra)
+    }
+
+    /// The installed locations for `name` with `root` standing in for `/`.
+    pub fn under(root: &Path, name: &str, extra: Option<PathBuf>) -> Self {
+        let at = |path: String| root.join(path.trim_start_matches('/'));
+        // BlueChi calls its manager the controller.
+        let bluechi = if name == "manager" {
+            "controller"
+        } else {
+            name
+        };
         Self {
-            vendor: Some(PathBuf::from(format!("{DATADIR}/drover/{name}.conf"))),
-            etc: Some(PathBuf::from(format!("/etc/drover/{name}.conf"))),
-            dropins: Some(PathBuf::from(format!("/etc/drover/{name}.conf.d"))),
+            vendor: Some(at(format!("{DATADIR}/drover/{name}.conf"))),
+            bluechi_etc: Some(at(format!("/etc/bluechi/{bluechi}.conf"))),
+            bluechi_dropins: Some(at(format!("/etc/bluechi/{bluechi}.conf.d"))),
+            etc: Some(at(format!("/etc/drover/{name}.conf"))),
+            dropins: Some(at(format!("/etc/drover/{name}.conf.d"))),
             env: true,
             extra,
+        }
+    }
+
+    /// [`Sources::system`], under `$DROVER_CONFIG_ROOT` when it is set and not
+    /// empty; `env` reads one variable. A relative root is an error (it would
+    /// depend on the daemon's working directory).
+    pub fn from_env(
+        name: &str,
+        extra: Option<PathBuf>,
+        env: &dyn Fn(&str) -> Option<OsString>,
+    ) -> Result<Self, ConfigError> {
+        match env(ROOT_ENV) {
+            Some(root) if !root.is_empty() => {
+                let root = PathBuf::from(root);
+                if !root.is_absolute() {
+                    return Err(ConfigError::Env {
+                        var: ROOT_ENV.into(),
+                        message: format!("'{}' is not an absolute path", root.display()),
+                    });
+                }
+                Ok(Self::under(&root, name, extra))
+            }
+            _ => Ok(Self::system(name, extra)),
         }
     }
 
@@ -59,6 +117,29 @@ impl Sources {
     }
 }
 
+/// What loading read and what it has to say: the daemons log both at start
+/// (and on reload), once logging is set up.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoadReport {
+    /// Every file applied, in order.
+    pub files: Vec<PathBuf>,
+    /// Settings that were accepted but are not honoured as written (BlueChi
+    /// keys drover cannot serve, BlueChi defaults that drover does not share),
+    /// each naming its file, line and key.
+    pub warnings: Vec<String>,
+}
+
+impl LoadReport {
+    /// One line for the log: which files were read.
+    pub fn files_line(&self) -> String {
+        if self.files.is_empty() {
+            return "no configuration file read; built-in defaults apply".into();
+        }
+        let list: Vec<String> = self.files.iter().map(|p| p.display().to_string()).collect();
+        format!("configuration read from {}", list.join(", "))
+    }
+}
+
 /// A typed config that files can be applied to, one after another.
 pub(crate) trait Layered {
     /// Applies every entry of `doc` over the current values.
@@ -66,35 +147,45 @@ pub(crate) trait Layered {
     fn logging_mut(&mut self) -> &mut LoggingConfig;
 }
 
-/// Applies every layer of `sources` to `target`, in order. `env` reads one
-/// environment variable (the process environment, or a map in tests).
+/// Applies every layer of `sources` to `target`, in order, and returns the
+/// files applied. `env` reads one environment variable (the process
+/// environment, or a map in tests).
 pub(crate) fn apply_sources<T: Layered>(
     target: &mut T,
     sources: &Sources,
     env: &dyn Fn(&str) -> Option<OsString>,
-) -> Result<(), ConfigError> {
-    for path in [&sources.vendor, &sources.etc].into_iter().flatten() {
-        if let Some(doc) = ini::read_file(path, true)? {
+) -> Result<Vec<PathBuf>, ConfigError> {
+    let mut read = Vec::new();
+    let mut apply = |target: &mut T, path: &Path, missing_ok: bool| -> Result<(), ConfigError> {
+        if let Some(doc) = ini::read_file(path, missing_ok)? {
             target.apply(&doc)?;
+            read.push(path.to_path_buf());
         }
-    }
-    if let Some(dir) = &sources.dropins {
-        for path in dropin_files(dir)? {
-            // Listed a moment ago: a file that vanished since is a real error.
-            if let Some(doc) = ini::read_file(&path, false)? {
-                target.apply(&doc)?;
+        Ok(())
+    };
+    let file_then_dir = [
+        (&sources.vendor, &None),
+        (&sources.bluechi_etc, &sources.bluechi_dropins),
+        (&sources.etc, &sources.dropins),
+    ];
+    for (file, dir) in file_then_dir {
+        if let Some(path) = file {
+            apply(target, path, true)?;
+        }
+        if let Some(dir) = dir {
+            for path in dropin_files(dir)? {
+                // Listed a moment ago: a file that vanished since is a real error.
+                apply(target, &path, false)?;
             }
         }
     }
     if sources.env {
         crate::value::apply_env(env, target.logging_mut())?;
     }
-    if let Some(path) = &sources.extra
-        && let Some(doc) = ini::read_file(path, false)?
-    {
-        target.apply(&doc)?;
+    if let Some(path) = &sources.extra {
+        apply(target, path, false)?;
     }
-    Ok(())
+    Ok(read)
 }
 
 /// `*.conf` entries of `dir` sorted by file name (byte order, like systemd);

@@ -10,8 +10,13 @@
 //!   absolute paths); the transport rules built on them are in [`manager`].
 //! * [`logging`] — `LogLevel`/`LogTarget` and the tracing setup they select.
 //!
+//! * BlueChi's files and section names (`[bluechi-controller]`,
+//!   `[bluechi-agent]`) are read too, under drover's ([`layers`], `sections`).
+//!
 //! Errors name the file, the line and the key, so a typo is found at once:
-//! unknown sections and keys are errors, never ignored.
+//! unknown sections and keys are errors, never ignored. A BlueChi setting that
+//! drover accepts but cannot honour as written is a warning in
+//! [`LoadReport::warnings`], naming the file, line and key; the daemons log it.
 //!
 //! The shipped vendor files `dist/usr/share/drover/{manager,agent}.conf` list
 //! every key with its default; tests keep them in step with the code.
@@ -22,6 +27,7 @@ pub mod ini;
 pub mod layers;
 pub mod logging;
 pub mod manager;
+mod sections;
 pub mod tls;
 mod value;
 
@@ -30,7 +36,7 @@ pub(crate) mod test_util;
 
 pub use agent::AgentConfig;
 pub use error::ConfigError;
-pub use layers::Sources;
+pub use layers::{LoadReport, Sources};
 pub use logging::{LogHandle, LogLevel, LogTarget, LoggingConfig};
 pub use manager::{ManagerConfig, NodeSection};
 pub use tls::TlsFiles;

@@ -27,13 +27,19 @@
 //! * an explicit `Allowed=false` in `[node NAME]` wins over `AllowedNodeNames`
 //!   (the per-node section is the more specific statement, and it is how a
 //!   drop-in takes one node out of a shared list);
-//! * `UseUDS=false` is accepted for BlueChi configs; `UseUDS=true` and
-//!   `RequiredSelinuxContext` are errors, since drover has no Unix-socket
+//! * `[bluechi-controller]` takes the same keys as `[drover-manager]`
+//!   ([`crate::sections`]); BlueChi's files are read under drover's
+//!   ([`crate::layers`]);
+//! * `UseUDS=false` is accepted for BlueChi configs; `UseUDS=true` is a
+//!   warning in `[bluechi-controller]` (it is BlueChi's default, so a BlueChi
+//!   file may well say it) and an error in `[drover-manager]`;
+//!   `RequiredSelinuxContext` is an error everywhere, since drover has no Unix-socket
 //!   listener and must not pretend to enforce a security setting;
 //! * millisecond values are capped at one day so timer arithmetic can never overflow.
 
 use crate::ini::Document;
-use crate::layers::{Layered, apply_sources};
+use crate::layers::{Layered, LoadReport, apply_sources};
+use crate::sections::{self, Daemon, Dialect, Kind};
 use crate::tls::{Origin, TlsFiles, TlsKeys};
 use crate::value::{self, At, KEEPALIVE_COUNT_MAX, KEEPALIVE_SECS_MAX};
 use crate::{ConfigError, LoggingConfig, Sources};
@@ -45,7 +51,10 @@ use std::path::Path;
 pub const DEFAULT_PORT: u16 = 842;
 
 /// Section of the manager's own keys.
-pub const SECTION: &str = "drover-manager";
+pub const SECTION: &str = sections::MANAGER;
+
+/// BlueChi's name of the same section.
+pub const BLUECHI_SECTION: &str = sections::MANAGER_BLUECHI;
 
 /// Largest accepted millisecond value (one day): heartbeat intervals and
 /// thresholds beyond that are mistakes, and the cap keeps `Instant + Duration`
@@ -158,17 +167,23 @@ impl Default for ManagerConfig {
 impl ManagerConfig {
     /// Loads every layer of `sources` over the defaults.
     pub fn load(sources: &Sources) -> Result<Self, ConfigError> {
+        Self::load_report(sources).map(|(c, _)| c)
+    }
+
+    /// [`ManagerConfig::load`], with which files were read and the warnings.
+    pub fn load_report(sources: &Sources) -> Result<(Self, LoadReport), ConfigError> {
         Self::load_with_env(sources, &|var| std::env::var_os(var))
     }
 
-    /// [`ManagerConfig::load`] with the environment read through `env`.
+    /// [`ManagerConfig::load_report`] with the environment read through `env`.
     pub(crate) fn load_with_env(
         sources: &Sources,
         env: &dyn Fn(&str) -> Option<OsString>,
-    ) -> Result<Self, ConfigError> {
+    ) -> Result<(Self, LoadReport), ConfigError> {
         let mut b = Builder::default();
-        apply_sources(&mut b, sources, env)?;
-        b.finish()
+        let files = apply_sources(&mut b, sources, env)?;
+        let (cfg, warnings) = b.finish_with_warnings()?;
+        Ok((cfg, LoadReport { files, warnings }))
     }
 
     /// Parses one file's text over the defaults (tests, `-c` checks); errors
@@ -232,58 +247,54 @@ struct Builder {
     listen_at: Option<Origin>,
     allow_plaintext_at: Option<Origin>,
     allow_certified_at: Option<Origin>,
+    /// A `[bluechi-controller]` section was applied.
+    bluechi_read: bool,
+    warnings: Vec<String>,
 }
 
 impl Layered for Builder {
     fn apply(&mut self, doc: &Document) -> Result<(), ConfigError> {
         for section in &doc.sections {
-            if section.name == SECTION {
-                for entry in &section.entries {
-                    self.apply_key(At {
-                        path: &doc.path,
-                        entry,
-                    })?;
-                }
-            } else if let Some(node) = node_section_name(&section.name) {
-                let name = NodeName::new(node).map_err(|e| ConfigError::Syntax {
-                    path: doc.path.clone(),
-                    line: section.line,
-                    message: format!("section [{}]: {e}", section.name),
-                })?;
-                let idx = match self.cfg.nodes.iter().position(|n| n.name == name) {
-                    Some(i) => i,
-                    None => {
-                        self.cfg.nodes.push(NodeSection {
-                            name,
-                            allowed: None,
-                            allow_dependencies_on: Vec::new(),
-                        });
-                        self.cfg.nodes.len() - 1
+            match sections::classify(doc, section, Daemon::Manager)? {
+                Kind::Main(dialect) => {
+                    self.bluechi_read |= dialect == Dialect::BlueChi;
+                    for entry in &section.entries {
+                        self.apply_key(
+                            At {
+                                path: &doc.path,
+                                entry,
+                            },
+                            dialect,
+                        )?;
                     }
-                };
-                for entry in &section.entries {
-                    apply_node_key(
-                        At {
-                            path: &doc.path,
-                            entry,
-                        },
-                        &mut self.cfg.nodes[idx],
-                    )?;
                 }
-            } else {
-                let hint = if section.name.starts_with("bluechi") {
-                    " (drover's manager section is [drover-manager])"
-                } else {
-                    ""
-                };
-                return Err(ConfigError::Syntax {
-                    path: doc.path.clone(),
-                    line: section.line,
-                    message: format!(
-                        "unknown section [{}]: expected [{SECTION}] or [node NAME]{hint}",
-                        section.name
-                    ),
-                });
+                Kind::Node(node) => {
+                    let name = NodeName::new(node).map_err(|e| ConfigError::Syntax {
+                        path: doc.path.clone(),
+                        line: section.line,
+                        message: format!("section [{}]: {e}", section.name),
+                    })?;
+                    let idx = match self.cfg.nodes.iter().position(|n| n.name == name) {
+                        Some(i) => i,
+                        None => {
+                            self.cfg.nodes.push(NodeSection {
+                                name,
+                                allowed: None,
+                                allow_dependencies_on: Vec::new(),
+                            });
+                            self.cfg.nodes.len() - 1
+                        }
+                    };
+                    for entry in &section.entries {
+                        apply_node_key(
+                            At {
+                                path: &doc.path,
+                                entry,
+                            },
+                            &mut self.cfg.nodes[idx],
+                        )?;
+                    }
+                }
             }
         }
         Ok(())
@@ -294,18 +305,8 @@ impl Layered for Builder {
     }
 }
 
-/// `NAME` of a `node NAME` section header; `Some("")` for a bare `node`, so
-/// that it is reported as a bad node name rather than an unknown section.
-fn node_section_name(section: &str) -> Option<&str> {
-    let rest = section.strip_prefix("node")?;
-    if rest.is_empty() {
-        return Some("");
-    }
-    rest.starts_with(char::is_whitespace).then(|| rest.trim())
-}
-
 impl Builder {
-    fn apply_key(&mut self, at: At<'_>) -> Result<(), ConfigError> {
+    fn apply_key(&mut self, at: At<'_>, dialect: Dialect) -> Result<(), ConfigError> {
         if self.tls.apply(at)? {
             return Ok(());
         }
@@ -328,9 +329,16 @@ impl Builder {
             "UseTCP" => c.use_tcp = at.boolean()?,
             "UseUDS" => {
                 if at.boolean()? {
-                    return Err(at.err(
-                        "drover has no Unix-socket listener; remove UseUDS or set it to false",
-                    ));
+                    match dialect {
+                        Dialect::Drover => {
+                            return Err(at.err(
+                                "drover has no Unix-socket listener; remove UseUDS or set it to false",
+                            ));
+                        }
+                        Dialect::BlueChi => self.warnings.push(at.warning(
+                            "drover has no Unix-socket listener; ignored (agents connect over TCP)",
+                        )),
+                    }
                 }
             }
             "AllowedNodeNames" => self.allowed_names = at.node_list()?,
@@ -359,11 +367,39 @@ impl Builder {
             }
             _ => {
                 if !value::apply_logging(at, &mut c.logging)? {
-                    return Err(value::unknown_key(at, SECTION, KEYS));
+                    let section = match dialect {
+                        Dialect::Drover => SECTION,
+                        Dialect::BlueChi => BLUECHI_SECTION,
+                    };
+                    return Err(value::unknown_key(at, section, KEYS));
                 }
             }
         }
         Ok(())
+    }
+
+    /// [`Builder::finish`], and the warnings: those of the keys, and one when
+    /// BlueChi's section was read and the listener falls back to loopback
+    /// (BlueChi listens on every address; drover serves plaintext on loopback
+    /// only unless told otherwise).
+    fn finish_with_warnings(mut self) -> Result<(ManagerConfig, Vec<String>), ConfigError> {
+        let mut warnings = std::mem::take(&mut self.warnings);
+        let bluechi_read = self.bluechi_read;
+        let cfg = self.finish()?;
+        if bluechi_read
+            && cfg.use_tcp
+            && cfg.listen_address.is_none()
+            && cfg.tls.is_none()
+            && !cfg.allow_plaintext
+        {
+            warnings.push(format!(
+                "[{BLUECHI_SECTION}] read: BlueChi's controller accepts agents on every address, \
+                 drover without TLS only on loopback; agents on other machines cannot connect \
+                 until TLS is configured (docs/security.md) or AllowPlaintext=true is set in \
+                 [{SECTION}] (docs/migrating-from-bluechi.md)"
+            ));
+        }
+        Ok((cfg, warnings))
     }
 
     fn finish(self) -> Result<ManagerConfig, ConfigError> {
@@ -765,10 +801,19 @@ mod tests {
         );
         assert!(msg.contains("unknown section [drover-managr]"), "{msg}");
         let msg = syntax_err(
-            ManagerConfig::parse_str("\n[bluechi-controller]\n").unwrap_err(),
+            ManagerConfig::parse_str("\n[bluechi-agent]\n").unwrap_err(),
             2,
         );
         assert!(msg.contains("[drover-manager]"), "{msg}");
+        // BlueChi's section name is the same section; unknown keys are
+        // errors there too, named with that section.
+        let c = ManagerConfig::parse_str("[bluechi-controller]\nControllerPort=8420\n").unwrap();
+        assert_eq!(c.port, 8420);
+        let err = ManagerConfig::parse_str("[bluechi-controller]\nControllerPrt=1\n").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "<string>:2: key 'ControllerPrt': unknown key in [bluechi-controller]"
+        );
         // "nodes x" is not a node section.
         syntax_err(ManagerConfig::parse_str("[nodes x]\n").unwrap_err(), 1);
     }
@@ -937,7 +982,7 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), OsString::from(v)))
             .collect();
-        ManagerConfig::load_with_env(sources, &|k| env.get(k).cloned())
+        ManagerConfig::load_with_env(sources, &|k| env.get(k).cloned()).map(|(c, _)| c)
     }
 
     struct Layout {
@@ -954,7 +999,7 @@ mod tests {
             etc: Some(d.join("etc.conf")),
             dropins: Some(d.join("conf.d")),
             env: true,
-            extra: None,
+            ..Sources::default()
         };
         Layout { dir, sources }
     }
@@ -1079,6 +1124,79 @@ mod tests {
             matches!(&err, ConfigError::Env { var, .. } if var == "DROVER_LOG_TARGET"),
             "{err}"
         );
+    }
+
+    /// BlueChi's files alone (under a config root), then drover's over them.
+    #[test]
+    fn bluechi_files_under_a_config_root() {
+        let dir = TempDir::new("mgr-bluechi");
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("etc/bluechi/controller.conf.d")).unwrap();
+        let main = dir.write(
+            "etc/bluechi/controller.conf",
+            "[bluechi-controller]\nControllerPort=8420\nAllowedNodeNames=n1,\n  n2\n\
+             UseUDS=true\nHeartbeatInterval=0\n",
+        );
+        dir.write(
+            "etc/bluechi/controller.conf.d/50-deps.conf",
+            "[node n1]\nAllowDependenciesOn=n2\n[bluechi-controller]\nLogLevel=DEBUG\n",
+        );
+        let env_map: HashMap<&str, OsString> =
+            [(crate::layers::ROOT_ENV, root.as_os_str().to_owned())]
+                .into_iter()
+                .collect();
+        let env = |k: &str| env_map.get(k).cloned();
+        let sources = Sources::from_env("manager", None, &env).unwrap();
+        let (c, report) = ManagerConfig::load_with_env(&sources, &env).unwrap();
+        assert_eq!(c.port, 8420);
+        assert_eq!(names(&c.allowed_nodes), ["n1", "n2"]);
+        assert_eq!(
+            names(&c.node(&nn("n1")).unwrap().allow_dependencies_on),
+            ["n2"]
+        );
+        assert_eq!(c.heartbeat_interval_ms, 0);
+        assert_eq!(c.logging.level, LogLevel::Debug);
+        assert_eq!(
+            report.files,
+            [
+                main.clone(),
+                root.join("etc/bluechi/controller.conf.d/50-deps.conf")
+            ]
+        );
+        assert_eq!(report.warnings.len(), 2, "{:?}", report.warnings);
+        assert_eq!(
+            report.warnings[0],
+            format!(
+                "{}:5: key 'UseUDS': drover has no Unix-socket listener; ignored (agents \
+                 connect over TCP)",
+                main.display()
+            )
+        );
+        assert!(
+            report.warnings[1].contains("loopback"),
+            "{}",
+            report.warnings[1]
+        );
+
+        // drover's files win; with AllowPlaintext the loopback warning goes.
+        std::fs::create_dir_all(root.join("etc/drover/manager.conf.d")).unwrap();
+        dir.write(
+            "etc/drover/manager.conf.d/plain.conf",
+            "[drover-manager]\nAllowPlaintext=true\nControllerPort=9000\n",
+        );
+        let (c, report) = ManagerConfig::load_with_env(&sources, &env).unwrap();
+        assert_eq!(c.port, 9000);
+        assert_eq!(names(&c.allowed_nodes), ["n1", "n2"]);
+        assert_eq!(report.files.len(), 3);
+        assert_eq!(report.warnings.len(), 1, "{:?}", report.warnings);
+
+        // Security settings drover cannot enforce stay errors in BlueChi's files.
+        dir.write(
+            "etc/bluechi/controller.conf.d/60-selinux.conf",
+            "[node n1]\nRequiredSelinuxContext=haproxy_t\n",
+        );
+        let err = ManagerConfig::load_with_env(&sources, &env).unwrap_err();
+        assert!(err.to_string().contains("RequiredSelinuxContext"), "{err}");
     }
 
     #[test]

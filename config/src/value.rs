@@ -34,6 +34,16 @@ impl<'a> At<'a> {
         }
     }
 
+    /// A warning about this entry, worded as [`At::err`] words an error.
+    pub fn warning(&self, message: impl std::fmt::Display) -> String {
+        format!(
+            "{}:{}: key '{}': {message}",
+            self.path.display(),
+            self.entry.line,
+            self.entry.key
+        )
+    }
+
     pub fn value(&self) -> &'a str {
         &self.entry.value
     }

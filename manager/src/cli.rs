@@ -4,8 +4,11 @@
 //! drover-manager [-c FILE] [-p PORT] [--bus ADDRESS | --user] [--no-default-config] [-v|--version]
 //! ```
 //!
-//! Config layers come first (see `drover_config::Sources`), the flags
-//! override them.
+//! Config layers come first (see `drover_config::Sources`; BlueChi's
+//! `/etc/bluechi/controller.conf*` are read under drover's files;
+//! `DROVER_CONFIG_ROOT` moves the default search), the flags override them.
+//! Which files were read, and every warning about them, is logged at start
+//! and on each reload.
 //!
 //! [`main`] is the whole process around the library: parse the command line,
 //! start the runtime, load the config, set up logging, run the manager until
@@ -21,7 +24,7 @@ use crate::server::Manager;
 use anyhow::Context;
 use clap::Parser;
 use drover_bus::Bus;
-use drover_config::{ConfigError, ManagerConfig, Sources};
+use drover_config::{ConfigError, LoadReport, ManagerConfig, Sources};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use tokio::signal::unix::{SignalKind, signal};
@@ -63,21 +66,30 @@ impl Cli {
         }
     }
 
-    pub fn sources(&self) -> Sources {
+    pub fn sources(&self) -> Result<Sources, ConfigError> {
         if self.no_default_config {
-            Sources::only(self.config.clone())
+            Ok(Sources::only(self.config.clone()))
         } else {
-            Sources::system("manager", self.config.clone())
+            Sources::from_env("manager", self.config.clone(), &|v| std::env::var_os(v))
         }
     }
 
-    /// The configuration from every layer, with the flags on top.
-    pub fn load_config(&self) -> Result<ManagerConfig, ConfigError> {
-        let mut config = ManagerConfig::load(&self.sources())?;
+    /// The configuration from every layer, with the flags on top, and what
+    /// loading read and warns about.
+    pub fn load_config(&self) -> Result<(ManagerConfig, LoadReport), ConfigError> {
+        let (mut config, report) = ManagerConfig::load_report(&self.sources()?)?;
         if let Some(port) = self.port {
             config.port = port;
         }
-        Ok(config)
+        Ok((config, report))
+    }
+}
+
+/// Logs which files were read and every warning about them.
+pub fn log_report(report: &LoadReport) {
+    tracing::info!("{}", report.files_line());
+    for warning in &report.warnings {
+        tracing::warn!("{warning}");
     }
 }
 
@@ -109,8 +121,9 @@ pub fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    let config = cli.load_config().context("configuration")?;
+    let (config, report) = cli.load_config().context("configuration")?;
     let log = drover_config::logging::init(&config.logging);
+    log_report(&report);
     let listener = listener::listener_for(&config)?;
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
@@ -143,10 +156,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 tracing::info!("SIGHUP: reloading the configuration");
                 // Same sources and flags as at start; a config that does not
                 // load is logged by `reload` and the running one kept.
+                let loaded = cli.load_config().map(|(config, report)| {
+                    log_report(&report);
+                    config
+                });
                 let _ = crate::reload::reload(
                     manager.core(),
                     Some(manager.connection()),
-                    cli.load_config(),
+                    loaded,
                 )
                 .await;
             }
@@ -181,14 +198,15 @@ mod tests {
         .unwrap();
         assert_eq!(cli.port, Some(2020));
         assert_eq!(cli.bus(), Bus::Address("unix:path=/b".into()));
+        let sources = cli.sources().unwrap();
         assert!(
-            cli.sources().vendor.is_none(),
+            sources.vendor.is_none() && sources.bluechi_etc.is_none(),
             "--no-default-config skips the system files"
         );
-        assert_eq!(cli.sources().extra, Some(PathBuf::from("/x.conf")));
+        assert_eq!(sources.extra, Some(PathBuf::from("/x.conf")));
         assert_eq!(parse(&["--user"]).unwrap().bus(), Bus::Session);
         assert_eq!(parse(&[]).unwrap().bus(), Bus::System);
-        assert!(parse(&[]).unwrap().sources().etc.is_some());
+        assert!(parse(&[]).unwrap().sources().unwrap().etc.is_some());
     }
 
     #[test]

@@ -448,7 +448,8 @@ impl Core {
         };
         self.properties_changed(path.as_str(), NODE_IFACE, "Status", status)
             .await;
-        if controller != announced.controller {
+        // While shutting down, `shutdown` announces the final state once.
+        if controller != announced.controller && !self.is_shutting_down() {
             announced.controller = controller;
             self.properties_changed(
                 CONTROLLER_PATH,
@@ -560,6 +561,9 @@ impl Core {
 
     /// Ends every job and every session (SIGTERM). Jobs get `JobRemoved`
     /// with `cancelled due to shutdown` before the bus connection closes.
+    /// Each node's `Status` goes `offline`; `Controller.Status` is announced
+    /// once, at the end (`down`), not at each threshold crossed on the way
+    /// (`degraded` first), as BlueChi's controller signals its shutdown.
     pub async fn shutdown(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
         let ended = self.jobs().end_all(RESULT_SHUTDOWN);
@@ -571,6 +575,7 @@ impl Core {
             self.end_session(&session, "the manager is shutting down")
                 .await;
         }
+        self.announce_controller().await;
     }
 
     // ---- what the D-Bus API asks for ------------------------------------

@@ -538,6 +538,24 @@ async fn shutdown_cancels_jobs_before_leaving_the_bus() {
     assert_eq!((job, result.as_str()), (path, "cancelled due to shutdown"));
 }
 
+/// On shutdown the controller's `Status` goes from `up` straight to `down`,
+/// as BlueChi signals it (no `degraded` while the nodes are let go one by one).
+#[tokio::test]
+async fn shutdown_announces_down_once_and_no_degraded() {
+    let mut f = Fixture::start(config(&["node1", "node-bar"])).await;
+    let mut ctrl_signals = f.signals(CONTROLLER, PROPS).await;
+    let _a = f.agent("node1", reply_empty()).await;
+    let _b = f.agent("node-bar", reply_empty()).await;
+    wait_changed(&mut ctrl_signals, "Status", "up").await;
+    f.manager.take().expect("running").shutdown().await;
+    let (member, msg) = next_signal(&mut ctrl_signals).await;
+    assert_eq!(member, "PropertiesChanged");
+    assert_eq!(
+        drover_testkit::api::changed_value(&msg, "Status").as_deref(),
+        Some("down")
+    );
+}
+
 #[tokio::test]
 async fn introspection_describes_exactly_what_is_served() {
     let f = Fixture::start(config(&["node1"])).await;
@@ -564,7 +582,7 @@ async fn introspection_describes_exactly_what_is_served() {
             r#"<property name="Status" type="s" access="read"/>"#,
             r#"<property name="LogLevel" type="s" access="read">"#,
             r#"<property name="LogTarget" type="s" access="read">"#,
-            r#"<node name="node">"#,
+            r#"<node name="node"/>"#,
         ],
     );
     assert_mentions(
@@ -652,6 +670,90 @@ async fn introspection_describes_exactly_what_is_served() {
             r#"<property name="State" type="s" access="read"/>"#,
         ],
     );
+}
+
+/// The paths leading to objects name their children and do not inline them
+/// (sd-bus's form), so `busctl tree` walks the tree without a warning; the
+/// `job` level comes and goes with the jobs.
+#[tokio::test]
+async fn introspection_names_children_without_inlining_them() {
+    let f = Fixture::start(config(&["node1", "node-bar"])).await;
+    let behavior = reply_then(|req| match req {
+        Request::JobCancel { job_id } => vec![job_done(*job_id, "canceled")],
+        _ => vec![],
+    });
+    let _agent = f.agent("node1", behavior).await;
+    let children = |xml: &str| -> Vec<String> {
+        xml.match_indices("<node name=\"")
+            .map(|(i, _)| {
+                let rest = &xml[i + 12..];
+                let end = rest.find('"').unwrap();
+                assert!(rest[end..].starts_with("\"/>"), "inlined child: {xml}");
+                rest[..end].to_owned()
+            })
+            .collect()
+    };
+    assert_eq!(children(&f.introspect("/").await), ["org"]);
+    assert_eq!(children(&f.introspect("/org").await), ["eclipse"]);
+    assert_eq!(children(&f.introspect("/org/eclipse").await), ["bluechi"]);
+    let xml = f.introspect(CONTROLLER).await;
+    assert_eq!(children(&xml), ["node"]);
+    assert!(!xml.contains("org.eclipse.bluechi.Node"), "{xml}");
+    assert_mentions(
+        &xml,
+        "controller XML",
+        &[
+            r#"<interface name="org.eclipse.bluechi.Controller">"#,
+            r#"<interface name="io.drover.Controller">"#,
+            r#"<interface name="org.freedesktop.DBus.Properties">"#,
+        ],
+    );
+    assert_eq!(
+        children(&f.introspect("/org/eclipse/bluechi/node").await),
+        ["node1", "node_2dbar"]
+    );
+
+    for round in 0..2 {
+        let path: OwnedObjectPath = f
+            .call(NODE1, NODE_IFACE, "StartUnit", &("a.service", "replace"))
+            .await
+            .unwrap();
+        let id = path.as_str().rsplit('/').next().unwrap().to_owned();
+        assert_eq!(
+            children(&f.introspect(CONTROLLER).await),
+            ["job", "node"],
+            "round {round}"
+        );
+        assert_eq!(
+            children(&f.introspect("/org/eclipse/bluechi/job").await),
+            [id],
+            "round {round}"
+        );
+        // Async: the manager runs on this test's runtime and must answer busctl.
+        let out = tokio::process::Command::new("busctl")
+            .args(["--address", f.bus.address(), "tree", "org.eclipse.bluechi"])
+            .output()
+            .await
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && stderr.is_empty(),
+            "busctl tree: {stderr}"
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains(path.as_str()), "{stdout}");
+        // The job ends: its level goes with it.
+        let () = f
+            .call(path.as_str(), JOB_IFACE, "Cancel", &())
+            .await
+            .expect("Cancel");
+        assert!(f.introspect_job_gone(path.as_str()).await);
+        assert_eq!(
+            children(&f.introspect(CONTROLLER).await),
+            ["node"],
+            "round {round}"
+        );
+    }
 }
 
 /// A reload that adds a node (offline until it registers) turns `up` into

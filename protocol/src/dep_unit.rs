@@ -9,6 +9,14 @@
 //! ([`dep_unit_of`]); the manager reads targets back from the units a node
 //! lists ([`dep_target`]) to find deps nobody wants any more. Both directions
 //! live here so they cannot drift apart.
+//!
+//! There is one dep family, drover's, whatever the family of the proxy that
+//! asked ([`crate::proxy_instance::ProxyTemplate`]): the target node runs
+//! drover's agent, which starts `drover-dep@UNIT.service` for BlueChi-named
+//! proxies too. BlueChi's own dep template, `bluechi-dep@.service` (instance
+//! without `.service`: `bluechi-dep@db.service` binds `db.service`), is
+//! shipped by the optional compatibility set only for unit files that name it;
+//! no drover process starts it or reads it back.
 
 use crate::names::{NameError, UnitName};
 

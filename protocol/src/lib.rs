@@ -21,8 +21,9 @@
 //! The rules both ends of some exchange apply, each in one place:
 //!
 //! * [`names`] — validated node and unit names; every name from outside passes here.
-//! * [`proxy_instance`] — `drover-proxy@NODE_UNIT.service`: the helper parses
-//!   it, the agent recognises proxy units by it.
+//! * [`proxy_instance`] — `drover-proxy@NODE_UNIT.service` (and BlueChi's
+//!   `bluechi-proxy@NODE_UNIT.service`): the helper parses it, the agent
+//!   recognises proxy units by it.
 //! * [`dep_unit`] — `drover-dep@UNIT.service`: the agent starts it, the manager
 //!   reads targets back from it.
 //! * [`job`] — the four unit jobs with systemd's and BlueChi's words for them.
@@ -57,7 +58,7 @@ pub use message::{
     ToManager, UnitInfo,
 };
 pub use names::{NameError, NodeName, UnitName};
-pub use proxy_instance::{InstanceError, ProxyInstance, ProxyMismatch};
+pub use proxy_instance::{InstanceError, ProxyInstance, ProxyMismatch, ProxyTemplate};
 pub use tag::ModTag;
 
 /// `version X.Y.Z (commit C)`: what every drover binary's `--version` says after

@@ -1,10 +1,11 @@
 //! The proxy instance: `NODE_UNIT`, as systemd's `%i` gives it for
-//! `drover-proxy@NODE_UNIT.service`, and the proxy unit names built from it.
+//! `drover-proxy@NODE_UNIT.service` (or BlueChi's
+//! `bluechi-proxy@NODE_UNIT.service`), and the proxy unit names built from it.
 //!
-//! The helper parses the instance it is run with ([`ProxyInstance::parse`]);
-//! the agent recognises proxy units among the units systemd reports
-//! ([`ProxyInstance::from_unit_name`]) and checks the proxy unit a
-//! `CreateProxy` caller names ([`proxy_template_of`], and
+//! The helper parses the argument it is run with ([`ProxyInstance::parse`],
+//! [`ProxyInstance::parse_arg`]); the agent recognises proxy units among the
+//! units systemd reports ([`ProxyInstance::from_unit_name`]) and checks the
+//! proxy unit a `CreateProxy` caller names ([`ProxyTemplate::of_unit`], and
 //! [`ProxyInstance::proxy_of`]: the proxy unit must be the proxy of the very
 //! node and unit the call names). One rule for all of them:
 //!
@@ -15,46 +16,125 @@
 //!   any other unit type is kept (`node2_data.mount`);
 //! * node and unit must be valid ([`NodeName`], [`UnitName`]) and the unit must
 //!   not be a template (`foo@.service` cannot be started);
-//! * the proxy unit's own name, `drover-proxy@INSTANCE.service`, must be a
+//! * the proxy unit's own name, `TEMPLATE@INSTANCE.service`, must be a
 //!   valid unit name too: it is what the agent stops when the target goes down.
 //!
-//! The templates whose instances are proxies are one table,
-//! [`PROXY_PREFIXES`]; accepting another template (BlueChi's
-//! `bluechi-proxy@`) is one more entry there. The first entry is drover's own,
-//! the one [`ProxyInstance::parse`] names units after.
+//! # Template families
+//!
+//! Proxy units are instances of one of the [`ProxyTemplate`]s: drover's own
+//! `drover-proxy@.service`, or BlueChi's `bluechi-proxy@.service` (shipped by
+//! drover's optional BlueChi compatibility set, so that unit files written for
+//! BlueChi, `Wants=bluechi-proxy@bar_db.service`, work unchanged). The family
+//! changes only the proxy unit's name and how the helper is given the instance;
+//! the instance rule above is the same for both, and the agent treats both
+//! alike (a proxy's identity is its proxy unit, its node and its unit).
+//!
+//! * drover's template runs `drover-proxy create %i`: the argument is the
+//!   instance (`bar_db`);
+//! * BlueChi's template runs `bluechi-proxy create %i.service` (the compat set
+//!   installs `bluechi-proxy` as a link to drover's helper, which tells the
+//!   family by the name it is run as, [`ProxyTemplate::of_program`]): the
+//!   argument is the proxy unit's name without its template prefix
+//!   (`bar_db.service`), and the proxy unit is `bluechi-proxy@` + argument.
+//!
+//! For every target BlueChi accepts (a `.service` named without its suffix,
+//! `bar_db`) both families name the same unit; drover's rule also accepts
+//! other unit types (`bar_data.mount`), where BlueChi would ask for
+//! `data.mount.service`.
 //!
 //! Everything here is pure: a rejected instance never reaches the bus.
 
 use crate::names::{NameError, NodeName, UnitName, printable};
 use std::fmt;
 
-/// The prefixes (`TEMPLATE@`) of the unit templates whose instances are
-/// proxy units; the first is drover's own.
-pub const PROXY_PREFIXES: &[&str] = &["drover-proxy@"];
-
-/// drover's own proxy template prefix, the one [`ProxyInstance::parse`] uses.
-const OWN_PREFIX: &str = PROXY_PREFIXES[0];
-
 /// The suffix of every proxy unit: the templates are services.
 const PROXY_SUFFIX: &str = ".service";
 
-/// The prefix of the proxy template `unit` is an instance of (anything after
-/// `TEMPLATE@` but a bare `.`, i.e. not the template itself); `None` if it is
-/// none of [`PROXY_PREFIXES`]. Only the prefix is checked: the type suffix and
-/// the instance are the caller's to validate.
-pub fn proxy_template_of(unit: &str) -> Option<&'static str> {
-    PROXY_PREFIXES.iter().copied().find(|prefix| {
-        unit.strip_prefix(prefix)
-            .is_some_and(|rest| !rest.starts_with('.'))
-    })
+/// A family of proxy units: the template they are instances of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ProxyTemplate {
+    /// `drover-proxy@.service`, drover's own.
+    Drover,
+    /// `bluechi-proxy@.service`, BlueChi's name (drover's compat set).
+    Bluechi,
+}
+
+impl ProxyTemplate {
+    /// Every family, drover's own first.
+    pub const ALL: [ProxyTemplate; 2] = [ProxyTemplate::Drover, ProxyTemplate::Bluechi];
+
+    /// The unit name prefix of its instances (`drover-proxy@`).
+    pub fn prefix(self) -> &'static str {
+        match self {
+            ProxyTemplate::Drover => "drover-proxy@",
+            ProxyTemplate::Bluechi => "bluechi-proxy@",
+        }
+    }
+
+    /// The template unit itself (`drover-proxy@.service`).
+    pub fn template_unit(self) -> &'static str {
+        match self {
+            ProxyTemplate::Drover => "drover-proxy@.service",
+            ProxyTemplate::Bluechi => "bluechi-proxy@.service",
+        }
+    }
+
+    /// The helper's program name under this family's template
+    /// (`drover-proxy`, `bluechi-proxy`).
+    pub fn program(self) -> &'static str {
+        match self {
+            ProxyTemplate::Drover => "drover-proxy",
+            ProxyTemplate::Bluechi => "bluechi-proxy",
+        }
+    }
+
+    /// The family of the helper run as `argv0` (a path or a bare name):
+    /// BlueChi's when its file name is `bluechi-proxy`, drover's otherwise.
+    pub fn of_program(argv0: &str) -> Self {
+        let name = argv0.rsplit('/').next().unwrap_or(argv0);
+        if name == ProxyTemplate::Bluechi.program() {
+            ProxyTemplate::Bluechi
+        } else {
+            ProxyTemplate::Drover
+        }
+    }
+
+    /// The family `unit` is an instance of (anything after `TEMPLATE@` but a
+    /// bare `.`, i.e. not the template itself); `None` if it is none. Only
+    /// the prefix is checked: the type suffix and the instance are the
+    /// caller's to validate.
+    pub fn of_unit(unit: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| {
+            unit.strip_prefix(t.prefix())
+                .is_some_and(|rest| !rest.starts_with('.'))
+        })
+    }
+
+    /// What the helper's `INSTANCE` argument means under this family's
+    /// template: drover's passes the instance itself, BlueChi's passes
+    /// `%i.service`, whose suffix is stripped here.
+    fn instance_of_arg(self, arg: &str) -> Result<&str, InstanceError> {
+        match self {
+            ProxyTemplate::Drover => Ok(arg),
+            ProxyTemplate::Bluechi => arg
+                .strip_suffix(PROXY_SUFFIX)
+                .ok_or_else(|| InstanceError::BluechiArg(printable(arg))),
+        }
+    }
+}
+
+impl fmt::Display for ProxyTemplate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.template_unit())
+    }
 }
 
 /// The proxy templates as a user names them, for messages
-/// (`drover-proxy@.service`).
+/// (`drover-proxy@.service or bluechi-proxy@.service`).
 pub fn proxy_templates_text() -> String {
-    PROXY_PREFIXES
+    ProxyTemplate::ALL
         .iter()
-        .map(|p| format!("{p}{PROXY_SUFFIX}"))
+        .map(|t| t.template_unit())
         .collect::<Vec<_>>()
         .join(" or ")
 }
@@ -82,6 +162,10 @@ pub enum InstanceError {
     },
     #[error("proxy instance '{instance}': the proxy unit name would be invalid: {source}")]
     ProxyUnit { instance: String, source: NameError },
+    #[error(
+        "bluechi-proxy argument '{0}' does not end in .service (expected NODE_UNIT.service, as bluechi-proxy@.service passes %i.service, e.g. node2_db.service)"
+    )]
+    BluechiArg(String),
 }
 
 /// Why a `(proxy unit, node, unit)` triple is not one proxy
@@ -109,6 +193,7 @@ pub enum ProxyMismatch {
 /// A validated proxy instance.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProxyInstance {
+    template: ProxyTemplate,
     instance: String,
     node: NodeName,
     unit: UnitName,
@@ -119,16 +204,26 @@ impl ProxyInstance {
     /// Parses and validates `NODE_UNIT` (see the module docs); the proxy unit
     /// is an instance of drover's own template.
     pub fn parse(instance: &str) -> Result<Self, InstanceError> {
-        Self::parse_for(OWN_PREFIX, instance)
+        Self::parse_for(ProxyTemplate::Drover, instance)
+    }
+
+    /// Parses the helper's `INSTANCE` argument as `template`'s unit file
+    /// passes it (see the module docs): `bar_db` for drover's,
+    /// `bar_db.service` for BlueChi's.
+    pub fn parse_arg(template: ProxyTemplate, arg: &str) -> Result<Self, InstanceError> {
+        Self::parse_for(template, template.instance_of_arg(arg)?)
     }
 
     /// The proxy behind a proxy unit's own name
-    /// (`drover-proxy@bar_db.service` → `db.service` on `bar`), for any of
-    /// [`PROXY_PREFIXES`]; `None` for any other unit or an invalid instance.
+    /// (`drover-proxy@bar_db.service` or `bluechi-proxy@bar_db.service` →
+    /// `db.service` on `bar`), for any [`ProxyTemplate`]; `None` for any
+    /// other unit or an invalid instance.
     pub fn from_unit_name(unit: &str) -> Option<Self> {
-        let prefix = proxy_template_of(unit)?;
-        let instance = unit.strip_prefix(prefix)?.strip_suffix(PROXY_SUFFIX)?;
-        Self::parse_for(prefix, instance).ok()
+        let template = ProxyTemplate::of_unit(unit)?;
+        let instance = unit
+            .strip_prefix(template.prefix())?
+            .strip_suffix(PROXY_SUFFIX)?;
+        Self::parse_for(template, instance).ok()
     }
 
     /// The proxy behind `proxy_unit` when it is exactly a proxy of `unit`
@@ -156,7 +251,7 @@ impl ProxyInstance {
         }
     }
 
-    fn parse_for(prefix: &str, instance: &str) -> Result<Self, InstanceError> {
+    fn parse_for(template: ProxyTemplate, instance: &str) -> Result<Self, InstanceError> {
         if instance.is_empty() {
             return Err(InstanceError::Empty);
         }
@@ -186,14 +281,13 @@ impl ProxyInstance {
                 example,
             });
         }
-        let proxy_unit =
-            UnitName::new(format!("{prefix}{instance}{PROXY_SUFFIX}")).map_err(|source| {
-                InstanceError::ProxyUnit {
-                    instance: shown.clone(),
-                    source,
-                }
+        let proxy_unit = UnitName::new(format!("{}{instance}{PROXY_SUFFIX}", template.prefix()))
+            .map_err(|source| InstanceError::ProxyUnit {
+                instance: shown.clone(),
+                source,
             })?;
         Ok(Self {
+            template,
             instance: instance.to_string(),
             node,
             unit,
@@ -216,9 +310,15 @@ impl ProxyInstance {
         &self.unit
     }
 
-    /// The local proxy unit: `drover-proxy@INSTANCE.service`.
+    /// The local proxy unit: `drover-proxy@INSTANCE.service` (or
+    /// `bluechi-proxy@INSTANCE.service`).
     pub fn proxy_unit(&self) -> &UnitName {
         &self.proxy_unit
+    }
+
+    /// The family of its proxy unit.
+    pub fn template(&self) -> ProxyTemplate {
+        self.template
     }
 }
 
@@ -406,13 +506,130 @@ mod tests {
     }
 
     #[test]
-    fn the_template_table_names_proxy_units() {
+    fn the_template_families_name_proxy_units() {
         assert_eq!(
-            proxy_template_of("drover-proxy@bar_t.timer"),
-            Some("drover-proxy@")
+            ProxyTemplate::of_unit("drover-proxy@bar_t.timer"),
+            Some(ProxyTemplate::Drover)
         );
-        assert_eq!(proxy_template_of("drover-proxy@.service"), None);
-        assert_eq!(proxy_template_of("db.service"), None);
-        assert_eq!(proxy_templates_text(), "drover-proxy@.service");
+        assert_eq!(
+            ProxyTemplate::of_unit("bluechi-proxy@bar_db.service"),
+            Some(ProxyTemplate::Bluechi)
+        );
+        for not_one in [
+            "drover-proxy@.service",
+            "bluechi-proxy@.service",
+            "db.service",
+            "bluechi-dep@db.service",
+            "hirte-proxy@bar_db.service",
+        ] {
+            assert_eq!(ProxyTemplate::of_unit(not_one), None, "{not_one}");
+        }
+        assert_eq!(
+            proxy_templates_text(),
+            "drover-proxy@.service or bluechi-proxy@.service"
+        );
+        assert_eq!(ProxyTemplate::Bluechi.to_string(), "bluechi-proxy@.service");
+    }
+
+    #[test]
+    fn the_helper_tells_its_family_by_its_program_name() {
+        assert_eq!(
+            ProxyTemplate::of_program("/usr/libexec/bluechi-proxy"),
+            ProxyTemplate::Bluechi
+        );
+        assert_eq!(
+            ProxyTemplate::of_program("bluechi-proxy"),
+            ProxyTemplate::Bluechi
+        );
+        for drover in [
+            "/usr/libexec/drover-proxy",
+            "drover-proxy",
+            "/opt/bluechi-proxy/drover-proxy",
+            "bluechi-proxy.sh",
+            "",
+        ] {
+            assert_eq!(
+                ProxyTemplate::of_program(drover),
+                ProxyTemplate::Drover,
+                "{drover}"
+            );
+        }
+    }
+
+    #[test]
+    fn bluechi_names_mean_what_they_mean_to_bluechi() {
+        // What BlueChi's helper does for `bluechi-proxy@bar_db.service`:
+        // argument `bar_db.service`, CreateProxy(local, "bar", "db.service").
+        let p = ProxyInstance::parse_arg(ProxyTemplate::Bluechi, "bar_db.service").unwrap();
+        assert_eq!(p.proxy_unit().as_str(), "bluechi-proxy@bar_db.service");
+        assert_eq!(
+            (p.node().as_str(), p.unit().as_str()),
+            ("bar", "db.service")
+        );
+        assert_eq!(p.template(), ProxyTemplate::Bluechi);
+        assert_eq!(p.instance(), "bar_db");
+        let q =
+            ProxyInstance::proxy_of("bluechi-proxy@bar_db.service", "bar", "db.service").unwrap();
+        assert_eq!(q, p);
+        assert_eq!(
+            ProxyInstance::from_unit_name("bluechi-proxy@bar_db.service"),
+            Some(p)
+        );
+        // Units with '_' split at the first one, as BlueChi's helper does.
+        let p = ProxyInstance::parse_arg(ProxyTemplate::Bluechi, "bar_my_db.service").unwrap();
+        assert_eq!(
+            (p.node().as_str(), p.unit().as_str()),
+            ("bar", "my_db.service")
+        );
+        // drover's helper argument is the instance itself.
+        let d = ProxyInstance::parse_arg(ProxyTemplate::Drover, "bar_db").unwrap();
+        assert_eq!(d.proxy_unit().as_str(), "drover-proxy@bar_db.service");
+        assert_eq!(d, ProxyInstance::parse("bar_db").unwrap());
+        // The same target under both names: two proxy units, one target.
+        assert_eq!((d.node(), d.unit()), (q.node(), q.unit()));
+        assert_ne!(d.proxy_unit(), q.proxy_unit());
+    }
+
+    #[test]
+    fn garbage_bluechi_names_are_refused_with_a_reason() {
+        let e = ProxyInstance::parse_arg(ProxyTemplate::Bluechi, "bar_db")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("does not end in .service"), "{e}");
+        let e = ProxyInstance::parse_arg(ProxyTemplate::Bluechi, "nounderscore.service")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no '_' between node and unit"), "{e}");
+        let e = ProxyInstance::parse_arg(ProxyTemplate::Bluechi, ".service")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("empty"), "{e}");
+        assert!(ProxyInstance::from_unit_name("bluechi-proxy@nounderscore.service").is_none());
+        // BlueChi's helper, given a non-service target, asks for `X.mount.service`:
+        // drover's rule names `X.mount`, so the pair does not match, said clearly.
+        let e = ProxyInstance::proxy_of(
+            "bluechi-proxy@bar_data.mount.service",
+            "bar",
+            "data.mount.service",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("is the proxy of data.mount on node bar"), "{e}");
+        // Wrong node, wrong unit, or a name of no family.
+        for (local, node, unit) in [
+            ("bluechi-proxy@bar_db.service", "foo", "db.service"),
+            ("bluechi-proxy@bar_db.service", "bar", "web.service"),
+            (
+                "bluechi-proxy@nounderscore.service",
+                "nounderscore",
+                "db.service",
+            ),
+            ("hirte-proxy@bar_db.service", "bar", "db.service"),
+        ] {
+            assert!(
+                ProxyInstance::proxy_of(local, node, unit).is_err(),
+                "{local}"
+            );
+        }
     }
 }

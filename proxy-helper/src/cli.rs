@@ -2,7 +2,15 @@
 //!
 //! ```text
 //! drover-proxy [--user | --bus ADDRESS] create|remove INSTANCE
+//! bluechi-proxy [--user | --bus ADDRESS] create|remove INSTANCE.service
 //! ```
+//!
+//! Run under the name `bluechi-proxy` (the BlueChi compatibility set links
+//! `/usr/libexec/bluechi-proxy` to this binary, and BlueChi's
+//! `bluechi-proxy@.service` runs `bluechi-proxy create %i.service`), the
+//! helper takes BlueChi's argument and backs `bluechi-proxy@INSTANCE.service`
+//! ([`ProxyTemplate::of_program`], [`ProxyInstance::parse_arg`]); everything
+//! else is the same.
 //!
 //! Exit codes: 0 = done (`create`: the target is active; `remove`: the agent
 //! released the proxy or holds none); 1 = the agent refused or failed, or could
@@ -22,6 +30,7 @@
 
 use crate::agent::{AgentClient, AgentError, Bus, CallEnd};
 use crate::instance::ProxyInstance;
+use drover_protocol::ProxyTemplate;
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use std::process::ExitCode;
@@ -43,7 +52,11 @@ Usage: drover-proxy [--user | --bus ADDRESS] create|remove INSTANCE
   -u, --user        the agent is on the session bus (user-mode units)
       --bus ADDRESS the agent is on this D-Bus address
   -v, --version     print the version and exit
-  -h, --help        print this help and exit";
+  -h, --help        print this help and exit
+
+Run as bluechi-proxy (a link to this binary), it backs BlueChi's
+bluechi-proxy@NODE_UNIT.service and takes INSTANCE as that template passes
+it: NODE_UNIT.service (%i.service), e.g. node2_db.service.";
 
 /// What the command line asks for.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -122,10 +135,13 @@ impl Args {
 
 /// The binary's whole life: parse, run, report.
 pub fn main() -> ExitCode {
-    let args = match Args::parse(std::env::args().skip(1)) {
+    let mut argv = std::env::args();
+    let template = ProxyTemplate::of_program(&argv.next().unwrap_or_default());
+    let me = template.program();
+    let args = match Args::parse(argv) {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("drover-proxy: {e}");
+            eprintln!("{me}: {e}");
             return ExitCode::from(2);
         }
     };
@@ -144,10 +160,10 @@ pub fn main() -> ExitCode {
         Command::Create { instance } => (true, instance),
         Command::Remove { instance } => (false, instance),
     };
-    let proxy = match ProxyInstance::parse(instance) {
+    let proxy = match ProxyInstance::parse_arg(template, instance) {
         Ok(p) => p,
         Err(e) => {
-            eprintln!("drover-proxy: {e}");
+            eprintln!("{me}: {e}");
             return ExitCode::from(2);
         }
     };
@@ -158,11 +174,11 @@ pub fn main() -> ExitCode {
     };
     let code = match res {
         Ok(msg) => {
-            println!("drover-proxy: {msg}");
+            println!("{me}: {msg}");
             0
         }
         Err(msg) => {
-            eprintln!("drover-proxy: {msg}");
+            eprintln!("{me}: {msg}");
             1
         }
     };

@@ -6,7 +6,10 @@
 //! (`org.eclipse.bluechi.Agent.CreateProxy`) to have `db.service` started on
 //! `node2`, and exits 0 once it is active — so the proxy unit becomes active
 //! and the dependent unit starts — or 1 with a one-line reason. `ExecStop=`
-//! runs `drover-proxy remove node2_db` (`RemoveProxy`).
+//! runs `drover-proxy remove node2_db` (`RemoveProxy`). Run as `bluechi-proxy`
+//! (BlueChi's `bluechi-proxy@.service`, from the optional compatibility set),
+//! it backs `bluechi-proxy@node2_db.service` and takes BlueChi's argument,
+//! `node2_db.service` (see [`cli`]).
 //!
 //! The helper holds no state: the agent keeps the proxy, the manager the
 //! references. Layout:

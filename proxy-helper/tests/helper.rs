@@ -335,3 +335,68 @@ async fn a_bus_that_goes_away_while_the_helper_waits_fails_the_start_in_one_line
         )
     );
 }
+
+/// The helper run as BlueChi's template runs `/usr/libexec/bluechi-proxy`
+/// (the compat set's link to this binary): `argv[0]` is that name.
+fn as_bluechi_proxy(bus: &str, args: &[&str]) -> Command {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = helper(bus, args);
+    cmd.arg0("/usr/libexec/bluechi-proxy");
+    cmd
+}
+
+async fn run_cmd(cmd: Command) -> Run {
+    let mut cmd = tokio::process::Command::from(cmd);
+    let out = tokio::time::timeout(Duration::from_secs(20), cmd.output())
+        .await
+        .expect("helper finishes")
+        .expect("helper runs");
+    Run::from(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_as_bluechi_proxy_it_makes_exactly_bluechis_calls() {
+    let bus = private_bus("bluechi");
+    let (_conn, calls) = serve_agent(&bus).await;
+
+    // `ExecStart=/usr/libexec/bluechi-proxy create %i.service` of
+    // bluechi-proxy@ok_db.service.
+    let out = run_cmd(as_bluechi_proxy(
+        bus.address(),
+        &["create", "ok_db.service"],
+    ))
+    .await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(
+        out.stdout.trim(),
+        "bluechi-proxy: db.service on node ok is active"
+    );
+    let out = run_cmd(as_bluechi_proxy(
+        bus.address(),
+        &["remove", "ok_db.service"],
+    ))
+    .await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+
+    // BlueChi's argument convention, refused with the reason before anything
+    // is sent: no `.service` (drover's convention), no '_', no node.
+    for (arg, why) in [
+        ("ok_db", "does not end in .service"),
+        ("nounderscore.service", "no '_' between node and unit"),
+        ("_db.service", "bad target node"),
+    ] {
+        let out = run_cmd(as_bluechi_proxy(bus.address(), &["create", arg])).await;
+        assert_eq!(out.code, 2, "{arg}");
+        let err = out.stderr;
+        let line = one_line(&err);
+        assert!(line.starts_with("bluechi-proxy: "), "{line}");
+        assert!(line.contains(why), "{arg}: {line}");
+    }
+    assert_eq!(
+        *calls.lock().unwrap(),
+        vec![
+            tuple("create", "bluechi-proxy@ok_db.service", "ok", "db.service"),
+            tuple("remove", "bluechi-proxy@ok_db.service", "ok", "db.service"),
+        ]
+    );
+}

@@ -52,6 +52,11 @@ pub enum Command {
         /// default mutual TLS with certificates from `DIR/pki`.
         #[arg(long)]
         no_tls: bool,
+        /// Also give every node drover's BlueChi compatibility templates
+        /// (bluechi-proxy@.service, bluechi-dep@.service), so units written
+        /// for BlueChi (Wants=bluechi-proxy@node2_db.service) work.
+        #[arg(long)]
+        bluechi_compat: bool,
     },
     /// Run a command inside a node (its namespaces and environment).
     Exec {
@@ -124,6 +129,7 @@ pub async fn run(cli: Cli) -> Result<u8> {
             node,
             dir,
             no_tls,
+            bluechi_compat,
         } => {
             let mut opts = if node.is_empty() {
                 ClusterOptions::with_nodes(usize::from(nodes.unwrap_or(3)))
@@ -135,6 +141,7 @@ pub async fn run(cli: Cli) -> Result<u8> {
             };
             opts.dir = Some(resolve_dir(dir));
             opts.tls = !no_tls;
+            opts.bluechi_compat = bluechi_compat;
             up(opts).await
         }
         Command::Exec { dir, node, cmd } => exec(&resolve_dir(dir), &node, &cmd),

@@ -5,7 +5,8 @@
 //! `stop_manager`/`start_manager`), then one agent per node. Every node's unit directory
 //! holds the user-mode `drover-proxy@.service` (running the `drover-proxy` found next to
 //! the daemons) and `drover-dep@.service` before its systemd starts, so cross-node
-//! dependencies work in every sandbox. `start` returns once every
+//! dependencies work in every sandbox (and, with [`ClusterOptions::bluechi_compat`], BlueChi's
+//! `bluechi-proxy@.service` and `bluechi-dep@.service`). `start` returns once every
 //! started agent's node is `online` on the manager's public API.
 //!
 //! Ownership: the value owns every process it started. `down()` stops them in order and
@@ -74,6 +75,11 @@ pub struct ClusterOptions {
     /// every config. Off: plaintext on loopback, for the tests of plaintext
     /// behaviour.
     pub tls: bool,
+    /// Every node also gets drover's optional BlueChi compatibility set
+    /// (`bluechi-proxy@.service`, `bluechi-dep@.service`, as `make
+    /// install-bluechi-compat` installs them; default false), so units written
+    /// for BlueChi (`Wants=bluechi-proxy@node2_db.service`) work.
+    pub bluechi_compat: bool,
 }
 
 impl Default for ClusterOptions {
@@ -95,6 +101,7 @@ impl ClusterOptions {
             allow_all_proxies: true,
             start_agents: true,
             tls: true,
+            bluechi_compat: false,
         }
     }
 
@@ -152,6 +159,8 @@ pub struct Cluster {
     /// The `drover-proxy` the nodes' proxy template runs (None: not found, so the nodes
     /// got no proxy templates; [`Cluster::start`] refuses to run without it).
     proxy_bin: Option<PathBuf>,
+    /// Nodes get the BlueChi compatibility templates too ([`ClusterOptions::bluechi_compat`]).
+    bluechi_compat: bool,
     /// `AllowedNodeNames` as written into manager.conf (kept for [`Cluster::reconfigure_manager`]).
     allowed: Vec<String>,
     /// Set once torn down or detached: `Drop` then does nothing.
@@ -310,6 +319,7 @@ impl Cluster {
             extra_counter: 0,
             bin_dirs,
             proxy_bin,
+            bluechi_compat: opts.bluechi_compat,
             allowed: opts.nodes.clone(),
             finished: false,
         };
@@ -751,7 +761,8 @@ impl Cluster {
             let logs = node::unit_log_dir(&self.state.dir, name);
             std::fs::create_dir_all(&logs)
                 .with_context(|| format!("creating {}", logs.display()))?;
-            let units = files::proxy_units(bin, &logs).map_err(|e| anyhow!(e))?;
+            let units =
+                files::proxy_units(bin, &logs, self.bluechi_compat).map_err(|e| anyhow!(e))?;
             for (file, text) in units {
                 write_file(&node::unit_dir(&self.state.dir, name).join(file), &text)?;
             }

@@ -119,16 +119,25 @@ const PROXY_USER_TEMPLATE: &str =
     include_str!("../../dist/usr/lib/systemd/user/drover-proxy@.service");
 /// The dep template as shipped in `dist/usr/lib/systemd/system/` (the user one is a link to it).
 const DEP_TEMPLATE: &str = include_str!("../../dist/usr/lib/systemd/system/drover-dep@.service");
+/// BlueChi's names, from drover's optional BlueChi compatibility set (user mode).
+const BLUECHI_PROXY_USER_TEMPLATE: &str =
+    include_str!("../../dist/usr/lib/systemd/user/bluechi-proxy@.service");
+const BLUECHI_DEP_TEMPLATE: &str =
+    include_str!("../../dist/usr/lib/systemd/system/bluechi-dep@.service");
 /// Where the shipped templates expect the helper.
 const SHIPPED_PROXY_PATH: &str = "/usr/libexec/drover-proxy";
 
 /// The unit templates every node gets, as (file name, contents): `drover-proxy@.service`
 /// (user mode: the helper finds the agent on the node's session bus) running `proxy_bin`,
-/// and `drover-dep@.service`. Nodes have no journal, so the proxy units' output (the
-/// helper's one-line reasons) goes to `log_dir/<unit name>.log` instead.
+/// and `drover-dep@.service`; with `bluechi_compat` also the compatibility set's
+/// `bluechi-proxy@.service` (the same helper, run as `bluechi-proxy`) and
+/// `bluechi-dep@.service`, as `make install-bluechi-compat` installs them. Nodes have no
+/// journal, so the proxy units' output (the helper's one-line reasons) goes to
+/// `log_dir/<unit name>.log` instead.
 pub fn proxy_units(
     proxy_bin: &Path,
     log_dir: &Path,
+    bluechi_compat: bool,
 ) -> Result<Vec<(&'static str, String)>, String> {
     let path = proxy_bin
         .to_str()
@@ -150,13 +159,20 @@ pub fn proxy_units(
         "[Service]\n# drover-sandbox: nodes have no journal; the helper's lines go here.\n\
          StandardOutput=append:{logs}/%n.log\nStandardError=inherit\n"
     );
-    let proxy = PROXY_USER_TEMPLATE
-        .replace(SHIPPED_PROXY_PATH, &escaped)
-        .replacen("[Service]\n", &output, 1);
-    Ok(vec![
-        ("drover-proxy@.service", proxy),
+    let proxy = |template: &str| {
+        template
+            .replace(SHIPPED_PROXY_PATH, &escaped)
+            .replacen("[Service]\n", &output, 1)
+    };
+    let mut units = vec![
+        ("drover-proxy@.service", proxy(PROXY_USER_TEMPLATE)),
         ("drover-dep@.service", DEP_TEMPLATE.to_string()),
-    ])
+    ];
+    if bluechi_compat {
+        units.push(("bluechi-proxy@.service", proxy(BLUECHI_PROXY_USER_TEMPLATE)));
+        units.push(("bluechi-dep@.service", BLUECHI_DEP_TEMPLATE.to_string()));
+    }
+    Ok(units)
 }
 
 /// An agent config for the node called `name`.
@@ -249,9 +265,46 @@ mod tests {
     }
 
     #[test]
+    fn the_bluechi_compat_set_runs_the_same_helper_as_bluechi_proxy() {
+        let units = proxy_units(
+            Path::new("/opt/x%y/drover-proxy"),
+            Path::new("/sb/n1/logs"),
+            true,
+        )
+        .unwrap();
+        let names: Vec<&str> = units.iter().map(|(n, _)| *n).collect();
+        assert_eq!(
+            names,
+            [
+                "drover-proxy@.service",
+                "drover-dep@.service",
+                "bluechi-proxy@.service",
+                "bluechi-dep@.service"
+            ]
+        );
+        let proxy = &units[2].1;
+        for line in [
+            "ExecStart=@/opt/x%%y/drover-proxy bluechi-proxy create --user %i.service",
+            "ExecStop=@/opt/x%%y/drover-proxy bluechi-proxy remove --user %i.service",
+            "StopWhenUnneeded=yes",
+            "StandardOutput=append:/sb/n1/logs/%n.log",
+        ] {
+            assert!(proxy.lines().any(|l| l == line), "missing {line}: {proxy}");
+        }
+        let dep = &units[3].1;
+        for line in ["BindsTo=%i.service", "After=%i.service"] {
+            assert!(dep.lines().any(|l| l == line), "missing {line}: {dep}");
+        }
+    }
+
+    #[test]
     fn proxy_units_run_the_found_helper_in_user_mode() {
-        let units =
-            proxy_units(Path::new("/opt/x%y/drover-proxy"), Path::new("/sb/n1/logs")).unwrap();
+        let units = proxy_units(
+            Path::new("/opt/x%y/drover-proxy"),
+            Path::new("/sb/n1/logs"),
+            false,
+        )
+        .unwrap();
         let names: Vec<&str> = units.iter().map(|(n, _)| *n).collect();
         assert_eq!(names, ["drover-proxy@.service", "drover-dep@.service"]);
         let proxy = &units[0].1;
@@ -276,7 +329,7 @@ mod tests {
             "/a\"b/x",
         ] {
             assert!(
-                proxy_units(Path::new(bad), Path::new("/l")).is_err(),
+                proxy_units(Path::new(bad), Path::new("/l"), true).is_err(),
                 "{bad}"
             );
         }

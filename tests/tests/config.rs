@@ -91,9 +91,11 @@ const BAD_CONFIGS: &[(&str, &str, &str, u32)] = &[
         "ControllerPort",
         2,
     ),
+    // BlueChi's agent section is accepted (tests/tests/bluechi_dropin.rs); the
+    // manager's is not.
     (
         "drover-agent",
-        "[bluechi-agent]\nNodeName=x\n",
+        "[bluechi-controller]\nNodeName=x\n",
         "drover-agent",
         1,
     ),

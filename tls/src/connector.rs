@@ -33,14 +33,7 @@ impl Connector {
     /// name or the IP address (literal) the agent dials. It is also sent as
     /// SNI when it is a DNS name.
     pub fn new(settings: ClientSettings, server_name: &str) -> Result<Self, Error> {
-        let server_name =
-            ServerName::try_from(server_name.to_owned()).map_err(|_| Error::ServerName {
-                name: server_name
-                    .chars()
-                    .take(80)
-                    .flat_map(char::escape_default)
-                    .collect(),
-            })?;
+        let server_name = Self::new_name(server_name)?;
         Ok(Self {
             settings: Current::new(settings),
             server_name,
@@ -59,6 +52,27 @@ impl Connector {
 
     pub fn server_name(&self) -> &ServerName<'static> {
         &self.server_name
+    }
+
+    /// A connector on the same settings (a later [`Connector::reload`] of
+    /// either reaches both) that checks another manager name: for an agent
+    /// told to dial a manager at another host (`SwitchController`).
+    pub fn with_server_name(&self, server_name: &str) -> Result<Self, Error> {
+        let named = Self::new_name(server_name)?;
+        Ok(Self {
+            settings: self.settings.clone(),
+            server_name: named,
+        })
+    }
+
+    fn new_name(server_name: &str) -> Result<ServerName<'static>, Error> {
+        ServerName::try_from(server_name.to_owned()).map_err(|_| Error::ServerName {
+            name: server_name
+                .chars()
+                .take(80)
+                .flat_map(char::escape_default)
+                .collect(),
+        })
     }
 
     /// Runs the TLS handshake on `stream` (a connected TCP stream). Takes as

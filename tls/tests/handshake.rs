@@ -319,3 +319,28 @@ async fn node_certificate_rotates_on_reload() {
     assert_eq!(echo(&mut after, b"a").await.unwrap(), b"a");
     assert_eq!(echo(&mut before, b"b").await.unwrap(), b"b");
 }
+
+/// `SwitchController` to another host: the derived connector checks the new
+/// name, on the same settings (a reload of either reaches both).
+#[tokio::test]
+async fn a_connector_for_another_name_checks_that_name_on_the_same_settings() {
+    let fleet = Fleet::new();
+    let mut server = Server::start(fleet.server_settings()).await;
+    let wrong = Connector::new(fleet.client_settings("node1"), "manager.example").unwrap();
+    let right = wrong.with_server_name("127.0.0.1").unwrap();
+    assert!(std::sync::Arc::ptr_eq(&wrong.settings(), &right.settings()));
+    let mut tls = server.connect(&right).await.unwrap();
+    assert_eq!(server.outcome().await.unwrap().node().as_str(), "node1");
+    assert_eq!(echo(&mut tls, b"ok").await.unwrap(), b"ok");
+    let err = server.connect(&wrong).await.unwrap_err().to_string();
+    assert!(err.contains("not valid for name"), "{err}");
+    server.refused().await;
+    // Garbage is refused, and changes nothing.
+    assert!(matches!(
+        wrong.with_server_name("not a name!"),
+        Err(Error::ServerName { .. })
+    ));
+    // A reload through the original reaches the derived one.
+    wrong.reload(fleet.client_settings("node1"));
+    assert!(std::sync::Arc::ptr_eq(&wrong.settings(), &right.settings()));
+}

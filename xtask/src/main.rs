@@ -4,6 +4,7 @@
 //! xtask man OUTDIR                      render docs/man/*.md to OUTDIR/NAME.SECTION
 //! xtask completions OUTDIR              droverctl's bash, zsh and fish completions
 //! xtask install --bin-dir DIR [--destdir D] [--prefix P] [--dbus-policy-dir X] [--zsh-dir Z]
+//!               [--package NAME]...
 //! xtask deb --bin-dir DIR --out DIR [--compress xz|gzip|none]
 //! ```
 
@@ -25,8 +26,13 @@ enum Task {
     Man { out: PathBuf },
     /// Write droverctl's shell completions into OUTDIR.
     Completions { out: PathBuf },
-    /// Install every package's files under DESTDIR (make install).
+    /// Install every package's files under DESTDIR (make install), the
+    /// optional ones aside; or only the packages named with --package.
     Install {
+        /// Only this package (repeatable), optional ones included
+        /// (make install-bluechi-compat: drover-bluechi-compat).
+        #[arg(long = "package", value_name = "NAME")]
+        packages: Vec<String>,
         #[arg(long)]
         bin_dir: PathBuf,
         #[arg(long, default_value = "")]
@@ -80,6 +86,7 @@ fn main() -> Result<()> {
             }
         }
         Task::Install {
+            packages: only,
             bin_dir,
             destdir,
             prefix,
@@ -97,8 +104,21 @@ fn main() -> Result<()> {
             } else {
                 destdir
             };
+            for name in &only {
+                if !PACKAGES.iter().any(|p| p.name == name.as_str()) {
+                    let names: Vec<&str> = PACKAGES.iter().map(|p| p.name).collect();
+                    anyhow::bail!("no package '{name}' (packages: {})", names.join(", "));
+                }
+            }
             let inputs = Inputs::new(&repo(), &bin_dir, VERSION)?;
-            for pkg in PACKAGES {
+            let chosen = PACKAGES.iter().filter(|p| {
+                if only.is_empty() {
+                    !packages::OPTIONAL.contains(&p.name)
+                } else {
+                    only.iter().any(|n| n == p.name)
+                }
+            });
+            for pkg in chosen {
                 for (path, mode) in packages::stage(pkg, &root, &layout, &inputs)? {
                     println!(
                         "{mode:o} {}",

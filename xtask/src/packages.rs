@@ -12,7 +12,11 @@
 //!   proxy/dep templates (system and user), preset, D-Bus policy, configs;
 //! * `droverctl`: `droverctl` and `drover-pki`, with completions;
 //! * `drover-common`: `drover.conf(5)`, which both daemons' packages need and
-//!   only one package may own.
+//!   only one package may own;
+//! * `drover-bluechi-compat` (optional, [`OPTIONAL`]: not part of `make
+//!   install`, installed by `make install-bluechi-compat`): Eclipse BlueChi's
+//!   `bluechi-proxy@.service` and `bluechi-dep@.service` templates (system and
+//!   user), so unit files written for BlueChi work with drover's agent.
 //!
 //! Units are enabled by the presets on first install, never started by a
 //! maintainer script; `/etc/drover/*.conf` are conffiles.
@@ -227,7 +231,42 @@ pub const PACKAGES: &[Package] = &[
         )],
         dirs: &[],
     },
+    Package {
+        name: "drover-bluechi-compat",
+        summary: "drover: Eclipse BlueChi's proxy unit names for existing unit files",
+        description: "The bluechi-proxy@.service and bluechi-dep@.service templates (system and\n\
+                      user), so unit files written for Eclipse BlueChi\n\
+                      (Wants=bluechi-proxy@node2_db.service) work unchanged with drover's agent\n\
+                      and its drover-proxy helper.",
+        // The templates run drover-agent's drover-proxy.
+        depends: &["drover-agent"],
+        arch_all: true,
+        unit: None,
+        items: &[
+            dist(
+                "usr/lib/systemd/system/bluechi-proxy@.service",
+                "{prefix}/lib/systemd/system/bluechi-proxy@.service",
+            ),
+            dist(
+                "usr/lib/systemd/system/bluechi-dep@.service",
+                "{prefix}/lib/systemd/system/bluechi-dep@.service",
+            ),
+            dist(
+                "usr/lib/systemd/user/bluechi-proxy@.service",
+                "{prefix}/lib/systemd/user/bluechi-proxy@.service",
+            ),
+            dist(
+                "usr/lib/systemd/user/bluechi-dep@.service",
+                "{prefix}/lib/systemd/user/bluechi-dep@.service",
+            ),
+        ],
+        dirs: &[],
+    },
 ];
+
+/// Packages `make install` leaves out; each has its own install goal
+/// (`make install-bluechi-compat`).
+pub const OPTIONAL: &[&str] = &["drover-bluechi-compat"];
 
 /// Where things go.
 #[derive(Debug, Clone)]

@@ -265,6 +265,19 @@ fn install_honours_prefix_and_keeps_an_edited_etc_file() {
     );
     assert!(scratch.0.join("opt/drover/libexec/drover-proxy").is_file());
     assert!(scratch.0.join("opt/drover/bin/droverctl").is_file());
+    // The BlueChi names run the same helper, as "bluechi-proxy".
+    let compat = std::fs::read_to_string(
+        scratch
+            .0
+            .join("opt/drover/lib/systemd/user/bluechi-proxy@.service"),
+    )
+    .unwrap();
+    assert!(
+        compat.contains(
+            "ExecStart=@/opt/drover/libexec/drover-proxy bluechi-proxy create --user %i.service"
+        ),
+        "{compat}"
+    );
     assert!(
         scratch
             .0

@@ -29,6 +29,13 @@
 //!    in lockstep. Failures are logged until `ConnectionRetryCountUntilQuiet`,
 //!    which is said once; then only at debug level until connected again.
 //!
+//! 4. **Switch** (`SwitchController`, [`crate::link::target`]): the session or
+//!    connection attempt in progress is dropped and the new endpoint dialled
+//!    at once, without backoff. With TLS the manager's certificate must name
+//!    `TLSControllerName` when it is set, whatever host is dialled; without
+//!    it, the host dialled — after a switch, the new host
+//!    ([`LinkConfig::tls_name_follows_host`]), as at start.
+//!
 //! Invariants: replies and events of a session that ended are dropped (see
 //! [`crate::link::outbox`]); a shutdown closes the connection politely (queued
 //! messages are flushed, then the write side is shut down); nothing sent by
@@ -85,6 +92,9 @@ pub struct LinkConfig {
     pub outbox_capacity: usize,
     /// Mutual TLS to the manager (`None`: plaintext).
     pub tls: Option<drover_tls::Connector>,
+    /// `TLSControllerName` is unset: the certificate must name the host
+    /// dialled, so a switch to another host checks that host's name.
+    pub tls_name_follows_host: bool,
 }
 
 /// What a link runs over: TCP, or TLS on TCP.
@@ -113,6 +123,7 @@ impl LinkConfig {
             max_in_flight: 64,
             outbox_capacity: 1024,
             tls: None,
+            tls_name_follows_host: false,
         }
     }
 
@@ -165,6 +176,8 @@ pub enum SessionEnd {
     HeartbeatExpired(Duration),
     Malformed(String),
     Killed(String),
+    /// `SwitchController` named another manager.
+    Switched,
 }
 
 impl std::fmt::Display for SessionEnd {
@@ -177,6 +190,7 @@ impl std::fmt::Display for SessionEnd {
             }
             SessionEnd::Malformed(e) => write!(f, "invalid data from the manager: {e}"),
             SessionEnd::Killed(why) => f.write_str(why),
+            SessionEnd::Switched => f.write_str("switching to another manager"),
         }
     }
 }
@@ -228,6 +242,7 @@ pub struct Link<S> {
 
 impl<S: Systemd> Link<S> {
     pub fn new(cfg: LinkConfig, systemd: Arc<S>, shared: Arc<Shared>) -> Self {
+        shared.controller.init(&cfg.host, cfg.port);
         let slots = Arc::new(Semaphore::new(cfg.max_in_flight.max(1)));
         let (state, _) = watch::channel(LinkState::Connecting { failures: 0 });
         Self {
@@ -252,12 +267,22 @@ impl<S: Systemd> Link<S> {
         let mut epoch = 0u64;
         let mut failures = 0u32;
         let mut backoff = Backoff::new(self.cfg.backoff_cap());
-        let endpoint = format!("{}:{}", self.cfg.host, self.cfg.port);
+        let mut switched = self.shared().controller.watch();
         loop {
+            // Read after marking the watch seen: a switch from now on is news.
+            switched.borrow_and_update();
+            let target = self.shared().controller.get();
+            let endpoint = target.to_string();
             self.state.send_replace(LinkState::Connecting { failures });
             let attempt = tokio::select! {
                 _ = shutdown.cancelled() => break,
-                attempt = self.connect() => attempt,
+                _ = switched.changed() => {
+                    tracing::info!("SwitchController: giving up on {endpoint}, dialling the new manager");
+                    failures = 0;
+                    backoff.reset();
+                    continue;
+                }
+                attempt = self.connect(&target) => attempt,
             };
             match attempt {
                 Ok((framed, accepted)) => {
@@ -290,9 +315,18 @@ impl<S: Systemd> Link<S> {
                     for note in &beats.notes {
                         tracing::warn!("{note}");
                     }
-                    let end = self.session(epoch, framed, &beats, &shutdown).await;
+                    let end = self
+                        .session(epoch, framed, &beats, &shutdown, &mut switched)
+                        .await;
                     if end == SessionEnd::Shutdown {
                         break;
+                    }
+                    if end == SessionEnd::Switched {
+                        tracing::info!(
+                            "SwitchController: left the manager at {endpoint}, dialling {}",
+                            self.shared().controller.get()
+                        );
+                        continue;
                     }
                     tracing::warn!(
                         "lost the link to the manager at {endpoint}: {end}; reconnecting"
@@ -306,6 +340,10 @@ impl<S: Systemd> Link<S> {
             let delay = backoff.next_delay();
             tokio::select! {
                 _ = shutdown.cancelled() => break,
+                _ = switched.changed() => {
+                    failures = 0;
+                    backoff.reset();
+                }
                 _ = tokio::time::sleep(delay) => {}
             }
         }
@@ -360,6 +398,7 @@ impl<S: Systemd> Link<S> {
 
     async fn connect(
         &self,
+        target: &crate::link::target::Endpoint,
     ) -> Result<
         (
             AgentFramed<LinkStream>,
@@ -368,9 +407,9 @@ impl<S: Systemd> Link<S> {
         ConnectError,
     > {
         let t = self.cfg.connect_timeout;
-        let host = self.cfg.host.as_str();
+        let host = target.host.as_str();
         let addrs: Vec<SocketAddr> =
-            tokio::time::timeout(t, tokio::net::lookup_host((host, self.cfg.port)))
+            tokio::time::timeout(t, tokio::net::lookup_host((host, target.port)))
                 .await
                 .map_err(|_| ConnectError::Timeout(t))?
                 .map_err(|source| ConnectError::Resolve {
@@ -399,6 +438,7 @@ impl<S: Systemd> Link<S> {
         let stream: LinkStream = match &self.cfg.tls {
             None => Box::new(stream),
             Some(connector) => {
+                let connector = &self.connector_for(connector, host)?;
                 let addr = stream
                     .peer_addr()
                     .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
@@ -418,12 +458,34 @@ impl<S: Systemd> Link<S> {
         Ok(agent_handshake(stream, &hello, t).await?)
     }
 
+    /// The connector that checks the right manager name for `host` (see the
+    /// module docs, step 4): the configured one, or — when the name follows
+    /// the host and `SwitchController` changed the host — the same TLS
+    /// settings checking the new host's name.
+    fn connector_for(
+        &self,
+        connector: &drover_tls::Connector,
+        host: &str,
+    ) -> Result<drover_tls::Connector, ConnectError> {
+        if !self.cfg.tls_name_follows_host || server_name(connector) == host {
+            return Ok(connector.clone());
+        }
+        connector
+            .with_server_name(host)
+            .map_err(|e| ConnectError::Tls {
+                addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+                name: host.to_owned(),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()),
+            })
+    }
+
     async fn session(
         &self,
         epoch: u64,
         framed: AgentFramed<LinkStream>,
         beats: &heartbeat::Negotiated,
         shutdown: &CancellationToken,
+        switched: &mut watch::Receiver<u64>,
     ) -> SessionEnd {
         let (sink, mut stream) = framed.split();
         let (tx, rx) = mpsc::channel(self.cfg.outbox_capacity.max(1));
@@ -450,9 +512,10 @@ impl<S: Systemd> Link<S> {
             })
         });
 
-        let end = self
-            .read_loop(epoch, &mut stream, beats.silence, &kill, shutdown)
-            .await;
+        let end = tokio::select! {
+            end = self.read_loop(epoch, &mut stream, beats.silence, &kill, shutdown) => end,
+            _ = switched.changed() => SessionEnd::Switched,
+        };
 
         self.shared().outbox.close(epoch);
         self.shared().session_ended(epoch);
@@ -460,7 +523,7 @@ impl<S: Systemd> Link<S> {
         if let Some(h) = heartbeat {
             h.abort();
         }
-        if end == SessionEnd::Shutdown {
+        if matches!(end, SessionEnd::Shutdown | SessionEnd::Switched) {
             // Polite close: the writer drains what is queued, then shuts the
             // write side down. Bounded, a manager that does not read cannot
             // hold the shutdown.

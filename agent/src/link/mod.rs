@@ -9,6 +9,8 @@
 //!   manager stopped reading.
 //! * [`status`] — the link's state as the local API shows it (online,
 //!   last seen, controller address, log settings).
+//! * [`target`] — where the link dials, switchable at run time
+//!   (`SwitchController`).
 //! * [`tls`] — the agent's TLS settings: loaded and checked at start, read
 //!   again on `SIGHUP` for the next dial.
 
@@ -16,4 +18,5 @@ pub mod connection;
 pub mod heartbeat;
 pub mod outbox;
 pub mod status;
+pub mod target;
 pub mod tls;

@@ -346,6 +346,28 @@ mod tests {
     }
 
     #[test]
+    fn a_bluechi_named_proxy_unit_is_started_ahead_too() {
+        let (ahead, proxies, outbox, mut rx) = rig();
+        let unit = "bluechi-proxy@bar_db.service";
+        let job = SystemdEvent::JobNew {
+            id: 7,
+            job: JOB.into(),
+            unit: unit.into(),
+        };
+        assert_eq!(ahead.on_event(&job, &proxies, &outbox), Some(JOB.into()));
+        ahead.classified(JOB, info("start", "running"), &proxies, &outbox);
+        assert!(announced(&mut rx));
+        assert_eq!(proxies.list()[0].key.local.as_str(), unit);
+        // Not a proxy unit of any family: nothing to follow.
+        let other = SystemdEvent::JobNew {
+            id: 8,
+            job: "/org/freedesktop/systemd1/job/8".into(),
+            unit: "bluechi-dep@db.service".into(),
+        };
+        assert_eq!(ahead.on_event(&other, &proxies, &outbox), None);
+    }
+
+    #[test]
     fn a_known_proxy_is_left_alone() {
         let (ahead, proxies, outbox, _rx) = rig();
         let key = ProxyKey::from_unit_name(UNIT).unwrap();

@@ -1,4 +1,7 @@
-//! Proxies on the requesting node: the state behind `drover-proxy@NODE_UNIT.service`.
+//! Proxies on the requesting node: the state behind `drover-proxy@NODE_UNIT.service`
+//! (and BlueChi's `bluechi-proxy@NODE_UNIT.service`: both families are
+//! alike here, [`ProxyTemplate`]; a proxy is its proxy unit, node and unit,
+//! so one unit of each family for the same target are two proxies).
 //!
 //! `drover-proxy create` calls the local API's `CreateProxy(local, node, unit)`
 //! ([`crate::api`]); this module keeps one `Proxy` per call and decides how
@@ -56,7 +59,7 @@
 use crate::link::outbox::{Outbox, Sent};
 use crate::systemd::api::{JobPath, Systemd};
 use drover_protocol::JobKind;
-use drover_protocol::proxy_instance::{ProxyInstance, proxy_template_of, proxy_templates_text};
+use drover_protocol::proxy_instance::{ProxyInstance, ProxyTemplate, proxy_templates_text};
 use drover_protocol::verdict::{Verdict, verdict};
 use drover_protocol::{Event, NodeName, Notice, TargetChange, ToManager, UnitName};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -78,7 +81,8 @@ pub type Outcome = Result<(), String>;
 /// The validated arguments of `CreateProxy` / `RemoveProxy`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ProxyKey {
-    /// The local proxy unit, `drover-proxy@NODE_UNIT.service`.
+    /// The local proxy unit, `drover-proxy@NODE_UNIT.service` or
+    /// `bluechi-proxy@NODE_UNIT.service`.
     pub local: UnitName,
     /// The target node.
     pub node: NodeName,
@@ -93,7 +97,7 @@ impl ProxyKey {
         let local_name = UnitName::new(local)
             .map_err(|e| format!("local_service_name: {e}"))
             .and_then(|name| {
-                if proxy_template_of(name.as_str()).is_some() {
+                if ProxyTemplate::of_unit(name.as_str()).is_some() {
                     Ok(name)
                 } else {
                     Err(format!(
@@ -1098,13 +1102,59 @@ mod tests {
         assert_eq!(p.list()[0].id, b);
     }
 
+    #[tokio::test]
+    async fn a_bluechi_and_a_drover_proxy_of_one_target_are_two_proxies() {
+        let outbox = Outbox::default();
+        let mut rx = session(&outbox, 1);
+        let p = Proxies::default();
+        let bluechi = key("bluechi-proxy@bar_db.service", "bar", "db.service");
+        let (b, b_reply) = p.create(bluechi.clone(), &outbox).unwrap();
+        let (d, d_reply) = p.create(db(), &outbox).unwrap();
+        assert_ne!(b, d);
+        assert_eq!(p.list().len(), 2);
+        p.on_notice(state(b, "active", "running", Reason::Real), &outbox);
+        p.on_notice(state(d, "active", "running", Reason::Real), &outbox);
+        assert_eq!(b_reply.await.unwrap(), Ok(()));
+        assert_eq!(d_reply.await.unwrap(), Ok(()));
+        // Releasing one leaves the other.
+        assert!(p.remove(&bluechi, &outbox));
+        assert_eq!(p.list().len(), 1);
+        assert_eq!(p.list()[0].key, db());
+        assert_eq!(drain(&mut rx), vec![new(b), new(d), removed(b)]);
+        // The target's real stop stops the remaining proxy unit by its own name.
+        p.on_notice(state(d, "inactive", "dead", Reason::Real), &outbox);
+        assert_eq!(
+            p.pending_stops(),
+            vec![UnitName::new("drover-proxy@bar_db.service").unwrap()]
+        );
+    }
+
+    #[test]
+    fn parse_accepts_both_families_and_names_the_rest() {
+        ProxyKey::parse("bluechi-proxy@bar_db.service", "bar", "db.service").unwrap();
+        let e = ProxyKey::parse("hirte-proxy@bar_db.service", "bar", "db.service").unwrap_err();
+        assert!(
+            e.contains("not an instance of drover-proxy@.service or bluechi-proxy@.service"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn unit_names_map_back_to_their_proxy() {
         let k = ProxyKey::from_unit_name("drover-proxy@bar_db.service").unwrap();
         assert_eq!((k.node.as_str(), k.unit.as_str()), ("bar", "db.service"));
         let k = ProxyKey::from_unit_name("drover-proxy@bar_my_db.socket.service").unwrap();
         assert_eq!((k.node.as_str(), k.unit.as_str()), ("bar", "my_db.socket"));
+        // BlueChi's proxy units are proxies too, of the same targets.
+        let k = ProxyKey::from_unit_name("bluechi-proxy@bar_db.service").unwrap();
+        assert_eq!(
+            (k.local.as_str(), k.node.as_str(), k.unit.as_str()),
+            ("bluechi-proxy@bar_db.service", "bar", "db.service")
+        );
         for bad in [
+            "bluechi-proxy@.service",
+            "bluechi-proxy@nounderscore.service",
+            "bluechi-dep@db.service",
             "drover-proxy@.service",
             "drover-proxy@bar.service",
             "drover-proxy@_db.service",

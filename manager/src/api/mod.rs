@@ -11,7 +11,9 @@
 //! What the core and the monitors emit on their own (signals, job, metrics
 //! and monitor objects that come and go) goes out through
 //! [`outbound::BusOutbound`] and [`monitor::MonitorExport`], the bus side of
-//! the interfaces they define; [`export`] installs both.
+//! the interfaces they define; [`export`] installs both. Every export and
+//! removal is recorded in a [`tree::Tree`], which gives the paths leading to
+//! the objects sd-bus's flat `Introspect` (children named, not inlined).
 
 pub mod controller;
 pub mod drover_controller;
@@ -20,6 +22,7 @@ pub mod metrics;
 pub mod monitor;
 pub mod node;
 pub mod outbound;
+pub mod tree;
 
 use crate::core::Core;
 use drover_bus::bluechi::CONTROLLER_PATH;
@@ -29,7 +32,8 @@ use zbus::Connection;
 /// Exports the controller and one node object per allowed node, and points
 /// the core's and the monitors' output at `conn`.
 pub async fn export(core: &Arc<Core>, conn: &Connection) -> zbus::Result<()> {
-    core.set_outbound(outbound::BusOutbound::new(conn.clone(), core));
+    let tree = tree::Tree::new();
+    core.set_outbound(outbound::BusOutbound::new(conn.clone(), core, tree.clone()));
     let server = conn.object_server();
     server
         .at(
@@ -37,6 +41,7 @@ pub async fn export(core: &Arc<Core>, conn: &Connection) -> zbus::Result<()> {
             controller::ControllerObject::new(core.clone()),
         )
         .await?;
+    tree.added(server, CONTROLLER_PATH).await;
     server
         .at(
             CONTROLLER_PATH,
@@ -53,8 +58,10 @@ pub async fn export(core: &Arc<Core>, conn: &Connection) -> zbus::Result<()> {
         server
             .at(path.as_str(), node::NodeObject::new(core.clone(), name))
             .await?;
+        tree.added(server, path.as_str()).await;
     }
-    core.monitors().serve(monitor::MonitorExport::new(core));
+    core.monitors()
+        .serve(monitor::MonitorExport::new(core, tree.clone()));
     tokio::spawn(crate::units::monitor::watch_owners(
         core.monitors().clone(),
         conn.clone(),

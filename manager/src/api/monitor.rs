@@ -13,6 +13,7 @@
 //! path cannot close, redirect or follow another client's monitor. Anyone
 //! else gets `AccessDenied` and nothing changes.
 
+use crate::api::tree::Tree;
 use crate::core::Core;
 use crate::error::ApiError;
 use crate::units::hub::SnapshotRow;
@@ -31,12 +32,15 @@ use zbus::{Connection, OwnedVariant, interface};
 /// (see [`MonitorObjects`]). Holds the core weakly: the core holds it.
 pub struct MonitorExport {
     core: Weak<Core>,
+    /// Every exported path, for `Introspect` (`crate::api::tree`).
+    tree: Arc<Tree>,
 }
 
 impl MonitorExport {
-    pub fn new(core: &Arc<Core>) -> Arc<Self> {
+    pub fn new(core: &Arc<Core>, tree: Arc<Tree>) -> Arc<Self> {
         Arc::new(Self {
             core: Arc::downgrade(core),
+            tree,
         })
     }
 }
@@ -59,6 +63,7 @@ impl MonitorObjects for MonitorExport {
             server
                 .at(path, DroverMonitorObject::new(core, monitor.clone()))
                 .await?;
+            self.tree.added(server, path).await;
             Ok(())
         })
     }
@@ -67,6 +72,7 @@ impl MonitorObjects for MonitorExport {
         Box::pin(async move {
             let server = conn.object_server();
             let path = monitor.path().as_str();
+            self.tree.removed(path);
             let _ = server.remove::<MonitorObject, _>(path).await;
             let _ = server.remove::<DroverMonitorObject, _>(path).await;
         })

@@ -10,6 +10,7 @@ use crate::api::controller::ControllerObject;
 use crate::api::job::JobObject;
 use crate::api::metrics::MetricsObject;
 use crate::api::node::NodeObject;
+use crate::api::tree::Tree;
 use crate::core::Core;
 use crate::jobs::JobInfo;
 use crate::outbound::Outbound;
@@ -26,13 +27,16 @@ use zbus::{Connection, OwnedObjectPath, Variant};
 pub struct BusOutbound {
     conn: Connection,
     core: Weak<Core>,
+    /// Every exported path, for `Introspect` (`crate::api::tree`).
+    tree: Arc<Tree>,
 }
 
 impl BusOutbound {
-    pub fn new(conn: Connection, core: &Arc<Core>) -> Arc<Self> {
+    pub fn new(conn: Connection, core: &Arc<Core>, tree: Arc<Tree>) -> Arc<Self> {
         Arc::new(Self {
             conn,
             core: Arc::downgrade(core),
+            tree,
         })
     }
 
@@ -99,8 +103,10 @@ impl Outbound for BusOutbound {
                 return;
             };
             let object = NodeObject::new(core, node.clone());
-            if let Err(e) = self.conn.object_server().at(path.as_str(), object).await {
-                tracing::error!(%node, "cannot export the node object: {e}");
+            let server = self.conn.object_server();
+            match server.at(path.as_str(), object).await {
+                Ok(_) => self.tree.added(server, path.as_str()).await,
+                Err(e) => tracing::error!(%node, "cannot export the node object: {e}"),
             }
         })
     }
@@ -111,8 +117,10 @@ impl Outbound for BusOutbound {
                 return;
             };
             let object = JobObject::new(core, job.clone());
-            if let Err(e) = self.conn.object_server().at(path.as_str(), object).await {
-                tracing::error!("cannot export {}: {e}", path.as_str());
+            let server = self.conn.object_server();
+            match server.at(path.as_str(), object).await {
+                Ok(_) => self.tree.added(server, path.as_str()).await,
+                Err(e) => tracing::error!("cannot export {}: {e}", path.as_str()),
             }
         })
     }
@@ -154,6 +162,9 @@ impl Outbound for BusOutbound {
                 }
                 Err(e) => tracing::error!("bad controller path: {e}"),
             }
+            // Out of the tree first: a job exported meanwhile then sees its
+            // parent as new and gives it the flat `Introspect` again.
+            self.tree.removed(path.as_str());
             // Only errors if it was never exported, which is fine.
             let _ = self
                 .conn
@@ -168,7 +179,9 @@ impl Outbound for BusOutbound {
             let server = self.conn.object_server();
             if on {
                 server.at(METRICS_PATH, MetricsObject).await?;
+                self.tree.added(server, METRICS_PATH).await;
             } else {
+                self.tree.removed(METRICS_PATH);
                 let _ = server.remove::<MetricsObject, _>(METRICS_PATH).await;
             }
             Ok(())

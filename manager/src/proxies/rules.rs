@@ -13,8 +13,15 @@
 //!
 //! # Invariants
 //!
-//! * At most one reference per (A, B, U); a new announcement for the same
-//!   triple replaces the old one, whatever its proxy id.
+//! * One reference per proxy: per (A, B, U) as many as A announces proxies
+//!   for that target (A's proxy units are distinct: BlueChi's
+//!   `bluechi-proxy@b_u.service` and drover's `drover-proxy@b_u.service` on
+//!   one node are two proxies of one target, and each counts). A reference is
+//!   keyed by (A, a sequence number of its own), never by the proxy id, which
+//!   a new agent process numbers afresh. An announcement of a proxy id A
+//!   already has a reference for in this session re-adds that reference; a
+//!   new one adds a reference and replaces A's failed or ended ones for that
+//!   target (their outcome is old news to a new proxy).
 //! * A reference is **live** while it is `waiting` or `active`. The dep unit
 //!   `drover-dep@U.service` on B is wanted exactly while (B, U) has a live
 //!   reference. Wants are level-triggered and numbered: every (re)add bumps
@@ -276,8 +283,6 @@ struct Ref {
     added_gen: u64,
     /// Set while A is offline: dropped at this instant.
     grace_until: Option<Instant>,
-    /// Insertion order, to evict the oldest dead references first.
-    seq: u64,
 }
 
 impl Ref {
@@ -304,9 +309,14 @@ struct Want {
     generation: u64,
 }
 
+/// A reference's key in its target: the requesting node and the reference's
+/// own sequence number (kept when a re-announcement resumes it; the order of
+/// insertion, so the oldest dead references are evicted first).
+type RefKey = (NodeName, u64);
+
 #[derive(Debug)]
 struct Target {
-    refs: BTreeMap<NodeName, Ref>,
+    refs: BTreeMap<RefKey, Ref>,
     known: Known,
     watched: bool,
     /// `generation == 0`: no dep was ever wanted here, nothing to send.
@@ -339,6 +349,32 @@ impl Target {
         self.want.generation > 0 && !self.in_flight && self.acked != Some(self.want)
     }
 
+    /// What an announcement of `proxy_id` by `a` in `session` is to this
+    /// target's references (see the module docs).
+    fn announcement(&self, a: &NodeName, proxy_id: u64, session: u64) -> Announcement {
+        let mine = || self.refs.iter().filter(move |((n, _), _)| n == a);
+        if let Some(((_, seq), r)) = mine().find(|(_, r)| r.proxy_id == proxy_id) {
+            return match (r.state.is_live(), r.session == session) {
+                (true, false) => Announcement::Resume(*seq),
+                (false, _) => Announcement::TellAgain(*seq),
+                (true, true) => Announcement::Readd(Some(*seq)),
+            };
+        }
+        // Another process (or session) of A re-announcing: any of A's live
+        // references not yet resumed in this session stands for it; they
+        // are alike (same requester, same target).
+        mine()
+            .find(|(_, r)| r.state.is_live() && r.session != session)
+            .map_or(Announcement::Readd(None), |((_, seq), _)| {
+                Announcement::Resume(*seq)
+            })
+    }
+
+    /// Forgets `a`'s failed and ended references.
+    fn drop_dead_of(&mut self, a: &NodeName) {
+        self.refs.retain(|(n, _), r| n != a || r.state.is_live());
+    }
+
     fn removable(&self) -> bool {
         self.refs.is_empty()
             && !self.watched
@@ -346,6 +382,16 @@ impl Target {
             && (self.want.generation == 0 || self.acked == Some(self.want))
             && !self.want.running
     }
+}
+
+/// See [`Target::announcement`].
+enum Announcement {
+    /// A live reference of an earlier session: resume it.
+    Resume(u64),
+    /// The same proxy after it failed or ended: tell it again.
+    TellAgain(u64),
+    /// (Re)add: a new reference, replacing the one given.
+    Readd(Option<u64>),
 }
 
 pub struct References {
@@ -431,7 +477,7 @@ impl References {
                     };
                 }
             }
-            for (a, r) in target.refs.iter_mut() {
+            for ((a, _), r) in target.refs.iter_mut() {
                 if a == node && r.grace_until.is_none() {
                     r.grace_until = Some(until);
                 }
@@ -470,15 +516,15 @@ impl References {
                     .targets
                     .entry((b.clone(), unit.clone()))
                     .or_insert_with(Target::new);
+                target.drop_dead_of(a);
                 target.refs.insert(
-                    a.clone(),
+                    (a.clone(), seq),
                     Ref {
                         proxy_id,
                         session,
                         state: RefState::Failed(message),
                         added_gen: 0,
                         grace_until: None,
-                        seq,
                     },
                 );
                 self.settle(b, unit, &mut out);
@@ -488,31 +534,46 @@ impl References {
         }
 
         let key = (b.clone(), unit.clone());
-        let existing = self.targets.get(&key).and_then(|t| t.refs.get(a)).cloned();
-        match existing {
+        let found = self
+            .targets
+            .get(&key)
+            .map_or(Announcement::Readd(None), |t| {
+                t.announcement(a, proxy_id, session)
+            });
+        match found {
             // A re-announces after a reconnect: resume, nothing on B.
-            Some(r) if r.state.is_live() && r.session != session => {
+            Announcement::Resume(seq) => {
+                let rk = (a.clone(), seq);
                 if let Some(target) = self.targets.get_mut(&key)
-                    && let Some(r) = target.refs.get_mut(a)
+                    && let Some(r) = target.refs.get_mut(&rk)
                 {
                     r.session = session;
                     r.proxy_id = proxy_id;
                     r.grace_until = None;
                 }
-                self.replay(a, b, unit, &mut out);
+                self.replay(&rk, b, unit, &mut out);
             }
             // The same proxy again after it failed or ended: tell it again.
-            Some(r) if !r.state.is_live() && r.proxy_id == proxy_id => {
-                if let Some(target) = self.targets.get_mut(&key)
-                    && let Some(r) = target.refs.get_mut(a)
-                {
-                    r.session = session;
-                    r.grace_until = None;
-                }
-                let notice = match r.state {
-                    RefState::Failed(message) => Notice::ProxyError { proxy_id, message },
-                    RefState::Ended(change) => Notice::ProxyTarget { proxy_id, change },
-                    // Excluded by the guard.
+            Announcement::TellAgain(seq) => {
+                let Some(r) = self
+                    .targets
+                    .get_mut(&key)
+                    .and_then(|t| t.refs.get_mut(&(a.clone(), seq)))
+                else {
+                    return out;
+                };
+                r.session = session;
+                r.grace_until = None;
+                let notice = match &r.state {
+                    RefState::Failed(message) => Notice::ProxyError {
+                        proxy_id,
+                        message: message.clone(),
+                    },
+                    RefState::Ended(change) => Notice::ProxyTarget {
+                        proxy_id,
+                        change: change.clone(),
+                    },
+                    // Excluded by `announcement`.
                     RefState::Waiting | RefState::Active => return out,
                 };
                 out.push(Action::Notify {
@@ -521,21 +582,26 @@ impl References {
                     notice,
                 });
             }
-            // New, a duplicate, or a new proxy for the same triple: (re)add.
-            _ => {
+            // New, or a duplicate of this session: (re)add.
+            Announcement::Readd(replaced) => {
                 let generation = self.bump();
                 let seq = self.next_seq;
                 self.next_seq += 1;
                 let target = self.targets.entry(key).or_insert_with(Target::new);
+                match replaced {
+                    Some(old) => {
+                        target.refs.remove(&(a.clone(), old));
+                    }
+                    None => target.drop_dead_of(a),
+                }
                 target.refs.insert(
-                    a.clone(),
+                    (a.clone(), seq),
                     Ref {
                         proxy_id,
                         session,
                         state: RefState::Waiting,
                         added_gen: generation,
                         grace_until: None,
-                        seq,
                     },
                 );
                 target.want = Want {
@@ -551,7 +617,8 @@ impl References {
     }
 
     /// `Event::ProxyRemoved` from node `a`. Only the reference with this id
-    /// goes: a late removal of an older proxy never drops its replacement.
+    /// goes: a late removal of an older proxy never drops its replacement,
+    /// and A's other proxies of the same target keep theirs.
     /// A failed one stays listed for one grace period (the agent forgets a
     /// failed proxy at once; an operator running `droverctl proxies` a bit
     /// later should still see why it failed).
@@ -569,15 +636,18 @@ impl References {
         let Some(target) = self.targets.get_mut(&key) else {
             return out;
         };
-        match target.refs.get_mut(a) {
-            Some(r) if r.proxy_id == proxy_id => {
-                if matches!(r.state, RefState::Failed(_)) {
-                    r.grace_until = Some(now + grace);
-                } else {
-                    target.refs.remove(a);
-                }
-            }
-            _ => return out,
+        let Some((rk, r)) = target
+            .refs
+            .iter_mut()
+            .find(|((n, _), r)| n == a && r.proxy_id == proxy_id)
+        else {
+            return out;
+        };
+        if matches!(r.state, RefState::Failed(_)) {
+            r.grace_until = Some(now + grace);
+        } else {
+            let rk = rk.clone();
+            target.refs.remove(&rk);
         }
         self.settle(b, unit, &mut out);
         out
@@ -619,7 +689,7 @@ impl References {
             TargetChange::Removed { .. } => target.known = Known::Removed,
         }
         let acked = target.acked;
-        for (a, r) in target.refs.iter_mut() {
+        for ((a, _), r) in target.refs.iter_mut() {
             if !r.state.is_live() {
                 continue;
             }
@@ -701,20 +771,20 @@ impl References {
                     // from news up to the end of the start job or later, so
                     // it is this start's outcome and fails them (see the
                     // module docs).
-                    let covered: Vec<NodeName> = if sent.running {
+                    let covered: Vec<RefKey> = if sent.running {
                         target
                             .refs
                             .iter()
                             .filter(|(_, r)| {
                                 r.state == RefState::Waiting && r.added_gen <= sent.generation
                             })
-                            .map(|(a, _)| a.clone())
+                            .map(|(rk, _)| rk.clone())
                             .collect()
                     } else {
                         Vec::new()
                     };
-                    for a in covered {
-                        self.replay(&a, &cmd.node, &cmd.unit, &mut out);
+                    for rk in covered {
+                        self.replay(&rk, &cmd.node, &cmd.unit, &mut out);
                     }
                     // A replay may have failed the last live reference.
                     self.settle(&cmd.node, &cmd.unit, &mut out);
@@ -724,7 +794,7 @@ impl References {
             // The agent's message already says which unit on which node
             // cannot start and why; it reaches the requesters unchanged.
             DepOutcome::Failed(message) if cmd.start => {
-                for (a, r) in target.refs.iter_mut() {
+                for ((a, _), r) in target.refs.iter_mut() {
                     if r.state == RefState::Waiting && r.added_gen <= cmd.generation {
                         out.extend(r.notice(a, self.online.get(a).copied(), |proxy_id| {
                             Notice::ProxyError {
@@ -740,10 +810,10 @@ impl References {
                     target.acked = Some(sent);
                 }
                 self.settle(&cmd.node, &cmd.unit, &mut out);
-                let requesters: Vec<NodeName> = self
+                let requesters: HashSet<NodeName> = self
                     .targets
                     .get(&key)
-                    .map(|t| t.refs.keys().cloned().collect())
+                    .map(|t| t.refs.keys().map(|(a, _)| a.clone()).collect())
                     .unwrap_or_default();
                 for a in requesters {
                     self.evict_dead(&a);
@@ -829,7 +899,7 @@ impl References {
                 if &key.0 != b {
                     continue;
                 }
-                for (a, r) in target.refs.iter_mut() {
+                for ((a, _), r) in target.refs.iter_mut() {
                     if r.state != RefState::Active {
                         continue;
                     }
@@ -868,9 +938,10 @@ impl References {
         let mut touched = Vec::new();
         for ((b, unit), target) in self.targets.iter_mut() {
             let mut revoked = Vec::new();
-            for (a, r) in &target.refs {
+            for (rk, r) in &target.refs {
+                let a = &rk.0;
                 if let Err(why) = self.policy.check(a, b) {
-                    revoked.push(a.clone());
+                    revoked.push(rk.clone());
                     if r.state.is_live() {
                         out.extend(r.notice(a, self.online.get(a).copied(), |proxy_id| {
                             Notice::ProxyError {
@@ -882,8 +953,8 @@ impl References {
                 }
             }
             if !revoked.is_empty() {
-                for a in revoked {
-                    target.refs.remove(&a);
+                for rk in revoked {
+                    target.refs.remove(&rk);
                 }
                 touched.push((b.clone(), unit.clone()));
             }
@@ -907,7 +978,7 @@ impl References {
                 // An unloaded unit is inactive as far as systemd is concerned.
                 Known::Removed => "inactive".to_owned(),
             };
-            for (a, r) in &target.refs {
+            for ((a, _), r) in &target.refs {
                 let state = match r.state {
                     RefState::Waiting => "waiting",
                     RefState::Active => "active",
@@ -944,17 +1015,18 @@ impl References {
 
     // ---- internals --------------------------------------------------------
 
-    /// Replays the known target state to A's reference on (b, unit), and
+    /// Replays the known target state to reference `rk` on (b, unit), and
     /// applies the agent's rule to it (a known `active` completes it). Not to
     /// a waiting reference whose dep start B has not confirmed yet (see
     /// `target_event`).
-    fn replay(&mut self, a: &NodeName, b: &NodeName, unit: &UnitName, out: &mut Vec<Action>) {
+    fn replay(&mut self, rk: &RefKey, b: &NodeName, unit: &UnitName, out: &mut Vec<Action>) {
+        let a = &rk.0;
         let online = self.session_of(a);
         let Some(target) = self.targets.get_mut(&(b.clone(), unit.clone())) else {
             return;
         };
         let acked = target.acked;
-        let Some(r) = target.refs.get_mut(a) else {
+        let Some(r) = target.refs.get_mut(rk) else {
             return;
         };
         if r.state == RefState::Waiting && !covers(acked, r.added_gen) {
@@ -1039,21 +1111,21 @@ impl References {
             let dead: Vec<(u64, (NodeName, UnitName))> = self
                 .targets
                 .iter()
-                .filter_map(|(key, t)| {
+                .flat_map(|(key, t)| {
                     t.refs
-                        .get(a)
-                        .filter(|r| !r.state.is_live())
-                        .map(|r| (r.seq, key.clone()))
+                        .iter()
+                        .filter(|((n, _), r)| n == a && !r.state.is_live())
+                        .map(|((_, seq), _)| (*seq, key.clone()))
                 })
                 .collect();
             if dead.len() <= MAX_DEAD_PER_REQUESTER {
                 return;
             }
-            let Some((_, key)) = dead.into_iter().min_by_key(|(seq, _)| *seq) else {
+            let Some((seq, key)) = dead.into_iter().min_by_key(|(seq, _)| *seq) else {
                 return;
             };
             if let Some(t) = self.targets.get_mut(&key) {
-                t.refs.remove(a);
+                t.refs.remove(&(a.clone(), seq));
             }
             let mut sink = Vec::new();
             self.settle(&key.0, &key.1, &mut sink);

@@ -343,19 +343,16 @@ fn state_sub(active: &str, sub: &str, reason: Reason) -> TargetChange {
 }
 
 #[tokio::test(start_paused = true)]
-async fn duplicate_proxy_new_replaces_and_restarts_the_dep_in_order() {
+async fn two_proxies_of_one_requester_for_one_target_both_count_and_keep_the_dep_in_order() {
+    // Node a runs a unit written for BlueChi (bluechi-proxy@b_db.service,
+    // proxy 1) and one written for drover (drover-proxy@b_db.service, proxy 2).
     let mut r = setup();
     r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
     let first = r.dep_commands();
     assert_eq!(first.len(), 1);
-    // While StartDep #1 is in flight: a duplicate with a new id, then a
-    // removal of the *old* id (late) which must not drop the new reference.
+    // While StartDep #1 is in flight, the second proxy arrives.
     r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 2);
-    assert!(
-        r.proxy_removed(&n("a"), &n("b"), &u("db.service"), 1, now())
-            .is_empty()
-    );
-    assert_eq!(r.live_count(&n("b"), &u("db.service")), 1);
+    assert_eq!(r.live_count(&n("b"), &u("db.service")), 2);
     assert!(
         r.dep_commands().is_empty(),
         "serialised behind the one in flight"
@@ -365,17 +362,29 @@ async fn duplicate_proxy_new_replaces_and_restarts_the_dep_in_order() {
     assert_eq!(second.len(), 1);
     assert!(second[0].start && second[0].generation > first[0].generation);
     r.dep_result(&second[0], DepOutcome::Done);
-    // Only one reference for (a, b, db): the replacement, id 2.
-    let rows = r.rows();
-    assert_eq!(rows.len(), 1);
+    assert_eq!(r.rows().len(), 2, "one row per proxy");
     let out = r.target_event(&n("b"), &u("db.service"), &state("active", Reason::Real));
     assert_eq!(
         notices(&out),
-        [("a".into(), target_notice(2, state("active", Reason::Real)))]
+        [
+            ("a".into(), target_notice(1, state("active", Reason::Real))),
+            ("a".into(), target_notice(2, state("active", Reason::Real))),
+        ]
     );
+    // The same proxy announced again in the same session is still one.
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 2);
+    assert_eq!(r.live_count(&n("b"), &u("db.service")), 2);
+    ack_all(&mut r);
+    r.target_event(&n("b"), &u("db.service"), &state("active", Reason::Real));
 
-    // Removed and then added again while the StopDep is in flight: the
-    // StartDep follows the StopDep, never the other way round.
+    // One released: the other keeps the dep.
+    assert!(notices(&r.proxy_removed(&n("a"), &n("b"), &u("db.service"), 1, now())).is_empty());
+    assert_eq!(r.live_count(&n("b"), &u("db.service")), 1);
+    assert!(r.dep_commands().is_empty(), "no StopDep while one is left");
+    assert!(r.dep_wanted(&n("b"), &u("db.service")));
+
+    // Both released: the dep stops. Added again while the StopDep is in
+    // flight: the StartDep follows the StopDep, never the other way round.
     r.proxy_removed(&n("a"), &n("b"), &u("db.service"), 2, now());
     let stop = r.dep_commands();
     assert!(!stop[0].start);
@@ -386,6 +395,48 @@ async fn duplicate_proxy_new_replaces_and_restarts_the_dep_in_order() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn two_proxies_of_one_requester_resume_each_and_the_unannounced_one_goes_after_grace() {
+    let mut r = setup();
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 2);
+    ack_all(&mut r);
+    r.target_event(&n("b"), &u("db.service"), &state("active", Reason::Real));
+    r.node_offline(&n("a"), now());
+    // The agent restarted: it adopts both proxy units, with new ids.
+    r.node_online(&n("a"), S_A2, now());
+    for id in [7, 8] {
+        let out = r.proxy_new(&n("a"), S_A2, &n("b"), &u("db.service"), id);
+        assert_eq!(
+            notices(&out).last(),
+            Some(&(
+                "a".into(),
+                target_notice(id, state("active", Reason::Virtual))
+            )),
+            "proxy {id} resumes with the target's state"
+        );
+    }
+    assert_eq!(r.live_count(&n("b"), &u("db.service")), 2);
+    assert!(r.dep_commands().is_empty(), "nothing happens on b");
+    advance(GRACE + Duration::from_secs(1)).await;
+    r.tick(now());
+    assert_eq!(r.live_count(&n("b"), &u("db.service")), 2);
+
+    // Once more, but only one of the two comes back: the other goes after
+    // the grace period, and the dep stays for the one left.
+    r.node_offline(&n("a"), now());
+    r.node_online(&n("a"), 12, now());
+    r.proxy_new(&n("a"), 12, &n("b"), &u("db.service"), 1);
+    advance(GRACE - Duration::from_secs(1)).await;
+    r.tick(now());
+    assert_eq!(r.live_count(&n("b"), &u("db.service")), 2, "within grace");
+    advance(Duration::from_secs(2)).await;
+    r.tick(now());
+    assert_eq!(r.live_count(&n("b"), &u("db.service")), 1);
+    assert!(r.dep_commands().is_empty());
+    assert!(r.dep_wanted(&n("b"), &u("db.service")));
+}
+
+#[tokio::test(start_paused = true)]
 async fn start_dep_failure_fails_the_waiting_requesters_only() {
     let mut r = setup();
     r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1);
@@ -393,12 +444,14 @@ async fn start_dep_failure_fails_the_waiting_requesters_only() {
     r.target_event(&n("b"), &u("db.service"), &state("active", Reason::Real));
     // c arrives; its StartDep fails (say the dep's unit file broke meanwhile).
     r.proxy_new(&n("c"), S_C, &n("b"), &u("db.service"), 5);
-    // c was completed by the replay of `active`: make a waiting one instead.
+    // c was completed by the replay of `active`: make a waiting one instead
+    // (c's agent releases proxy 5 and announces a new one).
     r.target_event(
         &n("b"),
         &u("db.service"),
         &state("activating", Reason::Real),
     );
+    r.proxy_removed(&n("c"), &n("b"), &u("db.service"), 5, now());
     r.proxy_new(&n("c"), S_C, &n("b"), &u("db.service"), 6);
     let cmds = r.dep_commands();
     assert_eq!(cmds.len(), 1);
@@ -645,6 +698,7 @@ async fn target_node_away_past_grace_stops_active_proxies_not_waiting_ones() {
         &u("db.service"),
         &state("activating", Reason::Real),
     );
+    r.proxy_removed(&n("c"), &n("b"), &u("db.service"), 2, now());
     r.proxy_new(&n("c"), S_C, &n("b"), &u("db.service"), 3);
     let inflight = r.dep_commands();
     r.node_offline(&n("b"), now());
