@@ -3,6 +3,9 @@
 //! [`crate::notify`] (turned on here: `READY=1`, the link's `STATUS=`, the
 //! watchdog, `STOPPING=1`).
 //!
+//! Signals: SIGTERM and SIGINT stop the agent; SIGHUP reads the TLS files
+//! again for the next dial ([`crate::link::tls`]).
+//!
 //! Exit codes: 0 after a clean shutdown (SIGTERM/SIGINT), 1 for an invalid
 //! configuration or node name (one clear line on stderr) or a lost systemd,
 //! 2 for bad arguments (clap's usage error).
@@ -113,26 +116,12 @@ pub fn settings(args: &Args) -> Result<Settings, String> {
             .tls_controller_name
             .clone()
             .unwrap_or_else(|| link.host.clone());
-        let settings = drover_tls::ClientSettings::load(&drover_tls::TlsFiles {
-            certificate: files.certificate.clone(),
-            private_key: files.private_key.clone(),
-            ca_bundle: files.ca_bundle.clone(),
-            crl: files.crl.clone(),
-        })
-        .map_err(|e| format!("TLS: {e}"))?;
-        if settings.identity().node() != &link.node {
-            return Err(format!(
-                "TLS: the certificate {} is for node '{}', but this agent is node '{}'; \
-                 the manager would refuse it",
-                files.certificate.display(),
-                settings.identity().node(),
-                link.node
-            ));
-        }
         link.tls_name_follows_host = config.tls_controller_name.is_none();
-        link.tls = Some(
-            drover_tls::Connector::new(settings, &server_name).map_err(|e| format!("TLS: {e}"))?,
-        );
+        link.tls = Some(crate::link::tls::connector(
+            files,
+            &link.node,
+            &server_name,
+        )?);
     }
 
     let bus = match (&args.bus, args.user) {
@@ -196,6 +185,8 @@ pub fn main() -> ExitCode {
 async fn serve(settings: Settings) -> Result<(), crate::agent::AgentError> {
     let shutdown = CancellationToken::new();
     spawn_signal_handler(shutdown.clone());
+    let tls = settings.link.tls.clone().zip(settings.config.tls.clone());
+    crate::link::tls::spawn_reload_on_sighup(tls, settings.link.node.clone());
     let logging = &settings.config.logging;
     let endpoint = format!("{}:{}", settings.link.host, settings.link.port);
     let node = settings.link.node.clone();

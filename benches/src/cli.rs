@@ -1,23 +1,24 @@
 //! The `drover-bench` command: which benchmark, how many samples, which proxy
 //! helpers; starts the sandbox cluster, runs `start-unit`, `proxy` and `rss` on it
-//! (`events` needs no cluster), tears it down. [`main`] is the whole program.
+//! (`events` needs no cluster, `tls` starts two), tears it down. [`main`] is the whole program.
 
+use crate::start::{UNIT, rss_kib, time_start};
 use crate::stats::{self, paired_overhead, summarize};
-use crate::{events, proxy};
-use anyhow::{Context, Result, bail};
+use crate::{events, proxy, tls};
+use anyhow::Result;
 use clap::Parser;
 use drover_bus::{bluechi, systemd};
 use drover_sandbox::{Cluster, ClusterOptions};
-use futures::StreamExt;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use zbus::OwnedObjectPath;
 
 #[derive(Parser)]
 #[command(about = "drover benchmarks (run on an otherwise idle machine)")]
 struct Args {
-    /// Which benchmark: start-unit, proxy, rss, events or all (events runs alone).
+    /// Which benchmark: start-unit, proxy, rss, events, tls or all (events and tls run
+    /// alone: they start their own daemons).
     #[arg(default_value = "all")]
     which: String,
     /// Samples per side.
@@ -30,8 +31,6 @@ struct Args {
     #[arg(long, value_name = "PATH", requires = "helper_b")]
     helper_a: Option<PathBuf>,
 }
-
-const UNIT: &str = "bench-noop.service";
 
 /// The whole program: what `main.rs` calls. A failure is printed as `Error: ...`
 /// with its causes, exit status 1 (what a `main` returning `anyhow::Result` did).
@@ -61,6 +60,10 @@ async fn bench(args: Args) -> Result<()> {
     if args.which == "events" {
         // Fake agents and a real manager; no systemd nodes needed.
         return events::main().await;
+    }
+    if args.which == "tls" {
+        // Two clusters of its own: TLS and plaintext side by side.
+        return tls::main(args.samples).await;
     }
     let mut opts = ClusterOptions::with_nodes(2);
     opts.heartbeat_interval_ms = 2000;
@@ -156,52 +159,6 @@ async fn start_unit(cluster: &Cluster, samples: usize) -> Result<()> {
         stats::median_f64(&over)
     );
     Ok(())
-}
-
-/// One `StartUnit` of the trivial unit until its job is removed, through
-/// `starter` (systemd's manager or drover's node object, which take the same
-/// call).
-async fn time_start(
-    starter: &zbus::Proxy<'_>,
-    removed: &mut zbus::proxy::SignalStream<'_>,
-) -> Result<Duration> {
-    let t = Instant::now();
-    let job: OwnedObjectPath = starter.call("StartUnit", &(UNIT, "replace")).await?;
-    wait_removed(removed, job.as_str()).await?;
-    Ok(t.elapsed())
-}
-
-/// Waits for the JobRemoved of `path`: systemd's is (u o s s), drover's
-/// (u o s s s); the job path is the second field in both.
-async fn wait_removed(stream: &mut zbus::proxy::SignalStream<'_>, path: &str) -> Result<()> {
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while let Some(msg) = stream.next().await {
-            let body = msg.body();
-            let p: Option<OwnedObjectPath> = body
-                .deserialize::<(u32, OwnedObjectPath, String, String)>()
-                .map(|t| t.1)
-                .or_else(|_| {
-                    body.deserialize::<(u32, OwnedObjectPath, String, String, String)>()
-                        .map(|t| t.1)
-                })
-                .ok();
-            if p.as_ref().map(|p| p.as_str()) == Some(path) {
-                return Ok(());
-            }
-        }
-        bail!("signal stream ended")
-    })
-    .await
-    .context("job did not finish within 10 s")?
-}
-
-fn rss_kib(pid: u32) -> Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .context("VmRSS")
 }
 
 fn rss(cluster: &Cluster) -> Result<()> {

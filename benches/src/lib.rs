@@ -15,13 +15,18 @@
 //!   interval for the difference of the cross-node start).
 //! * `events`: unit events/s from fake agents through a release manager to
 //!   1 and 10 monitors, with manager CPU and RSS (see `events.rs`).
+//! * `tls`: a TLS and a plaintext cluster side by side: `StartUnit` through
+//!   drover on each, interleaved (target: TLS adds ≤ 0.1 ms median), and the
+//!   manager's RSS per registered session on each (see `tls.rs`).
 //! * also reports the idle RSS of the manager and of each agent.
 
 //!
-//! Layout: [`cli`] (the command, `start-unit` and `rss`), `proxy` and `events`
-//! (one benchmark each), `stats` (medians, tails, paired overhead; pure).
+//! Layout: [`cli`] (the command, `start-unit` and `rss`), `proxy`, `events` and
+//! `tls` (one benchmark each), `start` (one timed `StartUnit`, a process's RSS), `stats` (medians, tails, paired overhead; pure).
 
 pub mod cli;
 mod events;
 mod proxy;
+mod start;
 mod stats;
+mod tls;

@@ -121,9 +121,14 @@ async fn junk_and_stalled_handshakes_cost_bounded_memory_and_agents_still_regist
     let peak = status_kib(pid, "VmHWM:");
     drop(stalled);
     drop(agent);
-    // Settled: the stalled ones are closed, the manager's tickets freed.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let after = status_kib(pid, "VmRSS:");
+    // Settled: the stalled ones are closed, the manager's tickets freed. The
+    // manager notices the closes when its tasks next run, so poll (bounded).
+    let settle_by = Instant::now() + Duration::from_secs(10);
+    let mut after = status_kib(pid, "VmRSS:");
+    while after >= idle + RSS_BOUND_KIB / 2 && Instant::now() < settle_by {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        after = status_kib(pid, "VmRSS:");
+    }
     eprintln!(
         "idle RSS {idle} KiB, peak {peak} KiB (+{} KiB), after {after} KiB; agent registered in {registered_in:?}",
         peak.saturating_sub(idle)

@@ -14,12 +14,11 @@ use drover_protocol::link::{HandshakeError, agent_handshake};
 use drover_protocol::{Hello, RefuseReason};
 use drover_testkit::agent::AgentOptions;
 use drover_testkit::process::TempDir;
+use drover_testkit::tls::raw_client;
 use drover_tls::pki::{Options, Pki, RevokeTarget, Validity};
 use drover_tls::{ClientSettings, Connector};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::ServerName;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 const DAY: Duration = Duration::from_secs(86_400);
@@ -70,33 +69,6 @@ async fn tls_agent(
         ..AgentOptions::default()
     };
     FakeAgent::connect_with(f.addr, claim, reply_empty(), opts).await
-}
-
-/// A rustls client trusting `ca`, presenting `cert`/`key` if given: for
-/// what drover's own loader refuses to present.
-fn raw_client(ca: &Path, client: Option<(&Path, &Path)>) -> tokio_rustls::TlsConnector {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_file_iter(ca).unwrap() {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .with_root_certificates(roots);
-    let config = match client {
-        None => builder.with_no_client_auth(),
-        Some((cert, key)) => builder
-            .with_client_auth_cert(
-                CertificateDer::pem_file_iter(cert)
-                    .unwrap()
-                    .map(Result::unwrap)
-                    .collect(),
-                PrivateKeyDer::from_pem_file(key).unwrap(),
-            )
-            .unwrap(),
-    };
-    tokio_rustls::TlsConnector::from(Arc::new(config))
 }
 
 /// A raw TLS client's whole attempt to register as `node`: the error it saw.

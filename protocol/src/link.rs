@@ -43,8 +43,29 @@ pub enum HandshakeError {
         reason: RefuseReason,
         message: String,
     },
+    /// The manager answered the hello with a TLS record: it runs TLS and this
+    /// agent does not (read from the "frame length" a TLS record header makes).
+    #[error(
+        "the manager answered with TLS, and this agent speaks plaintext: configure the agent's \
+         TLS keys (TLSCertificate, TLSPrivateKey, TLSCertificateAuthority)"
+    )]
+    PeerSpeaksTls,
+    /// A peer opened with a TLS record on a plaintext link (read the same way).
+    #[error(
+        "the peer started a TLS handshake, and this link is plaintext: configure TLS on the \
+         manager too, or none on the agent"
+    )]
+    PeerStartsTls,
     #[error(transparent)]
     Frame(#[from] FrameError),
+}
+
+/// Whether a frame length read from the wire is the first four bytes of a TLS
+/// record header: content type 20–24 (change cipher spec, alert, handshake,
+/// application data, heartbeat), then protocol version 3.x.
+fn is_tls_record_header(len: usize) -> bool {
+    let bytes = (len as u64).to_be_bytes();
+    (len >> 32) == 0 && (0x14..=0x18).contains(&bytes[4]) && bytes[5] == 0x03 && bytes[6] <= 0x04
 }
 
 /// Raw frames for the handshake, before the message types are known.
@@ -171,7 +192,14 @@ pub async fn agent_handshake<IO: AsyncRead + AsyncWrite + Unpin>(
     tokio::time::timeout(timeout, framed.send(body))
         .await
         .map_err(|_| HandshakeError::Timeout(timeout))??;
-    let reply = next_raw(&mut framed, timeout).await?;
+    let reply = match next_raw(&mut framed, timeout).await {
+        Err(HandshakeError::Frame(FrameError::TooLarge { len, .. }))
+            if is_tls_record_header(len) =>
+        {
+            return Err(HandshakeError::PeerSpeaksTls);
+        }
+        reply => reply?,
+    };
     check_prefix(&reply, "manager")?;
     let welcome: Welcome = decode_body(&reply)?;
     match welcome.outcome {
@@ -194,6 +222,11 @@ pub async fn manager_read_hello<IO: AsyncRead + AsyncWrite + Unpin>(
         Err(_) => return Err(HandshakeError::Timeout(timeout)),
         Ok(Err(e @ (HandshakeError::Closed | HandshakeError::Frame(FrameError::Io(_))))) => {
             return Err(e);
+        }
+        Ok(Err(HandshakeError::Frame(FrameError::TooLarge { len, .. })))
+            if is_tls_record_header(len) =>
+        {
+            Err(HandshakeError::PeerStartsTls)
         }
         Ok(read) => read.and_then(|body| decode_hello(&body)),
     };
@@ -473,5 +506,41 @@ mod tests {
             .err()
             .unwrap();
         assert!(matches!(err, HandshakeError::Timeout(_)), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_tls_answer_to_a_plaintext_hello_says_so() {
+        // What a TLS manager sends a plaintext agent: a fatal alert record.
+        let (a, mut m) = tokio::io::duplex(4096);
+        tokio::spawn(async move {
+            let mut hello = [0u8; 64];
+            let _ = tokio::io::AsyncReadExt::read(&mut m, &mut hello).await;
+            let alert = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x32];
+            let _ = tokio::io::AsyncWriteExt::write_all(&mut m, &alert).await;
+        });
+        let err = agent_handshake(a, &Hello::new("n1", "1"), T)
+            .await
+            .err()
+            .unwrap();
+        assert!(matches!(err, HandshakeError::PeerSpeaksTls), "{err}");
+        assert!(err.to_string().contains("TLSCertificate"), "{err}");
+        // Only TLS record headers count; any other huge length stays TooLarge.
+        assert!(is_tls_record_header(0x1603_0100));
+        assert!(is_tls_record_header(0x1503_0300));
+        assert!(!is_tls_record_header(0x0010_0001));
+        assert!(!is_tls_record_header(0x1903_0300));
+        assert!(!is_tls_record_header(0x1504_0300 | 0x0001_0000));
+        assert!(!is_tls_record_header(0x1_1503_0300));
+    }
+
+    #[tokio::test]
+    async fn a_tls_client_hello_on_a_plaintext_link_says_so() {
+        let (mut a, m) = tokio::io::duplex(4096);
+        // A TLS record header announcing a ClientHello, then some of it.
+        tokio::io::AsyncWriteExt::write_all(&mut a, &[0x16, 0x03, 0x01, 0x00, 0xf4, 0x01])
+            .await
+            .unwrap();
+        let err = manager_read_hello(m, T).await.err().unwrap();
+        assert!(matches!(err, HandshakeError::PeerStartsTls), "{err}");
     }
 }

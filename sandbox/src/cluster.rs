@@ -135,6 +135,14 @@ impl ClusterOptions {
     }
 }
 
+/// An agent started by [`Cluster::start_agent_with`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtraAgent {
+    pub pid: u32,
+    /// Its stderr (the agent logs there in the sandbox).
+    pub log: PathBuf,
+}
+
 /// A running local cluster. See the module docs for ownership and teardown.
 pub struct Cluster {
     state: State,
@@ -471,26 +479,55 @@ impl Cluster {
     /// Starts an extra agent on `node` that registers as `claimed_name` (for refusal
     /// tests). Returns its pid; it lives until the cluster is torn down.
     pub async fn start_agent_named(&mut self, node: &str, claimed_name: &str) -> Result<u32> {
+        Ok(self.start_agent_with(node, claimed_name, "").await?.pid)
+    }
+
+    /// [`Cluster::start_agent_named`] with `extra` appended to the agent's config file
+    /// (for trust tests: keys set again override, `TLSCertificate=` with the other TLS
+    /// keys empty turns TLS off). With TLS, `claimed_name` gets a certificate from the
+    /// cluster's CA first unless it has one, so without `extra` what is tested is the
+    /// manager's admission, not a TLS failure. It lives until the cluster is torn down.
+    pub async fn start_agent_with(
+        &mut self,
+        node: &str,
+        claimed_name: &str,
+        extra: &str,
+    ) -> Result<ExtraAgent> {
         self.node_pid(node)?;
         if claimed_name.is_empty() || claimed_name.contains(['\n', '\r']) {
             bail!("claimed name {claimed_name:?} cannot be written into a config file");
         }
         if self.settings.pki.is_some() {
-            // A certificate of the claimed name from the cluster's CA: what is
-            // tested is the manager's admission, not a TLS failure.
             self.issue_node(claimed_name)?;
         }
         self.extra_counter += 1;
         let n = self.extra_counter;
         let conf = self.state.dir.join(format!("extra-agent-{n}.conf"));
-        write_file(&conf, &files::agent_config(&self.settings, claimed_name))?;
+        let mut text = files::agent_config(&self.settings, claimed_name);
+        if !extra.is_empty() {
+            text.push_str(extra);
+            if !extra.ends_with('\n') {
+                text.push('\n');
+            }
+        }
+        write_file(&conf, &text)?;
         let log = self.state.dir.join(format!("agent@{node}+extra-{n}.log"));
-        let child = self.spawn_agent(node, &conf, log)?;
+        let child = self.spawn_agent(node, &conf, log.clone())?;
         let pid = child.id();
         self.state.extra_agent_pids.push(pid);
         self.extra_agents.push(child);
         self.state.save()?;
-        Ok(pid)
+        Ok(ExtraAgent { pid, log })
+    }
+
+    /// How the extra agent `pid` ended: `None` while it runs (reaps it once ended).
+    pub fn extra_agent_exit(&mut self, pid: u32) -> Result<Option<std::process::ExitStatus>> {
+        let child = self
+            .extra_agents
+            .iter_mut()
+            .find(|c| c.id() == pid)
+            .with_context(|| format!("no extra agent with pid {pid}"))?;
+        child.try_wait().context("checking an extra agent")
     }
 
     /// The cluster's PKI (`None` without TLS): its CA can issue, rotate and

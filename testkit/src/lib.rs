@@ -40,6 +40,7 @@
 //! * [`manager`]: [`FakeManager`], the other end: accepts a real agent's connections;
 //! * [`node`]: [`SystemdNode`], one `systemd --user` node on its own, for agent tests;
 //! * [`standin`]: pieces for stand-in D-Bus services (an error reply of any name);
+//! * [`tls`]: a bare rustls client presenting any certificate, or none;
 //! * [`units`]: unit files tests install;
 //! * [`wait`]: bounded polling, and [`wait::Seen`], what a stream delivered so far;
 //! * [`process`]: binaries, finished runs, children, temp dirs and ports.
@@ -56,6 +57,7 @@ pub mod monitor;
 pub mod node;
 pub mod process;
 pub mod standin;
+pub mod tls;
 pub mod units;
 pub mod wait;
 

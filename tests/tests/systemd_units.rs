@@ -7,7 +7,8 @@
 //!   connection starts the manager, which takes the listener from systemd;
 //! * `systemctl show -p StatusText`: the manager says "1 of 1 node online",
 //!   the agent "connected to 127.0.0.1:PORT as n1";
-//! * `systemctl reload` returns after the reload is applied: a node added to
+//! * `systemctl reload` returns after the reload is applied (the agent's too:
+//!   its TLS files read again, its session kept): a node added to
 //!   `AllowedNodeNames` is counted in the status and listed by the API the
 //!   moment it returns; a configuration that does not load fails the reload
 //!   and changes nothing;
@@ -253,6 +254,23 @@ async fn shipped_units_run_under_systemd_with_status_reload_watchdog_and_socket(
     let names: Vec<String> = api.list_nodes().await.into_iter().map(|n| n.0).collect();
     assert!(names.contains(&"n2".to_owned()), "{names:?}");
     assert_eq!(show(node, manager, "ActiveState"), "active");
+
+    // The agent's reload reads its TLS files again and keeps its session.
+    let agent_before = show(node, agent, "MainPID");
+    run_ok(node, &["reload", agent]);
+    assert_eq!(show(node, agent, "ActiveState"), "active");
+    assert_eq!(show(node, agent, "MainPID"), agent_before);
+    assert_eq!(
+        show(node, agent, "StatusText"),
+        format!("connected to {endpoint} as n1"),
+        "the agent's status after its reload"
+    );
+    assert!(
+        logs(node).contains("TLS files read again"),
+        "the agent's reload is applied before systemctl returns: {}",
+        logs(node)
+    );
+    assert_eq!(show(node, manager, "StatusText"), "1 of 2 nodes online");
 
     // A configuration that does not load fails the reload and changes nothing.
     std::fs::write(

@@ -10,6 +10,7 @@ mod common;
 use std::time::{Duration, SystemTime};
 
 use common::*;
+use drover_testkit::tls::raw_client;
 use drover_tls::{ClientSettings, Connector, Error, TlsFiles};
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;

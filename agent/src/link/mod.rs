@@ -11,9 +11,12 @@
 //!   last seen, controller address, log settings).
 //! * [`target`] — where the link dials, switchable at run time
 //!   (`SwitchController`).
+//! * [`tls`] — the agent's TLS settings: loaded and checked at start, read
+//!   again on `SIGHUP` for the next dial.
 
 pub mod connection;
 pub mod heartbeat;
 pub mod outbox;
 pub mod status;
 pub mod target;
+pub mod tls;

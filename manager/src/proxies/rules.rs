@@ -131,9 +131,30 @@ impl Policy {
         }
     }
 
+    /// `known`: the registry's names. With certified admission
+    /// (`AllowCertifiedNodes`) a node may exist before its first
+    /// registration, so every node some node may depend on is known too
+    /// (unless `Allowed=false` keeps it out): a requester that registers
+    /// first, after a manager restart, waits for such a target as for a
+    /// listed one that is offline, instead of failing with "no such node".
     pub fn from_config(config: &ManagerConfig, known: impl IntoIterator<Item = NodeName>) -> Self {
+        let certified = config.tls.is_some() && config.allow_certified_nodes;
+        let denied = |b: &NodeName| {
+            config
+                .nodes
+                .iter()
+                .any(|n| &n.name == b && n.allowed == Some(false))
+        };
+        let targets: Vec<NodeName> = config
+            .nodes
+            .iter()
+            .filter(|_| certified)
+            .flat_map(|n| n.allow_dependencies_on.iter())
+            .filter(|b| !denied(b))
+            .cloned()
+            .collect();
         Self::new(
-            known,
+            known.into_iter().chain(targets),
             config
                 .nodes
                 .iter()
@@ -429,7 +450,13 @@ impl References {
 
     /// `node` registered with `session`. Proxies waiting on its units hear
     /// that it is back (they were told it was offline).
+    ///
+    /// A node that comes online exists from then on, also for the permission
+    /// check: a node admitted by its certificate alone (`AllowCertifiedNodes`,
+    /// not listed) gets its registry entry at its first registration, after
+    /// the policy was built.
     pub fn node_online(&mut self, node: &NodeName, session: u64, now: Instant) -> Vec<Action> {
+        self.policy.known.insert(node.clone());
         self.online.insert(node.clone(), session);
         self.offline_until.remove(node);
         self.offline_since.remove(node);

@@ -1,6 +1,7 @@
 //! What the TLS tests share: a temporary PKI made by `drover_tls::pki`, a
-//! manager-side echo server over real TLS on loopback, and raw rustls clients
-//! for the peers drover's own API would never build.
+//! manager-side echo server over real TLS on loopback, and attempts through
+//! the bare rustls client of `drover_testkit::tls` (for the peers drover's own
+//! API would never build), and a rogue server.
 
 #![allow(dead_code)] // each test file uses its own part of this
 
@@ -220,35 +221,7 @@ where
     Ok(buf)
 }
 
-pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
-/// A rustls client that trusts `ca` and presents `cert`/`key` if given —
-/// for the certificates drover's own loader would refuse to present.
-pub fn raw_client(ca: &Path, client: Option<(&Path, &Path)>) -> tokio_rustls::TlsConnector {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_file_iter(ca).unwrap() {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let builder = rustls::ClientConfig::builder_with_provider(provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .with_root_certificates(roots);
-    let config = match client {
-        None => builder.with_no_client_auth(),
-        Some((cert, key)) => builder
-            .with_client_auth_cert(
-                CertificateDer::pem_file_iter(cert)
-                    .unwrap()
-                    .map(Result::unwrap)
-                    .collect(),
-                PrivateKeyDer::from_pem_file(key).unwrap(),
-            )
-            .unwrap(),
-    };
-    tokio_rustls::TlsConnector::from(Arc::new(config))
-}
+use drover_testkit::tls::provider;
 
 /// Connects a raw client; the manager's verdict comes from [`Server::refused`].
 /// Returns what the client saw: an error at connect or at the first read.

@@ -163,6 +163,80 @@ async fn unknown_and_not_allowed_nodes_get_proxy_error() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_node_unknown_to_the_config_becomes_a_target_once_online() {
+    // "e" is in no list (a node admitted by its certificate alone); the
+    // config lets a depend on it.
+    let policy = Policy::new(
+        ["a", "b"].map(n),
+        [(n("a"), vec![n("b"), n("e")]), (n("e"), vec![n("a")])],
+        GRACE,
+    );
+    let mut r = References::new(policy);
+    r.node_online(&n("a"), S_A, now());
+    let out = r.proxy_new(&n("a"), S_A, &n("e"), &u("db.service"), 1, now());
+    assert_eq!(
+        notices(&out),
+        [(
+            "a".into(),
+            Notice::ProxyError {
+                proxy_id: 1,
+                message: "no such node e".into()
+            }
+        )]
+    );
+    r.node_online(&n("e"), 50, now());
+    let out = r.proxy_new(&n("a"), S_A, &n("e"), &u("db.service"), 2, now());
+    assert!(notices(&out).is_empty(), "{out:?}");
+    assert!(
+        out.iter().any(|a| matches!(a, Action::Watch { .. })),
+        "{out:?}"
+    );
+    assert_eq!(r.dep_commands().len(), 1);
+    // As a requester it needed nothing more: a requester is online.
+    assert!(r.policy().check(&n("e"), &n("a")).is_ok());
+}
+
+#[test]
+fn with_certified_admission_a_named_target_is_known_before_it_registers() {
+    let section = |name: &str, allowed: Option<bool>, deps: &[&str]| drover_config::NodeSection {
+        name: n(name),
+        allowed,
+        allow_dependencies_on: deps.iter().map(|d| n(d)).collect(),
+    };
+    let mut config = ManagerConfig {
+        allowed_nodes: vec![n("a")],
+        nodes: vec![
+            section("a", None, &["e", "banned"]),
+            section("banned", Some(false), &[]),
+        ],
+        ..ManagerConfig::default()
+    };
+    // Names only: e is nobody until it registers.
+    let names_only = Policy::from_config(&config, [n("a")]);
+    assert_eq!(
+        names_only.check(&n("a"), &n("e")),
+        Err("no such node e".into())
+    );
+    // Certified admission: e may come, so a's proxy waits for it; a node
+    // kept out by Allowed=false stays unknown.
+    config.tls = Some(drover_config::TlsFiles {
+        certificate: "/x/m.pem".into(),
+        private_key: "/x/m.key".into(),
+        ca_bundle: "/x/ca.pem".into(),
+        crl: None,
+    });
+    config.allow_certified_nodes = true;
+    let certified = Policy::from_config(&config, [n("a")]);
+    assert_eq!(certified.check(&n("a"), &n("e")), Ok(()));
+    assert_eq!(
+        certified.check(&n("a"), &n("banned")),
+        Err("no such node banned".into())
+    );
+    // Only names some node may depend on: any other stays unknown.
+    assert!(certified.check(&n("a"), &n("zzz")).is_err());
+}
+
+#[tokio::test(start_paused = true)]
 async fn first_reference_watches_starts_dep_and_relays_state() {
     let mut r = setup();
     let out = r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1, now());
