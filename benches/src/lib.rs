@@ -15,13 +15,23 @@
 //!   interval for the difference of the cross-node start).
 //! * `events`: unit events/s from fake agents through a release manager to
 //!   1 and 10 monitors, with manager CPU and RSS (see `events.rs`).
+//! * `fleet`: N simulated agents (thousands, in this process) against a
+//!   release manager: time to all online (cold, after a restart, after half
+//!   the fleet drops), idle CPU and memory per node, API wall times, a
+//!   `StartUnit` round trip against 3 nodes, a monitor under load; CSV for
+//!   `scripts/fleet-plot` (see `fleet/mod.rs`). A small fleet runs in the
+//!   normal test run (`benches/tests/fleet.rs`).
 //! * also reports the idle RSS of the manager and of each agent.
 
 //!
 //! Layout: [`cli`] (the command, `start-unit` and `rss`), `proxy` and `events`
-//! (one benchmark each), `stats` (medians, tails, paired overhead; pure).
+//! (one benchmark each), [`fleet`] (a library too: the test drives it),
+//! `procfs` (what `/proc` says of a process), `stats` (medians, tails, paired
+//! overhead; pure).
 
 pub mod cli;
 mod events;
+pub mod fleet;
+mod procfs;
 mod proxy;
 mod stats;
