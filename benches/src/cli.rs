@@ -17,8 +17,8 @@ use zbus::OwnedObjectPath;
 #[derive(Parser)]
 #[command(about = "drover benchmarks (run on an otherwise idle machine)")]
 struct Args {
-    /// Which benchmark: start-unit, proxy, rss, events, tls or all (events and tls run
-    /// alone: they start their own daemons).
+    /// Which benchmark: start-unit, proxy, rss, events, tls, fleet (`fleet --help`) or
+    /// all (events, tls and fleet run alone: they start their own daemons).
     #[arg(default_value = "all")]
     which: String,
     /// Samples per side.
@@ -35,7 +35,10 @@ struct Args {
 /// The whole program: what `main.rs` calls. A failure is printed as `Error: ...`
 /// with its causes, exit status 1 (what a `main` returning `anyhow::Result` did).
 pub fn main() -> ExitCode {
-    let args = Args::parse();
+    // `fleet` has options of its own (`fleet/cli.rs`).
+    let argv: Vec<String> = std::env::args().collect();
+    let fleet = argv.get(1).is_some_and(|w| w == "fleet");
+    let args = if fleet { None } else { Some(Args::parse()) };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -46,7 +49,11 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(bench(args)) {
+    let result = match args {
+        Some(args) => runtime.block_on(bench(args)),
+        None => runtime.block_on(crate::fleet::cli::main(argv[1..].to_vec())),
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("Error: {e:?}");

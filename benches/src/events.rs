@@ -21,6 +21,7 @@
 //! "1,10"), `DROVER_BENCH_MODES` (default "bluechi,follow"). Output: one line
 //! per mode and monitor count.
 
+use crate::procfs::{clk_tck, cpu_ticks, status_kib};
 use anyhow::{Context, Result, bail};
 use drover_bus::bluechi::{
     BUS_NAME, CONTROLLER_IFACE, CONTROLLER_PATH, DROVER_MONITOR_IFACE, MONITOR_IFACE,
@@ -98,28 +99,6 @@ fn start_daemons(nodes: &[String], port: u16) -> Result<(Daemons, String)> {
         .spawn()
         .with_context(|| format!("starting {}", manager_bin.display()))?;
     Ok((Daemons { manager, bus }, address))
-}
-
-/// utime + stime of `pid` in clock ticks.
-fn cpu_ticks(pid: u32) -> Result<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // Fields after the parenthesised command name; utime and stime are the
-    // 14th and 15th fields overall.
-    let rest = stat.rsplit_once(')').context("stat format")?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let utime: u64 = f.get(11).context("utime")?.parse()?;
-    let stime: u64 = f.get(12).context("stime")?.parse()?;
-    Ok(utime + stime)
-}
-
-fn status_kib(pid: u32, key: &str) -> Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(key))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .with_context(|| format!("{key} in /proc/{pid}/status"))
 }
 
 struct Flow {
@@ -374,17 +353,6 @@ async fn run_once(n_agents: usize, n_monitors: usize, seconds: u64, mode: Mode) 
     }
     drop(daemons);
     Ok(())
-}
-
-fn clk_tck() -> f64 {
-    // `getconf CLK_TCK` avoids unsafe FFI for one constant.
-    Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(100.0)
 }
 
 pub async fn main() -> Result<()> {

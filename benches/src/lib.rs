@@ -18,14 +18,23 @@
 //! * `tls`: a TLS and a plaintext cluster side by side: `StartUnit` through
 //!   drover on each, interleaved (target: TLS adds ≤ 0.1 ms median), and the
 //!   manager's RSS per registered session on each (see `tls.rs`).
+//! * `fleet`: N simulated agents (thousands, in this process) against a
+//!   release manager: time to all online (cold, after a restart, after half
+//!   the fleet drops), idle CPU and memory per node, API wall times, a
+//!   `StartUnit` round trip against 3 nodes, a monitor under load; CSV for
+//!   `scripts/fleet-plot` (see `fleet/mod.rs`). A small fleet runs in the
+//!   normal test run (`benches/tests/fleet.rs`).
 //! * also reports the idle RSS of the manager and of each agent.
-
 //!
 //! Layout: [`cli`] (the command, `start-unit` and `rss`), `proxy`, `events` and
-//! `tls` (one benchmark each), `start` (one timed `StartUnit`, a process's RSS), `stats` (medians, tails, paired overhead; pure).
+//! `tls` (one benchmark each), [`fleet`] (a library too: the test drives it),
+//! `start` (one timed `StartUnit`, a process's RSS), `procfs` (what `/proc`
+//! says of a process), `stats` (medians, tails, paired overhead; pure).
 
 pub mod cli;
 mod events;
+pub mod fleet;
+mod procfs;
 mod proxy;
 mod start;
 mod stats;

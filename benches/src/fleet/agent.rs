@@ -1,0 +1,604 @@
+//! One simulated agent: a task that connects, registers, beats and answers
+//! the manager as `drover-agent` does, and reconnects when the link ends.
+//!
+//! The wire is `drover_protocol`'s (hello, frames, messages); the heartbeat
+//! period and the silence threshold come from the agent's own
+//! `drover_agent::link::heartbeat::negotiate`, the pause between attempts
+//! from its `Backoff` (first retry after 100–250 ms, doubling, capped at the
+//! heartbeat interval). Each agent binds its own source address in
+//! 127.0.0.0/8 (see [`source_ip`]), as every node of a real fleet has its own
+//! address: the manager's per-address caps and the ephemeral port range then
+//! apply per node, not to the whole fleet at once.
+//!
+//! Invariants:
+//! * One task per agent and no thread of its own; a session is one `select!`
+//!   over the socket, the heartbeat timer, the event timer and the fleet's
+//!   controls ([`Fleet`]).
+//! * Every request gets exactly one reply ([`answer`]): `UnitJob` and
+//!   `StartTransientUnit` are followed by `JobStateChanged(running)` and
+//!   `JobDone(done)`; `Subscribe` of a loaded unit or of every unit replays the
+//!   loaded units as virtual `UnitNew` + `UnitStateChanged` before the reply;
+//!   `ListUnits` returns [`AgentConfig::units`] rows, in `ReplyPart`s of at
+//!   most [`ROWS_PER_PART`] rows.
+//! * [`Fleet::online`] counts agents holding an accepted session, raised when
+//!   `Accepted` arrives (the manager has put the node online before it sends
+//!   it) and lowered when the session ends.
+//! * Unit events are `UnitStateChanged` of [`EVENT_UNIT`] and carry their send time in the sub state (`t<µs since the
+//!   fleet's epoch>`), so a monitor in the same process measures lag without
+//!   any side channel ([`sent_at_us`]).
+
+use drover_agent::link::connection::Backoff;
+use drover_agent::link::heartbeat::negotiate;
+use drover_protocol::handshake::Accepted;
+use drover_protocol::link::{HandshakeError, agent_handshake};
+use drover_protocol::{
+    Event, Hello, ModTag, NodeName, Reason, Request, Response, ToAgent, ToManager, UnitInfo,
+    UnitName,
+};
+use futures::{SinkExt, StreamExt};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// Rows of a `ListUnits` reply per frame (a row is ~150 bytes encoded, so
+/// a part stays far below the 1 MiB frame cap).
+pub const ROWS_PER_PART: usize = 2000;
+
+/// The unit every simulated agent sends its unit events about. It is not
+/// among the loaded units, so subscribing to it replays nothing.
+pub const EVENT_UNIT: &str = "fleet-events.service";
+
+/// The agent version every simulated agent announces.
+pub const VERSION: &str = "fleet-bench";
+
+/// What every simulated agent of one fleet shares.
+pub struct AgentConfig {
+    pub manager: SocketAddr,
+    /// The agent's configured `HeartbeatInterval` and
+    /// `ControllerHeartbeatThreshold` (negotiated with the manager's).
+    pub heartbeat_interval: Duration,
+    pub heartbeat_threshold: Duration,
+    /// TCP connect, TLS and hello together.
+    pub connect_timeout: Duration,
+    /// The node's loaded units (what `ListUnits` returns).
+    pub units: Arc<Vec<UnitInfo>>,
+}
+
+impl AgentConfig {
+    /// `count` loaded units `fleet-K.service`, active and running.
+    pub fn unit_rows(count: usize) -> Vec<UnitInfo> {
+        (0..count)
+            .map(|k| {
+                let name = format!("fleet-{k}.service");
+                UnitInfo {
+                    object_path: format!("/org/freedesktop/systemd1/unit/fleet_2d{k}_2eservice"),
+                    name,
+                    description: "simulated unit".into(),
+                    load_state: "loaded".into(),
+                    active_state: "active".into(),
+                    sub_state: "running".into(),
+                    followed: String::new(),
+                    job_id: 0,
+                    job_type: String::new(),
+                    job_path: "/".into(),
+                }
+            })
+            .collect()
+    }
+}
+
+/// The fleet's counters and controls, shared by every agent task.
+pub struct Fleet {
+    /// Agents holding an accepted session now.
+    pub online: AtomicUsize,
+    /// Sessions accepted since the start.
+    pub sessions: AtomicU64,
+    /// TCP connects that failed (refused while the manager is down, reset).
+    pub connect_failed: AtomicU64,
+    /// Connections closed or timed out before the manager's verdict (the
+    /// manager's pre-authentication caps close them at once), TLS failures.
+    pub handshake_failed: AtomicU64,
+    /// Hellos the manager refused (`Welcome::Refused`).
+    pub refused: AtomicU64,
+    /// Unit events sent.
+    pub events_sent: AtomicU64,
+    /// Unit events per second each agent sends (0 = none).
+    pub event_rate: watch::Sender<u32>,
+    /// Bumped to make the agents with an index below the value's `.1` drop
+    /// their link at once (and reconnect after their backoff).
+    pub drop_below: watch::Sender<(u64, usize)>,
+    pub stop: CancellationToken,
+    /// The origin of the send times in unit events.
+    pub epoch: Instant,
+}
+
+impl Fleet {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            online: AtomicUsize::new(0),
+            sessions: AtomicU64::new(0),
+            connect_failed: AtomicU64::new(0),
+            handshake_failed: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            events_sent: AtomicU64::new(0),
+            event_rate: watch::Sender::new(0),
+            drop_below: watch::Sender::new((0, 0)),
+            stop: CancellationToken::new(),
+            epoch: Instant::now(),
+        })
+    }
+
+    pub fn online(&self) -> usize {
+        self.online.load(Ordering::Relaxed)
+    }
+
+    /// Failed attempts of every kind so far.
+    pub fn failures(&self) -> (u64, u64, u64) {
+        (
+            self.connect_failed.load(Ordering::Relaxed),
+            self.handshake_failed.load(Ordering::Relaxed),
+            self.refused.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Makes agents `0..count` drop their links now.
+    pub fn drop_first(&self, count: usize) {
+        self.drop_below.send_modify(|(generation, below)| {
+            *generation += 1;
+            *below = count;
+        });
+    }
+
+    fn now_us(&self) -> u64 {
+        self.epoch.elapsed().as_micros() as u64
+    }
+}
+
+/// The send time a simulated unit event carries in its sub state.
+pub fn sent_at_us(sub_state: &str) -> Option<u64> {
+    sub_state.strip_prefix('t')?.parse().ok()
+}
+
+/// The node name of agent `index`.
+pub fn node_name(index: usize) -> String {
+    format!("fleet{index}")
+}
+
+/// The source address of agent `index`: 127.1.0.0 + index (one loopback
+/// address per node, 127.0.0.1 left to the manager).
+pub fn source_ip(index: usize) -> IpAddr {
+    let host = (0x0001_0000u32).wrapping_add(index as u32) & 0x00ff_ffff;
+    IpAddr::V4(Ipv4Addr::from(0x7f00_0000 | host))
+}
+
+/// How a connection attempt ended.
+#[derive(Debug)]
+enum Attempt {
+    Connect,
+    Handshake,
+    Refused,
+}
+
+/// Why a session ended.
+#[derive(Debug, PartialEq, Eq)]
+enum End {
+    Stop,
+    Dropped,
+    Lost,
+}
+
+trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
+
+/// Runs agent `index` until the fleet stops.
+pub async fn run(
+    index: usize,
+    cfg: Arc<AgentConfig>,
+    fleet: Arc<Fleet>,
+    tls: Option<drover_tls::Connector>,
+) {
+    let name = node_name(index);
+    let mut backoff = Backoff::new(cfg.heartbeat_interval.max(Duration::from_secs(1)));
+    let mut drops = fleet.drop_below.subscribe();
+    drops.mark_unchanged();
+    loop {
+        if fleet.stop.is_cancelled() {
+            return;
+        }
+        let attempt = tokio::time::timeout(
+            cfg.connect_timeout,
+            connect(index, &name, &cfg, tls.as_ref()),
+        )
+        .await;
+        match attempt {
+            Ok(Ok((framed, accepted))) => {
+                backoff.reset();
+                fleet.sessions.fetch_add(1, Ordering::Relaxed);
+                fleet.online.fetch_add(1, Ordering::Relaxed);
+                let end = session(index, &cfg, &fleet, framed, &accepted, &mut drops).await;
+                fleet.online.fetch_sub(1, Ordering::Relaxed);
+                if end == End::Stop {
+                    return;
+                }
+            }
+            Ok(Err(Attempt::Connect)) => {
+                fleet.connect_failed.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(Err(Attempt::Handshake)) | Err(_) => {
+                fleet.handshake_failed.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(Err(Attempt::Refused)) => {
+                fleet.refused.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        tokio::select! {
+            _ = fleet.stop.cancelled() => return,
+            _ = tokio::time::sleep(backoff.next_delay()) => {}
+        }
+    }
+}
+
+type Framed = drover_protocol::link::AgentFramed<Box<dyn Io>>;
+
+async fn connect(
+    index: usize,
+    name: &str,
+    cfg: &AgentConfig,
+    tls: Option<&drover_tls::Connector>,
+) -> Result<(Framed, Accepted), Attempt> {
+    let socket = tokio::net::TcpSocket::new_v4().map_err(|_| Attempt::Connect)?;
+    socket
+        .bind(SocketAddr::new(source_ip(index), 0))
+        .map_err(|_| Attempt::Connect)?;
+    let stream = socket
+        .connect(cfg.manager)
+        .await
+        .map_err(|_| Attempt::Connect)?;
+    let _ = stream.set_nodelay(true);
+    let io: Box<dyn Io> = match tls {
+        None => Box::new(stream),
+        Some(connector) => Box::new(
+            connector
+                .connect(stream)
+                .await
+                .map_err(|_| Attempt::Handshake)?,
+        ),
+    };
+    let hello = Hello::new(name, VERSION);
+    match agent_handshake(io, &hello, cfg.connect_timeout).await {
+        Ok(ok) => Ok(ok),
+        Err(HandshakeError::Refused { .. }) => Err(Attempt::Refused),
+        Err(_) => Err(Attempt::Handshake),
+    }
+}
+
+async fn session(
+    index: usize,
+    cfg: &AgentConfig,
+    fleet: &Fleet,
+    mut framed: Framed,
+    accepted: &Accepted,
+    drops: &mut watch::Receiver<(u64, usize)>,
+) -> End {
+    let beats = negotiate(
+        cfg.heartbeat_interval,
+        cfg.heartbeat_threshold,
+        accepted.heartbeat_interval_ms,
+        accepted.heartbeat_threshold_ms,
+    );
+    let every = beats.send_every.unwrap_or(Duration::from_secs(3600));
+    let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_heard = tokio::time::Instant::now();
+    let mut state = SessionState {
+        guid: accepted.session_id,
+        index: 0,
+    };
+    let mut rates = fleet.event_rate.subscribe();
+    let mut events = event_timer(*rates.borrow_and_update());
+    let unit = UnitName::new(EVENT_UNIT).ok();
+    let mut out = Vec::new();
+    loop {
+        tokio::select! {
+            frame = framed.next() => {
+                last_heard = tokio::time::Instant::now();
+                match frame {
+                    Some(Ok(ToAgent::Request { id, body })) => {
+                        answer(id, &body, &cfg.units, &mut state, &mut out);
+                        for msg in out.drain(..) {
+                            if framed.feed(msg).await.is_err() {
+                                return End::Lost;
+                            }
+                        }
+                        if framed.flush().await.is_err() {
+                            return End::Lost;
+                        }
+                    }
+                    Some(Ok(ToAgent::Heartbeat | ToAgent::Notice(_))) => {}
+                    Some(Err(_)) | None => return End::Lost,
+                }
+            }
+            _ = beat.tick() => {
+                if beats.silence.is_some_and(|s| last_heard.elapsed() > s) {
+                    return End::Lost;
+                }
+                if beats.send_every.is_some() && framed.send(ToManager::Heartbeat).await.is_err() {
+                    return End::Lost;
+                }
+            }
+            _ = tick(&mut events) => {
+                let Some(unit) = &unit else { continue };
+                state.index += 1;
+                let active = if state.index.is_multiple_of(2) { "active" } else { "activating" };
+                let msg = ToManager::Event(Event::UnitStateChanged {
+                    tag: ModTag::new(state.guid, state.index),
+                    unit: unit.clone(),
+                    active_state: active.into(),
+                    sub_state: format!("t{}", fleet.now_us()),
+                    reason: Reason::Real,
+                });
+                if framed.send(msg).await.is_err() {
+                    return End::Lost;
+                }
+                fleet.events_sent.fetch_add(1, Ordering::Relaxed);
+            }
+            changed = rates.changed() => {
+                if changed.is_err() {
+                    return End::Stop;
+                }
+                events = event_timer(*rates.borrow_and_update());
+            }
+            changed = drops.changed() => {
+                if changed.is_err() {
+                    return End::Stop;
+                }
+                let (_, below) = *drops.borrow_and_update();
+                if index < below {
+                    return End::Dropped;
+                }
+            }
+            _ = fleet.stop.cancelled() => return End::Stop,
+        }
+    }
+}
+
+/// A timer for `rate` events a second, its first tick at a random phase so
+/// the fleet's events spread over the second; `None` for rate 0.
+fn event_timer(rate: u32) -> Option<tokio::time::Interval> {
+    if rate == 0 {
+        return None;
+    }
+    let period = Duration::from_secs(1) / rate;
+    let phase = Backoff::new(period).next_delay().min(period);
+    let mut timer = tokio::time::interval_at(tokio::time::Instant::now() + phase, period);
+    timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    Some(timer)
+}
+
+async fn tick(timer: &mut Option<tokio::time::Interval>) {
+    match timer {
+        Some(t) => {
+            t.tick().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// The tags of one session.
+pub struct SessionState {
+    pub guid: u64,
+    /// The last tag index used (counted from 1 in each session).
+    pub index: u64,
+}
+
+impl SessionState {
+    fn tag(&mut self) -> ModTag {
+        self.index += 1;
+        ModTag::new(self.guid, self.index)
+    }
+}
+
+/// What the agent sends for request `id` (see the module docs), appended to
+/// `out` in order.
+pub fn answer(
+    id: u64,
+    body: &Request,
+    units: &[UnitInfo],
+    state: &mut SessionState,
+    out: &mut Vec<ToManager>,
+) {
+    let ok = |out: &mut Vec<ToManager>| {
+        out.push(ToManager::Reply {
+            id,
+            result: Ok(Response::Empty),
+        })
+    };
+    match body {
+        Request::ListUnits => {
+            let mut chunks = units.chunks(ROWS_PER_PART).peekable();
+            let mut last = Vec::new();
+            while let Some(chunk) = chunks.next() {
+                if chunks.peek().is_some() {
+                    out.push(ToManager::ReplyPart {
+                        id,
+                        part: Response::Units(chunk.to_vec()),
+                    });
+                } else {
+                    last = chunk.to_vec();
+                }
+            }
+            out.push(ToManager::Reply {
+                id,
+                result: Ok(Response::Units(last)),
+            });
+        }
+        Request::UnitJob { job_id, .. } | Request::StartTransientUnit { job_id, .. } => {
+            ok(out);
+            out.push(ToManager::Event(Event::JobStateChanged {
+                job_id: *job_id,
+                state: "running".into(),
+            }));
+            out.push(ToManager::Event(Event::JobDone {
+                job_id: *job_id,
+                result: "done".into(),
+            }));
+        }
+        Request::Subscribe { unit } => {
+            let loaded = units
+                .iter()
+                .filter(|u| unit.as_ref().is_none_or(|want| want.as_str() == u.name));
+            for u in loaded {
+                let Ok(name) = UnitName::new(u.name.as_str()) else {
+                    continue;
+                };
+                out.push(ToManager::Event(Event::UnitNew {
+                    tag: state.tag(),
+                    unit: name.clone(),
+                    reason: Reason::Virtual,
+                }));
+                out.push(ToManager::Event(Event::UnitStateChanged {
+                    tag: state.tag(),
+                    unit: name,
+                    active_state: u.active_state.clone(),
+                    sub_state: u.sub_state.clone(),
+                    reason: Reason::Virtual,
+                }));
+            }
+            ok(out);
+        }
+        Request::GetDefaultTarget => out.push(ToManager::Reply {
+            id,
+            result: Ok(Response::Text("multi-user.target".into())),
+        }),
+        _ => ok(out),
+    }
+}
+
+/// The node names of agents `0..count`, validated.
+pub fn node_names(count: usize) -> Vec<NodeName> {
+    (0..count)
+        .filter_map(|i| NodeName::new(node_name(i)).ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn source_addresses_are_distinct_loopback_addresses() {
+        assert_eq!(source_ip(0), IpAddr::V4(Ipv4Addr::new(127, 1, 0, 0)));
+        assert_eq!(source_ip(257), IpAddr::V4(Ipv4Addr::new(127, 1, 1, 1)));
+        assert_eq!(
+            source_ip(100_000),
+            IpAddr::V4(Ipv4Addr::new(127, 2, 134, 160))
+        );
+        assert!((0..200_000).all(|i| match source_ip(i) {
+            IpAddr::V4(v4) => v4.is_loopback() && v4 != Ipv4Addr::LOCALHOST,
+            IpAddr::V6(_) => false,
+        }));
+    }
+
+    #[test]
+    fn a_job_is_replied_then_runs_then_is_done() {
+        let mut s = SessionState { guid: 7, index: 0 };
+        let mut out = Vec::new();
+        let req = Request::UnitJob {
+            kind: drover_protocol::JobKind::Start,
+            unit: UnitName::new("a.service").unwrap(),
+            mode: "replace".into(),
+            job_id: 3,
+        };
+        answer(9, &req, &[], &mut s, &mut out);
+        assert_eq!(
+            out,
+            [
+                ToManager::Reply {
+                    id: 9,
+                    result: Ok(Response::Empty)
+                },
+                ToManager::Event(Event::JobStateChanged {
+                    job_id: 3,
+                    state: "running".into()
+                }),
+                ToManager::Event(Event::JobDone {
+                    job_id: 3,
+                    result: "done".into()
+                }),
+            ]
+        );
+    }
+
+    #[test]
+    fn list_units_comes_in_parts_and_every_row_once() {
+        let rows = AgentConfig::unit_rows(ROWS_PER_PART * 2 + 5);
+        let mut s = SessionState { guid: 1, index: 0 };
+        let mut out = Vec::new();
+        answer(4, &Request::ListUnits, &rows, &mut s, &mut out);
+        assert_eq!(out.len(), 3);
+        let mut got = Vec::new();
+        for (i, msg) in out.into_iter().enumerate() {
+            match msg {
+                ToManager::ReplyPart {
+                    id: 4,
+                    part: Response::Units(r),
+                } if i < 2 => got.extend(r),
+                ToManager::Reply {
+                    id: 4,
+                    result: Ok(Response::Units(r)),
+                } if i == 2 => got.extend(r),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(got, rows);
+        let mut out = Vec::new();
+        answer(5, &Request::ListUnits, &[], &mut s, &mut out);
+        assert_eq!(
+            out,
+            [ToManager::Reply {
+                id: 5,
+                result: Ok(Response::Units(vec![]))
+            }]
+        );
+    }
+
+    #[test]
+    fn subscribing_replays_loaded_units_virtually_before_the_reply() {
+        let rows = AgentConfig::unit_rows(2);
+        let mut s = SessionState { guid: 1, index: 0 };
+        let mut out = Vec::new();
+        answer(
+            1,
+            &Request::Subscribe { unit: None },
+            &rows,
+            &mut s,
+            &mut out,
+        );
+        assert_eq!(out.len(), 5, "{out:?}");
+        assert!(matches!(out[4], ToManager::Reply { id: 1, .. }));
+        assert_eq!(s.index, 4, "tags 1..=4 used");
+        out.clear();
+        let one = Request::Subscribe {
+            unit: Some(UnitName::new("fleet-1.service").unwrap()),
+        };
+        answer(2, &one, &rows, &mut s, &mut out);
+        assert_eq!(out.len(), 3);
+        out.clear();
+        let unknown = Request::Subscribe {
+            unit: Some(UnitName::new("other.service").unwrap()),
+        };
+        answer(3, &unknown, &rows, &mut s, &mut out);
+        assert_eq!(out.len(), 1, "an unknown unit is not replayed");
+    }
+
+    #[test]
+    fn send_times_round_trip_through_the_sub_state() {
+        assert_eq!(sent_at_us("t12345"), Some(12345));
+        assert_eq!(sent_at_us("running"), None);
+        assert_eq!(sent_at_us("t"), None);
+    }
+}

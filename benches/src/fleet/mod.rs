@@ -1,0 +1,456 @@
+//! `fleet`: N simulated agents in this process against one real
+//! `drover-manager` on a private bus, and what the fleet's size costs it.
+//!
+//! One [`run`] is one fleet size and one transport (plaintext on loopback,
+//! or mutual TLS with certificates from `drover_tls::pki`), against a fresh
+//! manager. In order:
+//!
+//! 1. the manager alone: RSS and RssAnon with no node;
+//! 2. **cold**: all N agents start at once; time until every one holds an
+//!    accepted session, with the failed attempts (connect refused, closed
+//!    before the verdict — the manager's pre-authentication cap —, refused);
+//! 3. **idle**: after 2 s of settling, the manager's CPU over
+//!    [`Options::idle_seconds`] (only heartbeats flow), RSS and RssAnon;
+//! 4. `ListNodes` and `droverctl status` wall time (median of 5);
+//! 5. `StartUnit` round trip (call → `JobRemoved`) on one node, against the
+//!    same on a second manager with 3 nodes, samples interleaved (medians);
+//! 6. `Controller.ListUnits` over all nodes ([`Options::units`] each): wall
+//!    time and the manager's peak RSS during the call (VmHWM, reset before);
+//! 7. a monitor on `*` of every node: how much of the replay of the loaded
+//!    units it hears (the manager drops a monitor whose queue overflows);
+//!    then a monitor on every node's event unit (`agent::EVENT_UNIT`, not
+//!    loaded, so nothing is replayed) while every node sends
+//!    [`Options::event_rate`] events a second: delivered/s, lag p50/p99,
+//!    losses;
+//! 8. **half drop**: agents `0..N/2` close their links at once and
+//!    reconnect; time until all are online again;
+//! 9. **restart**: SIGKILL, the manager started again at once; time until
+//!    all are online again, with the failed attempts.
+//!
+//! Layout: [`agent`] (one simulated agent), `daemon` (the manager process,
+//! descriptor limits), `certs` (the fleet's PKI), `probe` (the API
+//! measurements), [`report`] (the CSV row). The command line is [`cli`].
+
+pub mod agent;
+mod certs;
+pub mod cli;
+pub mod daemon;
+mod probe;
+pub mod report;
+
+use crate::procfs;
+use agent::{AgentConfig, Fleet, node_name};
+use anyhow::{Context, Result, bail};
+use daemon::{Manager, ManagerSetup, Transport, free_port};
+use drover_sandbox::PrivateBus;
+use report::Row;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What one run does (see the module docs).
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub nodes: usize,
+    pub transport: Transport,
+    pub heartbeat_interval_ms: u64,
+    pub heartbeat_threshold_ms: u64,
+    pub idle_seconds: f64,
+    /// Loaded units per node (what `ListUnits` returns).
+    pub units: usize,
+    /// Unit events a second per node during the monitor phase.
+    pub event_rate: u32,
+    pub monitor_seconds: f64,
+    /// `StartUnit` samples on each manager.
+    pub start_samples: usize,
+    /// How long the fleet may take to come (back) online before the run fails.
+    pub online_timeout: Duration,
+    /// Where the fleet's certificates are kept between runs (TLS).
+    pub pki_dir: PathBuf,
+    /// Phases 8 and 9.
+    pub disruptions: bool,
+}
+
+impl Options {
+    /// The issue's settings for `nodes` nodes: 2 s heartbeats, 6 s
+    /// threshold, 30 s idle window, 100 units, 10 events/s.
+    pub fn new(nodes: usize, transport: Transport) -> Self {
+        Self {
+            nodes,
+            transport,
+            heartbeat_interval_ms: 2000,
+            heartbeat_threshold_ms: 6000,
+            idle_seconds: 30.0,
+            units: 100,
+            event_rate: 10,
+            monitor_seconds: 10.0,
+            start_samples: 50,
+            online_timeout: Duration::from_secs(300),
+            pki_dir: std::env::temp_dir().join("drover-fleet-pki"),
+            disruptions: true,
+        }
+    }
+}
+
+/// A manager and the fleet of agents connected to it.
+struct Rig {
+    bus: PrivateBus,
+    manager: Manager,
+    fleet: Arc<Fleet>,
+    agents: Vec<tokio::task::JoinHandle<()>>,
+    api: zbus::Connection,
+}
+
+impl Rig {
+    /// Starts a manager for `nodes` agents of `transport` (agents not started).
+    async fn start(opts: &Options, nodes: usize, pki: Option<&certs::FleetPki>) -> Result<Self> {
+        let bus = PrivateBus::start("drover-bench-fleet")?;
+        let names: Vec<String> = (0..nodes).map(node_name).collect();
+        let setup = ManagerSetup {
+            port: free_port()?,
+            heartbeat_interval_ms: opts.heartbeat_interval_ms,
+            heartbeat_threshold_ms: opts.heartbeat_threshold_ms,
+            nodes: &names,
+            tls: pki.map(certs::FleetPki::manager_keys),
+        };
+        let mut manager = Manager::start(&bus, &setup)?;
+        let api = zbus::connection::Builder::address(bus.address())
+            .build()
+            .await?;
+        manager.wait_serving(&api, Duration::from_secs(30)).await?;
+        Ok(Self {
+            bus,
+            manager,
+            fleet: Fleet::new(),
+            agents: Vec::new(),
+            api,
+        })
+    }
+
+    /// Starts agents `0..connectors.len()` (or `0..nodes` in plaintext).
+    fn spawn_agents(&mut self, opts: &Options, nodes: usize, tls: Vec<drover_tls::Connector>) {
+        let cfg = Arc::new(AgentConfig {
+            manager: SocketAddr::from(([127, 0, 0, 1], self.manager.port)),
+            heartbeat_interval: Duration::from_millis(opts.heartbeat_interval_ms),
+            heartbeat_threshold: Duration::from_millis(opts.heartbeat_threshold_ms),
+            connect_timeout: Duration::from_secs(10),
+            units: Arc::new(AgentConfig::unit_rows(opts.units)),
+        });
+        let mut tls = tls.into_iter();
+        for index in 0..nodes {
+            let connector = tls.next();
+            self.agents.push(tokio::spawn(agent::run(
+                index,
+                cfg.clone(),
+                self.fleet.clone(),
+                connector,
+            )));
+        }
+    }
+
+    /// Waits until `want` agents are online and at least `sessions` sessions
+    /// were accepted in all; the time it took from `since`.
+    async fn wait_online(
+        &self,
+        want: usize,
+        sessions: u64,
+        since: Instant,
+        timeout: Duration,
+    ) -> Result<Duration> {
+        use std::sync::atomic::Ordering;
+        loop {
+            let s = self.fleet.sessions.load(Ordering::Relaxed);
+            if self.fleet.online() >= want && s >= sessions {
+                return Ok(since.elapsed());
+            }
+            if since.elapsed() > timeout {
+                bail!(
+                    "{} of {want} agents online after {timeout:?} (failed attempts {:?}); manager log:\n{}",
+                    self.fleet.online(),
+                    self.fleet.failures(),
+                    tail(&self.manager.log(), 20)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    async fn stop(self) {
+        self.fleet.stop.cancel();
+        for a in &self.agents {
+            a.abort();
+        }
+        for a in self.agents {
+            let _ = a.await;
+        }
+        drop(self.manager);
+        drop(self.bus);
+    }
+}
+
+fn tail(s: &str, lines: usize) -> String {
+    let v: Vec<&str> = s.lines().collect();
+    v[v.len().saturating_sub(lines)..].join("\n")
+}
+
+fn minus(a: (u64, u64, u64), b: (u64, u64, u64)) -> (u64, u64, u64) {
+    (a.0 - b.0, a.1 - b.1, a.2 - b.2)
+}
+
+fn median_ms(mut v: Vec<Duration>) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort();
+    Some(v[(v.len() - 1) / 2].as_secs_f64() * 1000.0)
+}
+
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
+        .unwrap_or(0.0)
+}
+
+/// One run (see the module docs). Progress goes to stderr.
+pub async fn run(opts: &Options) -> Result<Row> {
+    let n = opts.nodes;
+    let mut row = Row {
+        nodes: n,
+        transport: opts.transport.name().into(),
+        load_at_start: load_average(),
+        idle_seconds: opts.idle_seconds,
+        ..Row::default()
+    };
+    let pki = match opts.transport {
+        Transport::Plain => None,
+        Transport::Tls => Some(certs::FleetPki::prepare(&opts.pki_dir, n.max(3))?),
+    };
+    let connectors = |count: usize| -> Result<Vec<drover_tls::Connector>> {
+        match &pki {
+            Some(p) => p.connectors(count),
+            None => Ok(Vec::new()),
+        }
+    };
+    let big_tls = connectors(n)?;
+    let mut rig = Rig::start(opts, n, pki.as_ref()).await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    (row.rss_empty_kib, row.anon_empty_kib, _) = rig.manager.memory_kib()?;
+
+    // 2. Cold start.
+    let t = Instant::now();
+    rig.spawn_agents(opts, n, big_tls);
+    let took = rig.wait_online(n, n as u64, t, opts.online_timeout).await?;
+    row.online_cold_s = took.as_secs_f64();
+    row.cold_failed = rig.fleet.failures();
+    eprintln!(
+        "fleet {n} {}: all online in {:.3} s (failed attempts: connect {}, handshake {}, refused {})",
+        opts.transport.name(),
+        row.online_cold_s,
+        row.cold_failed.0,
+        row.cold_failed.1,
+        row.cold_failed.2
+    );
+
+    // 3. Idle.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let pid = rig.manager.pid();
+    let me = std::process::id();
+    let (c0, g0) = (procfs::cpu_ticks(pid)?, procfs::cpu_ticks(me)?);
+    let t = Instant::now();
+    tokio::time::sleep(Duration::from_secs_f64(opts.idle_seconds)).await;
+    let secs = t.elapsed().as_secs_f64();
+    let (c1, g1) = (procfs::cpu_ticks(pid)?, procfs::cpu_ticks(me)?);
+    let hz = procfs::clk_tck();
+    row.idle_cpu_pct = (c1 - c0) as f64 / hz / secs * 100.0;
+    row.generator_cpu_pct = (g1 - g0) as f64 / hz / secs * 100.0;
+    (row.rss_kib, row.anon_kib, _) = rig.manager.memory_kib()?;
+    let (per_rss, per_anon) = row.per_node_kib();
+    eprintln!(
+        "fleet {n}: idle manager CPU {:.2}% over {secs:.1} s (generator {:.1}%), RSS {} KiB, \
+         RssAnon {} KiB; per node {per_rss:.2} KiB RSS, {per_anon:.2} KiB anon",
+        row.idle_cpu_pct, row.generator_cpu_pct, row.rss_kib, row.anon_kib
+    );
+
+    // 4. ListNodes and droverctl status.
+    let mut lists = Vec::new();
+    for _ in 0..5 {
+        let (took, online) = probe::list_nodes(&rig.api).await?;
+        if online != n {
+            bail!("ListNodes shows {online} nodes online, expected {n}");
+        }
+        lists.push(took);
+    }
+    row.list_nodes_ms = median_ms(lists);
+    match drover_sandbox::binaries::locate("droverctl") {
+        Ok(ctl) => {
+            let mut runs = Vec::new();
+            for _ in 0..5 {
+                runs.push(probe::droverctl_status(&ctl, rig.bus.address())?);
+            }
+            row.status_ms = median_ms(runs);
+        }
+        Err(e) => eprintln!("fleet: droverctl status not measured: {e}"),
+    }
+    eprintln!(
+        "fleet {n}: ListNodes {:.3} ms, droverctl status {} ms",
+        row.list_nodes_ms.unwrap_or(0.0),
+        row.status_ms
+            .map(|v| format!("{v:.3}"))
+            .unwrap_or("-".into())
+    );
+
+    // 5. StartUnit at N against 3 nodes.
+    if opts.start_samples > 0 {
+        let mut small = Rig::start(opts, 3, pki.as_ref()).await?;
+        small.spawn_agents(opts, 3, connectors(3)?);
+        small
+            .wait_online(3, 3, Instant::now(), opts.online_timeout)
+            .await?;
+        let unit = "fleet-0.service";
+        let mut at_n = probe::Starter::new(&rig.api, &node_name(n / 2)).await?;
+        let mut at_3 = probe::Starter::new(&small.api, &node_name(1)).await?;
+        let (mut big, mut three) = (Vec::new(), Vec::new());
+        for i in 0..opts.start_samples + 5 {
+            let (a, b) = if i % 2 == 0 {
+                let a = at_n.round_trip(unit).await?;
+                (a, at_3.round_trip(unit).await?)
+            } else {
+                let b = at_3.round_trip(unit).await?;
+                (at_n.round_trip(unit).await?, b)
+            };
+            if i >= 5 {
+                big.push(a);
+                three.push(b);
+            }
+        }
+        small.stop().await;
+        row.start_ms = median_ms(big);
+        row.start_3_ms = median_ms(three);
+        eprintln!(
+            "fleet {n}: StartUnit round trip median {:.3} ms at {n} nodes, {:.3} ms at 3 nodes",
+            row.start_ms.unwrap_or(0.0),
+            row.start_3_ms.unwrap_or(0.0)
+        );
+    }
+
+    // 6. Controller.ListUnits over all nodes.
+    if opts.units > 0 {
+        procfs::reset_peak(pid)?;
+        match probe::list_units(&rig.api).await {
+            Ok((took, nodes, rows)) => {
+                row.list_units_ms = Some(took.as_secs_f64() * 1000.0);
+                row.list_units_rows = Some(rows);
+                if nodes != n || rows != n * opts.units {
+                    row.list_units_error =
+                        Some(format!("{nodes} nodes and {rows} rows in the answer"));
+                }
+            }
+            Err(e) => row.list_units_error = Some(format!("{e:#}")),
+        }
+        row.list_units_peak_kib = Some(rig.manager.memory_kib()?.2);
+        eprintln!(
+            "fleet {n}: Controller.ListUnits {} ms, {} rows, manager peak RSS {} KiB{}",
+            row.list_units_ms
+                .map(|v| format!("{v:.1}"))
+                .unwrap_or("-".into()),
+            row.list_units_rows.unwrap_or(0),
+            row.list_units_peak_kib.unwrap_or(0),
+            row.list_units_error
+                .as_ref()
+                .map(|e| format!(" ({e})"))
+                .unwrap_or_default()
+        );
+    }
+
+    // 7. A monitor on `*`: the replay of every loaded unit at subscription.
+    if opts.units > 0 {
+        let heard = probe::replay(rig.bus.address(), Duration::from_secs(60)).await?;
+        row.star_replay = Some((heard, (n * opts.units) as u64));
+        eprintln!(
+            "fleet {n}: a monitor on * heard {heard} of the {} loaded units' states replayed{}",
+            n * opts.units,
+            if heard < (n * opts.units) as u64 {
+                " (the manager dropped it: its queue overflowed)"
+            } else {
+                ""
+            }
+        );
+    }
+
+    // 7b. A monitor on every node's event unit while every node sends events.
+    if opts.event_rate > 0 && opts.monitor_seconds > 0.0 {
+        let m = probe::monitor(
+            rig.bus.address(),
+            agent::EVENT_UNIT,
+            &rig.fleet,
+            opts.event_rate,
+            opts.monitor_seconds,
+            Duration::from_secs(5),
+        )
+        .await
+        .context("the monitor phase")?;
+        row.monitor_per_s = Some(m.delivered_per_s());
+        row.monitor_p50_ms = Some(m.lag_p50_ms);
+        row.monitor_p99_ms = Some(m.lag_p99_ms);
+        row.monitor_sent = Some(m.sent);
+        row.monitor_lost = Some(m.lost());
+        eprintln!(
+            "fleet {n}: monitor on */{} at {} events/s per node: {:.0} delivered/s, lag p50 \
+             {:.2} ms p99 {:.2} ms, {} of {} lost",
+            agent::EVENT_UNIT,
+            opts.event_rate,
+            m.delivered_per_s(),
+            m.lag_p50_ms,
+            m.lag_p99_ms,
+            m.lost(),
+            m.sent,
+        );
+    }
+
+    if opts.disruptions {
+        use std::sync::atomic::Ordering;
+        // 8. Half the fleet drops at once.
+        let half = n / 2;
+        let before = (
+            rig.fleet.failures(),
+            rig.fleet.sessions.load(Ordering::Relaxed),
+        );
+        let t = Instant::now();
+        rig.fleet.drop_first(half);
+        let took = rig
+            .wait_online(n, before.1 + half as u64, t, opts.online_timeout)
+            .await?;
+        row.online_half_s = Some(took.as_secs_f64());
+        row.half_failed = Some(minus(rig.fleet.failures(), before.0));
+        eprintln!(
+            "fleet {n}: {half} dropped at once, all online again in {:.3} s (failed attempts {:?})",
+            took.as_secs_f64(),
+            row.half_failed.unwrap_or_default()
+        );
+
+        // 9. SIGKILL and restart.
+        let before = (
+            rig.fleet.failures(),
+            rig.fleet.sessions.load(Ordering::Relaxed),
+        );
+        let t = Instant::now();
+        rig.manager.restart()?;
+        let took = rig
+            .wait_online(n, before.1 + n as u64, t, opts.online_timeout)
+            .await?;
+        row.online_restart_s = Some(took.as_secs_f64());
+        row.restart_failed = Some(minus(rig.fleet.failures(), before.0));
+        eprintln!(
+            "fleet {n}: manager killed and restarted, all online again in {:.3} s (failed \
+             attempts: connect {}, handshake {}, refused {})",
+            took.as_secs_f64(),
+            row.restart_failed.unwrap_or_default().0,
+            row.restart_failed.unwrap_or_default().1,
+            row.restart_failed.unwrap_or_default().2
+        );
+    }
+    rig.stop().await;
+    Ok(row)
+}
