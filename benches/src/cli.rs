@@ -3,7 +3,7 @@
 //! (`events` needs no cluster), tears it down. [`main`] is the whole program.
 
 use crate::stats::{self, paired_overhead, summarize};
-use crate::{events, proxy};
+use crate::{ctl, events, proxy};
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use drover_bus::{bluechi, systemd};
@@ -17,7 +17,7 @@ use zbus::OwnedObjectPath;
 #[derive(Parser)]
 #[command(about = "drover benchmarks (run on an otherwise idle machine)")]
 struct Args {
-    /// Which benchmark: start-unit, proxy, rss, events or all (events runs alone).
+    /// Which benchmark: start-unit, proxy, rss, ctl, events or all (events and ctl run alone).
     #[arg(default_value = "all")]
     which: String,
     /// Samples per side.
@@ -29,6 +29,12 @@ struct Args {
     /// `proxy`: the first helper binary (default: the `drover-proxy` the sandbox found).
     #[arg(long, value_name = "PATH", requires = "helper_b")]
     helper_a: Option<PathBuf>,
+    /// `ctl`: a droverctl binary to measure (repeat to compare several in one run).
+    #[arg(long, value_name = "PATH")]
+    ctl: Vec<PathBuf>,
+    /// `ctl`: also write every sample to this CSV file.
+    #[arg(long, value_name = "PATH")]
+    ctl_csv: Option<PathBuf>,
 }
 
 const UNIT: &str = "bench-noop.service";
@@ -81,6 +87,9 @@ async fn run(cluster: &Cluster, args: &Args) -> Result<()> {
             Some(b) => Some(proxy::Helpers::new(args.helper_a.clone(), b.clone())?),
         };
         proxy::proxy(cluster, args.samples, helpers).await?;
+    }
+    if args.which == "ctl" {
+        ctl::ctl(cluster, args.samples, &args.ctl, args.ctl_csv.as_deref()).await?;
     }
     if matches!(args.which.as_str(), "rss" | "all") {
         rss(cluster)?;

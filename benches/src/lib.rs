@@ -15,13 +15,17 @@
 //!   interval for the difference of the cross-node start).
 //! * `events`: unit events/s from fake agents through a release manager to
 //!   1 and 10 monitors, with manager CPU and RSS (see `events.rs`).
+//! * `ctl`: `droverctl status` and `droverctl start NODE UNIT` as whole processes
+//!   (wall time, page faults, CPU, max RSS) against busctl making the same calls on
+//!   sd-bus, the stand-in for bluechictl (see `ctl.rs`). Target: no slower.
 //! * also reports the idle RSS of the manager and of each agent.
 
 //!
-//! Layout: [`cli`] (the command, `start-unit` and `rss`), `proxy` and `events`
+//! Layout: [`cli`] (the command, `start-unit` and `rss`), `proxy`, `events` and `ctl`
 //! (one benchmark each), `stats` (medians, tails, paired overhead; pure).
 
 pub mod cli;
+mod ctl;
 mod events;
 mod proxy;
 mod stats;
