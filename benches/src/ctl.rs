@@ -20,7 +20,9 @@
 //!
 //! Each round runs every side once per command, the order rotated from round to round, so
 //! that load drift on a shared machine hits all sides alike; the report gives medians and
-//! p90 of wall time, the median of the paired difference to sdbus-ctl, and per process
+//! p90 of wall time, the median of the paired difference to sdbus-ctl with a bootstrap 95%
+//! confidence interval (an interval that holds 0: the run cannot tell the two apart), and
+//! per process
 //! (from `wait4`): minor and major page faults and user+system CPU time. Peak RSS comes
 //! from a separate pass (5 runs per side and command, median) through `benches/c/maxrss.c`:
 //! a child of the bench itself would report the bench's own high-water mark.
@@ -33,7 +35,7 @@
 //! Without `--ctl`, the `droverctl` the sandbox would find (`DROVER_BIN_DIR`, next to the
 //! bench, `$PATH`) is measured.
 
-use crate::stats::{Spread, median_f64};
+use crate::stats::{Spread, median_ci95, median_f64};
 use anyhow::{Context, Result, bail};
 use drover_bus::bluechi;
 use drover_sandbox::{Cluster, binaries};
@@ -184,12 +186,15 @@ pub async fn ctl(
             let sp = Spread::of(&wall);
             let diff: Vec<f64> = wall.iter().zip(&base).map(|(a, b)| a - b).collect();
             let col = |f: fn(&Sample) -> f64| median_f64(&v.iter().map(f).collect::<Vec<_>>());
+            let (lo, hi) = median_ci95(&diff, 2000);
             println!(
-                "    {:<40} median {:.3} ms  p90 {:.3} ms  vs sdbus-ctl {:+.3} ms  | minflt {:.0}  majflt {:.0}  cpu {:.3} ms  peak RSS {} KiB",
+                "    {:<40} median {:.3} ms  p90 {:.3} ms  vs sdbus-ctl {:+.3} ms [{:+.3}, {:+.3}]  | minflt {:.0}  majflt {:.0}  cpu {:.3} ms  peak RSS {} KiB",
                 side.label,
                 sp.median,
                 sp.p90,
                 median_f64(&diff),
+                lo,
+                hi,
                 col(|s| s.minflt as f64),
                 col(|s| s.majflt as f64),
                 col(|s| wall_ms(s.cpu)),
