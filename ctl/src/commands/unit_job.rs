@@ -7,9 +7,9 @@
 //! signals that arrive early are kept until we know our job path. The two `AddMatch`
 //! and the call go out in one write without waiting in between ([`Pipelined`]): the bus
 //! handles a connection's messages in order, so the order holds, and the command costs
-//! one round trip to the bus plus the job (a proxy per subscription would add four:
-//! two `AddMatch` and two `GetNameOwner`, each awaited). A `JobRemoved` counts only
-//! when it comes from the manager that answered the call.
+//! one wait for the bus plus the job (zbus proxy signal streams awaited three calls
+//! before the job call: `AddMatch`, `GetNameOwner`, `AddMatch`). A `JobRemoved` counts
+//! only when it comes from the manager that answered the call.
 //!
 //! Prints `Unit UNIT StartUnit operation result: RESULT` like bluechictl, but exits 0
 //! only for `done` (bluechictl always exits 0). A job always ends with `JobRemoved` in
@@ -133,6 +133,7 @@ enum WaitEnd {
     Call(zbus::Error),
     /// A subscription (`AddMatch`) was refused.
     Subscribe(zbus::Error),
+    /// The manager's name changed owner; with the job path.
     ManagerGone(String),
     BusClosed,
     /// `--timeout` ran out; with the job path once the call had returned.
@@ -197,8 +198,6 @@ struct JobWatch {
     /// `JobRemoved` (sender, job, result) that came before the call returned; there
     /// are normally zero or one. Bounded: ours, if it comes early, is among the newest.
     early: VecDeque<(String, String, String)>,
-    /// Answers still awaited for the two `AddMatch`.
-    matches_pending: usize,
     /// The manager's name changed owner after we subscribed.
     owner_changed: bool,
 }
@@ -226,15 +225,12 @@ impl JobWatch {
                 self.job = Some((job, manager));
                 return result.map(Ok);
             }
-            if sent
+            let to_match = sent
                 .matches
                 .iter()
-                .any(|m| m.primary_header().serial_num() == reply_to)
-            {
-                if is_error {
-                    return Some(Err(WaitEnd::Subscribe(zbus::Error::from(msg.clone()))));
-                }
-                self.matches_pending = self.matches_pending.saturating_sub(1);
+                .any(|m| m.primary_header().serial_num() == reply_to);
+            if to_match && is_error {
+                return Some(Err(WaitEnd::Subscribe(zbus::Error::from(msg.clone()))));
             }
             return None;
         }
@@ -299,10 +295,7 @@ async fn follow_job(
         sent.call.clone(),
     ];
     conn.send_all(&all).await.map_err(WaitEnd::Call)?;
-    let mut watch = JobWatch {
-        matches_pending: 2,
-        ..Default::default()
-    };
+    let mut watch = JobWatch::default();
     let no_answer = Instant::now() + METHOD_TIMEOUT;
     loop {
         // Until the call returns, the manager has METHOD_TIMEOUT to answer; `--timeout`
