@@ -62,7 +62,8 @@ impl JobOp {
     }
 }
 
-/// Arguments shared by the four job commands.
+// Arguments shared by the four job commands (a plain comment: a doc comment would
+// become their help text, since clap applies it after the command's own).
 #[derive(Debug, clap::Args)]
 pub struct JobArgs {
     /// Node the unit lives on
