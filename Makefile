@@ -111,6 +111,7 @@ deny-advisories:
 	fi
 
 bench:
+	$(HOST_DEPS) bench
 	$(CARGO) run --release -p drover-bench -- all
 
 # The shipped binaries, stripped, knowing where their vendor files are.

@@ -4,7 +4,7 @@
 
 use crate::start::{UNIT, rss_kib, time_start};
 use crate::stats::{self, paired_overhead, summarize};
-use crate::{events, proxy, tls};
+use crate::{ctl, events, proxy, tls};
 use anyhow::Result;
 use clap::Parser;
 use drover_bus::{bluechi, systemd};
@@ -17,8 +17,8 @@ use zbus::OwnedObjectPath;
 #[derive(Parser)]
 #[command(about = "drover benchmarks (run on an otherwise idle machine)")]
 struct Args {
-    /// Which benchmark: start-unit, proxy, rss, events, tls, fleet (`fleet --help`) or
-    /// all (events, tls and fleet run alone: they start their own daemons).
+    /// Which benchmark: start-unit, proxy, rss, events, tls, ctl, fleet (`fleet --help`)
+    /// or all (events, tls, ctl and fleet run alone: they start their own daemons).
     #[arg(default_value = "all")]
     which: String,
     /// Samples per side.
@@ -30,6 +30,12 @@ struct Args {
     /// `proxy`: the first helper binary (default: the `drover-proxy` the sandbox found).
     #[arg(long, value_name = "PATH", requires = "helper_b")]
     helper_a: Option<PathBuf>,
+    /// `ctl`: a droverctl binary to measure (repeat to compare several in one run).
+    #[arg(long, value_name = "PATH")]
+    ctl: Vec<PathBuf>,
+    /// `ctl`: also write every sample to this CSV file.
+    #[arg(long, value_name = "PATH")]
+    ctl_csv: Option<PathBuf>,
 }
 
 /// The whole program: what `main.rs` calls. A failure is printed as `Error: ...`
@@ -91,6 +97,9 @@ async fn run(cluster: &Cluster, args: &Args) -> Result<()> {
             Some(b) => Some(proxy::Helpers::new(args.helper_a.clone(), b.clone())?),
         };
         proxy::proxy(cluster, args.samples, helpers).await?;
+    }
+    if args.which == "ctl" {
+        ctl::ctl(cluster, args.samples, &args.ctl, args.ctl_csv.as_deref()).await?;
     }
     if matches!(args.which.as_str(), "rss" | "all") {
         rss(cluster)?;

@@ -24,14 +24,19 @@
 //!   `StartUnit` round trip against 3 nodes, a monitor under load; CSV for
 //!   `scripts/fleet-plot` (see `fleet/mod.rs`). A small fleet runs in the
 //!   normal test run (`benches/tests/fleet.rs`).
+//! * `ctl`: `droverctl status` and `droverctl start NODE UNIT` as whole processes
+//!   (wall time, page faults, CPU, max RSS) against a small sd-bus client making
+//!   bluechictl's calls, the stand-in for bluechictl, and busctl (see `ctl.rs`).
+//!   Target: no slower.
 //! * also reports the idle RSS of the manager and of each agent.
 //!
-//! Layout: [`cli`] (the command, `start-unit` and `rss`), `proxy`, `events` and
-//! `tls` (one benchmark each), [`fleet`] (a library too: the test drives it),
-//! `start` (one timed `StartUnit`, a process's RSS), `procfs` (what `/proc`
-//! says of a process), `stats` (medians, tails, paired overhead; pure).
+//! Layout: [`cli`] (the command, `start-unit` and `rss`), `proxy`, `events`,
+//! `tls` and `ctl` (one benchmark each), [`fleet`] (a library too: the test
+//! drives it), `start` (one timed `StartUnit`, a process's RSS), `procfs` (what
+//! `/proc` says of a process), `stats` (medians, tails, paired overhead; pure).
 
 pub mod cli;
+mod ctl;
 mod events;
 pub mod fleet;
 mod procfs;

@@ -125,6 +125,29 @@ mod tests {
         text
     }
 
+    /// Subcommand arguments are built lazily (`defer`); a subcommand's help must still
+    /// open with its own description, not the doc of an argument struct it flattens.
+    #[test]
+    fn each_subcommand_help_opens_with_its_description() {
+        let mut cli = <Cli as clap::CommandFactory>::command();
+        // Before building: the descriptions from the command list, before any deferred
+        // arguments are applied.
+        let abouts: Vec<(String, String)> = cli
+            .get_subcommands()
+            .map(|c| {
+                let about = c.get_about().map(|a| a.to_string()).unwrap_or_default();
+                (c.get_name().to_owned(), about)
+            })
+            .collect();
+        cli.build();
+        for (name, about) in abouts {
+            assert!(!about.is_empty(), "{name} has no description");
+            let sub = cli.find_subcommand_mut(&name).expect("listed above");
+            let help = sub.render_help().to_string();
+            assert!(help.starts_with(&about), "{name}: {help}");
+        }
+    }
+
     #[test]
     fn garbage_is_a_usage_error_with_usage_text() {
         usage_error(&["frob"], "Usage");

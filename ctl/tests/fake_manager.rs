@@ -750,6 +750,92 @@ async fn manager_leaving_while_waiting_is_reported_not_a_hang() {
     );
 }
 
+/// Anyone on the bus can send a signal, also straight to droverctl's unique name: a
+/// `JobRemoved` for our job that does not come from the manager that took the call must
+/// not end the wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn job_removed_from_another_peer_is_not_our_jobs_end() {
+    let bus = private_bus();
+    let (mgr, shared) = serve(&bus).await;
+    let address = bus.address().to_string();
+    let run = tokio::spawn(async move {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_droverctl"))
+            .args([
+                "--bus",
+                &address,
+                "start",
+                "node-a",
+                "slow",
+                "--timeout",
+                "3",
+            ])
+            .kill_on_drop(true)
+            .output();
+        tokio::time::timeout(Duration::from_secs(30), out).await
+    });
+    tokio::time::timeout(Duration::from_secs(10), shared.slow_job_started.notified())
+        .await
+        .expect("droverctl never called StartUnit");
+    let id = shared.next_job.load(Ordering::SeqCst);
+    let job = format!("/org/eclipse/bluechi/job/{id}");
+    let job = ObjectPath::try_from(job.as_str()).expect("job path");
+
+    let impostor = zbus::connection::Builder::address(bus.address())
+        .build()
+        .await
+        .expect("impostor connection");
+    let dbus = zbus::fdo::DBusProxy::new(&impostor)
+        .await
+        .expect("dbus proxy");
+    let mine = [
+        impostor.unique_name().expect("name").to_string(),
+        mgr.unique_name().expect("name").to_string(),
+    ];
+    let body = (id, job, "node-a", "slow.service", "done");
+    for name in dbus.list_names().await.expect("ListNames") {
+        if !name.starts_with(':') || mine.contains(&name.to_string()) {
+            continue;
+        }
+        impostor
+            .emit_signal(
+                Some(name.as_str()),
+                "/org/eclipse/bluechi",
+                "org.eclipse.bluechi.Controller",
+                "JobRemoved",
+                &body,
+            )
+            .await
+            .expect("unicast JobRemoved");
+    }
+    impostor
+        .emit_signal(
+            None::<zbus::names::BusName<'_>>,
+            "/org/eclipse/bluechi",
+            "org.eclipse.bluechi.Controller",
+            "JobRemoved",
+            &body,
+        )
+        .await
+        .expect("broadcast JobRemoved");
+
+    let out = run
+        .await
+        .expect("join")
+        .expect("droverctl did not give up at --timeout")
+        .expect("run droverctl");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        stderr.starts_with("droverctl: timed out after 3 s"),
+        "{stderr}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_manager_on_the_bus() {
     let bus = private_bus();

@@ -28,7 +28,12 @@ pub mod version;
 macro_rules! commands {
     ($( $(#[$meta:meta])* $variant:ident($ty:ty) ),* $(,)?) => {
         /// A droverctl command.
+        ///
+        /// `defer`: a subcommand's arguments are built only when that subcommand is
+        /// used, not all ~25 sets on every run (half of droverctl's start-up before
+        /// this; see docs/performance.md).
         #[derive(Debug, clap::Subcommand)]
+        #[command(defer = true)]
         pub enum Command {
             $( $(#[$meta])* $variant($ty), )*
         }

@@ -4,7 +4,12 @@
 //! Order matters and is the one BlueChi clients use: subscribe to
 //! `Controller.JobRemoved` (and to owner changes of `org.eclipse.bluechi`) *before*
 //! calling `Node.StartUnit` etc., because a fast job can end before the call returns;
-//! signals that arrive early wait in the stream until we know our job path.
+//! signals that arrive early are kept until we know our job path. The two `AddMatch`
+//! and the call go out in one write without waiting in between ([`Pipelined`]): the bus
+//! handles a connection's messages in order, so the order holds, and the command costs
+//! one wait for the bus plus the job (zbus proxy signal streams awaited three calls
+//! before the job call: `AddMatch`, `GetNameOwner`, `AddMatch`). A `JobRemoved` counts
+//! only when it comes from the manager that answered the call.
 //!
 //! Prints `Unit UNIT StartUnit operation result: RESULT` like bluechictl, but exits 0
 //! only for `done` (bluechictl always exits 0). A job always ends with `JobRemoved` in
@@ -17,10 +22,13 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde::Serialize;
 use tokio::time::Instant;
+use zbus::message::Type;
+use zbus::{MatchRule, Message, MessageStream, OwnedObjectPath};
 
+use drover_bus::bluechi::{self, node_path};
 use drover_protocol::{NodeName, UnitName};
 
-use crate::client::CallContext;
+use crate::client::{CallContext, METHOD_TIMEOUT};
 use crate::context::{Context, Run};
 use crate::error::CtlError;
 use crate::output::json;
@@ -54,7 +62,8 @@ impl JobOp {
     }
 }
 
-/// Arguments shared by the four job commands.
+// Arguments shared by the four job commands (a plain comment: a doc comment would
+// become their help text, since clap applies it after the command's own).
 #[derive(Debug, clap::Args)]
 pub struct JobArgs {
     /// Node the unit lives on
@@ -115,123 +124,251 @@ impl JobOutcome {
     }
 }
 
-/// How the wait for `JobRemoved` ended, short of a result.
+/// The bus daemon's own name, path and interface (sender of `NameOwnerChanged`).
+const DBUS: &str = "org.freedesktop.DBus";
+const DBUS_PATH: &str = "/org/freedesktop/DBus";
+
+/// How waiting for the job ended, short of a result.
 enum WaitEnd {
-    ManagerGone,
+    /// The call itself failed.
+    Call(zbus::Error),
+    /// A subscription (`AddMatch`) was refused.
+    Subscribe(zbus::Error),
+    /// The manager's name changed owner; with the job path.
+    ManagerGone(String),
     BusClosed,
+    /// `--timeout` ran out; with the job path once the call had returned.
+    Timeout(Option<String>),
+    /// The manager did not answer the call within [`METHOD_TIMEOUT`].
+    NoAnswer,
+}
+
+/// The three messages of a job command, sent in one write: the two subscriptions
+/// (`AddMatch`) and the call. The bus daemon handles a connection's messages in order,
+/// so both matches are in place before the manager sees the call; waiting for each
+/// answer in turn would cost two round trips more.
+struct Pipelined {
+    matches: [Message; 2],
+    call: Message,
+}
+
+impl Pipelined {
+    fn new(op: JobOp, node: &NodeName, unit: &UnitName) -> zbus::Result<Pipelined> {
+        // Only JobRemoved of this node and unit are delivered (the bus filters on the
+        // string arguments), so a busy fleet's other jobs do not reach us.
+        let removed = MatchRule::builder()
+            .msg_type(Type::Signal)
+            .sender(bluechi::BUS_NAME)
+            .path(bluechi::CONTROLLER_PATH)
+            .interface(bluechi::CONTROLLER_IFACE)
+            .member("JobRemoved")
+            .arg(2, node.as_str())
+            .arg(3, unit.as_str())
+            .build()?;
+        // Any change of owner of the manager's name means the manager that holds our job
+        // is gone (a restarted manager knows nothing of it).
+        let owner = MatchRule::builder()
+            .msg_type(Type::Signal)
+            .sender(DBUS)
+            .path(DBUS_PATH)
+            .interface(DBUS)
+            .member("NameOwnerChanged")
+            .arg(0, bluechi::BUS_NAME)
+            .build()?;
+        let add_match = |rule: MatchRule<'_>| {
+            Message::method_call(DBUS_PATH, "AddMatch")
+                .destination(DBUS)
+                .interface(DBUS)
+                .build(&(rule.to_string(),))
+        };
+        Ok(Pipelined {
+            matches: [add_match(removed)?, add_match(owner)?],
+            call: Message::method_call(node_path(node.as_str()), op.method())
+                .destination(bluechi::BUS_NAME)
+                .interface(bluechi::NODE_IFACE)
+                .build(&(unit.as_str(), JOB_MODE))?,
+        })
+    }
+}
+
+/// What arrives for a job command, in order, until its end.
+#[derive(Default)]
+struct JobWatch {
+    /// The job path and the manager's unique name, once the call returned.
+    job: Option<(String, String)>,
+    /// `JobRemoved` (sender, job, result) that came before the call returned; there
+    /// are normally zero or one. Bounded: ours, if it comes early, is among the newest.
+    early: VecDeque<(String, String, String)>,
+    /// The manager's name changed owner after we subscribed.
+    owner_changed: bool,
+}
+
+impl JobWatch {
+    /// Takes one incoming message; `Some` once the job's end is known.
+    fn take(&mut self, msg: &Message, sent: &Pipelined) -> Option<Result<String, WaitEnd>> {
+        let header = msg.header();
+        if let Some(reply_to) = header.reply_serial() {
+            let is_error = msg.message_type() == Type::Error;
+            if reply_to == sent.call.primary_header().serial_num() {
+                if is_error {
+                    return Some(Err(WaitEnd::Call(zbus::Error::from(msg.clone()))));
+                }
+                let manager = header.sender().map(|s| s.to_string()).unwrap_or_default();
+                let job = match msg.body().deserialize::<OwnedObjectPath>() {
+                    Ok(path) => path.to_string(),
+                    Err(e) => return Some(Err(WaitEnd::Call(e))),
+                };
+                let result = self
+                    .early
+                    .iter()
+                    .find(|(sender, path, _)| *sender == manager && *path == job)
+                    .map(|(.., result)| result.clone());
+                self.job = Some((job, manager));
+                return result.map(Ok);
+            }
+            let to_match = sent
+                .matches
+                .iter()
+                .any(|m| m.primary_header().serial_num() == reply_to);
+            if to_match && is_error {
+                return Some(Err(WaitEnd::Subscribe(zbus::Error::from(msg.clone()))));
+            }
+            return None;
+        }
+        if msg.message_type() != Type::Signal {
+            return None;
+        }
+        let sender = header.sender().map(|s| s.as_str()).unwrap_or_default();
+        let member = header.member().map(|m| m.as_str()).unwrap_or_default();
+        let interface = header.interface().map(|i| i.as_str()).unwrap_or_default();
+        if sender == DBUS && interface == DBUS && member == "NameOwnerChanged" {
+            let owned = msg.body().deserialize::<(String, String, String)>();
+            if owned.is_ok_and(|(name, ..)| name == bluechi::BUS_NAME) {
+                self.owner_changed = true;
+                if self.job.is_some() {
+                    return Some(Err(WaitEnd::ManagerGone(String::new())));
+                }
+            }
+            return None;
+        }
+        if interface != bluechi::CONTROLLER_IFACE || member != "JobRemoved" {
+            return None;
+        }
+        // A signal that does not parse is not ours; keep waiting.
+        let Ok((_, path, _, _, result)) = msg
+            .body()
+            .deserialize::<(u32, OwnedObjectPath, String, String, String)>()
+        else {
+            return None;
+        };
+        match &self.job {
+            // Only the manager that took the call speaks for its job: anyone can send
+            // a signal to our unique name.
+            Some((job, manager)) => {
+                (sender == manager && path.as_str() == job).then_some(Ok(result))
+            }
+            None => {
+                if self.early.len() == EARLY_SIGNALS_MAX {
+                    self.early.pop_front();
+                }
+                self.early
+                    .push_back((sender.to_owned(), path.to_string(), result));
+                None
+            }
+        }
+    }
+}
+
+/// Sends the job's messages and follows what comes back until the job's end, the
+/// manager's departure, the bus closing, or a deadline.
+async fn follow_job(
+    conn: &zbus::Connection,
+    op: JobOp,
+    args: &JobArgs,
+    deadline: Option<Instant>,
+) -> Result<(String, String), WaitEnd> {
+    // Every message the connection receives, taken before anything is sent.
+    let mut incoming = MessageStream::from(conn);
+    let sent = Pipelined::new(op, &args.node, &args.unit).map_err(WaitEnd::Call)?;
+    let all = [
+        sent.matches[0].clone(),
+        sent.matches[1].clone(),
+        sent.call.clone(),
+    ];
+    conn.send_all(&all).await.map_err(WaitEnd::Call)?;
+    let mut watch = JobWatch::default();
+    let no_answer = Instant::now() + METHOD_TIMEOUT;
+    loop {
+        // Until the call returns, the manager has METHOD_TIMEOUT to answer; `--timeout`
+        // bounds the whole command.
+        let until = match (&watch.job, deadline) {
+            (None, Some(d)) => Some(d.min(no_answer)),
+            (None, None) => Some(no_answer),
+            (Some(_), d) => d,
+        };
+        let next = match until {
+            Some(until) => match tokio::time::timeout_at(until, incoming.next()).await {
+                Ok(next) => next,
+                Err(_) => {
+                    let job = watch.job.map(|(job, _)| job);
+                    return Err(match deadline {
+                        Some(d) if Instant::now() >= d => WaitEnd::Timeout(job),
+                        _ => WaitEnd::NoAnswer,
+                    });
+                }
+            },
+            None => incoming.next().await,
+        };
+        let msg = match next {
+            Some(Ok(msg)) => msg,
+            Some(Err(_)) => continue,
+            None => return Err(WaitEnd::BusClosed),
+        };
+        if let Some(end) = watch.take(&msg, &sent) {
+            let job = watch.job.as_ref().map(|(job, _)| job.clone());
+            return match (end, job) {
+                (Ok(result), Some(job)) => Ok((job, result)),
+                (Err(WaitEnd::ManagerGone(_)), Some(job)) => Err(WaitEnd::ManagerGone(job)),
+                (Err(e), _) => Err(e),
+                (Ok(_), None) => Err(WaitEnd::BusClosed),
+            };
+        }
+        if watch.owner_changed && watch.job.is_some() {
+            let job = watch.job.map(|(job, _)| job).unwrap_or_default();
+            return Err(WaitEnd::ManagerGone(job));
+        }
+    }
 }
 
 async fn run_job(op: JobOp, args: JobArgs, ctx: &mut Context) -> Result<(), CtlError> {
     let deadline = args.timeout.map(|d| Instant::now() + d);
-    let timed_out = |job: Option<String>| CtlError::Timeout {
-        after: args.timeout.unwrap_or_default(),
-        job,
-        operation: op.method(),
-        unit: args.unit.to_string(),
-        node: args.node.to_string(),
-    };
-
     let client = ctx.client().await?;
-    let controller = client.controller().await?;
-    let node = client.node(&args.node).await?;
     let what = format!("{} of {} on node {}", op.method(), args.unit, args.node);
     let call_ctx = CallContext::on(&what, &args.node, Some(&args.unit));
 
-    // Subscribe first: the job may end before the call below returns. Only
-    // JobRemoved of this node and unit are delivered (the bus filters on the string
-    // arguments), so a busy fleet's other jobs do not flood us.
-    let filter = [(2u8, args.node.as_str()), (3u8, args.unit.as_str())];
-    let mut removed = match controller.receive_job_removed_with_args(&filter).await {
-        Ok(s) => s,
-        Err(e) => return Err(client.classify(e, call_ctx).await),
-    };
-    let mut owner = match controller.inner().receive_owner_changed().await {
-        Ok(s) => s,
-        Err(e) => return Err(client.classify(e, call_ctx).await),
-    };
-
-    let unit = args.unit.as_str();
-    let call = async {
-        match op {
-            JobOp::Start => node.start_unit(unit, JOB_MODE).await,
-            JobOp::Stop => node.stop_unit(unit, JOB_MODE).await,
-            JobOp::Restart => node.restart_unit(unit, JOB_MODE).await,
-            JobOp::Reload => node.reload_unit(unit, JOB_MODE).await,
+    let (job, result) = match follow_job(client.connection(), op, &args, deadline).await {
+        Ok(done) => done,
+        Err(WaitEnd::Call(e) | WaitEnd::Subscribe(e)) => {
+            return Err(client.classify(e, call_ctx).await);
         }
-    };
-    // While the call is in flight, keep draining JobRemoved into `early`: zbus
-    // applies back-pressure when a signal queue is full, which would also hold up
-    // the reply we are waiting for. Ours, if it comes early, is among the newest, so
-    // the bounded buffer drops the oldest.
-    let mut early: VecDeque<(String, String)> = VecDeque::new();
-    let call_phase = async {
-        tokio::pin!(call);
-        loop {
-            tokio::select! {
-                reply = &mut call => return reply,
-                Some(signal) = removed.next() => {
-                    if let Ok(a) = signal.args() {
-                        if early.len() == EARLY_SIGNALS_MAX {
-                            early.pop_front();
-                        }
-                        early.push_back((a.job().to_string(), a.result().to_string()));
-                    }
-                }
-            }
+        Err(WaitEnd::NoAnswer) => {
+            let e =
+                zbus::Error::InputOutput(std::io::Error::from(std::io::ErrorKind::TimedOut).into());
+            return Err(client.classify(e, call_ctx).await);
         }
-    };
-    let called = match deadline {
-        Some(d) => tokio::time::timeout_at(d, call_phase)
-            .await
-            .map_err(|_| timed_out(None))?,
-        None => call_phase.await,
-    };
-    let job = match called {
-        Ok(path) => path,
-        Err(e) => return Err(client.classify(e, call_ctx).await),
-    };
-
-    let already = early
-        .iter()
-        .find(|(path, _)| path.as_str() == job.as_str())
-        .map(|(_, result)| result.clone());
-    let wait = async {
-        if let Some(result) = already {
-            return Ok(result);
+        Err(WaitEnd::Timeout(job)) => {
+            return Err(CtlError::Timeout {
+                after: args.timeout.unwrap_or_default(),
+                job,
+                operation: op.method(),
+                unit: args.unit.to_string(),
+                node: args.node.to_string(),
+            });
         }
-        loop {
-            tokio::select! {
-                signal = removed.next() => {
-                    let Some(signal) = signal else { return Err(WaitEnd::BusClosed) };
-                    // A signal that does not parse is not ours; keep waiting.
-                    let Ok(a) = signal.args() else { continue };
-                    if a.job().as_str() == job.as_str() {
-                        return Ok(a.result().to_string());
-                    }
-                }
-                change = owner.next() => {
-                    // Any change of owner means the manager that holds our job is gone
-                    // (a restarted manager knows nothing of it).
-                    if change.is_some() {
-                        return Err(WaitEnd::ManagerGone);
-                    }
-                    return Err(WaitEnd::BusClosed);
-                }
-            }
-        }
-    };
-    let waited = match deadline {
-        Some(d) => tokio::time::timeout_at(d, wait)
-            .await
-            .map_err(|_| timed_out(Some(job.to_string())))?,
-        None => wait.await,
-    };
-    let result = match waited {
-        Ok(r) => r,
-        Err(WaitEnd::ManagerGone) => {
+        Err(WaitEnd::ManagerGone(job)) => {
             return Err(CtlError::ManagerVanished {
                 bus: client.target().to_string(),
-                job: job.to_string(),
+                job,
                 operation: op.method(),
                 unit: args.unit.to_string(),
                 node: args.node.to_string(),
@@ -248,7 +385,7 @@ async fn run_job(op: JobOp, args: JobArgs, ctx: &mut Context) -> Result<(), CtlE
         node: args.node.to_string(),
         unit: args.unit.to_string(),
         operation: op.method(),
-        job: job.to_string(),
+        job,
         result,
     };
     let text = if ctx.json() {
