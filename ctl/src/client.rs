@@ -21,8 +21,8 @@ use crate::error::CtlError;
 use drover_bus::Bus;
 use drover_bus::bluechi::{BUS_NAME, node_path};
 use drover_protocol::error_names::{
-    DISCONNECTED, FILE_NOT_FOUND, NAME_HAS_NO_OWNER, NO_SUCH_UNIT, OFFLINE, SERVICE_UNKNOWN,
-    UNKNOWN_OBJECT,
+    DISCONNECTED, FILE_NOT_FOUND, NAME_HAS_NO_OWNER, NO_REPLY, NO_SUCH_UNIT, OFFLINE,
+    SERVICE_UNKNOWN, UNKNOWN_OBJECT,
 };
 
 /// Method calls give up after this long. The manager answers node calls within its
@@ -300,6 +300,15 @@ impl Client {
                 _ => CtlError::ManagerUnreachable {
                     bus: self.target.to_string(),
                 },
+            },
+            // The bus daemon's answer to a call in flight when the manager left the
+            // bus (it handles the departure before our question, so the name has no
+            // owner by then); a manager that is still there timed out instead.
+            NO_REPLY => match self.manager_present().await {
+                Some(false) => CtlError::ManagerUnreachable {
+                    bus: self.target.to_string(),
+                },
+                _ => passthrough(ctx, name, message),
             },
             // A node path the manager does not serve: the node is not configured.
             UNKNOWN_OBJECT if ctx.node.is_some() => CtlError::NodeNotFound(node()),

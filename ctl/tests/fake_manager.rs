@@ -58,6 +58,8 @@ struct Shared {
     next_job: AtomicU32,
     calls: Mutex<Vec<String>>,
     slow_job_started: Notify,
+    /// `hang.service`: the call arrived and is never answered.
+    hang_started: Notify,
     monitor_subscribed: Notify,
     /// `9node` cannot be listed: the controller's list leaves it out and its own
     /// `ListUnits` fails (a node the manager timed out on).
@@ -309,6 +311,10 @@ impl FakeNode {
         };
         match unit {
             "slow.service" => self.shared.slow_job_started.notify_one(),
+            "hang.service" => {
+                self.shared.hang_started.notify_one();
+                std::future::pending::<()>().await;
+            }
             // Finish before the reply goes out, as a fast oneshot unit does, and let
             // someone else's job end first: droverctl must pick its own.
             "web.service" | "fail.service" => {
@@ -747,6 +753,41 @@ async fn manager_leaving_while_waiting_is_reported_not_a_hang() {
     assert!(
         stderr.contains("StartUnit of unit slow.service on node node-a"),
         "{stderr}"
+    );
+}
+
+/// The manager leaving the bus while a call is in flight: the bus daemon answers
+/// the call with `NoReply` ("recipient disconnected"); droverctl says the manager
+/// is gone (exit 1), as when it was never there, not a raw D-Bus error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manager_leaving_during_a_call_is_reported_as_gone() {
+    let bus = private_bus();
+    let (mgr, shared) = serve(&bus).await;
+    let address = bus.address().to_string();
+    let run = tokio::spawn(async move {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_droverctl"))
+            .args(["--bus", &address, "start", "node-a", "hang"])
+            .kill_on_drop(true)
+            .output();
+        tokio::time::timeout(Duration::from_secs(30), out).await
+    });
+    tokio::time::timeout(Duration::from_secs(10), shared.hang_started.notified())
+        .await
+        .expect("droverctl never called StartUnit");
+    mgr.close().await.expect("close the manager's connection");
+    let out = run
+        .await
+        .expect("join")
+        .expect("droverctl hung after the manager left")
+        .expect("run droverctl");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(
+        stderr,
+        format!(
+            "droverctl: cannot reach drover-manager on bus {}: is it running?\n",
+            bus.address()
+        )
     );
 }
 
