@@ -149,7 +149,8 @@ pub const PACKAGES: &[Package] = &[
         description: "Connects to the drover manager and drives this node's systemd over D-Bus.\n\
                       Ships drover-proxy and the drover-proxy@.service and drover-dep@.service\n\
                       templates, with which a unit depends on a unit of another node.",
-        depends: &["systemd", "dbus"],
+        // procps: `/bin/kill`, the units' `ExecReload=`.
+        depends: &["systemd", "dbus", "procps"],
         siblings: &["drover-common"],
         replaces: &["bluechi-agent"],
         arch_all: false,
