@@ -48,8 +48,8 @@
 //! * millisecond values are capped at one day so timer arithmetic can never overflow.
 
 use crate::ini::Document;
-use crate::pattern::{NodePattern, is_pattern};
 use crate::layers::{Layered, LoadReport, apply_sources};
+use crate::pattern::{NodePattern, is_pattern};
 use crate::sections::{self, Daemon, Dialect, Kind};
 use crate::tls::{Origin, TlsFiles, TlsKeys};
 use crate::value::{self, At, KEEPALIVE_COUNT_MAX, KEEPALIVE_SECS_MAX};
@@ -467,7 +467,12 @@ impl Builder {
             .iter()
             .filter(|n| n.allowed.is_none() && cfg.pattern_matches(&n.name))
             .map(|n| &n.name);
-        for name in self.allowed_names.iter().chain(from_sections).chain(by_pattern) {
+        for name in self
+            .allowed_names
+            .iter()
+            .chain(from_sections)
+            .chain(by_pattern)
+        {
             if !denied(name) && !allowed.contains(name) {
                 allowed.push(name.clone());
             }
@@ -946,10 +951,9 @@ mod tests {
         assert!(c.pattern_matches(&nn("edge-123")) && c.pattern_matches(&nn("lab-01")));
         assert!(!c.pattern_matches(&nn("lab-1")) && !c.pattern_matches(&nn("db2")));
         // An empty value resets the patterns with the names.
-        let c = ManagerConfig::parse_str(
-            "[drover-manager]\nAllowedNodeNames=a*\nAllowedNodeNames=\n",
-        )
-        .unwrap();
+        let c =
+            ManagerConfig::parse_str("[drover-manager]\nAllowedNodeNames=a*\nAllowedNodeNames=\n")
+                .unwrap();
         assert!(c.allowed_patterns.is_empty() && c.allowed_nodes.is_empty());
     }
 
@@ -995,8 +999,10 @@ mod tests {
         let (c, report) = ManagerConfig::load_with_env(&sources, &|_| None).unwrap();
         assert!(c.pattern_matches(&nn("anything")));
         assert!(
-            report.warnings.iter().any(|w| w.contains("m.conf:2: key 'AllowedNodeNames'")
-                && w.contains("any peer")),
+            report
+                .warnings
+                .iter()
+                .any(|w| w.contains("m.conf:2: key 'AllowedNodeNames'") && w.contains("any peer")),
             "{:?}",
             report.warnings
         );
