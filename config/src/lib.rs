@@ -6,6 +6,7 @@
 //!   drover's defaults, loaded in layers (vendor file, `/etc` file, `conf.d`
 //!   drop-ins in alphabetical order, environment, `-c FILE`; command-line flags
 //!   are applied by the binaries on top).
+//! * [`pattern`] — node-name patterns (`edge-*`) in `AllowedNodeNames`.
 //! * [`tls`] — the TLS file keys both daemons share (all-or-nothing,
 //!   absolute paths); the transport rules built on them are in [`manager`].
 //! * [`logging`] — `LogLevel`/`LogTarget` and the tracing setup they select.
@@ -30,6 +31,7 @@ pub mod layers;
 pub mod logging;
 pub mod manager;
 pub mod notify;
+pub mod pattern;
 mod sections;
 pub mod tls;
 mod value;
@@ -42,4 +44,5 @@ pub use error::ConfigError;
 pub use layers::{LoadReport, Sources};
 pub use logging::{LogHandle, LogLevel, LogTarget, LoggingConfig};
 pub use manager::{ManagerConfig, NodeSection};
+pub use pattern::NodePattern;
 pub use tls::TlsFiles;

@@ -26,7 +26,17 @@
 //! Other choices:
 //! * an explicit `Allowed=false` in `[node NAME]` wins over `AllowedNodeNames`
 //!   (the per-node section is the more specific statement, and it is how a
-//!   drop-in takes one node out of a shared list);
+//!   drop-in takes one node out of a shared list), patterns included;
+//! * `AllowedNodeNames` holds names and patterns ([`crate::pattern`]): a name
+//!   is a configured node (in [`ManagerConfig::allowed_nodes`]), a pattern
+//!   admits any matching name without configuring it
+//!   ([`ManagerConfig::allowed_patterns`]). A `[node NAME]` section (not
+//!   `Allowed=false`) whose name a pattern matches makes that node configured
+//!   too. Section names and `AllowDependenciesOn=` take names only: a grant to
+//!   depend on another node's units names the node it trusts;
+//! * a lone `*` is accepted (with TLS it is what `AllowCertifiedNodes=true`
+//!   says for the CA's nodes) but warned about without TLS, where it admits
+//!   any peer that reaches the port under any name;
 //! * `[bluechi-controller]` takes the same keys as `[drover-manager]`
 //!   ([`crate::sections`]); BlueChi's files are read under drover's
 //!   ([`crate::layers`]);
@@ -39,6 +49,7 @@
 
 use crate::ini::Document;
 use crate::layers::{Layered, LoadReport, apply_sources};
+use crate::pattern::{NodePattern, is_pattern};
 use crate::sections::{self, Daemon, Dialect, Kind};
 use crate::tls::{Origin, TlsFiles, TlsKeys};
 use crate::value::{self, At, KEEPALIVE_COUNT_MAX, KEEPALIVE_SECS_MAX};
@@ -100,7 +111,12 @@ pub struct ManagerConfig {
     pub use_tcp: bool,
     /// `AllowedNodeNames` plus every `[node NAME]` with `Allowed=true`, in config order, no duplicates.
     /// A node whose section says `Allowed=false` is left out even when `AllowedNodeNames` lists it.
+    /// Also every `[node NAME]` (not `Allowed=false`) whose name a pattern matches.
     pub allowed_nodes: Vec<NodeName>,
+    /// The patterns of `AllowedNodeNames` (`edge-*`), in config order, no
+    /// duplicates: a matching name may register unless its section says
+    /// `Allowed=false`.
+    pub allowed_patterns: Vec<NodePattern>,
     /// Per-node sections, in config order.
     pub nodes: Vec<NodeSection>,
     /// `HeartbeatInterval` ms. drover default 2000 (BlueChi: 0 = off). 0 disables.
@@ -148,6 +164,7 @@ impl Default for ManagerConfig {
             listen_address: None,
             use_tcp: true,
             allowed_nodes: Vec::new(),
+            allowed_patterns: Vec::new(),
             nodes: Vec::new(),
             heartbeat_interval_ms: 2000,
             node_heartbeat_threshold_ms: 6000,
@@ -210,6 +227,12 @@ impl ManagerConfig {
         })
     }
 
+    /// Whether a pattern of `AllowedNodeNames` matches `name` (whatever its
+    /// `[node NAME]` section says).
+    pub fn pattern_matches(&self, name: &NodeName) -> bool {
+        self.allowed_patterns.iter().any(|p| p.matches(name))
+    }
+
     /// The `[node NAME]` section of `name`, if any.
     pub fn node(&self, name: &NodeName) -> Option<&NodeSection> {
         self.nodes.iter().find(|n| &n.name == name)
@@ -242,6 +265,8 @@ impl ManagerConfig {
 struct Builder {
     cfg: ManagerConfig,
     allowed_names: Vec<NodeName>,
+    /// Where `AllowedNodeNames` was last set, for the warning about `*`.
+    allowed_at: Option<Origin>,
     tls: TlsKeys,
     /// Where the transport keys were last set, for errors after the last layer.
     listen_at: Option<Origin>,
@@ -272,7 +297,15 @@ impl Layered for Builder {
                     let name = NodeName::new(node).map_err(|e| ConfigError::Syntax {
                         path: doc.path.clone(),
                         line: section.line,
-                        message: format!("section [{}]: {e}", section.name),
+                        message: if is_pattern(node) {
+                            format!(
+                                "section [{}]: a node section names one node, not a pattern \
+                                 (patterns are accepted in AllowedNodeNames)",
+                                section.name
+                            )
+                        } else {
+                            format!("section [{}]: {e}", section.name)
+                        },
                     })?;
                     let idx = match self.cfg.nodes.iter().position(|n| n.name == name) {
                         Some(i) => i,
@@ -341,7 +374,10 @@ impl Builder {
                     }
                 }
             }
-            "AllowedNodeNames" => self.allowed_names = at.node_list()?,
+            "AllowedNodeNames" => {
+                (self.allowed_names, c.allowed_patterns) = names_and_patterns(at)?;
+                self.allowed_at = Some(Origin::of(at));
+            }
             "HeartbeatInterval" => c.heartbeat_interval_ms = at.number(0, MAX_MS)?,
             "NodeHeartbeatThreshold" => c.node_heartbeat_threshold_ms = at.number(0, MAX_MS)?,
             "ProxyGracePeriod" => {
@@ -385,7 +421,18 @@ impl Builder {
     fn finish_with_warnings(mut self) -> Result<(ManagerConfig, Vec<String>), ConfigError> {
         let mut warnings = std::mem::take(&mut self.warnings);
         let bluechi_read = self.bluechi_read;
+        let allowed_at = self.allowed_at.clone();
         let cfg = self.finish()?;
+        if cfg.tls.is_none() && cfg.allowed_patterns.iter().any(NodePattern::matches_all) {
+            let at = allowed_at
+                .map(|o| format!("{}:{}: ", o.path.display(), o.line))
+                .unwrap_or_default();
+            warnings.push(format!(
+                "{at}key 'AllowedNodeNames': '*' without TLS admits any peer that reaches the \
+                 agent port, under any name; configure TLS (docs/security.md) or list the \
+                 names or narrower patterns"
+            ));
+        }
         if bluechi_read
             && cfg.use_tcp
             && cfg.listen_address.is_none()
@@ -415,7 +462,17 @@ impl Builder {
             .iter()
             .filter(|n| n.allowed == Some(true))
             .map(|n| &n.name);
-        for name in self.allowed_names.iter().chain(from_sections) {
+        let by_pattern = cfg
+            .nodes
+            .iter()
+            .filter(|n| n.allowed.is_none() && cfg.pattern_matches(&n.name))
+            .map(|n| &n.name);
+        for name in self
+            .allowed_names
+            .iter()
+            .chain(from_sections)
+            .chain(by_pattern)
+        {
             if !denied(name) && !allowed.contains(name) {
                 allowed.push(name.clone());
             }
@@ -491,6 +548,30 @@ fn check_transport(
         )));
     }
     Ok(())
+}
+
+/// `AllowedNodeNames`: names, and patterns (an item with `*`, `?` or `[`),
+/// each list without duplicates. Each error names the item.
+fn names_and_patterns(at: At<'_>) -> Result<(Vec<NodeName>, Vec<NodePattern>), ConfigError> {
+    let mut names = Vec::new();
+    let mut patterns: Vec<NodePattern> = Vec::new();
+    for item in at.value().split(',').map(str::trim) {
+        if item.is_empty() {
+            continue;
+        }
+        if is_pattern(item) {
+            let pattern = NodePattern::new(item).map_err(|e| at.err(e))?;
+            if !patterns.contains(&pattern) {
+                patterns.push(pattern);
+            }
+        } else {
+            let name = NodeName::new(item).map_err(|e| at.err(e.to_string()))?;
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+    }
+    Ok((names, patterns))
 }
 
 fn apply_node_key(at: At<'_>, node: &mut NodeSection) -> Result<(), ConfigError> {
@@ -850,6 +931,84 @@ mod tests {
             let msg = value_err(err, 4, key);
             assert!(msg.contains(want), "{key}={value}: {msg}");
         }
+    }
+
+    #[test]
+    fn allowed_node_names_takes_patterns() {
+        let c = ManagerConfig::parse_str(
+            "[drover-manager]\n\
+             AllowedNodeNames=db1, edge-*, lab-??,edge-*,rack[0-9]-*\n\
+             [node edge-7]\nAllowDependenciesOn=db1\n\
+             [node edge-8]\nAllowed=false\n\
+             [node other]\nAllowDependenciesOn=db1\n",
+        )
+        .unwrap();
+        let patterns: Vec<&str> = c.allowed_patterns.iter().map(|p| p.as_str()).collect();
+        assert_eq!(patterns, ["edge-*", "lab-??", "rack[0-9]-*"]);
+        // db1 by name; edge-7 because a pattern admits its section's node;
+        // not edge-8 (Allowed=false), not other (no name, no pattern).
+        assert_eq!(names(&c.allowed_nodes), ["db1", "edge-7"]);
+        assert!(c.pattern_matches(&nn("edge-123")) && c.pattern_matches(&nn("lab-01")));
+        assert!(!c.pattern_matches(&nn("lab-1")) && !c.pattern_matches(&nn("db2")));
+        // An empty value resets the patterns with the names.
+        let c =
+            ManagerConfig::parse_str("[drover-manager]\nAllowedNodeNames=a*\nAllowedNodeNames=\n")
+                .unwrap();
+        assert!(c.allowed_patterns.is_empty() && c.allowed_nodes.is_empty());
+    }
+
+    #[test]
+    fn garbage_patterns_name_key_and_value() {
+        let cases: &[(&str, &str)] = &[
+            ("edge_*", "edge_*"),
+            ("edge-**", "'**'"),
+            ("rack[0-9", "without its ']'"),
+            ("-*", "starts with a letter or digit"),
+            ("a,edge *", "edge *"),
+            ("[]", "empty set"),
+        ];
+        for (value, want) in cases {
+            let text = format!("[drover-manager]\nAllowedNodeNames={value}\n");
+            let msg = value_err(
+                ManagerConfig::parse_str(&text).unwrap_err(),
+                2,
+                "AllowedNodeNames",
+            );
+            assert!(msg.contains(want), "{value}: {msg}");
+        }
+        // Patterns are for AllowedNodeNames only.
+        let msg = value_err(
+            ManagerConfig::parse_str("[node a]\nAllowDependenciesOn=b,edge-*\n").unwrap_err(),
+            2,
+            "AllowDependenciesOn",
+        );
+        assert!(msg.contains("'edge-*' is a pattern"), "{msg}");
+        let msg = syntax_err(
+            ManagerConfig::parse_str("[drover-manager]\n[node edge-*]\n").unwrap_err(),
+            2,
+        );
+        assert!(msg.contains("not a pattern"), "{msg}");
+    }
+
+    #[test]
+    fn lone_star_is_warned_about_without_tls() {
+        let dir = TempDir::new("mgr-star");
+        let file = dir.path().join("m.conf");
+        std::fs::write(&file, "[drover-manager]\nAllowedNodeNames=db1,*\n").unwrap();
+        let sources = Sources::only(Some(file.clone()));
+        let (c, report) = ManagerConfig::load_with_env(&sources, &|_| None).unwrap();
+        assert!(c.pattern_matches(&nn("anything")));
+        assert!(
+            report
+                .warnings
+                .iter()
+                .any(|w| w.contains("m.conf:2: key 'AllowedNodeNames'") && w.contains("any peer")),
+            "{:?}",
+            report.warnings
+        );
+        std::fs::write(&file, "[drover-manager]\nAllowedNodeNames=db1,edge-*\n").unwrap();
+        let (_, report) = ManagerConfig::load_with_env(&sources, &|_| None).unwrap();
+        assert!(report.warnings.is_empty(), "{:?}", report.warnings);
     }
 
     #[test]

@@ -93,6 +93,12 @@ impl<'a> At<'a> {
             if item.is_empty() {
                 continue;
             }
+            if crate::pattern::is_pattern(item) {
+                return Err(self.err(format!(
+                    "'{item}' is a pattern; this key takes node names only \
+                     (patterns are accepted in AllowedNodeNames)"
+                )));
+            }
             let name = NodeName::new(item).map_err(|e| self.err(e.to_string()))?;
             if !out.contains(&name) {
                 out.push(name);
@@ -294,6 +300,10 @@ mod tests {
             .to_string();
         assert!(err.starts_with("f.conf:7: key 'K':"), "{err}");
         assert!(err.contains("bad_name"), "{err}");
+        let err = at_value("a,edge-*", |a| a.node_list())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("'edge-*' is a pattern"), "{err}");
     }
 
     #[test]

@@ -330,7 +330,7 @@ impl Core {
             Admission::Accept { node, new: true } => {
                 let added = self.registry().add_nodes(std::slice::from_ref(&node));
                 for (name, path) in &added {
-                    tracing::info!(node = %name, "certified node registers for the first time");
+                    tracing::info!(node = %name, "node registers for the first time (admitted by a pattern or its certificate)");
                     if let Some(out) = self.outbound() {
                         out.export_node(name, path).await;
                     }

@@ -80,3 +80,55 @@ async fn sighup_reloads_good_config_and_keeps_running_on_a_bad_one() {
     let status = run.exited(STEP).await;
     assert!(status.success(), "{status:?}");
 }
+
+/// SIGHUP with a pattern added to `AllowedNodeNames`: a name it matches,
+/// refused before, registers after, and gets its object on the bus.
+#[tokio::test]
+async fn sighup_adding_a_pattern_admits_new_names() {
+    let conf = "[drover-manager]\nListenAddress=127.0.0.1\nAllowedNodeNames=a\nLogTarget=stderr\n";
+    let setup = BinarySetup::new(conf);
+    let mut run = ChildGuard::new(
+        Command::new(BIN)
+            .args(["--no-default-config", "--bus", setup.bus.address(), "-p"])
+            .arg(setup.port.to_string())
+            .arg("-c")
+            .arg(&setup.conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(setup.log()))
+            .spawn()
+            .expect("spawn drover-manager"),
+    );
+    let addr = format!("127.0.0.1:{}", setup.port).parse().expect("addr");
+    let _a = FakeAgent::connect_when_up(addr, "a", reply_empty(), STEP)
+        .await
+        .expect("node a registers");
+    assert!(
+        FakeAgent::connect(addr, "edge-1", reply_empty())
+            .await
+            .is_err(),
+        "edge-1 is not allowed yet"
+    );
+
+    setup.tmp.file(
+        "manager.conf",
+        &format!("{conf}AllowedNodeNames=a,edge-*\n"),
+    );
+    run.signal(Signal::SIGHUP);
+    let reloaded = poll(STEP, EVERY, "the reload is logged", || async {
+        setup.logged().contains("configuration reloaded")
+    });
+    reloaded.await.unwrap();
+    let _edge = FakeAgent::connect(addr, "edge-1", reply_empty())
+        .await
+        .expect("edge-1 registers after the reload");
+    let client = Api::connect(setup.bus.address()).await;
+    assert!(node_known(&client, "edge-1").await);
+    assert!(
+        !node_known(&client, "edge-2").await,
+        "only registered nodes"
+    );
+
+    run.signal(Signal::SIGTERM);
+    let status = run.exited(STEP).await;
+    assert!(status.success(), "{status:?}");
+}

@@ -1,7 +1,8 @@
 //! Node lifecycle on real systemd nodes: registration, refusal of unknown and
 //! duplicate names, dead agents noticed within the threshold, and convergence
-//! after agent and manager restarts.
+//! after agent and manager restarts; admission by an `AllowedNodeNames` pattern.
 
+use drover_sandbox::ClusterOptions;
 use drover_testkit::api::job_call;
 use drover_testkit::prelude::*;
 use nix::sys::signal::Signal;
@@ -223,5 +224,53 @@ async fn node_status_changes_are_signalled() {
         Some(true),
         "PropertiesChanged(Status=offline) arrives"
     );
+    c.down().await;
+}
+
+/// `AllowedNodeNames=db1,edge-*` on real agents with TLS: the edge nodes
+/// register without being listed, appear at registration, and an edge node
+/// whose agent dies stays listed, offline, as BlueChi clients expect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pattern_admits_a_fleet_and_its_nodes_stay_listed_offline() {
+    let c = TestCluster::with(ClusterOptions {
+        nodes: vec!["db1".into(), "edge-1".into(), "edge-2".into()],
+        allowed_nodes: Some(vec!["db1".into()]),
+        // No [node NAME] sections: they would configure the edge nodes.
+        allow_all_proxies: false,
+        manager_extra_config: "[drover-manager]\nAllowedNodeNames=db1,edge-*\n".into(),
+        ..ClusterOptions::with_nodes(0)
+    })
+    .await;
+    let api = c.api().await;
+    let mut nodes = api.list_nodes().await;
+    nodes.sort();
+    let rows: Vec<(&str, &str)> = nodes
+        .iter()
+        .map(|(n, s, _)| (n.as_str(), s.as_str()))
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("db1", "online"),
+            ("edge-1", "online"),
+            ("edge-2", "online")
+        ]
+    );
+
+    c.signal_agent("edge-2", Signal::SIGKILL).unwrap();
+    c.wait_status("edge-2", "offline", DETECT).await;
+    let nodes = api.list_nodes().await;
+    assert!(
+        nodes
+            .iter()
+            .any(|(n, s, _)| n == "edge-2" && s == "offline"),
+        "{nodes:?}"
+    );
+    let out = c.ctl_ok(&["status"]).await;
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("edge-2"))
+        .unwrap_or_else(|| panic!("edge-2 in:\n{out}"));
+    assert!(line.contains("offline"), "{line}");
     c.down().await;
 }

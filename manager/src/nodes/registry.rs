@@ -2,11 +2,15 @@
 //!
 //! Rules (docs/architecture.md "Agent ↔ manager session"):
 //!
-//! * Every name in `AllowedNodeNames` has an entry (and a D-Bus object) from
-//!   start to exit, online or not, in config order. With TLS and
-//!   `AllowCertifiedNodes=true`, a node the CA certified gets its entry when it
-//!   first registers (`Admission::Accept { new: true }`), unless its
-//!   `[node NAME]` section says `Allowed=false`.
+//! * Every configured node (`ManagerConfig::allowed_nodes`: the names in
+//!   `AllowedNodeNames`, and the allowed `[node NAME]` sections) has an entry
+//!   (and a D-Bus object) from start to exit, online or not, in config order.
+//!   A node admitted without being configured — by a pattern of
+//!   `AllowedNodeNames` (`edge-*`), or with TLS and `AllowCertifiedNodes=true`
+//!   by its certificate — gets its entry when it first registers
+//!   (`Admission::Accept { new: true }`) and keeps it, offline after it
+//!   leaves, until the manager exits; unless its `[node NAME]` section says
+//!   `Allowed=false`.
 //! * With TLS, the hello's name must be the certificate's node name
 //!   (`RefuseReason::IdentityMismatch` otherwise).
 //! * Who may register follows the [`Policy`] in force; a reload replaces it
@@ -26,7 +30,7 @@
 
 use crate::escape::node_path;
 use crate::nodes::session::Session;
-use drover_config::ManagerConfig;
+use drover_config::{ManagerConfig, NodePattern};
 use drover_protocol::{NodeName, RefuseReason};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -66,11 +70,12 @@ impl NodeEntry {
     }
 }
 
-/// Who may register: the names allowed, the names denied, and whether a
-/// certified node may register without being listed.
+/// Who may register: the names allowed, the patterns allowed, the names
+/// denied, and whether a certified node may register without being listed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Policy {
     allowed: HashSet<NodeName>,
+    patterns: Vec<NodePattern>,
     denied: HashSet<NodeName>,
     certified: bool,
 }
@@ -81,6 +86,7 @@ impl Policy {
     pub fn from_config(config: &ManagerConfig) -> Self {
         Self {
             allowed: config.allowed_nodes.iter().cloned().collect(),
+            patterns: config.allowed_patterns.clone(),
             denied: config
                 .nodes
                 .iter()
@@ -100,15 +106,19 @@ impl Policy {
     }
 
     /// Whether `node` may register; `certified` when its TLS certificate
-    /// names it.
+    /// names it. A listed name is allowed; else `Allowed=false` refuses, and
+    /// a matching pattern or the certificate admits.
     pub fn allows(&self, node: &NodeName, certified: bool) -> bool {
-        self.allowed.contains(node) || (certified && self.certified && !self.denied.contains(node))
+        self.allowed.contains(node)
+            || (!self.denied.contains(node)
+                && ((certified && self.certified) || self.patterns.iter().any(|p| p.matches(node))))
     }
 }
 
 /// The verdict on a hello.
 pub enum Admission {
-    /// `new`: the node has no entry yet (a certified node's first visit).
+    /// `new`: the node has no entry yet (the first visit of a node admitted
+    /// by a pattern or its certificate).
     Accept {
         node: NodeName,
         new: bool,
@@ -517,6 +527,38 @@ mod tests {
             refused(r.admit("a", Some(&a), 0, 6000)).0,
             RefuseReason::UnknownNode
         );
+    }
+
+    #[test]
+    fn patterns_admit_unlisted_names_unless_denied() {
+        let config = ManagerConfig::parse_str(
+            "[drover-manager]\nAllowedNodeNames=a,edge-*\n[node edge-9]\nAllowed=false\n",
+        )
+        .unwrap();
+        let mut r = Registry::new(&config.allowed_nodes);
+        r.set_policy(Policy::from_config(&config));
+        assert!(matches!(
+            r.admit("edge-1", None, 0, 6000),
+            Admission::Accept { new: true, .. }
+        ));
+        assert!(matches!(
+            r.admit("a", None, 0, 6000),
+            Admission::Accept { new: false, .. }
+        ));
+        for name in ["edge-9", "edge", "b"] {
+            let (reason, msg) = refused(r.admit(name, None, 0, 6000));
+            assert_eq!(reason, RefuseReason::UnknownNode, "{name}");
+            assert!(msg.contains("AllowedNodeNames"), "{msg}");
+        }
+        // Its entry, added at its first registration, stays after it leaves.
+        r.add_nodes(&names(&["edge-1"]));
+        r.attach(session(1, "edge-1")).ok().unwrap();
+        assert!(r.detach(&NodeName::new("edge-1").unwrap(), 1));
+        assert_eq!(r.get("edge-1").unwrap().status(), OFFLINE);
+        assert!(matches!(
+            r.admit("edge-1", None, 0, 6000),
+            Admission::Accept { new: false, .. }
+        ));
     }
 
     #[test]

@@ -132,9 +132,10 @@ impl Policy {
     }
 
     /// `known`: the registry's names. With certified admission
-    /// (`AllowCertifiedNodes`) a node may exist before its first
-    /// registration, so every node some node may depend on is known too
-    /// (unless `Allowed=false` keeps it out): a requester that registers
+    /// (`AllowCertifiedNodes`) or a pattern of `AllowedNodeNames` a node may
+    /// be admitted before its first registration, so every such node some
+    /// node may depend on is known too (unless `Allowed=false` keeps it
+    /// out; with patterns, only the names a pattern matches): a requester that registers
     /// first, after a manager restart, waits for such a target as for a
     /// listed one that is offline, instead of failing with "no such node".
     pub fn from_config(config: &ManagerConfig, known: impl IntoIterator<Item = NodeName>) -> Self {
@@ -148,9 +149,8 @@ impl Policy {
         let targets: Vec<NodeName> = config
             .nodes
             .iter()
-            .filter(|_| certified)
             .flat_map(|n| n.allow_dependencies_on.iter())
-            .filter(|b| !denied(b))
+            .filter(|b| (certified || config.pattern_matches(b)) && !denied(b))
             .cloned()
             .collect();
         Self::new(

@@ -236,6 +236,28 @@ fn with_certified_admission_a_named_target_is_known_before_it_registers() {
     assert!(certified.check(&n("a"), &n("zzz")).is_err());
 }
 
+#[test]
+fn with_a_pattern_a_matching_named_target_is_known_before_it_registers() {
+    let config = ManagerConfig::parse_str(
+        "[drover-manager]\nAllowedNodeNames=a,edge-*\n\
+         [node a]\nAllowDependenciesOn=edge-1,other,edge-9\n\
+         [node edge-9]\nAllowed=false\n",
+    )
+    .unwrap();
+    let policy = Policy::from_config(&config, [n("a")]);
+    assert_eq!(policy.check(&n("a"), &n("edge-1")), Ok(()));
+    // No pattern admits it, or Allowed=false keeps it out: nobody until it
+    // registers (and it cannot).
+    assert_eq!(
+        policy.check(&n("a"), &n("other")),
+        Err("no such node other".into())
+    );
+    assert_eq!(
+        policy.check(&n("a"), &n("edge-9")),
+        Err("no such node edge-9".into())
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn first_reference_watches_starts_dep_and_relays_state() {
     let mut r = setup();
