@@ -513,6 +513,11 @@ async fn emit_loop(
         if monitor.is_closed() {
             break;
         }
+        // Room was made: the replay of a new `*` subscription goes on
+        // behind what was taken (see `crate::units::hub`).
+        if let Some(w) = lock(&monitor.watcher).as_ref() {
+            w.refill();
+        }
         let dests = monitor.destinations();
         if let Err(e) = messages_for_batch(&monitor.path, &dests, &batch, &mut msgs) {
             tracing::error!(monitor = monitor.id, "cannot build a monitor signal: {e}");
