@@ -523,9 +523,8 @@ impl Subscriptions {
                 }
             }
         }
-        let Some(ns) = st.nodes.get_mut(node) else {
-            return None;
-        };
+        // Inserted above; the lock was held since.
+        let ns = st.nodes.get_mut(node)?;
         schedule_sync(node, ns, &mut syncs);
         let mut full = Vec::new();
         for ev in virtual_events {
