@@ -47,6 +47,26 @@
 //!   is full is **dropped** (its watches are removed and its queue closes
 //!   after the items already in it). Its owner sees the end of the queue and
 //!   decides what that means (a monitor closes itself).
+//! * The replay of a new `*` watch (virtual `UnitNew("*")`, then `UnitNew` +
+//!   `UnitStateChanged` per loaded unit in unit-name order) never counts as
+//!   the sink being slow, however large the fleet: it is not copied into the
+//!   queue at once but made from the records by a cursor per node
+//!   ([`Replay`]), which fills at most half the queue and resumes when the
+//!   owner has taken items and calls [`Subscriptions::refill`]. Only real
+//!   events (and the bounded replay of a unit watched by name) can fill the
+//!   other half, so a sink that does not read is still dropped. The replay
+//!   holds names only, never events: its memory is one cursor per node.
+//! * What a sink sees while its `*` replay of a node runs: a unit is
+//!   announced once, with its state at the moment it is announced; real
+//!   events of a unit already announced go out in order after it; events of
+//!   a unit not announced yet (and of the pseudo unit `*` of a node not
+//!   reached yet) are not queued: they already changed the record, so the
+//!   announcement carries their outcome and tag (a unit removed before it is
+//!   reached is never announced; a property change before its announcement
+//!   is not sent: the client can read the properties). A unit the sink also
+//!   watches by name is not held back. So nothing the client is told is
+//!   stale or out of order: every event after a unit's announcement
+//!   succeeds it.
 //!
 //! Locking: one mutex over plain data, never held across an await; applying
 //! an event and queueing it to every sink happen under it, which is what
