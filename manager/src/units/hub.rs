@@ -1325,6 +1325,57 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_node_going_offline_mid_replay_ends_it_with_what_was_told() {
+        let hub = Subscriptions::new(Duration::from_secs(5));
+        let n = node("n1");
+        let agent = online(&hub, "n1", 6);
+        let (_other, _rx_other) = hub.watcher(1024);
+        _other.watch(&n, None).unwrap();
+        for i in 1..=40u64 {
+            hub.on_event(
+                &agent.session,
+                ev_state(
+                    ModTag::new(6, i),
+                    &format!("u{i:02}.service"),
+                    "active",
+                    "running",
+                ),
+            );
+        }
+        let (w, mut rx) = hub.watcher(8);
+        w.watch(&n, None).unwrap();
+        let mut got = drain(&mut rx);
+        hub.node_offline(&n, 6);
+        w.refill();
+        got.extend(drain(&mut rx));
+        assert!(!hub.replaying(w.id()));
+        let virt = Change::New {
+            reason: Reason::Virtual,
+        };
+        let offline = state("inactive", AGENT_OFFLINE, Reason::Virtual);
+        let removed = Change::Removed {
+            reason: Reason::Virtual,
+        };
+        // Only the unit it was told of goes offline for it; the others are
+        // never announced (they are no longer loaded when the replay gets there).
+        assert_eq!(
+            got,
+            vec![
+                ("*".into(), virt.clone()),
+                ("u01.service".into(), virt),
+                (
+                    "u01.service".into(),
+                    state("active", "running", Reason::Virtual)
+                ),
+                ("u01.service".into(), offline.clone()),
+                ("u01.service".into(), removed.clone()),
+                ("*".into(), offline),
+                ("*".into(), removed),
+            ]
+        );
+    }
+
+    #[tokio::test]
     async fn a_replaying_watcher_that_does_not_read_is_still_dropped() {
         let hub = Subscriptions::new(Duration::from_secs(5));
         let n = node("n1");
