@@ -759,3 +759,132 @@ async fn introspection_describes_monitor_members() {
         ],
     );
 }
+
+/// A `*` monitor on a fleet whose replay (one `UnitNew` + `UnitStateChanged`
+/// per loaded unit, and `UnitNew("*")` per node) is larger than a monitor's
+/// queue of 8,192 events: `Subscribe` succeeds, the monitor hears of every
+/// unit once, new before state, and stays open (issue 17: `bluechictl
+/// monitor` on 200 nodes × 100 units used to be dropped at subscription).
+#[tokio::test]
+async fn a_wildcard_monitor_on_a_fleet_larger_than_its_queue_gets_the_whole_replay() {
+    const NODES: usize = 20;
+    const UNITS: usize = 250;
+    let names: Vec<String> = (1..=NODES).map(|i| format!("node{i}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let f = Fixture::start(config(&refs)).await;
+    let mut agents = Vec::new();
+    for n in &names {
+        agents.push(f.agent(n, reply_empty()).await);
+    }
+    // A first monitor makes the manager know every unit of the fleet.
+    let seeder = f.client().await;
+    let seed = create_monitor(&seeder).await;
+    let _: u32 = mcall(&seeder, seed.as_str(), "Subscribe", &("*", "*"))
+        .await
+        .unwrap();
+    for a in &agents {
+        a.wait_for_request(&Request::Subscribe { unit: None }).await;
+        for u in 0..UNITS {
+            a.unit_state(
+                u as u64 + 1,
+                &format!("u{u:03}.service"),
+                "active",
+                "running",
+            )
+            .await;
+        }
+    }
+    eventually(WAIT, "the manager knows every unit", || async {
+        let rows: Vec<Row> = mcall(&seeder, seed.as_str(), "Follow", &()).await.unwrap();
+        rows.len() == NODES * UNITS
+    })
+    .await
+    .unwrap();
+
+    let owner = f.client().await;
+    let mut inbox_ = owner.inbox();
+    let path = create_monitor(&owner).await;
+    let p = path.as_str();
+    let want = NODES + 2 * NODES * UNITS;
+    assert!(want > 8192, "the replay must exceed the queue");
+    // Read while subscribing: the replay may come before the reply.
+    let last = agents.last().unwrap();
+    let last_name = names[NODES - 1].clone();
+    // The unit of the last node that changes while the replay runs: told
+    // before the change (then the real event follows, one more signal) or
+    // after it (its replay carries the new state).
+    let told_before = |got: &[(String, Vec<String>)]| {
+        got.iter().any(|(m, a)| {
+            m == "UnitStateChanged" && a[..3] == [last_name.as_str(), "u007.service", "active"]
+        })
+    };
+    let collect = async {
+        let mut got: Vec<(String, Vec<String>)> = Vec::with_capacity(want + 1);
+        let mut changed = false;
+        while got.len() < want || (got.len() == want && told_before(&got)) {
+            let (member, msg) = inbox_.next(MON_IFACE).await;
+            let args: Vec<String> = match member.as_str() {
+                "UnitStateChanged" => strings::<5>(&msg).to_vec(),
+                "UnitNew" => strings::<3>(&msg).to_vec(),
+                other => panic!("unexpected {other} during the replay"),
+            };
+            if got.len() == 100 && !changed {
+                // A real event during the replay, for a unit of the last node.
+                last.unit_state(UNITS as u64 + 1, "u007.service", "failed", "failed")
+                    .await;
+                changed = true;
+            }
+            got.push((member, args));
+        }
+        got
+    };
+    let (sub, got) = tokio::join!(
+        mcall::<_, u32>(&owner, p, "Subscribe", &("*", "*")),
+        collect
+    );
+    let sub = sub.expect("Subscribe(*, *) succeeds however large the replay");
+    // Every unit once: virtual new, then its state; `*` once per node.
+    /// (member, arguments after node and unit) per (node, unit).
+    type Told = Vec<(String, Vec<String>)>;
+    let mut seen: std::collections::HashMap<(String, String), Told> = Default::default();
+    for (member, args) in got {
+        seen.entry((args[0].clone(), args[1].clone()))
+            .or_default()
+            .push((member, args[2..].to_vec()));
+    }
+    assert_eq!(seen.len(), NODES * (UNITS + 1));
+    let v = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    for n in &names {
+        assert_eq!(
+            seen[&(n.clone(), "*".to_owned())],
+            vec![("UnitNew".to_owned(), v(&["virtual"]))]
+        );
+        for u in 0..UNITS {
+            let unit = format!("u{u:03}.service");
+            let events = &seen[&(n.clone(), unit.clone())];
+            assert_eq!(
+                events[0],
+                ("UnitNew".to_owned(), v(&["virtual"])),
+                "{n} {unit}"
+            );
+            if *n == names[NODES - 1] && u == 7 {
+                // Told either as replayed (folded in) or as replayed then real.
+                let last = events.last().unwrap();
+                assert_eq!(last.1[..2], v(&["failed", "failed"]), "{events:?}");
+                assert!(events.len() <= 3, "{events:?}");
+            } else {
+                assert_eq!(
+                    events[1..],
+                    [(
+                        "UnitStateChanged".to_owned(),
+                        v(&["active", "running", "virtual"])
+                    )],
+                    "{n} {unit}"
+                );
+            }
+        }
+    }
+    // Still open, nothing more queued for it.
+    assert!(inbox_.quiet(MON_IFACE, 200).await);
+    let () = mcall(&owner, p, "Unsubscribe", &(sub,)).await.unwrap();
+}

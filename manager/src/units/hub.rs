@@ -47,6 +47,26 @@
 //!   is full is **dropped** (its watches are removed and its queue closes
 //!   after the items already in it). Its owner sees the end of the queue and
 //!   decides what that means (a monitor closes itself).
+//! * The replay of a new `*` watch (virtual `UnitNew("*")`, then `UnitNew` +
+//!   `UnitStateChanged` per loaded unit in unit-name order) never counts as
+//!   the sink being slow, however large the fleet: it is not copied into the
+//!   queue at once but made from the records by a cursor per node
+//!   ([`Replay`]), which fills at most half the queue and resumes when the
+//!   owner has taken items and calls [`Subscriptions::refill`]. Only real
+//!   events (and the bounded replay of a unit watched by name) can fill the
+//!   other half, so a sink that does not read is still dropped. The replay
+//!   holds names only, never events: its memory is one cursor per node.
+//! * What a sink sees while its `*` replay of a node runs: a unit is
+//!   announced once, with its state at the moment it is announced; real
+//!   events of a unit already announced go out in order after it; events of
+//!   a unit not announced yet (and of the pseudo unit `*` of a node not
+//!   reached yet) are not queued: they already changed the record, so the
+//!   announcement carries their outcome and tag (a unit removed before it is
+//!   reached is never announced; a property change before its announcement
+//!   is not sent: the client can read the properties). A unit the sink also
+//!   watches by name is not held back. So nothing the client is told is
+//!   stale or out of order: every event after a unit's announcement
+//!   succeeds it.
 //!
 //! Locking: one mutex over plain data, never held across an await; applying
 //! an event and queueing it to every sink happen under it, which is what
@@ -56,7 +76,7 @@
 use crate::nodes::session::Session;
 use crate::units::records::{Applied, Change, Record, Records, UnitEvent, WILDCARD};
 use drover_protocol::{Event, ModTag, NodeName, Reason, Request, UnitName};
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -89,6 +109,55 @@ struct SinkState {
     tx: mpsc::Sender<Delivery>,
     follow: bool,
     watches: HashSet<WatchId>,
+    /// The `*` replays this sink has not been told in full yet.
+    replay: Replay,
+}
+
+/// How far a sink's replay of one node's `*` has got.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Cursor {
+    /// Nothing told yet, not even the virtual `UnitNew("*")`.
+    Start,
+    /// Told `UnitNew("*")` (if the node was online) and every loaded unit
+    /// up to and including this one, in name order (`None`: none yet).
+    After(Option<UnitName>),
+}
+
+/// The lazy replay of a sink's `*` watches: nodes in the order they were
+/// watched, each with its [`Cursor`] over the node's records. Holds names,
+/// never events: the events are made from the records when there is room
+/// ([`State::refill`]).
+#[derive(Default)]
+struct Replay {
+    order: VecDeque<NodeName>,
+    cursors: HashMap<NodeName, Cursor>,
+}
+
+impl Replay {
+    /// True when the replay has not told the sink of (node, unit) yet
+    /// (`unit` `None`: the pseudo unit `*`).
+    fn ahead(&self, node: &NodeName, unit: Option<&UnitName>) -> bool {
+        if self.order.is_empty() {
+            // The common case, on every delivery: no hashing.
+            return false;
+        }
+        match (self.cursors.get(node), unit) {
+            (None, _) => false,
+            (Some(Cursor::Start), _) => true,
+            (Some(Cursor::After(_)), None) => false,
+            (Some(Cursor::After(None)), Some(_)) => true,
+            (Some(Cursor::After(Some(last))), Some(u)) => u > last,
+        }
+    }
+}
+
+/// Whether `n` more replay events may go into a queue now: the replay
+/// fills at most half of it (and at least room for one unit), so the other
+/// half is for real events and only a client that does not read overflows.
+fn replay_room(tx: &mpsc::Sender<Delivery>, n: usize) -> bool {
+    let free = tx.capacity();
+    let used = tx.max_capacity().saturating_sub(free);
+    free >= n && used + n <= (tx.max_capacity() / 2).max(n)
 }
 
 #[derive(Default)]
@@ -142,11 +211,17 @@ impl State {
     }
 
     /// Queues `event` to `sinks` (deduplicated by the caller); returns the
-    /// sinks that overflowed.
+    /// sinks that overflowed. A sink whose `*` replay has not reached the
+    /// event's unit yet does not get it (unless it also watches that unit
+    /// by name): the replay will tell it the unit's state then, from the
+    /// record this event already updated.
     fn deliver(&self, sinks: &[SinkId], event: &Arc<UnitEvent>) -> Vec<SinkId> {
         let mut full = Vec::new();
         for id in sinks {
             if let Some(sink) = self.sinks.get(id) {
+                if sink.replay.ahead(&event.node, event.unit.as_ref()) && !self.names(*id, event) {
+                    continue;
+                }
                 let item = Delivery {
                     event: event.clone(),
                     follow: sink.follow,
@@ -157,6 +232,83 @@ impl State {
             }
         }
         full
+    }
+
+    /// True when `sink` watches the event's unit by name (not only via `*`).
+    fn names(&self, sink: SinkId, event: &UnitEvent) -> bool {
+        event.unit.is_some()
+            && self
+                .nodes
+                .get(&event.node)
+                .and_then(|ns| ns.watchers.get(&event.unit))
+                .is_some_and(|w| w.contains_key(&sink))
+    }
+
+    /// Puts the next events of `sink`'s `*` replay into its queue while
+    /// [`replay_room`] allows; a node whose records are all told leaves the
+    /// replay. Never overflows a queue.
+    fn refill(&mut self, id: SinkId) {
+        loop {
+            let Some(sink) = self.sinks.get(&id) else {
+                return;
+            };
+            let Some(node) = sink.replay.order.front() else {
+                return;
+            };
+            let cursor = sink.replay.cursors.get(node);
+            let ns = self
+                .nodes
+                .get(node)
+                .filter(|ns| ns.watchers.get(&None).is_some_and(|w| w.contains_key(&id)));
+            let (events, next) = match (ns, cursor) {
+                (Some(ns), Some(Cursor::Start)) => {
+                    let star = ns.session.is_some().then(|| UnitEvent {
+                        node: node.clone(),
+                        unit: None,
+                        tag: ModTag::new(ns.guid, ns.max_index),
+                        change: Change::New {
+                            reason: Reason::Virtual,
+                        },
+                    });
+                    (star.into_iter().collect(), Some(Cursor::After(None)))
+                }
+                (Some(ns), Some(Cursor::After(last))) => {
+                    match ns.records.next_loaded_after(last.as_ref()) {
+                        Some((u, rec)) => (
+                            virtual_replay(node, u, rec),
+                            Some(Cursor::After(Some(u.clone()))),
+                        ),
+                        None => (Vec::new(), None),
+                    }
+                }
+                // No longer watched through `*`, or done.
+                _ => (Vec::new(), None),
+            };
+            if !events.is_empty() && !replay_room(&sink.tx, events.len()) {
+                return;
+            }
+            for event in events {
+                let item = Delivery {
+                    event: Arc::new(event),
+                    follow: sink.follow,
+                };
+                // Cannot be full: `replay_room` said so under the lock.
+                let _ = sink.tx.try_send(item);
+            }
+            let node = node.clone();
+            let Some(sink) = self.sinks.get_mut(&id) else {
+                return;
+            };
+            match next {
+                Some(c) => {
+                    sink.replay.cursors.insert(node, c);
+                }
+                None => {
+                    sink.replay.order.pop_front();
+                    sink.replay.cursors.remove(&node);
+                }
+            }
+        }
     }
 
     /// Sinks watching (node, unit) exactly or through `*`, each once.
@@ -291,6 +443,11 @@ impl Watcher {
         self.hub.unwatch(id)
     }
 
+    /// See [`Subscriptions::refill`].
+    pub fn refill(&self) {
+        self.hub.refill(self.sink)
+    }
+
     /// See [`Subscriptions::snapshot`].
     pub fn snapshot(&self) -> Option<Vec<SnapshotRow>> {
         self.hub.snapshot(self.sink)
@@ -329,6 +486,7 @@ impl Subscriptions {
                 tx,
                 follow: false,
                 watches: HashSet::new(),
+                replay: Replay::default(),
             },
         );
         drop(st);
@@ -375,27 +533,22 @@ impl Subscriptions {
                     virtual_events.extend(virtual_replay(node, u, rec));
                 }
             }
-            None if ns.session.is_some() => {
-                virtual_events.push(UnitEvent {
-                    node: node.clone(),
-                    unit: None,
-                    tag: ModTag::new(ns.guid, ns.max_index),
-                    change: Change::New {
-                        reason: Reason::Virtual,
-                    },
-                });
-                // The loaded units already known here (watched by others):
-                // the agent's replay of `*` is no news for them (see
-                // `on_event`), so this sink hears of them from the records.
-                let mut known: Vec<(&UnitName, &Record)> =
-                    ns.records.iter().filter(|(_, r)| r.loaded).collect();
-                known.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
-                for (u, rec) in known {
-                    virtual_events.extend(virtual_replay(node, u, rec));
+            // `UnitNew("*")` and the loaded units already known here
+            // (watched by others: the agent's replay of `*` is no news for
+            // them, see `on_event`) come from the records, lazily: the
+            // sink's replay resumes whenever its queue has room. A node
+            // whose replay is still under way keeps its cursor.
+            None => {
+                if let Some(s) = st.sinks.get_mut(&sink)
+                    && !s.replay.cursors.contains_key(node)
+                {
+                    s.replay.order.push_back(node.clone());
+                    s.replay.cursors.insert(node.clone(), Cursor::Start);
                 }
             }
-            None => {}
         }
+        // Inserted above; the lock was held since.
+        let ns = st.nodes.get_mut(node)?;
         schedule_sync(node, ns, &mut syncs);
         let mut full = Vec::new();
         for ev in virtual_events {
@@ -403,9 +556,26 @@ impl Subscriptions {
         }
         full.dedup();
         st.drop_overflowed(full, &mut syncs);
+        st.refill(sink);
         drop(st);
         self.start_syncs(syncs);
         Some(id)
+    }
+
+    /// Resumes `sink`'s `*` replay as far as its queue has room (see
+    /// [`State::refill`]). Call it after taking items from the queue; a sink
+    /// that watches `*` and never calls it gets only the first part of the
+    /// replay (half its queue).
+    pub fn refill(&self, sink: SinkId) {
+        self.lock().refill(sink);
+    }
+
+    /// True while `sink` has a `*` replay not told in full.
+    pub fn replaying(&self, sink: SinkId) -> bool {
+        self.lock()
+            .sinks
+            .get(&sink)
+            .is_some_and(|s| !s.replay.order.is_empty())
     }
 
     /// Removes a watch; unsubscribes the agent if it was the last watcher of
@@ -1077,6 +1247,169 @@ mod tests {
         assert!(
             stuck.watch(&n, None).is_none(),
             "a dropped sink cannot watch"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_wildcard_replay_larger_than_the_queue_is_told_lazily_without_loss() {
+        let hub = Subscriptions::new(Duration::from_secs(5));
+        let n = node("n1");
+        let agent = online(&hub, "n1", 9);
+        // Another watcher makes the records know 40 loaded units.
+        let (_other, _rx_other) = hub.watcher(1024);
+        _other.watch(&n, None).unwrap();
+        let name = |i: u64| format!("u{i:02}.service");
+        for i in 1..=40u64 {
+            hub.on_event(
+                &agent.session,
+                ev_state(ModTag::new(9, i), &name(i), "active", "running"),
+            );
+        }
+        // 81 replay events into a queue of 8: not dropped, half filled.
+        let (w, mut rx) = hub.watcher(8);
+        w.watch(&n, None).unwrap();
+        assert!(hub.has_sink(w.id()) && hub.replaying(w.id()));
+        let mut got = drain(&mut rx);
+        assert_eq!(got.len(), 3, "`*` and the first unit: {got:?}");
+        // A real event of a unit already told goes out in order; one of a
+        // unit not told yet is folded into that unit's replay.
+        hub.on_event(
+            &agent.session,
+            ev_state(ModTag::new(9, 41), &name(1), "inactive", "dead"),
+        );
+        hub.on_event(
+            &agent.session,
+            ev_state(ModTag::new(9, 42), &name(30), "failed", "failed"),
+        );
+        hub.on_event(
+            &agent.session,
+            Event::UnitRemoved {
+                tag: ModTag::new(9, 43),
+                unit: unit(&name(31)),
+                reason: REAL,
+            },
+        );
+        loop {
+            w.refill();
+            let more = drain(&mut rx);
+            if more.is_empty() {
+                break;
+            }
+            got.extend(more);
+        }
+        assert!(!hub.replaying(w.id()));
+        let virt = Change::New {
+            reason: Reason::Virtual,
+        };
+        let mut want = vec![
+            ("*".to_owned(), virt.clone()),
+            (name(1), virt.clone()),
+            (name(1), state("active", "running", Reason::Virtual)),
+            (name(1), state("inactive", "dead", REAL)),
+        ];
+        for i in 2..=40 {
+            let st = match i {
+                30 => state("failed", "failed", Reason::Virtual),
+                31 => continue,
+                _ => state("active", "running", Reason::Virtual),
+            };
+            want.push((name(i), virt.clone()));
+            want.push((name(i), st));
+        }
+        assert_eq!(got, want);
+        // After the replay, events flow as usual.
+        hub.on_event(
+            &agent.session,
+            ev_state(ModTag::new(9, 44), &name(30), "active", "running"),
+        );
+        assert_eq!(
+            drain(&mut rx),
+            vec![(name(30), state("active", "running", REAL))]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_node_going_offline_mid_replay_ends_it_with_what_was_told() {
+        let hub = Subscriptions::new(Duration::from_secs(5));
+        let n = node("n1");
+        let agent = online(&hub, "n1", 6);
+        let (_other, _rx_other) = hub.watcher(1024);
+        _other.watch(&n, None).unwrap();
+        for i in 1..=40u64 {
+            hub.on_event(
+                &agent.session,
+                ev_state(
+                    ModTag::new(6, i),
+                    &format!("u{i:02}.service"),
+                    "active",
+                    "running",
+                ),
+            );
+        }
+        let (w, mut rx) = hub.watcher(8);
+        w.watch(&n, None).unwrap();
+        let mut got = drain(&mut rx);
+        hub.node_offline(&n, 6);
+        w.refill();
+        got.extend(drain(&mut rx));
+        assert!(!hub.replaying(w.id()));
+        let virt = Change::New {
+            reason: Reason::Virtual,
+        };
+        let offline = state("inactive", AGENT_OFFLINE, Reason::Virtual);
+        let removed = Change::Removed {
+            reason: Reason::Virtual,
+        };
+        // Only the unit it was told of goes offline for it; the others are
+        // never announced (they are no longer loaded when the replay gets there).
+        assert_eq!(
+            got,
+            vec![
+                ("*".into(), virt.clone()),
+                ("u01.service".into(), virt),
+                (
+                    "u01.service".into(),
+                    state("active", "running", Reason::Virtual)
+                ),
+                ("u01.service".into(), offline.clone()),
+                ("u01.service".into(), removed.clone()),
+                ("*".into(), offline),
+                ("*".into(), removed),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_replaying_watcher_that_does_not_read_is_still_dropped() {
+        let hub = Subscriptions::new(Duration::from_secs(5));
+        let n = node("n1");
+        let agent = online(&hub, "n1", 4);
+        let (_other, _rx_other) = hub.watcher(1024);
+        _other.watch(&n, None).unwrap();
+        for i in 1..=40u64 {
+            hub.on_event(
+                &agent.session,
+                ev_state(
+                    ModTag::new(4, i),
+                    &format!("u{i:02}.service"),
+                    "active",
+                    "running",
+                ),
+            );
+        }
+        let (w, _rx) = hub.watcher(8);
+        w.watch(&n, None).unwrap();
+        // Real events of a unit already told fill the rest of the queue.
+        for i in 41..=60u64 {
+            let a = if i % 2 == 0 { "active" } else { "inactive" };
+            hub.on_event(
+                &agent.session,
+                ev_state(ModTag::new(4, i), "u01.service", a, "x"),
+            );
+        }
+        assert!(
+            !hub.has_sink(w.id()),
+            "a queue full of real events drops it"
         );
     }
 

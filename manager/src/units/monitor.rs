@@ -17,7 +17,12 @@
 //!   the owner calls `Close`, when the owner leaves the bus
 //!   (NameOwnerChanged), or when it does not keep up: its event queue
 //!   ([`MONITOR_QUEUE`] items) is bounded and a full queue drops the monitor
-//!   (see [`crate::units::hub`]) instead of buffering. Either way every
+//!   (see [`crate::units::hub`]) instead of buffering. The replay of a new
+//!   `*` subscription does not count: it fills at most half the queue and
+//!   goes on each time the monitor's task has taken a batch, so `Subscribe
+//!   ("*", "*")` works on any fleet; while it runs, the monitor hears of a
+//!   unit first by its virtual `UnitNew` + `UnitStateChanged` (with the
+//!   state of that moment), then its real events (the hub's module docs). Either way every
 //!   peer gets `PeerRemoved` with the reason and the objects are unexported.
 //! * Signals go to the owner and to each peer, one unicast message each
 //!   (destination set), never broadcast: other clients cannot eavesdrop on
@@ -512,6 +517,11 @@ async fn emit_loop(
         }
         if monitor.is_closed() {
             break;
+        }
+        // Room was made: the replay of a new `*` subscription goes on
+        // behind what was taken (see `crate::units::hub`).
+        if let Some(w) = lock(&monitor.watcher).as_ref() {
+            w.refill();
         }
         let dests = monitor.destinations();
         if let Err(e) = messages_for_batch(&monitor.path, &dests, &batch, &mut msgs) {

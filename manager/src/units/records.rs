@@ -9,7 +9,8 @@
 //! subscriptions and modification tags").
 
 use drover_protocol::{Marshalled, ModTag, NodeName, Reason, UnitName};
-use std::collections::HashMap;
+use std::collections::BTreeMap;
+use std::ops::Bound;
 
 /// The pseudo unit name BlueChi uses for "every unit".
 pub const WILDCARD: &str = "*";
@@ -82,7 +83,9 @@ pub enum Applied {
 /// interleaved streams.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Records {
-    map: HashMap<UnitName, Record>,
+    /// Sorted by unit name, so a replay can resume after the last unit it
+    /// told a watcher of ([`Records::next_loaded_after`]).
+    map: BTreeMap<UnitName, Record>,
 }
 
 impl Records {
@@ -97,6 +100,18 @@ impl Records {
 
     pub fn iter(&self) -> impl Iterator<Item = (&UnitName, &Record)> {
         self.map.iter()
+    }
+
+    /// The first loaded record after `after` (from the start when `None`),
+    /// in unit-name order.
+    pub fn next_loaded_after(&self, after: Option<&UnitName>) -> Option<(&UnitName, &Record)> {
+        let from = match after {
+            Some(u) => Bound::Excluded(u),
+            None => Bound::Unbounded,
+        };
+        self.map
+            .range::<UnitName, _>((from, Bound::Unbounded))
+            .find(|(_, r)| r.loaded)
     }
 
     pub fn len(&self) -> usize {
