@@ -27,8 +27,13 @@
 //! hardening included, is applied by systemd as shipped: the user manager
 //! here runs as root (the test machine's nodes do), so it sets up the
 //! namespaces, seccomp filters and capability bounds of a system service.
-//! Files live under the cargo target directory, not `/tmp`, because the
-//! units say `PrivateTmp=yes`.
+//! Every file the units read (the node's directory with its bus socket, the
+//! configs, certificates and copies of the two binaries) lives in a directory
+//! of its own under `/var/lib`, removed at teardown: the units say
+//! `PrivateTmp=yes` (so not `/tmp`) and `ProtectHome=yes` (so not the cargo
+//! target directory of a checkout under `/root` or `/home`, as on a fresh
+//! machine that cloned the repository into root's home), and the node mounts
+//! its own `/run`.
 
 use drover_protocol::NodeName;
 use drover_testkit::api::Api;
@@ -129,8 +134,15 @@ impl Setup {
 }
 
 async fn setup() -> Setup {
-    let node = SystemdNode::start_in(Path::new(env!("CARGO_TARGET_TMPDIR")), "units", "host").await;
+    let node = SystemdNode::start_in(Path::new("/var/lib"), "units", "host").await;
     let dir = node.dir().to_path_buf();
+    // Copies the hardened units can run wherever the checkout is.
+    let copy = |name: &str| {
+        let to = dir.join(name);
+        std::fs::copy(bin(name), &to).unwrap();
+        to
+    };
+    let (manager, agent) = (copy("drover-manager"), copy("drover-agent"));
     let pki = drover_tls::pki::Pki::new(dir.join("pki"));
     let options = drover_tls::pki::Options {
         validity: drover_tls::pki::Validity::days(1).unwrap(),
@@ -169,7 +181,6 @@ async fn setup() -> Setup {
     .unwrap();
 
     let bus = setup.node.bus_address();
-    let manager = bin("drover-manager");
     let watchdog = ("WatchdogSec=30s", format!("WatchdogSec={WATCHDOG_SEC}s"));
     install(
         &setup.node,
@@ -203,7 +214,7 @@ async fn setup() -> Setup {
                 "ExecStart=/usr/libexec/drover-agent",
                 format!(
                     "ExecStart={} --no-default-config -c {} --bus {bus}",
-                    bin("drover-agent").display(),
+                    agent.display(),
                     agent_conf.display()
                 ),
             ),
