@@ -27,7 +27,7 @@
 //!   source thus never holds more than `per_ip` places, and its surplus
 //!   leaves the queue as fast as slots cycle.
 //!
-//! The trade-off: junk from more than `handshakes / per_ip` addresses can
+//! The trade-off: junk from `handshakes / per_ip` addresses or more can
 //! fill every place, and then real agents wait in the backlog until junk
 //! handshakes end — at most `Timeouts::handshake` (10 s) per round — instead
 //! of being closed and retrying with back-off. They get in as soon as a
