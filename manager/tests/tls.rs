@@ -171,6 +171,68 @@ async fn refused_without_a_valid_certificate_of_the_fleet() {
     assert_eq!(status(&f, "node1").await, "online");
 }
 
+/// Over the total pre-authentication cap, connections wait in the listen
+/// backlog and are served once places free, none closed: two stalled
+/// connections fill a cap of 2, then four agents connect at once; all
+/// register, after the stalled ones' handshake deadline has closed them.
+#[tokio::test]
+async fn over_the_total_cap_agents_wait_in_the_backlog_then_register() {
+    use tokio::io::AsyncReadExt;
+    let tmp = TempDir::new("drover-tls-backlog");
+    let nodes = ["node1", "node2", "node3", "node4"];
+    let pki = fleet(&tmp.join("pki"), &nodes);
+    let handshake = Duration::from_secs(1);
+    let timeouts = drover_manager::Timeouts {
+        handshake,
+        pre_auth: drover_manager::nodes::gate::Limits {
+            handshakes: 2,
+            per_ip: 16,
+        },
+        ..fast_timeouts()
+    };
+    let f = Fixture::start_with(tls_config(&pki, &nodes), timeouts).await;
+    let started = std::time::Instant::now();
+    // First in the accept queue, so accepted first: they take both places.
+    let mut stalled = Vec::new();
+    for _ in 0..2 {
+        stalled.push(tokio::net::TcpStream::connect(f.addr).await.unwrap());
+    }
+    let agents: Vec<_> = nodes
+        .iter()
+        .map(|node| {
+            let opts = AgentOptions {
+                tls: Some(connector(&pki, node)),
+                handshake_timeout: Duration::from_secs(10),
+                ..AgentOptions::default()
+            };
+            let (addr, node) = (f.addr, node.to_string());
+            tokio::spawn(
+                async move { FakeAgent::connect_with(addr, &node, reply_empty(), opts).await },
+            )
+        })
+        .collect();
+    let mut online = Vec::new();
+    for (node, agent) in nodes.iter().zip(agents) {
+        match agent.await.unwrap() {
+            Ok(a) => online.push(a),
+            Err(e) => panic!("{node} waits over the cap instead of being closed: {e}"),
+        }
+    }
+    assert!(
+        started.elapsed() >= handshake,
+        "no agent was served before a place freed: {:?}",
+        started.elapsed()
+    );
+    for node in nodes {
+        assert_eq!(status(&f, node).await, "online");
+    }
+    for mut s in stalled {
+        let mut buf = [0u8; 1];
+        let n = s.read(&mut buf).await.unwrap_or(0);
+        assert_eq!(n, 0, "the stalled connection was closed at its deadline");
+    }
+}
+
 #[tokio::test]
 async fn certified_nodes_register_unlisted_but_denied_names_stay_out() {
     let tmp = TempDir::new("drover-tls-certified");

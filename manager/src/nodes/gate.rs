@@ -4,12 +4,34 @@
 //! Before a peer has proven anything (TLS handshake, then the hello), it holds
 //! a [`Ticket`] from the [`Gate`]: at most [`Limits::handshakes`] connections
 //! are in that state at once, and at most [`Limits::per_ip`] from one IP
-//! address. A connection over either cap is closed at once, before any byte
-//! is read. The ticket is dropped when the connection is admitted or refused,
+//! address. The ticket is dropped when the connection is admitted or refused,
 //! so a registered agent never counts against the cap. Together with the
 //! handshake deadline (TLS + hello, `Timeouts::handshake`) and the 512-byte
 //! hello cap this bounds pre-authentication memory at roughly `handshakes` ×
 //! (one TLS handshake message, under 64 KiB, plus the socket buffers).
+//!
+//! The two caps act differently:
+//!
+//! * The total cap is back-pressure, not refusal: the accept loop takes a
+//!   [`Slot`] *before* it accepts, so while `handshakes` connections are
+//!   authenticating no more are accepted; new ones wait in the kernel's
+//!   accept queue (the listen backlog, 4096 for a bound listener and in the
+//!   shipped `drover-manager.socket`) and are taken as places free up. The
+//!   kernel holds them, so the manager's memory stays bounded; past the
+//!   backlog the kernel drops SYNs and the client's TCP retransmits them.
+//!   Closing them instead turned a cold start of 10,000 TLS agents into a
+//!   storm of 80,000+ refused attempts and backed-off retries.
+//! * The per-address cap needs the peer's address, so it applies after
+//!   accept, with a slot in hand: over it, the connection is closed at once,
+//!   before any byte is read, and the slot is free again. A single flooding
+//!   source thus never holds more than `per_ip` places, and its surplus
+//!   leaves the queue as fast as slots cycle.
+//!
+//! The trade-off: junk from `handshakes / per_ip` addresses or more can
+//! fill every place, and then real agents wait in the backlog until junk
+//! handshakes end — at most `Timeouts::handshake` (10 s) per round — instead
+//! of being closed and retrying with back-off. They get in as soon as a
+//! place frees, with no retry delay added.
 //!
 //! Refusals of peers are logged through a [`LogLimiter`]: a token bucket per
 //! reason (a burst of [`LOG_BURST`], then [`LOG_PER_SEC`] a second), so a
@@ -45,14 +67,12 @@ impl Default for Limits {
     }
 }
 
-/// Why a connection was closed at once.
+/// A connection from an address that already has [`Limits::per_ip`] in
+/// flight: closed at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Over {
-    Total,
-    PerIp,
-}
+pub struct OverPerIp;
 
-/// Hands out [`Ticket`]s within the [`Limits`].
+/// Hands out [`Slot`]s within the total cap and [`Ticket`]s within both.
 #[derive(Debug)]
 pub struct Gate {
     limits: Limits,
@@ -60,10 +80,17 @@ pub struct Gate {
     per_ip: Arc<Mutex<HashMap<IpAddr, usize>>>,
 }
 
+/// A place under the total cap, taken before accept; not yet tied to a peer.
+/// Freed on drop.
+#[derive(Debug)]
+pub struct Slot {
+    _permit: OwnedSemaphorePermit,
+}
+
 /// One unauthenticated connection's place; freed on drop.
 #[derive(Debug)]
 pub struct Ticket {
-    _permit: OwnedSemaphorePermit,
+    _slot: Slot,
     ip: IpAddr,
     per_ip: Arc<Mutex<HashMap<IpAddr, usize>>>,
 }
@@ -93,29 +120,45 @@ impl Gate {
         self.limits
     }
 
-    /// A ticket for a connection from `ip`, or which cap it is over. Never waits.
-    pub fn enter(&self, ip: IpAddr) -> Result<Ticket, Over> {
-        let ip = ip.to_canonical();
-        let permit = self
-            .total
+    /// A place under the total cap if one is free now.
+    pub fn try_slot(&self) -> Option<Slot> {
+        self.total
             .clone()
             .try_acquire_owned()
-            .map_err(|_| Over::Total)?;
+            .ok()
+            .map(|p| Slot { _permit: p })
+    }
+
+    /// Waits for a place under the total cap. `None` only if the gate's
+    /// semaphore were closed, which nothing does.
+    pub async fn slot(&self) -> Option<Slot> {
+        self.total
+            .clone()
+            .acquire_owned()
+            .await
+            .ok()
+            .map(|p| Slot { _permit: p })
+    }
+
+    /// Ties `slot` to a connection from `ip`, or refuses it over the
+    /// per-address cap (the slot is then freed). Never waits.
+    pub fn enter(&self, slot: Slot, ip: IpAddr) -> Result<Ticket, OverPerIp> {
+        let ip = ip.to_canonical();
         let mut map = self.per_ip.lock().unwrap_or_else(|p| p.into_inner());
         let n = map.entry(ip).or_insert(0);
         if *n >= self.limits.per_ip.max(1) {
-            return Err(Over::PerIp);
+            return Err(OverPerIp);
         }
         *n += 1;
         drop(map);
         Ok(Ticket {
-            _permit: permit,
+            _slot: slot,
             ip,
             per_ip: self.per_ip.clone(),
         })
     }
 
-    /// Connections holding a ticket now.
+    /// Places taken now (slots waiting for accept and tickets).
     pub fn in_flight(&self) -> usize {
         self.limits.handshakes.max(1) - self.total.available_permits()
     }
@@ -184,20 +227,54 @@ mod tests {
         });
         let a: IpAddr = "10.0.0.1".parse().unwrap();
         let b: IpAddr = "10.0.0.2".parse().unwrap();
-        let t1 = gate.enter(a).unwrap();
-        let _t2 = gate.enter(a).unwrap();
-        assert_eq!(gate.enter(a).unwrap_err(), Over::PerIp);
-        let _t3 = gate.enter(b).unwrap();
-        assert_eq!(gate.enter(b).unwrap_err(), Over::Total);
+        let t1 = gate.enter(gate.try_slot().unwrap(), a).unwrap();
+        let _t2 = gate.enter(gate.try_slot().unwrap(), a).unwrap();
+        assert_eq!(
+            gate.enter(gate.try_slot().unwrap(), a).unwrap_err(),
+            OverPerIp
+        );
+        assert_eq!(gate.in_flight(), 2, "a refused slot is freed");
+        let _t3 = gate.enter(gate.try_slot().unwrap(), b).unwrap();
+        assert!(gate.try_slot().is_none(), "the total cap is full");
         assert_eq!(gate.in_flight(), 3);
         drop(t1);
         assert_eq!(gate.in_flight(), 2);
-        let _t4 = gate.enter(a).unwrap();
+        let _t4 = gate.enter(gate.try_slot().unwrap(), a).unwrap();
+        assert!(gate.try_slot().is_none());
+    }
+
+    #[test]
+    fn per_ip_counts_mapped_addresses_as_one_peer() {
         // An IPv4-mapped IPv6 address is the same peer.
+        let gate = Gate::new(Limits {
+            handshakes: 10,
+            per_ip: 1,
+        });
+        let _t = gate
+            .enter(gate.try_slot().unwrap(), "10.0.0.1".parse().unwrap())
+            .unwrap();
+        let mapped: IpAddr = "::ffff:10.0.0.1".parse().unwrap();
         assert_eq!(
-            gate.enter("::ffff:10.0.0.1".parse().unwrap()).unwrap_err(),
-            Over::Total
+            gate.enter(gate.try_slot().unwrap(), mapped).unwrap_err(),
+            OverPerIp
         );
+    }
+
+    #[tokio::test]
+    async fn a_full_gate_makes_the_next_wait_until_a_place_frees() {
+        let gate = Arc::new(Gate::new(Limits {
+            handshakes: 1,
+            per_ip: 1,
+        }));
+        let held = gate.slot().await.unwrap();
+        let waiter = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.slot().await.map(|_| ()) }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "no place is free yet");
+        drop(held);
+        assert_eq!(waiter.await.unwrap(), Some(()));
     }
 
     #[test]

@@ -15,16 +15,18 @@
 //!   bound anywhere).
 //! * The accept loop never gives up: when descriptors run out (EMFILE,
 //!   ENFILE) or memory is short it logs, backs off, and keeps accepting once
-//!   descriptors free up. Each connection takes a ticket of the
-//!   [`Gate`](crate::nodes::gate::Gate) (over a cap it is closed at once),
-//!   gets TCP_NODELAY, keepalive per config and IP_RECVERR, then its
+//!   descriptors free up. Before each accept it takes a slot of the
+//!   [`Gate`](crate::nodes::gate::Gate): while the total cap is full it
+//!   accepts nothing, and new connections wait in the listen backlog (4096)
+//!   until a place frees. The accepted connection ties the slot to its
+//!   address (over the per-address cap it is closed at once), gets TCP_NODELAY, keepalive per config and IP_RECVERR, then its
 //!   handshake runs in its own task so a slow or silent peer never stalls
 //!   the loop: the TLS handshake (with TLS) and the hello must both be done
 //!   within `Timeouts::handshake` of the accept. With TLS, not one drover
 //!   byte is read before the client certificate is verified.
 
 use crate::core::Core;
-use crate::nodes::gate::{Over, Ticket};
+use crate::nodes::gate::{Slot, Ticket};
 use drover_config::ManagerConfig;
 use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
 use std::io;
@@ -180,6 +182,27 @@ pub async fn accept_loop(
 ) {
     let mut backoff = Duration::from_millis(10);
     loop {
+        // Over the total cap, accept nothing: the kernel queues new
+        // connections in the backlog until a place frees (see `gate`).
+        let slot = match core.gate().try_slot() {
+            Some(slot) => slot,
+            None => {
+                core.refusals().warn("over cap: total", || {
+                    format!(
+                        "{} connections are already authenticating; new ones wait in the \
+                         listen backlog",
+                        core.gate().limits().handshakes
+                    )
+                });
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    slot = core.gate().slot() => match slot {
+                        Some(slot) => slot,
+                        None => return,
+                    },
+                }
+            }
+        };
         let accepted = tokio::select! {
             _ = stop.cancelled() => return,
             accepted = listener.accept() => accepted,
@@ -187,7 +210,7 @@ pub async fn accept_loop(
         match accepted {
             Ok((stream, peer)) => {
                 backoff = Duration::from_millis(10);
-                admit_connection(&core, stream, peer);
+                admit_connection(&core, slot, stream, peer);
             }
             Err(e) if is_resource_exhaustion(&e) => {
                 tracing::error!(
@@ -206,34 +229,19 @@ pub async fn accept_loop(
     }
 }
 
-/// One accepted connection: the caps, the plaintext rule, then its own task
-/// for TLS, hello and session.
-fn admit_connection(core: &Arc<Core>, stream: tokio::net::TcpStream, peer: SocketAddr) {
-    let ticket = match core.gate().enter(peer.ip()) {
-        Ok(t) => t,
-        Err(over) => {
-            let limits = core.gate().limits();
-            let (key, what) = match over {
-                Over::Total => (
-                    "over cap: total",
-                    format!(
-                        "{} connections are already authenticating",
-                        limits.handshakes
-                    ),
-                ),
-                Over::PerIp => (
-                    "over cap: per address",
-                    format!(
-                        "{} connections from this address are already authenticating",
-                        limits.per_ip
-                    ),
-                ),
-            };
-            core.refusals()
-                .warn(key, || format!("{peer}: closed at once: {what}"));
-            // Dropping the stream closes it; nothing was read.
-            return;
-        }
+/// One accepted connection: the per-address cap, the plaintext rule, then
+/// its own task for TLS, hello and session.
+fn admit_connection(core: &Arc<Core>, slot: Slot, stream: tokio::net::TcpStream, peer: SocketAddr) {
+    let Ok(ticket) = core.gate().enter(slot, peer.ip()) else {
+        core.refusals().warn("over cap: per address", || {
+            format!(
+                "{peer}: closed at once: {} connections from this address are already \
+                 authenticating",
+                core.gate().limits().per_ip
+            )
+        });
+        // Dropping the stream closes it; nothing was read.
+        return;
     };
     if core.tls().is_none() {
         let local = stream.local_addr().map(|a| a.ip());
