@@ -279,6 +279,9 @@ async fn switch_controller_moves_the_node_and_job_cancel_cancels_its_job() {
     wait_changed(&mut changes, "ControllerAddress", &target).await;
     wait_status(&b, node, "online", "node1 online on manager B").await;
     wait_status(&a, node, "offline", "node1 offline on the sandbox manager").await;
+    // The manager marks the node online as it sends its welcome; the agent's own
+    // Status follows when the welcome arrives: wait for its signal.
+    wait_changed(&mut changes, "Status", "online").await;
     assert_eq!(agent_prop(&local, "Status").await, "online");
     assert_eq!(agent_prop(&local, "ControllerAddress").await, target);
 
