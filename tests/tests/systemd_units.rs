@@ -229,6 +229,7 @@ async fn setup() -> Setup {
 async fn shipped_units_run_under_systemd_with_status_reload_watchdog_and_socket() {
     let s = setup().await;
     let node = &s.node;
+    let _stop = StopUnits(node);
     let (manager, agent, socket) = (
         "drover-manager.service",
         "drover-agent.service",
@@ -344,6 +345,23 @@ async fn shipped_units_run_under_systemd_with_status_reload_watchdog_and_socket(
     assert_eq!(show(node, agent, "ActiveState"), "active");
 
     run_ok(node, &["stop", agent]);
+}
+
+/// Stops the three units when the test ends, also when it fails: units
+/// killed with their node's cgroups would leave their `PrivateTmp=`
+/// directories (`/tmp/systemd-private-…`, `/var/tmp/systemd-private-…`) behind;
+/// a stop lets systemd remove them. Declared after the node, so it runs first.
+struct StopUnits<'a>(&'a SystemdNode);
+
+impl Drop for StopUnits<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.systemctl(&[
+            "stop",
+            "drover-agent.service",
+            "drover-manager.service",
+            "drover-manager.socket",
+        ]);
+    }
 }
 
 async fn wait_show_changed(node: &SystemdNode, unit: &str, property: &str, from: &str) {
