@@ -9,6 +9,7 @@
 use crate::fleet::agent::{Fleet, sent_at_us};
 use anyhow::{Context, Result, bail};
 use drover_bus::bluechi::{BUS_NAME, CONTROLLER_IFACE, CONTROLLER_PATH, MONITOR_IFACE, NODE_IFACE};
+use drover_bus::systemd::UnitTuple;
 use futures::StreamExt;
 use std::collections::HashMap;
 use std::path::Path;
@@ -51,26 +52,12 @@ pub fn droverctl_status(droverctl: &Path, address: &str) -> Result<Duration> {
     Ok(took)
 }
 
-/// A `ListUnits` row as the API sends it, `(ssssssouso)`.
-type UnitRow = (
-    String,
-    String,
-    String,
-    String,
-    String,
-    String,
-    OwnedObjectPath,
-    u32,
-    String,
-    OwnedObjectPath,
-);
-
 /// One `Controller.ListUnits`: its wall time (decoding included), the nodes
 /// and the rows it returned.
 pub async fn list_units(conn: &zbus::Connection) -> Result<(Duration, usize, usize)> {
     let c = controller(conn).await?;
     let t = Instant::now();
-    let all: HashMap<String, Vec<UnitRow>> = c.call("ListUnits", &()).await?;
+    let all: HashMap<String, Vec<UnitTuple>> = c.call("ListUnits", &()).await?;
     let took = t.elapsed();
     Ok((took, all.len(), all.values().map(Vec::len).sum()))
 }
