@@ -55,8 +55,13 @@ pub async fn follow_units<S: Systemd>(
     systemd: &Arc<S>,
     shared: &Arc<Shared>,
 ) -> Result<(), RemoteError> {
-    if let Some(stream) = shared.units.follow(&**systemd).await? {
-        tokio::spawn(pump_units(stream, systemd.clone(), Arc::downgrade(shared)));
+    if let Some((stream, seeded_at)) = shared.units.follow(&**systemd).await? {
+        tokio::spawn(pump_units(
+            stream,
+            seeded_at,
+            systemd.clone(),
+            Arc::downgrade(shared),
+        ));
     }
     Ok(())
 }
@@ -64,13 +69,20 @@ pub async fn follow_units<S: Systemd>(
 /// Applies systemd's unit signals until the stream ends (systemd connection
 /// lost) or the agent is gone.
 ///
+/// `snapshot_at` is the position of the last `ListUnits` the cache was set
+/// from (the seed, then each settle). The answer can come while signals
+/// systemd sent before it still wait in the stream; they are applied as
+/// older than the snapshot (`crate::units::rules`, "Snapshots"), so a state
+/// the snapshot already moved past never goes out as a real change.
+///
 /// A daemon-reload is settled [`RELOAD_SETTLE`] after its `Reloading(false)`
 /// with a `ListUnits`: systemd sends that signal and the `UnitNew` burst from
 /// its idle queue, so neither their order nor their timing is exact (the
 /// `false` of one reload can even arrive after the `true` of the next); a
 /// settle that finds a reload still open waits another round.
 async fn pump_units<S: Systemd>(
-    mut stream: UnitSignalStream,
+    mut stream: UnitSignalStream<S::Position>,
+    mut snapshot_at: S::Position,
     systemd: Arc<S>,
     shared: Weak<Shared>,
 ) {
@@ -92,14 +104,20 @@ async fn pump_units<S: Systemd>(
                     }
                     waited = 0;
                     let _order = hub.send_order().await;
-                    let listed = systemd.list_units().await;
+                    let listed = systemd.list_units_at().await.map(|(units, at)| {
+                        snapshot_at = at;
+                        units
+                    });
                     hub.settle(&shared.outbox, listed).await;
                     continue;
                 }
             },
             None => stream.recv().await,
         };
-        let Some(signal) = signal else { break };
+        let Some((position, signal)) = signal else {
+            break;
+        };
+        let older = position < snapshot_at;
         let Some(shared) = shared.upgrade() else {
             return;
         };
@@ -128,7 +146,7 @@ async fn pump_units<S: Systemd>(
             } if state == "active" => Some(unit.clone()),
             _ => None,
         };
-        hub.apply(&shared.outbox, signal).await;
+        hub.apply(&shared.outbox, signal, older).await;
         if let Some(unit) = active {
             // After it went to the manager: a StartDep reply it releases
             // must not overtake it.

@@ -147,8 +147,9 @@ fn changed_properties(msg: &zbus::Message) -> Result<Marshalled, RemoteError> {
     marshal::encode(&changed)
 }
 
-/// Receiving end of the unit subscription.
-pub type UnitSignalStream = mpsc::Receiver<UnitSignal>;
+/// Receiving end of the unit subscription: each signal with the
+/// [`Systemd::Position`] at which the agent received it.
+pub type UnitSignalStream<P> = mpsc::Receiver<(P, UnitSignal)>;
 
 /// `(type, file, destination)` of `EnableUnitFiles` and friends.
 pub type UnitFileChange = (String, String, String);
@@ -166,8 +167,21 @@ pub struct JobInfo {
 ///
 /// Futures are `Send` so request handlers can run as independent tasks.
 pub trait Systemd: Send + Sync + 'static {
+    /// Where a message from systemd stands in the order the agent received
+    /// systemd's messages. systemd answers and signals on one connection, in
+    /// the order it acts, so a signal received before a `ListUnits` answer
+    /// says nothing the answer does not already include: its state is as old
+    /// as the answer or older (see `crate::units::rules`, "Snapshots").
+    type Position: Copy + Ord + Default + Send + Sync + std::fmt::Debug + 'static;
+
     /// `Manager.ListUnits`.
     fn list_units(&self) -> impl Future<Output = Result<Vec<UnitInfo>, RemoteError>> + Send;
+
+    /// `Manager.ListUnits`, with the position of its answer among the unit
+    /// signals of [`Systemd::subscribe_units`].
+    fn list_units_at(
+        &self,
+    ) -> impl Future<Output = Result<(Vec<UnitInfo>, Self::Position), RemoteError>> + Send;
 
     /// `Manager.{Start,Stop,Restart,Reload}Unit(unit, mode)`: returns the job path.
     fn unit_job(
@@ -192,8 +206,9 @@ pub trait Systemd: Send + Sync + 'static {
 
     /// The unit signal stream. Match rules are in place when this returns,
     /// so nothing emitted afterwards is missed. Called once, lazily.
-    fn subscribe_units(&self)
-    -> impl Future<Output = Result<UnitSignalStream, RemoteError>> + Send;
+    fn subscribe_units(
+        &self,
+    ) -> impl Future<Output = Result<UnitSignalStream<Self::Position>, RemoteError>> + Send;
 
     /// `Properties.GetAll(interface)` on the unit's object (`GetUnit`, falling
     /// back to `LoadUnit`); an empty interface means all of them. `a{sv}`.

@@ -261,13 +261,29 @@ fn call_error(method: &str) -> impl FnOnce(zbus::Error) -> RemoteError + '_ {
 }
 
 impl Systemd for ZbusSystemd {
+    /// zbus numbers every message a connection receives, answers and signals
+    /// alike, in the order they arrived.
+    type Position = zbus::message::Sequence;
+
     async fn list_units(&self) -> Result<Vec<UnitInfo>, RemoteError> {
-        let rows = self
+        Ok(self.list_units_at().await?.0)
+    }
+
+    async fn list_units_at(&self) -> Result<(Vec<UnitInfo>, Self::Position), RemoteError> {
+        let answer = self
             .manager
-            .list_units()
+            .inner()
+            .call_method("ListUnits", &())
             .await
             .map_err(call_error("ListUnits"))?;
-        Ok(rows.into_iter().map(unit_info).collect())
+        let rows: Vec<UnitTuple> = answer
+            .body()
+            .deserialize()
+            .map_err(call_error("ListUnits"))?;
+        Ok((
+            rows.into_iter().map(unit_info).collect(),
+            answer.recv_position(),
+        ))
     }
 
     async fn unit_job(
@@ -348,13 +364,18 @@ impl Systemd for ZbusSystemd {
         Ok(rx)
     }
 
-    async fn subscribe_units(&self) -> Result<UnitSignalStream, RemoteError> {
+    async fn subscribe_units(&self) -> Result<UnitSignalStream<Self::Position>, RemoteError> {
         // One match rule for every signal of systemd, filtered here: the
         // order between `Reloading`, `UnitRemoved`, `UnitNew` and the state
         // signals matters, and separate streams do not keep it reliably.
         let stream = systemd_signals(&self.conn, |rule| rule).await?;
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
-        tokio::spawn(pump(stream, tx, parse_unit_signal, "systemd unit signals"));
+        tokio::spawn(pump(
+            stream,
+            tx,
+            |msg| parse_unit_signal(msg).map(|signal| (msg.recv_position(), signal)),
+            "systemd unit signals",
+        ));
         Ok(rx)
     }
 

@@ -51,7 +51,12 @@ struct State {
     missing: Vec<&'static str>,
     /// (active, sub) reported by `ListUnits`; inactive/dead when absent.
     states: HashMap<String, (String, String)>,
-    unit_events: Option<mpsc::Sender<UnitSignal>>,
+    unit_events: Option<mpsc::Sender<(u64, UnitSignal)>>,
+    /// Positions handed out so far: every unit signal and every `ListUnits`
+    /// answer takes the next one, in the order they are made.
+    positions: u64,
+    /// Calls made to wait ([`FakeSystemd::hold`]), by method.
+    holds: HashMap<&'static str, HeldCall>,
     /// What `job_info` reports, by job path.
     job_infos: HashMap<JobPath, JobInfo>,
 }
@@ -107,14 +112,25 @@ impl FakeSystemd {
 
     /// Where job events go: the job stream and, for `JobRemoved`, the unit
     /// stream too, as systemd's one signal reaches both of the agent's.
-    fn job_streams(
-        &self,
-    ) -> (
-        Option<mpsc::Sender<SystemdEvent>>,
-        Option<mpsc::Sender<UnitSignal>>,
-    ) {
-        let st = self.lock();
-        (st.events.clone(), st.unit_events.clone())
+    fn job_streams(&self) -> (Option<mpsc::Sender<SystemdEvent>>, Option<UnitSender>) {
+        let events = self.lock().events.clone();
+        (events, self.unit_sender())
+    }
+
+    /// The unit stream's sender, if the agent subscribed to unit signals.
+    fn unit_sender(&self) -> Option<UnitSender> {
+        let tx = self.lock().unit_events.clone()?;
+        Some(UnitSender {
+            tx,
+            fake: self.clone(),
+        })
+    }
+
+    /// The next position (see `State::positions`).
+    fn next_position(&self) -> u64 {
+        let mut st = self.lock();
+        st.positions += 1;
+        st.positions
     }
 
     /// Sets the state `ListUnits` reports for `unit` (which becomes known).
@@ -134,11 +150,11 @@ impl FakeSystemd {
         st.states.remove(unit);
     }
 
-    /// Sends a unit signal, if the agent subscribed to them.
+    /// Sends a unit signal, if the agent subscribed to them, at the next
+    /// position.
     pub async fn emit_unit(&self, signal: UnitSignal) {
-        let tx = self.lock().unit_events.clone();
-        if let Some(tx) = tx {
-            let _ = tx.send(signal).await;
+        if let Some(tx) = self.unit_sender() {
+            tx.send(signal).await;
         }
     }
 
@@ -163,7 +179,28 @@ impl FakeSystemd {
         self.lock().events = None;
     }
 
+    /// Makes the next call of `method` wait, once it is made, until the
+    /// returned [`Hold`] is released: a test does what systemd would do
+    /// while the call is in flight, with no timing involved.
+    pub fn hold(&self, method: &'static str) -> Hold {
+        let (reached_tx, reached) = tokio::sync::oneshot::channel();
+        let release = Arc::new(tokio::sync::Notify::new());
+        self.lock().holds.insert(
+            method,
+            HeldCall {
+                reached: reached_tx,
+                release: release.clone(),
+            },
+        );
+        Hold { reached, release }
+    }
+
     async fn enter(&self, call: String, method: &'static str) -> Result<(), RemoteError> {
+        let held = self.lock().holds.remove(method);
+        if let Some(held) = held {
+            let _ = held.reached.send(());
+            held.release.notified().await;
+        }
         let delay = {
             let mut st = self.lock();
             st.calls.push(call);
@@ -194,7 +231,7 @@ impl FakeSystemd {
     ) -> Result<JobPath, RemoteError> {
         self.enter(format!("{method} {unit} {mode}"), method)
             .await?;
-        let (id, job, script, tx, units) = {
+        let (id, job, script, tx) = {
             let mut st = self.lock();
             let Some(script) = st.units.get(unit).cloned() else {
                 return Err(RemoteError::new(
@@ -208,8 +245,9 @@ impl FakeSystemd {
             if script == Script::Hang {
                 st.hanging.insert(job.clone(), (id, unit.to_string()));
             }
-            (id, job, script, st.events.clone(), st.unit_events.clone())
+            (id, job, script, st.events.clone())
         };
+        let units = self.unit_sender();
         let Some(tx) = tx else { return Ok(job) };
         match script {
             Script::Finish(result) => {
@@ -260,11 +298,42 @@ fn file_changes(kind: &str, files: &[String]) -> Vec<UnitFileChange> {
 
 /// Sends a job event; a `JobNew` or `JobRemoved` also to the unit stream,
 /// after it, as real systemd's signals reach both streams.
-async fn deliver(
-    tx: &mpsc::Sender<SystemdEvent>,
-    units: Option<&mpsc::Sender<UnitSignal>>,
-    event: SystemdEvent,
-) {
+/// A call made to wait by [`FakeSystemd::hold`].
+pub struct Hold {
+    reached: tokio::sync::oneshot::Receiver<()>,
+    release: Arc<tokio::sync::Notify>,
+}
+
+impl Hold {
+    /// Returns once the held call has been made.
+    pub async fn reached(&mut self) {
+        (&mut self.reached).await.expect("the fake is alive");
+    }
+
+    /// Lets the held call go on.
+    pub fn release(self) {
+        self.release.notify_one();
+    }
+}
+
+struct HeldCall {
+    reached: tokio::sync::oneshot::Sender<()>,
+    release: Arc<tokio::sync::Notify>,
+}
+
+/// Sends unit signals at the next position each.
+struct UnitSender {
+    tx: mpsc::Sender<(u64, UnitSignal)>,
+    fake: FakeSystemd,
+}
+
+impl UnitSender {
+    async fn send(&self, signal: UnitSignal) {
+        let _ = self.tx.send((self.fake.next_position(), signal)).await;
+    }
+}
+
+async fn deliver(tx: &mpsc::Sender<SystemdEvent>, units: Option<&UnitSender>, event: SystemdEvent) {
     let copy = match &event {
         SystemdEvent::JobRemoved { job, .. } => Some(UnitSignal::JobRemoved { job: job.clone() }),
         SystemdEvent::JobNew { job, unit, .. } => Some(UnitSignal::JobNew {
@@ -275,7 +344,7 @@ async fn deliver(
     };
     let _ = tx.send(event).await;
     if let (Some(units), Some(signal)) = (units, copy) {
-        let _ = units.send(signal).await;
+        units.send(signal).await;
     }
 }
 
@@ -295,10 +364,21 @@ fn job_events(id: u32, job: &str, unit: &str, result: &str) -> [SystemdEvent; 2]
 }
 
 impl Systemd for FakeSystemd {
+    /// See `State::positions`.
+    type Position = u64;
+
     async fn list_units(&self) -> Result<Vec<UnitInfo>, RemoteError> {
+        Ok(self.list_units_at().await?.0)
+    }
+
+    /// The answer is made, and takes its position, once the call's delay
+    /// ([`FakeSystemd::set_call_delay`]) is over: signals emitted meanwhile
+    /// come before it, as on a real systemd.
+    async fn list_units_at(&self) -> Result<(Vec<UnitInfo>, u64), RemoteError> {
         self.enter("ListUnits".into(), "ListUnits").await?;
+        let position = self.next_position();
         let st = self.lock();
-        Ok(st
+        let units = st
             .units
             .keys()
             .map(|name| UnitInfo {
@@ -317,7 +397,8 @@ impl Systemd for FakeSystemd {
                 job_type: String::new(),
                 job_path: "/".into(),
             })
-            .collect())
+            .collect();
+        Ok((units, position))
     }
 
     async fn unit_job(
@@ -340,14 +421,11 @@ impl Systemd for FakeSystemd {
 
     async fn cancel_job(&self, job: &str) -> Result<(), RemoteError> {
         self.enter(format!("CancelJob {job}"), "CancelJob").await?;
-        let (found, tx, units) = {
+        let (found, tx) = {
             let mut st = self.lock();
-            (
-                st.hanging.remove(job),
-                st.events.clone(),
-                st.unit_events.clone(),
-            )
+            (st.hanging.remove(job), st.events.clone())
         };
+        let units = self.unit_sender();
         let Some((id, unit)) = found else {
             return Err(RemoteError::new(
                 NO_SUCH_JOB,
@@ -377,7 +455,7 @@ impl Systemd for FakeSystemd {
         Ok(rx)
     }
 
-    async fn subscribe_units(&self) -> Result<UnitSignalStream, RemoteError> {
+    async fn subscribe_units(&self) -> Result<UnitSignalStream<u64>, RemoteError> {
         self.enter("SubscribeUnits".into(), "SubscribeUnits")
             .await?;
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);

@@ -85,21 +85,23 @@ impl UnitHub {
     }
 
     /// Starts following systemd's units, once: subscribes the unit signal
-    /// stream, then seeds the cache from `ListUnits`. Returns the stream the
-    /// first time (its reader is the caller's to start), `None` once it runs.
-    /// A failure is the subscription's error; the next one tries again.
+    /// stream, then seeds the cache from `ListUnits`. Returns the stream and
+    /// the position of the seed the first time (its reader is the caller's to
+    /// start; signals before that position are older than the seed), `None`
+    /// once it runs. A failure is the subscription's error; the next one
+    /// tries again.
     pub async fn follow<S: Systemd>(
         &self,
         systemd: &S,
-    ) -> Result<Option<UnitSignalStream>, RemoteError> {
+    ) -> Result<Option<(UnitSignalStream<S::Position>, S::Position)>, RemoteError> {
         let mut fresh = None;
         self.started
             .get_or_try_init(|| async {
                 let stream = systemd.subscribe_units().await?;
-                let units = systemd.list_units().await?;
+                let (units, at) = systemd.list_units_at().await?;
                 self.lock().seed(units);
                 tracing::debug!(units = self.cached_units(), "following systemd's units");
-                fresh = Some(stream);
+                fresh = Some((stream, at));
                 Ok::<(), RemoteError>(())
             })
             .await?;
@@ -147,10 +149,11 @@ impl UnitHub {
         self.lock().reloads_open() > 0
     }
 
-    /// Applies one unit signal; sends what the session must hear. The caller
-    /// holds [`UnitHub::send_order`].
-    pub async fn apply(&self, outbox: &Outbox, signal: UnitSignal) {
-        let batch = self.lock().on_signal(signal);
+    /// Applies one unit signal; sends what the session must hear. `older`:
+    /// it came before the last snapshot of the units (`ListUnits`), which
+    /// already says what it did. The caller holds [`UnitHub::send_order`].
+    pub async fn apply(&self, outbox: &Outbox, signal: UnitSignal, older: bool) {
+        let batch = self.lock().on_signal(signal, older);
         if let Some(batch) = batch {
             send(outbox, batch).await;
         }
@@ -700,6 +703,111 @@ mod tests {
             next_event(&mut r.rx).await,
             Event::UnitPropertiesChanged { .. }
         ));
+    }
+
+    fn properties_of(u: &str) -> impl Fn(&Event) -> bool + '_ {
+        move |e| matches!(e, Event::UnitPropertiesChanged { unit: got, .. } if got.as_str() == u)
+    }
+
+    /// Issue 14's flake in `bluechi_compat`: a daemon-reload on the target
+    /// node, settled by a `ListUnits` whose answer came while signals sent
+    /// before it (the target still `inactive`, loaded for its start) waited
+    /// in the stream. The answer already says `active`; the older `inactive`
+    /// went out after it as a *real* stop, and the manager ended a proxy
+    /// whose target ran. Now a signal from before the snapshot changes no
+    /// state; its properties still go out, and later signals count again.
+    #[tokio::test]
+    async fn signals_older_than_a_resync_do_not_undo_it() {
+        let mut r = rig();
+        subscribe(&mut r, 1, Some("db.service")).await.unwrap();
+        let mut list = r.fake.hold("ListUnits");
+        for signal in [
+            UnitSignal::Reloading { active: true },
+            UnitSignal::Reloading { active: false },
+        ] {
+            r.fake.emit_unit(signal).await;
+        }
+        // The settle's ListUnits is in flight; systemd loads db, says so,
+        // starts it, then answers.
+        list.reached().await;
+        r.fake
+            .emit_unit(UnitSignal::New {
+                unit: "db.service".into(),
+            })
+            .await;
+        r.fake
+            .emit_unit(state_signal("db.service", "inactive", "dead"))
+            .await;
+        r.fake.set_state("db.service", "active", "running");
+        list.release();
+        assert_eq!(
+            [next_event(&mut r.rx).await, next_event(&mut r.rx).await],
+            [
+                Event::UnitNew {
+                    tag: ModTag::new(77, 1),
+                    unit: unit("db.service"),
+                    reason: Reason::Real,
+                },
+                state(2, "db.service", "active", "running", Reason::Real),
+            ]
+        );
+        // The older signal: its properties only.
+        assert!(properties_of("db.service")(&next_event(&mut r.rx).await));
+        assert_eq!(
+            r.shared.units.cached_state("db.service"),
+            Some(("active".into(), "running".into()))
+        );
+        // Signals after the answer are news again.
+        r.fake
+            .emit_unit(state_signal("db.service", "deactivating", "stop-sigterm"))
+            .await;
+        assert_eq!(
+            next_event(&mut r.rx).await,
+            state(
+                4,
+                "db.service",
+                "deactivating",
+                "stop-sigterm",
+                Reason::Real
+            )
+        );
+    }
+
+    /// The same race at the start of the stream: the seed's `ListUnits`
+    /// answer is newer than a signal that waited behind it.
+    #[tokio::test]
+    async fn signals_older_than_the_seed_do_not_undo_it() {
+        let mut r = rig();
+        r.fake.set_state("a.service", "activating", "start");
+        let mut list = r.fake.hold("ListUnits");
+        let d = r.d.clone();
+        let sub = tokio::spawn(async move {
+            d.handle(1, 1, Request::Subscribe { unit: None }).await;
+        });
+        list.reached().await;
+        r.fake
+            .emit_unit(state_signal("a.service", "activating", "start"))
+            .await;
+        r.fake.set_state("a.service", "active", "running");
+        list.release();
+        sub.await.unwrap();
+        assert_eq!(
+            [next_event(&mut r.rx).await, next_event(&mut r.rx).await],
+            [
+                new_virtual(1, "a.service"),
+                state(2, "a.service", "active", "running", Reason::Virtual),
+            ]
+        );
+        assert_eq!(next(&mut r.rx).await, ok_reply(1));
+        assert!(properties_of("a.service")(&next_event(&mut r.rx).await));
+        r.fake
+            .emit_unit(state_signal("a.service", "active", "running"))
+            .await;
+        assert!(properties_of("a.service")(&next_event(&mut r.rx).await));
+        assert_eq!(
+            r.shared.units.cached_state("a.service"),
+            Some(("active".into(), "running".into()))
+        );
     }
 
     #[tokio::test]

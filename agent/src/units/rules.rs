@@ -26,6 +26,17 @@
 //!   is no news; and when the reload ends a `ListUnits` settles what really
 //!   changed ([`View::resync`]): units gone get a real `UnitRemoved`, new ones
 //!   a real `UnitNew` (+ state), changed states a real `UnitStateChanged`.
+//! * **Snapshots.** The cache is set from `ListUnits` at the start (the
+//!   seed) and after each reload (the resync). systemd sends its answers and
+//!   signals in the order it acts, but the agent reads the answer while
+//!   signals sent before it may still wait in the stream; each carries its
+//!   position, and one from before the snapshot is *older*: the snapshot
+//!   already includes what it did. An older `UnitNew`/`UnitRemoved` is no
+//!   news and an older signal's state changes nothing (else a unit that had
+//!   started by the snapshot would go back to the `inactive` of a signal sent
+//!   before its start, and that would go out as a real stop: a proxy on
+//!   another node ended for a target that runs); its properties still go
+//!   out, they are real events.
 //! * **Tags.** Every event for the session carries `ModTag { guid:
 //!   session_id, index }` with `index` rising by one per event from 1 in each
 //!   session; only events of units the session watches are tagged (and sent).
@@ -267,8 +278,9 @@ impl View {
     /// Applies one systemd unit signal to the cache and tags what the
     /// current session must hear about it. A `Reloading` opens or closes a
     /// reload, whose end is settled later by [`View::resync`]; job signals
-    /// are no unit news.
-    pub fn on_signal(&mut self, signal: UnitSignal) -> Option<Batch> {
+    /// are no unit news. `older`: systemd sent it before the last snapshot
+    /// (module docs, "Snapshots").
+    pub fn on_signal(&mut self, signal: UnitSignal, older: bool) -> Option<Batch> {
         let raw = match &signal {
             UnitSignal::Reloading { active } => {
                 if *active {
@@ -298,6 +310,8 @@ impl View {
             UnitSignal::Reloading { .. }
             | UnitSignal::JobNew { .. }
             | UnitSignal::JobRemoved { .. } => {}
+            // The snapshot already has the unit, or it was gone by then.
+            UnitSignal::New { .. } | UnitSignal::Removed { .. } if older => {}
             UnitSignal::New { .. } => {
                 if self.cache.contains_key(&unit) {
                     // Announced again after a reload resync: no news.
@@ -338,26 +352,28 @@ impl View {
                 sub_state,
                 ..
             } => {
-                let changed_state =
-                    if interface == UNIT_IFACE && (active_state.is_some() || sub_state.is_some()) {
-                        let before = self.cache.get(&unit).cloned();
-                        let now = UnitState {
-                            active: active_state
-                                .or_else(|| before.as_ref().map(|b| b.active.clone()))
-                                .unwrap_or_default(),
-                            sub: sub_state
-                                .or_else(|| before.as_ref().map(|b| b.sub.clone()))
-                                .unwrap_or_default(),
-                        };
-                        if before.as_ref() == Some(&now) {
-                            None
-                        } else {
-                            self.cache_insert(unit.clone(), now.clone());
-                            Some(now)
-                        }
-                    } else {
-                        None
+                let changed_state = if !older
+                    && interface == UNIT_IFACE
+                    && (active_state.is_some() || sub_state.is_some())
+                {
+                    let before = self.cache.get(&unit).cloned();
+                    let now = UnitState {
+                        active: active_state
+                            .or_else(|| before.as_ref().map(|b| b.active.clone()))
+                            .unwrap_or_default(),
+                        sub: sub_state
+                            .or_else(|| before.as_ref().map(|b| b.sub.clone()))
+                            .unwrap_or_default(),
                     };
+                    if before.as_ref() == Some(&now) {
+                        None
+                    } else {
+                        self.cache_insert(unit.clone(), now.clone());
+                        Some(now)
+                    }
+                } else {
+                    None
+                };
                 // The state first, then the properties that carried it: the
                 // order BlueChi's agent sends them in, which its clients
                 // (`bluechictl monitor`) rely on.
