@@ -10,7 +10,8 @@
 //!   permissions apply to the next `ProxyNew`;
 //! * `ProxyGracePeriod`: for disconnects from then on (running grace periods
 //!   keep their deadline);
-//! * `LogLevel` (as `Controller.SetLogLevel` would);
+//! * `LogLevel` (as `Controller.SetLogLevel` would), before anything else,
+//!   so whoever sees another change take effect sees the new level too;
 //! * who may register (`AllowedNodeNames`, `Allowed=`, `AllowCertifiedNodes`):
 //!   a node no longer allowed is refused at its next hello, and its online
 //!   session is dropped now;
@@ -104,6 +105,13 @@ pub async fn reload(
         at_restart: restart_only(core.config(), &new),
         ..Report::default()
     };
+    // The log level first: the reload's own messages follow it, and whoever
+    // sees a later step take effect (a new node's object on the bus) sees the
+    // new level too.
+    if core.log_level() != new.logging.level {
+        tracing::info!("config reload: log level {}", new.logging.level.as_str());
+        core.set_log_level(new.logging.level);
+    }
     // TLS files first: what the new CRL revokes decides which sessions go.
     let tls = match (core.tls(), &new.tls) {
         (Some(acceptor), Some(files)) if core.config().tls.as_ref() == Some(files) => {
@@ -175,10 +183,6 @@ pub async fn reload(
     core.proxies()
         .reload(Policy::from_config(&new, known))
         .await;
-    if core.log_level() != new.logging.level {
-        tracing::info!("config reload: log level {}", new.logging.level.as_str());
-        core.set_log_level(new.logging.level);
-    }
 
     for (session, why) in drop_now {
         tracing::warn!(node = %session.node(), session = session.id(), "config reload: dropping the node's session: {why}");
