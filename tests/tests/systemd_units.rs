@@ -25,17 +25,18 @@
 //!   systemd does not give up), then started again: the new manager owns
 //!   `org.eclipse.bluechi` again (the name's owner is the unit's new
 //!   `MainPID`), the agent comes back online, the API answers. The node's
-//!   own bus (where its systemd is `org.freedesktop.systemd1`) is killed:
-//!   the agent exits 1, its unit restarts it, the restarted agent's
-//!   connection socket-activates a new bus, systemd takes its name on it
-//!   again, and the node is online and usable through the manager; with the
-//!   node's bus socket stopped for longer than the start-limit window,
-//!   systemd keeps restarting the agent until the socket is back.
+//!   own bus (where its systemd is `org.freedesktop.systemd1`) is stopped
+//!   (not killed: see [`NODE_BUS_UNIT`]): the agent exits 1, its unit
+//!   restarts it, the restarted agent's connection socket-activates a new
+//!   bus, systemd takes its name on it again, and the node is online and
+//!   usable through the manager; with the node's bus socket stopped for
+//!   longer than the start-limit window, systemd keeps restarting the agent
+//!   until the socket is back.
 //!
 //! The manager has a bus of its own, a `dbus-daemon` run as a unit of the
 //! node ([`BUS_UNIT`], no socket activation, no restart), so the test can
 //! kill it and keep it away while the node's systemd and the agent's bus
-//! live on, and kill the node's bus while the manager's lives on.
+//! live on, and take the node's bus away while the manager's lives on.
 //!
 //! The unit files are the shipped ones with these substitutions, each named
 //! in [`install`]: the binaries' path (and, on the command line, the config
@@ -79,6 +80,19 @@ const SOCKET: &str = "drover-manager.socket";
 const BUS_UNIT: &str = "drover-test-bus.service";
 /// The node's own bus, where its systemd is `org.freedesktop.systemd1`
 /// (socket-activated by `dbus.socket`).
+///
+/// The test stops it with `systemctl stop` rather than killing it: when its
+/// bus daemon dies under it, systemd 252's *user* manager (what a node runs)
+/// may reconnect to the bus socket before it has seen the daemon exit, and
+/// then block for up to 90 s (the bus authentication timeout) flushing that
+/// connection, its event loop stopped, so it can neither answer `systemctl`
+/// nor socket-activate the bus again (systemd issues #21177 and #16471,
+/// fixed upstream by pull request #43227: only unprivileged managers flush;
+/// the system manager running the shipped units does not). Whether it does
+/// depends on which of the two events it handles first: a flaky test, and a
+/// bug of the node's systemd, not of the agent. A stop tells systemd first,
+/// so it drops its connection before the daemon exits; the agent still loses
+/// its bus as it would in a crash.
 const NODE_BUS_UNIT: &str = "dbus.service";
 const NODE_BUS_SOCKET: &str = "dbus.socket";
 
@@ -565,7 +579,7 @@ async fn a_manager_whose_bus_dies_is_restarted_by_its_unit_until_the_bus_is_back
 }
 
 /// Issue 14 item 5 under systemd: the node's bus (the one its systemd is on)
-/// is killed. The agent exits 1, its unit restarts it, the restarted agent's
+/// goes away (stopped: see [`NODE_BUS_UNIT`]). The agent exits 1, its unit restarts it, the restarted agent's
 /// connection socket-activates a new bus daemon, the node's systemd takes
 /// `org.freedesktop.systemd1` on it again, and the node is online and usable
 /// through the manager, with nothing done by the test. Then the node's bus
@@ -590,7 +604,8 @@ async fn an_agent_whose_systemd_bus_dies_is_restarted_by_its_unit_and_the_node_c
         show(node, MANAGER, "MainPID"),
     );
 
-    run_ok(node, &["kill", "--signal=SIGKILL", NODE_BUS_UNIT]);
+    // Stopped, not killed: see NODE_BUS_UNIT.
+    run_ok(node, &["stop", NODE_BUS_UNIT]);
     // Restart=on-failure: a restart means the agent did not exit 0.
     wait_show_that(node, AGENT, "NRestarts", "at least 1", START, |n| {
         n.parse::<u32>().is_ok_and(|n| n >= 1)
@@ -604,7 +619,8 @@ async fn an_agent_whose_systemd_bus_dies_is_restarted_by_its_unit_and_the_node_c
         log.contains("lost the connection to systemd"),
         "the agent says why it exits: {log}"
     );
-    // The bus the restarted agent talks to is a new daemon.
+    // The bus the restarted agent talks to is a new daemon, started by the
+    // restarted agent's connection.
     assert_eq!(show(node, NODE_BUS_UNIT, "ActiveState"), "active");
     assert_ne!(show(node, NODE_BUS_UNIT, "MainPID"), bus_pid);
 
