@@ -5,7 +5,8 @@
 //! fleet as before.
 //!
 //! The restart a unit would make is made here by the sandbox (`start_manager`,
-//! `start_agent`), as soon as the old process has exited.
+//! `start_agent`), as soon as the old process has exited; `systemd_units.rs`
+//! leaves it to the shipped units' `Restart=` under a real systemd.
 
 use drover_testkit::prelude::*;
 use std::time::Duration;
