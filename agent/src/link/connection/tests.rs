@@ -526,6 +526,30 @@ async fn garbage_instead_of_a_welcome_is_a_failed_attempt() {
     agent.stop().await;
 }
 
+/// A peer posing as the manager announces a 1 MiB answer (a frame the
+/// session's codec would take) and sends nothing more: the agent refuses it
+/// from the header at once — it does not wait for, or make room for, the
+/// body — and retries as after any failed attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_welcome_is_a_failed_attempt_at_once() {
+    let mgr = FakeManager::bind().await;
+    // A handshake timeout far beyond the wait below: only the header can end it.
+    let mut agent = Agent::start(mgr.port(), |c| c.connect_timeout = 10 * T).await;
+    let (mut sock, _) = tokio::time::timeout(T, mgr.listener.accept())
+        .await
+        .unwrap()
+        .unwrap();
+    let announced = u32::try_from(drover_protocol::MAX_FRAME_LEN).unwrap();
+    sock.write_all(&announced.to_be_bytes()).await.unwrap();
+    agent
+        .wait_for(|s| matches!(s, LinkState::Connecting { failures: 1 }))
+        .await;
+    drop(sock);
+    let _m = mgr.accept(1).await;
+    agent.wait_for(is_connected).await;
+    agent.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_manager_that_stops_reading_is_dropped_not_buffered() {
     let mgr = FakeManager::bind().await;
