@@ -295,15 +295,12 @@ impl Builder {
             }
             "TCPKeepAliveCount" => this.tcp_keepalive_count = at.u32_in(0, KEEPALIVE_COUNT_MAX)?,
             "IPReceiveErrors" => this.ip_receive_errors = at.boolean()?,
-            _ => {
-                if !value::apply_logging(at, &mut this.logging)? {
-                    let section = match dialect {
-                        Dialect::Drover => SECTION,
-                        Dialect::BlueChi => BLUECHI_SECTION,
-                    };
-                    return Err(value::unknown_key(at, section, KEYS));
-                }
-            }
+            _ => value::apply_logging_or_unknown(
+                at,
+                &mut this.logging,
+                Daemon::Agent.section(dialect),
+                KEYS,
+            )?,
         }
         Ok(())
     }

@@ -401,15 +401,12 @@ impl Builder {
                 c.allow_plaintext = at.boolean()?;
                 self.allow_plaintext_at = Some(Origin::of(at));
             }
-            _ => {
-                if !value::apply_logging(at, &mut c.logging)? {
-                    let section = match dialect {
-                        Dialect::Drover => SECTION,
-                        Dialect::BlueChi => BLUECHI_SECTION,
-                    };
-                    return Err(value::unknown_key(at, section, KEYS));
-                }
-            }
+            _ => value::apply_logging_or_unknown(
+                at,
+                &mut c.logging,
+                Daemon::Manager.section(dialect),
+                KEYS,
+            )?,
         }
         Ok(())
     }
