@@ -74,7 +74,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use zbus::fdo::{RequestNameFlags, RequestNameReply};
 use zbus::message::{Header, Message};
-use zbus::names::{BusName, ErrorName, InterfaceName, OwnedUniqueName};
+use zbus::names::{BusName, ErrorName, InterfaceName, OwnedUniqueName, UniqueName};
 use zbus::object_server::SignalEmitter;
 use zbus::{Connection, Variant, interface};
 use zbus::{OwnedObjectPath, OwnedVariant};
@@ -142,6 +142,35 @@ fn proxy_key(local: &str, node: &str, unit: &str) -> Result<ProxyKey, LocalError
     Ok(key)
 }
 
+/// Who sent a call, as the bus says: its unique name and uid, and the bus
+/// proxy that asked (for further questions about the same sender).
+struct Caller<'h> {
+    sender: &'h UniqueName<'h>,
+    uid: u32,
+    dbus: zbus::fdo::DBusProxy<'static>,
+}
+
+/// The sender of the call `header` and its uid (`GetConnectionUnixUser`),
+/// the first step of both checks below; when the call has no sender or the
+/// bus cannot say, the error is `denied`'s, with the reason.
+async fn caller_uid<'h>(
+    conn: &Connection,
+    header: &'h Header<'_>,
+    denied: &impl Fn(String) -> LocalError,
+) -> Result<Caller<'h>, LocalError> {
+    let Some(sender) = header.sender() else {
+        return Err(denied("the call carries no sender".into()));
+    };
+    let dbus = zbus::fdo::DBusProxy::new(conn)
+        .await
+        .map_err(|e| denied(format!("cannot ask the bus about {sender}: {e}")))?;
+    let uid = dbus
+        .get_connection_unix_user(BusName::from(sender.clone()))
+        .await
+        .map_err(|e| denied(format!("the bus does not know the uid of {sender}: {e}")))?;
+    Ok(Caller { sender, uid, dbus })
+}
+
 /// Lets the call through when its sender is root or a process of the proxy
 /// unit `proxy_unit` (see the module docs); `AccessDenied` otherwise, also
 /// when the bus or systemd cannot say who the caller is.
@@ -156,16 +185,7 @@ pub async fn authorize(
         tracing::warn!("refused a proxy call: {message}");
         LocalError::new(ACCESS_DENIED, message)
     };
-    let Some(sender) = header.sender() else {
-        return Err(denied("the call carries no sender".into()));
-    };
-    let dbus = zbus::fdo::DBusProxy::new(conn)
-        .await
-        .map_err(|e| denied(format!("cannot ask the bus about {sender}: {e}")))?;
-    let uid = dbus
-        .get_connection_unix_user(BusName::from(sender.clone()))
-        .await
-        .map_err(|e| denied(format!("the bus does not know the uid of {sender}: {e}")))?;
+    let Caller { sender, uid, dbus } = caller_uid(conn, header, &denied).await?;
     if uid == 0 {
         return Ok(());
     }
@@ -201,16 +221,7 @@ pub async fn authorize_owner(
         tracing::warn!("refused a local call: {message}");
         LocalError::new(ACCESS_DENIED, message)
     };
-    let Some(sender) = header.sender() else {
-        return Err(denied("the call carries no sender".into()));
-    };
-    let dbus = zbus::fdo::DBusProxy::new(conn)
-        .await
-        .map_err(|e| denied(format!("cannot ask the bus about {sender}: {e}")))?;
-    let uid = dbus
-        .get_connection_unix_user(BusName::from(sender.clone()))
-        .await
-        .map_err(|e| denied(format!("the bus does not know the uid of {sender}: {e}")))?;
+    let Caller { sender, uid, .. } = caller_uid(conn, header, &denied).await?;
     // The owner of /proc/self is this process's effective uid.
     let own = std::os::unix::fs::MetadataExt::uid(
         &std::fs::metadata("/proc/self")

@@ -2,17 +2,15 @@
 //! helpers; starts the sandbox cluster, runs `start-unit`, `proxy` and `rss` on it
 //! (`events` needs no cluster, `tls` starts two), tears it down. [`main`] is the whole program.
 
-use crate::start::{UNIT, rss_kib, time_start};
+use crate::start::{StartPaths, rss_kib};
 use crate::stats::{self, paired_overhead, summarize};
 use crate::{ctl, events, proxy, tls};
 use anyhow::Result;
 use clap::Parser;
-use drover_bus::{bluechi, systemd};
 use drover_sandbox::{Cluster, ClusterOptions};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
-use zbus::OwnedObjectPath;
 
 #[derive(Parser)]
 #[command(about = "drover benchmarks (run on an otherwise idle machine)")]
@@ -108,54 +106,18 @@ async fn run(cluster: &Cluster, args: &Args) -> Result<()> {
 }
 
 async fn start_unit(cluster: &Cluster, samples: usize) -> Result<()> {
-    cluster
-        .install_unit(
-            "node2",
-            UNIT,
-            "[Service]\nType=oneshot\nExecStart=/bin/true\n",
-        )
-        .await?;
-
-    // Direct path: the node's own systemd.
-    let node_bus = zbus::connection::Builder::address(cluster.node_bus_address("node2").as_str())
-        .build()
-        .await?;
-    let systemd = zbus::Proxy::new(
-        &node_bus,
-        systemd::BUS_NAME,
-        systemd::MANAGER_PATH,
-        systemd::MANAGER_IFACE,
-    )
-    .await?;
-    let _: () = systemd.call("Subscribe", &()).await?;
-    let mut systemd_removed = systemd.receive_signal("JobRemoved").await?;
-
-    // drover path: the manager's public API.
-    let api = zbus::connection::Builder::address(cluster.bus_address())
-        .build()
-        .await?;
-    let controller = zbus::Proxy::new(
-        &api,
-        bluechi::BUS_NAME,
-        bluechi::CONTROLLER_PATH,
-        bluechi::CONTROLLER_IFACE,
-    )
-    .await?;
-    let node_path: OwnedObjectPath = controller.call("GetNode", &("node2",)).await?;
-    let node = zbus::Proxy::new(&api, bluechi::BUS_NAME, node_path, bluechi::NODE_IFACE).await?;
-    let mut drover_removed = controller.receive_signal("JobRemoved").await?;
-
+    let mut paths = StartPaths::new(cluster).await?;
     let mut d = Vec::with_capacity(samples);
     let mut r = Vec::with_capacity(samples);
     // Warm-up, then interleave, alternating which side goes first.
     for i in 0..(samples + 20) {
         let (a, b) = if i % 2 == 0 {
-            let a = time_start(&systemd, &mut systemd_removed).await?;
-            let b = time_start(&node, &mut drover_removed).await?;
+            let a = paths.direct().await?;
+            let b = paths.via_drover().await?;
             (a, b)
         } else {
-            let b = time_start(&node, &mut drover_removed).await?;
-            let a = time_start(&systemd, &mut systemd_removed).await?;
+            let b = paths.via_drover().await?;
+            let a = paths.direct().await?;
             (a, b)
         };
         if i >= 20 {

@@ -1,20 +1,22 @@
 //! One `StartUnit` of the benchmarks' trivial unit, timed until its job is
 //! removed (through systemd's manager or drover's node object, which take the
-//! same call), and a process's resident memory: what several benchmarks
-//! measure the same way.
+//! same call), the two ways to reach node2 for it ([`StartPaths`]), and a
+//! process's resident memory: what several benchmarks measure the same way.
 
 use anyhow::{Context, Result, bail};
+use drover_bus::{bluechi, systemd};
+use drover_sandbox::Cluster;
 use futures::StreamExt;
 use std::time::{Duration, Instant};
 use zbus::OwnedObjectPath;
 
 /// The trivial oneshot the `StartUnit` benchmarks start.
-pub(crate) const UNIT: &str = "bench-noop.service";
+const UNIT: &str = "bench-noop.service";
 
 /// One `StartUnit` of the trivial unit until its job is removed, through
 /// `starter` (systemd's manager or drover's node object, which take the same
 /// call).
-pub(crate) async fn time_start(
+async fn time_start(
     starter: &zbus::Proxy<'_>,
     removed: &mut zbus::proxy::SignalStream<'_>,
 ) -> Result<Duration> {
@@ -22,6 +24,72 @@ pub(crate) async fn time_start(
     let job: OwnedObjectPath = starter.call("StartUnit", &(UNIT, "replace")).await?;
     wait_removed(removed, job.as_str()).await?;
     Ok(t.elapsed())
+}
+
+/// The node whose unit the `StartUnit` benchmarks start.
+const NODE: &str = "node2";
+
+/// One cluster's two ways to start [`UNIT`] on node2: straight to the node's
+/// systemd, and through drover's node object on the cluster's bus; each with
+/// its `JobRemoved` stream, subscribed before the first call.
+pub(crate) struct StartPaths {
+    systemd: zbus::Proxy<'static>,
+    systemd_removed: zbus::proxy::SignalStream<'static>,
+    drover: zbus::Proxy<'static>,
+    drover_removed: zbus::proxy::SignalStream<'static>,
+}
+
+impl StartPaths {
+    /// Installs the trivial oneshot on node2 and connects both paths.
+    pub(crate) async fn new(cluster: &Cluster) -> Result<Self> {
+        cluster
+            .install_unit(NODE, UNIT, "[Service]\nType=oneshot\nExecStart=/bin/true\n")
+            .await?;
+        // Direct path: the node's own systemd.
+        let node_bus = zbus::connection::Builder::address(cluster.node_bus_address(NODE).as_str())
+            .build()
+            .await?;
+        let systemd = zbus::Proxy::new(
+            &node_bus,
+            systemd::BUS_NAME,
+            systemd::MANAGER_PATH,
+            systemd::MANAGER_IFACE,
+        )
+        .await?;
+        let _: () = systemd.call("Subscribe", &()).await?;
+        let systemd_removed = systemd.receive_signal("JobRemoved").await?;
+        // drover path: the manager's public API.
+        let api = zbus::connection::Builder::address(cluster.bus_address())
+            .build()
+            .await?;
+        let controller = zbus::Proxy::new(
+            &api,
+            bluechi::BUS_NAME,
+            bluechi::CONTROLLER_PATH,
+            bluechi::CONTROLLER_IFACE,
+        )
+        .await?;
+        let node_path: OwnedObjectPath = controller.call("GetNode", &(NODE,)).await?;
+        let drover =
+            zbus::Proxy::new(&api, bluechi::BUS_NAME, node_path, bluechi::NODE_IFACE).await?;
+        let drover_removed = controller.receive_signal("JobRemoved").await?;
+        Ok(Self {
+            systemd,
+            systemd_removed,
+            drover,
+            drover_removed,
+        })
+    }
+
+    /// One start straight through node2's systemd.
+    pub(crate) async fn direct(&mut self) -> Result<Duration> {
+        time_start(&self.systemd, &mut self.systemd_removed).await
+    }
+
+    /// One start through drover.
+    pub(crate) async fn via_drover(&mut self) -> Result<Duration> {
+        time_start(&self.drover, &mut self.drover_removed).await
+    }
 }
 
 /// Waits for the JobRemoved of `path`: systemd's is (u o s s), drover's

@@ -23,16 +23,14 @@
 //!    requests; the manager's RSS once they are all online, minus its RSS
 //!    before, divided by their number.
 
-use crate::start::{UNIT, rss_kib, time_start};
+use crate::start::{StartPaths, rss_kib};
 use crate::stats::{median_ci95, median_f64, paired_overhead, summarize};
 use anyhow::{Context, Result, anyhow, bail};
-use drover_bus::{bluechi, systemd};
 use drover_protocol::link::agent_handshake;
 use drover_protocol::{Hello, Response, ToAgent, ToManager};
 use drover_sandbox::{Cluster, ClusterOptions};
 use futures::{SinkExt, StreamExt};
 use std::time::{Duration, Instant};
-use zbus::OwnedObjectPath;
 
 /// Rounds not counted (caches, first connections).
 const WARMUP: usize = 20;
@@ -92,67 +90,6 @@ async fn run(tls: &Cluster, plain: &Cluster, samples: usize, sessions: usize) ->
     Ok(())
 }
 
-/// One cluster's two ways to start the unit on node2.
-struct Paths {
-    systemd: zbus::Proxy<'static>,
-    systemd_removed: zbus::proxy::SignalStream<'static>,
-    drover: zbus::Proxy<'static>,
-    drover_removed: zbus::proxy::SignalStream<'static>,
-}
-
-impl Paths {
-    async fn new(cluster: &Cluster) -> Result<Self> {
-        cluster
-            .install_unit(
-                "node2",
-                UNIT,
-                "[Service]\nType=oneshot\nExecStart=/bin/true\n",
-            )
-            .await?;
-        let node_bus =
-            zbus::connection::Builder::address(cluster.node_bus_address("node2").as_str())
-                .build()
-                .await?;
-        let systemd = zbus::Proxy::new(
-            &node_bus,
-            systemd::BUS_NAME,
-            systemd::MANAGER_PATH,
-            systemd::MANAGER_IFACE,
-        )
-        .await?;
-        let _: () = systemd.call("Subscribe", &()).await?;
-        let systemd_removed = systemd.receive_signal("JobRemoved").await?;
-        let api = zbus::connection::Builder::address(cluster.bus_address())
-            .build()
-            .await?;
-        let controller = zbus::Proxy::new(
-            &api,
-            bluechi::BUS_NAME,
-            bluechi::CONTROLLER_PATH,
-            bluechi::CONTROLLER_IFACE,
-        )
-        .await?;
-        let node_path: OwnedObjectPath = controller.call("GetNode", &("node2",)).await?;
-        let drover =
-            zbus::Proxy::new(&api, bluechi::BUS_NAME, node_path, bluechi::NODE_IFACE).await?;
-        let drover_removed = controller.receive_signal("JobRemoved").await?;
-        Ok(Self {
-            systemd,
-            systemd_removed,
-            drover,
-            drover_removed,
-        })
-    }
-
-    async fn direct(&mut self) -> Result<Duration> {
-        time_start(&self.systemd, &mut self.systemd_removed).await
-    }
-
-    async fn via_drover(&mut self) -> Result<Duration> {
-        time_start(&self.drover, &mut self.drover_removed).await
-    }
-}
-
 /// Samples of one round, in a fixed slot order whatever order they ran in.
 #[derive(Default)]
 struct Series {
@@ -193,8 +130,8 @@ fn cpu_of(pids: [u32; 2]) -> Result<[u64; 2]> {
 }
 
 async fn start_unit(tls: &Cluster, plain: &Cluster, samples: usize) -> Result<()> {
-    let mut t = Paths::new(tls).await?;
-    let mut p = Paths::new(plain).await?;
+    let mut t = StartPaths::new(tls).await?;
+    let mut p = StartPaths::new(plain).await?;
     let mut s = Series::default();
     let (tls_pids, plain_pids) = (daemons(tls)?, daemons(plain)?);
     let mut cpu_start = None;

@@ -295,15 +295,12 @@ impl Builder {
             }
             "TCPKeepAliveCount" => this.tcp_keepalive_count = at.u32_in(0, KEEPALIVE_COUNT_MAX)?,
             "IPReceiveErrors" => this.ip_receive_errors = at.boolean()?,
-            _ => {
-                if !value::apply_logging(at, &mut this.logging)? {
-                    let section = match dialect {
-                        Dialect::Drover => SECTION,
-                        Dialect::BlueChi => BLUECHI_SECTION,
-                    };
-                    return Err(value::unknown_key(at, section, KEYS));
-                }
-            }
+            _ => value::apply_logging_or_unknown(
+                at,
+                &mut this.logging,
+                Daemon::Agent.section(dialect),
+                KEYS,
+            )?,
         }
         Ok(())
     }
@@ -438,7 +435,7 @@ pub fn parse_controller_address(addr: &str) -> Result<(String, u16), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_util::TempDir;
+    use crate::test_util::{TempDir, config_root_env};
     use crate::{LogLevel, LogTarget};
     use std::collections::HashMap;
     use std::path::PathBuf;
@@ -793,11 +790,7 @@ mod tests {
             "etc/bluechi/agent.conf.d/10-port.conf",
             "[bluechi-agent]\nControllerPort=8421\nHeartbeatInterval=1000\n",
         );
-        let env_map: HashMap<&str, OsString> =
-            [(crate::layers::ROOT_ENV, root.as_os_str().to_owned())]
-                .into_iter()
-                .collect();
-        let env = |k: &str| env_map.get(k).cloned();
+        let env = config_root_env(root);
         let sources = Sources::from_env("agent", None, &env).unwrap();
         let (c, report) = AgentConfig::load_with(&sources, &env, &host_ok).unwrap();
         assert_eq!(c.node_name, "bc-node");
@@ -842,7 +835,7 @@ mod tests {
         );
         assert!(msg.contains("not supported"), "{msg}");
         // A relative root is refused.
-        let rel = |k: &str| (k == crate::layers::ROOT_ENV).then(|| OsString::from("etc"));
+        let rel = config_root_env(Path::new("etc"));
         let err = Sources::from_env("agent", None, &rel).unwrap_err();
         assert!(err.to_string().contains("DROVER_CONFIG_ROOT"), "{err}");
         // Unset or empty: the installed locations.

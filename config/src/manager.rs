@@ -401,15 +401,12 @@ impl Builder {
                 c.allow_plaintext = at.boolean()?;
                 self.allow_plaintext_at = Some(Origin::of(at));
             }
-            _ => {
-                if !value::apply_logging(at, &mut c.logging)? {
-                    let section = match dialect {
-                        Dialect::Drover => SECTION,
-                        Dialect::BlueChi => BLUECHI_SECTION,
-                    };
-                    return Err(value::unknown_key(at, section, KEYS));
-                }
-            }
+            _ => value::apply_logging_or_unknown(
+                at,
+                &mut c.logging,
+                Daemon::Manager.section(dialect),
+                KEYS,
+            )?,
         }
         Ok(())
     }
@@ -604,7 +601,7 @@ fn apply_node_key(at: At<'_>, node: &mut NodeSection) -> Result<(), ConfigError>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_util::TempDir;
+    use crate::test_util::{TempDir, config_root_env};
     use crate::{LogLevel, LogTarget};
     use std::collections::HashMap;
     use std::path::PathBuf;
@@ -1300,11 +1297,7 @@ mod tests {
             "etc/bluechi/controller.conf.d/50-deps.conf",
             "[node n1]\nAllowDependenciesOn=n2\n[bluechi-controller]\nLogLevel=DEBUG\n",
         );
-        let env_map: HashMap<&str, OsString> =
-            [(crate::layers::ROOT_ENV, root.as_os_str().to_owned())]
-                .into_iter()
-                .collect();
-        let env = |k: &str| env_map.get(k).cloned();
+        let env = config_root_env(root);
         let sources = Sources::from_env("manager", None, &env).unwrap();
         let (c, report) = ManagerConfig::load_with_env(&sources, &env).unwrap();
         assert_eq!(c.port, 8420);

@@ -53,6 +53,15 @@ impl Daemon {
         }
     }
 
+    /// The name of the daemon's own section in `dialect`.
+    pub fn section(self, dialect: Dialect) -> &'static str {
+        let (drover, bluechi) = self.sections();
+        match dialect {
+            Dialect::Drover => drover,
+            Dialect::BlueChi => bluechi,
+        }
+    }
+
     fn other(self) -> Daemon {
         match self {
             Daemon::Manager => Daemon::Agent,

@@ -1,7 +1,16 @@
 //! Helpers for this crate's unit tests.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
+
+/// The environment of a test that moves the default config search under
+/// `root` (`DROVER_CONFIG_ROOT`, [`crate::layers::ROOT_ENV`]) and sets
+/// nothing else.
+pub fn config_root_env(root: &Path) -> impl Fn(&str) -> Option<OsString> + use<> {
+    let root = root.as_os_str().to_owned();
+    move |k| (k == crate::layers::ROOT_ENV).then(|| root.clone())
+}
 
 /// A fresh directory under the system temp dir, removed on drop (also when
 /// the test panics).

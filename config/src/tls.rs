@@ -28,15 +28,19 @@ pub const KEYS: &[&str] = &[
 ];
 
 /// Where a daemon's TLS files are, once all three required keys are set.
+/// The same four for the manager and an agent; `drover-tls` loads them
+/// (its `ServerSettings::load` / `ClientSettings::load`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsFiles {
     /// `TLSCertificate`: one's own certificate (PEM), then any intermediates.
     pub certificate: PathBuf,
-    /// `TLSPrivateKey`: its key (PEM, unencrypted, mode 0600 or stricter).
+    /// `TLSPrivateKey`: its key (PEM: PKCS#8, SEC1 or PKCS#1, unencrypted,
+    /// mode 0600 or stricter).
     pub private_key: PathBuf,
-    /// `TLSCertificateAuthority`: the CA certificates peers must chain to.
+    /// `TLSCertificateAuthority`: the CA certificates peers must chain to
+    /// (several during a CA rotation).
     pub ca_bundle: PathBuf,
-    /// `TLSRevocationList`: CRLs of those CAs (optional).
+    /// `TLSRevocationList`: CRLs issued by those CAs (optional).
     pub crl: Option<PathBuf>,
 }
 

@@ -160,6 +160,21 @@ pub(crate) fn apply_logging(at: At<'_>, log: &mut LoggingConfig) -> Result<bool,
     Ok(true)
 }
 
+/// Both loaders' last resort for a key of their own section: the logging keys,
+/// else the error for a key `[section]` does not know.
+pub(crate) fn apply_logging_or_unknown(
+    at: At<'_>,
+    log: &mut LoggingConfig,
+    section: &str,
+    known: &[&str],
+) -> Result<(), ConfigError> {
+    if apply_logging(at, log)? {
+        Ok(())
+    } else {
+        Err(unknown_key(at, section, known))
+    }
+}
+
 /// The error for a key no loader knows, with a hint when only the case differs.
 pub(crate) fn unknown_key(at: At<'_>, section: &str, known: &[&str]) -> ConfigError {
     let hint = known

@@ -20,6 +20,7 @@ use drover_testkit::ctl::{Ctl, CtlFollower};
 use drover_testkit::process::Run;
 use drover_testkit::standin::NamedError;
 use tokio::sync::{Mutex, Notify};
+use tokio::time::error::Elapsed;
 use zbus::message::Header;
 use zbus::{Connection, ObjectPath, OwnedObjectPath, interface};
 
@@ -486,6 +487,35 @@ async fn droverctl(bus: &Bus, args: &[&str]) -> Run {
     ctl(bus).run(args).await
 }
 
+/// A droverctl run left in flight while the test acts on the stand-in: spawned, and
+/// handed back once `arrived` says its call reached the stand-in.
+struct InFlight(tokio::task::JoinHandle<Result<std::io::Result<std::process::Output>, Elapsed>>);
+
+async fn droverctl_in_flight(bus: &Bus, args: &[&str], arrived: &Notify) -> InFlight {
+    let mut cmd = ctl(bus).command(args);
+    let run =
+        tokio::spawn(
+            async move { tokio::time::timeout(Duration::from_secs(30), cmd.output()).await },
+        );
+    tokio::time::timeout(Duration::from_secs(10), arrived.notified())
+        .await
+        .expect("droverctl never called StartUnit");
+    InFlight(run)
+}
+
+impl InFlight {
+    /// The run's end; `hung` says what the test expected to end it.
+    async fn finish(self, hung: &str) -> Run {
+        let out = self
+            .0
+            .await
+            .expect("join")
+            .expect(hung)
+            .expect("run droverctl");
+        Run::from(out)
+    }
+}
+
 fn fields(line: &str) -> Vec<&str> {
     line.split('|').map(str::trim).collect()
 }
@@ -729,30 +759,18 @@ async fn timeout_gives_up_with_exit_1() {
 async fn manager_leaving_while_waiting_is_reported_not_a_hang() {
     let bus = private_bus();
     let (mgr, shared) = serve(&bus).await;
-    let address = bus.address().to_string();
-    let run = tokio::spawn(async move {
-        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_droverctl"))
-            .args(["--bus", &address, "start", "node-a", "slow"])
-            .kill_on_drop(true)
-            .output();
-        tokio::time::timeout(Duration::from_secs(30), out).await
-    });
     // droverctl subscribes before it calls, so once the call arrived it is listening.
-    tokio::time::timeout(Duration::from_secs(10), shared.slow_job_started.notified())
-        .await
-        .expect("droverctl never called StartUnit");
+    let run =
+        droverctl_in_flight(&bus, &["start", "node-a", "slow"], &shared.slow_job_started).await;
     mgr.release_name(BUS_NAME).await.expect("release name");
-    let out = run
-        .await
-        .expect("join")
-        .expect("droverctl hung after the manager left")
-        .expect("run droverctl");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("drover-manager left"), "{stderr}");
+    let r = run.finish("droverctl hung after the manager left").await;
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(r.stderr.contains("drover-manager left"), "{}", r.stderr);
     assert!(
-        stderr.contains("StartUnit of unit slow.service on node node-a"),
-        "{stderr}"
+        r.stderr
+            .contains("StartUnit of unit slow.service on node node-a"),
+        "{}",
+        r.stderr
     );
 }
 
@@ -763,27 +781,12 @@ async fn manager_leaving_while_waiting_is_reported_not_a_hang() {
 async fn manager_leaving_during_a_call_is_reported_as_gone() {
     let bus = private_bus();
     let (mgr, shared) = serve(&bus).await;
-    let address = bus.address().to_string();
-    let run = tokio::spawn(async move {
-        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_droverctl"))
-            .args(["--bus", &address, "start", "node-a", "hang"])
-            .kill_on_drop(true)
-            .output();
-        tokio::time::timeout(Duration::from_secs(30), out).await
-    });
-    tokio::time::timeout(Duration::from_secs(10), shared.hang_started.notified())
-        .await
-        .expect("droverctl never called StartUnit");
+    let run = droverctl_in_flight(&bus, &["start", "node-a", "hang"], &shared.hang_started).await;
     mgr.close().await.expect("close the manager's connection");
-    let out = run
-        .await
-        .expect("join")
-        .expect("droverctl hung after the manager left")
-        .expect("run droverctl");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let r = run.finish("droverctl hung after the manager left").await;
+    assert_eq!(r.code, 1, "{}", r.stderr);
     assert_eq!(
-        stderr,
+        r.stderr,
         format!(
             "droverctl: cannot reach drover-manager on bus {}: is it running?\n",
             bus.address()
@@ -798,25 +801,12 @@ async fn manager_leaving_during_a_call_is_reported_as_gone() {
 async fn job_removed_from_another_peer_is_not_our_jobs_end() {
     let bus = private_bus();
     let (mgr, shared) = serve(&bus).await;
-    let address = bus.address().to_string();
-    let run = tokio::spawn(async move {
-        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_droverctl"))
-            .args([
-                "--bus",
-                &address,
-                "start",
-                "node-a",
-                "slow",
-                "--timeout",
-                "3",
-            ])
-            .kill_on_drop(true)
-            .output();
-        tokio::time::timeout(Duration::from_secs(30), out).await
-    });
-    tokio::time::timeout(Duration::from_secs(10), shared.slow_job_started.notified())
-        .await
-        .expect("droverctl never called StartUnit");
+    let run = droverctl_in_flight(
+        &bus,
+        &["start", "node-a", "slow", "--timeout", "3"],
+        &shared.slow_job_started,
+    )
+    .await;
     let id = shared.next_job.load(Ordering::SeqCst);
     let job = format!("/org/eclipse/bluechi/job/{id}");
     let job = ObjectPath::try_from(job.as_str()).expect("job path");
@@ -859,21 +849,13 @@ async fn job_removed_from_another_peer_is_not_our_jobs_end() {
         .await
         .expect("broadcast JobRemoved");
 
-    let out = run
-        .await
-        .expect("join")
-        .expect("droverctl did not give up at --timeout")
-        .expect("run droverctl");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let r = run.finish("droverctl did not give up at --timeout").await;
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(r.stdout.is_empty(), "{}", r.stdout);
     assert!(
-        out.stdout.is_empty(),
+        r.stderr.starts_with("droverctl: timed out after 3 s"),
         "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    assert!(
-        stderr.starts_with("droverctl: timed out after 3 s"),
-        "{stderr}"
+        r.stderr
     );
 }
 

@@ -479,6 +479,17 @@ impl Core {
             (registry.controller_status(), counts_of(&registry))
         };
         self.publish_counts(counts);
+        self.controller_status_locked(&mut announced, controller)
+            .await;
+    }
+
+    /// Emits `Controller.Status` when `controller` differs from what was last
+    /// announced, and remembers it (called under `announce`).
+    async fn controller_status_locked(
+        &self,
+        announced: &mut Announced,
+        controller: ControllerStatus,
+    ) {
         if controller != announced.controller {
             announced.controller = controller;
             self.properties_changed(
@@ -509,15 +520,8 @@ impl Core {
         self.properties_changed(path.as_str(), NODE_IFACE, "Status", status)
             .await;
         // While shutting down, `shutdown` announces the final state once.
-        if controller != announced.controller && !self.is_shutting_down() {
-            announced.controller = controller;
-            self.properties_changed(
-                CONTROLLER_PATH,
-                CONTROLLER_IFACE,
-                "Status",
-                controller.as_str(),
-            )
-            .await;
+        if !self.is_shutting_down() {
+            self.controller_status_locked(announced, controller).await;
         }
     }
 

@@ -115,7 +115,7 @@ pub async fn reload(
     // TLS files first: what the new CRL revokes decides which sessions go.
     let tls = match (core.tls(), &new.tls) {
         (Some(acceptor), Some(files)) if core.config().tls.as_ref() == Some(files) => {
-            match drover_tls::ServerSettings::load(&crate::tls::tls_files(files)) {
+            match drover_tls::ServerSettings::load(files) {
                 Ok(settings) => {
                     tracing::info!(
                         "config reload: TLS files read again (manager certificate serial {}, \

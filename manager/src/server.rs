@@ -35,7 +35,7 @@ pub enum StartError {
     Tls(#[from] drover_tls::Error),
 }
 
-pub use crate::tls::{load_tls, tls_files};
+pub use crate::tls::load_tls;
 
 /// A running manager. Dropping it without [`Manager::shutdown`] stops the
 /// tasks but skips the orderly end of jobs.

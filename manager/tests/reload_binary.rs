@@ -53,10 +53,14 @@ async fn sighup_reloads_good_config_and_keeps_running_on_a_bad_one() {
         node_known(&client, "b")
     });
     added.await.unwrap();
-    let level: String = client
-        .get_property(CONTROLLER, CONTROLLER_IFACE, "LogLevel")
-        .await;
-    assert_eq!(level, "DEBUG");
+    // The reload exports node b before it applies the log level: wait for both.
+    let debug = poll(STEP, EVERY, "LogLevel is DEBUG after SIGHUP", || async {
+        let level: String = client
+            .get_property(CONTROLLER, CONTROLLER_IFACE, "LogLevel")
+            .await;
+        level == "DEBUG"
+    });
+    debug.await.unwrap();
 
     // A broken file: logged, the running config kept, the manager alive.
     setup.tmp.file(

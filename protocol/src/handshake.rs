@@ -36,6 +36,71 @@ pub const AGENT_VERSION_MAX: usize = 256;
 /// without letting an unauthenticated peer cost more than half a KiB.
 pub const HELLO_MAX_LEN: usize = 512;
 
+/// Largest manager version string a [`Welcome`] carries, in bytes (the same
+/// budget as the agent's); [`Welcome::accepted`] cuts a longer one.
+pub const MANAGER_VERSION_MAX: usize = AGENT_VERSION_MAX;
+
+/// Largest refusal message a [`Welcome`] carries, in bytes;
+/// [`Welcome::refused`] cuts a longer one. The manager's longest today is the
+/// refusal of an invalid node name, which quotes the name (at most the rest
+/// of a [`HELLO_MAX_LEN`] hello): about 560 bytes.
+pub const REFUSAL_MESSAGE_MAX: usize = 1024;
+
+/// Bytes of postcard's varint of `n`, 7 bits a byte.
+const fn varint_len(n: usize) -> usize {
+    let mut len = 1;
+    let mut rest = n >> 7;
+    while rest > 0 {
+        len += 1;
+        rest >>= 7;
+    }
+    len
+}
+
+/// Bytes of a postcard string of `max` bytes: its length as a varint, then the bytes.
+const fn string_len(max: usize) -> usize {
+    varint_len(max) + max
+}
+
+const fn max_of(a: usize, b: usize) -> usize {
+    if a > b { a } else { b }
+}
+
+/// Longest varints of a `u32` and a `u64`.
+const VARINT_U32_MAX: usize = 5;
+const VARINT_U64_MAX: usize = 10;
+
+/// Cap on the body of the first frame an agent reads (the [`Welcome`]): the
+/// largest welcome the constructors can build, so a peer posing as the
+/// manager cannot make an agent buffer more (the normal cap,
+/// [`crate::MAX_FRAME_LEN`], is 1 MiB, and applies only once accepted).
+///
+/// 4 (magic) + 5 (version) + 1 (outcome) + the larger of *accepted*: 3 × 10
+/// (session id and heartbeat settings, varint `u64::MAX`) + 2 + 256 (manager
+/// version of [`MANAGER_VERSION_MAX`] bytes) = 288, and *refused*: 1 (reason) +
+/// 2 + 1024 (message of [`REFUSAL_MESSAGE_MAX`] bytes) = 1027; 1037 bytes,
+/// which a test pins. No margin is needed for later protocol versions: a
+/// manager answers a hello of another version with a short refusal.
+pub const WELCOME_MAX_LEN: usize = MAGIC.len()
+    + VARINT_U32_MAX
+    + 1
+    + max_of(
+        3 * VARINT_U64_MAX + string_len(MANAGER_VERSION_MAX),
+        1 + string_len(REFUSAL_MESSAGE_MAX),
+    );
+
+/// `text` cut to at most `max` bytes, on a character boundary.
+fn clamp(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
+}
+
 /// Agent → manager, first frame.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Hello {
@@ -66,7 +131,10 @@ pub struct Welcome {
 }
 
 impl Welcome {
-    pub fn accepted(accepted: Accepted) -> Self {
+    /// The manager version is cut to [`MANAGER_VERSION_MAX`] bytes, so the
+    /// welcome fits [`WELCOME_MAX_LEN`].
+    pub fn accepted(mut accepted: Accepted) -> Self {
+        accepted.manager_version = clamp(accepted.manager_version, MANAGER_VERSION_MAX);
         Self {
             magic: MAGIC,
             protocol_version: PROTOCOL_VERSION,
@@ -74,13 +142,15 @@ impl Welcome {
         }
     }
 
+    /// The message is cut to [`REFUSAL_MESSAGE_MAX`] bytes, so the welcome
+    /// fits [`WELCOME_MAX_LEN`].
     pub fn refused(reason: RefuseReason, message: impl Into<String>) -> Self {
         Self {
             magic: MAGIC,
             protocol_version: PROTOCOL_VERSION,
             outcome: Outcome::Refused {
                 reason,
-                message: message.into(),
+                message: clamp(message.into(), REFUSAL_MESSAGE_MAX),
             },
         }
     }
@@ -163,6 +233,74 @@ mod tests {
         let len = encode_body(&hello).unwrap().len();
         assert_eq!(len, 332, "update the arithmetic in HELLO_MAX_LEN's doc");
         assert!(len <= HELLO_MAX_LEN);
+    }
+
+    #[test]
+    fn the_largest_welcome_is_the_welcome_cap() {
+        let accepted = Welcome {
+            protocol_version: u32::MAX,
+            ..Welcome::accepted(Accepted {
+                session_id: u64::MAX,
+                heartbeat_interval_ms: u64::MAX,
+                heartbeat_threshold_ms: u64::MAX,
+                manager_version: "v".repeat(MANAGER_VERSION_MAX),
+            })
+        };
+        let accepted = encode_body(&accepted).unwrap().len();
+        assert_eq!(accepted, 298);
+        let refused = Welcome {
+            protocol_version: u32::MAX,
+            ..Welcome::refused(
+                RefuseReason::IdentityMismatch,
+                "m".repeat(REFUSAL_MESSAGE_MAX),
+            )
+        };
+        let refused = encode_body(&refused).unwrap().len();
+        assert_eq!(
+            refused, 1037,
+            "update the arithmetic in WELCOME_MAX_LEN's doc"
+        );
+        assert_eq!(WELCOME_MAX_LEN, refused.max(accepted));
+    }
+
+    #[test]
+    fn longer_texts_are_cut_to_fit_the_welcome_cap() {
+        // The cap falls inside a two-byte character: the cut is before it.
+        let long = format!("x{}", "é".repeat(REFUSAL_MESSAGE_MAX));
+        let welcome = Welcome::refused(RefuseReason::InvalidName, long);
+        match &welcome.outcome {
+            Outcome::Refused { message, .. } => {
+                assert_eq!(
+                    message,
+                    &format!("x{}", "é".repeat(REFUSAL_MESSAGE_MAX / 2 - 1))
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(encode_body(&welcome).unwrap().len() <= WELCOME_MAX_LEN);
+        let welcome = Welcome::accepted(Accepted {
+            session_id: 1,
+            heartbeat_interval_ms: 2,
+            heartbeat_threshold_ms: 3,
+            manager_version: "x".repeat(1 << 16) + "é",
+        });
+        match &welcome.outcome {
+            Outcome::Accepted(a) => assert_eq!(a.manager_version, "x".repeat(MANAGER_VERSION_MAX)),
+            other => panic!("{other:?}"),
+        }
+        assert!(encode_body(&welcome).unwrap().len() <= WELCOME_MAX_LEN);
+        // Short texts are kept whole.
+        assert_eq!(
+            Welcome::refused(RefuseReason::UnknownNode, "node 'x' é"),
+            Welcome {
+                magic: MAGIC,
+                protocol_version: PROTOCOL_VERSION,
+                outcome: Outcome::Refused {
+                    reason: RefuseReason::UnknownNode,
+                    message: "node 'x' é".into()
+                }
+            }
+        );
     }
 
     #[test]

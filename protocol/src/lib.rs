@@ -5,7 +5,8 @@
 //! * [`codec`] — length-prefixed frames (u32 big-endian length, hard cap checked
 //!   *before* allocating) carrying postcard-encoded messages. The hello, read
 //!   before anything is known about the peer, has its own small cap
-//!   ([`HELLO_MAX_LEN`]).
+//!   ([`HELLO_MAX_LEN`]), and so has the manager's answer to it
+//!   ([`WELCOME_MAX_LEN`]).
 //! * [`handshake`] — the first frame each way: the agent's [`handshake::Hello`]
 //!   (magic, protocol version, node name) and the manager's [`handshake::Welcome`]
 //!   (accepted with a session id and heartbeat settings, or refused with a reason).
@@ -53,7 +54,9 @@ pub mod verdict;
 #[cfg(feature = "io")]
 pub use codec::FrameCodec;
 pub use codec::{FrameError, MAX_FRAME_LEN};
-pub use handshake::{HELLO_MAX_LEN, Hello, PROTOCOL_VERSION, RefuseReason, Welcome};
+pub use handshake::{
+    HELLO_MAX_LEN, Hello, PROTOCOL_VERSION, RefuseReason, WELCOME_MAX_LEN, Welcome,
+};
 pub use job::JobKind;
 pub use message::{
     Event, Marshalled, Notice, Reason, RemoteError, Request, Response, TargetChange, ToAgent,

@@ -9,16 +9,18 @@
 //! [`HELLO_MAX_LEN`]: the 4-byte header is read alone and checked, then
 //! exactly the announced body, so a peer announcing a 1 MiB hello costs
 //! the manager 4 bytes read and no buffer. Only after the hello does the
-//! connection switch to the normal codec and [`crate::MAX_FRAME_LEN`].
+//! connection switch to the normal codec and [`crate::MAX_FRAME_LEN`]. The
+//! agent reads the manager's answer the same way, capped at
+//! [`WELCOME_MAX_LEN`]: a peer posing as the manager costs it no more.
 
 use crate::codec::{FrameCodec, FrameError, Frames, HEADER_LEN, decode_body, encode_body};
 use crate::handshake::{
-    Accepted, HELLO_MAX_LEN, Hello, MAGIC, Outcome, PROTOCOL_VERSION, RefuseReason, Welcome,
-    read_prefix,
+    Accepted, HELLO_MAX_LEN, Hello, MAGIC, Outcome, PROTOCOL_VERSION, RefuseReason,
+    WELCOME_MAX_LEN, Welcome, read_prefix,
 };
 use crate::message::{ToAgent, ToManager};
 use bytes::BytesMut;
-use futures::{SinkExt, StreamExt};
+use futures::SinkExt;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio_util::codec::{Decoder, Encoder, Framed, FramedParts};
@@ -56,6 +58,13 @@ pub enum HandshakeError {
          manager too, or none on the agent"
     )]
     PeerStartsTls,
+    /// The answer to the hello announces more than any welcome can be
+    /// ([`WELCOME_MAX_LEN`]); refused from its header, nothing more is read.
+    #[error(
+        "the manager's answer to the hello announces {len} bytes, more than a drover welcome \
+         can be ({max} bytes): not a drover manager"
+    )]
+    WelcomeTooLarge { len: usize, max: usize },
     #[error(transparent)]
     Frame(#[from] FrameError),
 }
@@ -100,17 +109,6 @@ pub fn set_recv_err(stream: &tokio::net::TcpStream) -> std::io::Result<()> {
         std::net::SocketAddr::V6(_) => setsockopt(stream, sockopt::Ipv6RecvErr, &true),
     };
     set.map_err(std::io::Error::from)
-}
-
-async fn next_raw<IO: AsyncRead + AsyncWrite + Unpin>(
-    framed: &mut Framed<IO, RawCodec>,
-    timeout: Duration,
-) -> Result<BytesMut, HandshakeError> {
-    match tokio::time::timeout(timeout, framed.next()).await {
-        Err(_) => Err(HandshakeError::Timeout(timeout)),
-        Ok(None) => Err(HandshakeError::Closed),
-        Ok(Some(frame)) => Ok(frame?),
-    }
 }
 
 fn check_prefix(body: &[u8], what: &'static str) -> Result<(), HandshakeError> {
@@ -192,18 +190,25 @@ pub async fn agent_handshake<IO: AsyncRead + AsyncWrite + Unpin>(
     tokio::time::timeout(timeout, framed.send(body))
         .await
         .map_err(|_| HandshakeError::Timeout(timeout))??;
-    let reply = match next_raw(&mut framed, timeout).await {
-        Err(HandshakeError::Frame(FrameError::TooLarge { len, .. }))
-            if is_tls_record_header(len) =>
-        {
-            return Err(HandshakeError::PeerSpeaksTls);
+    // Nothing was read through `framed`: its read buffer is empty.
+    let mut io = framed.into_inner();
+    let read = tokio::time::timeout(timeout, read_bounded_frame(&mut io, WELCOME_MAX_LEN))
+        .await
+        .map_err(|_| HandshakeError::Timeout(timeout))?;
+    let reply = match read {
+        Err(HandshakeError::Frame(FrameError::TooLarge { len, max })) => {
+            return Err(if is_tls_record_header(len) {
+                HandshakeError::PeerSpeaksTls
+            } else {
+                HandshakeError::WelcomeTooLarge { len, max }
+            });
         }
         reply => reply?,
     };
     check_prefix(&reply, "manager")?;
     let welcome: Welcome = decode_body(&reply)?;
     match welcome.outcome {
-        Outcome::Accepted(accepted) => Ok((framed.map_codec(|_| FrameCodec::default()), accepted)),
+        Outcome::Accepted(accepted) => Ok((Framed::new(io, FrameCodec::default()), accepted)),
         Outcome::Refused { reason, message } => Err(HandshakeError::Refused { reason, message }),
     }
 }
@@ -283,6 +288,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> PendingAgent<IO> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures::StreamExt;
 
     const T: Duration = Duration::from_secs(2);
 
@@ -433,6 +439,78 @@ mod tests {
             } => assert!(message.contains("exceeds the maximum of 512"), "{message}"),
             other => panic!("unexpected {other:?}"),
         }
+    }
+
+    /// `body` with its frame header.
+    fn frame(body: &[u8]) -> Vec<u8> {
+        let mut data = u32::try_from(body.len()).unwrap().to_be_bytes().to_vec();
+        data.extend_from_slice(body);
+        data
+    }
+
+    #[tokio::test]
+    async fn an_oversized_welcome_is_refused_from_its_header() {
+        // Announced and available to read: one byte over the cap, and 1 MiB.
+        for len in [WELCOME_MAX_LEN + 1, 1 << 20] {
+            let mut peer = Counting {
+                data: frame(&vec![b'x'; len]),
+                read: 0,
+                written: Vec::new(),
+            };
+            let err = agent_handshake(&mut peer, &Hello::new("n1", "x"), T)
+                .await
+                .err()
+                .unwrap();
+            assert!(
+                matches!(err, HandshakeError::WelcomeTooLarge { len: l, max: WELCOME_MAX_LEN } if l == len),
+                "{err}"
+            );
+            assert!(err.to_string().contains("not a drover manager"), "{err}");
+            assert_eq!(peer.read, HEADER_LEN, "only the header was read");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_largest_welcomes_are_read_exactly() {
+        // A refusal at the cap reaches the agent whole.
+        let message = "m".repeat(crate::handshake::REFUSAL_MESSAGE_MAX);
+        let body = encode_body(&Welcome::refused(
+            RefuseReason::UnknownNode,
+            message.clone(),
+        ))
+        .unwrap();
+        // The cap but for the version's varint at its longest (5 bytes, here 1).
+        assert_eq!(body.len(), WELCOME_MAX_LEN - 4);
+        let mut peer = Counting {
+            data: frame(&body),
+            read: 0,
+            written: Vec::new(),
+        };
+        match agent_handshake(&mut peer, &Hello::new("n1", "x"), T).await {
+            Err(HandshakeError::Refused { message: got, .. }) => assert_eq!(got, message),
+            other => panic!("unexpected {:?}", other.map(|(_, a)| a)),
+        }
+        // An acceptance with the longest version; the frame right behind it
+        // is the session's first message, not lost to the handshake's read.
+        let welcome = Welcome::accepted(Accepted {
+            manager_version: "v".repeat(crate::handshake::MANAGER_VERSION_MAX),
+            ..accepted()
+        });
+        let mut data = frame(&encode_body(&welcome).unwrap());
+        data.extend(frame(&encode_body(&ToAgent::Heartbeat).unwrap()));
+        let mut peer = Counting {
+            data,
+            read: 0,
+            written: Vec::new(),
+        };
+        let (mut framed, got) = agent_handshake(&mut peer, &Hello::new("n1", "x"), T)
+            .await
+            .unwrap();
+        assert_eq!(
+            got.manager_version.len(),
+            crate::handshake::MANAGER_VERSION_MAX
+        );
+        assert_eq!(framed.next().await.unwrap().unwrap(), ToAgent::Heartbeat);
     }
 
     #[tokio::test]

@@ -1,11 +1,14 @@
 //! Property tests of what an outsider can feed the manager: the frame
-//! decoder and the hello path. They run in every `cargo test` with a fixed
+//! decoder and the hello path; and of what a peer posing as the manager can
+//! feed an agent: the welcome path. They run in every `cargo test` with a fixed
 //! case count (the cargo-fuzz targets in `fuzz/` explore the same code for
 //! as long as one lets them; see `fuzz/README.md`).
 //!
 //! What they pin: no input panics; garbage is an error; the hello read never
-//! consumes more than its header and [`HELLO_MAX_LEN`]; valid frames and
-//! hellos round-trip however the stream is cut into reads.
+//! consumes more than its header and [`HELLO_MAX_LEN`], the welcome read no
+//! more than its header and [`WELCOME_MAX_LEN`]; every welcome the
+//! constructors build fits that cap; valid frames and hellos round-trip
+//! however the stream is cut into reads.
 #![cfg(feature = "io")]
 
 use std::future::Future;
@@ -14,9 +17,12 @@ use std::task::{Context, Poll, Waker};
 
 use bytes::BytesMut;
 use drover_protocol::codec::{FrameError, Frames, HEADER_LEN, decode_body, encode_body};
-use drover_protocol::handshake::{AGENT_VERSION_MAX, MAGIC};
-use drover_protocol::link::{HandshakeError, decode_hello, read_bounded_frame};
-use drover_protocol::{FrameCodec, HELLO_MAX_LEN, Hello, MAX_FRAME_LEN, ToAgent, ToManager};
+use drover_protocol::handshake::{AGENT_VERSION_MAX, Accepted, MAGIC};
+use drover_protocol::link::{HandshakeError, agent_handshake, decode_hello, read_bounded_frame};
+use drover_protocol::{
+    FrameCodec, HELLO_MAX_LEN, Hello, MAX_FRAME_LEN, RefuseReason, ToAgent, ToManager,
+    WELCOME_MAX_LEN, Welcome,
+};
 use proptest::prelude::*;
 use tokio_util::codec::Decoder;
 
@@ -68,6 +74,70 @@ fn frame(body: &[u8]) -> Vec<u8> {
     let mut out = (body.len() as u32).to_be_bytes().to_vec();
     out.extend_from_slice(body);
     out
+}
+
+/// A peer posing as the manager: what it answers is `answer`, what the agent
+/// sends it is dropped; counts what the agent read.
+struct Posing<'a> {
+    answer: &'a [u8],
+    read: usize,
+}
+
+impl tokio::io::AsyncRead for Posing<'_> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let n = buf.remaining().min(self.answer.len() - self.read);
+        let start = self.read;
+        buf.put_slice(&self.answer[start..start + n]);
+        self.read += n;
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl tokio::io::AsyncWrite for Posing<'_> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Poll::Ready(Ok(buf.len()))
+    }
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// The agent's handshake against `answer`: the welcome it got (or the error)
+/// and how many bytes of `answer` it read.
+fn agent_against(answer: &[u8]) -> (Result<Accepted, HandshakeError>, usize) {
+    thread_local! {
+        // The handshake's timeouts need a clock; nothing here waits on it.
+        static RT: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+    }
+    let mut peer = Posing { answer, read: 0 };
+    let out = RT.with(|rt| {
+        rt.block_on(agent_handshake(
+            &mut peer,
+            &Hello::new("n1", "x"),
+            std::time::Duration::from_secs(5),
+        ))
+    });
+    (out.map(|(_, accepted)| accepted), peer.read)
 }
 
 fn hello() -> impl Strategy<Value = Hello> {
@@ -193,6 +263,61 @@ proptest! {
             let again = encode_body(&hello).unwrap();
             prop_assert_eq!(decode_hello(&again).unwrap(), hello);
         }
+    }
+
+    /// The welcome path on arbitrary input, also behind a header announcing
+    /// up to twice the cap: never a panic, never more read than the header
+    /// and the welcome cap, and an error unless drover's magic opens the body.
+    #[test]
+    fn welcome_path_on_garbage(
+        announced in 0u32..(2 * WELCOME_MAX_LEN as u32),
+        framed in any::<bool>(),
+        input in proptest::collection::vec(any::<u8>(), 0..1200),
+    ) {
+        let answer = if framed {
+            let mut a = announced.to_be_bytes().to_vec();
+            a.extend_from_slice(&input);
+            a
+        } else {
+            input
+        };
+        let (got, read) = agent_against(&answer);
+        prop_assert!(read <= HEADER_LEN + WELCOME_MAX_LEN, "read {}", read);
+        if answer.len() < HEADER_LEN + MAGIC.len() || answer[HEADER_LEN..HEADER_LEN + MAGIC.len()] != MAGIC {
+            prop_assert!(got.is_err(), "{:?}", got);
+        }
+    }
+
+    /// Every welcome the constructors build, whatever text it is given, fits
+    /// the cap the agent reads with and reaches the agent whole. (Arbitrary
+    /// characters average about 3.5 bytes: the lengths go past both text caps.)
+    #[test]
+    fn every_welcome_fits_the_cap(
+        message in proptest::collection::vec(any::<char>(), 0..600),
+        version in proptest::collection::vec(any::<char>(), 0..150),
+        numbers in any::<(u64, u64, u64)>(),
+    ) {
+        let message: String = message.into_iter().collect();
+        let refused = Welcome::refused(RefuseReason::BadHandshake, message.clone());
+        let body = encode_body(&refused).unwrap();
+        prop_assert!(body.len() <= WELCOME_MAX_LEN, "{}", body.len());
+        match agent_against(&frame(&body)).0 {
+            Err(HandshakeError::Refused { message: got, .. }) => {
+                prop_assert!(message.starts_with(&got));
+            }
+            other => prop_assert!(false, "{:?}", other),
+        }
+        let accepted = Accepted {
+            session_id: numbers.0,
+            heartbeat_interval_ms: numbers.1,
+            heartbeat_threshold_ms: numbers.2,
+            manager_version: version.into_iter().collect(),
+        };
+        let body = encode_body(&Welcome::accepted(accepted.clone())).unwrap();
+        prop_assert!(body.len() <= WELCOME_MAX_LEN, "{}", body.len());
+        let got = agent_against(&frame(&body)).0.unwrap();
+        prop_assert_eq!(got.session_id, accepted.session_id);
+        prop_assert!(accepted.manager_version.starts_with(&got.manager_version));
     }
 
     /// Valid hellos round-trip through the bounded read and the decoder,

@@ -103,9 +103,10 @@ mod verifier;
 
 pub use acceptor::{Acceptor, CertificateRefused, peer_identity};
 pub use connector::Connector;
+pub use drover_config::TlsFiles;
 pub use error::{Error, IdentityError};
 pub use identity::{NodeIdentity, ParseSerialError, Serial};
-pub use settings::{ClientSettings, ServerSettings, TlsFiles};
+pub use settings::{ClientSettings, ServerSettings};
 pub use utc::format as format_utc;
 
 /// The TLS stream types the daemons hold.

@@ -48,8 +48,8 @@ use x509_parser::revocation_list::CertificateRevocationList;
 
 use crate::files;
 use crate::identity::Serial;
-use crate::settings::TlsFiles;
 use crate::utc;
+use drover_config::TlsFiles;
 
 const KEY_MODE: u32 = 0o600;
 const CERT_MODE: u32 = 0o644;

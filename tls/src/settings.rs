@@ -8,7 +8,7 @@
 //! CRL signed by a CA of the bundle. A load that fails changes nothing: the
 //! caller keeps the settings it has.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -26,19 +26,7 @@ use crate::identity::{NodeIdentity, Serial};
 use crate::revocation::RevokedSet;
 use crate::utc;
 use crate::verifier::NodeCertVerifier;
-
-/// Where the PEM files are. The same four for the manager and an agent.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsFiles {
-    /// One's own certificate, then any intermediates.
-    pub certificate: PathBuf,
-    /// Its private key: PKCS#8, SEC1 or PKCS#1, unencrypted, mode 0600 or stricter.
-    pub private_key: PathBuf,
-    /// The CA certificates peers must chain to (several during a CA rotation).
-    pub ca_bundle: PathBuf,
-    /// Certificate revocation lists issued by those CAs.
-    pub crl: Option<PathBuf>,
-}
+use drover_config::TlsFiles;
 
 /// The manager's side, loaded and checked. Immutable; see [`crate::Acceptor`].
 #[derive(Debug)]

@@ -24,13 +24,7 @@ use drover_tls::{ClientSettings, Connector};
 /// Loads the agent's TLS settings from `files` and checks that the
 /// certificate names `node`. The error is one line.
 pub fn load(files: &TlsFiles, node: &NodeName) -> Result<ClientSettings, String> {
-    let settings = ClientSettings::load(&drover_tls::TlsFiles {
-        certificate: files.certificate.clone(),
-        private_key: files.private_key.clone(),
-        ca_bundle: files.ca_bundle.clone(),
-        crl: files.crl.clone(),
-    })
-    .map_err(|e| format!("TLS: {e}"))?;
+    let settings = ClientSettings::load(files).map_err(|e| format!("TLS: {e}"))?;
     if settings.identity().node() != node {
         return Err(format!(
             "TLS: the certificate {} is for node '{}', but this agent is node '{node}'; \

@@ -506,17 +506,17 @@ async fn garbage_from_the_manager_drops_the_link_and_reconnects() {
     agent.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn garbage_instead_of_a_welcome_is_a_failed_attempt() {
+/// The first connection's peer answers the hello with `answer` and keeps the
+/// connection open: the agent counts a failed attempt (within [`T`]), then
+/// registers with the real fake manager on its retry.
+async fn a_failed_attempt_then_registered(answer: &[u8], connect_timeout: Duration) {
     let mgr = FakeManager::bind().await;
-    let mut agent = Agent::start(mgr.port(), |_| {}).await;
+    let mut agent = Agent::start(mgr.port(), |c| c.connect_timeout = connect_timeout).await;
     let (mut sock, _) = tokio::time::timeout(T, mgr.listener.accept())
         .await
         .unwrap()
         .unwrap();
-    sock.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n")
-        .await
-        .unwrap();
+    sock.write_all(answer).await.unwrap();
     agent
         .wait_for(|s| matches!(s, LinkState::Connecting { failures: 1 }))
         .await;
@@ -524,6 +524,23 @@ async fn garbage_instead_of_a_welcome_is_a_failed_attempt() {
     let _m = mgr.accept(1).await;
     agent.wait_for(is_connected).await;
     agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_instead_of_a_welcome_is_a_failed_attempt() {
+    a_failed_attempt_then_registered(b"HTTP/1.1 400 Bad Request\r\n\r\n", Duration::from_secs(2))
+        .await;
+}
+
+/// A peer posing as the manager announces a 1 MiB answer (a frame the
+/// session's codec would take) and sends nothing more: the agent refuses it
+/// from the header at once — it does not wait for, or make room for, the
+/// body — and retries as after any failed attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_welcome_is_a_failed_attempt_at_once() {
+    let announced = u32::try_from(drover_protocol::MAX_FRAME_LEN).unwrap();
+    // A handshake timeout far beyond the helper's wait: only the header can end it.
+    a_failed_attempt_then_registered(&announced.to_be_bytes(), 10 * T).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
