@@ -176,6 +176,7 @@ impl MonitorObject {
         owner_or_root(conn, &header, &self.monitor).await?;
         self.monitors()
             .subscribe(&self.monitor, &self.configured(), &node, &[unit])
+            .await
     }
 
     #[zbus(out_args("id"))]
@@ -189,6 +190,7 @@ impl MonitorObject {
         owner_or_root(conn, &header, &self.monitor).await?;
         self.monitors()
             .subscribe(&self.monitor, &self.configured(), &node, &units)
+            .await
     }
 
     async fn unsubscribe(

@@ -420,6 +420,9 @@ fn schedule_sync(node: &NodeName, ns: &mut NodeState, syncs: &mut Syncs) {
 pub struct Subscriptions {
     state: Mutex<State>,
     request_timeout: Duration,
+    /// Woken whenever what an agent was told may have changed (a sync step
+    /// done, a session gone): [`Subscriptions::synced`] looks again.
+    sync_progress: tokio::sync::Notify,
 }
 
 /// A sink handle: watches go through it; dropping it removes them all.
@@ -441,6 +444,15 @@ impl Watcher {
 
     pub fn unwatch(&self, id: WatchId) -> bool {
         self.hub.unwatch(id)
+    }
+
+    /// See [`Subscriptions::synced`].
+    pub fn synced(
+        &self,
+        watched: Vec<(NodeName, Option<UnitName>)>,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let hub = self.hub.clone();
+        async move { hub.synced(&watched).await }
     }
 
     /// See [`Subscriptions::refill`].
@@ -466,6 +478,7 @@ impl Subscriptions {
         Arc::new(Self {
             state: Mutex::new(State::default()),
             request_timeout,
+            sync_progress: tokio::sync::Notify::new(),
         })
     }
 
@@ -497,6 +510,38 @@ impl Subscriptions {
             },
             rx,
         )
+    }
+
+    /// Returns once the agent of every online node in `watched` has
+    /// confirmed a subscription covering its unit (`None` = `*`; a `*`
+    /// covers every unit), the node is offline or unknown, or the request
+    /// timeout has passed. From then on the agent reports every change of
+    /// those units as it happens: a client that subscribes and then starts a
+    /// unit hears the start as real events, never only as the state of a
+    /// late virtual replay.
+    pub async fn synced(&self, watched: &[(NodeName, Option<UnitName>)]) {
+        let deadline = tokio::time::Instant::now() + self.request_timeout;
+        loop {
+            let progress = self.sync_progress.notified();
+            tokio::pin!(progress);
+            // Registered before the look, so no step done after it is missed.
+            progress.as_mut().enable();
+            let done = {
+                let st = self.lock();
+                watched.iter().all(|(node, key)| {
+                    st.nodes.get(node).is_none_or(|ns| {
+                        ns.session.is_none() || ns.sent.contains(key) || ns.sent.contains(&None)
+                    })
+                })
+            };
+            if done {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, progress).await.is_err() {
+                tracing::debug!("subscriptions not confirmed by every agent in time");
+                return;
+            }
+        }
     }
 
     /// Adds a watch of `unit` (`None` = `*`) on `node` for `sink`, queues the
@@ -717,6 +762,7 @@ impl Subscriptions {
         ns.session = None;
         ns.syncing = None;
         ns.sent.clear();
+        self.sync_progress.notify_waiters();
         let mut loaded: Vec<(UnitName, bool)> = ns
             .records
             .iter()
@@ -923,7 +969,10 @@ impl Subscriptions {
             let result = session.request(body, self.request_timeout).await;
             let what = key.as_ref().map(UnitName::as_str).unwrap_or(WILDCARD);
             match &result {
-                Err(e) if e.name() == drover_protocol::error_names::OFFLINE => return,
+                Err(e) if e.name() == drover_protocol::error_names::OFFLINE => {
+                    self.sync_progress.notify_waiters();
+                    return;
+                }
                 Err(e) => tracing::warn!(
                     node = %node,
                     unit = what,
@@ -944,6 +993,8 @@ impl Subscriptions {
             } else {
                 ns.sent.remove(&key);
             }
+            drop(st);
+            self.sync_progress.notify_waiters();
         }
     }
 }
@@ -1083,6 +1134,50 @@ mod tests {
             Request::Unsubscribe { unit: None }
         );
         assert!(hub.watched(&n).is_empty());
+    }
+
+    /// Found by the 20-run loop: a monitor subscribed, the test started the
+    /// unit at once, and the agent got its `Subscribe` after the start: the
+    /// client heard only a virtual "active" from the agent's replay, never the
+    /// start. `synced` (what `Subscribe`/`SubscribeList` now wait for) returns
+    /// only once the agent answered, or at once for an offline node.
+    #[tokio::test]
+    async fn synced_waits_for_the_agents_answer_and_not_for_offline_nodes() {
+        use futures::FutureExt;
+        let hub = Subscriptions::new(Duration::from_secs(30));
+        let (n1, n2, a) = (node("n1"), node("n2"), unit("a.service"));
+        let (session, mut to_agent) = Session::new(7, n1.clone(), "127.0.0.1".into());
+        hub.node_online(&session);
+        let (w, _rx) = hub.watcher(8);
+        w.watch(&n1, Some(&a)).unwrap();
+        w.watch(&n2, Some(&a)).unwrap();
+        let watched = vec![(n1.clone(), Some(a.clone())), (n2.clone(), Some(a.clone()))];
+        let mut synced = Box::pin(w.synced(watched.clone()));
+        let Some(ToAgent::Request { id, body }) = to_agent.recv().await else {
+            panic!("a request to the agent");
+        };
+        assert_eq!(
+            body,
+            Request::Subscribe {
+                unit: Some(a.clone())
+            }
+        );
+        assert!(
+            synced.as_mut().now_or_never().is_none(),
+            "the agent has not answered yet"
+        );
+        session.complete(id, Ok(Response::Empty));
+        tokio::time::timeout(Duration::from_secs(5), synced)
+            .await
+            .expect("synced once the agent answered");
+        // Covered already: at once. Offline: at once.
+        w.synced(watched.clone())
+            .now_or_never()
+            .expect("nothing to wait for");
+        hub.node_offline(&n1, 7);
+        w.synced(vec![(n1.clone(), None)])
+            .now_or_never()
+            .expect("an offline node is not waited for");
     }
 
     #[tokio::test]

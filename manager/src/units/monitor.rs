@@ -337,7 +337,10 @@ impl Monitors {
 
     /// `Subscribe` / `SubscribeList`: one subscription id for every node ×
     /// unit given. `configured`: the registry's nodes (node `*` means them).
-    pub fn subscribe(
+    /// Returns once the agents of the online nodes have the subscription
+    /// (bounded by the request timeout; see `Subscriptions::synced`), so
+    /// whatever the caller changes afterwards reaches it as real events.
+    pub async fn subscribe(
         &self,
         monitor: &Monitor,
         configured: &[NodeName],
@@ -351,26 +354,34 @@ impl Monitors {
                 "subscription to node '{node}', which is not configured (it can never register)"
             );
         }
-        let watcher = lock(&monitor.watcher);
-        let Some(watcher) = watcher.as_ref() else {
-            return Err(ApiError::failed("the monitor is closed"));
-        };
-        let mut watches = Vec::new();
-        for n in &targets.nodes {
-            for u in &targets.units {
-                match watcher.watch(n, u.as_ref()) {
-                    Some(w) => watches.push(w),
-                    None => {
-                        for w in watches {
-                            watcher.unwatch(w);
+        let (id, synced) = {
+            let watcher = lock(&monitor.watcher);
+            let Some(watcher) = watcher.as_ref() else {
+                return Err(ApiError::failed("the monitor is closed"));
+            };
+            let mut watches = Vec::new();
+            let mut watched = Vec::new();
+            for n in &targets.nodes {
+                for u in &targets.units {
+                    match watcher.watch(n, u.as_ref()) {
+                        Some(w) => {
+                            watches.push(w);
+                            watched.push((n.clone(), u.clone()));
                         }
-                        return Err(ApiError::failed("the monitor was dropped"));
+                        None => {
+                            for w in watches {
+                                watcher.unwatch(w);
+                            }
+                            return Err(ApiError::failed("the monitor was dropped"));
+                        }
                     }
                 }
             }
-        }
-        let id = self.next_sub.fetch_add(1, Ordering::Relaxed);
-        lock(&monitor.inner).subs.insert(id, watches);
+            let id = self.next_sub.fetch_add(1, Ordering::Relaxed);
+            lock(&monitor.inner).subs.insert(id, watches);
+            (id, watcher.synced(watched))
+        };
+        synced.await;
         Ok(id)
     }
 
