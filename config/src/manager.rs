@@ -119,7 +119,9 @@ pub struct ManagerConfig {
     pub allowed_patterns: Vec<NodePattern>,
     /// Per-node sections, in config order.
     pub nodes: Vec<NodeSection>,
-    /// `HeartbeatInterval` ms. drover default 2000 (BlueChi: 0 = off). 0 disables.
+    /// `HeartbeatInterval` ms: how often the manager sends heartbeats to its
+    /// agents. Default 0 = never, as BlueChi: the agents' heartbeats probe the
+    /// manager through `TCP_USER_TIMEOUT` instead (`drover_protocol::liveness`).
     pub heartbeat_interval_ms: u64,
     /// `NodeHeartbeatThreshold` ms, default 6000; unlike BlueChi it is honoured
     /// whenever it is > 0, whatever `HeartbeatInterval` says. 0 disables.
@@ -166,7 +168,7 @@ impl Default for ManagerConfig {
             allowed_nodes: Vec::new(),
             allowed_patterns: Vec::new(),
             nodes: Vec::new(),
-            heartbeat_interval_ms: 2000,
+            heartbeat_interval_ms: 0,
             node_heartbeat_threshold_ms: 6000,
             proxy_grace_period_ms: None,
             tcp_keepalive_time_s: 1,

@@ -44,6 +44,27 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use zbus::OwnedObjectPath;
 
+/// The manager's one heartbeat timer: its period (ms) and every how many
+/// ticks it sends a round of heartbeats (0: never), `None` when it has
+/// nothing to do (no heartbeats sent, no threshold watched). The period is
+/// at most a sixth of the threshold and 1 s (not below 10 ms for that), and
+/// divides the heartbeat interval (at least 10 ms) into whole ticks,
+/// rounding the interval down to them. A silent node is dropped at most one tick after its threshold; a
+/// pass costs a few atomic loads per online node, so 10,000 nodes cost
+/// little even at one pass a second.
+pub fn heartbeat_ticks(interval_ms: u64, threshold_ms: u64) -> Option<(u64, u64)> {
+    let limit = match threshold_ms / 6 {
+        0 if threshold_ms == 0 => 1000,
+        v => v.clamp(10, 1000),
+    };
+    if interval_ms == 0 {
+        return (threshold_ms > 0).then_some((limit, 0));
+    }
+    let interval = interval_ms.max(10);
+    let every = interval.div_ceil(limit).max(1);
+    Some((interval / every, every))
+}
+
 fn counts_of(registry: &Registry) -> NodeCounts {
     NodeCounts {
         online: registry.online(),
@@ -526,9 +547,11 @@ impl Core {
     }
 
     /// One pass of the heartbeat timer: drop silent sessions, and (when
-    /// `send`) queue a heartbeat to every other one.
+    /// `send`) queue a heartbeat to every other one that is due one
+    /// (`Session::heartbeat_if_due`).
     pub async fn heartbeat_tick(&self, send: bool) {
         let threshold = self.config.node_heartbeat_threshold_ms;
+        let interval = Duration::from_millis(self.config.heartbeat_interval_ms);
         let now = timestamp::monotonic_us();
         let mut silent = Vec::new();
         {
@@ -537,7 +560,7 @@ impl Core {
                 if session.is_silent(now, threshold) {
                     silent.push(session.clone());
                 } else if send {
-                    session.try_heartbeat();
+                    session.heartbeat_if_due(now, interval);
                 }
             }
         }
@@ -551,30 +574,24 @@ impl Core {
     }
 
     /// The timer task: one for all sessions, so idle cost is one wakeup per
-    /// tick plus a pass over the online sessions.
+    /// tick plus a pass over the online sessions (a few atomic loads each).
+    /// It ticks as [`heartbeat_ticks`] says.
     pub async fn heartbeat_loop(self: Arc<Self>) {
         let interval = self.config.heartbeat_interval_ms;
         let threshold = self.config.node_heartbeat_threshold_ms;
-        // Check liveness at least twice per threshold, whatever the interval.
-        let tick_ms = [interval, threshold / 2]
-            .into_iter()
-            .filter(|&v| v > 0)
-            .min();
-        let Some(tick_ms) = tick_ms else { return };
-        let tick = Duration::from_millis(tick_ms.max(10));
-        let mut timer = tokio::time::interval(tick);
+        let Some((tick_ms, every)) = heartbeat_ticks(interval, threshold) else {
+            return;
+        };
+        let mut timer = tokio::time::interval(Duration::from_millis(tick_ms));
         timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut next_heartbeat = tokio::time::Instant::now();
+        let mut ticks: u64 = 0;
         loop {
             timer.tick().await;
             if self.is_shutting_down() {
                 return;
             }
-            let now = tokio::time::Instant::now();
-            let send = interval > 0 && now >= next_heartbeat;
-            if send {
-                next_heartbeat = now + Duration::from_millis(interval);
-            }
+            let send = every > 0 && ticks.is_multiple_of(every);
+            ticks = ticks.wrapping_add(1);
             self.heartbeat_tick(send).await;
         }
     }
@@ -852,6 +869,38 @@ fn sanitize_result(result: &str) -> String {
 mod tests {
     use super::*;
     use drover_protocol::UnitInfo;
+
+    #[test]
+    fn the_heartbeat_timer_ticks_often_enough_for_the_threshold() {
+        // (tick, ticks per heartbeat round)
+        assert_eq!(heartbeat_ticks(0, 6000), Some((1000, 0)), "the default");
+        assert_eq!(heartbeat_ticks(2000, 6000), Some((1000, 2)));
+        assert_eq!(heartbeat_ticks(500, 2000), Some((250, 2)));
+        assert_eq!(heartbeat_ticks(3000, 9000), Some((1000, 3)));
+        assert_eq!(heartbeat_ticks(0, 30), Some((10, 0)));
+        assert_eq!(heartbeat_ticks(0, 3), Some((10, 0)));
+        assert_eq!(heartbeat_ticks(100, 0), Some((100, 1)));
+        assert_eq!(heartbeat_ticks(5, 0), Some((10, 1)));
+        assert_eq!(heartbeat_ticks(0, 86_400_000), Some((1000, 0)));
+        assert_eq!(heartbeat_ticks(0, 0), None);
+        for interval in [1, 10, 99, 100, 500, 1000, 2000, 2001, 8000, 86_400_000] {
+            for threshold in [0, 1, 30, 2000, 6000, 86_400_000] {
+                let Some((tick, every)) = heartbeat_ticks(interval, threshold) else {
+                    panic!("{interval}/{threshold}: no timer");
+                };
+                assert!((5..=1000).contains(&tick), "{interval}/{threshold}: {tick}");
+                assert!(every >= 1);
+                let round = tick * every;
+                assert!(
+                    round <= interval.max(10) && round * 2 > interval,
+                    "{interval}/{threshold}: rounds every {round} ms"
+                );
+                if threshold >= 60 {
+                    assert!(tick <= threshold / 6, "{interval}/{threshold}: {tick}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn results_are_sanitized() {

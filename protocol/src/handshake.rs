@@ -15,7 +15,10 @@ use serde::{Deserialize, Serialize};
 /// `Request::{Start,Stop,Restart,Reload}Unit` variants.
 /// 3: `ToManager::ReplyPart`, the parts of a list reply larger than a frame.
 /// 4: `Notice::TargetNodeOffline` / `TargetNodeOnline`, why a proxy waits.
-pub const PROTOCOL_VERSION: u32 = 4;
+/// 5: the manager sends no heartbeats by default and the agent sets
+/// `TCP_USER_TIMEOUT` so its own heartbeats probe the manager
+/// ([`crate::liveness`]); a protocol 4 agent would not see a vanished manager.
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// `DRVR`: tells a drover peer from anything else talking to the port.
 pub const MAGIC: [u8; 4] = *b"DRVR";
@@ -169,7 +172,9 @@ pub enum Outcome {
 pub struct Accepted {
     /// Fresh for every registration; the guid of this session's modification tags.
     pub session_id: u64,
-    /// How often the manager sends heartbeats (ms); the agent may expect them.
+    /// How often the manager sends heartbeats (ms), at most: 0 = never (the
+    /// default). The agent watches for silence only when it is > 0
+    /// ([`crate::liveness`]).
     pub heartbeat_interval_ms: u64,
     /// After this long without any frame from the agent, the manager drops it (ms).
     pub heartbeat_threshold_ms: u64,

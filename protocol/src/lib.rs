@@ -15,6 +15,8 @@
 //! * [`message`] — what flows after the handshake: requests with correlation ids
 //!   (manager → agent), exactly one reply per request, events and heartbeats.
 //! * [`tag`] — modification tags that order unit-state records across reconnects.
+//! * [`liveness`] — who sends heartbeats to whom, and the `TCP_USER_TIMEOUT`
+//!   that lets the agent's heartbeats also probe the manager.
 //! * `link` (feature `io`) — a framed connection over any `AsyncRead +
 //!   AsyncWrite` (TCP today, TLS later) with the handshake helpers for both
 //!   sides, and the socket options both ends set.
@@ -44,6 +46,7 @@ pub mod handshake;
 pub mod job;
 #[cfg(feature = "io")]
 pub mod link;
+pub mod liveness;
 pub mod message;
 pub mod names;
 pub mod offline;

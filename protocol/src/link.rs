@@ -1,5 +1,6 @@
 //! A framed agent ↔ manager connection over any byte stream, the handshake
-//! for both sides, and the TCP socket options both ends set.
+//! for both sides, and the TCP socket options both ends set (`IP_RECVERR`,
+//! `TCP_USER_TIMEOUT`: see [`crate::liveness`] for why).
 //!
 //! Every wait here has a timeout: a peer that connects and says nothing, or
 //! says something that is not drover, is dropped with a typed error.
@@ -109,6 +110,15 @@ pub fn set_recv_err(stream: &tokio::net::TcpStream) -> std::io::Result<()> {
         std::net::SocketAddr::V6(_) => setsockopt(stream, sockopt::Ipv6RecvErr, &true),
     };
     set.map_err(std::io::Error::from)
+}
+
+/// `TCP_USER_TIMEOUT` on a link's TCP socket: data it sent that stays
+/// unacknowledged for `timeout` (the rule: [`crate::liveness::user_timeout`])
+/// fails the connection in the kernel. Both ends set it.
+pub fn set_user_timeout(stream: &tokio::net::TcpStream, timeout: Duration) -> std::io::Result<()> {
+    use nix::sys::socket::{setsockopt, sockopt};
+    let ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
+    setsockopt(stream, sockopt::TcpUserTimeout, &ms).map_err(std::io::Error::from)
 }
 
 fn check_prefix(body: &[u8], what: &'static str) -> Result<(), HandshakeError> {

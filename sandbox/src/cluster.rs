@@ -55,7 +55,9 @@ pub struct ClusterOptions {
     pub nodes: Vec<String>,
     /// Sandbox directory (default: a fresh one under /tmp, removed on teardown).
     pub dir: Option<PathBuf>,
-    /// `HeartbeatInterval` of manager and agents, ms (default 500).
+    /// `HeartbeatInterval` of the agents, ms (default 500). The manager's is
+    /// left at its default (0: it sends none, `drover_protocol::liveness`);
+    /// `manager_extra_config` may set it.
     pub heartbeat_interval_ms: u64,
     /// `NodeHeartbeatThreshold` and `ControllerHeartbeatThreshold`, ms (default 2000).
     pub heartbeat_threshold_ms: u64,

@@ -81,13 +81,11 @@ pub fn manager_config(
         "[drover-manager]\n\
          ControllerPort={}\n\
          AllowedNodeNames={}\n\
-         HeartbeatInterval={}\n\
          NodeHeartbeatThreshold={}\n\
          LogLevel=DEBUG\n\
          LogTarget=stderr\n",
         settings.port,
         allowed.join(","),
-        settings.heartbeat_interval_ms,
         settings.heartbeat_threshold_ms,
     );
     if let Some(pki) = &settings.pki {
@@ -241,8 +239,12 @@ mod tests {
         );
         assert!(text.contains("AllowedNodeNames=node1,node2\n"), "{text}");
         assert!(
-            text.contains("HeartbeatInterval=500\nNodeHeartbeatThreshold=2000\n"),
+            text.contains("AllowedNodeNames=node1,node2\nNodeHeartbeatThreshold=2000\n"),
             "{text}"
+        );
+        assert!(
+            !text.contains("HeartbeatInterval"),
+            "the manager sends heartbeats as shipped (none): {text}"
         );
         assert!(
             text.contains("LogLevel=DEBUG\nLogTarget=stderr\n"),

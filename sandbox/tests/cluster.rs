@@ -134,7 +134,9 @@ async fn extra_agents_and_custom_options_are_torn_down_too() {
     let mut cluster = Cluster::start(opts).await.unwrap();
     let conf = std::fs::read_to_string(cluster.dir().join("manager.conf")).unwrap();
     assert!(conf.contains("AllowedNodeNames=node1,spare"), "{conf}");
-    assert!(conf.contains("HeartbeatInterval=200"), "{conf}");
+    assert!(conf.contains("NodeHeartbeatThreshold=1000"), "{conf}");
+    let agent = std::fs::read_to_string(cluster.dir().join("node1").join("agent.conf"));
+    assert!(agent.is_ok_and(|a| a.contains("HeartbeatInterval=200")));
     assert!(
         conf.ends_with("[node spare]\nAllowDependenciesOn=node1\n"),
         "{conf}"

@@ -7,7 +7,10 @@
 //! accept is checked on the pure rule (`no_accepted_pair_of_settings_flaps`);
 //! here the two the issue reproduced run for real.
 //!
-//! The sandbox's agents send every 500 ms and watch for 2 s of silence.
+//! The sandbox's agents send every 500 ms and watch for 2 s of silence; its
+//! manager sends heartbeats as shipped: none (protocol 5,
+//! `protocol/src/liveness.rs`). The agents' own heartbeats keep their nodes
+//! online and, through `TCP_USER_TIMEOUT`, probe the manager.
 
 use drover_sandbox::ClusterOptions;
 use drover_testkit::prelude::*;
@@ -63,4 +66,64 @@ async fn a_manager_without_heartbeats_keeps_every_node() {
 async fn a_manager_slower_than_the_agents_threshold_keeps_every_node() {
     stays_registered("[drover-manager]\nHeartbeatInterval=3000\nNodeHeartbeatThreshold=9000\n")
         .await;
+}
+
+/// `ss` figures of the agent ends of the links to the manager on `port`:
+/// per connection, milliseconds since it last received data (`lastrcv`)
+/// and since it last received an acknowledgement (`lastack`).
+fn agent_sockets(port: u16) -> Vec<(u64, u64)> {
+    let out = std::process::Command::new("ss")
+        .args([
+            "-tni",
+            "state",
+            "established",
+            "dport",
+            "=",
+            &format!(":{port}"),
+        ])
+        .output()
+        .expect("ss runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = |line: &str, name: &str| -> Option<u64> {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(name))
+            .and_then(|v| v.parse().ok())
+    };
+    text.lines()
+        .filter_map(|l| Some((field(l, "lastrcv:")?, field(l, "lastack:")?)))
+        .collect()
+}
+
+/// The shipped default: the manager writes nothing to an idle node (its
+/// heartbeats were half of its idle CPU at fleet size), while the node's
+/// own heartbeats are acknowledged and keep it online. Before protocol 5
+/// the manager sent one every interval, so no agent went 1.5 s without
+/// data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_default_manager_writes_nothing_to_idle_nodes() {
+    // No orphan-dependency sweep (a `ListUnits` one grace period after a
+    // node registers) in the window.
+    let c = TestCluster::with(ClusterOptions {
+        manager_extra_config: "[drover-manager]\nProxyGracePeriod=60000\n".into(),
+        ..ClusterOptions::with_nodes(2)
+    })
+    .await;
+    // Past registration, then idle.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let sockets = agent_sockets(c.manager_port());
+    assert_eq!(sockets.len(), 2, "one link per agent: {sockets:?}");
+    for (lastrcv, lastack) in sockets {
+        assert!(
+            lastrcv >= 1500,
+            "the agent heard from the manager {lastrcv} ms ago"
+        );
+        assert!(
+            lastack < 3000,
+            "the agent's heartbeats are acknowledged, last {lastack} ms ago"
+        );
+    }
+    for node in ["node1", "node2"] {
+        c.wait_status(node, "online", Duration::from_secs(1)).await;
+    }
+    c.down().await;
 }

@@ -4,8 +4,8 @@
 //!
 //! 1. **Connect**: the manager's host is resolved again on every attempt (its
 //!    address may change), TCP with `TCP_NODELAY`, `SO_KEEPALIVE` with the
-//!    configured idle/interval/count and `IP_RECVERR`, so a dead peer is seen
-//!    quickly; with TLS configured ([`LinkConfig::tls`]) the TLS 1.3
+//!    configured idle/interval/count, `IP_RECVERR` and `TCP_USER_TIMEOUT`
+//!    ([`link_user_timeout`]), so a dead peer is seen quickly; with TLS configured ([`LinkConfig::tls`]) the TLS 1.3
 //!    handshake, which refuses a manager whose certificate does not chain to
 //!    the agent's CA bundle or does not name `TLSControllerName` (else the
 //!    host dialled) — a rogue manager would own the node; then
@@ -749,6 +749,22 @@ fn configure_socket(stream: &TcpStream, cfg: &LinkConfig) {
     {
         tracing::warn!("cannot set IP_RECVERR: {e}");
     }
+    if let Some(timeout) = link_user_timeout(cfg)
+        && let Err(e) = drover_protocol::link::set_user_timeout(stream, timeout)
+    {
+        tracing::warn!("cannot set TCP_USER_TIMEOUT: {e}");
+    }
+}
+
+/// The `TCP_USER_TIMEOUT` of the link's socket: the agent's heartbeats are
+/// its probes of the manager (`drover_protocol::liveness`), so what it sent
+/// unacknowledged for this long ends the link. From the configured pair,
+/// set before the manager's answer: negotiation only makes the agent send
+/// more often, except when its own interval is 0 (then it may send nothing,
+/// and the whole threshold applies).
+pub fn link_user_timeout(cfg: &LinkConfig) -> Option<Duration> {
+    let sends_every = (!cfg.heartbeat_interval.is_zero()).then_some(cfg.heartbeat_interval);
+    drover_protocol::liveness::user_timeout(cfg.heartbeat_threshold, sends_every)
 }
 
 #[cfg(test)]

@@ -13,8 +13,11 @@
 //!   drops silent nodes always hears from the agent in time.
 //! * **Silence**: none when the agent's `ControllerHeartbeatThreshold` is 0
 //!   (the operator turned the check off) or when the manager announces
-//!   interval 0 (it sends no heartbeats, so silence means nothing: TCP
-//!   keepalive and the manager's own check find a dead link). Otherwise the
+//!   interval 0 (it sends no heartbeats, so silence means nothing; the
+//!   manager's default since protocol 5). A dead manager host is then found
+//!   by the kernel: the link's socket has `TCP_USER_TIMEOUT`
+//!   (`drover_protocol::liveness`, set in `link/connection.rs`), so the
+//!   agent's own heartbeats going unacknowledged end the link. Otherwise the
 //!   configured threshold, raised to three announced intervals when it is
 //!   shorter (a threshold below the manager's interval drops the link
 //!   between two heartbeats).
@@ -65,10 +68,8 @@ pub fn negotiate(
     let silence = if threshold.is_zero() {
         None
     } else if manager_interval.is_zero() {
-        notes.push(format!(
-            "the manager sends no heartbeats; ControllerHeartbeatThreshold {threshold:?} \
-             is not applied (TCP keepalive finds a dead link)"
-        ));
+        // The default: the kernel's timeout on what the agent sends is the
+        // check (module docs), nothing to tell the operator.
         None
     } else {
         let floor = manager_interval.saturating_mul(MISSED);
@@ -110,6 +111,11 @@ mod tests {
         let n = negotiate(ms(2000), ms(6000), 0, 6000);
         assert_eq!(n.silence, None);
         assert_eq!(n.send_every, Some(ms(2000)));
+        assert!(
+            n.notes.is_empty(),
+            "the default says nothing: {:?}",
+            n.notes
+        );
     }
 
     #[test]

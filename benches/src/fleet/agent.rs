@@ -259,6 +259,13 @@ async fn connect(
         .await
         .map_err(|_| Attempt::Connect)?;
     let _ = stream.set_nodelay(true);
+    // As the agent does (`drover_protocol::liveness`); it costs the manager nothing.
+    let sends_every = (!cfg.heartbeat_interval.is_zero()).then_some(cfg.heartbeat_interval);
+    if let Some(timeout) =
+        drover_protocol::liveness::user_timeout(cfg.heartbeat_threshold, sends_every)
+    {
+        let _ = drover_protocol::link::set_user_timeout(&stream, timeout);
+    }
     let io: Box<dyn Io> = match tls {
         None => Box::new(stream),
         Some(connector) => Box::new(

@@ -41,9 +41,13 @@ struct Args {
     /// StartUnit samples at N and at 3 nodes (0: none).
     #[arg(long, default_value_t = 50)]
     start_samples: usize,
-    /// The manager's HeartbeatInterval (ms); agents are configured alike.
+    /// The agents' HeartbeatInterval (ms).
     #[arg(long, default_value_t = 2000)]
     heartbeat_ms: u64,
+    /// The manager's HeartbeatInterval (ms); unset: the manager's default
+    /// (0 since protocol 5: the manager sends none).
+    #[arg(long)]
+    manager_heartbeat_ms: Option<u64>,
     /// The manager's NodeHeartbeatThreshold (ms).
     #[arg(long, default_value_t = 6000)]
     threshold_ms: u64,
@@ -103,6 +107,7 @@ pub async fn main(argv: Vec<String>) -> Result<()> {
             opts.monitor_seconds = args.monitor_seconds;
             opts.start_samples = args.start_samples;
             opts.heartbeat_interval_ms = args.heartbeat_ms;
+            opts.manager_heartbeat_ms = args.manager_heartbeat_ms;
             opts.heartbeat_threshold_ms = args.threshold_ms;
             opts.online_timeout = Duration::from_secs(args.online_timeout);
             opts.disruptions = !args.no_disruptions;

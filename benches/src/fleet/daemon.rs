@@ -40,7 +40,8 @@ impl Transport {
 /// The manager's settings for one run.
 pub struct ManagerSetup<'a> {
     pub port: u16,
-    pub heartbeat_interval_ms: u64,
+    /// The manager's `HeartbeatInterval`; `None`: not set (its default).
+    pub heartbeat_interval_ms: Option<u64>,
     pub heartbeat_threshold_ms: u64,
     /// Plaintext: the names to allow.
     pub nodes: &'a [String],
@@ -169,10 +170,13 @@ impl Drop for Manager {
 
 fn config_text(setup: &ManagerSetup<'_>) -> String {
     let mut conf = format!(
-        "[drover-manager]\nControllerPort={}\nListenAddress=127.0.0.1\nHeartbeatInterval={}\n\
+        "[drover-manager]\nControllerPort={}\nListenAddress=127.0.0.1\n\
          NodeHeartbeatThreshold={}\nLogLevel=WARN\nLogTarget=stderr\n",
-        setup.port, setup.heartbeat_interval_ms, setup.heartbeat_threshold_ms
+        setup.port, setup.heartbeat_threshold_ms
     );
+    if let Some(interval) = setup.heartbeat_interval_ms {
+        conf.push_str(&format!("HeartbeatInterval={interval}\n"));
+    }
     match &setup.tls {
         None => {
             // Lines are at most 500 characters: the list goes on over
@@ -240,7 +244,7 @@ mod tests {
         let nodes = vec!["a".to_owned(), "b".to_owned()];
         let plain = config_text(&ManagerSetup {
             port: 9,
-            heartbeat_interval_ms: 2000,
+            heartbeat_interval_ms: Some(2000),
             heartbeat_threshold_ms: 6000,
             nodes: &nodes,
             tls: None,
@@ -249,7 +253,7 @@ mod tests {
         let many: Vec<String> = (0..1000).map(|i| format!("node{i}")).collect();
         let long = config_text(&ManagerSetup {
             port: 9,
-            heartbeat_interval_ms: 2000,
+            heartbeat_interval_ms: Some(2000),
             heartbeat_threshold_ms: 6000,
             nodes: &many,
             tls: None,
@@ -261,12 +265,21 @@ mod tests {
         assert!(plain.contains("ControllerPort=9\n"));
         let tls = config_text(&ManagerSetup {
             port: 9,
-            heartbeat_interval_ms: 2000,
+            heartbeat_interval_ms: Some(2000),
             heartbeat_threshold_ms: 6000,
             nodes: &nodes,
             tls: Some(vec![("TLSCertificate", PathBuf::from("/m.pem"))]),
         });
         assert!(tls.contains("TLSCertificate=/m.pem\nAllowCertifiedNodes=true\n"));
+        assert!(plain.contains("HeartbeatInterval=2000\n"), "{plain}");
+        let default = config_text(&ManagerSetup {
+            port: 9,
+            heartbeat_interval_ms: None,
+            heartbeat_threshold_ms: 6000,
+            nodes: &nodes,
+            tls: None,
+        });
+        assert!(!default.contains("HeartbeatInterval"), "{default}");
         assert!(!tls.contains("AllowedNodeNames"));
     }
 }

@@ -54,7 +54,10 @@ use std::time::{Duration, Instant};
 pub struct Options {
     pub nodes: usize,
     pub transport: Transport,
+    /// The agents' `HeartbeatInterval` (ms).
     pub heartbeat_interval_ms: u64,
+    /// The manager's `HeartbeatInterval` (ms); `None`: its default.
+    pub manager_heartbeat_ms: Option<u64>,
     pub heartbeat_threshold_ms: u64,
     pub idle_seconds: f64,
     /// Loaded units per node (what `ListUnits` returns).
@@ -80,6 +83,7 @@ impl Options {
             nodes,
             transport,
             heartbeat_interval_ms: 2000,
+            manager_heartbeat_ms: None,
             heartbeat_threshold_ms: 6000,
             idle_seconds: 30.0,
             units: 100,
@@ -109,7 +113,7 @@ impl Rig {
         let names: Vec<String> = (0..nodes).map(node_name).collect();
         let setup = ManagerSetup {
             port: free_port()?,
-            heartbeat_interval_ms: opts.heartbeat_interval_ms,
+            heartbeat_interval_ms: opts.manager_heartbeat_ms,
             heartbeat_threshold_ms: opts.heartbeat_threshold_ms,
             nodes: &names,
             tls: pki.map(certs::FleetPki::manager_keys),

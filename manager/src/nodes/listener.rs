@@ -19,7 +19,7 @@
 //!   [`Gate`](crate::nodes::gate::Gate): while the total cap is full it
 //!   accepts nothing, and new connections wait in the listen backlog (4096)
 //!   until a place frees. The accepted connection ties the slot to its
-//!   address (over the per-address cap it is closed at once), gets TCP_NODELAY, keepalive per config and IP_RECVERR, then its
+//!   address (over the per-address cap it is closed at once), gets TCP_NODELAY, keepalive per config, IP_RECVERR and TCP_USER_TIMEOUT (`drover_protocol::liveness`), then its
 //!   handshake runs in its own task so a slow or silent peer never stalls
 //!   the loop: the TLS handshake (with TLS) and the hello must both be done
 //!   within `Timeouts::handshake` of the accept. With TLS, not one drover
@@ -171,6 +171,14 @@ pub fn configure_stream(stream: &tokio::net::TcpStream, config: &ManagerConfig) 
         && let Err(e) = drover_protocol::link::set_recv_err(stream)
     {
         tracing::debug!("IP_RECVERR: {e}");
+    }
+    let threshold = Duration::from_millis(config.node_heartbeat_threshold_ms);
+    let sends_every = (config.heartbeat_interval_ms > 0)
+        .then_some(Duration::from_millis(config.heartbeat_interval_ms));
+    if let Some(timeout) = drover_protocol::liveness::user_timeout(threshold, sends_every)
+        && let Err(e) = drover_protocol::link::set_user_timeout(stream, timeout)
+    {
+        tracing::debug!("TCP_USER_TIMEOUT: {e}");
     }
 }
 

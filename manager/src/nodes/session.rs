@@ -7,7 +7,9 @@
 //!   `org.eclipse.bluechi.Offline` when the session ends first. Ending a
 //!   session drains the pending table, so no caller waits forever.
 //! * The outgoing queue is bounded. Heartbeats are only queued when there is
-//!   room; a request waits for room at most its own timeout. A peer that stops
+//!   room, and only when nothing else was written to the agent within half
+//!   the heartbeat interval (`drover_protocol::liveness`); a request waits
+//!   for room at most its own timeout. A peer that stops
 //!   reading blocks the writer, whose every write has a deadline: the session
 //!   is dropped, never buffered forever.
 //! * No message fails the session for its size: a request or notice over
@@ -85,6 +87,8 @@ pub struct Session {
     next_request: AtomicU64,
     last_seen_mono_us: AtomicU64,
     last_seen_real_us: AtomicU64,
+    /// When the writer last put a frame on the wire (monotonic µs).
+    last_written_mono_us: AtomicU64,
     ended: AtomicBool,
     cancel: CancellationToken,
 }
@@ -114,6 +118,7 @@ impl Session {
             next_request: AtomicU64::new(1),
             last_seen_mono_us: AtomicU64::new(timestamp::monotonic_us()),
             last_seen_real_us: AtomicU64::new(timestamp::realtime_us()),
+            last_written_mono_us: AtomicU64::new(0),
             ended: AtomicBool::new(false),
             cancel: CancellationToken::new(),
         });
@@ -169,11 +174,27 @@ impl Session {
         self.cancel.cancelled().await
     }
 
+    /// A frame was written to the agent.
+    fn wrote(&self) {
+        self.last_written_mono_us
+            .store(timestamp::monotonic_us(), Ordering::Relaxed);
+    }
+
+    /// Queues a heartbeat when one is due at `now_mono_us` for a manager
+    /// sending every `interval` (nothing else was written within half of
+    /// it: `drover_protocol::liveness::manager_heartbeat_due`). Returns
+    /// whether one was queued.
+    pub fn heartbeat_if_due(&self, now_mono_us: u64, interval: Duration) -> bool {
+        let since = now_mono_us.saturating_sub(self.last_written_mono_us.load(Ordering::Relaxed));
+        drover_protocol::liveness::manager_heartbeat_due(Duration::from_micros(since), interval)
+            && self.try_heartbeat()
+    }
+
     /// Queues a heartbeat if there is room. A full queue means the writer is
     /// already busy (or stuck, which its write deadline catches), so skipping
     /// a heartbeat loses nothing.
-    pub fn try_heartbeat(&self) {
-        let _ = self.outgoing.try_send(ToAgent::Heartbeat);
+    fn try_heartbeat(&self) -> bool {
+        self.outgoing.try_send(ToAgent::Heartbeat).is_ok()
     }
 
     /// Sends `body` and waits for the reply, at most `timeout` in all.
@@ -409,9 +430,13 @@ async fn write_loop<S>(
 ) where
     S: futures::Sink<ToAgent, Error = drover_protocol::FrameError> + Unpin,
 {
+    // One wait for the end, made once: a fresh one per message would
+    // register and unregister a waiter with the token every time.
+    let cancelled = session.cancel.cancelled();
+    tokio::pin!(cancelled);
     loop {
         let msg = tokio::select! {
-            _ = session.cancel.cancelled() => break,
+            _ = &mut cancelled => break,
             msg = rx.recv() => match msg {
                 Some(msg) => msg,
                 None => break,
@@ -422,7 +447,7 @@ async fn write_loop<S>(
             _ => None,
         };
         match tokio::time::timeout(deadline, sink.send(msg)).await {
-            Ok(Ok(())) => {}
+            Ok(Ok(())) => session.wrote(),
             Ok(Err(e @ drover_protocol::FrameError::TooLarge { .. })) => {
                 // Refused by the codec before a byte was written: the stream
                 // is intact, so only this message fails, never the session.
@@ -457,9 +482,11 @@ async fn read_loop<S>(owner: Arc<dyn SessionOwner>, session: Arc<Session>, mut s
 where
     S: futures::Stream<Item = Result<ToManager, drover_protocol::FrameError>> + Unpin,
 {
+    let cancelled = session.cancel.cancelled();
+    tokio::pin!(cancelled);
     let why = loop {
         let frame = tokio::select! {
-            _ = session.cancel.cancelled() => break "session ended".to_owned(),
+            _ = &mut cancelled => break "session ended".to_owned(),
             frame = stream.next() => frame,
         };
         match frame {
@@ -546,13 +573,53 @@ mod tests {
     async fn full_queue_times_out_instead_of_growing() {
         let (s, _rx) = session();
         for _ in 0..OUTGOING_QUEUE {
-            s.try_heartbeat();
+            assert!(s.try_heartbeat());
         }
+        assert!(!s.try_heartbeat(), "a full queue takes no heartbeat");
         let err = s
             .request(Request::Reload, Duration::from_secs(1))
             .await
             .unwrap_err();
         assert_eq!(err.name(), NO_REPLY);
+    }
+
+    /// A heartbeat goes only to an agent nothing else was written to within
+    /// half the interval.
+    #[tokio::test]
+    async fn recent_traffic_replaces_the_heartbeat() {
+        let (s, mut rx) = session();
+        let interval = Duration::from_millis(2000);
+        let now = timestamp::monotonic_us();
+        assert!(s.heartbeat_if_due(now, interval), "nothing written yet");
+        assert_eq!(rx.recv().await, Some(ToAgent::Heartbeat));
+        s.wrote();
+        let written = s.last_written_mono_us.load(Ordering::Relaxed);
+        assert!(!s.heartbeat_if_due(written + 999_999, interval));
+        assert!(rx.try_recv().is_err(), "nothing queued");
+        assert!(s.heartbeat_if_due(written + 1_000_000, interval));
+        assert_eq!(rx.recv().await, Some(ToAgent::Heartbeat));
+    }
+
+    /// The writer records what it wrote, so the heartbeat timer sees it.
+    #[tokio::test]
+    async fn the_writer_records_each_write() {
+        let (s, rx) = session();
+        let (sink, _keep) = futures::channel::mpsc::unbounded::<ToAgent>();
+        let sink = sink.sink_map_err(|_| drover_protocol::FrameError::Truncated);
+        let writer = tokio::spawn(write_loop(s.clone(), sink, rx, Duration::from_secs(5)));
+        assert_eq!(s.last_written_mono_us.load(Ordering::Relaxed), 0);
+        s.notify(
+            Notice::TargetNodeOnline { proxy_id: 1 },
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap();
+        while s.last_written_mono_us.load(Ordering::Relaxed) == 0 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!s.heartbeat_if_due(timestamp::monotonic_us(), Duration::from_secs(2)));
+        s.mark_ended();
+        writer.await.unwrap();
     }
 
     #[test]

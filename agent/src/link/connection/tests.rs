@@ -703,3 +703,57 @@ async fn an_oversized_message_is_dropped_not_the_link() {
     drop(tx);
     tokio::time::timeout(T, writer).await.unwrap().unwrap();
 }
+
+/// `TCP_USER_TIMEOUT` (ms) of this process's TCP socket whose local
+/// address is `local` (the agent's end of a link to the fake manager).
+#[allow(unsafe_code)]
+fn user_timeout_of(local: SocketAddr) -> Option<u32> {
+    use nix::sys::socket::{SockaddrIn, getsockname, getsockopt, sockopt};
+    let SocketAddr::V4(local) = local else {
+        panic!("the fake manager listens on IPv4")
+    };
+    for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        let Ok(fd) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(addr) = getsockname::<SockaddrIn>(fd) else {
+            continue;
+        };
+        if std::net::SocketAddrV4::from(addr) != local {
+            continue;
+        }
+        // SAFETY: `fd` is this process's descriptor found just above; it is
+        // only borrowed for one getsockopt, which fails harmlessly (EBADF,
+        // ENOTSOCK) should the number have been closed or reused meanwhile.
+        let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        return getsockopt(&borrowed, sockopt::TcpUserTimeout).ok();
+    }
+    None
+}
+
+/// The agent's heartbeats are its probes of the manager (protocol 5): its
+/// socket gives up on data the manager's host does not acknowledge within
+/// the threshold less one send interval, so a vanished manager host is
+/// found within the threshold even when the manager sends no heartbeats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_link_socket_gives_up_on_unacknowledged_heartbeats_within_the_threshold() {
+    let mgr = FakeManager::bind().await;
+    let mut agent = Agent::start(mgr.port(), |c| {
+        c.heartbeat_interval = Duration::from_millis(2000);
+        c.heartbeat_threshold = Duration::from_millis(6000);
+    })
+    .await;
+    let m = mgr.accept_announcing(1, 0, 6000).await;
+    agent.wait_for(is_connected).await;
+    let local = m.get_ref().peer_addr().unwrap();
+    assert_eq!(user_timeout_of(local), Some(4000));
+    agent.stop().await;
+
+    // A threshold of 0 turns the check off: the kernel's default stays.
+    let mut agent = Agent::start(mgr.port(), |c| c.heartbeat_threshold = Duration::ZERO).await;
+    let m = mgr.accept_announcing(1, 0, 6000).await;
+    agent.wait_for(is_connected).await;
+    let local = m.get_ref().peer_addr().unwrap();
+    assert_eq!(user_timeout_of(local), Some(0));
+    agent.stop().await;
+}

@@ -1,0 +1,137 @@
+//! Who proves to whom that a link is alive (protocol 5), and the kernel
+//! timeout that lets one direction of heartbeats suffice.
+//!
+//! Each end must notice a dead peer within its own threshold, and every
+//! heartbeat costs both ends a wake-up and a system call (at 10,000 nodes
+//! with 2 s heartbeats the manager's half of them was most of its idle CPU:
+//! `docs/performance.md`). So the rules are:
+//!
+//! * **The agent proves it is alive** with application heartbeats, at least
+//!   twice per `NodeHeartbeatThreshold` the manager announces
+//!   (`Accepted::heartbeat_threshold_ms`; the negotiation is in
+//!   `agent/src/link/heartbeat.rs`). Only a message from the agent process
+//!   itself shows that it is not frozen, so this direction stays.
+//! * **The manager sends heartbeats only when configured to**
+//!   (`HeartbeatInterval` > 0; default 0, as BlueChi), and even then not to
+//!   a node it wrote anything else to within the last half interval. It
+//!   announces its interval in `Accepted::heartbeat_interval_ms`; 0 means
+//!   none come, and the agent does not watch for silence.
+//! * **The agent's heartbeats are its probes of the manager**: every agent
+//!   sets `TCP_USER_TIMEOUT` on its socket ([`user_timeout`]), so data it
+//!   sent that the manager's host does not acknowledge in time fails the
+//!   connection in the kernel. A vanished manager host or a partition is
+//!   therefore seen within the agent's `ControllerHeartbeatThreshold`
+//!   (the kernel's retransmissions are clamped to the user timeout), and a
+//!   killed manager process at once (its kernel closes the connection).
+//!   The manager sets the same option with its `NodeHeartbeatThreshold`, so
+//!   its own writes to a vanished node fail in the kernel too.
+//! * **What this gives up**: a manager process that is frozen but whose
+//!   kernel still acknowledges (stopped, deadlocked) is not seen by the
+//!   agents through the link unless the manager sends heartbeats. Under
+//!   systemd the manager's watchdog covers it: the manager pings
+//!   `WATCHDOG=1` only while its worker threads run and its node table is
+//!   not locked up, and the shipped unit (`WatchdogSec=30s`) kills and
+//!   restarts a frozen one, which closes every link.
+//!
+//! Protocol 4 agents did not set the timeout, so a manager that sends no
+//! heartbeats would leave them blind to a vanished manager host: the
+//! version was bumped to 5 and they are refused with a version mismatch.
+//!
+//! Pure (no I/O); `link::set_user_timeout` applies the value to a socket.
+
+use std::time::Duration;
+
+/// The smallest timeout worth setting: below it ordinary scheduling delays
+/// of the peer's acknowledgements would end healthy links.
+pub const MIN_USER_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// `TCP_USER_TIMEOUT` for a link end that must see a dead peer within
+/// `threshold` and sends something at least every `sends_every` (`None`:
+/// it may send nothing; then TCP keepalive probes are what is left
+/// unacknowledged, and the kernel applies the same timeout to them).
+///
+/// The kernel counts from the first unacknowledged send, which comes at
+/// most `sends_every` after the peer vanished; so the timeout is
+/// `threshold - sends_every` when that leaves at least half the threshold,
+/// else half the threshold, never below [`MIN_USER_TIMEOUT`]. `None` when
+/// `threshold` is zero (the check is off: the kernel's default applies).
+pub fn user_timeout(threshold: Duration, sends_every: Option<Duration>) -> Option<Duration> {
+    if threshold.is_zero() {
+        return None;
+    }
+    let half = threshold / 2;
+    let budget = match sends_every {
+        Some(every) if !every.is_zero() => threshold.saturating_sub(every).max(half),
+        _ => threshold,
+    };
+    Some(budget.max(MIN_USER_TIMEOUT))
+}
+
+/// Whether the manager's heartbeat to a node is due: it sends one only when
+/// it wrote nothing to the node within the last half of its
+/// `interval` (any frame proves the manager alive as well as a heartbeat
+/// does). So the agent hears something at least every 1.5 intervals, which
+/// its negotiated silence threshold (at least three intervals) tolerates.
+pub fn manager_heartbeat_due(since_last_write: Duration, interval: Duration) -> bool {
+    since_last_write >= interval / 2
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(v: u64) -> Duration {
+        Duration::from_millis(v)
+    }
+
+    #[test]
+    fn the_defaults_leave_room_for_one_send_interval() {
+        assert_eq!(user_timeout(ms(6000), Some(ms(2000))), Some(ms(4000)));
+    }
+
+    #[test]
+    fn zero_threshold_sets_nothing_and_tiny_ones_are_floored() {
+        assert_eq!(user_timeout(Duration::ZERO, Some(ms(2000))), None);
+        assert_eq!(user_timeout(ms(10), Some(ms(1))), Some(MIN_USER_TIMEOUT));
+    }
+
+    #[test]
+    fn without_sends_the_whole_threshold_applies() {
+        assert_eq!(user_timeout(ms(6000), None), Some(ms(6000)));
+        assert_eq!(user_timeout(ms(6000), Some(Duration::ZERO)), Some(ms(6000)));
+    }
+
+    #[test]
+    fn slow_senders_keep_half_the_threshold() {
+        assert_eq!(user_timeout(ms(6000), Some(ms(5000))), Some(ms(3000)));
+        assert_eq!(user_timeout(ms(6000), Some(ms(9000))), Some(ms(3000)));
+    }
+
+    /// Whatever the values, the kernel gives up on an unanswered send
+    /// within the threshold once the first send after the peer vanished
+    /// went out, and never sooner than half of it.
+    #[test]
+    fn the_timeout_fits_the_threshold() {
+        let values = [1u64, 10, 100, 500, 1000, 2000, 5999, 6000, 60_000];
+        for &t in &values {
+            for &e in &values {
+                let got = user_timeout(ms(t), Some(ms(e))).unwrap();
+                assert!(got >= MIN_USER_TIMEOUT);
+                if t >= 2 * MIN_USER_TIMEOUT.as_millis() as u64 {
+                    assert!(got >= ms(t) / 2 && got <= ms(t), "{t}/{e}: {got:?}");
+                }
+                if e * 2 <= t && t >= 200 {
+                    assert!(got + ms(e) <= ms(t), "{t}/{e}: {got:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_heartbeat_is_skipped_after_recent_traffic() {
+        assert!(manager_heartbeat_due(ms(2000), ms(2000)));
+        assert!(manager_heartbeat_due(ms(1000), ms(2000)));
+        assert!(!manager_heartbeat_due(ms(999), ms(2000)));
+        assert!(manager_heartbeat_due(Duration::MAX, ms(2000)));
+    }
+}
