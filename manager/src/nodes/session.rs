@@ -27,7 +27,7 @@
 //! * An idle session is small: its read and write buffers start at
 //!   [`SESSION_BUFFER`] bytes and grow only for a frame that needs more
 //!   (`drover-bench fleet` measures the memory per node), and its outgoing
-//!   queue holds one pointer a slot ([`Outgoing`]): tokio's bounded channel
+//!   queue holds one pointer a slot (`Outgoing`): tokio's bounded channel
 //!   allocates its slots 32 at a time, so a queue of whole [`ToAgent`]s
 //!   cost every session 32 of them at once.
 
@@ -575,6 +575,33 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(err.name(), NO_REPLY);
+    }
+
+    #[tokio::test]
+    async fn a_queue_slot_is_one_pointer_and_order_is_kept() {
+        // tokio allocates 32 slots per block for every session: keep them small.
+        assert_eq!(
+            std::mem::size_of::<Outgoing>(),
+            std::mem::size_of::<usize>()
+        );
+        let (s, mut rx) = session();
+        s.try_heartbeat();
+        s.notify(
+            Notice::ProxyError {
+                proxy_id: 7,
+                message: "m".into(),
+            },
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap();
+        s.try_heartbeat();
+        assert_eq!(rx.recv().await, Some(ToAgent::Heartbeat));
+        assert!(matches!(
+            rx.recv().await,
+            Some(ToAgent::Notice(Notice::ProxyError { proxy_id: 7, .. }))
+        ));
+        assert_eq!(rx.recv().await, Some(ToAgent::Heartbeat));
     }
 
     #[test]
