@@ -16,6 +16,7 @@
 
 use crate::error::ApiError;
 use crate::escape::job_path;
+use crate::heap::{Churn, TrimState};
 use crate::jobs::{Done, JobInfo, Jobs, RESULT_DISCONNECTED, RESULT_SHUTDOWN, valid_state};
 use crate::metrics::Metrics;
 use crate::nodes::gate::{Gate, Limits, LogLimiter, Ticket};
@@ -144,6 +145,8 @@ pub struct Core {
     /// possible), and the lock that runs one reload at a time.
     config_source: OnceLock<ConfigSource>,
     reload_lock: tokio::sync::Mutex<()>,
+    /// Connections accepted and sessions ended, for [`crate::heap`].
+    churn: Churn,
 }
 
 /// Loads the configuration again, from the sources and flags of the start.
@@ -191,6 +194,7 @@ impl Core {
             node_counts: tokio::sync::watch::Sender::new(counts),
             config_source: OnceLock::new(),
             reload_lock: tokio::sync::Mutex::new(()),
+            churn: Churn::default(),
             config,
             timeouts,
         })
@@ -212,6 +216,11 @@ impl Core {
     /// The caps on connections not yet admitted.
     pub fn gate(&self) -> &Gate {
         &self.gate
+    }
+
+    /// A connection was accepted or a session ended (see [`crate::heap`]).
+    pub fn note_churn(&self) {
+        self.churn.note();
     }
 
     /// Rate limits for the log lines about refused peers.
@@ -454,7 +463,9 @@ impl Core {
     /// was the node's current session), pending requests fail with
     /// `Offline`, its jobs end with `disconnected`. Idempotent.
     pub async fn end_session(&self, session: &Arc<Session>, why: &str) {
-        session.mark_ended();
+        if session.mark_ended() {
+            self.churn.note();
+        }
         let mut announced = self.announce.lock().await;
         self.detach_locked(&mut announced, session, why).await;
     }
@@ -585,6 +596,7 @@ impl Core {
         let mut timer = tokio::time::interval(Duration::from_millis(tick_ms));
         timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut ticks: u64 = 0;
+        let mut trim = TrimState::default();
         loop {
             timer.tick().await;
             if self.is_shutting_down() {
@@ -593,6 +605,14 @@ impl Core {
             let send = every > 0 && ticks.is_multiple_of(every);
             ticks = ticks.wrapping_add(1);
             self.heartbeat_tick(send).await;
+            let started = std::time::Instant::now();
+            if let Some(burst) = self.churn.tick(&mut trim) {
+                tracing::info!(
+                    "returned freed heap to the kernel after {burst} connections came or went \
+                     ({} µs)",
+                    started.elapsed().as_micros()
+                );
+            }
         }
     }
 

@@ -35,7 +35,8 @@
 //! * [`reload`] applies a reloaded config (SIGHUP, `io.drover.Controller.Reload`);
 //!   [`notify`] — what the service manager hears (`READY=1`, `STATUS=`,
 //!   `RELOADING=1`, `WATCHDOG=1`, `STOPPING=1`); [`escape`] — node and
-//!   job object paths as zbus values; [`error`] — BlueChi's error replies.
+//!   job object paths as zbus values; [`error`] — BlueChi's error replies;
+//!   [`heap`] — freed heap back to the kernel after a burst of connections.
 //! * [`server`] — start/stop of a whole manager ([`tls`]: its TLS settings
 //!   from the config, shared with [`reload`]); [`cli`] — the command line
 //!   and the process around it (runtime, signals, `sd_notify`).
@@ -77,6 +78,7 @@ pub mod cli;
 pub mod core;
 pub mod error;
 pub mod escape;
+pub mod heap;
 pub mod jobs;
 pub mod metrics;
 pub mod nodes;

@@ -240,6 +240,7 @@ pub async fn accept_loop(
 /// One accepted connection: the per-address cap, the plaintext rule, then
 /// its own task for TLS, hello and session.
 fn admit_connection(core: &Arc<Core>, slot: Slot, stream: tokio::net::TcpStream, peer: SocketAddr) {
+    core.note_churn();
     let Ok(ticket) = core.gate().enter(slot, peer.ip()) else {
         core.refusals().warn("over cap: per address", || {
             format!(

@@ -28,7 +28,10 @@
 //!   every event in the order it arrived, then its end, once.
 //! * An idle session is small: its read and write buffers start at
 //!   [`SESSION_BUFFER`] bytes and grow only for a frame that needs more
-//!   (`drover-bench fleet` measures the memory per node).
+//!   (`drover-bench fleet` measures the memory per node), and its outgoing
+//!   queue holds one pointer a slot (`Outgoing`): tokio's bounded channel
+//!   allocates its slots 32 at a time, so a queue of whole [`ToAgent`]s
+//!   cost every session 32 of them at once.
 
 use crate::error::ApiError;
 use drover_bus::timestamp;
@@ -79,7 +82,7 @@ pub struct Session {
     /// What the TLS client certificate proved (`None` on plaintext): a
     /// reload drops the session when its serial is revoked.
     identity: Option<NodeIdentity>,
-    outgoing: mpsc::Sender<ToAgent>,
+    outgoing: mpsc::Sender<Outgoing>,
     pending: Mutex<HashMap<u64, oneshot::Sender<Reply>>>,
     /// Rows of list replies that came in parts, per request id, until the
     /// final `Reply` (bounded by [`MAX_LIST_ROWS`]; gone with the request).
@@ -95,7 +98,7 @@ pub struct Session {
 
 impl Session {
     /// A session and the receiving end of its outgoing queue (for the writer).
-    pub fn new(id: u64, node: NodeName, peer_ip: String) -> (Arc<Self>, mpsc::Receiver<ToAgent>) {
+    pub fn new(id: u64, node: NodeName, peer_ip: String) -> (Arc<Self>, Outbox) {
         Self::authenticated(id, node, peer_ip, None)
     }
 
@@ -105,7 +108,7 @@ impl Session {
         node: NodeName,
         peer_ip: String,
         identity: Option<NodeIdentity>,
-    ) -> (Arc<Self>, mpsc::Receiver<ToAgent>) {
+    ) -> (Arc<Self>, Outbox) {
         let (outgoing, rx) = mpsc::channel(OUTGOING_QUEUE);
         let session = Arc::new(Self {
             id,
@@ -122,7 +125,7 @@ impl Session {
             ended: AtomicBool::new(false),
             cancel: CancellationToken::new(),
         });
-        (session, rx)
+        (session, Outbox(rx))
     }
 
     pub fn id(&self) -> u64 {
@@ -194,7 +197,7 @@ impl Session {
     /// already busy (or stuck, which its write deadline catches), so skipping
     /// a heartbeat loses nothing.
     fn try_heartbeat(&self) -> bool {
-        self.outgoing.try_send(ToAgent::Heartbeat).is_ok()
+        self.outgoing.try_send(Outgoing::Heartbeat).is_ok()
     }
 
     /// Sends `body` and waits for the reply, at most `timeout` in all.
@@ -220,6 +223,7 @@ impl Session {
             self.lock_pending().remove(&id);
             return Err(ApiError::offline());
         }
+        let msg = Outgoing::Message(Box::new(msg));
         let sent = tokio::time::timeout_at(deadline, self.outgoing.send(msg)).await;
         match sent {
             Ok(Ok(())) => {}
@@ -256,6 +260,7 @@ impl Session {
                 format!("a notice of {len} bytes does not fit one frame ({MAX_FRAME_LEN} bytes)"),
             ));
         }
+        let msg = Outgoing::Message(Box::new(msg));
         match tokio::time::timeout(timeout, self.outgoing.send(msg)).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(_)) => Err(ApiError::offline()),
@@ -358,6 +363,27 @@ impl Session {
     }
 }
 
+/// One slot of a session's outgoing queue: a heartbeat without an
+/// allocation, anything else boxed, so that a slot is one pointer.
+enum Outgoing {
+    Heartbeat,
+    Message(Box<ToAgent>),
+}
+
+/// The receiving end of a session's outgoing queue: the writer's, or a
+/// test's standing in for the agent.
+pub struct Outbox(mpsc::Receiver<Outgoing>);
+
+impl Outbox {
+    /// The next message to the agent; `None` once every sender is gone.
+    pub async fn recv(&mut self) -> Option<ToAgent> {
+        self.0.recv().await.map(|slot| match slot {
+            Outgoing::Heartbeat => ToAgent::Heartbeat,
+            Outgoing::Message(msg) => *msg,
+        })
+    }
+}
+
 /// Rows of a list response (0 for anything else).
 fn list_rows(r: &Response) -> usize {
     match r {
@@ -398,7 +424,7 @@ pub fn spawn_io<IO>(
     owner: Arc<dyn SessionOwner>,
     session: Arc<Session>,
     framed: ManagerFramed<IO>,
-    rx: mpsc::Receiver<ToAgent>,
+    rx: Outbox,
     write_deadline: Duration,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -422,12 +448,8 @@ pub fn spawn_io<IO>(
     tokio::spawn(read_loop(owner, session, stream));
 }
 
-async fn write_loop<S>(
-    session: Arc<Session>,
-    mut sink: S,
-    mut rx: mpsc::Receiver<ToAgent>,
-    deadline: Duration,
-) where
+async fn write_loop<S>(session: Arc<Session>, mut sink: S, mut rx: Outbox, deadline: Duration)
+where
     S: futures::Sink<ToAgent, Error = drover_protocol::FrameError> + Unpin,
 {
     // One wait for the end, made once: a fresh one per message would
@@ -514,7 +536,7 @@ where
 mod tests {
     use super::*;
 
-    fn session() -> (Arc<Session>, mpsc::Receiver<ToAgent>) {
+    fn session() -> (Arc<Session>, Outbox) {
         Session::new(1, NodeName::new("n1").unwrap(), "127.0.0.1".into())
     }
 
@@ -595,7 +617,7 @@ mod tests {
         s.wrote();
         let written = s.last_written_mono_us.load(Ordering::Relaxed);
         assert!(!s.heartbeat_if_due(written + 999_999, interval));
-        assert!(rx.try_recv().is_err(), "nothing queued");
+        assert!(rx.0.try_recv().is_err(), "nothing queued");
         assert!(s.heartbeat_if_due(written + 1_000_000, interval));
         assert_eq!(rx.recv().await, Some(ToAgent::Heartbeat));
     }
@@ -620,6 +642,33 @@ mod tests {
         assert!(!s.heartbeat_if_due(timestamp::monotonic_us(), Duration::from_secs(2)));
         s.mark_ended();
         writer.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_queue_slot_is_one_pointer_and_order_is_kept() {
+        // tokio allocates 32 slots per block for every session: keep them small.
+        assert_eq!(
+            std::mem::size_of::<Outgoing>(),
+            std::mem::size_of::<usize>()
+        );
+        let (s, mut rx) = session();
+        assert!(s.try_heartbeat());
+        s.notify(
+            Notice::ProxyError {
+                proxy_id: 7,
+                message: "m".into(),
+            },
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap();
+        assert!(s.try_heartbeat());
+        assert_eq!(rx.recv().await, Some(ToAgent::Heartbeat));
+        assert!(matches!(
+            rx.recv().await,
+            Some(ToAgent::Notice(Notice::ProxyError { proxy_id: 7, .. }))
+        ));
+        assert_eq!(rx.recv().await, Some(ToAgent::Heartbeat));
     }
 
     #[test]
