@@ -328,7 +328,7 @@ async fn run(bin: &Path, args: Vec<String>) -> Result<(Sample, String)> {
 /// Reaps `pid` with `wait4`: its exit status and its own resource usage (page faults,
 /// CPU, max RSS), which std's `Child::wait` does not give.
 #[allow(unsafe_code)]
-fn wait4(pid: i32) -> Result<(i32, libc::rusage)> {
+pub(crate) fn wait4(pid: i32) -> Result<(i32, libc::rusage)> {
     let mut status = 0;
     // SAFETY: rusage is plain integers; all zero is a valid value for the kernel to
     // overwrite.

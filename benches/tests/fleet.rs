@@ -44,6 +44,11 @@ fn check(row: &Row, nodes: usize) {
         row.list_units_peak_kib
             .is_some_and(|p| p >= row.rss_empty_kib)
     );
+    // droverctl list-units over all nodes, node by node: every row printed.
+    assert_eq!(row.ctl_list_error, None, "{row:?}");
+    assert_eq!(row.ctl_list_rows, Some(nodes * 10));
+    assert!(row.ctl_list_peak_kib.is_some_and(|p| p > 0), "{row:?}");
+    assert!(row.ctl_list_manager_peak_kib.is_some(), "{row:?}");
     let (heard, units) = row.star_replay.expect("the replay was measured");
     assert_eq!(units, (nodes * 10) as u64);
     assert!(heard <= units, "{row:?}");

@@ -13,6 +13,8 @@
 //!   protocol's [`drover_protocol::UnitInfo`];
 //! * [`label`] — systemd's object path label escaping, the rule behind unit
 //!   and node paths;
+//! * [`limits`] — how large one D-Bus message may be on the buses drover
+//!   meets (a fleet-wide list is refused before it would pass it);
 //! * `marshal` (feature `zbus`) — D-Bus values ↔ the wire's
 //!   [`drover_protocol::Marshalled`];
 //! * [`timestamp`] — the clocks of BlueChi's `*Timestamp` /
@@ -29,6 +31,7 @@
 pub mod bluechi;
 pub mod bus;
 pub mod label;
+pub mod limits;
 #[cfg(feature = "zbus")]
 pub mod marshal;
 pub mod systemd;

@@ -37,14 +37,8 @@ pub type ProxyTuple = (String, String, String, String, String, u32);
     default_path = "/org/eclipse/bluechi"
 )]
 pub trait Controller {
-    /// `ListUnits() -> a{sa(ssssssouso)}`: units of every online node, keyed by node.
-    fn list_units(&self) -> zbus::Result<HashMap<String, Vec<UnitTuple>>>;
-
     /// `ListNodes() -> a(soss)`.
     fn list_nodes(&self) -> zbus::Result<Vec<NodeTuple>>;
-
-    /// `ListUnitFiles() -> a{sa(ss)}`: unit files of every online node, keyed by node.
-    fn list_unit_files(&self) -> zbus::Result<HashMap<String, Vec<UnitFileTuple>>>;
 
     /// `CreateMonitor() -> o`: a monitor owned by this connection.
     fn create_monitor(&self) -> zbus::Result<OwnedObjectPath>;

@@ -9,11 +9,11 @@
 //! drover-manager is on it is found out lazily, when a call fails (a healthy command
 //! pays no extra round trip).
 
-use std::collections::HashMap;
 use std::str::FromStr;
 use std::time::Duration;
 
 use drover_protocol::{NodeName, UnitName};
+use futures::StreamExt;
 use zbus::{Connection, DBusError as _, proxy::CacheProperties};
 
 use crate::api::{ControllerProxy, DroverControllerProxy, MetricsProxy, MonitorProxy, NodeProxy};
@@ -29,6 +29,9 @@ use drover_protocol::error_names::{
 /// own 30 s node timeout, so this only fires for a manager that hangs; it keeps a
 /// script from waiting forever. (Waiting for a job's end is separate: `--timeout`.)
 pub const METHOD_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Nodes listed at the same time by [`Client::each_node`].
+pub const IN_FLIGHT: usize = 16;
 
 /// Pick the bus from the flags and the value of `$DROVER_BUS` (passed in so tests
 /// need not touch the process environment). An empty `$DROVER_BUS` counts as unset.
@@ -173,75 +176,72 @@ impl Client {
         }
     }
 
-    /// A listing of one node (`one`: `Node.<method>` on `node`) or of every online
-    /// node (`all`: `Controller.<method>`, keyed by node), each entry made a row by
-    /// `row(node, entry)`: what `list-units` and `list-unit-files` share.
-    ///
-    /// Over all nodes, an online node the manager left out (it failed or timed out
-    /// there; BlueChi's manager fails the whole call instead) is asked again on its
-    /// own with `one`; a node that fails again is named in [`Listing::left_out`]
-    /// with its reason, never dropped silently.
-    pub async fn per_node<T, R>(
+    /// The listing of one node: `one` (`Node.<method>`) on `node`, each entry made
+    /// a row by `row(node, entry)`.
+    pub async fn one_node<T, R>(
         &self,
-        node: Option<&NodeName>,
+        node: &NodeName,
         method: &str,
-        one: impl AsyncFn(&NodeProxy<'static>) -> zbus::Result<Vec<T>>,
-        all: impl AsyncFnOnce(&ControllerProxy<'static>) -> zbus::Result<HashMap<String, Vec<T>>>,
+        one: impl AsyncFnOnce(&NodeProxy<'static>) -> zbus::Result<Vec<T>>,
         row: impl Fn(&str, T) -> R,
     ) -> Result<Listing<R>, CtlError> {
-        match node {
-            Some(node) => {
-                let proxy = self.node(node).await?;
-                let what = format!("{method} on node {node}");
-                let listed = one(&proxy).await;
-                let listed = self
-                    .check(listed, CallContext::on(&what, node, None))
-                    .await?;
-                Ok(Listing {
-                    rows: listed.into_iter().map(|t| row(node.as_str(), t)).collect(),
-                    left_out: Vec::new(),
-                })
-            }
-            None => {
-                let controller = self.controller().await?;
-                let cc = CallContext {
-                    what: method,
-                    ..Default::default()
+        let proxy = self.node(node).await?;
+        let what = format!("{method} on node {node}");
+        let listed = one(&proxy).await;
+        let listed = self
+            .check(listed, CallContext::on(&what, node, None))
+            .await?;
+        Ok(Listing {
+            rows: listed.into_iter().map(|t| row(node.as_str(), t)).collect(),
+            left_out: Vec::new(),
+        })
+    }
+
+    /// The listing of every online node, node by node: `ListNodes`, then `one`
+    /// (`Node.<method>`) on each online node in name order, at most [`IN_FLIGHT`]
+    /// calls at a time. `rows(node, entries)` gets each node's entries as soon as
+    /// they and those of the nodes before it are in, so droverctl (and the manager,
+    /// which answers one node per call) holds a few nodes' rows at a time, never the
+    /// fleet's: `Controller.<method>` is one D-Bus reply, which a large fleet does not
+    /// fit. Returns the online nodes that could not be listed, each with its reason
+    /// (sorted by node): never dropped silently.
+    pub async fn each_node<T>(
+        &self,
+        one: impl AsyncFn(&NodeProxy<'static>) -> zbus::Result<Vec<T>>,
+        mut rows: impl FnMut(&str, Vec<T>) -> Result<(), CtlError>,
+    ) -> Result<Vec<(String, String)>, CtlError> {
+        let controller = self.controller().await?;
+        let nodes = controller.list_nodes().await;
+        let cc = CallContext {
+            what: "ListNodes",
+            ..Default::default()
+        };
+        let mut online: Vec<(String, String)> = self
+            .check(nodes, cc)
+            .await?
+            .into_iter()
+            .filter(|(_, _, status, _)| status == "online")
+            .map(|(node, path, _, _)| (node, path.to_string()))
+            .collect();
+        online.sort();
+        let one = &one;
+        let mut listed = futures::stream::iter(online)
+            .map(|(node, path)| async move {
+                let entries = match self.node_at(path).await {
+                    Ok(proxy) => one(&proxy).await.map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
                 };
-                let listed = all(&controller).await;
-                let mut listed = self.check(listed, cc).await?;
-                let nodes = controller.list_nodes().await;
-                let cc = CallContext {
-                    what: "ListNodes",
-                    ..Default::default()
-                };
-                let mut left_out = Vec::new();
-                for (node, _, status, _) in self.check(nodes, cc).await? {
-                    if status != "online" || listed.contains_key(&node) {
-                        continue;
-                    }
-                    let again = match NodeName::new(node.clone()) {
-                        Ok(name) => one(&self.node(&name).await?).await,
-                        Err(e) => Err(zbus::Error::Failure(e.to_string())),
-                    };
-                    match again {
-                        Ok(entries) => {
-                            listed.insert(node, entries);
-                        }
-                        Err(e) => left_out.push((node, e.to_string())),
-                    }
-                }
-                left_out.sort();
-                let row = &row;
-                Ok(Listing {
-                    rows: listed
-                        .into_iter()
-                        .flat_map(|(node, ts)| ts.into_iter().map(move |t| row(&node, t)))
-                        .collect(),
-                    left_out,
-                })
+                (node, entries)
+            })
+            .buffered(IN_FLIGHT);
+        let mut left_out = Vec::new();
+        while let Some((node, entries)) = listed.next().await {
+            match entries {
+                Ok(entries) => rows(&node, entries)?,
+                Err(reason) => left_out.push((node, reason)),
             }
         }
+        Ok(left_out)
     }
 
     fn local_error(&self, what: &str, e: zbus::Error) -> CtlError {
@@ -343,7 +343,7 @@ pub fn error_name(err: &zbus::Error) -> Option<(String, String)> {
     }
 }
 
-/// What [`Client::per_node`] found: the rows, and the online nodes that could not be
+/// What [`Client::one_node`] found: the rows, and the online nodes that could not be
 /// listed, each with its reason (sorted by node).
 pub struct Listing<R> {
     pub rows: Vec<R>,

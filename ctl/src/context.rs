@@ -14,6 +14,7 @@ use serde::Serialize;
 use crate::client::{Client, Listing};
 use crate::error::CtlError;
 use crate::output::json;
+use crate::stream::{IN_MEMORY, RowStream};
 use drover_bus::Bus;
 
 /// What every command implements.
@@ -81,18 +82,43 @@ impl Context {
         render: impl FnOnce(&[T]) -> String,
     ) -> Result<(), CtlError> {
         self.emit_rows(&listing.rows, render)?;
-        if listing.left_out.is_empty() {
+        self.left_out(listing.left_out, what)
+    }
+
+    /// A listing printed as it comes, node by node: JSON item by item with
+    /// `--json`, else a table under `headers` of `cells(row)` (see
+    /// [`crate::stream`]).
+    pub fn row_stream<R: Serialize>(
+        &mut self,
+        headers: &[&str],
+        cells: fn(&R) -> Vec<String>,
+    ) -> RowStream<'_, R> {
+        if self.json {
+            RowStream::json(&mut *self.out, cells)
+        } else {
+            RowStream::table(&mut *self.out, headers, cells, IN_MEMORY)
+        }
+    }
+
+    /// One stderr line per online node that could not be listed (`left_out`:
+    /// node and reason); any makes the command fail.
+    pub fn left_out(
+        &mut self,
+        left_out: Vec<(String, String)>,
+        what: &str,
+    ) -> Result<(), CtlError> {
+        if left_out.is_empty() {
             return Ok(());
         }
         let mut warnings = String::new();
-        for (node, reason) in &listing.left_out {
+        for (node, reason) in &left_out {
             warnings.push_str(&format!(
                 "droverctl: cannot list {what} of node {node}: {reason}\n"
             ));
         }
         self.warn(&warnings);
         Err(CtlError::NodesLeftOut {
-            nodes: listing.left_out.into_iter().map(|(node, _)| node).collect(),
+            nodes: left_out.into_iter().map(|(node, _)| node).collect(),
         })
     }
 

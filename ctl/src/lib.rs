@@ -18,6 +18,8 @@
 //! * [`follow`]: what `monitor`, `status -w` and `metrics listen` share (one ordered
 //!   signal stream, Ctrl-C, noticing that the manager left);
 //! * [`output`]: tables, JSON, timestamps (pure, unit-tested);
+//! * [`stream`]: a listing printed as its nodes come in, in the same bytes, with
+//!   bounded memory (a table is spooled until its widths are known);
 //! * [`error`]: the error type and the exit-code contract.
 //!
 //! The binary is [`cli::main`]: parse, run on a current-thread runtime, print any
@@ -25,8 +27,9 @@
 //! [`CtlError::exit_code`].
 //!
 //! Imports run one way: `cli` → `commands` → each command → `context`, `parse`,
-//! `client`, `follow`, `output` → `api`, `error`. This file only declares modules and
-//! re-exports; nothing inside the crate imports through it.
+//! `client`, `follow`, `output` → `api`, `error`; `context` → `stream` → `output`.
+//! This file only declares modules and re-exports; nothing inside the crate imports
+//! through it.
 
 pub mod api;
 pub mod cli;
@@ -37,6 +40,7 @@ pub mod error;
 pub mod follow;
 pub mod output;
 pub mod parse;
+pub mod stream;
 
 pub use cli::Cli;
 pub use error::{CtlError, EXIT_FAILED, EXIT_OK, EXIT_USAGE};

@@ -33,24 +33,39 @@ pub fn table(headers: &[(&str, Width)], rows: &[Vec<String>]) -> String {
                 .unwrap_or(0),
         })
         .collect();
-    let line = |fields: &mut dyn Iterator<Item = &str>| -> String {
-        let padded: Vec<String> = fields
-            .zip(&widths)
-            .map(|(f, w)| format!("{f:<w$}"))
-            .collect();
-        padded.join(" | ")
-    };
-    let header = line(&mut headers.iter().map(|(h, _)| *h));
+    let mut out = table_head(headers.iter().map(|(h, _)| *h), &widths);
+    for row in rows {
+        out.push_str(&table_row(row.iter().map(String::as_str), &widths));
+    }
+    out
+}
+
+/// `fields` padded to `widths` and joined by ` | `, blanks kept.
+fn padded<'a>(fields: impl Iterator<Item = &'a str>, widths: &[usize]) -> String {
+    let padded: Vec<String> = fields
+        .zip(widths)
+        .map(|(f, w)| format!("{f:<w$}"))
+        .collect();
+    padded.join(" | ")
+}
+
+/// A table's header line (trailing blanks cut) and its `=` line, as long as
+/// the padded header.
+pub fn table_head<'a>(headers: impl Iterator<Item = &'a str>, widths: &[usize]) -> String {
+    let header = padded(headers, widths);
     let mut out = String::new();
     out.push_str(header.trim_end());
     out.push('\n');
     out.push_str(&"=".repeat(header.chars().count()));
     out.push('\n');
-    for row in rows {
-        out.push_str(line(&mut row.iter().map(String::as_str)).trim_end());
-        out.push('\n');
-    }
     out
+}
+
+/// One row line of a table, trailing blanks cut, with its newline.
+pub fn table_row<'a>(fields: impl Iterator<Item = &'a str>, widths: &[usize]) -> String {
+    let mut line = padded(fields, widths).trim_end().to_owned();
+    line.push('\n');
+    line
 }
 
 /// A table whose every column is as wide as its widest value ([`Width::Fit`]).

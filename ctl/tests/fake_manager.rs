@@ -246,13 +246,13 @@ impl FakeController {
             .push(format!("SetLogLevel {level}"));
     }
 
-    fn list_units(&self) -> HashMap<String, Vec<UnitTuple>> {
-        let unlistable = self.shared.unlistable_9node.load(Ordering::SeqCst);
-        self.nodes
-            .iter()
-            .filter(|n| n.online && !(unlistable && n.name == "9node"))
-            .map(|n| (n.name.to_owned(), n.units.clone()))
-            .collect()
+    /// Refused as the real manager refuses a fleet too large for one D-Bus reply:
+    /// droverctl lists node by node and never needs this call.
+    fn list_units(&self) -> Result<HashMap<String, Vec<UnitTuple>>, NamedError> {
+        Err(NamedError::new(
+            "org.freedesktop.DBus.Error.LimitsExceeded",
+            "the answer of Controller.ListUnits would be too large",
+        ))
     }
 }
 
@@ -618,6 +618,42 @@ async fn list_units_over_all_nodes_names_a_node_it_could_not_list_and_fails() {
         r.stderr
     );
     assert_eq!(err[1], "droverctl: 1 node(s) left out of the list: 9node");
+}
+
+/// With `--json`, the nodes that could be listed make one JSON document on
+/// stdout, exactly the rows of those nodes; the node that could not be listed
+/// goes to stderr and the exit status is 1 (issue 14 item 4, streamed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_units_json_over_all_nodes_names_a_node_it_could_not_list_and_fails() {
+    let bus = private_bus();
+    let (_mgr, shared) = serve(&bus).await;
+    let r = droverctl(&bus, &["--json", "list-units"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let all: serde_json::Value = serde_json::from_str(&r.stdout).expect("json");
+    let nodes: Vec<&str> = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["node"].as_str().unwrap())
+        .collect();
+    assert_eq!(nodes, ["9node", "node-a", "node-a", "node-a"]);
+
+    shared.unlistable_9node.store(true, Ordering::SeqCst);
+    let r = droverctl(&bus, &["--json", "list-units"]).await;
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).expect("json");
+    assert_eq!(
+        v,
+        serde_json::Value::Array(all.as_array().unwrap()[1..].to_vec()),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stderr
+            .starts_with("droverctl: cannot list units of node 9node: "),
+        "{}",
+        r.stderr
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

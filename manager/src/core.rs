@@ -16,6 +16,7 @@
 
 use crate::error::ApiError;
 use crate::escape::job_path;
+use crate::fanout;
 use crate::heap::{Churn, TrimState};
 use crate::jobs::{Done, JobInfo, Jobs, RESULT_DISCONNECTED, RESULT_SHUTDOWN, valid_state};
 use crate::metrics::Metrics;
@@ -37,7 +38,7 @@ use drover_protocol::link::manager_read_hello;
 use drover_protocol::{Event, JobKind, NodeName, RefuseReason, Request, Response, UnitName};
 use drover_tls::{Acceptor, NodeIdentity};
 use futures::future::BoxFuture;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -98,6 +99,9 @@ pub struct Timeouts {
     /// 25 s default method timeout of D-Bus clients, so one hung node makes
     /// the answer slow and partial, never a client-side timeout.
     pub fanout: Duration,
+    /// The most bytes the body of a fleet-wide answer may take (see
+    /// [`crate::fanout`]); tests lower it.
+    pub fleet_answer: usize,
     /// Caps on connections not yet admitted (see [`crate::nodes::gate`]).
     pub pre_auth: Limits,
 }
@@ -109,6 +113,7 @@ impl Default for Timeouts {
             // TLS handshake and hello together.
             handshake: Duration::from_secs(10),
             fanout: Duration::from_secs(20),
+            fleet_answer: drover_bus::limits::MAX_REPLY_BODY,
             pre_auth: Limits::default(),
         }
     }
@@ -765,29 +770,31 @@ impl Core {
         Ok(path)
     }
 
-    /// `Controller.ListUnits`: all online nodes in parallel, each with the
-    /// fan-out timeout. A node that fails or times out is left out of the
-    /// answer and logged (BlueChi fails the whole call instead; one slow or
-    /// broken node should not blind an operator to the rest of the fleet).
-    pub async fn list_all_units(&self) -> HashMap<String, Vec<UnitTuple>> {
+    /// `Controller.ListUnits`: every online node, at most
+    /// [`crate::fanout::IN_FLIGHT`] at a time, all by one fan-out deadline.
+    /// A node that fails or times out is left out of the answer and logged
+    /// (BlueChi fails the whole call instead; one slow or broken node should
+    /// not blind an operator to the rest of the fleet). An answer that would
+    /// not fit one D-Bus reply is refused early: see [`crate::fanout`].
+    pub async fn list_all_units(&self) -> Result<BTreeMap<String, Vec<UnitTuple>>, ApiError> {
+        self.fleet_list(&fanout::LIST_UNITS, units_of).await
+    }
+
+    /// `Controller.ListUnitFiles`, as [`Core::list_all_units`].
+    pub async fn list_all_unit_files(
+        &self,
+    ) -> Result<BTreeMap<String, Vec<(String, String)>>, ApiError> {
+        self.fleet_list(&fanout::LIST_UNIT_FILES, unit_files).await
+    }
+
+    async fn fleet_list<T: serde::Serialize + zbus::wire::Type>(
+        &self,
+        list: &fanout::FleetList,
+        rows: fn(Response) -> Result<Vec<T>, ApiError>,
+    ) -> Result<BTreeMap<String, Vec<T>>, ApiError> {
         let sessions: Vec<_> = self.registry().sessions().cloned().collect();
-        let timeout = self.timeouts.fanout;
-        let calls = sessions.into_iter().map(|session| async move {
-            let result = session.request(Request::ListUnits, timeout).await;
-            (session, result)
-        });
-        let mut out = HashMap::new();
-        for (session, result) in futures::future::join_all(calls).await {
-            match result.and_then(units_of) {
-                Ok(units) => {
-                    out.insert(session.node().to_string(), units);
-                }
-                Err(e) => {
-                    tracing::warn!(node = %session.node(), "ListUnits left this node out: {e}")
-                }
-            }
-        }
-        out
+        let t = &self.timeouts;
+        fanout::gather(sessions, list, rows, t.fanout, t.fleet_answer).await
     }
 
     // ---- signals --------------------------------------------------------
@@ -868,6 +875,14 @@ fn unexpected(response: &Response) -> ApiError {
 pub fn units_of(response: Response) -> Result<Vec<UnitTuple>, ApiError> {
     match response {
         Response::Units(units) => Ok(units.into_iter().map(unit_tuple).collect()),
+        other => Err(unexpected(&other)),
+    }
+}
+
+/// The `(ss)` rows of a `ListUnitFiles` reply.
+pub fn unit_files(response: Response) -> Result<Vec<(String, String)>, ApiError> {
+    match response {
+        Response::UnitFiles(files) => Ok(files),
         other => Err(unexpected(&other)),
     }
 }

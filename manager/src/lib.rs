@@ -62,7 +62,10 @@
 //!
 //! * `Controller.ListUnits` leaves out a node that fails or does not answer
 //!   within the fan-out timeout (and logs it) instead of failing the whole
-//!   call: one broken node should not blind an operator to the fleet.
+//!   call: one broken node should not blind an operator to the fleet. An
+//!   answer that would not fit one D-Bus reply (32 MiB, the system bus's
+//!   cap) is refused with `LimitsExceeded` as soon as that is certain,
+//!   before the manager has gathered it all ([`fanout`]).
 //! * Every job ends with exactly one `JobRemoved`: `disconnected` when its
 //!   node's session ends, `cancelled due to shutdown` on SIGTERM (BlueChi
 //!   drops jobs of a disconnected node silently).
@@ -78,6 +81,7 @@ pub mod cli;
 pub mod core;
 pub mod error;
 pub mod escape;
+pub mod fanout;
 pub mod heap;
 pub mod jobs;
 pub mod metrics;

@@ -3,11 +3,12 @@
 mod common;
 
 use common::*;
+use drover_manager::Timeouts;
 use drover_protocol::link::HandshakeError;
 use drover_protocol::{JobKind, RefuseReason, RemoteError, Request, Response, UnitInfo};
 use drover_testkit::agent::{job_done, job_state, reply_ok, reply_then};
 use drover_testkit::api::assert_mentions;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
@@ -469,6 +470,121 @@ async fn list_units_per_node_and_fleet_wide() {
         .unwrap();
     assert_eq!(all.keys().collect::<Vec<_>>(), vec!["node1"]);
     assert_eq!(all["node1"][0].1, "a.service desc");
+}
+
+/// An agent that answers `ListUnits` with `rows`, `ListUnitFiles` with one
+/// file per row, and everything else with an empty reply.
+fn lists(rows: Vec<UnitInfo>) -> Behavior {
+    Arc::new(move |id, req| {
+        let result = match req {
+            Request::ListUnits => Response::Units(rows.clone()),
+            Request::ListUnitFiles => Response::UnitFiles(
+                rows.iter()
+                    .map(|r| (format!("/etc/systemd/user/{}", r.name), "enabled".into()))
+                    .collect(),
+            ),
+            _ => Response::Empty,
+        };
+        vec![drover_protocol::ToManager::Reply {
+            id,
+            result: Ok(result),
+        }]
+    })
+}
+
+/// Issue 17: `Controller.ListUnits` is one D-Bus reply. A fleet whose answer
+/// fits the limit gets all of it, exactly; one byte less and the call is
+/// refused with `LimitsExceeded`, the size, the limit and the way out — and
+/// nothing else notices: the nodes stay online and list on their own.
+#[tokio::test]
+async fn a_fleet_wide_list_fits_one_reply_or_is_refused_with_the_way_out() {
+    use zbus::wire::{LE, serialized::Context, serialized_size};
+    let nodes = ["node1", "node2", "node3"];
+    let rows = |k: usize| -> Vec<UnitInfo> {
+        (0..10 * (k + 1))
+            .map(|i| unit(&format!("u{i:04}.service")))
+            .collect()
+    };
+    let expected: BTreeMap<String, Vec<UnitTuple>> = nodes
+        .iter()
+        .enumerate()
+        .map(|(k, n)| {
+            let tuples = rows(k).into_iter().map(drover_bus::systemd::unit_tuple);
+            (n.to_string(), tuples.collect())
+        })
+        .collect();
+    let exact = *serialized_size(Context::new(LE, 0), &expected).unwrap();
+    for (limit, fits) in [(exact, true), (exact - 1, false)] {
+        let timeouts = Timeouts {
+            fleet_answer: limit,
+            ..fast_timeouts()
+        };
+        let f = Fixture::start_with(config(&nodes), timeouts).await;
+        let mut agents = Vec::new();
+        for (k, n) in nodes.iter().enumerate() {
+            agents.push(f.agent(n, lists(rows(k))).await);
+        }
+        let answer: zbus::Result<BTreeMap<String, Vec<UnitTuple>>> =
+            f.call(CONTROLLER, CTRL_IFACE, "ListUnits", &()).await;
+        if fits {
+            assert_eq!(answer.unwrap(), expected, "limit {limit}");
+        } else {
+            let (name, message) = error_of(&answer.unwrap_err());
+            assert_eq!(name, "org.freedesktop.DBus.Error.LimitsExceeded");
+            assert_mentions(
+                &message,
+                "the refusal",
+                &[&limit.to_string(), "Node.ListUnits", "droverctl list-units"],
+            );
+            let one: Vec<UnitTuple> = f.call(NODE1, NODE_IFACE, "ListUnits", &()).await.unwrap();
+            assert_eq!(one.len(), 10);
+            for n in nodes {
+                let path = format!("/org/eclipse/bluechi/node/{n}");
+                let status: String = f.get_property(&path, NODE_IFACE, "Status").await;
+                assert_eq!(status, "online", "{n}");
+            }
+        }
+    }
+}
+
+/// Gathering stops as soon as the answer is certain not to fit: with a limit
+/// below one node's rows, the refusal names the size reached after one node.
+#[tokio::test]
+async fn a_fleet_wide_list_stops_at_the_first_answer_past_the_limit() {
+    let nodes = ["node1", "node2", "node3", "node4"];
+    let timeouts = Timeouts {
+        fleet_answer: 1000,
+        ..fast_timeouts()
+    };
+    let f = Fixture::start_with(config(&nodes), timeouts).await;
+    let mut agents = Vec::new();
+    for n in nodes {
+        let rows: Vec<UnitInfo> = (0..50).map(|i| unit(&format!("u{i:04}.service"))).collect();
+        agents.push(f.agent(n, lists(rows)).await);
+    }
+    let answer: zbus::Result<BTreeMap<String, Vec<UnitTuple>>> =
+        f.call(CONTROLLER, CTRL_IFACE, "ListUnits", &()).await;
+    let (name, message) = error_of(&answer.unwrap_err());
+    assert_eq!(name, "org.freedesktop.DBus.Error.LimitsExceeded");
+    assert_mentions(
+        &message,
+        "the refusal",
+        &["after 1 of 4 online nodes", "1000 bytes"],
+    );
+    // ListUnitFiles the same way, with its own advice.
+    let answer: zbus::Result<BTreeMap<String, Vec<(String, String)>>> =
+        f.call(CONTROLLER, CTRL_IFACE, "ListUnitFiles", &()).await;
+    let (name, message) = error_of(&answer.unwrap_err());
+    assert_eq!(name, "org.freedesktop.DBus.Error.LimitsExceeded");
+    assert_mentions(
+        &message,
+        "the refusal",
+        &[
+            "Node.ListUnitFiles",
+            "droverctl list-unit-files",
+            "1000 bytes",
+        ],
+    );
 }
 
 #[tokio::test]

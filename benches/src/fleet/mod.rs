@@ -14,8 +14,13 @@
 //! 4. `ListNodes` and `droverctl status` wall time (median of 5);
 //! 5. `StartUnit` round trip (call → `JobRemoved`) on one node, against the
 //!    same on a second manager with 3 nodes, samples interleaved (medians);
-//! 6. `Controller.ListUnits` over all nodes ([`Options::units`] each): wall
-//!    time and the manager's peak RSS during the call (VmHWM, reset before);
+//! 6. `droverctl list-units` over all nodes ([`Options::units`] each), which
+//!    asks node by node and streams: wall time, rows printed, droverctl's
+//!    peak RSS (its `VmHWM`), the manager's peak RSS meanwhile (VmHWM, reset
+//!    before); then `Controller.ListUnits`: wall time and the manager's peak
+//!    RSS during the call. It is one D-Bus reply: a fleet whose answer passes
+//!    32 MiB is refused (`LimitsExceeded`) once that is certain, so at
+//!    10,000 × 100 this is the time and memory of the refusal;
 //! 7. a monitor on `*` of every node: how much of the replay of the loaded
 //!    units it hears (the manager drops a monitor whose queue overflows);
 //!    then a monitor on every node's event unit (`agent::EVENT_UNIT`, not
@@ -339,12 +344,60 @@ pub async fn run(opts: &Options) -> Result<Row> {
         );
     }
 
-    // 6. Controller.ListUnits over all nodes.
+    // 6. droverctl list-units over all nodes, node by node (first, so the
+    // manager's peak is not that of the refused Controller.ListUnits).
+    if opts.units > 0 {
+        match drover_sandbox::binaries::locate("droverctl") {
+            Ok(ctl) => {
+                procfs::reset_peak(pid)?;
+                let before = rig.manager.memory_kib()?.0;
+                let address = rig.bus.address().to_owned();
+                let run = tokio::task::spawn_blocking(move || {
+                    probe::droverctl_list_units(&ctl, &address)
+                })
+                .await?;
+                match run {
+                    Ok(r) => {
+                        row.ctl_list_ms = Some(r.took.as_secs_f64() * 1000.0);
+                        row.ctl_list_rows = Some(r.rows);
+                        row.ctl_list_peak_kib = Some(r.peak_kib);
+                        if r.code != 0 || r.rows != n * opts.units {
+                            row.ctl_list_error =
+                                Some(format!("exit {}, {} rows: {}", r.code, r.rows, r.stderr));
+                        }
+                    }
+                    Err(e) => row.ctl_list_error = Some(format!("{e:#}")),
+                }
+                row.ctl_list_manager_peak_kib = Some(rig.manager.memory_kib()?.2);
+                eprintln!(
+                    "fleet {n}: droverctl list-units {} ms, {} rows, droverctl peak RSS {} KiB, \
+                     manager peak RSS {} KiB (RSS before {before} KiB){}",
+                    row.ctl_list_ms
+                        .map(|v| format!("{v:.1}"))
+                        .unwrap_or("-".into()),
+                    row.ctl_list_rows.unwrap_or(0),
+                    row.ctl_list_peak_kib.unwrap_or(0),
+                    row.ctl_list_manager_peak_kib.unwrap_or(0),
+                    row.ctl_list_error
+                        .as_ref()
+                        .map(|e| format!(" ({e})"))
+                        .unwrap_or_default()
+                );
+            }
+            Err(e) => eprintln!("fleet: droverctl list-units not measured: {e}"),
+        }
+    }
+
+    // 6b. Controller.ListUnits over all nodes.
     if opts.units > 0 {
         procfs::reset_peak(pid)?;
-        match probe::list_units(&rig.api).await {
-            Ok((took, nodes, rows)) => {
-                row.list_units_ms = Some(took.as_secs_f64() * 1000.0);
+        let before = rig.manager.memory_kib()?.0;
+        let t = Instant::now();
+        let answer = probe::list_units(&rig.api).await;
+        // The time to the answer or to the refusal.
+        row.list_units_ms = Some(t.elapsed().as_secs_f64() * 1000.0);
+        match answer {
+            Ok((_, nodes, rows)) => {
                 row.list_units_rows = Some(rows);
                 if nodes != n || rows != n * opts.units {
                     row.list_units_error =
@@ -355,7 +408,8 @@ pub async fn run(opts: &Options) -> Result<Row> {
         }
         row.list_units_peak_kib = Some(rig.manager.memory_kib()?.2);
         eprintln!(
-            "fleet {n}: Controller.ListUnits {} ms, {} rows, manager peak RSS {} KiB{}",
+            "fleet {n}: Controller.ListUnits {} ms, {} rows, manager peak RSS {} KiB (RSS before \
+             {before} KiB){}",
             row.list_units_ms
                 .map(|v| format!("{v:.1}"))
                 .unwrap_or("-".into()),

@@ -52,6 +52,81 @@ pub fn droverctl_status(droverctl: &Path, address: &str) -> Result<Duration> {
     Ok(took)
 }
 
+/// What one `droverctl list-units` over every node did.
+pub struct CtlList {
+    pub took: Duration,
+    /// Table lines after the header and the `=` line.
+    pub rows: usize,
+    /// droverctl's own peak RSS (its `VmHWM`, read every 10 ms while it
+    /// runs), KiB. Not `wait4`'s `ru_maxrss`: exec keeps the high-water mark
+    /// of the process image it replaces, and a child spawned from this
+    /// generator starts as a copy of it (hundreds of MiB).
+    pub peak_kib: u64,
+    /// Its exit status and the first line of its stderr.
+    pub code: i32,
+    pub stderr: String,
+}
+
+/// One `droverctl list-units` over every node to its end (process start
+/// included), its output counted as it comes (never held).
+pub fn droverctl_list_units(droverctl: &Path, address: &str) -> Result<CtlList> {
+    use std::io::Read;
+    let t = Instant::now();
+    let mut child = Command::new(droverctl)
+        .arg("--bus")
+        .arg(address)
+        .arg("list-units")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("running {}", droverctl.display()))?;
+    let mut out = child.stdout.take().context("droverctl's stdout")?;
+    let lines = std::thread::spawn(move || -> std::io::Result<usize> {
+        let mut buf = vec![0u8; 1 << 16];
+        let mut lines = 0;
+        loop {
+            match out.read(&mut buf)? {
+                0 => return Ok(lines),
+                n => lines += buf[..n].iter().filter(|b| **b == b'\n').count(),
+            }
+        }
+    });
+    let mut err = child.stderr.take().context("droverctl's stderr")?;
+    let errors = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let pid = child.id();
+    let peak = std::thread::spawn(move || {
+        let mut peak = 0;
+        // Ends when the process is gone or a zombie (no VmHWM any more).
+        while let Ok(kib) = crate::procfs::status_kib(pid, "VmHWM:") {
+            peak = peak.max(kib);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        peak
+    });
+    let (status, _) = crate::ctl::wait4(i32::try_from(pid)?)?;
+    let took = t.elapsed();
+    let lines = lines
+        .join()
+        .map_err(|_| anyhow::anyhow!("the stdout reader panicked"))??;
+    let stderr = errors.join().unwrap_or_default();
+    Ok(CtlList {
+        took,
+        rows: lines.saturating_sub(2),
+        peak_kib: peak.join().unwrap_or(0),
+        code: if libc::WIFEXITED(status) {
+            libc::WEXITSTATUS(status)
+        } else {
+            -1
+        },
+        stderr: stderr.lines().next().unwrap_or("").to_owned(),
+    })
+}
+
 /// One `Controller.ListUnits`: its wall time (decoding included), the nodes
 /// and the rows it returned.
 pub async fn list_units(conn: &zbus::Connection) -> Result<(Duration, usize, usize)> {

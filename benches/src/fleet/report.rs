@@ -34,6 +34,13 @@ pub struct Row {
     pub list_units_rows: Option<usize>,
     pub list_units_peak_kib: Option<u64>,
     pub list_units_error: Option<String>,
+    /// `droverctl list-units` over every node (node by node): wall time,
+    /// rows printed, droverctl's peak RSS, the manager's peak RSS meanwhile.
+    pub ctl_list_ms: Option<f64>,
+    pub ctl_list_rows: Option<usize>,
+    pub ctl_list_peak_kib: Option<u64>,
+    pub ctl_list_manager_peak_kib: Option<u64>,
+    pub ctl_list_error: Option<String>,
     /// A monitor on `*`: `UnitStateChanged` heard of the replay, and the
     /// loaded units there are.
     pub star_replay: Option<(u64, u64)>,
@@ -65,7 +72,8 @@ cold_handshake_failed,cold_refused,idle_seconds,idle_cpu_pct,generator_cpu_pct,r
 anon_empty_kib,rss_kib,anon_kib,rss_per_node_kib,anon_per_node_kib,list_nodes_ms,status_ms,\
 start_ms,start_3_ms,list_units_ms,list_units_rows,list_units_peak_kib,list_units_error,\
 star_replay_heard,star_replay_units,monitor_per_s,monitor_p50_ms,monitor_p99_ms,monitor_sent,monitor_lost,online_half_s,\
-half_failed,online_restart_s,restart_connect_failed,restart_handshake_failed,restart_refused";
+half_failed,online_restart_s,restart_connect_failed,restart_handshake_failed,restart_refused,\
+ctl_list_ms,ctl_list_rows,ctl_list_peak_kib,ctl_list_manager_peak_kib,ctl_list_error";
 
 fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
     v.as_ref().map(ToString::to_string).unwrap_or_default()
@@ -142,6 +150,15 @@ pub fn csv_line(row: &Row) -> String {
         rh,
         rr,
     );
+    let _ = write!(
+        s,
+        ",{},{},{},{},{}",
+        optf(row.ctl_list_ms, 1),
+        opt(&row.ctl_list_rows),
+        opt(&row.ctl_list_peak_kib),
+        opt(&row.ctl_list_manager_peak_kib),
+        field(row.ctl_list_error.as_deref().unwrap_or("")),
+    );
     s
 }
 
@@ -163,13 +180,15 @@ mod tests {
             half_failed: Some((1, 2, 3)),
             restart_failed: Some((4, 5, 6)),
             start_ms: Some(0.5),
+            ctl_list_rows: Some(7),
+            ctl_list_error: Some("exit 1, 7 rows".into()),
             ..Row::default()
         };
         let line = csv_line(&full);
         assert_eq!(line.split(',').count(), columns, "{line}");
         assert!(line.starts_with("10,tls,"));
         assert!(line.contains(",20.00,"), "RSS per node: {line}");
-        assert!(line.ends_with(",6,,4,5,6"), "{line}");
+        assert!(line.ends_with(",6,,4,5,6,,7,,,exit 1  7 rows"), "{line}");
         assert!(!line.contains('"') && !line.contains('\n'));
     }
 }

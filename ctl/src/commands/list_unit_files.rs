@@ -1,14 +1,14 @@
-//! `list-unit-files [NODE] [--filter GLOB]`: unit files of every online node
-//! (`Controller.ListUnitFiles`) or of one node (`Node.ListUnitFiles`).
+//! `list-unit-files [NODE] [--filter GLOB]`: unit files of every online node or of
+//! one node (`Node.ListUnitFiles`).
 //!
 //! Table `NODE | PATH | IS-ENABLED` (bluechictl's), each column as wide as its widest
 //! value, rows sorted by node then path. The glob matches the unit file's name (as
 //! with `systemctl list-unit-files PATTERN`) or its whole path (as bluechictl does),
 //! so both `--filter 'web*'` and `--filter '/etc/*'` work.
 //!
-//! Over all nodes, an online node the manager left out is asked again on its own;
-//! if that fails too, its reason goes to stderr and the command exits 1 after the
-//! output (as `list-units`).
+//! Over all nodes, node by node and printed as they come, as `list-units`: a node
+//! that cannot be listed has its reason on stderr and makes the command exit 1
+//! after the output.
 
 use serde::Serialize;
 
@@ -61,27 +61,45 @@ pub fn select(mut rows: Vec<UnitFileRow>, filter: Option<&glob::Pattern>) -> Vec
     rows
 }
 
+const HEADERS: [&str; 3] = ["NODE", "PATH", "IS-ENABLED"];
+
+/// A row's fields in the table.
+fn cells(r: &UnitFileRow) -> Vec<String> {
+    vec![r.node.clone(), r.path.clone(), r.state.clone()]
+}
+
 pub fn render_table(rows: &[UnitFileRow]) -> String {
-    let cells: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| vec![r.node.clone(), r.path.clone(), r.state.clone()])
-        .collect();
-    fit_table(&["NODE", "PATH", "IS-ENABLED"], &cells)
+    let cells: Vec<Vec<String>> = rows.iter().map(cells).collect();
+    fit_table(&HEADERS, &cells)
 }
 
 impl Run for ListUnitFiles {
     async fn run(self, ctx: &mut Context) -> Result<(), CtlError> {
-        let client = ctx.client().await?;
+        let client = ctx.client().await?.clone();
+        let filter = self.filter.as_ref();
+        let Some(node) = &self.node else {
+            let mut out = ctx.row_stream(&HEADERS, cells);
+            let left_out = client
+                .each_node(
+                    async |node| node.list_unit_files().await,
+                    |node, files| {
+                        let rows = files.into_iter().map(|f| UnitFileRow::from_tuple(node, f));
+                        Ok(out.push(&select(rows.collect(), filter))?)
+                    },
+                )
+                .await?;
+            out.finish()?;
+            return ctx.left_out(left_out, "unit files");
+        };
         let mut listing = client
-            .per_node(
-                self.node.as_ref(),
+            .one_node(
+                node,
                 "ListUnitFiles",
                 async |node| node.list_unit_files().await,
-                async |controller| controller.list_unit_files().await,
                 UnitFileRow::from_tuple,
             )
             .await?;
-        listing.rows = select(listing.rows, self.filter.as_ref());
+        listing.rows = select(listing.rows, filter);
         ctx.emit_listing(listing, "unit files", render_table)
     }
 }

@@ -1,15 +1,18 @@
-//! `list-units [NODE] [--filter GLOB]`: units of every online node
-//! (`Controller.ListUnits`) or of one node (`Node.ListUnits`).
+//! `list-units [NODE] [--filter GLOB]`: units of every online node or of one
+//! node (`Node.ListUnits`).
 //!
-//! Over all nodes, an online node the manager left out (it failed or timed
-//! out) is asked again on its own; if that fails too, its reason goes to
-//! stderr and the command exits 1 after printing the others. bluechictl
-//! prints nothing and fails when any node fails (BlueChi's manager fails the
-//! whole call); drover shows what it has and still says what is missing.
+//! Over all nodes, each online node is asked on its own (`Node.ListUnits`, a few
+//! at a time, see [`crate::client::Client::each_node`]) and its rows are printed
+//! as they come ([`crate::stream`]), so a fleet of any size lists with bounded
+//! memory; `Controller.ListUnits` is one D-Bus reply, which a large fleet does not
+//! fit. A node that cannot be listed has its reason on stderr and makes the
+//! command exit 1 after printing the others. bluechictl prints nothing and fails
+//! when any node fails (BlueChi's manager fails the whole call); drover shows what
+//! it has and still says what is missing.
 //!
 //! Table `NODE | ID | ACTIVE | SUB`, each column as wide as its widest value, rows
-//! sorted by node then unit so output is stable across runs (the manager's map has no
-//! order). The glob matches the unit name only, as in bluechictl.
+//! sorted by node then unit so output is stable across runs. The glob matches the
+//! unit name only, as in bluechictl.
 
 use serde::Serialize;
 
@@ -67,34 +70,50 @@ pub fn select(mut rows: Vec<UnitRow>, filter: Option<&glob::Pattern>) -> Vec<Uni
     rows
 }
 
+const HEADERS: [&str; 4] = ["NODE", "ID", "ACTIVE", "SUB"];
+
+/// A row's fields in the table.
+fn cells(r: &UnitRow) -> Vec<String> {
+    vec![
+        r.node.clone(),
+        r.unit.clone(),
+        r.active.clone(),
+        r.sub.clone(),
+    ]
+}
+
 pub fn render_table(rows: &[UnitRow]) -> String {
-    let cells: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| {
-            vec![
-                r.node.clone(),
-                r.unit.clone(),
-                r.active.clone(),
-                r.sub.clone(),
-            ]
-        })
-        .collect();
-    fit_table(&["NODE", "ID", "ACTIVE", "SUB"], &cells)
+    let cells: Vec<Vec<String>> = rows.iter().map(cells).collect();
+    fit_table(&HEADERS, &cells)
 }
 
 impl Run for ListUnits {
     async fn run(self, ctx: &mut Context) -> Result<(), CtlError> {
-        let client = ctx.client().await?;
+        let client = ctx.client().await?.clone();
+        let filter = self.filter.as_ref();
+        let Some(node) = &self.node else {
+            let mut out = ctx.row_stream(&HEADERS, cells);
+            let left_out = client
+                .each_node(
+                    async |node| node.list_units().await,
+                    |node, tuples| {
+                        let rows = tuples.into_iter().map(|t| UnitRow::from_tuple(node, t));
+                        Ok(out.push(&select(rows.collect(), filter))?)
+                    },
+                )
+                .await?;
+            out.finish()?;
+            return ctx.left_out(left_out, "units");
+        };
         let mut listing = client
-            .per_node(
-                self.node.as_ref(),
+            .one_node(
+                node,
                 "ListUnits",
                 async |node| node.list_units().await,
-                async |controller| controller.list_units().await,
                 UnitRow::from_tuple,
             )
             .await?;
-        listing.rows = select(listing.rows, self.filter.as_ref());
+        listing.rows = select(listing.rows, filter);
         ctx.emit_listing(listing, "units", render_table)
     }
 }

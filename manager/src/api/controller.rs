@@ -4,38 +4,13 @@ use crate::core::Core;
 use crate::error::ApiError;
 use drover_bus::systemd::UnitTuple;
 use drover_config::LogLevel;
-use drover_protocol::Request;
 use drover_protocol::error_names::SERVICE_UNKNOWN;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use zbus::interface;
 use zbus::message::Header;
 use zbus::object_server::SignalEmitter;
 use zbus::{Connection, ObjectPath, OwnedObjectPath};
-
-/// `Controller.ListUnitFiles`: every online node in parallel with the
-/// fan-out timeout; a node that fails or does not answer is left out and
-/// logged, as for `ListUnits`.
-async fn list_all_unit_files(core: &Core) -> HashMap<String, Vec<(String, String)>> {
-    let sessions: Vec<_> = core.registry().sessions().cloned().collect();
-    let timeout = core.timeouts().fanout;
-    let calls = sessions.into_iter().map(|session| async move {
-        let result = session.request(Request::ListUnitFiles, timeout).await;
-        (session, result)
-    });
-    let mut out = HashMap::new();
-    for (session, result) in futures::future::join_all(calls).await {
-        match result.and_then(crate::api::node::unit_files) {
-            Ok(files) => {
-                out.insert(session.node().to_string(), files);
-            }
-            Err(e) => {
-                tracing::warn!(node = %session.node(), "ListUnitFiles left this node out: {e}")
-            }
-        }
-    }
-    out
-}
 
 pub struct ControllerObject {
     core: Arc<Core>,
@@ -81,16 +56,17 @@ impl ControllerObject {
             })
     }
 
-    /// Units of every online node; see `Core::list_all_units` for failures.
+    /// Units of every online node, keyed by node name; see
+    /// `Core::list_all_units` for nodes left out and answers too large.
     #[zbus(out_args("units"))]
-    async fn list_units(&self) -> HashMap<String, Vec<UnitTuple>> {
+    async fn list_units(&self) -> Result<BTreeMap<String, Vec<UnitTuple>>, ApiError> {
         self.core.list_all_units().await
     }
 
-    /// Unit files of every online node, keyed by node name.
+    /// Unit files of every online node, keyed by node name (as `ListUnits`).
     #[zbus(out_args("unitfiles"))]
-    async fn list_unit_files(&self) -> HashMap<String, Vec<(String, String)>> {
-        list_all_unit_files(&self.core).await
+    async fn list_unit_files(&self) -> Result<BTreeMap<String, Vec<(String, String)>>, ApiError> {
+        self.core.list_all_unit_files().await
     }
 
     /// A monitor owned by the caller; it closes when the caller leaves the bus.

@@ -5,7 +5,7 @@
 //! fail with `InvalidArgs` before anything is sent to the agent; systemd's
 //! errors from the node come back with their own names.
 
-use crate::core::{Core, JOB_MODES, units_of};
+use crate::core::{Core, JOB_MODES, unit_files, units_of};
 use crate::error::ApiError;
 use crate::nodes::registry::OFFLINE;
 use drover_bus::marshal::{self, PropertyMap};
@@ -125,14 +125,6 @@ fn changes(r: Response) -> Result<(bool, Vec<Change>), ApiError> {
             carries_install_info,
             changes,
         } => Ok((carries_install_info, changes)),
-        _ => Err(unexpected()),
-    }
-}
-
-/// `ListUnitFiles` replies.
-pub fn unit_files(r: Response) -> Result<Vec<(String, String)>, ApiError> {
-    match r {
-        Response::UnitFiles(f) => Ok(f),
         _ => Err(unexpected()),
     }
 }

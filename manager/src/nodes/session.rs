@@ -217,33 +217,26 @@ impl Session {
         }
         let (tx, rx) = oneshot::channel();
         self.lock_pending().insert(id, tx);
+        // However this call ends — a reply, a timeout, or its caller dropping
+        // it (a fleet-wide list that stops early) — its entry and any parts
+        // that came for it go.
+        let _forget = Forget { session: self, id };
         // Checked after inserting: `mark_ended` sets the flag before draining,
         // so either it drains our entry or we see the flag here.
         if self.is_ended() {
-            self.lock_pending().remove(&id);
             return Err(ApiError::offline());
         }
         let msg = Outgoing::Message(Box::new(msg));
         let sent = tokio::time::timeout_at(deadline, self.outgoing.send(msg)).await;
         match sent {
             Ok(Ok(())) => {}
-            Ok(Err(_)) => {
-                self.lock_pending().remove(&id);
-                return Err(ApiError::offline());
-            }
-            Err(_) => {
-                self.lock_pending().remove(&id);
-                return Err(self.no_reply(timeout));
-            }
+            Ok(Err(_)) => return Err(ApiError::offline()),
+            Err(_) => return Err(self.no_reply(timeout)),
         }
         match tokio::time::timeout_at(deadline, rx).await {
             Ok(Ok(reply)) => reply.map_err(ApiError::from),
             Ok(Err(_)) => Err(ApiError::offline()),
-            Err(_) => {
-                self.lock_pending().remove(&id);
-                self.lock_parts().remove(&id);
-                Err(self.no_reply(timeout))
-            }
+            Err(_) => Err(self.no_reply(timeout)),
         }
     }
 
@@ -390,6 +383,20 @@ fn list_rows(r: &Response) -> usize {
         Response::Units(rows) => rows.len(),
         Response::UnitFiles(rows) => rows.len(),
         _ => 0,
+    }
+}
+
+/// Removes request `id`'s pending entry and parts when the request ends,
+/// also when its future is dropped before the reply.
+struct Forget<'a> {
+    session: &'a Session,
+    id: u64,
+}
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        self.session.lock_pending().remove(&self.id);
+        self.session.lock_parts().remove(&self.id);
     }
 }
 
