@@ -852,6 +852,10 @@ impl SessionOwner for Core {
     fn on_end<'a>(&'a self, session: &'a Arc<Session>, why: &'a str) -> BoxFuture<'a, ()> {
         Box::pin(self.end_session(session, why))
     }
+
+    fn on_bulk(&self) {
+        self.churn.note();
+    }
 }
 
 /// The log-limiter bucket of a refusal.

@@ -81,7 +81,16 @@ pub trait SessionOwner: Send + Sync + 'static {
     /// The session ended (`why`): run the disconnect rules. Called once per
     /// reader, after its last event.
     fn on_end<'a>(&'a self, session: &'a Arc<Session>, why: &'a str) -> BoxFuture<'a, ()>;
+
+    /// A list reply of at least [`BULK_ROWS`] rows came (and is freed once
+    /// its caller is done): heap churn, like a connection (`crate::heap`).
+    fn on_bulk(&self);
 }
+
+/// Rows from which a list reply counts as heap churn: the orphan-dep sweep
+/// lists every node's units one grace period after the node registered, so
+/// after a fleet's start, tens of MiB of rows are allocated and freed.
+pub const BULK_ROWS: usize = 64;
 
 pub struct Session {
     id: u64,
@@ -566,6 +575,9 @@ where
                 match msg {
                     ToManager::Heartbeat => {}
                     ToManager::Reply { id, result } => {
+                        if result.as_ref().is_ok_and(|r| list_rows(r) >= BULK_ROWS) {
+                            owner.on_bulk();
+                        }
                         if !session.complete(id, result) {
                             tracing::debug!(node = %session.node, "reply to unknown or expired request {id}");
                         }
@@ -730,6 +742,40 @@ mod tests {
             self.0.lock().unwrap().push(why.to_owned());
             Box::pin(async {})
         }
+        fn on_bulk(&self) {
+            self.0.lock().unwrap().push("bulk".to_owned());
+        }
+    }
+
+    /// A list reply of many rows counts as heap churn; a small one does not.
+    #[tokio::test]
+    async fn a_large_list_reply_is_reported_as_churn() {
+        let (s, _rx) = session();
+        let owner = Arc::new(Ends::default());
+        let rows = |n: usize| {
+            let row = drover_protocol::UnitInfo {
+                name: "a.service".into(),
+                description: String::new(),
+                load_state: "loaded".into(),
+                active_state: "active".into(),
+                sub_state: "running".into(),
+                followed: String::new(),
+                object_path: "/".into(),
+                job_id: 0,
+                job_type: String::new(),
+                job_path: "/".into(),
+            };
+            Ok(ToManager::Reply {
+                id: 99,
+                result: Ok(Response::Units(vec![row; n])),
+            })
+        };
+        let replies = futures::stream::iter([rows(BULK_ROWS - 1), rows(BULK_ROWS)]);
+        read_loop(owner.clone(), s, replies).await;
+        assert_eq!(
+            *owner.0.lock().unwrap(),
+            ["bulk", "the agent closed the connection"]
+        );
     }
 
     /// The end of a session stops its writer and its reader, even one whose
