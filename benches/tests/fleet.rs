@@ -19,6 +19,8 @@ fn small(nodes: usize, transport: Transport, pki_dir: &std::path::Path) -> Optio
     opts.monitor_seconds = 1.0;
     opts.start_samples = 5;
     opts.online_timeout = Duration::from_secs(60);
+    // The idle phase waits for the manager's sweep of every new node.
+    opts.proxy_grace_ms = Some(1000);
     opts.pki_dir = pki_dir.to_path_buf();
     opts
 }

@@ -11,11 +11,15 @@ use std::io::Write;
 
 use serde::Serialize;
 
+use crate::api::NodeProxy;
 use crate::client::{Client, Listing};
 use crate::error::CtlError;
 use crate::output::json;
 use crate::stream::{IN_MEMORY, RowStream};
 use drover_bus::Bus;
+
+/// A table's headers and the cells of one row.
+pub type Columns<'a, R> = (&'a [&'a str], fn(&R) -> Vec<String>);
 
 /// What every command implements.
 pub trait Run {
@@ -88,7 +92,7 @@ impl Context {
     /// A listing printed as it comes, node by node: JSON item by item with
     /// `--json`, else a table under `headers` of `cells(row)` (see
     /// [`crate::stream`]).
-    pub fn row_stream<R: Serialize>(
+    fn row_stream<R: Serialize>(
         &mut self,
         headers: &[&str],
         cells: fn(&R) -> Vec<String>,
@@ -100,13 +104,30 @@ impl Context {
         }
     }
 
-    /// One stderr line per online node that could not be listed (`left_out`:
-    /// node and reason); any makes the command fail.
-    pub fn left_out(
+    /// A listing over every online node, asked one by one
+    /// ([`Client::each_node`] with `one`): `rows` makes a node's rows, which
+    /// are printed as they come (a table of `headers` and `cells`, or JSON);
+    /// the nodes that could not be listed go to stderr and fail the command
+    /// ([`Context::left_out`], `what` names what was listed).
+    pub async fn stream_nodes<T, R: Serialize>(
         &mut self,
-        left_out: Vec<(String, String)>,
+        client: &Client,
+        (headers, cells): Columns<'_, R>,
+        one: impl AsyncFn(&NodeProxy<'static>) -> zbus::Result<Vec<T>>,
+        rows: impl Fn(&str, Vec<T>) -> Vec<R>,
         what: &str,
     ) -> Result<(), CtlError> {
+        let mut out = self.row_stream(headers, cells);
+        let left_out = client
+            .each_node(one, |node, entries| Ok(out.push(&rows(node, entries))?))
+            .await?;
+        out.finish()?;
+        self.left_out(left_out, what)
+    }
+
+    /// One stderr line per online node that could not be listed (`left_out`:
+    /// node and reason); any makes the command fail.
+    fn left_out(&mut self, left_out: Vec<(String, String)>, what: &str) -> Result<(), CtlError> {
         if left_out.is_empty() {
             return Ok(());
         }

@@ -320,10 +320,12 @@ impl Core {
     /// is set: the node its certificate proved) and, if admitted, runs the
     /// session. The hello must arrive by `deadline`. `ticket` is the
     /// connection's pre-authentication place, given up once the verdict is
-    /// out.
+    /// out. `socket` is the TCP socket under `io` when `io` is plaintext
+    /// (the session's reader marks it, `nodes/frames.rs`).
     pub async fn serve_connection<IO>(
         self: &Arc<Self>,
         io: IO,
+        socket: Option<std::os::fd::RawFd>,
         peer: SocketAddr,
         identity: Option<NodeIdentity>,
         deadline: tokio::time::Instant,
@@ -456,7 +458,14 @@ impl Core {
             manager_version: env!("CARGO_PKG_VERSION").to_owned(),
         };
         match pending.accept(accepted, timeout).await {
-            Ok(framed) => spawn_io(self.clone(), session, framed, rx, self.write_deadline()),
+            Ok(framed) => spawn_io(
+                self.clone(),
+                session,
+                framed,
+                socket,
+                rx,
+                self.write_deadline(),
+            ),
             Err(e) => {
                 self.end_session(&session, &format!("could not send the welcome: {e}"))
                     .await
@@ -842,6 +851,10 @@ impl SessionOwner for Core {
 
     fn on_end<'a>(&'a self, session: &'a Arc<Session>, why: &'a str) -> BoxFuture<'a, ()> {
         Box::pin(self.end_session(session, why))
+    }
+
+    fn on_bulk(&self) {
+        self.churn.note();
     }
 }
 

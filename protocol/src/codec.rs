@@ -197,6 +197,13 @@ mod framed {
                 _marker: PhantomData,
             }
         }
+
+        /// False once a frame's header was taken and its body is still
+        /// awaited (the header is no longer in the buffer then): a reader
+        /// with an empty buffer stands between frames only when this holds.
+        pub fn between_frames(&self) -> bool {
+            !self.frames.in_frame
+        }
     }
 
     impl<In: DeserializeOwned, Out> Decoder for FrameCodec<In, Out> {
@@ -243,6 +250,22 @@ mod framed {
             let err = codec.decode(&mut buf).unwrap_err();
             assert!(matches!(err, FrameError::TooLarge { .. }), "{err}");
             assert_eq!(buf.capacity(), cap_before, "no body buffer was reserved");
+        }
+
+        /// A header taken with its body still missing leaves the buffer
+        /// empty but the codec inside a frame.
+        #[test]
+        fn between_frames_only_before_a_header_is_taken() {
+            let mut codec = FrameCodec::<ToManager, ToAgent>::default();
+            assert!(codec.between_frames());
+            let body = encode_body(&ToManager::Heartbeat).unwrap();
+            let mut buf = BytesMut::new();
+            buf.put_u32(u32::try_from(body.len()).unwrap());
+            assert!(codec.decode(&mut buf).unwrap().is_none());
+            assert!(buf.is_empty() && !codec.between_frames());
+            buf.extend_from_slice(&body);
+            assert_eq!(codec.decode(&mut buf).unwrap(), Some(ToManager::Heartbeat));
+            assert!(buf.is_empty() && codec.between_frames());
         }
 
         #[test]

@@ -18,7 +18,10 @@ use serde::{Deserialize, Serialize};
 /// 5: the manager sends no heartbeats by default and the agent sets
 /// `TCP_USER_TIMEOUT` so its own heartbeats probe the manager
 /// ([`crate::liveness`]); a protocol 4 agent would not see a vanished manager.
-pub const PROTOCOL_VERSION: u32 = 5;
+/// 6: the agent sends three times per manager threshold (was: twice), since
+/// the manager reads every other heartbeat ([`crate::liveness`]); a protocol
+/// 5 agent sending twice per threshold would be dropped as silent.
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// `DRVR`: tells a drover peer from anything else talking to the port.
 pub const MAGIC: [u8; 4] = *b"DRVR";

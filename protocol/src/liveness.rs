@@ -1,5 +1,5 @@
-//! Who proves to whom that a link is alive (protocol 5), and the kernel
-//! timeout that lets one direction of heartbeats suffice.
+//! Who proves to whom that a link is alive (protocols 5 and 6), and the
+//! kernel timeout that lets one direction of heartbeats suffice.
 //!
 //! Each end must notice a dead peer within its own threshold, and every
 //! heartbeat costs both ends a wake-up and a system call (at 10,000 nodes
@@ -7,10 +7,18 @@
 //! `docs/performance.md`). So the rules are:
 //!
 //! * **The agent proves it is alive** with application heartbeats, at least
-//!   twice per `NodeHeartbeatThreshold` the manager announces
-//!   (`Accepted::heartbeat_threshold_ms`; the negotiation is in
+//!   [`SENDS_PER_THRESHOLD`] times per `NodeHeartbeatThreshold` the manager
+//!   announces (`Accepted::heartbeat_threshold_ms`; the negotiation is in
 //!   `agent/src/link/heartbeat.rs`). Only a message from the agent process
 //!   itself shows that it is not frozen, so this direction stays.
+//! * **The manager reads every other heartbeat** (protocol 6): on a
+//!   plaintext link its reader asks the kernel to wake it only once more
+//!   than [`AGENT_HEARTBEAT_FRAME_LEN`] bytes wait (`SO_RCVLOWAT`;
+//!   `manager/src/nodes/frames.rs`), so a lone heartbeat waits in the socket
+//!   for the next frame. Every frame but a heartbeat is longer than one,
+//!   so nothing else waits; and since the agent sends three times per
+//!   threshold, two sends come within two thirds of it, and the node is seen
+//!   alive in time.
 //! * **The manager sends heartbeats only when configured to**
 //!   (`HeartbeatInterval` > 0; default 0, as BlueChi), and even then not to
 //!   a node it wrote anything else to within the last half interval. It
@@ -40,6 +48,14 @@
 //! Pure (no I/O); `link::set_user_timeout` applies the value to a socket.
 
 use std::time::Duration;
+
+/// Bytes of the agent's heartbeat frame on the wire (length prefix and
+/// body); every other frame the agent sends is longer (tested).
+pub const AGENT_HEARTBEAT_FRAME_LEN: usize = 5;
+
+/// The agent sends at least this many times per `NodeHeartbeatThreshold`
+/// the manager announces (module docs).
+pub const SENDS_PER_THRESHOLD: u32 = 3;
 
 /// The smallest timeout worth setting: below it ordinary scheduling delays
 /// of the peer's acknowledgements would end healthy links.
@@ -125,6 +141,15 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_heartbeat_frame_length_is_what_the_encoder_makes() {
+        let body = crate::codec::encode_body(&crate::message::ToManager::Heartbeat).unwrap();
+        assert_eq!(
+            crate::codec::HEADER_LEN + body.len(),
+            AGENT_HEARTBEAT_FRAME_LEN
+        );
     }
 
     #[test]

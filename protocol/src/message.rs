@@ -460,6 +460,11 @@ mod tests {
             Just(ToManager::Heartbeat),
             (any::<u64>(), response()).prop_map(|(id, result)| ToManager::Reply { id, result }),
             event().prop_map(ToManager::Event),
+            (
+                any::<u64>(),
+                response().prop_filter_map("a part is rows", Result::ok)
+            )
+                .prop_map(|(id, part)| ToManager::ReplyPart { id, part }),
         ]
     }
 
@@ -510,6 +515,18 @@ mod tests {
         fn to_manager_round_trips(msg in to_manager()) {
             let body = encode_body(&msg).unwrap();
             prop_assert_eq!(decode_body::<ToManager>(&body).unwrap(), msg);
+        }
+
+        /// The manager's reader relies on it (`crate::liveness`): no frame
+        /// but a heartbeat is as short as one.
+        #[test]
+        fn only_a_heartbeat_is_as_short_as_a_heartbeat(msg in to_manager()) {
+            let len = crate::codec::HEADER_LEN + encode_body(&msg).unwrap().len();
+            if msg == ToManager::Heartbeat {
+                prop_assert_eq!(len, crate::liveness::AGENT_HEARTBEAT_FRAME_LEN);
+            } else {
+                prop_assert!(len > crate::liveness::AGENT_HEARTBEAT_FRAME_LEN, "{:?}: {}", msg, len);
+            }
         }
 
         #[test]

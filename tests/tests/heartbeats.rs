@@ -68,6 +68,16 @@ async fn a_manager_slower_than_the_agents_threshold_keeps_every_node() {
         .await;
 }
 
+/// A manager threshold (1 s) that the agents' interval (500 ms) fills only
+/// twice: the manager reads every other heartbeat on a plaintext link
+/// (protocol 6, `manager/src/nodes/frames.rs`), so it would see the node
+/// only once per threshold. The agents speed up to a third of it, and their
+/// nodes stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_send_three_times_per_threshold_while_the_manager_reads_every_other() {
+    stays_registered("[drover-manager]\nNodeHeartbeatThreshold=1000\n").await;
+}
+
 /// `ss` figures of the agent ends of the links to the manager on `port`:
 /// per connection, milliseconds since it last received data (`lastrcv`)
 /// and since it last received an acknowledgement (`lastack`).

@@ -8,9 +8,12 @@
 //! that no pair of settings both sides accept makes a healthy node flap:
 //!
 //! * **Send**: the configured interval, unless the manager watches the agent
-//!   (`threshold > 0`) and the interval is 0 or more than half that
-//!   threshold; then a third of the threshold. A manager that
-//!   drops silent nodes always hears from the agent in time.
+//!   (`threshold > 0`) and the interval is 0 or more than a third of that
+//!   threshold; then a third of the threshold
+//!   (`drover_protocol::liveness::SENDS_PER_THRESHOLD`: the manager reads
+//!   every other heartbeat, so two sends must fit in less than its
+//!   threshold). A manager that drops silent nodes always hears from the
+//!   agent in time.
 //! * **Silence**: none when the agent's `ControllerHeartbeatThreshold` is 0
 //!   (the operator turned the check off) or when the manager announces
 //!   interval 0 (it sends no heartbeats, so silence means nothing; the
@@ -24,6 +27,7 @@
 //!
 //! Pure: the link logs the [`Negotiated::notes`] and applies the values.
 
+use drover_protocol::liveness::SENDS_PER_THRESHOLD as SENDS;
 use std::time::Duration;
 
 /// The link's heartbeat settings for one session.
@@ -54,8 +58,8 @@ pub fn negotiate(
 
     let send_every = if manager_threshold.is_zero() {
         (!interval.is_zero()).then_some(interval)
-    } else if interval.is_zero() || interval.saturating_mul(2) > manager_threshold {
-        let every = (manager_threshold / MISSED).max(Duration::from_micros(1));
+    } else if interval.is_zero() || interval.saturating_mul(SENDS) > manager_threshold {
+        let every = (manager_threshold / SENDS).max(Duration::from_micros(1));
         notes.push(format!(
             "HeartbeatInterval {interval:?} does not fit the manager's threshold \
              {manager_threshold:?}; sending heartbeats every {every:?}"
@@ -135,7 +139,7 @@ mod tests {
     }
 
     /// Every combination of settings both configs accept: the agent sends
-    /// at least twice per manager threshold, and waits at least three
+    /// at least three times per manager threshold, and waits at least three
     /// manager intervals (or not at all).
     #[test]
     fn no_accepted_pair_of_settings_flaps() {
@@ -156,7 +160,7 @@ mod tests {
                         if mt > 0 {
                             let every = n.send_every.expect("a watching manager is fed");
                             assert!(
-                                every.saturating_mul(2) <= ms(mt),
+                                every.saturating_mul(SENDS) <= ms(mt),
                                 "agent {ai}/{at}, manager {mi}/{mt}: sends every {every:?}"
                             );
                         }

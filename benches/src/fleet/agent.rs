@@ -106,6 +106,9 @@ pub struct Fleet {
     pub refused: AtomicU64,
     /// Unit events sent.
     pub events_sent: AtomicU64,
+    /// `ListUnits` requests answered (the manager sends each node one, its
+    /// orphan-dep sweep, one grace period after the node registered).
+    pub lists_answered: AtomicU64,
     /// Unit events per second each agent sends (0 = none).
     pub event_rate: watch::Sender<u32>,
     /// Bumped to make the agents with an index below the value's `.1` drop
@@ -125,6 +128,7 @@ impl Fleet {
             handshake_failed: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             events_sent: AtomicU64::new(0),
+            lists_answered: AtomicU64::new(0),
             event_rate: watch::Sender::new(0),
             drop_below: watch::Sender::new((0, 0)),
             stop: CancellationToken::new(),
@@ -316,6 +320,9 @@ async fn session(
                 match frame {
                     Some(Ok(ToAgent::Request { id, body })) => {
                         answer(id, &body, &cfg.units, &mut state, &mut out);
+                        if body == Request::ListUnits {
+                            fleet.lists_answered.fetch_add(1, Ordering::Relaxed);
+                        }
                         for msg in out.drain(..) {
                             if framed.feed(msg).await.is_err() {
                                 return End::Lost;

@@ -48,6 +48,10 @@ struct Args {
     /// (0 since protocol 5: the manager sends none).
     #[arg(long)]
     manager_heartbeat_ms: Option<u64>,
+    /// The manager's ProxyGracePeriod (ms), which is also when it sweeps a
+    /// new node for orphan deps; unset: its default (3 × the threshold).
+    #[arg(long)]
+    proxy_grace_ms: Option<u64>,
     /// The manager's NodeHeartbeatThreshold (ms).
     #[arg(long, default_value_t = 6000)]
     threshold_ms: u64,
@@ -109,6 +113,7 @@ pub async fn main(argv: Vec<String>) -> Result<()> {
             opts.heartbeat_interval_ms = args.heartbeat_ms;
             opts.manager_heartbeat_ms = args.manager_heartbeat_ms;
             opts.heartbeat_threshold_ms = args.threshold_ms;
+            opts.proxy_grace_ms = args.proxy_grace_ms;
             opts.online_timeout = Duration::from_secs(args.online_timeout);
             opts.disruptions = !args.no_disruptions;
             if let Some(dir) = &args.pki_dir {

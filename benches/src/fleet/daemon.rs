@@ -43,6 +43,8 @@ pub struct ManagerSetup<'a> {
     /// The manager's `HeartbeatInterval`; `None`: not set (its default).
     pub heartbeat_interval_ms: Option<u64>,
     pub heartbeat_threshold_ms: u64,
+    /// The manager's `ProxyGracePeriod`; `None`: not set (its default).
+    pub proxy_grace_ms: Option<u64>,
     /// Plaintext: the names to allow.
     pub nodes: &'a [String],
     /// TLS: the manager's `TLS*` keys (key, value).
@@ -177,6 +179,9 @@ fn config_text(setup: &ManagerSetup<'_>) -> String {
     if let Some(interval) = setup.heartbeat_interval_ms {
         conf.push_str(&format!("HeartbeatInterval={interval}\n"));
     }
+    if let Some(grace) = setup.proxy_grace_ms {
+        conf.push_str(&format!("ProxyGracePeriod={grace}\n"));
+    }
     match &setup.tls {
         None => {
             // Lines are at most 500 characters: the list goes on over
@@ -246,6 +251,7 @@ mod tests {
             port: 9,
             heartbeat_interval_ms: Some(2000),
             heartbeat_threshold_ms: 6000,
+            proxy_grace_ms: None,
             nodes: &nodes,
             tls: None,
         });
@@ -255,6 +261,7 @@ mod tests {
             port: 9,
             heartbeat_interval_ms: Some(2000),
             heartbeat_threshold_ms: 6000,
+            proxy_grace_ms: None,
             nodes: &many,
             tls: None,
         });
@@ -267,6 +274,7 @@ mod tests {
             port: 9,
             heartbeat_interval_ms: Some(2000),
             heartbeat_threshold_ms: 6000,
+            proxy_grace_ms: None,
             nodes: &nodes,
             tls: Some(vec![("TLSCertificate", PathBuf::from("/m.pem"))]),
         });
@@ -276,6 +284,7 @@ mod tests {
             port: 9,
             heartbeat_interval_ms: None,
             heartbeat_threshold_ms: 6000,
+            proxy_grace_ms: None,
             nodes: &nodes,
             tls: None,
         });

@@ -9,8 +9,11 @@
 //! 2. **cold**: all N agents start at once; time until every one holds an
 //!    accepted session, with the failed attempts (connect refused, closed
 //!    before the verdict — the manager's pre-authentication cap —, refused);
-//! 3. **idle**: after 2 s of settling, the manager's CPU over
-//!    [`Options::idle_seconds`] (only heartbeats flow), RSS and RssAnon;
+//! 3. **idle**: once the manager has made its one-off requests of a new
+//!    node (the orphan-dep sweep: a `ListUnits` to every node one grace
+//!    period after it registered; the time it took is printed) and 2 s more,
+//!    the manager's CPU over [`Options::idle_seconds`] (only heartbeats
+//!    flow), RSS and RssAnon;
 //! 4. `ListNodes` and `droverctl status` wall time (median of 5);
 //! 5. `StartUnit` round trip (call → `JobRemoved`) on one node, against the
 //!    same on a second manager with 3 nodes, samples interleaved (medians);
@@ -64,6 +67,8 @@ pub struct Options {
     /// The manager's `HeartbeatInterval` (ms); `None`: its default.
     pub manager_heartbeat_ms: Option<u64>,
     pub heartbeat_threshold_ms: u64,
+    /// The manager's `ProxyGracePeriod` (ms); `None`: its default.
+    pub proxy_grace_ms: Option<u64>,
     pub idle_seconds: f64,
     /// Loaded units per node (what `ListUnits` returns).
     pub units: usize,
@@ -90,6 +95,7 @@ impl Options {
             heartbeat_interval_ms: 2000,
             manager_heartbeat_ms: None,
             heartbeat_threshold_ms: 6000,
+            proxy_grace_ms: None,
             idle_seconds: 30.0,
             units: 100,
             event_rate: 10,
@@ -120,6 +126,7 @@ impl Rig {
             port: free_port()?,
             heartbeat_interval_ms: opts.manager_heartbeat_ms,
             heartbeat_threshold_ms: opts.heartbeat_threshold_ms,
+            proxy_grace_ms: opts.proxy_grace_ms,
             nodes: &names,
             tls: pki.map(certs::FleetPki::manager_keys),
         };
@@ -183,6 +190,22 @@ impl Rig {
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
+    }
+
+    /// Waits until `lists` `ListUnits` requests were answered in all.
+    async fn wait_swept(&self, lists: u64, timeout: Duration) -> Result<()> {
+        use std::sync::atomic::Ordering;
+        let since = Instant::now();
+        while self.fleet.lists_answered.load(Ordering::Relaxed) < lists {
+            if since.elapsed() > timeout {
+                bail!(
+                    "{} of {lists} nodes swept after {timeout:?}",
+                    self.fleet.lists_answered.load(Ordering::Relaxed)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
     }
 
     async fn stop(self) {
@@ -262,7 +285,13 @@ pub async fn run(opts: &Options) -> Result<Row> {
         row.cold_failed.2
     );
 
-    // 3. Idle.
+    // 3. Idle: the steady state, after the sweep of every new node.
+    let t = Instant::now();
+    rig.wait_swept(n as u64, opts.online_timeout).await?;
+    eprintln!(
+        "fleet {n}: every node swept {:.1} s after all were online",
+        t.elapsed().as_secs_f64()
+    );
     tokio::time::sleep(Duration::from_secs(2)).await;
     let pid = rig.manager.pid();
     let me = std::process::id();

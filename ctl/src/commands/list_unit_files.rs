@@ -78,18 +78,18 @@ impl Run for ListUnitFiles {
         let client = ctx.client().await?.clone();
         let filter = self.filter.as_ref();
         let Some(node) = &self.node else {
-            let mut out = ctx.row_stream(&HEADERS, cells);
-            let left_out = client
-                .each_node(
+            return ctx
+                .stream_nodes(
+                    &client,
+                    (&HEADERS, cells),
                     async |node| node.list_unit_files().await,
                     |node, files| {
                         let rows = files.into_iter().map(|f| UnitFileRow::from_tuple(node, f));
-                        Ok(out.push(&select(rows.collect(), filter))?)
+                        select(rows.collect(), filter)
                     },
+                    "unit files",
                 )
-                .await?;
-            out.finish()?;
-            return ctx.left_out(left_out, "unit files");
+                .await;
         };
         let mut listing = client
             .one_node(

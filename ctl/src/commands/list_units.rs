@@ -92,18 +92,18 @@ impl Run for ListUnits {
         let client = ctx.client().await?.clone();
         let filter = self.filter.as_ref();
         let Some(node) = &self.node else {
-            let mut out = ctx.row_stream(&HEADERS, cells);
-            let left_out = client
-                .each_node(
+            return ctx
+                .stream_nodes(
+                    &client,
+                    (&HEADERS, cells),
                     async |node| node.list_units().await,
                     |node, tuples| {
                         let rows = tuples.into_iter().map(|t| UnitRow::from_tuple(node, t));
-                        Ok(out.push(&select(rows.collect(), filter))?)
+                        select(rows.collect(), filter)
                     },
+                    "units",
                 )
-                .await?;
-            out.finish()?;
-            return ctx.left_out(left_out, "units");
+                .await;
         };
         let mut listing = client
             .one_node(

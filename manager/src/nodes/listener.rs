@@ -275,7 +275,10 @@ fn admit_connection(core: &Arc<Core>, slot: Slot, stream: tokio::net::TcpStream,
 async fn serve(core: Arc<Core>, stream: tokio::net::TcpStream, peer: SocketAddr, ticket: Ticket) {
     let deadline = tokio::time::Instant::now() + core.timeouts().handshake;
     let Some(acceptor) = core.tls().cloned() else {
-        core.serve_connection(stream, peer, None, deadline, Some(ticket))
+        // Plaintext: the reader may mark the socket (nodes/frames.rs); the
+        // stream moves into the session, which keeps it open while it reads.
+        let socket = std::os::fd::AsRawFd::as_raw_fd(&stream);
+        core.serve_connection(stream, Some(socket), peer, None, deadline, Some(ticket))
             .await;
         return;
     };
@@ -306,7 +309,7 @@ async fn serve(core: Arc<Core>, stream: tokio::net::TcpStream, peer: SocketAddr,
             return;
         }
     };
-    core.serve_connection(tls, peer, Some(identity), deadline, Some(ticket))
+    core.serve_connection(tls, None, peer, Some(identity), deadline, Some(ticket))
         .await;
 }
 

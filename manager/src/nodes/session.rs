@@ -32,8 +32,14 @@
 //!   queue holds one pointer a slot (`Outgoing`): tokio's bounded channel
 //!   allocates its slots 32 at a time, so a queue of whole [`ToAgent`]s
 //!   cost every session 32 of them at once.
+//! * An idle session is cheap: on a plaintext link the reader is woken for
+//!   every other heartbeat only ([`crate::nodes::frames`]), and the reader
+//!   and the writer wait for the end on an [`EndSignal`] (a flag and a waker
+//!   slot each; a `CancellationToken` locks a mutex on every poll, which
+//!   the reader did once per wake-up).
 
 use crate::error::ApiError;
+use crate::nodes::frames::Frames;
 use drover_bus::timestamp;
 use drover_protocol::FrameCodec;
 use drover_protocol::codec::oversized;
@@ -44,15 +50,17 @@ use drover_protocol::{
 };
 use drover_tls::NodeIdentity;
 use futures::future::BoxFuture;
+use futures::task::AtomicWaker;
 use futures::{SinkExt, StreamExt};
 use std::collections::HashMap;
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, oneshot};
-use tokio_util::codec::{FramedRead, FramedWrite};
-use tokio_util::sync::CancellationToken;
+use tokio_util::codec::FramedWrite;
 
 /// Room for this many queued messages per session.
 pub const OUTGOING_QUEUE: usize = 256;
@@ -73,7 +81,16 @@ pub trait SessionOwner: Send + Sync + 'static {
     /// The session ended (`why`): run the disconnect rules. Called once per
     /// reader, after its last event.
     fn on_end<'a>(&'a self, session: &'a Arc<Session>, why: &'a str) -> BoxFuture<'a, ()>;
+
+    /// A list reply of at least [`BULK_ROWS`] rows came (and is freed once
+    /// its caller is done): heap churn, like a connection (`crate::heap`).
+    fn on_bulk(&self);
 }
+
+/// Rows from which a list reply counts as heap churn: the orphan-dep sweep
+/// lists every node's units one grace period after the node registered, so
+/// after a fleet's start, tens of MiB of rows are allocated and freed.
+pub const BULK_ROWS: usize = 64;
 
 pub struct Session {
     id: u64,
@@ -93,7 +110,45 @@ pub struct Session {
     /// When the writer last put a frame on the wire (monotonic µs).
     last_written_mono_us: AtomicU64,
     ended: AtomicBool,
-    cancel: CancellationToken,
+    /// Stops the reader and the writer (set at the end, or by the writer).
+    stop: EndSignal,
+}
+
+/// How the socket tasks learn that their session is over: a flag, and one
+/// waker slot for the reader and one for the writer. Polling it is two atomic
+/// operations; no lock, no allocation.
+#[derive(Default)]
+struct EndSignal {
+    set: AtomicBool,
+    reader: AtomicWaker,
+    writer: AtomicWaker,
+}
+
+impl EndSignal {
+    /// Sets the flag and wakes both tasks; idempotent.
+    fn set(&self) {
+        self.set.store(true, Ordering::SeqCst);
+        self.reader.wake();
+        self.writer.wake();
+    }
+
+    /// Resolves once [`EndSignal::set`] was called; `slot` is the waiting
+    /// task's own ([`EndSignal::reader`] or [`EndSignal::writer`]).
+    async fn wait(&self, slot: &AtomicWaker) {
+        std::future::poll_fn(|cx| {
+            if self.set.load(Ordering::SeqCst) {
+                return Poll::Ready(());
+            }
+            slot.register(cx.waker());
+            // A `set` between the load and the registration woke nobody.
+            if self.set.load(Ordering::SeqCst) {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await
+    }
 }
 
 impl Session {
@@ -123,7 +178,7 @@ impl Session {
             last_seen_real_us: AtomicU64::new(timestamp::realtime_us()),
             last_written_mono_us: AtomicU64::new(0),
             ended: AtomicBool::new(false),
-            cancel: CancellationToken::new(),
+            stop: EndSignal::default(),
         });
         (session, Outbox(rx))
     }
@@ -170,11 +225,6 @@ impl Session {
 
     pub fn is_ended(&self) -> bool {
         self.ended.load(Ordering::SeqCst)
-    }
-
-    /// Resolves when the session ends.
-    pub async fn ended(&self) {
-        self.cancel.cancelled().await
     }
 
     /// A frame was written to the agent.
@@ -338,7 +388,7 @@ impl Session {
         if self.ended.swap(true, Ordering::SeqCst) {
             return false;
         }
-        self.cancel.cancel();
+        self.stop.set();
         let drained: Vec<_> = self.lock_pending().drain().collect();
         drop(drained);
         self.lock_parts().clear();
@@ -427,10 +477,13 @@ pub const SESSION_BUFFER: usize = 512;
 /// Starts the reader and writer tasks of an accepted session. When either
 /// ends (EOF, error, undecodable frame, a write blocked past
 /// `write_deadline`), the session ends and `owner` runs the disconnect rules.
+/// `socket` is the plaintext TCP socket under `framed`, if it is one: the
+/// reader then reads every other heartbeat ([`crate::nodes::frames`]).
 pub fn spawn_io<IO>(
     owner: Arc<dyn SessionOwner>,
     session: Arc<Session>,
     framed: ManagerFramed<IO>,
+    socket: Option<RawFd>,
     rx: Outbox,
     write_deadline: Duration,
 ) where
@@ -438,13 +491,9 @@ pub fn spawn_io<IO>(
 {
     let parts = framed.into_parts();
     let (read, write) = tokio::io::split(parts.io);
-    let mut stream = FramedRead::with_capacity(
-        read,
-        FrameCodec::<ToManager, ToAgent>::default(),
-        SESSION_BUFFER,
-    );
-    // Whatever was read past the handshake belongs to the session.
-    stream.read_buffer_mut().extend_from_slice(&parts.read_buf);
+    // Whatever was read past the handshake belongs to the session. The
+    // reader's half keeps the socket open as long as the reader lives.
+    let stream = Frames::new(read, &parts.read_buf, SESSION_BUFFER, socket);
     let mut sink = FramedWrite::with_capacity(
         write,
         FrameCodec::<ToManager, ToAgent>::default(),
@@ -459,12 +508,11 @@ async fn write_loop<S>(session: Arc<Session>, mut sink: S, mut rx: Outbox, deadl
 where
     S: futures::Sink<ToAgent, Error = drover_protocol::FrameError> + Unpin,
 {
-    // One wait for the end, made once: a fresh one per message would
-    // register and unregister a waiter with the token every time.
-    let cancelled = session.cancel.cancelled();
+    let cancelled = session.stop.wait(&session.stop.writer);
     tokio::pin!(cancelled);
     loop {
         let msg = tokio::select! {
+            biased;
             _ = &mut cancelled => break,
             msg = rx.recv() => match msg {
                 Some(msg) => msg,
@@ -504,17 +552,18 @@ where
         }
     }
     // Wake the reader so the owner runs the disconnect rules once.
-    session.cancel.cancel();
+    session.stop.set();
 }
 
 async fn read_loop<S>(owner: Arc<dyn SessionOwner>, session: Arc<Session>, mut stream: S)
 where
     S: futures::Stream<Item = Result<ToManager, drover_protocol::FrameError>> + Unpin,
 {
-    let cancelled = session.cancel.cancelled();
+    let cancelled = session.stop.wait(&session.stop.reader);
     tokio::pin!(cancelled);
     let why = loop {
         let frame = tokio::select! {
+            biased;
             _ = &mut cancelled => break "session ended".to_owned(),
             frame = stream.next() => frame,
         };
@@ -526,6 +575,9 @@ where
                 match msg {
                     ToManager::Heartbeat => {}
                     ToManager::Reply { id, result } => {
+                        if result.as_ref().is_ok_and(|r| list_rows(r) >= BULK_ROWS) {
+                            owner.on_bulk();
+                        }
                         if !session.complete(id, result) {
                             tracing::debug!(node = %session.node, "reply to unknown or expired request {id}");
                         }
@@ -676,6 +728,96 @@ mod tests {
             Some(ToAgent::Notice(Notice::ProxyError { proxy_id: 7, .. }))
         ));
         assert_eq!(rx.recv().await, Some(ToAgent::Heartbeat));
+    }
+
+    /// Records how its sessions ended.
+    #[derive(Default)]
+    struct Ends(Mutex<Vec<String>>);
+
+    impl SessionOwner for Ends {
+        fn on_event<'a>(&'a self, _: &'a Session, _: Event) -> BoxFuture<'a, ()> {
+            Box::pin(async {})
+        }
+        fn on_end<'a>(&'a self, _: &'a Arc<Session>, why: &'a str) -> BoxFuture<'a, ()> {
+            self.0.lock().unwrap().push(why.to_owned());
+            Box::pin(async {})
+        }
+        fn on_bulk(&self) {
+            self.0.lock().unwrap().push("bulk".to_owned());
+        }
+    }
+
+    /// A list reply of many rows counts as heap churn; a small one does not.
+    #[tokio::test]
+    async fn a_large_list_reply_is_reported_as_churn() {
+        let (s, _rx) = session();
+        let owner = Arc::new(Ends::default());
+        let rows = |n: usize| {
+            let row = drover_protocol::UnitInfo {
+                name: "a.service".into(),
+                description: String::new(),
+                load_state: "loaded".into(),
+                active_state: "active".into(),
+                sub_state: "running".into(),
+                followed: String::new(),
+                object_path: "/".into(),
+                job_id: 0,
+                job_type: String::new(),
+                job_path: "/".into(),
+            };
+            Ok(ToManager::Reply {
+                id: 99,
+                result: Ok(Response::Units(vec![row; n])),
+            })
+        };
+        let replies = futures::stream::iter([rows(BULK_ROWS - 1), rows(BULK_ROWS)]);
+        read_loop(owner.clone(), s, replies).await;
+        assert_eq!(
+            *owner.0.lock().unwrap(),
+            ["bulk", "the agent closed the connection"]
+        );
+    }
+
+    /// The end of a session stops its writer and its reader, even one whose
+    /// agent never sends, and the owner hears of it once.
+    #[tokio::test]
+    async fn the_end_stops_both_socket_tasks() {
+        let (s, rx) = session();
+        let owner = Arc::new(Ends::default());
+        let (sink, _keep) = futures::channel::mpsc::unbounded::<ToAgent>();
+        let sink = sink.sink_map_err(|_| drover_protocol::FrameError::Truncated);
+        let writer = tokio::spawn(write_loop(s.clone(), sink, rx, Duration::from_secs(5)));
+        let silent = futures::stream::pending::<Result<ToManager, drover_protocol::FrameError>>();
+        let reader = tokio::spawn(read_loop(owner.clone(), s.clone(), silent));
+        tokio::task::yield_now().await;
+        assert!(s.mark_ended());
+        writer.await.unwrap();
+        reader.await.unwrap();
+        assert_eq!(*owner.0.lock().unwrap(), ["session ended"]);
+    }
+
+    /// A writer that fails (here: its sink is gone) wakes the reader, which
+    /// reports the end; an end signalled before a task waits still counts.
+    #[tokio::test]
+    async fn a_failed_writer_ends_the_reader_too() {
+        let (s, rx) = session();
+        let owner = Arc::new(Ends::default());
+        let (sink, gone) = futures::channel::mpsc::unbounded::<ToAgent>();
+        drop(gone);
+        let sink = sink.sink_map_err(|_| drover_protocol::FrameError::Truncated);
+        let silent = futures::stream::pending::<Result<ToManager, drover_protocol::FrameError>>();
+        let reader = tokio::spawn(read_loop(owner.clone(), s.clone(), silent));
+        s.notify(
+            Notice::TargetNodeOnline { proxy_id: 1 },
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap();
+        write_loop(s.clone(), sink, rx, Duration::from_secs(5)).await;
+        reader.await.unwrap();
+        assert_eq!(*owner.0.lock().unwrap(), ["session ended"]);
+        // Already set: a new wait resolves at once.
+        s.stop.wait(&s.stop.reader).await;
     }
 
     #[test]
