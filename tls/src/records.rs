@@ -60,8 +60,9 @@ pub fn sizes_known<S>(conn: &tokio_rustls::server::TlsStream<S>) -> bool {
 }
 
 /// Whether the bytes read through a [`Records`] so far end at a record
-/// boundary. Cheap to clone; reads are `Relaxed`: the reader that asks is
-/// the one that reads through the stream (see the module docs).
+/// boundary. Cheap to clone. Loads and stores are `Relaxed`: the one that
+/// asks is the task that reads through the stream, right after its read
+/// (a lock around a split stream orders it after any other reader's).
 #[derive(Debug, Clone)]
 pub struct Boundary(Arc<AtomicBool>);
 
@@ -93,10 +94,6 @@ impl<IO> Records<IO> {
             boundary: Arc::clone(&boundary),
         };
         (records, Boundary(boundary))
-    }
-
-    pub fn get_ref(&self) -> &IO {
-        &self.io
     }
 }
 

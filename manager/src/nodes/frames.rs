@@ -29,10 +29,11 @@
 //! * **A heartbeat waits for one send at most**: the next frame of the agent,
 //!   which comes within a third of the manager's threshold.
 //! * The end of the stream and socket errors wake the reader whatever the
-//!   mark (the kernel signals them apart from data). A TLS `close_notify`
-//!   is a 24-byte record, below the mark: it is read with the end of the
-//!   stream that follows it (a TLS shutdown sends both), or with the next
-//!   record; a peer that sends it and then nothing is dropped by the
+//!   mark (the kernel signals them apart from data). A TLS alert (a
+//!   `close_notify`, or a fatal one) is a 24-byte record, below the mark:
+//!   it is read with the end of the stream that follows it (a TLS shutdown
+//!   sends both; a peer that fails closes its socket after its alert), or
+//!   with the next record; a peer that sends one and then nothing is dropped by the
 //!   heartbeat timer like any silent peer.
 //! * Without a socket to mark (TLS other than 1.3 with a 16-byte tag, tests;
 //!   or the kernel refused a mark), every frame is read as it comes.
