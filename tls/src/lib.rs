@@ -4,7 +4,8 @@
 //! The agent port is reachable from the network and an agent acts as root on
 //! its node, so whoever speaks for a node or for the manager owns it. This
 //! crate is the whole of that proof; the daemons
-//! only load settings, accept or connect, and read the peer's identity.
+//! only load settings, accept or connect, and read the peer's identity (and
+//! the manager, where the records it read end: [`records`]).
 //!
 //! # Decisions
 //!

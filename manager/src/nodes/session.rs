@@ -33,10 +33,11 @@
 //!   allocates its slots 32 at a time, so a queue of whole [`ToAgent`]s
 //!   cost every session 32 of them at once.
 //! * An idle session is cheap: on a plaintext link and on a TLS 1.3 link
-//!   the reader is woken for every other heartbeat only ([`crate::nodes::frames`]), and the reader
-//!   and the writer wait for the end on an [`EndSignal`] (a flag and a waker
-//!   slot each; a `CancellationToken` locks a mutex on every poll, which
-//!   the reader did once per wake-up).
+//!   the reader is woken for every other heartbeat only
+//!   ([`crate::nodes::frames`]), and the reader and the writer wait for the
+//!   end on an [`EndSignal`] (a flag and a waker slot each; a
+//!   `CancellationToken` locks a mutex on every poll, which the reader did
+//!   once per wake-up).
 
 use crate::error::ApiError;
 use crate::nodes::frames::{Frames, MarkSocket};
