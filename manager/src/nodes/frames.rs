@@ -10,7 +10,7 @@
 //! 27-byte record ([`TLS_BETWEEN_FRAMES`] says why that is exact), and the
 //! reader learns where the records it was handed end from
 //! [`drover_tls::records::Records`] under rustls. One rule for both
-//! ([`MarkSocket::mark`]). Invariants:
+//! (`MarkSocket::mark`). Invariants:
 //!
 //! * **Nothing but a heartbeat waits.** The mark is raised only while the
 //!   reader stands between frames with nothing buffered — and, on TLS, the
