@@ -15,10 +15,12 @@
 //!   plaintext link its reader asks the kernel to wake it only once more
 //!   than [`AGENT_HEARTBEAT_FRAME_LEN`] bytes wait (`SO_RCVLOWAT`;
 //!   `manager/src/nodes/frames.rs`), so a lone heartbeat waits in the socket
-//!   for the next frame. Every frame but a heartbeat is longer than one,
-//!   so nothing else waits; and since the agent sends three times per
-//!   threshold, two sends come within two thirds of it, and the node is seen
-//!   alive in time.
+//!   for the next frame; on a TLS 1.3 link likewise once more than the
+//!   record of a lone heartbeat waits (the agent's TLS layer seals each of
+//!   its writes into one record). Every frame but a heartbeat is longer
+//!   than one, so nothing else waits; and since the agent sends three times
+//!   per threshold, two sends come within two thirds of it, and the node is
+//!   seen alive in time.
 //! * **The manager sends heartbeats only when configured to**
 //!   (`HeartbeatInterval` > 0; default 0, as BlueChi), and even then not to
 //!   a node it wrote anything else to within the last half interval. It

@@ -69,9 +69,9 @@ async fn a_manager_slower_than_the_agents_threshold_keeps_every_node() {
 }
 
 /// A manager threshold (1 s) that the agents' interval (500 ms) fills only
-/// twice: the manager reads every other heartbeat on a plaintext link
-/// (protocol 6, `manager/src/nodes/frames.rs`), so it would see the node
-/// only once per threshold. The agents speed up to a third of it, and their
+/// twice: the manager reads every other heartbeat (protocol 6,
+/// `manager/src/nodes/frames.rs`; the sandbox's links are TLS, where it does
+/// so too), so it would see the node only once per threshold. The agents speed up to a third of it, and their
 /// nodes stay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_send_three_times_per_threshold_while_the_manager_reads_every_other() {
@@ -138,6 +138,68 @@ async fn a_default_manager_writes_nothing_to_idle_nodes() {
     )
     .await;
     waited.unwrap_or_else(|e| panic!("{e:#}; last seen: {:?}", agent_sockets(port)));
+    for node in ["node1", "node2"] {
+        c.wait_status(node, "online", Duration::from_secs(1)).await;
+    }
+    c.down().await;
+}
+
+/// `ss` figures of the manager's ends of the agents' links on `port`: per
+/// agent address, the bytes waiting unread in the manager's socket.
+fn manager_sockets(port: u16) -> Vec<(String, u64)> {
+    let out = std::process::Command::new("ss")
+        .args([
+            "-Htn",
+            "state",
+            "established",
+            "sport",
+            "=",
+            &format!(":{port}"),
+        ])
+        .output()
+        .expect("ss runs");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            Some((cols.get(3)?.to_string(), cols.first()?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// On TLS links the manager reads every other heartbeat as on plaintext
+/// ones: between two of an agent's sends, its heartbeat's record (27 bytes
+/// on TLS 1.3: `drover_tls::records::sealed_len` of the 5-byte frame) waits
+/// unread in the manager's socket, as `ss` shows; before, the manager read
+/// every record at once and its sockets never held one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_manager_leaves_a_lone_heartbeat_unread() {
+    let c = TestCluster::with(ClusterOptions {
+        manager_extra_config: "[drover-manager]\nProxyGracePeriod=60000\n".into(),
+        ..ClusterOptions::with_nodes(2)
+    })
+    .await;
+    let record =
+        drover_tls::records::sealed_len(drover_protocol::liveness::AGENT_HEARTBEAT_FRAME_LEN)
+            as u64;
+    assert_eq!(record, 27);
+    let port = c.manager_port();
+    let mut seen = std::collections::BTreeSet::new();
+    let waited = drover_testkit::wait::poll(
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        "each agent's link with one heartbeat record waiting in the manager's socket",
+        || {
+            for (peer, queued) in manager_sockets(port) {
+                if queued == record {
+                    seen.insert(peer);
+                }
+            }
+            std::future::ready(seen.len() == 2)
+        },
+    )
+    .await;
+    waited.unwrap_or_else(|e| panic!("{e:#}; seen: {seen:?}, now: {:?}", manager_sockets(port)));
     for node in ["node1", "node2"] {
         c.wait_status(node, "online", Duration::from_secs(1)).await;
     }

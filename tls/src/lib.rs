@@ -4,7 +4,8 @@
 //! The agent port is reachable from the network and an agent acts as root on
 //! its node, so whoever speaks for a node or for the manager owns it. This
 //! crate is the whole of that proof; the daemons
-//! only load settings, accept or connect, and read the peer's identity.
+//! only load settings, accept or connect, and read the peer's identity (and
+//! the manager, where the records it read end: [`records`]).
 //!
 //! # Decisions
 //!
@@ -83,6 +84,8 @@
 //! * [`settings`] — [`TlsFiles`] → [`ServerSettings`] / [`ClientSettings`].
 //! * `current` — the swappable `Arc` behind the reload handles.
 //! * [`acceptor`] / [`connector`] — the manager's and the agent's side.
+//! * [`records`] — record boundaries of the bytes read, and the exact size
+//!   of a sealed record (the manager's reader marks its socket with them).
 //! * [`pki`] (feature `pki`) — CA, manager and node certificates, the CRL;
 //!   the `drover-pki` command ([`pki_cli`], feature `pki`) is a thin skin over it.
 
@@ -96,6 +99,7 @@ pub mod identity;
 pub mod pki;
 #[cfg(feature = "pki")]
 pub mod pki_cli;
+pub mod records;
 mod revocation;
 pub mod settings;
 mod utc;

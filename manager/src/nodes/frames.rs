@@ -2,43 +2,121 @@
 //! the manager.
 //!
 //! At fleet size reading heartbeats is most of the manager's idle work:
-//! 5,000 a second at 10,000 nodes, each a wake-up and a read. On a plaintext
-//! link [`Frames`] asks the kernel to wake the reader only once more than a
-//! heartbeat frame waits in the socket (`SO_RCVLOWAT`), so it reads every
-//! other heartbeat (the protocol rules that make this safe are in
-//! `drover_protocol::liveness`). Invariants:
+//! 5,000 a second at 10,000 nodes, each a wake-up and a read. [`Frames`]
+//! asks the kernel to wake the reader only once more than one heartbeat
+//! waits in the socket (`SO_RCVLOWAT`), so it reads every other heartbeat
+//! (the protocol rules that make this safe are in `drover_protocol::liveness`).
+//! On a plaintext link a heartbeat is a 5-byte frame; on a TLS link it is a
+//! 27-byte record ([`TLS_BETWEEN_FRAMES`] says why that is exact), and the
+//! reader learns where the records it was handed end from
+//! [`drover_tls::records::Records`] under rustls. One rule for both
+//! (`MarkSocket::mark`). Invariants:
 //!
 //! * **Nothing but a heartbeat waits.** The mark is raised only while the
-//!   reader stands between frames with nothing buffered; every frame but a
-//!   heartbeat is longer than the mark's threshold, so it wakes the reader on
-//!   its own. Inside a frame (a header or part of a body buffered) the mark is
-//!   one byte, so the rest of a frame is read as soon as any of it comes; and
-//!   setting the mark makes the kernel signal bytes that are already there.
+//!   reader stands between frames with nothing buffered — and, on TLS, the
+//!   ciphertext handed to rustls ends at a record boundary, so rustls holds
+//!   no partial record (when a read returns Pending, rustls holds no
+//!   plaintext either: it would have returned it). Every frame but a
+//!   heartbeat is longer, and so is its record: it wakes the reader on its
+//!   own. Otherwise the mark is one byte, so the rest of a frame or record
+//!   is read as soon as any of it comes.
+//! * **The mark follows every read, also one that returns Pending.** On TLS
+//!   a read may take the head of a record (rustls keeps it) and still
+//!   return Pending: the mark is set again after it, down to one byte if the
+//!   ciphertext stopped inside a record. Setting the mark makes the kernel
+//!   check the bytes already queued and wake the reader if they reach it, so
+//!   a tail that came in the meantime is not missed.
 //! * **A heartbeat waits for one send at most**: the next frame of the agent,
 //!   which comes within a third of the manager's threshold.
 //! * The end of the stream and socket errors wake the reader whatever the
-//!   mark (the kernel signals them apart from data).
-//! * Without a socket to mark (TLS: the record layer hides frame boundaries
-//!   from the socket; tests), every frame is read as it comes.
+//!   mark (the kernel signals them apart from data). A TLS alert (a
+//!   `close_notify`, or a fatal one) is a 24-byte record, below the mark:
+//!   it is read with the end of the stream that follows it (a TLS shutdown
+//!   sends both; a peer that fails closes its socket after its alert), or
+//!   with the next record; a peer that sends one and then nothing is dropped by the
+//!   heartbeat timer like any silent peer.
+//! * Without a socket to mark (TLS other than 1.3 with a 16-byte tag, tests;
+//!   or the kernel refused a mark), every frame is read as it comes.
 //! * Decoding is [`FrameCodec`]'s: frame cap, typed errors, a stream that
 //!   ends inside a frame is [`FrameError::Truncated`].
 
 use bytes::BytesMut;
 use drover_protocol::liveness::AGENT_HEARTBEAT_FRAME_LEN;
 use drover_protocol::{FrameCodec, FrameError, ToAgent, ToManager};
+use drover_tls::records::{Boundary, sealed_len};
 use futures::Stream;
 use std::os::fd::RawFd;
 use std::pin::Pin;
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 use tokio::io::AsyncRead;
 use tokio_util::codec::Decoder;
 
-/// The mark between frames: one byte more than a heartbeat frame.
-const BETWEEN_FRAMES: usize = AGENT_HEARTBEAT_FRAME_LEN + 1;
+/// The mark between frames on a plaintext link: one byte more than a
+/// heartbeat frame.
+pub const PLAIN_BETWEEN_FRAMES: usize = AGENT_HEARTBEAT_FRAME_LEN + 1;
+
+/// The mark between frames and records on a TLS link: one byte more than
+/// the record of a lone heartbeat, 5 (record header) + 5 (the frame) + 1
+/// (inner content type) + 16 (AEAD tag) = 27, so 28.
+///
+/// Exact because the link is TLS 1.3 with a 16-byte tag (checked per link,
+/// [`drover_tls::records::sizes_known`]), rustls seals what one write hands
+/// it into one record without padding, and the agent writes each flush of
+/// its frames at once: a lone heartbeat is one 27-byte record, two are 54
+/// bytes, and any other frame (6 bytes or more) is a record of 28 or more. A
+/// peer that pads or splits its records only changes when its own frames are
+/// read: a record below the mark waits for the next one, as a heartbeat does.
+pub const TLS_BETWEEN_FRAMES: usize = sealed_len(AGENT_HEARTBEAT_FRAME_LEN) + 1;
 
 /// The least room a read gets (a frame's body reserves its own room once
 /// its header is read).
 const MIN_READ: usize = 64;
+
+/// The TCP socket under a session's reader, and what lies between them.
+#[derive(Debug, Clone)]
+pub struct MarkSocket {
+    fd: RawFd,
+    layer: Layer,
+}
+
+#[derive(Debug, Clone)]
+enum Layer {
+    /// The frames are the socket's bytes.
+    Plain,
+    /// TLS 1.3 records with a 16-byte tag; where the ciphertext read ends.
+    Tls(Boundary),
+}
+
+impl MarkSocket {
+    /// A plaintext link's socket. It must stay open as long as the reader
+    /// reads.
+    pub fn plain(fd: RawFd) -> Self {
+        Self {
+            fd,
+            layer: Layer::Plain,
+        }
+    }
+
+    /// The socket under a TLS link whose record sizes are known
+    /// ([`drover_tls::records::sizes_known`]), and where the ciphertext read
+    /// through it ends. It must stay open as long as the reader reads.
+    pub fn tls(fd: RawFd, boundary: Boundary) -> Self {
+        Self {
+            fd,
+            layer: Layer::Tls(boundary),
+        }
+    }
+
+    /// The mark the socket gets now: `between` is whether the reader stands
+    /// between frames with nothing buffered.
+    fn mark(&self, between: bool) -> usize {
+        match &self.layer {
+            Layer::Plain if between => PLAIN_BETWEEN_FRAMES,
+            Layer::Tls(records) if between && records.at_boundary() => TLS_BETWEEN_FRAMES,
+            _ => 1,
+        }
+    }
+}
 
 /// The agent's frames, decoded (see the module docs).
 pub struct Frames<R> {
@@ -52,10 +130,9 @@ pub struct Frames<R> {
 impl<R: AsyncRead + Unpin> Frames<R> {
     /// Frames read from `io`, starting with what was already read past the
     /// handshake (`buffered`), into a buffer of `capacity` bytes to begin
-    /// with. `socket` is the plaintext TCP socket under
-    /// `io`, whose receive mark the reader may raise; it must stay open as
-    /// long as `io` does.
-    pub fn new(io: R, buffered: &[u8], capacity: usize, socket: Option<RawFd>) -> Self {
+    /// with. `socket` is the TCP socket under `io`, whose receive mark the
+    /// reader may raise.
+    pub fn new(io: R, buffered: &[u8], capacity: usize, socket: Option<MarkSocket>) -> Self {
         let mut buf = BytesMut::with_capacity(capacity.max(buffered.len()));
         buf.extend_from_slice(buffered);
         Self {
@@ -64,6 +141,15 @@ impl<R: AsyncRead + Unpin> Frames<R> {
             buf,
             mark: socket.map(LowMark::new),
             done: false,
+        }
+    }
+
+    /// Sets the mark the reader's state calls for ([`MarkSocket::mark`]).
+    fn follow(&mut self) {
+        if let Some(mark) = &mut self.mark {
+            let between = self.buf.is_empty() && self.codec.between_frames();
+            let bytes = mark.socket.mark(between);
+            mark.set(bytes);
         }
     }
 
@@ -91,20 +177,21 @@ impl<R: AsyncRead + Unpin> Stream for Frames<R> {
                     return Poll::Ready(Some(Err(e)));
                 }
             }
-            if let Some(mark) = &mut this.mark {
-                let between = this.buf.is_empty() && this.codec.between_frames();
-                mark.set(if between { BETWEEN_FRAMES } else { 1 });
-            }
+            this.follow();
             // Room for a useful read; a buffer whose frames were all taken
             // gets its allocation back here rather than a new one.
             if this.buf.capacity() - this.buf.len() < MIN_READ {
                 this.buf.reserve(MIN_READ);
             }
-            let read = ready!(tokio_util::io::poll_read_buf(
-                Pin::new(&mut this.io),
-                cx,
-                &mut this.buf
-            ));
+            let read =
+                match tokio_util::io::poll_read_buf(Pin::new(&mut this.io), cx, &mut this.buf) {
+                    Poll::Ready(read) => read,
+                    Poll::Pending => {
+                        // The read may have taken the head of a TLS record.
+                        this.follow();
+                        return Poll::Pending;
+                    }
+                };
             match read {
                 Ok(0) => {
                     this.done = true;
@@ -126,26 +213,28 @@ impl<R: AsyncRead + Unpin> Stream for Frames<R> {
 
 /// A socket's `SO_RCVLOWAT`, set only when it changes.
 struct LowMark {
-    /// `None` once the kernel refused a mark: then every frame is read as
-    /// it comes, as on TLS.
-    fd: Option<RawFd>,
+    socket: MarkSocket,
+    /// False once the kernel refused a mark: then every frame is read as
+    /// it comes.
+    usable: bool,
     now: usize,
 }
 
 impl LowMark {
-    fn new(fd: RawFd) -> Self {
+    fn new(socket: MarkSocket) -> Self {
         Self {
-            fd: Some(fd),
+            socket,
+            usable: true,
             now: 1,
         }
     }
 
-    /// Sets the mark to `bytes` (see [`LowMark::fd`] for a refusal).
+    /// Sets the mark to `bytes` (see [`LowMark::usable`] for a refusal).
     fn set(&mut self, bytes: usize) {
-        let Some(fd) = self.fd else { return };
-        if self.now == bytes {
+        if !self.usable || self.now == bytes {
             return;
         }
+        let fd = self.socket.fd;
         match set_recv_lowat(fd, bytes) {
             Ok(()) => self.now = bytes,
             Err(e) => {
@@ -153,7 +242,7 @@ impl LowMark {
                 if self.now != 1 && set_recv_lowat(fd, 1).is_ok() {
                     self.now = 1;
                 }
-                self.fd = None;
+                self.usable = false;
             }
         }
     }
@@ -184,6 +273,9 @@ fn set_recv_lowat(fd: RawFd, bytes: usize) -> std::io::Result<()> {
 }
 
 #[cfg(test)]
+mod tls_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use drover_protocol::codec::encode_body;
@@ -192,7 +284,7 @@ mod tests {
     use tokio::io::AsyncWriteExt;
     use tokio::net::{TcpListener, TcpStream};
 
-    fn frame(msg: &ToManager) -> Vec<u8> {
+    pub(super) fn frame(msg: &ToManager) -> Vec<u8> {
         let body = encode_body(msg).unwrap();
         let mut out = u32::try_from(body.len()).unwrap().to_be_bytes().to_vec();
         out.extend_from_slice(&body);
@@ -215,11 +307,16 @@ mod tests {
         let view = std::net::TcpStream::from(socket2::SockRef::from(&manager).try_clone().unwrap());
         let fd = manager.as_raw_fd();
         let (read, write) = tokio::io::split(manager);
-        (agent, Frames::new(read, &[], 512, Some(fd)), write, view)
+        (
+            agent,
+            Frames::new(read, &[], 512, Some(MarkSocket::plain(fd))),
+            write,
+            view,
+        )
     }
 
     /// Bytes in the socket's receive queue (`FIONREAD`).
-    fn queued(socket: &std::net::TcpStream) -> usize {
+    pub(super) fn queued(socket: &std::net::TcpStream) -> usize {
         let mut n: libc::c_int = 0;
         #[allow(unsafe_code)]
         // SAFETY: an open socket and a c_int for the count.
@@ -229,7 +326,7 @@ mod tests {
     }
 
     /// Whether the kernel reports the socket readable now (`poll`, no wait).
-    fn readable(socket: &std::net::TcpStream) -> bool {
+    pub(super) fn readable(socket: &std::net::TcpStream) -> bool {
         let mut fds = libc::pollfd {
             fd: socket.as_raw_fd(),
             events: libc::POLLIN,
@@ -244,7 +341,7 @@ mod tests {
 
     /// Waits until `n` bytes are queued on `socket` (loopback delivers
     /// within the sender's write; this does not rely on it).
-    async fn until_queued(socket: &std::net::TcpStream, n: usize) {
+    pub(super) async fn until_queued(socket: &std::net::TcpStream, n: usize) {
         while queued(socket) < n {
             tokio::task::yield_now().await;
         }
@@ -260,7 +357,7 @@ mod tests {
 
         // A first poll raises the mark (nothing buffered, between frames).
         assert!(futures::poll!(frames.next()).is_pending());
-        assert_eq!(frames.mark(), BETWEEN_FRAMES);
+        assert_eq!(frames.mark(), PLAIN_BETWEEN_FRAMES);
 
         agent.write_all(&beat).await.unwrap();
         until_queued(&view, beat.len()).await;
@@ -301,7 +398,7 @@ mod tests {
             assert!(futures::poll!(frames.next()).is_pending());
             agent.write_all(&bytes[..cut]).await.unwrap();
             until_queued(&view, cut).await;
-            if cut >= BETWEEN_FRAMES {
+            if cut >= PLAIN_BETWEEN_FRAMES {
                 while queued(&view) > 0 {
                     assert!(futures::poll!(frames.next()).is_pending(), "cut {cut}");
                     tokio::task::yield_now().await;

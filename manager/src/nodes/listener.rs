@@ -24,10 +24,15 @@
 //!   the loop: the TLS handshake (with TLS) and the hello must both be done
 //!   within `Timeouts::handshake` of the accept. With TLS, not one drover
 //!   byte is read before the client certificate is verified.
+//! * The session's reader gets the socket to mark (`nodes/frames.rs`): on
+//!   plaintext as is; on TLS 1.3 with where the ciphertext rustls read ends
+//!   (`drover_tls::records::Records` under rustls from the first byte).
 
 use crate::core::Core;
+use crate::nodes::frames::MarkSocket;
 use crate::nodes::gate::{Slot, Ticket};
 use drover_config::ManagerConfig;
+use drover_tls::records::Records;
 use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
@@ -277,11 +282,15 @@ async fn serve(core: Arc<Core>, stream: tokio::net::TcpStream, peer: SocketAddr,
     let Some(acceptor) = core.tls().cloned() else {
         // Plaintext: the reader may mark the socket (nodes/frames.rs); the
         // stream moves into the session, which keeps it open while it reads.
-        let socket = std::os::fd::AsRawFd::as_raw_fd(&stream);
+        let socket = MarkSocket::plain(std::os::fd::AsRawFd::as_raw_fd(&stream));
         core.serve_connection(stream, Some(socket), peer, None, deadline, Some(ticket))
             .await;
         return;
     };
+    // TLS: rustls reads through `Records`, which tells the reader where the
+    // ciphertext it took ends, so the reader may mark the socket too.
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
+    let (stream, boundary) = Records::new(stream);
     let tls = match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(e)) => {
@@ -309,7 +318,10 @@ async fn serve(core: Arc<Core>, stream: tokio::net::TcpStream, peer: SocketAddr,
             return;
         }
     };
-    core.serve_connection(tls, None, peer, Some(identity), deadline, Some(ticket))
+    // Record sizes are exact on TLS 1.3 with a 16-byte tag (all drover
+    // negotiates); on anything else the reader reads every record as it comes.
+    let socket = drover_tls::records::sizes_known(&tls).then(|| MarkSocket::tls(fd, boundary));
+    core.serve_connection(tls, socket, peer, Some(identity), deadline, Some(ticket))
         .await;
 }
 

@@ -32,14 +32,15 @@
 //!   queue holds one pointer a slot (`Outgoing`): tokio's bounded channel
 //!   allocates its slots 32 at a time, so a queue of whole [`ToAgent`]s
 //!   cost every session 32 of them at once.
-//! * An idle session is cheap: on a plaintext link the reader is woken for
-//!   every other heartbeat only ([`crate::nodes::frames`]), and the reader
-//!   and the writer wait for the end on an [`EndSignal`] (a flag and a waker
-//!   slot each; a `CancellationToken` locks a mutex on every poll, which
-//!   the reader did once per wake-up).
+//! * An idle session is cheap: on a plaintext link and on a TLS 1.3 link
+//!   the reader is woken for every other heartbeat only
+//!   ([`crate::nodes::frames`]), and the reader and the writer wait for the
+//!   end on an [`EndSignal`] (a flag and a waker slot each; a
+//!   `CancellationToken` locks a mutex on every poll, which the reader did
+//!   once per wake-up).
 
 use crate::error::ApiError;
-use crate::nodes::frames::Frames;
+use crate::nodes::frames::{Frames, MarkSocket};
 use drover_bus::timestamp;
 use drover_protocol::FrameCodec;
 use drover_protocol::codec::oversized;
@@ -53,7 +54,6 @@ use futures::future::BoxFuture;
 use futures::task::AtomicWaker;
 use futures::{SinkExt, StreamExt};
 use std::collections::HashMap;
-use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
@@ -477,13 +477,13 @@ pub const SESSION_BUFFER: usize = 512;
 /// Starts the reader and writer tasks of an accepted session. When either
 /// ends (EOF, error, undecodable frame, a write blocked past
 /// `write_deadline`), the session ends and `owner` runs the disconnect rules.
-/// `socket` is the plaintext TCP socket under `framed`, if it is one: the
-/// reader then reads every other heartbeat ([`crate::nodes::frames`]).
+/// `socket` is the TCP socket under `framed` when the reader may mark it:
+/// the reader then reads every other heartbeat ([`crate::nodes::frames`]).
 pub fn spawn_io<IO>(
     owner: Arc<dyn SessionOwner>,
     session: Arc<Session>,
     framed: ManagerFramed<IO>,
-    socket: Option<RawFd>,
+    socket: Option<MarkSocket>,
     rx: Outbox,
     write_deadline: Duration,
 ) where
