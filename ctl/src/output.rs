@@ -35,37 +35,70 @@ pub fn table(headers: &[(&str, Width)], rows: &[Vec<String>]) -> String {
         .collect();
     let mut out = table_head(headers.iter().map(|(h, _)| *h), &widths);
     for row in rows {
-        out.push_str(&table_row(row.iter().map(String::as_str), &widths));
+        push_table_row(&mut out, row.iter().map(String::as_str), &widths);
     }
     out
 }
 
-/// `fields` padded to `widths` and joined by ` | `, blanks kept.
-fn padded<'a>(fields: impl Iterator<Item = &'a str>, widths: &[usize]) -> String {
-    let padded: Vec<String> = fields
-        .zip(widths)
-        .map(|(f, w)| format!("{f:<w$}"))
-        .collect();
-    padded.join(" | ")
+/// Appends `fields` padded to `widths` (in characters) and joined by ` | `,
+/// blanks kept; returns how many characters it appended. Written in place:
+/// a table of 50,000 rows is built without a string per field.
+fn push_padded<'a>(
+    out: &mut String,
+    fields: impl Iterator<Item = &'a str>,
+    widths: &[usize],
+) -> usize {
+    let mut chars = 0;
+    for (i, (f, &w)) in fields.zip(widths).enumerate() {
+        if i > 0 {
+            out.push_str(" | ");
+            chars += 3;
+        }
+        out.push_str(f);
+        let len = f.chars().count();
+        let pad = w.saturating_sub(len);
+        out.extend(std::iter::repeat_n(' ', pad));
+        chars += len + pad;
+    }
+    chars
+}
+
+/// Cuts the blanks at the end of `out` after byte `from` (the line being
+/// written).
+fn trim_line_end(out: &mut String, from: usize) {
+    let kept = from + out[from..].trim_end().len();
+    out.truncate(kept);
 }
 
 /// A table's header line (trailing blanks cut) and its `=` line, as long as
 /// the padded header.
 pub fn table_head<'a>(headers: impl Iterator<Item = &'a str>, widths: &[usize]) -> String {
-    let header = padded(headers, widths);
     let mut out = String::new();
-    out.push_str(header.trim_end());
+    let chars = push_padded(&mut out, headers, widths);
+    trim_line_end(&mut out, 0);
     out.push('\n');
-    out.push_str(&"=".repeat(header.chars().count()));
+    out.extend(std::iter::repeat_n('=', chars));
     out.push('\n');
     out
 }
 
 /// One row line of a table, trailing blanks cut, with its newline.
 pub fn table_row<'a>(fields: impl Iterator<Item = &'a str>, widths: &[usize]) -> String {
-    let mut line = padded(fields, widths).trim_end().to_owned();
-    line.push('\n');
+    let mut line = String::new();
+    push_table_row(&mut line, fields, widths);
     line
+}
+
+/// [`table_row`], appended to `out`.
+pub fn push_table_row<'a>(
+    out: &mut String,
+    fields: impl Iterator<Item = &'a str>,
+    widths: &[usize],
+) {
+    let from = out.len();
+    push_padded(out, fields, widths);
+    trim_line_end(out, from);
+    out.push('\n');
 }
 
 /// A table whose every column is as wide as its widest value ([`Width::Fit`]).
@@ -164,6 +197,32 @@ mod tests {
         assert_eq!(lines[0], "A     | B");
         assert_eq!(lines[1].len(), 11);
         assert_eq!(lines[2], "toolongvalue | x");
+    }
+
+    /// Padding counts characters, not bytes, and blanks at a line's end are
+    /// cut whichever field they come from (a value's own too), as a
+    /// `format!("{f:<w$}")` per field joined by " | " and trimmed would.
+    #[test]
+    fn rows_pad_by_characters_and_cut_their_trailing_blanks() {
+        let widths = [4, 3, 5];
+        for fields in [
+            ["é", "ü", ""],
+            ["ab", "", ""],
+            ["", "", ""],
+            ["x  ", "y", "z "],
+            ["wider-than-4", "ok", "\u{2003}"],
+            ["日本", "語", "a"],
+        ] {
+            let reference: Vec<String> = fields
+                .iter()
+                .zip(widths)
+                .map(|(f, w)| format!("{f:<w$}"))
+                .collect();
+            let want = format!("{}\n", reference.join(" | ").trim_end());
+            assert_eq!(table_row(fields.into_iter(), &widths), want, "{fields:?}");
+        }
+        let head = table_head(["Ä", "B", "C"].into_iter(), &widths);
+        assert_eq!(head, "Ä    | B   | C\n==================\n");
     }
 
     #[test]

@@ -12,7 +12,10 @@
 //! Invariants: [`Tree`] records every exported object path (the API's export
 //! and removal sites call [`Tree::added`] / [`Tree::removed`]), and a path's
 //! children are the next labels of the recorded paths below it, so the XML
-//! names exactly the objects served. zbus creates the nodes leading to an
+//! names exactly the objects served. The paths below one are a contiguous
+//! range of the sorted set, so exporting an object (a job on every
+//! `StartUnit`) costs a few ordered lookups whatever the number of nodes,
+//! never a scan of every path. zbus creates the nodes leading to an
 //! object with its own `Introspectable` and destroys them when their last
 //! child goes; [`Tree::added`] therefore replaces it on every ancestor that
 //! the new object (re)created. The interfaces of the controller path (the
@@ -24,6 +27,7 @@ use crate::api::drover_controller::DroverControllerObject;
 use drover_bus::bluechi::CONTROLLER_PATH;
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
+use std::ops::Bound;
 use std::sync::{Arc, Mutex};
 use zbus::interface;
 use zbus::names::InterfaceName;
@@ -83,6 +87,22 @@ fn ancestors(path: &str) -> Vec<String> {
     out
 }
 
+/// The recorded paths strictly below `parent`, as the label right below
+/// `parent` of each: one ordered range of the set (every string that starts
+/// with `parent/` sorts right after it, and nothing else does).
+fn labels_below<'a>(paths: &'a BTreeSet<String>, parent: &str) -> impl Iterator<Item = &'a str> {
+    let prefix = if parent == "/" {
+        "/".to_owned()
+    } else {
+        format!("{parent}/")
+    };
+    let parent = parent.to_owned();
+    paths
+        .range::<str, _>((Bound::Included(prefix.as_str()), Bound::Unbounded))
+        .take_while(move |p| p.starts_with(&prefix))
+        .filter_map(move |p| child_label(&parent, p))
+}
+
 /// The label right below `parent` on the way to `path`, if `path` is below it.
 fn child_label<'a>(parent: &str, path: &'a str) -> Option<&'a str> {
     let rest = if parent == "/" {
@@ -104,9 +124,7 @@ impl Tree {
 
     /// The next labels below `parent`, sorted.
     pub fn children(&self, parent: &str) -> BTreeSet<String> {
-        self.lock()
-            .iter()
-            .filter_map(|p| child_label(parent, p))
+        labels_below(&self.lock(), parent)
             .map(str::to_owned)
             .collect()
     }
@@ -120,7 +138,7 @@ impl Tree {
             // created by zbus (or re-created after its last child went).
             let fresh = ancestors(path)
                 .into_iter()
-                .filter(|a| !paths.iter().any(|p| child_label(a, p).is_some()))
+                .filter(|a| labels_below(&paths, a).next().is_none())
                 .collect();
             paths.insert(path.to_owned());
             fresh
@@ -225,5 +243,44 @@ mod tests {
         assert_eq!(c, ["n1", "n2"]);
         t.removed("/org/eclipse/bluechi/job/7");
         assert!(t.children("/org/eclipse/bluechi/job").is_empty());
+    }
+
+    /// Paths that share a parent's spelling without being below it sort on
+    /// both sides of its range ('-' and '.' before '/', '0' after); none is
+    /// taken for a child, and every path below is.
+    #[test]
+    fn the_range_below_a_path_holds_its_children_and_nothing_else() {
+        let paths: BTreeSet<String> = [
+            "/",
+            "/a",
+            "/a/node",
+            "/a/node-x",
+            "/a/node.y",
+            "/a/node/n1",
+            "/a/node/n2/deep",
+            "/a/node0",
+            "/a/nodes/z",
+            "/b",
+        ]
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+        let below = |parent: &str| labels_below(&paths, parent).collect::<Vec<_>>();
+        assert_eq!(below("/a/node"), ["n1", "n2"]);
+        assert_eq!(below("/a/nodes"), ["z"]);
+        assert!(below("/a/node-x").is_empty());
+        assert!(below("/a/nod").is_empty());
+        assert!(below("/b").is_empty());
+        let mut root = below("/");
+        root.dedup();
+        assert_eq!(root, ["a", "b"]);
+        // The same answers as looking at every path, for every parent.
+        for parent in &paths {
+            let every: Vec<&str> = paths
+                .iter()
+                .filter_map(|p| child_label(parent, p))
+                .collect();
+            assert_eq!(below(parent), every, "below {parent}");
+        }
     }
 }

@@ -174,23 +174,33 @@ async fn fetch(client: &Client, only: Option<&NodeName>) -> Result<Vec<NodeStatu
         }
         None => listed,
     };
-    stream::iter(selected)
-        .map(|(name, path, state, ip)| async move {
-            let last_seen = if state == "online" {
-                LastSeen::Now
-            } else {
-                LastSeen::from_timestamp(last_seen(client, &name, path.to_string()).await?)
-            };
-            Ok::<_, CtlError>(NodeStatus {
-                name,
-                state,
-                ip,
-                last_seen,
-            })
+    // Only offline nodes need a call (their last-seen time); online ones
+    // are rows at once, so a fleet of online nodes costs one call in all.
+    let mut nodes = Vec::with_capacity(selected.len());
+    let mut offline = Vec::new();
+    for (name, path, state, ip) in selected {
+        if state != "online" {
+            offline.push((nodes.len(), name.clone(), path));
+        }
+        nodes.push(NodeStatus {
+            name,
+            state,
+            ip,
+            last_seen: LastSeen::Now,
+        });
+    }
+    let seen: Vec<(usize, LastSeen)> = stream::iter(offline)
+        .map(|(i, name, path)| async move {
+            let usec = last_seen(client, &name, path.to_string()).await?;
+            Ok::<_, CtlError>((i, LastSeen::from_timestamp(usec)))
         })
         .buffered(PARALLEL_READS)
         .try_collect()
-        .await
+        .await?;
+    for (i, last_seen) in seen {
+        nodes[i].last_seen = last_seen;
+    }
+    Ok(nodes)
 }
 
 /// Output for one (re)print. `watch` makes JSON one compact line per table.
