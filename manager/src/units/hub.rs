@@ -56,6 +56,11 @@
 //!   events (and the bounded replay of a unit watched by name) can fill the
 //!   other half, so a sink that does not read is still dropped. The replay
 //!   holds names only, never events: its memory is one cursor per node.
+//!   Past the pseudo unit `*`, a node's replay waits until its agent has
+//!   confirmed a `*` subscription (or the node is offline): until then the
+//!   agent's own answer (every loaded unit, virtual) is still arriving, and
+//!   as news to the records it would otherwise go to the queue all at once;
+//!   held back like any unit not reached yet, it is told from the records.
 //! * What a sink sees while its `*` replay of a node runs: a unit is
 //!   announced once, with its state at the moment it is announced; real
 //!   events of a unit already announced go out in order after it; events of
@@ -126,10 +131,15 @@ enum Cursor {
 /// The lazy replay of a sink's `*` watches: nodes in the order they were
 /// watched, each with its [`Cursor`] over the node's records. Holds names,
 /// never events: the events are made from the records when there is room
-/// ([`State::refill`]).
+/// ([`State::refill`]). A node whose agent has not confirmed a `*`
+/// subscription yet waits apart (its records are not complete: the agent's
+/// own replay is still coming) and rejoins the order when it has, or when
+/// the node goes offline.
 #[derive(Default)]
 struct Replay {
     order: VecDeque<NodeName>,
+    waiting: HashSet<NodeName>,
+    /// Every node of `order` and `waiting`.
     cursors: HashMap<NodeName, Cursor>,
 }
 
@@ -137,7 +147,7 @@ impl Replay {
     /// True when the replay has not told the sink of (node, unit) yet
     /// (`unit` `None`: the pseudo unit `*`).
     fn ahead(&self, node: &NodeName, unit: Option<&UnitName>) -> bool {
-        if self.order.is_empty() {
+        if self.cursors.is_empty() {
             // The common case, on every delivery: no hashing.
             return false;
         }
@@ -260,6 +270,22 @@ impl State {
                 .nodes
                 .get(node)
                 .filter(|ns| ns.watchers.get(&None).is_some_and(|w| w.contains_key(&id)));
+            // The agent's answer to `*` (every loaded unit) is not all in
+            // the records yet: what it brings would reach the queue as news,
+            // all at once. Past the pseudo unit `*`, the node waits, its
+            // events held back as for any unit not reached yet, until
+            // `release_waiting`.
+            if let (Some(ns), Some(Cursor::After(_))) = (ns, cursor)
+                && ns.session.is_some()
+                && !ns.sent.contains(&None)
+            {
+                let node = node.clone();
+                if let Some(sink) = self.sinks.get_mut(&id) {
+                    sink.replay.order.pop_front();
+                    sink.replay.waiting.insert(node);
+                }
+                continue;
+            }
             let (events, next) = match (ns, cursor) {
                 (Some(ns), Some(Cursor::Start)) => {
                     let star = ns.session.is_some().then(|| UnitEvent {
@@ -308,6 +334,24 @@ impl State {
                     sink.replay.cursors.remove(&node);
                 }
             }
+        }
+    }
+
+    /// `node`'s agent confirmed its `*` subscription, or the node went
+    /// offline: the replays waiting for it go on.
+    fn release_waiting(&mut self, node: &NodeName) {
+        let ids: Vec<SinkId> = self
+            .sinks
+            .iter_mut()
+            .filter_map(|(id, sink)| {
+                sink.replay.waiting.remove(node).then(|| {
+                    sink.replay.order.push_back(node.clone());
+                    *id
+                })
+            })
+            .collect();
+        for id in ids {
+            self.refill(id);
         }
     }
 
@@ -620,7 +664,7 @@ impl Subscriptions {
         self.lock()
             .sinks
             .get(&sink)
-            .is_some_and(|s| !s.replay.order.is_empty())
+            .is_some_and(|s| !s.replay.cursors.is_empty())
     }
 
     /// Removes a watch; unsubscribes the agent if it was the last watcher of
@@ -829,6 +873,9 @@ impl Subscriptions {
         full.sort_unstable();
         full.dedup();
         st.drop_overflowed(full, &mut syncs);
+        // No answer to `*` will come from this session: what the records
+        // hold now is all a waiting replay can tell.
+        st.release_waiting(node);
         drop(st);
         self.start_syncs(syncs);
     }
@@ -988,10 +1035,14 @@ impl Subscriptions {
             if ns.syncing != Some(session.id()) {
                 return;
             }
+            let star = subscribe && key.is_none();
             if subscribe {
                 ns.sent.insert(key);
             } else {
                 ns.sent.remove(&key);
+            }
+            if star {
+                st.release_waiting(&node);
             }
             drop(st);
             self.sync_progress.notify_waiters();
@@ -1189,6 +1240,8 @@ mod tests {
         let (only_b, mut rx_b) = hub.watcher(16);
         both.watch(&n, Some(&unit("a.service"))).unwrap();
         both.watch(&n, None).unwrap();
+        // The agent has answered `*` (as `Subscribe` waits for).
+        hub.synced(&[(n.clone(), None)]).await;
         only_b.watch(&n, Some(&unit("b.service"))).unwrap();
         drain(&mut rx_both);
         hub.on_event(
@@ -1253,6 +1306,8 @@ mod tests {
         let agent = online(&hub, "n1", 3);
         let (w, mut rx) = hub.watcher(32);
         w.watch(&n, None).unwrap();
+        // The agent has answered `*` (as `Subscribe` waits for).
+        hub.synced(&[(n.clone(), None)]).await;
         assert_eq!(
             drain(&mut rx),
             vec![(
@@ -1322,6 +1377,8 @@ mod tests {
         let (fine, mut rx_fine) = hub.watcher(1024);
         stuck.watch(&n, None).unwrap();
         fine.watch(&n, None).unwrap();
+        // The agent has answered `*` (as `Subscribe` waits for).
+        hub.synced(&[(n.clone(), None)]).await;
         drain(&mut rx_fine);
         for i in 1..=100u64 {
             let a = if i % 2 == 0 { "active" } else { "inactive" };
@@ -1353,6 +1410,8 @@ mod tests {
         // Another watcher makes the records know 40 loaded units.
         let (_other, _rx_other) = hub.watcher(1024);
         _other.watch(&n, None).unwrap();
+        // The agent has answered `*` (as `Subscribe` waits for).
+        hub.synced(&[(n.clone(), None)]).await;
         let name = |i: u64| format!("u{i:02}.service");
         for i in 1..=40u64 {
             hub.on_event(
@@ -1430,6 +1489,8 @@ mod tests {
         let agent = online(&hub, "n1", 6);
         let (_other, _rx_other) = hub.watcher(1024);
         _other.watch(&n, None).unwrap();
+        // The agent has answered `*` (as `Subscribe` waits for).
+        hub.synced(&[(n.clone(), None)]).await;
         for i in 1..=40u64 {
             hub.on_event(
                 &agent.session,
@@ -1474,6 +1535,113 @@ mod tests {
         );
     }
 
+    /// The first `*` watch of a node: the manager knows none of its units,
+    /// and the agent answers the `Subscribe` with every loaded unit (its
+    /// virtual replay) before its reply. Those are news to the records, yet
+    /// they reach the watcher lazily like any replay: a fleet of 100 nodes
+    /// with 100 units each once overflowed a monitor's queue this way.
+    #[tokio::test]
+    async fn the_agents_own_replay_of_a_first_wildcard_watch_is_told_lazily() {
+        let hub = Subscriptions::new(Duration::from_secs(5));
+        let n = node("n1");
+        let agent = online(&hub, "n1", 5);
+        let (w, mut rx) = hub.watcher(8);
+        w.watch(&n, None).unwrap();
+        let virt = Change::New {
+            reason: Reason::Virtual,
+        };
+        assert_eq!(drain(&mut rx), vec![("*".to_owned(), virt.clone())]);
+        // The agent's answer: 40 loaded units, 80 events, into a queue of 8,
+        // before the reply to `Subscribe` (the fake agent answers once this
+        // test awaits).
+        let name = |i: u64| format!("u{i:02}.service");
+        for i in 1..=40u64 {
+            hub.on_event(
+                &agent.session,
+                Event::UnitNew {
+                    tag: ModTag::new(5, 2 * i - 1),
+                    unit: unit(&name(i)),
+                    reason: Reason::Virtual,
+                },
+            );
+            hub.on_event(
+                &agent.session,
+                Event::UnitStateChanged {
+                    tag: ModTag::new(5, 2 * i),
+                    unit: unit(&name(i)),
+                    active_state: "active".into(),
+                    sub_state: "running".into(),
+                    reason: Reason::Virtual,
+                },
+            );
+        }
+        assert!(
+            hub.has_sink(w.id()),
+            "the agent's replay overflowed the queue"
+        );
+        assert!(drain(&mut rx).is_empty(), "held back until the reply");
+        assert!(hub.replaying(w.id()));
+        hub.synced(&[(n.clone(), None)]).await;
+        let mut got = Vec::new();
+        loop {
+            let more = drain(&mut rx);
+            if more.is_empty() {
+                break;
+            }
+            got.extend(more);
+            w.refill();
+        }
+        assert!(hub.has_sink(w.id()) && !hub.replaying(w.id()));
+        let mut want = Vec::new();
+        for i in 1..=40 {
+            want.push((name(i), virt.clone()));
+            want.push((name(i), state("active", "running", Reason::Virtual)));
+        }
+        assert_eq!(got, want);
+    }
+
+    /// A node that goes offline before its agent answered `*`: the waiting
+    /// replay ends with what the records hold (nothing loaded by then).
+    #[tokio::test]
+    async fn a_replay_waiting_for_the_agent_ends_when_the_node_goes_offline() {
+        let hub = Subscriptions::new(Duration::from_secs(5));
+        let n = node("n1");
+        let agent = online(&hub, "n1", 7);
+        let (w, mut rx) = hub.watcher(8);
+        w.watch(&n, None).unwrap();
+        hub.on_event(
+            &agent.session,
+            ev_state(ModTag::new(7, 1), "a.service", "active", "running"),
+        );
+        assert!(hub.replaying(w.id()));
+        hub.node_offline(&n, 7);
+        assert!(!hub.replaying(w.id()), "released when the node went away");
+        // It heard of the node (`*`), never of a unit it was not told of:
+        // a.service's offline events are not for it.
+        assert_eq!(
+            drain(&mut rx),
+            vec![
+                (
+                    "*".to_owned(),
+                    Change::New {
+                        reason: Reason::Virtual
+                    }
+                ),
+                (
+                    "*".to_owned(),
+                    state("inactive", AGENT_OFFLINE, Reason::Virtual)
+                ),
+                (
+                    "*".to_owned(),
+                    Change::Removed {
+                        reason: Reason::Virtual
+                    }
+                ),
+            ]
+        );
+        assert!(hub.has_sink(w.id()));
+    }
+
     #[tokio::test]
     async fn a_replaying_watcher_that_does_not_read_is_still_dropped() {
         let hub = Subscriptions::new(Duration::from_secs(5));
@@ -1481,6 +1649,8 @@ mod tests {
         let agent = online(&hub, "n1", 4);
         let (_other, _rx_other) = hub.watcher(1024);
         _other.watch(&n, None).unwrap();
+        // The agent has answered `*` (as `Subscribe` waits for).
+        hub.synced(&[(n.clone(), None)]).await;
         for i in 1..=40u64 {
             hub.on_event(
                 &agent.session,
