@@ -407,6 +407,20 @@ impl State {
                 self.nodes.remove(&node);
             }
         }
+        // A replay waiting for the agent's `*` ends with the sink's last `*`
+        // watch there: no confirmation may ever come for it.
+        let still_star = self
+            .nodes
+            .get(&node)
+            .and_then(|ns| ns.watchers.get(&None))
+            .is_some_and(|w| w.contains_key(&sink));
+        if unit.is_none()
+            && !still_star
+            && let Some(s) = self.sinks.get_mut(&sink)
+            && s.replay.waiting.remove(&node)
+        {
+            s.replay.cursors.remove(&node);
+        }
         true
     }
 
@@ -1598,6 +1612,31 @@ mod tests {
             want.push((name(i), state("active", "running", Reason::Virtual)));
         }
         assert_eq!(got, want);
+    }
+
+    /// A `*` watch removed before its agent answered: the replay that
+    /// waited for the answer ends with it, and a new `*` watch waits afresh.
+    #[tokio::test]
+    async fn a_replay_waiting_for_the_agent_ends_with_its_watch() {
+        let hub = Subscriptions::new(Duration::from_secs(5));
+        let n = node("n1");
+        let _agent = online(&hub, "n1", 8);
+        let (w, mut rx) = hub.watcher(8);
+        let star = w.watch(&n, None).unwrap();
+        assert!(hub.replaying(w.id()));
+        assert!(w.unwatch(star));
+        assert!(!hub.replaying(w.id()), "nothing left to wait for");
+        w.watch(&n, None).unwrap();
+        assert!(hub.replaying(w.id()));
+        hub.synced(&[(n.clone(), None)]).await;
+        assert!(!hub.replaying(w.id()));
+        let virt = Change::New {
+            reason: Reason::Virtual,
+        };
+        assert_eq!(
+            drain(&mut rx),
+            vec![("*".to_owned(), virt.clone()), ("*".to_owned(), virt)]
+        );
     }
 
     /// A node that goes offline before its agent answered `*`: the waiting
