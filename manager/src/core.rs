@@ -974,16 +974,8 @@ mod tests {
     #[test]
     fn bad_unit_paths_become_root() {
         let units = units_of(Response::Units(vec![UnitInfo {
-            name: "a.service".into(),
-            description: String::new(),
-            load_state: "loaded".into(),
-            active_state: "active".into(),
-            sub_state: "running".into(),
-            followed: String::new(),
             object_path: "not a path".into(),
-            job_id: 0,
-            job_type: String::new(),
-            job_path: "/".into(),
+            ..UnitInfo::loaded("a.service", "active", "running")
         }]))
         .unwrap();
         assert_eq!(units[0].6.as_str(), "/");

@@ -431,16 +431,9 @@ async fn systemd_errors_come_back_with_their_names() {
 
 fn unit(name: &str) -> UnitInfo {
     UnitInfo {
-        name: name.into(),
         description: format!("{name} desc"),
-        load_state: "loaded".into(),
-        active_state: "active".into(),
-        sub_state: "running".into(),
-        followed: String::new(),
         object_path: "/org/freedesktop/systemd1/unit/x".into(),
-        job_id: 0,
-        job_type: String::new(),
-        job_path: "/".into(),
+        ..UnitInfo::loaded(name, "active", "running")
     }
 }
 

@@ -394,18 +394,7 @@ async fn list_proxies_is_introspectable() {
 }
 
 fn dep_unit(name: &str, active: &str) -> drover_protocol::UnitInfo {
-    drover_protocol::UnitInfo {
-        name: name.into(),
-        description: String::new(),
-        load_state: "loaded".into(),
-        active_state: active.into(),
-        sub_state: String::new(),
-        followed: String::new(),
-        object_path: "/".into(),
-        job_id: 0,
-        job_type: String::new(),
-        job_path: "/".into(),
-    }
+    drover_protocol::UnitInfo::loaded(name, active, "")
 }
 
 /// A fresh manager (as after a restart) meets a target node that still runs

@@ -248,6 +248,26 @@ pub struct UnitInfo {
     pub job_path: String,
 }
 
+impl UnitInfo {
+    /// A loaded unit in `active_state`/`sub_state` and nothing more: no
+    /// description, no job, `/` for both object paths (override fields
+    /// with struct update syntax). The row simulated agents and tests build.
+    pub fn loaded(name: &str, active_state: &str, sub_state: &str) -> Self {
+        Self {
+            name: name.into(),
+            description: String::new(),
+            load_state: "loaded".into(),
+            active_state: active_state.into(),
+            sub_state: sub_state.into(),
+            followed: String::new(),
+            object_path: "/".into(),
+            job_id: 0,
+            job_type: String::new(),
+            job_path: "/".into(),
+        }
+    }
+}
+
 /// A D-Bus value in D-Bus wire format (little endian) with its signature.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Marshalled {

@@ -72,20 +72,10 @@ impl AgentConfig {
     /// `count` loaded units `fleet-K.service`, active and running.
     pub fn unit_rows(count: usize) -> Vec<UnitInfo> {
         (0..count)
-            .map(|k| {
-                let name = format!("fleet-{k}.service");
-                UnitInfo {
-                    object_path: format!("/org/freedesktop/systemd1/unit/fleet_2d{k}_2eservice"),
-                    name,
-                    description: "simulated unit".into(),
-                    load_state: "loaded".into(),
-                    active_state: "active".into(),
-                    sub_state: "running".into(),
-                    followed: String::new(),
-                    job_id: 0,
-                    job_type: String::new(),
-                    job_path: "/".into(),
-                }
+            .map(|k| UnitInfo {
+                object_path: format!("/org/freedesktop/systemd1/unit/fleet_2d{k}_2eservice"),
+                description: "simulated unit".into(),
+                ..UnitInfo::loaded(&format!("fleet-{k}.service"), "active", "running")
             })
             .collect()
     }

@@ -753,18 +753,7 @@ mod tests {
         let (s, _rx) = session();
         let owner = Arc::new(Ends::default());
         let rows = |n: usize| {
-            let row = drover_protocol::UnitInfo {
-                name: "a.service".into(),
-                description: String::new(),
-                load_state: "loaded".into(),
-                active_state: "active".into(),
-                sub_state: "running".into(),
-                followed: String::new(),
-                object_path: "/".into(),
-                job_id: 0,
-                job_type: String::new(),
-                job_path: "/".into(),
-            };
+            let row = drover_protocol::UnitInfo::loaded("a.service", "active", "running");
             Ok(ToManager::Reply {
                 id: 99,
                 result: Ok(Response::Units(vec![row; n])),
