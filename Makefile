@@ -5,8 +5,12 @@ HOST_DEPS ?= scripts/host-deps
 # Every test binary runs even when an earlier one fails, so one red file hides nothing.
 CARGO_TEST_FLAGS ?= --no-fail-fast
 
-# The five shipped binaries (drover-pki is a binary of drover-tls).
-SHIPPED = -p drover-manager -p drover-agent -p droverctl -p drover-proxy -p drover-tls
+# The five shipped binaries (drover-pki is a binary of drover-tls). droverctl is
+# built on its own: built with the others, cargo would give it their tokio
+# features (the multi-thread scheduler, which pulls in libm), and every run
+# would pay for loading it (docs/performance.md, run E).
+SHIPPED = -p drover-manager -p drover-agent -p drover-proxy -p drover-tls
+SHIPPED_CTL = -p droverctl
 # Stripped, LTO build of what is installed (see [profile.dist] in Cargo.toml).
 DIST_PROFILE = dist
 DIST_BIN = target/$(DIST_PROFILE)
@@ -117,6 +121,7 @@ bench:
 # The shipped binaries, stripped, knowing where their vendor files are.
 dist-build:
 	DROVER_DATADIR=$(PREFIX)/share $(CARGO) build --profile $(DIST_PROFILE) $(SHIPPED) --bins
+	DROVER_DATADIR=$(PREFIX)/share $(CARGO) build --profile $(DIST_PROFILE) $(SHIPPED_CTL) --bins
 
 man:
 	$(CARGO) run -q -p xtask -- man target/man

@@ -8,7 +8,6 @@
 //! [`crate::commands`].
 
 use std::io::Write;
-use std::process::ExitCode;
 
 use clap::Parser;
 
@@ -77,8 +76,8 @@ pub async fn run(cli: Cli, env_bus: Option<&str>, out: Box<dyn Write>) -> Result
     cli.command.run(&mut ctx).await
 }
 
-/// The whole program: what `main.rs` calls.
-pub fn main() -> ExitCode {
+/// The whole program: what `main.rs` calls. Returns the exit status.
+pub fn main() -> u8 {
     // Exits 2 with usage on a bad command line, 0 for --help/--version.
     let cli = Cli::parse();
     let env_bus = std::env::var("DROVER_BUS").ok();
@@ -89,17 +88,17 @@ pub fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("droverctl: cannot start the async runtime: {e}");
-            return ExitCode::from(EXIT_FAILED);
+            return EXIT_FAILED;
         }
     };
     let out = Box::new(std::io::stdout());
     match runtime.block_on(run(cli, env_bus.as_deref(), out)) {
-        Ok(()) => ExitCode::from(EXIT_OK),
+        Ok(()) => EXIT_OK,
         Err(e) => {
             if !e.is_quiet() {
                 eprintln!("droverctl: {e}");
             }
-            ExitCode::from(e.exit_code())
+            e.exit_code()
         }
     }
 }

@@ -916,6 +916,27 @@ async fn no_manager_on_the_bus() {
     }
 }
 
+/// `droverctl status | head -0`: the reader is gone before droverctl writes. The
+/// binary's own `main` ignores SIGPIPE (the spawn here restores its default, as a
+/// shell does), so the write fails, droverctl stops quietly and exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_to_a_closed_pipe_ends_quietly_with_exit_0() {
+    let bus = private_bus();
+    let (_mgr, _) = serve(&bus).await;
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let mut cmd = ctl(&bus).command(&["status"]);
+    // `spawn`, not `output`: `output` would give stdout a pipe of its own.
+    cmd.stdout(writer).stderr(std::process::Stdio::piped());
+    let child = cmd.spawn().expect("run droverctl");
+    let out = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("droverctl hung")
+        .expect("wait for droverctl");
+    assert_eq!(out.status.code(), Some(0), "{:?}", out.status);
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn version_needs_no_bus() {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_droverctl"))
