@@ -17,6 +17,8 @@
 //! * [`api`]: zbus proxies for the members used, node object paths;
 //! * [`follow`]: what `monitor`, `status -w` and `metrics listen` share (one ordered
 //!   signal stream, Ctrl-C, noticing that the manager left);
+//! * [`listing`]: what `list-units` and `list-unit-files` share (one node, or every
+//!   online node streamed node by node; filter, order, table);
 //! * [`output`]: tables, JSON, timestamps (pure, unit-tested);
 //! * [`stream`]: a listing printed as its nodes come in, in the same bytes, with
 //!   bounded memory (a table is spooled until its widths are known);
@@ -26,8 +28,9 @@
 //! error as one line `droverctl: <message>` on stderr, exit with
 //! [`CtlError::exit_code`].
 //!
-//! Imports run one way: `cli` → `commands` → each command → `context`, `parse`,
-//! `client`, `follow`, `output` → `api`, `error`; `context` → `stream` → `output`.
+//! Imports run one way: `cli` → `commands` → each command → `listing`, `context`,
+//! `parse`, `client`, `follow`, `output` → `api`, `error` (`listing` → `context`,
+//! `client`, `output`); `context` → `stream` → `output`.
 //! This file only declares modules and re-exports; nothing inside the crate imports
 //! through it.
 
@@ -38,6 +41,7 @@ pub mod commands;
 pub mod context;
 pub mod error;
 pub mod follow;
+pub mod listing;
 pub mod output;
 pub mod parse;
 pub mod stream;

@@ -6,18 +6,18 @@
 //! with `systemctl list-unit-files PATTERN`) or its whole path (as bluechictl does),
 //! so both `--filter 'web*'` and `--filter '/etc/*'` work.
 //!
-//! Over all nodes, node by node and printed as they come, as `list-units`: a node
-//! that cannot be listed has its reason on stderr and makes the command exit 1
-//! after the output.
+//! Over all nodes, node by node and printed as they come ([`crate::listing`], as
+//! `list-units`): a node that cannot be listed has its reason on stderr and makes
+//! the command exit 1 after the output.
 
 use serde::Serialize;
 
 use drover_protocol::NodeName;
 
-use crate::api::UnitFileTuple;
+use crate::api::{NodeProxy, UnitFileTuple};
 use crate::context::{Context, Run};
 use crate::error::CtlError;
-use crate::output::fit_table;
+use crate::listing::{self, NodeRow};
 use crate::parse::{parse_glob, parse_node};
 
 #[derive(Debug, clap::Args)]
@@ -53,60 +53,41 @@ impl UnitFileRow {
     }
 }
 
-pub fn select(mut rows: Vec<UnitFileRow>, filter: Option<&glob::Pattern>) -> Vec<UnitFileRow> {
-    if let Some(p) = filter {
-        rows.retain(|r| p.matches(&r.unit) || p.matches(&r.path));
+impl NodeRow for UnitFileRow {
+    type Entry = UnitFileTuple;
+    const METHOD: &'static str = "ListUnitFiles";
+    const WHAT: &'static str = "unit files";
+    const HEADERS: &'static [&'static str] = &["NODE", "PATH", "IS-ENABLED"];
+
+    async fn list(node: &NodeProxy<'static>) -> zbus::Result<Vec<UnitFileTuple>> {
+        node.list_unit_files().await
     }
-    rows.sort();
-    rows
-}
 
-const HEADERS: [&str; 3] = ["NODE", "PATH", "IS-ENABLED"];
+    fn from_entry(node: &str, entry: UnitFileTuple) -> Self {
+        UnitFileRow::from_tuple(node, entry)
+    }
 
-/// A row's fields in the table.
-fn cells(r: &UnitFileRow) -> Vec<String> {
-    vec![r.node.clone(), r.path.clone(), r.state.clone()]
-}
+    /// The file's name (`systemctl list-unit-files PATTERN`) or its whole path
+    /// (bluechictl).
+    fn matches(&self, filter: &glob::Pattern) -> bool {
+        filter.matches(&self.unit) || filter.matches(&self.path)
+    }
 
-pub fn render_table(rows: &[UnitFileRow]) -> String {
-    let cells: Vec<Vec<String>> = rows.iter().map(cells).collect();
-    fit_table(&HEADERS, &cells)
+    fn cells(&self) -> Vec<String> {
+        vec![self.node.clone(), self.path.clone(), self.state.clone()]
+    }
 }
 
 impl Run for ListUnitFiles {
     async fn run(self, ctx: &mut Context) -> Result<(), CtlError> {
-        let client = ctx.client().await?.clone();
-        let filter = self.filter.as_ref();
-        let Some(node) = &self.node else {
-            return ctx
-                .stream_nodes(
-                    &client,
-                    (&HEADERS, cells),
-                    async |node| node.list_unit_files().await,
-                    |node, files| {
-                        let rows = files.into_iter().map(|f| UnitFileRow::from_tuple(node, f));
-                        select(rows.collect(), filter)
-                    },
-                    "unit files",
-                )
-                .await;
-        };
-        let mut listing = client
-            .one_node(
-                node,
-                "ListUnitFiles",
-                async |node| node.list_unit_files().await,
-                UnitFileRow::from_tuple,
-            )
-            .await?;
-        listing.rows = select(listing.rows, filter);
-        ctx.emit_listing(listing, "unit files", render_table)
+        listing::run::<UnitFileRow>(ctx, self.node.as_ref(), self.filter.as_ref()).await
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::listing::{render_table, select};
 
     fn rows() -> Vec<UnitFileRow> {
         vec![

@@ -1,14 +1,11 @@
 //! `list-units [NODE] [--filter GLOB]`: units of every online node or of one
 //! node (`Node.ListUnits`).
 //!
-//! Over all nodes, each online node is asked on its own (`Node.ListUnits`, a few
-//! at a time, see [`crate::client::Client::each_node`]) and its rows are printed
-//! as they come ([`crate::stream`]), so a fleet of any size lists with bounded
-//! memory; `Controller.ListUnits` is one D-Bus reply, which a large fleet does not
-//! fit. A node that cannot be listed has its reason on stderr and makes the
-//! command exit 1 after printing the others. bluechictl prints nothing and fails
-//! when any node fails (BlueChi's manager fails the whole call); drover shows what
-//! it has and still says what is missing.
+//! Over all nodes, each online node is asked on its own and its rows are printed
+//! as they come ([`crate::listing`]). A node that cannot be listed has its reason
+//! on stderr and makes the command exit 1 after printing the others. bluechictl
+//! prints nothing and fails when any node fails (BlueChi's manager fails the whole
+//! call); drover shows what it has and still says what is missing.
 //!
 //! Table `NODE | ID | ACTIVE | SUB`, each column as wide as its widest value, rows
 //! sorted by node then unit so output is stable across runs. The glob matches the
@@ -18,9 +15,10 @@ use serde::Serialize;
 
 use drover_protocol::NodeName;
 
+use crate::api::NodeProxy;
 use crate::context::{Context, Run};
 use crate::error::CtlError;
-use crate::output::fit_table;
+use crate::listing::{self, NodeRow};
 use crate::parse::{parse_glob, parse_node};
 use drover_bus::systemd::UnitTuple;
 
@@ -61,66 +59,45 @@ impl UnitRow {
     }
 }
 
-/// Keep the rows whose unit name matches `filter` (all without one), sorted.
-pub fn select(mut rows: Vec<UnitRow>, filter: Option<&glob::Pattern>) -> Vec<UnitRow> {
-    if let Some(p) = filter {
-        rows.retain(|r| p.matches(&r.unit));
+impl NodeRow for UnitRow {
+    type Entry = UnitTuple;
+    const METHOD: &'static str = "ListUnits";
+    const WHAT: &'static str = "units";
+    const HEADERS: &'static [&'static str] = &["NODE", "ID", "ACTIVE", "SUB"];
+
+    async fn list(node: &NodeProxy<'static>) -> zbus::Result<Vec<UnitTuple>> {
+        node.list_units().await
     }
-    rows.sort();
-    rows
-}
 
-const HEADERS: [&str; 4] = ["NODE", "ID", "ACTIVE", "SUB"];
+    fn from_entry(node: &str, entry: UnitTuple) -> Self {
+        UnitRow::from_tuple(node, entry)
+    }
 
-/// A row's fields in the table.
-fn cells(r: &UnitRow) -> Vec<String> {
-    vec![
-        r.node.clone(),
-        r.unit.clone(),
-        r.active.clone(),
-        r.sub.clone(),
-    ]
-}
+    /// The glob matches the unit name only, as in bluechictl.
+    fn matches(&self, filter: &glob::Pattern) -> bool {
+        filter.matches(&self.unit)
+    }
 
-pub fn render_table(rows: &[UnitRow]) -> String {
-    let cells: Vec<Vec<String>> = rows.iter().map(cells).collect();
-    fit_table(&HEADERS, &cells)
+    fn cells(&self) -> Vec<String> {
+        vec![
+            self.node.clone(),
+            self.unit.clone(),
+            self.active.clone(),
+            self.sub.clone(),
+        ]
+    }
 }
 
 impl Run for ListUnits {
     async fn run(self, ctx: &mut Context) -> Result<(), CtlError> {
-        let client = ctx.client().await?.clone();
-        let filter = self.filter.as_ref();
-        let Some(node) = &self.node else {
-            return ctx
-                .stream_nodes(
-                    &client,
-                    (&HEADERS, cells),
-                    async |node| node.list_units().await,
-                    |node, tuples| {
-                        let rows = tuples.into_iter().map(|t| UnitRow::from_tuple(node, t));
-                        select(rows.collect(), filter)
-                    },
-                    "units",
-                )
-                .await;
-        };
-        let mut listing = client
-            .one_node(
-                node,
-                "ListUnits",
-                async |node| node.list_units().await,
-                UnitRow::from_tuple,
-            )
-            .await?;
-        listing.rows = select(listing.rows, filter);
-        ctx.emit_listing(listing, "units", render_table)
+        listing::run::<UnitRow>(ctx, self.node.as_ref(), self.filter.as_ref()).await
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::listing::{render_table, select};
     use crate::output::json;
 
     fn row(node: &str, unit: &str, active: &str, sub: &str) -> UnitRow {
