@@ -320,9 +320,8 @@ impl Core {
     /// is set: the node its certificate proved) and, if admitted, runs the
     /// session. The hello must arrive by `deadline`. `ticket` is the
     /// connection's pre-authentication place, given up once the verdict is
-    /// out. `socket` is the TCP socket under `io` when the session's reader
-    /// may mark it (`nodes/frames.rs`): plaintext, or TLS 1.3 read through
-    /// `drover_tls::records::Records`.
+    /// out. `socket` is the TCP socket under `io` (see
+    /// [`crate::nodes::session::spawn_io`]).
     pub async fn serve_connection<IO>(
         self: &Arc<Self>,
         io: IO,

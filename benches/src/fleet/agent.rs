@@ -94,6 +94,8 @@ pub struct Fleet {
     pub handshake_failed: AtomicU64,
     /// Hellos the manager refused (`Welcome::Refused`).
     pub refused: AtomicU64,
+    /// Sessions that ended on a failed link, by [`Lost`] (index `Lost as usize`).
+    pub lost: [AtomicU64; 4],
     /// Unit events sent.
     pub events_sent: AtomicU64,
     /// `ListUnits` requests answered (the manager sends each node one, its
@@ -117,6 +119,7 @@ impl Fleet {
             connect_failed: AtomicU64::new(0),
             handshake_failed: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            lost: Default::default(),
             events_sent: AtomicU64::new(0),
             lists_answered: AtomicU64::new(0),
             event_rate: watch::Sender::new(0),
@@ -137,6 +140,11 @@ impl Fleet {
             self.handshake_failed.load(Ordering::Relaxed),
             self.refused.load(Ordering::Relaxed),
         )
+    }
+
+    /// Sessions ended on a failed link so far, by [`Lost`].
+    pub fn lost_counts(&self) -> [u64; 4] {
+        Lost::ALL.map(|how| self.lost[how as usize].load(Ordering::Relaxed))
     }
 
     /// Makes agents `0..count` drop their links now.
@@ -182,7 +190,38 @@ enum Attempt {
 enum End {
     Stop,
     Dropped,
-    Lost,
+    Lost(Lost),
+}
+
+/// How an agent saw its link fail ([`Fleet::lost`] counts each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lost {
+    /// The manager closed the connection.
+    ReadEnd,
+    /// Reading failed (reset, or a frame the agent could not decode).
+    ReadError,
+    /// Writing failed (reset, or the kernel's `TCP_USER_TIMEOUT`).
+    WriteError,
+    /// Nothing heard from the manager within the agent's threshold.
+    Silence,
+}
+
+impl Lost {
+    pub const ALL: [Lost; 4] = [
+        Lost::ReadEnd,
+        Lost::ReadError,
+        Lost::WriteError,
+        Lost::Silence,
+    ];
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Lost::ReadEnd => "closed by the manager",
+            Lost::ReadError => "read error",
+            Lost::WriteError => "write error",
+            Lost::Silence => "manager silent",
+        }
+    }
 }
 
 trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
@@ -215,6 +254,9 @@ pub async fn run(
                 fleet.online.fetch_add(1, Ordering::Relaxed);
                 let end = session(index, &cfg, &fleet, framed, &accepted, &mut drops).await;
                 fleet.online.fetch_sub(1, Ordering::Relaxed);
+                if let End::Lost(how) = end {
+                    fleet.lost[how as usize].fetch_add(1, Ordering::Relaxed);
+                }
                 if end == End::Stop {
                     return;
                 }
@@ -315,23 +357,24 @@ async fn session(
                         }
                         for msg in out.drain(..) {
                             if framed.feed(msg).await.is_err() {
-                                return End::Lost;
+                                return End::Lost(Lost::WriteError);
                             }
                         }
                         if framed.flush().await.is_err() {
-                            return End::Lost;
+                            return End::Lost(Lost::WriteError);
                         }
                     }
                     Some(Ok(ToAgent::Heartbeat | ToAgent::Notice(_))) => {}
-                    Some(Err(_)) | None => return End::Lost,
+                    Some(Err(_)) => return End::Lost(Lost::ReadError),
+                    None => return End::Lost(Lost::ReadEnd),
                 }
             }
             _ = beat.tick() => {
                 if beats.silence.is_some_and(|s| last_heard.elapsed() > s) {
-                    return End::Lost;
+                    return End::Lost(Lost::Silence);
                 }
                 if beats.send_every.is_some() && framed.send(ToManager::Heartbeat).await.is_err() {
-                    return End::Lost;
+                    return End::Lost(Lost::WriteError);
                 }
             }
             _ = tick(&mut events) => {
@@ -346,7 +389,7 @@ async fn session(
                     reason: Reason::Real,
                 });
                 if framed.send(msg).await.is_err() {
-                    return End::Lost;
+                    return End::Lost(Lost::WriteError);
                 }
                 fleet.events_sent.fetch_add(1, Ordering::Relaxed);
             }

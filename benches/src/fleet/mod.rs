@@ -453,16 +453,18 @@ pub async fn run(opts: &Options) -> Result<Row> {
 
     // 7. A monitor on `*`: the replay of every loaded unit at subscription.
     if opts.units > 0 {
+        let lost_before = rig.fleet.lost_counts();
         let heard = probe::replay(rig.bus.address(), Duration::from_secs(60)).await?;
         row.star_replay = Some((heard, (n * opts.units) as u64));
         eprintln!(
-            "fleet {n}: a monitor on * heard {heard} of the {} loaded units' states replayed{}",
+            "fleet {n}: a monitor on * heard {heard} of the {} loaded units' states replayed{}{}",
             n * opts.units,
             if heard < (n * opts.units) as u64 {
                 " (the manager dropped it: its queue overflowed)"
             } else {
                 ""
-            }
+            },
+            links_lost(lost_before, rig.fleet.lost_counts()),
         );
     }
 
@@ -540,4 +542,19 @@ pub async fn run(opts: &Options) -> Result<Row> {
     }
     rig.stop().await;
     Ok(row)
+}
+
+/// `"; links lost meanwhile: …"` naming how, or nothing when none was.
+fn links_lost(before: [u64; 4], after: [u64; 4]) -> String {
+    let parts: Vec<String> = agent::Lost::ALL
+        .iter()
+        .zip(before.iter().zip(after))
+        .filter(|(_, (b, a))| a > *b)
+        .map(|(how, (b, a))| format!("{} {}", a - b, how.describe()))
+        .collect();
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!("; links lost meanwhile: {}", parts.join(", "))
+    }
 }

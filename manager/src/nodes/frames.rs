@@ -36,7 +36,8 @@
 //!   with the next record; a peer that sends one and then nothing is dropped by the
 //!   heartbeat timer like any silent peer.
 //! * Without a socket to mark (TLS other than 1.3 with a 16-byte tag, tests;
-//!   or the kernel refused a mark), every frame is read as it comes.
+//!   or the kernel refused a mark), every frame is read as it comes: the
+//!   mark stays one byte, and is never set.
 //! * Decoding is [`FrameCodec`]'s: frame cap, typed errors, a stream that
 //!   ends inside a frame is [`FrameError::Truncated`].
 
@@ -85,6 +86,8 @@ enum Layer {
     Plain,
     /// TLS 1.3 records with a 16-byte tag; where the ciphertext read ends.
     Tls(Boundary),
+    /// TLS whose record sizes are not known: never marked.
+    Unmarked,
 }
 
 impl MarkSocket {
@@ -105,6 +108,21 @@ impl MarkSocket {
             fd,
             layer: Layer::Tls(boundary),
         }
+    }
+
+    /// The socket under a TLS link whose record sizes are not known: the
+    /// reader reads every record as it comes. It must stay open as long as
+    /// the reader reads.
+    pub fn unmarked(fd: RawFd) -> Self {
+        Self {
+            fd,
+            layer: Layer::Unmarked,
+        }
+    }
+
+    /// The socket's descriptor.
+    pub fn fd(&self) -> RawFd {
+        self.fd
     }
 
     /// The mark the socket gets now: `between` is whether the reader stands

@@ -320,9 +320,20 @@ async fn serve(core: Arc<Core>, stream: tokio::net::TcpStream, peer: SocketAddr,
     };
     // Record sizes are exact on TLS 1.3 with a 16-byte tag (all drover
     // negotiates); on anything else the reader reads every record as it comes.
-    let socket = drover_tls::records::sizes_known(&tls).then(|| MarkSocket::tls(fd, boundary));
-    core.serve_connection(tls, socket, peer, Some(identity), deadline, Some(ticket))
-        .await;
+    let socket = if drover_tls::records::sizes_known(&tls) {
+        MarkSocket::tls(fd, boundary)
+    } else {
+        MarkSocket::unmarked(fd)
+    };
+    core.serve_connection(
+        tls,
+        Some(socket),
+        peer,
+        Some(identity),
+        deadline,
+        Some(ticket),
+    )
+    .await;
 }
 
 fn is_resource_exhaustion(e: &io::Error) -> bool {

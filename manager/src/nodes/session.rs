@@ -40,6 +40,7 @@
 //!   once per wake-up).
 
 use crate::error::ApiError;
+use crate::nodes::arrival::Arrivals;
 use crate::nodes::frames::{Frames, MarkSocket};
 use drover_bus::timestamp;
 use drover_protocol::FrameCodec;
@@ -107,6 +108,8 @@ pub struct Session {
     next_request: AtomicU64,
     last_seen_mono_us: AtomicU64,
     last_seen_real_us: AtomicU64,
+    /// The kernel's word on when data last came in, for the silence check.
+    arrivals: Arrivals,
     /// When the writer last put a frame on the wire (monotonic µs).
     last_written_mono_us: AtomicU64,
     ended: AtomicBool,
@@ -176,6 +179,7 @@ impl Session {
             next_request: AtomicU64::new(1),
             last_seen_mono_us: AtomicU64::new(timestamp::monotonic_us()),
             last_seen_real_us: AtomicU64::new(timestamp::realtime_us()),
+            arrivals: Arrivals::default(),
             last_written_mono_us: AtomicU64::new(0),
             ended: AtomicBool::new(false),
             stop: EndSignal::default(),
@@ -216,11 +220,31 @@ impl Session {
             .store(timestamp::realtime_us(), Ordering::Relaxed);
     }
 
-    /// True when nothing arrived for longer than `threshold_ms` (0 = never).
+    /// True when nothing arrived for longer than `threshold_ms` (0 = never):
+    /// no frame read, and no data in the socket's receive queue newer than
+    /// that ([`crate::nodes::arrival`]: the readers may be behind). Data the
+    /// kernel saw counts as a frame read at that time.
     pub fn is_silent(&self, now_mono_us: u64, threshold_ms: u64) -> bool {
-        threshold_ms > 0
-            && now_mono_us.saturating_sub(self.last_seen_mono_us())
-                > threshold_ms.saturating_mul(1000)
+        let limit_us = threshold_ms.saturating_mul(1000);
+        if threshold_ms == 0 || now_mono_us.saturating_sub(self.last_seen_mono_us()) <= limit_us {
+            return false;
+        }
+        let Some(age_ms) = self.arrivals.since_last_data_ms() else {
+            return true;
+        };
+        let age_us = u64::from(age_ms).saturating_mul(1000);
+        if age_us > limit_us {
+            return true;
+        }
+        self.last_seen_mono_us.fetch_max(
+            timestamp::monotonic_us().saturating_sub(age_us),
+            Ordering::Relaxed,
+        );
+        self.last_seen_real_us.fetch_max(
+            timestamp::realtime_us().saturating_sub(age_us),
+            Ordering::Relaxed,
+        );
+        false
     }
 
     pub fn is_ended(&self) -> bool {
@@ -477,8 +501,10 @@ pub const SESSION_BUFFER: usize = 512;
 /// Starts the reader and writer tasks of an accepted session. When either
 /// ends (EOF, error, undecodable frame, a write blocked past
 /// `write_deadline`), the session ends and `owner` runs the disconnect rules.
-/// `socket` is the TCP socket under `framed` when the reader may mark it:
-/// the reader then reads every other heartbeat ([`crate::nodes::frames`]).
+/// `socket` is the TCP socket under `framed` (`None` for other streams, in
+/// tests): the reader may mark it and then reads every other heartbeat
+/// ([`crate::nodes::frames`]), and the silence check asks the kernel about
+/// it ([`crate::nodes::arrival`]).
 pub fn spawn_io<IO>(
     owner: Arc<dyn SessionOwner>,
     session: Arc<Session>,
@@ -493,6 +519,9 @@ pub fn spawn_io<IO>(
     let (read, write) = tokio::io::split(parts.io);
     // Whatever was read past the handshake belongs to the session. The
     // reader's half keeps the socket open as long as the reader lives.
+    if let Some(socket) = &socket {
+        session.arrivals.watch(socket.fd());
+    }
     let stream = Frames::new(read, &parts.read_buf, SESSION_BUFFER, socket);
     let mut sink = FramedWrite::with_capacity(
         write,
@@ -588,6 +617,9 @@ where
             }
         }
     };
+    // The socket may close once the reader lets go of it.
+    session.arrivals.forget();
+    drop(stream);
     owner.on_end(&session, &why).await;
 }
 
@@ -807,6 +839,92 @@ mod tests {
         assert_eq!(*owner.0.lock().unwrap(), ["session ended"]);
         // Already set: a new wait resolves at once.
         s.stop.wait(&s.stop.reader).await;
+    }
+
+    /// A loopback pair: the manager's end (which the tests never read) and the
+    /// agent's.
+    fn tcp_pair() -> (std::net::TcpStream, std::net::TcpStream) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let agent = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        (listener.accept().unwrap().0, agent)
+    }
+
+    /// A reader that fell behind does not make its node silent: a heartbeat
+    /// waiting unread in the socket counts, and dates the session.
+    #[test]
+    fn an_unread_heartbeat_keeps_the_session_alive() {
+        use std::io::Write;
+        use std::os::fd::AsRawFd;
+        let (s, _rx) = session();
+        let (manager, mut agent) = tcp_pair();
+        s.arrivals.watch(manager.as_raw_fd());
+        let now = timestamp::monotonic_us();
+        s.last_seen_mono_us
+            .store(now - 10_000_000, Ordering::Relaxed);
+        agent.write_all(&frame_of(&ToManager::Heartbeat)).unwrap();
+        assert!(!s.is_silent(now, 6000), "the heartbeat waits in the socket");
+        assert!(
+            s.last_seen_mono_us() + 1_000_000 >= now,
+            "dated by the kernel"
+        );
+        // Once the reader let go of the socket, only frames read count.
+        s.arrivals.forget();
+        s.last_seen_mono_us
+            .store(now - 10_000_000, Ordering::Relaxed);
+        assert!(s.is_silent(now, 6000));
+    }
+
+    /// Data older than the threshold does not keep a session alive: a frozen
+    /// agent whose kernel still holds the connection is silent.
+    #[test]
+    fn a_socket_quiet_past_the_threshold_is_silent() {
+        use std::os::fd::AsRawFd;
+        let (s, _rx) = session();
+        let (manager, _agent) = tcp_pair();
+        s.arrivals.watch(manager.as_raw_fd());
+        // The connection came in at accept; let 300 ms pass without data.
+        std::thread::sleep(Duration::from_millis(300));
+        let now = timestamp::monotonic_us();
+        s.last_seen_mono_us
+            .store(now - 10_000_000, Ordering::Relaxed);
+        assert!(s.is_silent(now, 200));
+        assert!(
+            !s.is_silent(now, 6000),
+            "within the threshold of the kernel's last data"
+        );
+    }
+
+    /// The reader forgets its socket when it ends, before it closes it.
+    #[tokio::test]
+    async fn the_reader_forgets_its_socket_at_the_end() {
+        use std::os::fd::AsRawFd;
+        let (s, _rx) = session();
+        let owner = Arc::new(Ends::default());
+        let (manager, agent) = tcp_pair();
+        s.arrivals.watch(manager.as_raw_fd());
+        assert!(s.arrivals.since_last_data_ms().is_some());
+        manager.set_nonblocking(true).unwrap();
+        let io = tokio::net::TcpStream::from_std(manager).unwrap();
+        let frames = Frames::new(io, &[], 64, None);
+        drop(agent);
+        read_loop(owner.clone(), s.clone(), frames).await;
+        assert_eq!(
+            *owner.0.lock().unwrap(),
+            ["the agent closed the connection"]
+        );
+        // Its descriptor is closed now and may be reused: never asked again.
+        assert!(!s.arrivals.is_watching());
+    }
+
+    fn frame_of(msg: &ToManager) -> Vec<u8> {
+        let mut buf = bytes::BytesMut::new();
+        tokio_util::codec::Encoder::encode(
+            &mut drover_protocol::FrameCodec::<ToAgent, ToManager>::default(),
+            msg.clone(),
+            &mut buf,
+        )
+        .unwrap();
+        buf.to_vec()
     }
 
     #[test]
