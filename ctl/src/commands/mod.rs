@@ -1,5 +1,5 @@
 //! One file per command. Each file defines a clap `Args` struct and implements
-//! [`Run`] for it; the [`commands!`] list below turns them into the [`Command`]
+//! [`Run`] for it; the `commands!` list below turns them into the [`Command`]
 //! enum and its dispatch. Adding a command = one new file + one line in that list.
 //!
 //! This file only declares and dispatches: what the commands share ([`Run`],
