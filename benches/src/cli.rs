@@ -54,8 +54,8 @@ pub fn main() -> ExitCode {
         }
     };
     let result = match args {
-        Some(args) => runtime.block_on(bench(args)),
-        None => runtime.block_on(crate::fleet::cli::main(argv[1..].to_vec())),
+        Some(args) => runtime.block_on(until_signalled(bench(args))),
+        None => runtime.block_on(until_signalled(crate::fleet::cli::main(argv[1..].to_vec()))),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -63,6 +63,20 @@ pub fn main() -> ExitCode {
             eprintln!("Error: {e:?}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Runs `work` until it ends or SIGINT or SIGTERM comes. On a signal the work
+/// is dropped, so its daemons, sandboxes and temporary directories are torn
+/// down by their `Drop`, as on any failure, and the run fails saying why.
+async fn until_signalled(work: impl Future<Output = Result<()>>) -> Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        result = work => result,
+        _ = term.recv() => anyhow::bail!("stopped by SIGTERM; everything it started is torn down"),
+        _ = int.recv() => anyhow::bail!("stopped by SIGINT; everything it started is torn down"),
     }
 }
 

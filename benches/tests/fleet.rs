@@ -91,3 +91,84 @@ async fn a_small_fleet_comes_online_in_every_phase_and_is_measured() {
         "the node certificates come from drover_tls::pki"
     );
 }
+
+/// Stopped mid-run (SIGTERM, as `timeout` or systemd stops it), `drover-bench`
+/// tears down what it started, as on any failure: no temporary directory of
+/// its own left, no process still naming one, and a run that fails saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_stopped_by_sigterm_leaves_nothing_behind() {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let csv = std::env::temp_dir().join(format!("drover-fleet-sig-{}.csv", std::process::id()));
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_drover-bench"))
+        .args([
+            "fleet",
+            "--nodes",
+            "20",
+            "--transport",
+            "plain",
+            "--units",
+            "0",
+        ])
+        .args([
+            "--event-rate",
+            "0",
+            "--idle-seconds",
+            "600",
+            "--start-samples",
+            "0",
+        ])
+        .args(["--no-disruptions", "--proxy-grace-ms", "1000", "--csv"])
+        .arg(&csv)
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let pid = child.id().unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut seen = String::new();
+    // The 600 s idle window starts after the sweep: the run is mid-way then.
+    let swept = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            seen.push_str(&line);
+            seen.push('\n');
+            if line.contains("every node swept") {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(swept, Ok(true), "{seen}");
+    let prefix = format!("drover-bench-fleet-{pid}-");
+    let ours = || -> Vec<String> {
+        std::fs::read_dir(std::env::temp_dir())
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with(&prefix))
+            .collect()
+    };
+    assert_eq!(ours().len(), 1, "the run's own bus directory");
+    // SAFETY: `kill` sends a signal to the child this test spawned and still holds.
+    #[allow(unsafe_code)]
+    let sent = unsafe { libc::kill(libc::pid_t::try_from(pid).unwrap(), libc::SIGTERM) };
+    assert_eq!(sent, 0);
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("drover-bench did not stop on SIGTERM")
+        .unwrap();
+    while let Some(line) = lines.next_line().await.unwrap() {
+        seen.push_str(&line);
+        seen.push('\n');
+    }
+    assert_eq!(status.code(), Some(1), "{seen}");
+    assert!(seen.contains("stopped by SIGTERM"), "{seen}");
+    assert_eq!(ours(), Vec::<String>::new(), "left behind");
+    let named: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(&prefix))
+        .collect();
+    assert_eq!(named, Vec::<String>::new(), "processes of the run still up");
+    let _ = std::fs::remove_file(&csv);
+}
