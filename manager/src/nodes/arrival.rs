@@ -10,9 +10,17 @@
 //! received for more than 6000 ms") whose heartbeats were there, unread
 //! (`docs/performance.md`). So before a session counts as silent, the kernel
 //! is asked how long ago data last arrived on its socket
-//! (`tcpi_last_data_recv`): what the agent sent, read yet or not, proves it
-//! alive as a frame read does. A frozen agent or a vanished host sends
-//! nothing, so they are still seen within the threshold.
+//! (`tcpi_last_data_recv`) while data waits unread in it: what the agent
+//! sent proves it alive as a frame read does. A frozen agent or a vanished
+//! host sends nothing, so they are still seen within the threshold.
+//!
+//! Only unread data counts. The receive queue is read in order, so while
+//! anything waits in it, the newest data to arrive is among what waits:
+//! frames the reader has not reached. Once the reader has taken everything,
+//! the frames read tell all there is, and the kernel adds nothing: a peer
+//! that sends a frame a byte at a time, read as it comes, is judged by its
+//! whole frames as before, and dropped when none comes within the
+//! threshold (the mark lets at most one heartbeat's worth of bytes wait).
 //!
 //! Invariants:
 //! * The descriptor is used only while the session's reader holds the socket
@@ -47,11 +55,15 @@ impl Arrivals {
         *self.lock() = None;
     }
 
-    /// Milliseconds since data last arrived on the socket; `None` without a
-    /// socket or an answer.
-    pub fn since_last_data_ms(&self) -> Option<u32> {
-        let fd = self.lock();
-        fd.and_then(last_data_recv_ms)
+    /// Milliseconds since the newest data still waiting unread in the socket
+    /// arrived; `None` when nothing waits, without a socket, or without an
+    /// answer.
+    pub fn unread_since_ms(&self) -> Option<u32> {
+        let fd = (*self.lock())?;
+        if unread_bytes(fd)? == 0 {
+            return None;
+        }
+        last_data_recv_ms(fd)
     }
 
     /// Whether a socket is watched now.
@@ -63,6 +75,20 @@ impl Arrivals {
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<RawFd>> {
         // A panic while holding the lock cannot leave the Option half-written.
         self.fd.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Bytes waiting in the receive queue of socket `fd` (`FIONREAD`).
+pub fn unread_bytes(fd: RawFd) -> Option<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: `n` is a c_int the call writes the count into; a descriptor
+    // that is not a socket only makes the call fail.
+    #[allow(unsafe_code)]
+    let rc = unsafe { libc::ioctl(fd, libc::FIONREAD, &raw mut n) };
+    if rc == 0 {
+        usize::try_from(n).ok()
+    } else {
+        None
     }
 }
 
@@ -105,20 +131,25 @@ mod tests {
     }
 
     #[test]
-    fn unread_data_is_seen_by_the_kernel() {
-        let (manager, mut agent) = pair();
+    fn unread_data_is_seen_by_the_kernel_and_read_data_is_not() {
+        use std::io::Read;
+        let (mut manager, mut agent) = pair();
         let arrivals = Arrivals::default();
-        assert_eq!(arrivals.since_last_data_ms(), None, "no socket yet");
+        assert_eq!(arrivals.unread_since_ms(), None, "no socket yet");
         arrivals.watch(manager.as_raw_fd());
+        assert_eq!(arrivals.unread_since_ms(), None, "nothing waits");
         std::thread::sleep(std::time::Duration::from_millis(300));
-        let before = arrivals.since_last_data_ms().unwrap();
-        assert!(before >= 250, "nothing sent yet: {before} ms");
         agent.write_all(&[0, 0, 0, 1, 0]).unwrap();
-        // Loopback delivers within the write; nothing reads `manager`.
-        let after = arrivals.since_last_data_ms().unwrap();
-        assert!(after < 200, "{after} ms after a write");
+        // Loopback delivers within the write; nothing has read `manager`.
+        let age = arrivals.unread_since_ms().unwrap();
+        assert!(age < 200, "{age} ms after a write");
+        // Read: the frames read tell it all, the kernel adds nothing.
+        manager.read_exact(&mut [0; 5]).unwrap();
+        assert_eq!(arrivals.unread_since_ms(), None, "all read");
+        agent.write_all(&[0]).unwrap();
+        assert!(arrivals.unread_since_ms().is_some(), "one byte waits");
         arrivals.forget();
-        assert_eq!(arrivals.since_last_data_ms(), None, "forgotten");
+        assert_eq!(arrivals.unread_since_ms(), None, "forgotten");
     }
 
     #[test]
@@ -126,8 +157,8 @@ mod tests {
         let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
         let arrivals = Arrivals::default();
         arrivals.watch(a.as_raw_fd());
-        assert_eq!(arrivals.since_last_data_ms(), None);
+        assert_eq!(arrivals.unread_since_ms(), None);
         arrivals.watch(-1);
-        assert_eq!(arrivals.since_last_data_ms(), None);
+        assert_eq!(arrivals.unread_since_ms(), None);
     }
 }

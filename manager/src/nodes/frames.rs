@@ -335,12 +335,7 @@ mod tests {
 
     /// Bytes in the socket's receive queue (`FIONREAD`).
     pub(super) fn queued(socket: &std::net::TcpStream) -> usize {
-        let mut n: libc::c_int = 0;
-        #[allow(unsafe_code)]
-        // SAFETY: an open socket and a c_int for the count.
-        let rc = unsafe { libc::ioctl(socket.as_raw_fd(), libc::FIONREAD, &raw mut n) };
-        assert_eq!(rc, 0);
-        usize::try_from(n).unwrap()
+        crate::nodes::arrival::unread_bytes(socket.as_raw_fd()).expect("FIONREAD")
     }
 
     /// Whether the kernel reports the socket readable now (`poll`, no wait).

@@ -221,15 +221,15 @@ impl Session {
     }
 
     /// True when nothing arrived for longer than `threshold_ms` (0 = never):
-    /// no frame read, and no data in the socket's receive queue newer than
-    /// that ([`crate::nodes::arrival`]: the readers may be behind). Data the
-    /// kernel saw counts as a frame read at that time.
+    /// no frame read, and no data waiting unread in the socket newer than
+    /// that ([`crate::nodes::arrival`]: the readers may be behind). Unread data
+    /// counts as a frame read when it arrived.
     pub fn is_silent(&self, now_mono_us: u64, threshold_ms: u64) -> bool {
         let limit_us = threshold_ms.saturating_mul(1000);
         if threshold_ms == 0 || now_mono_us.saturating_sub(self.last_seen_mono_us()) <= limit_us {
             return false;
         }
-        let Some(age_ms) = self.arrivals.since_last_data_ms() else {
+        let Some(age_ms) = self.arrivals.unread_since_ms() else {
             return true;
         };
         let age_us = u64::from(age_ms).saturating_mul(1000);
@@ -875,14 +875,16 @@ mod tests {
     }
 
     /// Data older than the threshold does not keep a session alive: a frozen
-    /// agent whose kernel still holds the connection is silent.
+    /// agent whose last bytes wait unread is silent once they are old.
     #[test]
     fn a_socket_quiet_past_the_threshold_is_silent() {
+        use std::io::Write;
         use std::os::fd::AsRawFd;
         let (s, _rx) = session();
-        let (manager, _agent) = tcp_pair();
+        let (manager, mut agent) = tcp_pair();
         s.arrivals.watch(manager.as_raw_fd());
-        // The connection came in at accept; let 300 ms pass without data.
+        agent.write_all(&frame_of(&ToManager::Heartbeat)).unwrap();
+        // Let 300 ms pass with the heartbeat unread and nothing after it.
         std::thread::sleep(Duration::from_millis(300));
         let now = timestamp::monotonic_us();
         s.last_seen_mono_us
@@ -890,8 +892,26 @@ mod tests {
         assert!(s.is_silent(now, 200));
         assert!(
             !s.is_silent(now, 6000),
-            "within the threshold of the kernel's last data"
+            "within the threshold of the unread heartbeat"
         );
+    }
+
+    /// A peer that dribbles a frame a byte at a time, read as it comes,
+    /// completes no frame and keeps nothing waiting: the kernel's arrival
+    /// time does not keep it alive, so it is dropped as before.
+    #[test]
+    fn bytes_already_read_keep_no_session_alive() {
+        use std::io::{Read, Write};
+        use std::os::fd::AsRawFd;
+        let (s, _rx) = session();
+        let (mut manager, mut agent) = tcp_pair();
+        s.arrivals.watch(manager.as_raw_fd());
+        let now = timestamp::monotonic_us();
+        s.last_seen_mono_us
+            .store(now - 10_000_000, Ordering::Relaxed);
+        agent.write_all(&[0]).unwrap();
+        manager.read_exact(&mut [0]).unwrap();
+        assert!(s.is_silent(now, 6000), "the byte was read: nothing waits");
     }
 
     /// The reader forgets its socket when it ends, before it closes it.
@@ -902,7 +922,7 @@ mod tests {
         let owner = Arc::new(Ends::default());
         let (manager, agent) = tcp_pair();
         s.arrivals.watch(manager.as_raw_fd());
-        assert!(s.arrivals.since_last_data_ms().is_some());
+        assert!(s.arrivals.is_watching());
         manager.set_nonblocking(true).unwrap();
         let io = tokio::net::TcpStream::from_std(manager).unwrap();
         let frames = Frames::new(io, &[], 64, None);
