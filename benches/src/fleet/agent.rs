@@ -95,7 +95,7 @@ pub struct Fleet {
     /// Hellos the manager refused (`Welcome::Refused`).
     pub refused: AtomicU64,
     /// Sessions that ended on a failed link, by [`Lost`] (index `Lost as usize`).
-    pub lost: [AtomicU64; 4],
+    pub lost: [AtomicU64; Lost::ALL.len()],
     /// Unit events sent.
     pub events_sent: AtomicU64,
     /// `ListUnits` requests answered (the manager sends each node one, its
@@ -143,7 +143,7 @@ impl Fleet {
     }
 
     /// Sessions ended on a failed link so far, by [`Lost`].
-    pub fn lost_counts(&self) -> [u64; 4] {
+    pub fn lost_counts(&self) -> [u64; Lost::ALL.len()] {
         Lost::ALL.map(|how| self.lost[how as usize].load(Ordering::Relaxed))
     }
 

@@ -545,7 +545,10 @@ pub async fn run(opts: &Options) -> Result<Row> {
 }
 
 /// `"; links lost meanwhile: …"` naming how, or nothing when none was.
-fn links_lost(before: [u64; 4], after: [u64; 4]) -> String {
+fn links_lost(
+    before: [u64; agent::Lost::ALL.len()],
+    after: [u64; agent::Lost::ALL.len()],
+) -> String {
     let parts: Vec<String> = agent::Lost::ALL
         .iter()
         .zip(before.iter().zip(after))
