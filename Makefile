@@ -19,7 +19,7 @@ DESTDIR ?=
 PREFIX ?= /usr
 DBUS_POLICY_DIR ?= /usr/share/dbus-1/system.d
 
-.PHONY: all build build-all demo test check fmt clippy pure units deny deny-advisories bench pydeps \
+.PHONY: all build build-all demo test check fmt clippy doc pure units deny deny-advisories bench pydeps \
 	dist-build install install-bluechi-compat man completions deb deb-check fresh-check
 
 all: build
@@ -55,7 +55,7 @@ pydeps: target/pylib/bluechi/api.py
 target/pylib/bluechi/api.py:
 	/usr/bin/python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --no-deps --target target/pylib bluechi==$(BLUECHI_PY_VERSION)
 
-check: fmt clippy pure units deny
+check: fmt clippy doc pure units deny
 
 fmt:
 	$(CARGO) fmt --all -- --check
@@ -66,6 +66,11 @@ fmt:
 clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy --workspace --exclude drover-testkit --lib --bins -- -D warnings -D clippy::unwrap_used
+
+# The API docs build without a broken or private link: they state the
+# invariants, and a link that no longer resolves is a doc gone stale.
+doc:
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --quiet
 
 # The shared contracts build without their I/O parts: drover-protocol without
 # tokio (feature `io` off), drover-bus without zbus (feature `zbus` off), as

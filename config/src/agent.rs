@@ -23,7 +23,7 @@
 //! node flap (`agent::link::heartbeat`).
 //!
 //! BlueChi's section `[bluechi-agent]` takes the same keys
-//! ([`crate::sections`]). The one BlueChi value drover cannot serve,
+//! (`crate::sections`). The one BlueChi value drover cannot serve,
 //! `ControllerAddress=unix:path=…` (drover agents dial TCP only), is an error
 //! in `[drover-agent]` and, in `[bluechi-agent]`, a warning naming the file,
 //! line and key: the key is ignored and `ControllerHost`/`ControllerPort`

@@ -38,7 +38,7 @@
 //!   says for the CA's nodes) but warned about without TLS, where it admits
 //!   any peer that reaches the port under any name;
 //! * `[bluechi-controller]` takes the same keys as `[drover-manager]`
-//!   ([`crate::sections`]); BlueChi's files are read under drover's
+//!   (`crate::sections`); BlueChi's files are read under drover's
 //!   ([`crate::layers`]);
 //! * `UseUDS=false` is accepted for BlueChi configs; `UseUDS=true` is a
 //!   warning in `[bluechi-controller]` (it is BlueChi's default, so a BlueChi

@@ -108,7 +108,7 @@ impl Context {
     /// ([`Client::each_node`] with `one`): `rows` makes a node's rows, which
     /// are printed as they come (a table of `headers` and `cells`, or JSON);
     /// the nodes that could not be listed go to stderr and fail the command
-    /// ([`Context::left_out`], `what` names what was listed).
+    /// (`Context::left_out`, `what` names what was listed).
     pub async fn stream_nodes<T, R: Serialize>(
         &mut self,
         client: &Client,

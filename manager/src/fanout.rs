@@ -11,7 +11,7 @@
 //! * A node that fails or misses the deadline is left out and logged (one
 //!   broken node should not blind an operator to the rest of the fleet).
 //! * The answer is one D-Bus message, which nothing splits. Its encoded
-//!   body is counted exactly as node answers arrive ([`BodySize`]); once it
+//!   body is counted exactly as node answers arrive (`BodySize`); once it
 //!   is certain to pass the limit, gathering stops — requests in flight are
 //!   dropped, no node is asked any more, what was held is freed — and the
 //!   call fails with `LimitsExceeded`, naming the size reached, the limit

@@ -36,7 +36,7 @@ pub struct Spawn<'a> {
     pub program: &'a Path,
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
-    /// Start from an empty environment instead of the caller's (minus [`SCRUBBED_ENV`]).
+    /// Start from an empty environment instead of the caller's (minus `SCRUBBED_ENV`).
     pub clear_env: bool,
     pub log: PathBuf,
     pub cgroup: &'a CgroupJoin,

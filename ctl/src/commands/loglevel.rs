@@ -15,8 +15,12 @@ use crate::parse::{parse_log_level, parse_node};
 
 #[derive(Debug, clap::Args)]
 pub struct SetLoglevel {
-    /// [NODE] LEVEL: without NODE the manager's level is set
-    #[arg(value_name = "NODE|LEVEL", required = true)]
+    /// `[NODE] LEVEL`: without NODE the manager's level is set.
+    #[arg(
+        value_name = "NODE|LEVEL",
+        required = true,
+        help = "[NODE] LEVEL: without NODE the manager's level is set"
+    )]
     pub first: String,
 
     /// LEVEL when NODE is given: DEBUG, INFO, WARN or ERROR

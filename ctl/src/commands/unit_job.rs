@@ -5,7 +5,7 @@
 //! `Controller.JobRemoved` (and to owner changes of `org.eclipse.bluechi`) *before*
 //! calling `Node.StartUnit` etc., because a fast job can end before the call returns;
 //! signals that arrive early are kept until we know our job path. The two `AddMatch`
-//! and the call go out in one write without waiting in between ([`Pipelined`]): the bus
+//! and the call go out in one write without waiting in between (`Pipelined`): the bus
 //! handles a connection's messages in order, so the order holds, and the command costs
 //! one wait for the bus plus the job (zbus proxy signal streams awaited three calls
 //! before the job call: `AddMatch`, `GetNameOwner`, `AddMatch`). A `JobRemoved` counts

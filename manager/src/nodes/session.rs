@@ -35,7 +35,7 @@
 //! * An idle session is cheap: on a plaintext link and on a TLS 1.3 link
 //!   the reader is woken for every other heartbeat only
 //!   ([`crate::nodes::frames`]), and the reader and the writer wait for the
-//!   end on an [`EndSignal`] (a flag and a waker slot each; a
+//!   end on an `EndSignal` (a flag and a waker slot each; a
 //!   `CancellationToken` locks a mutex on every poll, which the reader did
 //!   once per wake-up).
 

@@ -51,7 +51,7 @@
 //!   `UnitStateChanged` per loaded unit in unit-name order) never counts as
 //!   the sink being slow, however large the fleet: it is not copied into the
 //!   queue at once but made from the records by a cursor per node
-//!   ([`Replay`]), which fills at most half the queue and resumes when the
+//!   (`Replay`), which fills at most half the queue and resumes when the
 //!   owner has taken items and calls [`Subscriptions::refill`]. Only real
 //!   events (and the bounded replay of a unit watched by name) can fill the
 //!   other half, so a sink that does not read is still dropped. The replay
@@ -666,7 +666,7 @@ impl Subscriptions {
     }
 
     /// Resumes `sink`'s `*` replay as far as its queue has room (see
-    /// [`State::refill`]). Call it after taking items from the queue; a sink
+    /// `State::refill`). Call it after taking items from the queue; a sink
     /// that watches `*` and never calls it gets only the first part of the
     /// replay (half its queue).
     pub fn refill(&self, sink: SinkId) {
