@@ -39,6 +39,18 @@ async fn timestamp(c: &TestCluster, node: &str, unit: &str, prop: &str) -> u64 {
         .unwrap_or_else(|e| panic!("{prop} of {unit} on {node} is {raw:?}: {e}"))
 }
 
+/// A command that runs until [`release`] sends it SIGUSR1, then exits 0: a unit
+/// step held open for exactly as long as a test needs it.
+const HELD: &str = "/bin/sh -c 'trap \"exit 0\" USR1; sleep 600 & wait; exit 0'";
+
+/// Ends a [`HELD`] command of `unit` on node1 (`whom`: `all`, or `control` for
+/// an `ExecStop=`).
+async fn release(c: &TestCluster, unit: &str, whom: &str) {
+    let whom = format!("--kill-whom={whom}");
+    c.systemctl_ok("node1", &["kill", &whom, "--signal=SIGUSR1", unit])
+        .await;
+}
+
 /// Waits until `unit` on `node` is `want`; the error names the last state seen.
 async fn wait_state(c: &TestCluster, node: &str, unit: &str, want: &str) {
     if let Err(e) = c.try_wait_state(node, unit, want, T).await {
@@ -497,7 +509,8 @@ async fn jobs_other_than_start_on_an_idle_proxy_start_nothing_remote() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_waiting_for_its_turn_does_not_start_the_target_early() {
     let c = TestCluster::with_units(2, &[("node2", DB, SLEEPER)]).await;
-    let gate = format!("[Unit]\nBefore={PROXY}\n[Service]\nType=oneshot\nExecStart=/bin/sleep 3\n");
+    // The gate runs until the test releases it: the window below cannot close early.
+    let gate = format!("[Unit]\nBefore={PROXY}\n[Service]\nType=oneshot\nExecStart={HELD}\n");
     c.install("node1", "gate.service", &gate).await;
     let need = format!(
         "[Unit]\nWants=gate.service {PROXY}\nAfter={PROXY}\n[Service]\nExecStart=/bin/sleep 600\n"
@@ -511,6 +524,7 @@ async fn a_proxy_waiting_for_its_turn_does_not_start_the_target_early() {
         .await;
     assert_eq!(c.state("node1", PROXY).await, "inactive");
     assert_eq!(live(&c).await, vec![]);
+    release(&c, "gate.service", "all").await;
     wait_state(&c, "node1", NEED_DB, "active").await;
     assert_eq!(c.state("node2", DB).await, "active");
     let gate_done = timestamp(
@@ -535,9 +549,8 @@ async fn a_proxy_waiting_for_its_turn_does_not_start_the_target_early() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_start_waits_for_the_stop_of_a_unit_ordered_after_it() {
     let c = TestCluster::with_units(2, &[("node2", DB, SLEEPER)]).await;
-    let later = format!(
-        "[Unit]\nAfter={PROXY}\n[Service]\nExecStart=/bin/sleep 600\nExecStop=/bin/sleep 2\n"
-    );
+    let later =
+        format!("[Unit]\nAfter={PROXY}\n[Service]\nExecStart=/bin/sleep 600\nExecStop={HELD}\n");
     c.install("node1", "later.service", &later).await;
     start_ok(&c, "node1", "later.service").await;
     c.systemctl_ok("node1", &["stop", "--no-block", "later.service"])
@@ -551,6 +564,7 @@ async fn a_proxy_start_waits_for_the_stop_of_a_unit_ordered_after_it() {
     c.stays("node2", DB, "inactive", Duration::from_millis(1200))
         .await;
     assert_eq!(live(&c).await, vec![]);
+    release(&c, "later.service", "control").await;
     wait_state(&c, "node1", NEED_DB, "active").await;
     assert_eq!(c.state("node1", PROXY).await, "active");
     assert_eq!(c.state("node2", DB).await, "active");
@@ -585,10 +599,9 @@ async fn other_unit_types_are_targets_too() {
     start_ok(&c, "node1", NEED_DB).await;
     wait_state(&c, "node1", proxy, "active").await;
     assert_eq!(c.state("node2", "data.target").await, "active");
-    assert_eq!(
-        c.state("node2", "drover-dep@data.target.service").await,
-        "active"
-    );
+    // StartDep answers once the target is active; the dep's own job may still
+    // wait in systemd's queue.
+    wait_state(&c, "node2", "drover-dep@data.target.service", "active").await;
     wait_live(&c, vec![row("node1", "node2", "data.target", "active", 1)]).await;
     stop_ok(&c, "node1", NEED_DB).await;
     wait_state(&c, "node2", "drover-dep@data.target.service", "inactive").await;
@@ -605,11 +618,7 @@ async fn other_unit_types_are_targets_too() {
     start_ok(&c, "node1", "need-worker.service").await;
     assert_eq!(c.state("node1", proxy).await, "active");
     assert_eq!(c.state("node2", "worker@1.service").await, "active");
-    assert_eq!(
-        c.state("node2", "drover-dep@worker@1.service.service")
-            .await,
-        "active"
-    );
+    wait_state(&c, "node2", "drover-dep@worker@1.service.service", "active").await;
     c.down().await;
 }
 
@@ -782,7 +791,7 @@ async fn pending_proxy_waits_for_an_offline_target_node() {
     wait_state(&c, "node1", PROXY, "active").await;
     wait_state(&c, "node1", NEED_DB, "active").await;
     assert_eq!(c.state("node2", DB).await, "active");
-    assert_eq!(c.state("node2", DEP).await, "active");
+    wait_state(&c, "node2", DEP, "active").await;
     c.down().await;
 }
 
