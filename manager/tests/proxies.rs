@@ -252,16 +252,19 @@ async fn failing_start_dep_reaches_the_requester_with_the_agents_message() {
 
 #[tokio::test]
 async fn requester_disconnects_within_and_past_the_grace_period() {
-    let (f, b, a) = a_and_b(600, reply_empty()).await;
+    let (f, b, a) = a_and_b(1_500, reply_empty()).await;
     db_wanted(&a, &b).await;
 
-    // Away and back within the grace period, with a new proxy id: nothing
-    // happens on b.
+    // Away (the manager has seen it go: the grace period runs) and back within
+    // the grace period, with a new proxy id: nothing happens on b, also once
+    // the grace period would have ended.
+    let a_path = drover_bus::bluechi::node_path("a");
+    let mut a_status = f.signals(&a_path, PROPERTIES_IFACE).await;
     drop(a);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    wait_changed(&mut a_status, "Status", "offline").await;
     let a = f.agent("a", reply_empty()).await;
     proxy_new(&a, "b", "db.service", 100).await;
-    tokio::time::sleep(Duration::from_millis(900)).await;
+    tokio::time::sleep(Duration::from_millis(1_800)).await;
     assert_eq!(b.count(&start_dep("db.service")), 1);
     assert_eq!(b.count(&stop_dep("db.service")), 0);
     assert_eq!(list(&f).await.len(), 1);
