@@ -514,6 +514,21 @@ async fn unit_events_until(
 }
 
 /// One line per event, without the marshalled properties.
+/// The events sent before the empty, successful reply to request `id`.
+async fn events_until_reply(rx: &mut mpsc::Receiver<ToManager>, id: u64) -> Vec<Event> {
+    let mut events = Vec::new();
+    loop {
+        match next(rx).await {
+            ToManager::Reply { id: got, result } if got == id => {
+                assert_eq!(result, Ok(Response::Empty));
+                return events;
+            }
+            ToManager::Event(e) => events.push(e),
+            _ => {}
+        }
+    }
+}
+
 fn summary(e: &Event) -> String {
     match e {
         Event::UnitNew { unit, reason, .. } => format!("new {unit} {}", reason.as_str()),
@@ -665,17 +680,7 @@ async fn subscription_follows_a_unit_through_start_stop_and_removal() {
     // start that systemd sent late (the Service interface's MainPID and
     // timestamps follow the state) may go out between the two, as a real
     // event tagged after the replay.
-    let mut late = Vec::new();
-    loop {
-        match next(&mut rx2).await {
-            ToManager::Reply { id: 1, result } => {
-                assert_eq!(result, Ok(Response::Empty));
-                break;
-            }
-            ToManager::Event(e) => late.push(e),
-            other => panic!("unexpected before the reply: {other:?}"),
-        }
-    }
+    let late = events_until_reply(&mut rx2, 1).await;
     for (e, index) in late.iter().zip(3..) {
         assert_eq!(
             unit_event(e),
@@ -693,17 +698,7 @@ async fn subscription_follows_a_unit_through_start_stop_and_removal() {
     // A daemon-reload unloads and re-creates every unit: no news for the
     // manager (the next event for w.service is its stop, not a removal).
     s.d.handle(2, 6, Request::Reload).await;
-    let mut around_reload = Vec::new();
-    loop {
-        match next(&mut rx2).await {
-            ToManager::Reply { id: 6, result } => {
-                assert_eq!(result, Ok(Response::Empty));
-                break;
-            }
-            ToManager::Event(e) => around_reload.push(e),
-            _ => {}
-        }
-    }
+    let around_reload = events_until_reply(&mut rx2, 6).await;
 
     // Stop: down to inactive/dead.
     s.d.handle(
