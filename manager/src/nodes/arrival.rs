@@ -117,23 +117,26 @@ fn last_data_recv_ms(fd: RawFd) -> Option<u32> {
     (rc == 0 && usize::try_from(len).is_ok_and(|l| l >= needed)).then_some(info.tcpi_last_data_recv)
 }
 
+/// A loopback TCP pair for tests of what the kernel says about a socket:
+/// the manager's end (which the tests read only by hand) and the agent's.
+#[cfg(test)]
+pub(crate) fn tcp_pair() -> (std::net::TcpStream, std::net::TcpStream) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let agent = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (manager, _) = listener.accept().unwrap();
+    (manager, agent)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::io::Write;
     use std::os::fd::AsRawFd;
 
-    fn pair() -> (std::net::TcpStream, std::net::TcpStream) {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let agent = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (manager, _) = listener.accept().unwrap();
-        (manager, agent)
-    }
-
     #[test]
     fn unread_data_is_seen_by_the_kernel_and_read_data_is_not() {
         use std::io::Read;
-        let (mut manager, mut agent) = pair();
+        let (mut manager, mut agent) = tcp_pair();
         let arrivals = Arrivals::default();
         assert_eq!(arrivals.unread_since_ms(), None, "no socket yet");
         arrivals.watch(manager.as_raw_fd());

@@ -841,14 +841,6 @@ mod tests {
         s.stop.wait(&s.stop.reader).await;
     }
 
-    /// A loopback pair: the manager's end (which the tests never read) and the
-    /// agent's.
-    fn tcp_pair() -> (std::net::TcpStream, std::net::TcpStream) {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let agent = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        (listener.accept().unwrap().0, agent)
-    }
-
     /// A reader that fell behind does not make its node silent: a heartbeat
     /// waiting unread in the socket counts, and dates the session.
     #[test]
@@ -856,7 +848,7 @@ mod tests {
         use std::io::Write;
         use std::os::fd::AsRawFd;
         let (s, _rx) = session();
-        let (manager, mut agent) = tcp_pair();
+        let (manager, mut agent) = crate::nodes::arrival::tcp_pair();
         s.arrivals.watch(manager.as_raw_fd());
         let now = timestamp::monotonic_us();
         s.last_seen_mono_us
@@ -881,7 +873,7 @@ mod tests {
         use std::io::Write;
         use std::os::fd::AsRawFd;
         let (s, _rx) = session();
-        let (manager, mut agent) = tcp_pair();
+        let (manager, mut agent) = crate::nodes::arrival::tcp_pair();
         s.arrivals.watch(manager.as_raw_fd());
         agent.write_all(&frame_of(&ToManager::Heartbeat)).unwrap();
         // Let 300 ms pass with the heartbeat unread and nothing after it.
@@ -904,7 +896,7 @@ mod tests {
         use std::io::{Read, Write};
         use std::os::fd::AsRawFd;
         let (s, _rx) = session();
-        let (mut manager, mut agent) = tcp_pair();
+        let (mut manager, mut agent) = crate::nodes::arrival::tcp_pair();
         s.arrivals.watch(manager.as_raw_fd());
         let now = timestamp::monotonic_us();
         s.last_seen_mono_us
@@ -920,7 +912,7 @@ mod tests {
         use std::os::fd::AsRawFd;
         let (s, _rx) = session();
         let owner = Arc::new(Ends::default());
-        let (manager, agent) = tcp_pair();
+        let (manager, agent) = crate::nodes::arrival::tcp_pair();
         s.arrivals.watch(manager.as_raw_fd());
         assert!(s.arrivals.is_watching());
         manager.set_nonblocking(true).unwrap();
