@@ -148,10 +148,11 @@ async fn a_run_stopped_by_sigterm_leaves_nothing_behind() {
             .collect()
     };
     assert_eq!(ours().len(), 1, "the run's own bus directory");
-    // SAFETY: `kill` sends a signal to the child this test spawned and still holds.
-    #[allow(unsafe_code)]
-    let sent = unsafe { libc::kill(libc::pid_t::try_from(pid).unwrap(), libc::SIGTERM) };
-    assert_eq!(sent, 0);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap()),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
     let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
         .await
         .expect("drover-bench did not stop on SIGTERM")
