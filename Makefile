@@ -8,7 +8,7 @@ CARGO_TEST_FLAGS ?= --no-fail-fast
 # The five shipped binaries (drover-pki is a binary of drover-tls). droverctl is
 # built on its own: built with the others, cargo would give it their tokio
 # features (the multi-thread scheduler, which pulls in libm), and every run
-# would pay for loading it (docs/performance.md, run E).
+# would pay for loading it (docs/dev/notes/droverctl-startup.md, run E).
 SHIPPED = -p drover-manager -p drover-agent -p drover-proxy -p drover-tls
 SHIPPED_CTL = -p droverctl
 # Stripped, LTO build of what is installed (see [profile.dist] in Cargo.toml).
@@ -163,6 +163,6 @@ deb:
 deb-check: deb build
 	DROVER_DEB_DIR=$(CURDIR)/target/debian $(CARGO) test -p xtask --test packages
 
-# README's two commands on a fresh Debian 12 root (debootstrap); see docs/fresh-machine.md.
+# README's two commands on a fresh Debian 12 root (debootstrap); see docs/dev/fresh-machine.md.
 fresh-check:
 	scripts/fresh-root-check

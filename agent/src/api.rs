@@ -2,7 +2,7 @@
 //! `/org/eclipse/bluechi`, on the bus where the agent reaches systemd (the
 //! system bus; the user bus with `--user`; any bus with `--bus`).
 //!
-//! Served as BlueChi's agent serves it (bluechi-facts §2.6): the proxy
+//! Served as BlueChi's agent serves it: the proxy
 //! helper's `CreateProxy` / `RemoveProxy`, and the link's status for
 //! `bluechi-is-online`-style watchers. Member names, argument names,
 //! signatures, property types and `EmitsChangedSignal` follow BlueChi's XML,

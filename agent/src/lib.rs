@@ -56,7 +56,7 @@
 //! Requests, replies and job events carry the session they belong to; when a
 //! link drops, what the old session still produces is dropped, because the
 //! manager has already failed its requests and ended its jobs as
-//! `disconnected` (docs/architecture.md, "Jobs").
+//! `disconnected` (docs/dev/architecture.md, "Jobs").
 //!
 //! Unit tests share one rig (`test_rig`, test builds only): a fake systemd,
 //! the state, a dispatcher and an open session.

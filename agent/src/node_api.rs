@@ -1,7 +1,7 @@
 //! The rest of the node API: requests that are one systemd call each
 //! (unit properties, unit files, kill, freeze/thaw, reset-failed, default
-//! target), the agent's log level, and job metrics (bluechi-facts §2.2,
-//! §3.2).
+//! target), the agent's log level, and job metrics (BlueChi's `Node` and
+//! `Metrics` interfaces, `docs/api/node.xml`, `docs/api/metrics.xml`).
 //!
 //! Everything from the manager is validated here before systemd sees it,
 //! even where the manager validated it too — the agent never trusts the wire:

@@ -1,6 +1,6 @@
 //! The zbus systemd client and the whole agent against a real
 //! `systemd --user`, started per test in its own mount + cgroup namespace
-//! (docs: /work/shared/TESTING.md). Needs root and the hybrid cgroup layout
+//! (as a sandbox node is, `docs/sandbox.md`). Needs root and the hybrid cgroup layout
 //! of the CI machines; the full multi-node sandbox is `drover-sandbox`.
 
 mod common;

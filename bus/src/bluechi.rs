@@ -1,6 +1,6 @@
 //! BlueChi's public D-Bus names: the bus names drover's manager and agent
 //! own, the object paths they serve and the interfaces on them
-//! (`reference/bluechi-facts.md` §2), plus drover's own extension interfaces
+//! (BlueChi's interface XML, `docs/api/*.xml`), plus drover's own extension interfaces
 //! on the same objects (`io.drover.*`).
 //!
 //! Clients hard-code these (bluechictl, BlueChi's Python bindings): they are

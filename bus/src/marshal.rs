@@ -11,7 +11,7 @@
 //! encodes what its D-Bus callers pass and decodes what agents answer — with
 //! the same two functions, so both ends read one format.
 //!
-//! Shapes (docs/architecture.md "Unit subscriptions"): unit properties
+//! Shapes (docs/dev/architecture.md "Unit subscriptions"): unit properties
 //! `a{sv}` ([`PropertyMap`]; [`OrderedProperties`] where the order systemd
 //! sent them in must survive, as in `UnitPropertiesChanged`), one property `v`, properties to set `a(sv)`
 //! ([`PropertyList`]), transient aux units `a(sa(sv))` ([`AuxUnits`]).

@@ -3,7 +3,7 @@
 //! `drover_bus::bluechi`'s; the `#[proxy]` attributes must spell them as literals.
 //!
 //! Only members droverctl calls are declared; their signatures are BlueChi's exactly
-//! (bluechi-facts §2). Adding a command that needs another member means adding it here.
+//! (`docs/api/*.xml`). Adding a command that needs another member means adding it here.
 //!
 //! Node object paths are computed locally with systemd's bus-path escaping
 //! ([`drover_bus::bluechi::node_path`]), the way

@@ -4,7 +4,7 @@
 //! and std's start-up for a Rust `main` installs a stack-overflow guard (it
 //! reads `/proc/self/maps` and sets up an alternate signal stack with two
 //! handlers): about 20 of the 107 system calls a `droverctl status` made,
-//! and a tenth of a millisecond (`docs/performance.md`, run E). What of it
+//! and a tenth of a millisecond (`docs/dev/notes/droverctl-startup.md`, run E). What of it
 //! droverctl relies on is kept here:
 //!
 //! * SIGPIPE is ignored, so a closed pipe is a write error droverctl handles

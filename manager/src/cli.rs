@@ -1,4 +1,4 @@
-//! Command line of `drover-manager` (docs/architecture.md "Command lines"):
+//! Command line of `drover-manager` (docs/dev/architecture.md "Command lines"):
 //!
 //! ```text
 //! drover-manager [-c FILE] [-p PORT] [--bus ADDRESS | --user] [--no-default-config] [-v|--version]

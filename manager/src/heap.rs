@@ -5,7 +5,7 @@
 //! start (thousands of hellos and TLS handshakes, each with buffers freed
 //! once its session runs) or a mass disconnect leaves free chunks between
 //! the sessions' live ones, resident for good: 1.5 KiB per node at 2,000
-//! plaintext nodes in `drover-bench fleet` (docs/performance.md), and it
+//! plaintext nodes in `drover-bench fleet` (docs/dev/notes/fleet-scale.md), and it
 //! varied with how the burst happened to interleave.
 //!
 //! [`Churn`] counts accepted connections, ended sessions and large list

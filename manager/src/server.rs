@@ -161,7 +161,7 @@ impl Manager {
     /// manager and the name `org.eclipse.bluechi` is lost with the
     /// connection, so the process exits with a failure status and its unit
     /// (`Restart=on-failure`) starts a fresh manager that owns the name on
-    /// the bus as it is now (docs/architecture.md, "Processes").
+    /// the bus as it is now (docs/dev/architecture.md, "Processes").
     pub async fn bus_lost(&self) {
         self.conn.closed().await;
     }

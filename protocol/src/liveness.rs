@@ -4,7 +4,7 @@
 //! Each end must notice a dead peer within its own threshold, and every
 //! heartbeat costs both ends a wake-up and a system call (at 10,000 nodes
 //! with 2 s heartbeats the manager's half of them was most of its idle CPU:
-//! `docs/performance.md`). So the rules are:
+//! `docs/dev/notes/fleet-scale.md`). So the rules are:
 //!
 //! * **The agent proves it is alive** with application heartbeats, at least
 //!   [`SENDS_PER_THRESHOLD`] times per `NodeHeartbeatThreshold` the manager

@@ -2,7 +2,7 @@
 //!
 //! `guid` names one agent session (the manager hands out a fresh one on every
 //! registration); `index` rises by one with every event the agent sends in that
-//! session. Rules (docs/architecture.md, "Unit subscriptions and modification tags"):
+//! session. Rules (docs/dev/architecture.md, "Unit subscriptions and modification tags"):
 //!
 //! * an **update** is applied only if its tag *succeeds* the stored one: a
 //!   different guid (a newer session replaces what an older one said), or the

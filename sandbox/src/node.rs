@@ -2,7 +2,7 @@
 //!
 //! Layout of a node directory `<dir>/<node>/`: it is the node's `HOME`; `rt/` is its
 //! `XDG_RUNTIME_DIR` (systemd's socket-activated dbus-daemon listens on `rt/bus`);
-//! `config/` is its `XDG_CONFIG_HOME`, so unit files go to `config/systemd/user/`;
+//! `config/` is its `XDG_CONFIG_HOME`, so unit files go to `<dir>/<node>/config/systemd/user/`;
 //! `unit-logs/` holds what the proxy units print (a node has no journal).
 //! The node's process tree is `unshare` → `sh` (mounts) → `exec systemd --user`: one pid,
 //! which is the pid `nsenter` uses to run commands inside the node.

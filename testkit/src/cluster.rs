@@ -1,4 +1,4 @@
-//! [`TestCluster`]: a sandbox [`Cluster`] of real `systemd --user` nodes (TESTING.md) with
+//! [`TestCluster`]: a sandbox [`Cluster`] of real `systemd --user` nodes (`docs/sandbox.md`) with
 //! the calls tests make on it, each panicking with a message that says what failed.
 //!
 //! It dereferences to the [`Cluster`], so everything the sandbox offers (stop and start

@@ -9,7 +9,7 @@
 //! tree. This crate depends on `drover-sandbox` and the contract crates (`drover-protocol`,
 //! `drover-bus`) only, never on the manager, agent or CLI crates, so every crate may take it
 //! as a dev-dependency without a cycle; a fixture that needs a crate's internals (the manager running in-process, the
-//! agent's dispatcher) stays in that crate's `tests/common` and is built from these parts.
+//! agent's dispatcher) stays in that crate's test helpers (such as `manager/tests/common/`) and is built from these parts.
 //!
 //! A test against real systemd nodes, start to end:
 //!

@@ -1,6 +1,6 @@
 //! [`SystemdNode`]: one `systemd --user` node on its own (no manager, no agent), for tests
 //! that drive a node's systemd directly or run an agent against it. It is built from the
-//! sandbox's node pieces (TESTING.md), so both cgroup layouts work, and torn down in
+//! sandbox's node pieces (`docs/sandbox.md`), so both cgroup layouts work, and torn down in
 //! `Drop`: every process in its cgroups killed, the cgroups removed, the directory deleted.
 
 use drover_sandbox::cgroups::{Layout, SandboxCgroups};

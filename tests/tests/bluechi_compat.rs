@@ -356,7 +356,7 @@ async fn garbage_bluechi_names_and_mismatched_calls_are_refused_with_the_reason(
 /// Exactly the call BlueChi's `bluechi-proxy create node2_db.service` makes, and its
 /// `remove`: the target starts, the call returns once it is active, and the removal
 /// releases the dep. (BlueChi's helper binary is not available here; this is its D-Bus
-/// call shape, as bluechi-facts §4.2 gives it.)
+/// call shape: `CreateProxy(proxy unit, node, unit)` on the agent, then `RemoveProxy`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_call_bluechis_helper_makes_is_served() {
     let c = TestCluster::with(compat(2)).await;

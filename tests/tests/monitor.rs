@@ -1,5 +1,5 @@
 //! Monitoring on real systemd nodes: every case of BlueChi's "Monitoring" test list
-//! (bluechi-facts §6.3) through droverctl and over D-Bus, the peer rules, and
+//! through droverctl and over D-Bus, the peer rules, and
 //! drover's snapshot + tagged stream (`io.drover.Monitor.Follow`) across an agent
 //! restart.
 

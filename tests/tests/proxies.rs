@@ -1,8 +1,8 @@
 //! Cross-node dependencies on real systemd nodes: `drover-proxy@NODE_UNIT` on the
 //! requesting node, `drover-dep@UNIT` on the target node, references in the manager.
 //!
-//! Every case of BlueChi's proxy test list (bluechi-facts §6.3), every disconnect case
-//! of issue 3 part 6, and malformed instance names. The assertions are what a user
+//! Every case of BlueChi's proxy test list, every disconnect case of `docs/proxies.md`
+//! ("Disconnects and restarts"), and malformed instance names. The assertions are what a user
 //! checks: unit states on both nodes (`systemctl --user`), what the failing proxy unit
 //! printed (the sandbox appends proxy units' output to a file per unit, as nodes have
 //! no journal), and `droverctl --json proxies`.
@@ -205,7 +205,7 @@ async fn dep_template_starts_its_target_and_goes_down_with_it() {
 }
 
 // ---------------------------------------------------------------------------------
-// BlueChi's proxy-service tests (bluechi-facts §6.3).
+// BlueChi's proxy-service tests.
 // ---------------------------------------------------------------------------------
 
 /// proxy-service-start

@@ -1,4 +1,4 @@
-//! Man pages: `docs/man/NAME.SECTION.md` rendered to roff (`NAME.SECTION`).
+//! Man pages: each `docs/man/*.md` page (named `NAME.SECTION.md`) rendered to roff.
 //!
 //! The Markdown pages are the only source of each page (they read well on the
 //! web, and `man` gets the same text). They use a small, fixed subset, the one

@@ -11,7 +11,7 @@
 //!
 //! That matters for `StartDep`: the manager takes its reply as "the target was
 //! started for this reference" and from then on lets "down" news of the
-//! target fail a waiting proxy (`manager/src/references.rs`). A reply that
+//! target fail a waiting proxy (`manager/src/proxies/`). A reply that
 //! overtakes the target's own news, e.g. the `inactive` of a stop just before
 //! this start, makes that stale news look newer than the start: a healthy
 //! proxy failed with "db.service is inactive (dead)" (seen about once in 50

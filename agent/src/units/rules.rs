@@ -1,8 +1,8 @@
 //! What the manager hears about this node's units, and with which tag: the
 //! rules behind [`crate::units::hub`], as plain data and functions (no
 //! locks, no I/O), over a [`View`] of systemd's loaded units and the session
-//! that watches them (docs/architecture.md, "Unit subscriptions and
-//! modification tags"; BlueChi's agent, bluechi-facts §3.7).
+//! that watches them (docs/dev/architecture.md, "Unit subscriptions and
+//! modification tags"; the replay is what BlueChi's agent does).
 //!
 //! * **Virtual replay** ([`View::subscribe`]): a new subscription is
 //!   answered with a virtual `UnitNew` + `UnitStateChanged` (current

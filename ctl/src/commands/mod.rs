@@ -31,7 +31,7 @@ macro_rules! commands {
         ///
         /// `defer`: a subcommand's arguments are built only when that subcommand is
         /// used, not all ~25 sets on every run (half of droverctl's start-up before
-        /// this; see docs/performance.md).
+        /// this; see docs/dev/notes/droverctl-startup.md).
         #[derive(Debug, clap::Subcommand)]
         #[command(defer = true)]
         pub enum Command {

@@ -8,7 +8,7 @@
 //! has every agent answer with its loaded units at once, 3.8 million frames,
 //! and a check by reads alone ended about 5,900 healthy sessions ("nothing
 //! received for more than 6000 ms") whose heartbeats were there, unread
-//! (`docs/performance.md`). So before a session counts as silent, the kernel
+//! (`docs/dev/notes/fleet-scale.md`). So before a session counts as silent, the kernel
 //! is asked how long ago data last arrived on its socket
 //! (`tcpi_last_data_recv`) while data waits unread in it: what the agent
 //! sent proves it alive as a frame read does. A frozen agent or a vanished

@@ -1,6 +1,6 @@
 //! The node table: which nodes exist, which are online, and who may register.
 //!
-//! Rules (docs/architecture.md "Agent ↔ manager session"):
+//! Rules (docs/dev/architecture.md "Agent ↔ manager session"):
 //!
 //! * Every configured node (`ManagerConfig::allowed_nodes`: the names in
 //!   `AllowedNodeNames`, and the allowed `[node NAME]` sections) has an entry

@@ -13,7 +13,7 @@
 //!   that match the same event (an exact unit and `*`, two monitor
 //!   subscriptions): it still gets the event **once**.
 //!
-//! Rules (docs/architecture.md "Unit subscriptions and modification tags"):
+//! Rules (docs/dev/architecture.md "Unit subscriptions and modification tags"):
 //!
 //! * Watches are merged per (node, unit or `*`): the first watcher makes the
 //!   node's agent `Subscribe`, the last one `Unsubscribe`. Requests go out

@@ -5,7 +5,7 @@
 //! construction (the outcome is the event with the largest tag, by the rules
 //! of `drover_protocol::tag`), which the tests check with reordered,
 //! duplicated and interleaved streams. The fan-out of these events to
-//! watchers is [`crate::units::hub`]'s job (docs/architecture.md "Unit
+//! watchers is [`crate::units::hub`]'s job (docs/dev/architecture.md "Unit
 //! subscriptions and modification tags").
 
 use drover_protocol::{Marshalled, ModTag, NodeName, Reason, UnitName};
