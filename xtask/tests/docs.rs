@@ -164,6 +164,10 @@ fn module_docs_point_only_at_files_in_the_repository() {
             }
         }
     }
-    assert!(sources.len() > 100, "only {} Rust files found", sources.len());
+    assert!(
+        sources.len() > 100,
+        "only {} Rust files found",
+        sources.len()
+    );
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
