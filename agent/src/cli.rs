@@ -9,6 +9,11 @@
 //! Exit codes: 0 after a clean shutdown (SIGTERM/SIGINT), 1 for an invalid
 //! configuration or node name (one clear line on stderr) or a lost systemd,
 //! 2 for bad arguments (clap's usage error).
+//!
+//! `--check` merges and validates everything a start would (files, flags,
+//! node name, the TLS files and the certificate's node name), prints what it
+//! found on stdout and exits 0, or 1 with the reason; it dials nothing and
+//! needs no bus.
 
 use crate::link::connection::{Keepalive, LinkConfig};
 use clap::Parser;
@@ -48,6 +53,10 @@ pub struct Args {
     /// Read only -c FILE and the environment, not /usr/share/drover, /etc/bluechi or /etc/drover.
     #[arg(long = "no-default-config")]
     pub no_default_config: bool,
+    /// Check the configuration (files, flags, TLS files) and exit: 0 when
+    /// the agent would start with it, 1 with the reason. Starts nothing.
+    #[arg(long = "check", conflicts_with_all = ["bus", "user"])]
+    pub check: bool,
     /// Print the version and exit.
     #[arg(short = 'v', long = "version")]
     pub version: bool,
@@ -147,10 +156,15 @@ pub fn main() -> ExitCode {
     let settings = match settings(&args) {
         Ok(s) => s,
         Err(line) => {
-            eprintln!("drover-agent: {line}");
+            let what = if args.check { " --check" } else { "" };
+            eprintln!("drover-agent{what}: {line}");
             return ExitCode::from(1);
         }
     };
+    if args.check {
+        println!("{}", check_lines(&settings).join("\n"));
+        return ExitCode::SUCCESS;
+    }
     let log = drover_config::logging::init(&settings.config.logging);
     tracing::info!("{}", settings.report.files_line());
     for warning in &settings.report.warnings {
@@ -180,6 +194,33 @@ pub fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// What `--check` prints about settings that loaded.
+fn check_lines(settings: &Settings) -> Vec<String> {
+    let mut lines = vec![settings.report.files_line()];
+    lines.extend(
+        settings
+            .report
+            .warnings
+            .iter()
+            .map(|w| format!("warning: {w}")),
+    );
+    let link = &settings.link;
+    let transport = match (&link.tls, &settings.config.tls_controller_name) {
+        (Some(_), Some(name)) => format!("mutual TLS, the manager's certificate must name {name}"),
+        (Some(_), None) => format!(
+            "mutual TLS, the manager's certificate must name {}",
+            link.host
+        ),
+        (None, _) => "plaintext (a manager on another host refuses it unless it says AllowPlaintext=true)".to_string(),
+    };
+    lines.push(format!(
+        "node {} connects to the manager at {}:{}, {transport}",
+        link.node, link.host, link.port
+    ));
+    lines.push("the configuration is valid".to_string());
+    lines
 }
 
 async fn serve(settings: Settings) -> Result<(), crate::agent::AgentError> {

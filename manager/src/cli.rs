@@ -2,7 +2,13 @@
 //!
 //! ```text
 //! drover-manager [-c FILE] [-p PORT] [--bus ADDRESS | --user] [--no-default-config] [-v|--version]
+//! drover-manager --check [-c FILE] [-p PORT] [--no-default-config]
 //! ```
+//!
+//! `--check` loads the configuration as a start would (every file, the
+//! flags, the TLS certificate, key, CA bundle and revocation list), prints
+//! what it found on stdout and exits: 0 when the manager would start with
+//! it, 1 with the reason otherwise. It binds nothing and needs no bus.
 //!
 //! Config layers come first (see `drover_config::Sources`; BlueChi's
 //! `/etc/bluechi/controller.conf*` are read under drover's files;
@@ -63,6 +69,10 @@ pub struct Cli {
     /// wait until it is applied (the unit's ExecReload=); exit 1 if it fails.
     #[arg(long = "reload", conflicts_with_all = ["config", "port", "no_default_config"])]
     pub reload: bool,
+    /// Check the configuration (files, flags, TLS files) and exit: 0 when
+    /// the manager would start with it, 1 with the reason. Starts nothing.
+    #[arg(long = "check", conflicts_with_all = ["reload", "bus", "user"])]
+    pub check: bool,
     /// Print the version and exit.
     #[arg(short = 'v', long = "version", action = clap::ArgAction::Version)]
     pub version: Option<bool>,
@@ -107,6 +117,21 @@ pub fn log_report(report: &LoadReport) {
 /// The `drover-manager` binary.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    if cli.check {
+        return match check(&cli) {
+            Ok(lines) => {
+                println!("{}", lines.join("\n"));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!(
+                    "drover-manager --check: {}",
+                    drover_config::logging::error_line(e.as_ref())
+                );
+                ExitCode::FAILURE
+            }
+        };
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -172,6 +197,66 @@ async fn ask_reload(bus: &Bus) -> anyhow::Result<()> {
         }
         Err(e) => Err(e).context("the reload call failed"),
     }
+}
+
+/// `--check`: what a start would load, loaded and described, one line each.
+fn check(cli: &Cli) -> anyhow::Result<Vec<String>> {
+    let (config, report) = cli.load_config().context("configuration")?;
+    let mut lines = vec![report.files_line()];
+    lines.extend(report.warnings.iter().map(|w| format!("warning: {w}")));
+    let mut names: Vec<String> = config
+        .allowed_nodes
+        .iter()
+        .map(|n| n.as_str().to_string())
+        .collect();
+    names.extend(config.allowed_patterns.iter().map(|p| p.to_string()));
+    let names = if names.is_empty() {
+        "none listed".to_string()
+    } else {
+        names.join(", ")
+    };
+    let address = config.listen_address.map_or_else(
+        || {
+            if config.tls.is_some() || config.allow_plaintext {
+                "every address".to_string()
+            } else {
+                "127.0.0.1".to_string()
+            }
+        },
+        |a| a.to_string(),
+    );
+    match &config.tls {
+        Some(files) => {
+            let settings = drover_tls::ServerSettings::load(files).context("TLS")?;
+            let certified = if config.allow_certified_nodes {
+                ", and every node the CA certified"
+            } else {
+                ""
+            };
+            lines.push(format!(
+                "agents: mutual TLS on {address} port {}; nodes allowed: {names}{certified}",
+                config.port
+            ));
+            lines.push(format!(
+                "TLS: manager certificate serial {}, valid until {}; {} revoked certificate(s) in the CRL",
+                settings.serial(),
+                drover_tls::format_utc(settings.not_after()),
+                settings.revoked_count()
+            ));
+        }
+        None if config.allow_plaintext => lines.push(format!(
+            "agents: PLAINTEXT on {address} port {} from any address (AllowPlaintext=true); \
+             nodes allowed: {names}",
+            config.port
+        )),
+        None => lines.push(format!(
+            "agents: plaintext on {address} port {}, loopback only: agents on other hosts \
+             need TLS (TLSCertificate, TLSPrivateKey, TLSCertificateAuthority); nodes allowed: {names}",
+            config.port
+        )),
+    }
+    lines.push("the configuration is valid".to_string());
+    Ok(lines)
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {

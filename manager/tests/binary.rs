@@ -349,3 +349,106 @@ async fn reload_flag_applies_the_reload_before_it_returns_and_fails_with_a_reaso
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{out:?}");
 }
+
+/// `drover-manager --check ARGS`: exit status, stdout, stderr.
+fn check(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(BIN)
+        .arg("--check")
+        .args(args)
+        .env_remove("DROVER_CONFIG_ROOT")
+        .output()
+        .expect("run");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn check_flag_validates_the_configuration_and_starts_nothing() {
+    let dir = drover_testkit::process::TempDir::new("manager-check");
+    let plain = dir.file("plain.conf", "[drover-manager]\nAllowedNodeNames=web1,edge-*\n");
+    let path = plain.to_str().unwrap();
+    let (ok, out, err) = check(&["--no-default-config", "-c", path]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains(&format!("configuration read from {path}")), "{out}");
+    assert!(
+        out.contains("plaintext on 127.0.0.1 port 842, loopback only")
+            && out.contains("nodes allowed: web1, edge-*"),
+        "a plaintext manager says agents on other hosts cannot connect: {out}"
+    );
+    assert!(out.ends_with("the configuration is valid\n"), "{out}");
+
+    // Started nothing: the port stays free for a check with -p.
+    let port = free_port();
+    let (ok, out, _) = check(&["--no-default-config", "-c", path, "-p", &port.to_string()]);
+    assert!(ok && out.contains(&format!("port {port}")), "{out}");
+    std::net::TcpListener::bind(("127.0.0.1", port)).expect("the port is still free");
+
+    // Garbage: file, line and key named, exit 1, nothing on stdout.
+    for (text, expect) in [
+        ("[drover-manager]\nBogus=1\n", ":2: key 'Bogus'"),
+        ("[drover-manager]\nAllowedNodeNames=a_b\n", "AllowedNodeNames"),
+        ("[drover-manager]\nControllerPort=99999\n", "ControllerPort"),
+        ("\u{0}\u{ff}garbage", "bad.conf"),
+        (
+            "[drover-manager]\nTLSCertificate=/nonexistent/m.pem\nTLSPrivateKey=/nonexistent/m.key\n\
+             TLSCertificateAuthority=/nonexistent/ca.pem\n",
+            "/nonexistent/",
+        ),
+    ] {
+        let bad = dir.file("bad.conf", text);
+        let (ok, out, err) = check(&["--no-default-config", "-c", bad.to_str().unwrap()]);
+        assert!(!ok, "{text:?} passed the check: {out}");
+        assert!(out.is_empty(), "{out}");
+        assert!(
+            err.starts_with("drover-manager --check: ") && err.contains(expect),
+            "{text:?}: {err}"
+        );
+    }
+    let (ok, _, err) = check(&["--no-default-config", "-c", "/nonexistent.conf"]);
+    assert!(!ok && err.contains("/nonexistent.conf"), "{err}");
+    // --check makes no sense with a bus or --reload.
+    let out = Command::new(BIN)
+        .args(["--check", "--reload"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn check_flag_loads_the_tls_files() {
+    use drover_tls::pki::{Options, Pki, Validity};
+    let dir = drover_testkit::process::TempDir::new("manager-check-tls");
+    let pki = Pki::new(dir.join("ca"));
+    let options = Options {
+        validity: Validity::days(30).unwrap(),
+        force: false,
+    };
+    pki.create_ca(&options).unwrap();
+    pki.issue_manager(&["m.example"], &options).unwrap();
+    let f = pki.manager_files();
+    let conf = |key: &std::path::Path| {
+        format!(
+            "[drover-manager]\nAllowedNodeNames=web1\nTLSCertificate={}\nTLSPrivateKey={}\n\
+             TLSCertificateAuthority={}\nTLSRevocationList={}\n",
+            f.certificate.display(),
+            key.display(),
+            f.ca_bundle.display(),
+            pki.crl().display()
+        )
+    };
+    let good = dir.file("tls.conf", &conf(&f.private_key));
+    let (ok, out, err) = check(&["--no-default-config", "-c", good.to_str().unwrap()]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains("agents: mutual TLS on every address port 842")
+            && out.contains("0 revoked certificate(s) in the CRL"),
+        "{out}"
+    );
+    // A key that does not belong to the certificate (the CA's) fails the check.
+    let wrong = dir.file("wrong.conf", &conf(&pki.ca_key()));
+    let (ok, _, err) = check(&["--no-default-config", "-c", wrong.to_str().unwrap()]);
+    assert!(!ok && err.contains("TLS"), "{err}");
+}
