@@ -213,7 +213,10 @@ fn check_lines(settings: &Settings) -> Vec<String> {
             "mutual TLS, the manager's certificate must name {}",
             link.host
         ),
-        (None, _) => "plaintext (a manager on another host refuses it unless it says AllowPlaintext=true)".to_string(),
+        (None, _) => {
+            "plaintext (a manager on another host refuses it unless it says AllowPlaintext=true)"
+                .to_string()
+        }
     };
     lines.push(format!(
         "node {} connects to the manager at {}:{}, {transport}",

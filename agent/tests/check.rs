@@ -38,7 +38,10 @@ fn a_valid_configuration_is_described() {
     assert!(out.ends_with("the configuration is valid\n"), "{out}");
     // Flags are applied as at start.
     let (ok, out, _) = check(&["-c", conf.to_str().unwrap(), "-n", "db1", "-p", "9000"]);
-    assert!(ok && out.contains("node db1 connects to the manager at 192.0.2.10:9000"), "{out}");
+    assert!(
+        ok && out.contains("node db1 connects to the manager at 192.0.2.10:9000"),
+        "{out}"
+    );
 }
 
 #[test]
@@ -84,7 +87,10 @@ fn garbage_is_refused_with_the_reason() {
     for (text, expect) in [
         ("[drover-agent]\nNodeName=a_b\n", "node name"),
         ("[drover-agent]\nNodeName=a\nBogus=1\n", ":3: key 'Bogus'"),
-        ("[drover-agent]\nNodeName=a\nControllerPort=0\n", "ControllerPort"),
+        (
+            "[drover-agent]\nNodeName=a\nControllerPort=0\n",
+            "ControllerPort",
+        ),
         ("\u{0}\u{ff}garbage", "bad.conf"),
         (
             "[drover-agent]\nNodeName=a\nTLSCertificate=/nonexistent/a.pem\n\

@@ -368,11 +368,17 @@ fn check(args: &[&str]) -> (bool, String, String) {
 #[test]
 fn check_flag_validates_the_configuration_and_starts_nothing() {
     let dir = drover_testkit::process::TempDir::new("manager-check");
-    let plain = dir.file("plain.conf", "[drover-manager]\nAllowedNodeNames=web1,edge-*\n");
+    let plain = dir.file(
+        "plain.conf",
+        "[drover-manager]\nAllowedNodeNames=web1,edge-*\n",
+    );
     let path = plain.to_str().unwrap();
     let (ok, out, err) = check(&["--no-default-config", "-c", path]);
     assert!(ok, "{out}{err}");
-    assert!(out.contains(&format!("configuration read from {path}")), "{out}");
+    assert!(
+        out.contains(&format!("configuration read from {path}")),
+        "{out}"
+    );
     assert!(
         out.contains("plaintext on 127.0.0.1 port 842, loopback only")
             && out.contains("nodes allowed: web1, edge-*"),
@@ -389,7 +395,10 @@ fn check_flag_validates_the_configuration_and_starts_nothing() {
     // Garbage: file, line and key named, exit 1, nothing on stdout.
     for (text, expect) in [
         ("[drover-manager]\nBogus=1\n", ":2: key 'Bogus'"),
-        ("[drover-manager]\nAllowedNodeNames=a_b\n", "AllowedNodeNames"),
+        (
+            "[drover-manager]\nAllowedNodeNames=a_b\n",
+            "AllowedNodeNames",
+        ),
         ("[drover-manager]\nControllerPort=99999\n", "ControllerPort"),
         ("\u{0}\u{ff}garbage", "bad.conf"),
         (
