@@ -367,7 +367,10 @@ impl Core {
             Admission::Accept { node, new: true } => {
                 let added = self.registry().add_nodes(std::slice::from_ref(&node));
                 for (name, path) in &added {
-                    tracing::info!(node = %name, "node registers for the first time (admitted by a pattern or its certificate)");
+                    tracing::info!(
+                        node = %name,
+                        "node {name} registers for the first time (admitted by a pattern or its certificate)"
+                    );
                     if let Some(out) = self.outbound() {
                         out.export_node(name, path).await;
                     }
@@ -378,7 +381,7 @@ impl Core {
                 tracing::warn!(
                     node = %node,
                     old_session = old.id(),
-                    "replacing a session that sent nothing for more than {} ms",
+                    "node {node}: replacing a session that sent nothing for more than {} ms",
                     self.config.node_heartbeat_threshold_ms
                 );
                 old.mark_ended();
@@ -434,14 +437,15 @@ impl Core {
                 session = id,
                 %peer,
                 agent_version = %hello.agent_version.escape_default(),
-                "node registered over TLS, {identity}"
+                "{identity} registered over TLS from {peer}"
             ),
             None => tracing::info!(
                 node = %session.node(),
                 session = id,
                 %peer,
                 agent_version = %hello.agent_version.escape_default(),
-                "node registered"
+                "node {} registered from {peer}",
+                session.node()
             ),
         }
         self.subscriptions.node_online(&session);
@@ -487,7 +491,12 @@ impl Core {
     async fn detach_locked(&self, announced: &mut Announced, session: &Arc<Session>, why: &str) {
         let was_online = self.registry().detach(session.node(), session.id());
         if was_online {
-            tracing::info!(node = %session.node(), session = session.id(), "node disconnected: {why}");
+            tracing::info!(
+                node = %session.node(),
+                session = session.id(),
+                "node {} disconnected: {why}",
+                session.node()
+            );
             self.subscriptions
                 .node_offline(session.node(), session.id());
             self.proxies
@@ -635,7 +644,11 @@ impl Core {
         match event {
             Event::JobStateChanged { job_id, state } => {
                 if !valid_state(&state) {
-                    tracing::debug!(node = %session.node(), "ignoring unknown job state for job {job_id}");
+                    tracing::debug!(
+                        node = %session.node(),
+                        "node {}: ignoring unknown job state for job {job_id}",
+                        session.node()
+                    );
                     return;
                 }
                 let changed = self.jobs().state_changed(session.id(), job_id, &state);
@@ -651,7 +664,11 @@ impl Core {
                     Done::Remove(job) => self.job_removed(&job, &result).await,
                     Done::Held => {}
                     Done::Unknown => {
-                        tracing::debug!(node = %session.node(), "JobDone for unknown job {job_id}")
+                        tracing::debug!(
+                            node = %session.node(),
+                            "node {}: JobDone for unknown job {job_id}",
+                            session.node()
+                        )
                     }
                 }
             }
@@ -686,11 +703,17 @@ impl Core {
             self.job_removed(&job, RESULT_SHUTDOWN).await;
         }
         let sessions: Vec<_> = self.registry().sessions().cloned().collect();
-        for session in sessions {
-            self.end_session(&session, "the manager is shutting down")
+        for session in &sessions {
+            self.end_session(session, "the manager is shutting down")
                 .await;
         }
         self.announce_controller().await;
+        // Every agent sees its link end cleanly (TLS: `close_notify`), not
+        // cut by the process's exit; each writer bounds its own close.
+        let closing = sessions
+            .iter()
+            .map(|s| tokio::time::timeout(crate::nodes::session::CLOSE_DEADLINE, s.closed()));
+        futures::future::join_all(closing).await;
     }
 
     // ---- what the D-Bus API asks for ------------------------------------
@@ -815,7 +838,15 @@ impl Core {
         if let Some(out) = self.outbound() {
             out.job_removed(job, &path, result).await;
         }
-        tracing::debug!(job = job.id, node = %job.node, unit = %job.unit, "job removed: {result}");
+        tracing::debug!(
+            job = job.id,
+            node = %job.node,
+            unit = %job.unit,
+            "job {} ({} on node {}) removed: {result}",
+            job.id,
+            job.unit,
+            job.node
+        );
     }
 
     async fn properties_changed(

@@ -108,7 +108,7 @@ where
                 }
                 out.insert(node, r);
             }
-            Err(e) => tracing::warn!(node = %node, "{} left this node out: {e}", list.method),
+            Err(e) => tracing::warn!(node = %node, "{} left node {node} out: {e}", list.method),
         }
     }
     let exact = size.exact();

@@ -46,7 +46,11 @@ pub struct Metrics {
 fn tell(session: Arc<Session>, body: Request) {
     tokio::spawn(async move {
         if let Err(e) = session.request(body, AGENT_TIMEOUT).await {
-            tracing::warn!(node = %session.node(), "metrics switch not applied on the agent: {e}");
+            tracing::warn!(
+                node = %session.node(),
+                "metrics switch not applied on the agent of node {}: {e}",
+                session.node()
+            );
         }
     });
 }

@@ -171,7 +171,7 @@ pub async fn reload(
         for (name, path) in &added {
             let object = NodeObject::new(core.clone(), name.clone());
             if let Err(e) = conn.object_server().at(path.as_str(), object).await {
-                tracing::error!(node = %name, "cannot export the node object: {e}");
+                tracing::error!(node = %name, "cannot export the object of node {name}: {e}");
             }
         }
     }
@@ -185,7 +185,12 @@ pub async fn reload(
         .await;
 
     for (session, why) in drop_now {
-        tracing::warn!(node = %session.node(), session = session.id(), "config reload: dropping the node's session: {why}");
+        tracing::warn!(
+            node = %session.node(),
+            session = session.id(),
+            "config reload: dropping the session of node {}: {why}",
+            session.node()
+        );
         core.end_session(&session, &format!("config reload: {why}"))
             .await;
     }

@@ -330,3 +330,32 @@ async fn reload_drops_revoked_and_unlisted_sessions_and_rotation_drops_nothing()
     assert_eq!(status(&f, "node3").await, "offline");
     drop((a2, a3));
 }
+
+/// A manager that stops ends every TLS session with `close_notify`: the
+/// agent reads a clean end, not rustls's "peer closed connection without
+/// sending TLS close_notify" (which every agent logged at each manager stop).
+#[tokio::test]
+async fn a_stopping_manager_ends_tls_sessions_cleanly() {
+    use futures::StreamExt;
+    let tmp = TempDir::new("drover-tls-close");
+    let pki = fleet(&tmp.join("pki"), &["node1"]);
+    let mut f = Fixture::start(tls_config(&pki, &["node1"])).await;
+    let tcp = tokio::net::TcpStream::connect(f.addr).await.unwrap();
+    let tls = connector(&pki, "node1").connect(tcp).await.unwrap();
+    let (mut framed, _) = agent_handshake(tls, &Hello::new("node1", "raw"), WAIT)
+        .await
+        .expect("registered");
+    assert_eq!(status(&f, "node1").await, "online");
+    f.manager.take().expect("running").shutdown().await;
+    let end = tokio::time::timeout(WAIT, async {
+        loop {
+            match framed.next().await {
+                Some(Ok(_)) => continue,
+                other => return other.map(|r| r.map(|_| ())),
+            }
+        }
+    })
+    .await
+    .expect("the stream ends");
+    assert!(end.is_none(), "a clean end of stream, got {end:?}");
+}

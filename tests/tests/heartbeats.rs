@@ -32,11 +32,11 @@ async fn stays_registered(manager: &str) {
     let log = std::fs::read_to_string(c.log_path("manager")).unwrap();
     let registered = log
         .lines()
-        .filter(|l| l.contains("node registered"))
+        .filter(|l| l.contains(" registered over TLS from ") || l.contains(" registered from "))
         .count();
     let dropped: Vec<&str> = log
         .lines()
-        .filter(|l| l.contains("node disconnected"))
+        .filter(|l| l.contains(" disconnected: "))
         .collect();
     assert_eq!(
         (registered, dropped.len()),

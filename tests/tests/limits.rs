@@ -151,7 +151,7 @@ async fn oversized_calls_are_refused_and_the_node_never_notices() {
         .unwrap();
     assert_eq!(removed.result, "done");
     let log = std::fs::read_to_string(c.log_path("manager")).unwrap();
-    assert!(!log.contains("node disconnected"), "{log}");
+    assert!(!log.contains(" disconnected: "), "{log}");
     c.wait_status("node2", "online", std::time::Duration::from_secs(1))
         .await;
     c.down().await;

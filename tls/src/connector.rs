@@ -86,3 +86,68 @@ impl Connector {
             .await
     }
 }
+
+/// The manager's verdict on this agent's certificate, when `err` (from a
+/// read after [`Connector::connect`]) is a TLS alert the manager sent: in
+/// TLS 1.3 that is how a refused client certificate reaches the agent.
+/// `None` for any other error (a reset, a closed stream, garbage).
+pub fn alert_from_manager(err: &io::Error) -> Option<String> {
+    use rustls::AlertDescription as A;
+    let rustls::Error::AlertReceived(alert) = err.get_ref()?.downcast_ref::<rustls::Error>()?
+    else {
+        return None;
+    };
+    Some(match alert {
+        A::CertificateRevoked => {
+            "the manager refused this node's certificate: it is revoked".to_string()
+        }
+        A::CertificateExpired => {
+            "the manager refused this node's certificate: it has expired".to_string()
+        }
+        A::UnknownCA => {
+            "the manager refused this node's certificate: it is not from the manager's CA"
+                .to_string()
+        }
+        A::BadCertificate
+        | A::CertificateUnknown
+        | A::UnsupportedCertificate
+        | A::CertificateRequired
+        | A::AccessDenied => {
+            format!("the manager refused this node's certificate ({alert:?})")
+        }
+        other => format!("the manager ended the TLS session ({other:?})"),
+    })
+}
+
+#[cfg(test)]
+mod alert_tests {
+    use super::*;
+
+    #[test]
+    fn only_alerts_from_the_manager_are_named() {
+        let revoked = io::Error::new(
+            io::ErrorKind::InvalidData,
+            rustls::Error::AlertReceived(rustls::AlertDescription::CertificateRevoked),
+        );
+        assert_eq!(
+            alert_from_manager(&revoked).as_deref(),
+            Some("the manager refused this node's certificate: it is revoked")
+        );
+        let other = io::Error::new(
+            io::ErrorKind::InvalidData,
+            rustls::Error::AlertReceived(rustls::AlertDescription::InternalError),
+        );
+        assert!(
+            alert_from_manager(&other)
+                .unwrap()
+                .contains("InternalError")
+        );
+        for err in [
+            io::Error::from(io::ErrorKind::ConnectionReset),
+            io::Error::new(io::ErrorKind::InvalidData, "garbage"),
+            io::Error::new(io::ErrorKind::InvalidData, rustls::Error::DecryptError),
+        ] {
+            assert_eq!(alert_from_manager(&err), None, "{err}");
+        }
+    }
+}

@@ -169,6 +169,10 @@ pub enum ConnectError {
         name: String,
         source: std::io::Error,
     },
+    /// The manager refused this node's certificate (a TLS alert it sent
+    /// after the handshake, as TLS 1.3 does).
+    #[error("the manager at {addr} refused this node: {why}")]
+    CertificateRefused { addr: SocketAddr, why: String },
     #[error(transparent)]
     Handshake(#[from] HandshakeError),
 }
@@ -180,6 +184,8 @@ pub enum SessionEnd {
     Closed,
     HeartbeatExpired(Duration),
     Malformed(String),
+    /// The connection failed (reset, ...).
+    Broken(String),
     Killed(String),
     /// `SwitchController` named another manager.
     Switched,
@@ -194,8 +200,27 @@ impl std::fmt::Display for SessionEnd {
                 write!(f, "nothing heard from the manager for {t:?}")
             }
             SessionEnd::Malformed(e) => write!(f, "invalid data from the manager: {e}"),
+            SessionEnd::Broken(e) => write!(f, "the connection failed: {e}"),
             SessionEnd::Killed(why) => f.write_str(why),
             SessionEnd::Switched => f.write_str("switching to another manager"),
+        }
+    }
+}
+
+impl SessionEnd {
+    /// Why a read from the manager failed. A TLS stream that ends without
+    /// `close_notify` (rustls's `UnexpectedEof`) is a closed connection, as
+    /// a plaintext end is: the manager was killed or its host cut the link
+    /// (a manager that stops sends `close_notify`). The agent reconnects
+    /// either way; nothing read is trusted past the last whole frame.
+    fn from_read_error(e: drover_protocol::FrameError) -> Self {
+        use drover_protocol::FrameError;
+        match e {
+            FrameError::Io(io) if io.kind() == std::io::ErrorKind::UnexpectedEof => {
+                SessionEnd::Closed
+            }
+            FrameError::Io(io) => SessionEnd::Broken(io.to_string()),
+            other => SessionEnd::Malformed(other.to_string()),
         }
     }
 }
@@ -405,6 +430,11 @@ impl<S: Systemd> Link<S> {
                 "refusing the manager at {endpoint}: {err}; check TLSCertificateAuthority and \
                  TLSControllerName{quiet}"
             ),
+            ConnectError::CertificateRefused { why, .. } => tracing::error!(
+                "the manager at {endpoint} refused node '{}': {why}; the manager's log says \
+                 why, and a new certificate from the CA (drover-pki node) is the way back{quiet}",
+                self.cfg.node.as_str()
+            ),
             _ => tracing::warn!("cannot connect to the manager at {endpoint}: {err}{quiet}"),
         }
     }
@@ -448,6 +478,9 @@ impl<S: Systemd> Link<S> {
             }));
         };
         configure_socket(&stream, &self.cfg);
+        let peer = stream
+            .peer_addr()
+            .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
         let stream: LinkStream = match &self.cfg.tls {
             None => Box::new(stream),
             Some(connector) => {
@@ -468,7 +501,15 @@ impl<S: Systemd> Link<S> {
             }
         };
         let hello = Hello::new(self.cfg.node.as_str(), AGENT_VERSION);
-        Ok(agent_handshake(stream, &hello, t).await?)
+        match agent_handshake(stream, &hello, t).await {
+            Err(HandshakeError::Frame(drover_protocol::FrameError::Io(io))) => {
+                match drover_tls::connector::alert_from_manager(&io) {
+                    Some(why) => Err(ConnectError::CertificateRefused { addr: peer, why }),
+                    None => Err(HandshakeError::Frame(drover_protocol::FrameError::Io(io)).into()),
+                }
+            }
+            other => Ok(other?),
+        }
     }
 
     /// The connector that checks the right manager name for `host` (see the
@@ -576,7 +617,7 @@ impl<S: Systemd> Link<S> {
             let (id, body) = match next {
                 Err(()) => return SessionEnd::HeartbeatExpired(threshold),
                 Ok(None) => return SessionEnd::Closed,
-                Ok(Some(Err(e))) => return SessionEnd::Malformed(e.to_string()),
+                Ok(Some(Err(e))) => return SessionEnd::from_read_error(e),
                 Ok(Some(Ok(ToAgent::Heartbeat))) => continue,
                 Ok(Some(Ok(ToAgent::Notice(notice)))) => {
                     self.shared()
@@ -653,6 +694,7 @@ fn notify_failure(err: &ConnectError) -> (FailureKind, String) {
             (FailureKind::Refused, e.to_string())
         }
         ConnectError::Tls { source, .. } => (FailureKind::Tls, source.to_string()),
+        ConnectError::CertificateRefused { why, .. } => (FailureKind::Refused, why.clone()),
         ConnectError::Connect { source, .. } => (FailureKind::Unreachable, source.to_string()),
         other => (FailureKind::Unreachable, other.to_string()),
     }

@@ -115,10 +115,10 @@ pub fn bind(address: Option<IpAddr>, port: u16) -> Result<TcpListener, ListenErr
 pub fn listener_for(config: &ManagerConfig) -> Result<TcpListener, ListenError> {
     match activated_listener()? {
         Some(listener) => {
-            tracing::info!(
-                "using the socket-activated listener on {:?}",
-                listener.local_addr().ok()
-            );
+            match listener.local_addr() {
+                Ok(local) => tracing::info!("using the socket-activated listener on {local}"),
+                Err(e) => tracing::info!("using the socket-activated listener (address: {e})"),
+            }
             Ok(listener)
         }
         None if !config.use_tcp => Err(ListenError::NoListener),

@@ -38,6 +38,12 @@
 //!   end on an `EndSignal` (a flag and a waker slot each; a
 //!   `CancellationToken` locks a mutex on every poll, which the reader did
 //!   once per wake-up).
+//! * A session that ends in order (the manager stops, a reload drops it, a
+//!   new connection replaces it) closes its stream: on TLS the agent gets a
+//!   `close_notify` and sees a clean end, not a truncated stream. A writer
+//!   that failed or was blocked does not wait for that, and closing has a
+//!   deadline ([`CLOSE_DEADLINE`]); [`Session::closed`] resolves once the
+//!   writer is done, which is what a stopping manager waits for.
 
 use crate::error::ApiError;
 use crate::nodes::arrival::Arrivals;
@@ -125,6 +131,10 @@ struct EndSignal {
     set: AtomicBool,
     reader: AtomicWaker,
     writer: AtomicWaker,
+    /// The writer is done (its stream closed, or given up on).
+    closed: AtomicBool,
+    /// One task waiting for `closed` ([`Session::closed`]).
+    closer: AtomicWaker,
 }
 
 impl EndSignal {
@@ -138,19 +148,30 @@ impl EndSignal {
     /// Resolves once [`EndSignal::set`] was called; `slot` is the waiting
     /// task's own ([`EndSignal::reader`] or [`EndSignal::writer`]).
     async fn wait(&self, slot: &AtomicWaker) {
+        Self::wait_for(&self.set, slot).await
+    }
+
+    /// Resolves once `flag` is set; `slot` is the waiting task's own.
+    async fn wait_for(flag: &AtomicBool, slot: &AtomicWaker) {
         std::future::poll_fn(|cx| {
-            if self.set.load(Ordering::SeqCst) {
+            if flag.load(Ordering::SeqCst) {
                 return Poll::Ready(());
             }
             slot.register(cx.waker());
             // A `set` between the load and the registration woke nobody.
-            if self.set.load(Ordering::SeqCst) {
+            if flag.load(Ordering::SeqCst) {
                 Poll::Ready(())
             } else {
                 Poll::Pending
             }
         })
         .await
+    }
+
+    /// The writer is done.
+    fn set_closed(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        self.closer.wake();
     }
 }
 
@@ -189,6 +210,14 @@ impl Session {
 
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// Resolves once the writer is done with the stream: closed after an
+    /// orderly end (on TLS, `close_notify` sent), or given up after a
+    /// failed or blocked write. One task may wait at a time. A session
+    /// whose writer never ran (tests) never resolves: bound the wait.
+    pub async fn closed(&self) {
+        EndSignal::wait_for(&self.stop.closed, &self.stop.closer).await
     }
 
     pub fn node(&self) -> &NodeName {
@@ -498,6 +527,10 @@ fn join_parts(first: Response, last: Response) -> Reply {
 /// a page of, twice: two thirds of a session's memory at fleet size.
 pub const SESSION_BUFFER: usize = 512;
 
+/// How long an orderly end may take to close the stream (flush what is
+/// queued, `close_notify`, FIN) before the writer gives up on it.
+pub const CLOSE_DEADLINE: Duration = Duration::from_secs(1);
+
 /// Starts the reader and writer tasks of an accepted session. When either
 /// ends (EOF, error, undecodable frame, a write blocked past
 /// `write_deadline`), the session ends and `owner` runs the disconnect rules.
@@ -539,6 +572,8 @@ where
 {
     let cancelled = session.stop.wait(&session.stop.writer);
     tokio::pin!(cancelled);
+    // Whether the stream is still fit to be closed in order.
+    let mut orderly = true;
     loop {
         let msg = tokio::select! {
             biased;
@@ -557,7 +592,12 @@ where
             Ok(Err(e @ drover_protocol::FrameError::TooLarge { .. })) => {
                 // Refused by the codec before a byte was written: the stream
                 // is intact, so only this message fails, never the session.
-                tracing::error!(node = %session.node, session = session.id, "not sent to the agent: {e}");
+                tracing::error!(
+                    node = %session.node,
+                    session = session.id,
+                    "not sent to the agent of node {}: {e}",
+                    session.node
+                );
                 if let Some(id) = request_id {
                     session.complete(
                         id,
@@ -566,22 +606,36 @@ where
                 }
             }
             Ok(Err(e)) => {
-                tracing::info!(node = %session.node, session = session.id, "cannot write to the agent: {e}");
+                tracing::info!(
+                    node = %session.node,
+                    session = session.id,
+                    "cannot write to the agent of node {}: {e}",
+                    session.node
+                );
+                orderly = false;
                 break;
             }
             Err(_) => {
                 tracing::warn!(
                     node = %session.node,
                     session = session.id,
-                    "the agent does not read (write blocked for {} ms); dropping the session",
+                    "the agent of node {} does not read (write blocked for {} ms); dropping the session",
+                    session.node,
                     deadline.as_millis()
                 );
+                orderly = false;
                 break;
             }
         }
     }
     // Wake the reader so the owner runs the disconnect rules once.
     session.stop.set();
+    if orderly {
+        // Flushes what is queued, then shuts the stream down: on TLS a
+        // `close_notify` first, so the agent sees a clean end.
+        let _ = tokio::time::timeout(deadline.min(CLOSE_DEADLINE), sink.close()).await;
+    }
+    session.stop.set_closed();
 }
 
 async fn read_loop<S>(owner: Arc<dyn SessionOwner>, session: Arc<Session>, mut stream: S)
@@ -608,7 +662,11 @@ where
                             owner.on_bulk();
                         }
                         if !session.complete(id, result) {
-                            tracing::debug!(node = %session.node, "reply to unknown or expired request {id}");
+                            tracing::debug!(
+                                node = %session.node,
+                                "reply from node {} to unknown or expired request {id}",
+                                session.node
+                            );
                         }
                     }
                     ToManager::Event(event) => owner.on_event(&session, event).await,

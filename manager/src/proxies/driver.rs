@@ -235,7 +235,7 @@ impl Proxies {
                         continue;
                     };
                     if let Err(e) = s.notify(notice, NOTICE_TIMEOUT).await {
-                        tracing::warn!(node = %to, "proxy notice not delivered: {e}");
+                        tracing::warn!(node = %to, "proxy notice to node {to} not delivered: {e}");
                     }
                 }
                 Action::Watch { node, unit } => self.watch(inner, node, unit),
@@ -383,7 +383,14 @@ impl Proxies {
             Ok(_) => DepOutcome::Done,
             Err(e) if e.name() == OFFLINE => DepOutcome::Offline,
             Err(e) => {
-                tracing::warn!(node = %cmd.node, unit = %cmd.unit, "{what} failed: {}", e.message());
+                tracing::warn!(
+                    node = %cmd.node,
+                    unit = %cmd.unit,
+                    "{what} of {} on node {} failed: {}",
+                    cmd.unit,
+                    cmd.node,
+                    e.message()
+                );
                 DepOutcome::Failed(e.message().to_owned())
             }
         };
@@ -411,7 +418,11 @@ impl Proxies {
             Ok(Response::Units(units)) => units,
             Ok(_) => return,
             Err(e) => {
-                tracing::info!(node = %session.node(), "cannot list units for the dep sweep: {e}");
+                tracing::info!(
+                    node = %session.node(),
+                    "cannot list the units of node {} for the dep sweep: {e}",
+                    session.node()
+                );
                 return;
             }
         };

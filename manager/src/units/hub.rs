@@ -932,7 +932,12 @@ impl Subscriptions {
             _ => return,
         };
         if tag.guid != session.id() {
-            tracing::debug!(node = %session.node(), "unit event with a foreign tag guid {} dropped", tag.guid);
+            tracing::debug!(
+                node = %session.node(),
+                "unit event of node {} with a foreign tag guid {} dropped",
+                session.node(),
+                tag.guid
+            );
             return;
         }
         let mut st = self.lock();
@@ -1037,7 +1042,7 @@ impl Subscriptions {
                 Err(e) => tracing::warn!(
                     node = %node,
                     unit = what,
-                    "{} failed on the agent (counted as done): {e}",
+                    "{} failed on the agent of node {node} (counted as done): {e}",
                     if subscribe { "Subscribe" } else { "Unsubscribe" }
                 ),
                 Ok(_) => {}

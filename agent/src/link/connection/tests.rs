@@ -757,3 +757,36 @@ async fn the_link_socket_gives_up_on_unacknowledged_heartbeats_within_the_thresh
     assert_eq!(user_timeout_of(local), Some(0));
     agent.stop().await;
 }
+
+/// A refused certificate is a refusal in `systemctl status`, not an
+/// unreachable manager; a truncated TLS stream is a closed connection.
+#[test]
+fn status_and_session_end_name_what_happened() {
+    let refused = ConnectError::CertificateRefused {
+        addr: SocketAddr::from(([192, 0, 2, 10], 842)),
+        why: "the manager refused this node's certificate: it is revoked".into(),
+    };
+    let (kind, why) = notify_failure(&refused);
+    assert_eq!(
+        notify::retry_line("m:842", &kind.with(&why), Duration::from_secs(2)),
+        "refused by the manager at m:842 (the manager refused this node's certificate: it is \
+         revoked), retrying in 2.0s"
+    );
+    let eof = std::io::Error::new(
+        std::io::ErrorKind::UnexpectedEof,
+        "peer closed connection without sending TLS close_notify",
+    );
+    assert_eq!(
+        SessionEnd::from_read_error(drover_protocol::FrameError::Io(eof)),
+        SessionEnd::Closed
+    );
+    let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+    assert!(matches!(
+        SessionEnd::from_read_error(drover_protocol::FrameError::Io(reset)),
+        SessionEnd::Broken(_)
+    ));
+    assert!(matches!(
+        SessionEnd::from_read_error(drover_protocol::FrameError::Truncated),
+        SessionEnd::Malformed(_)
+    ));
+}
