@@ -81,14 +81,21 @@ pure:
 	@! $(CARGO) tree -p drover-protocol -p drover-bus --no-default-features -e normal --prefix none | grep -E '^(tokio|zbus) '
 
 # The shipped system units' sandbox, scored by systemd-analyze (exposure 0.0-10.0;
-# --threshold is in tenths and fails the command above it). The manager must stay
-# at or below 2.5 (issue 13); the agent's bound is its measured score plus a
-# little: docs/security.md lists what each remaining exposure is for.
+# --threshold is in tenths and fails the command above it): the daemons and the
+# templates every cross-node dependency starts (drover's and BlueChi's names).
+# The manager must stay at or below 2.5; the other bounds are each unit's
+# measured score plus a little: docs/security.md lists what each remaining
+# exposure is for.
 MANAGER_EXPOSURE_MAX ?= 25
 AGENT_EXPOSURE_MAX ?= 20
+PROXY_EXPOSURE_MAX ?= 10
+DEP_EXPOSURE_MAX ?= 5
+UNIT_BOUNDS = drover-manager:$(MANAGER_EXPOSURE_MAX) drover-agent:$(AGENT_EXPOSURE_MAX) \
+	drover-proxy@:$(PROXY_EXPOSURE_MAX) bluechi-proxy@:$(PROXY_EXPOSURE_MAX) \
+	drover-dep@:$(DEP_EXPOSURE_MAX) bluechi-dep@:$(DEP_EXPOSURE_MAX)
 units:
 	@command -v systemd-analyze >/dev/null || { echo "make units: systemd-analyze missing (package systemd; scripts/host-deps demo)"; exit 1; }
-	@for spec in drover-manager:$(MANAGER_EXPOSURE_MAX) drover-agent:$(AGENT_EXPOSURE_MAX); do \
+	@for spec in $(UNIT_BOUNDS); do \
 		unit=dist/usr/lib/systemd/system/$${spec%%:*}.service; max=$${spec##*:}; \
 		out=$$(systemd-analyze security --offline=yes --threshold=$$max $$unit 2>&1) || { \
 			echo "$$out"; echo "$$unit: exposure above the allowed $$max (tenths)"; exit 1; }; \

@@ -115,13 +115,13 @@ pub fn manager_config(
 /// `ExecStart=`/`ExecStop=` at the `drover-proxy` it found.
 const PROXY_USER_TEMPLATE: &str =
     include_str!("../../dist/usr/lib/systemd/user/drover-proxy@.service");
-/// The dep template as shipped in `dist/usr/lib/systemd/system/` (the user one is a link to it).
-const DEP_TEMPLATE: &str = include_str!("../../dist/usr/lib/systemd/system/drover-dep@.service");
+/// The user-mode dep template as shipped in `dist/usr/lib/systemd/user/`.
+const DEP_TEMPLATE: &str = include_str!("../../dist/usr/lib/systemd/user/drover-dep@.service");
 /// BlueChi's names, from drover's optional BlueChi compatibility set (user mode).
 const BLUECHI_PROXY_USER_TEMPLATE: &str =
     include_str!("../../dist/usr/lib/systemd/user/bluechi-proxy@.service");
 const BLUECHI_DEP_TEMPLATE: &str =
-    include_str!("../../dist/usr/lib/systemd/system/bluechi-dep@.service");
+    include_str!("../../dist/usr/lib/systemd/user/bluechi-dep@.service");
 /// Where the shipped templates expect the helper.
 const SHIPPED_PROXY_PATH: &str = "/usr/libexec/drover-proxy";
 

@@ -5,8 +5,10 @@
 //! * [`completions`]: droverctl's bash, zsh and fish completions, from its clap
 //!   definition;
 //! * [`packages`]: what is installed where and in which package, install trees
-//!   (`make install`) and `.deb` files (`make deb`).
+//!   (`make install`);
+//! * [`deb`]: `.deb` files of those packages (`make deb`).
 
 pub mod completions;
+pub mod deb;
 pub mod man;
 pub mod packages;

@@ -134,8 +134,9 @@ fn main() -> Result<()> {
         } => {
             std::fs::create_dir_all(&out)?;
             let inputs = Inputs::new(&repo(), &bin_dir, VERSION)?;
+            let meta = xtask::deb::Meta::from_env(&repo())?;
             for pkg in PACKAGES {
-                let file = packages::build_deb(pkg, &inputs, &out, &compress)?;
+                let file = xtask::deb::build_deb(pkg, &inputs, &meta, &out, &compress)?;
                 println!("{}", file.display());
             }
         }

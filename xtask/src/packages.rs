@@ -18,8 +18,9 @@
 //!   `bluechi-proxy@.service` and `bluechi-dep@.service` templates (system and
 //!   user), so unit files written for BlueChi work with drover's agent.
 //!
-//! Units are enabled by the presets on first install, never started by a
-//! maintainer script; `/etc/drover/*.conf` are conffiles.
+//! Units are enabled on first install, never started by a maintainer script
+//! ([`crate::deb`] for Debian's scripts, the presets elsewhere);
+//! `/etc/drover/*.conf` are conffiles.
 
 use crate::man;
 use anyhow::{Context, Result, bail};
@@ -56,6 +57,8 @@ pub struct Package {
     pub summary: &'static str,
     pub description: &'static str,
     pub depends: &'static [&'static str],
+    /// Packages that make it better (Debian's `Recommends:`).
+    pub recommends: &'static [&'static str],
     /// Other drover packages it needs, at exactly the same version.
     pub siblings: &'static [&'static str],
     /// Eclipse BlueChi packages that own the same paths or bus names: the deb
@@ -109,6 +112,7 @@ pub const PACKAGES: &[Package] = &[
                       Eclipse BlueChi's public D-Bus API (org.eclipse.bluechi), so bluechictl-style\n\
                       tools, BlueChi's Python bindings and droverctl drive the whole fleet.",
         depends: &["systemd", "dbus"],
+        recommends: &[],
         siblings: &["drover-common"],
         replaces: &["bluechi-controller"],
         arch_all: false,
@@ -151,6 +155,7 @@ pub const PACKAGES: &[Package] = &[
                       templates, with which a unit depends on a unit of another node.",
         // procps: `/bin/kill`, the units' `ExecReload=`.
         depends: &["systemd", "dbus", "procps"],
+        recommends: &[],
         siblings: &["drover-common"],
         replaces: &["bluechi-agent"],
         arch_all: false,
@@ -213,6 +218,8 @@ pub const PACKAGES: &[Package] = &[
                       BlueChi-compatible D-Bus API; drover-pki makes the certificates of\n\
                       drover's mutual TLS.",
         depends: &[],
+        // Loads the bash completion it ships.
+        recommends: &["bash-completion"],
         siblings: &[],
         replaces: &[],
         arch_all: false,
@@ -246,6 +253,7 @@ pub const PACKAGES: &[Package] = &[
         description: "The drover.conf(5) manual page: every key of the manager's and the\n\
                       agent's configuration files.",
         depends: &[],
+        recommends: &[],
         siblings: &[],
         replaces: &[],
         arch_all: true,
@@ -264,6 +272,7 @@ pub const PACKAGES: &[Package] = &[
                       (Wants=bluechi-proxy@node2_db.service) work unchanged with drover's agent\n\
                       and its drover-proxy helper.",
         depends: &[],
+        recommends: &[],
         // The templates run drover-agent's drover-proxy, whose command line
         // they use: the same version.
         siblings: &["drover-agent"],
@@ -444,7 +453,7 @@ pub fn rewrite_paths(text: &str, layout: &Layout) -> String {
 }
 
 /// `gzip -9n`: reproducible (no name, no time stamp), as man pages ship.
-fn gzip(data: &[u8]) -> Result<Vec<u8>> {
+pub(crate) fn gzip(data: &[u8]) -> Result<Vec<u8>> {
     use std::io::Write;
     let mut child = Command::new("gzip")
         .args(["-9n", "-c"])
@@ -466,236 +475,9 @@ fn gzip(data: &[u8]) -> Result<Vec<u8>> {
     Ok(out.stdout)
 }
 
-/// The Debian architecture of this build.
-pub fn deb_arch() -> &'static str {
-    match std::env::consts::ARCH {
-        "x86_64" => "amd64",
-        "aarch64" => "arm64",
-        "x86" => "i386",
-        "arm" => "armhf",
-        "powerpc64" => "ppc64el",
-        "s390x" => "s390x",
-        "riscv64" => "riscv64",
-        other => other,
-    }
-}
-
-/// The shared libraries a Rust binary links, as Debian dependencies: libc6
-/// at the newest GLIBC symbol version it uses, libgcc-s1 when it unwinds
-/// through libgcc_s.
-pub fn library_depends(binary: &[u8]) -> Vec<String> {
-    let mut newest: Option<(u32, u32)> = None;
-    let needle = b"GLIBC_2.";
-    let mut i = 0;
-    while let Some(pos) = binary[i..].windows(needle.len()).position(|w| w == needle) {
-        let start = i + pos + needle.len();
-        let digits: Vec<u8> = binary[start..]
-            .iter()
-            .take_while(|b| b.is_ascii_digit() || **b == b'.')
-            .copied()
-            .collect();
-        let text = String::from_utf8_lossy(&digits);
-        let mut parts = text.split('.').filter_map(|p| p.parse::<u32>().ok());
-        if let Some(minor) = parts.next() {
-            let v = (minor, parts.next().unwrap_or(0));
-            newest = Some(newest.map_or(v, |n| n.max(v)));
-        }
-        i = start;
-    }
-    let mut deps = Vec::new();
-    if let Some((minor, patch)) = newest {
-        deps.push(if patch == 0 {
-            format!("libc6 (>= 2.{minor})")
-        } else {
-            format!("libc6 (>= 2.{minor}.{patch})")
-        });
-    }
-    if binary.windows(13).any(|w| w == b"libgcc_s.so.1") {
-        deps.push("libgcc-s1".to_string());
-    }
-    deps
-}
-
-fn maintainer_scripts(unit: &str) -> Vec<(&'static str, String)> {
-    vec![
-        (
-            "postinst",
-            format!(
-                "#!/bin/sh\n\
-                 # Enable {unit} as its preset says, on first install only; never start it.\n\
-                 set -e\n\
-                 if [ \"$1\" = configure ] && [ -z \"$2\" ]; then\n\
-                 \x20   systemctl --no-reload preset {unit} >/dev/null 2>&1 || true\n\
-                 fi\n\
-                 if [ -d /run/systemd/system ]; then\n\
-                 \x20   systemctl daemon-reload >/dev/null 2>&1 || true\n\
-                 fi\n"
-            ),
-        ),
-        (
-            "prerm",
-            format!(
-                "#!/bin/sh\n\
-                 # Stop and disable {unit} when the package is removed (not on upgrade).\n\
-                 set -e\n\
-                 if [ \"$1\" = remove ]; then\n\
-                 \x20   if [ -d /run/systemd/system ]; then\n\
-                 \x20       systemctl stop {unit} >/dev/null 2>&1 || true\n\
-                 \x20   fi\n\
-                 \x20   systemctl --no-reload disable {unit} >/dev/null 2>&1 || true\n\
-                 fi\n"
-            ),
-        ),
-        (
-            "postrm",
-            "#!/bin/sh\n\
-             set -e\n\
-             if [ -d /run/systemd/system ]; then\n\
-             \x20   systemctl daemon-reload >/dev/null 2>&1 || true\n\
-             fi\n"
-                .to_string(),
-        ),
-    ]
-}
-
-/// Builds one `.deb` of `pkg` into `out_dir` with `dpkg-deb`; `compress` is
-/// dpkg-deb's `-Z` (`xz` for releases, `none` for the quick test).
-pub fn build_deb(
-    pkg: &Package,
-    inputs: &Inputs,
-    out_dir: &Path,
-    compress: &str,
-) -> Result<PathBuf> {
-    let stage_dir = out_dir.join("stage").join(pkg.name);
-    if stage_dir.exists() {
-        std::fs::remove_dir_all(&stage_dir)?;
-    }
-    let layout = Layout::debian();
-    let installed = stage(pkg, &stage_dir, &layout, inputs)?;
-
-    let mut depends: Vec<String> = Vec::new();
-    for item in pkg.items {
-        if let Source::Bin(name) = item.source {
-            let bytes = std::fs::read(inputs.bin_dir.join(name))?;
-            for d in library_depends(&bytes) {
-                if !depends.contains(&d) {
-                    depends.push(d);
-                }
-            }
-        }
-    }
-    // The newest libc requirement wins when binaries differ.
-    let mut libc: Vec<String> = depends
-        .iter()
-        .filter(|d| d.starts_with("libc6"))
-        .cloned()
-        .collect();
-    libc.sort_by_key(|d| version_key(d));
-    depends.retain(|d| !d.starts_with("libc6"));
-    if let Some(newest) = libc.pop() {
-        depends.insert(0, newest);
-    }
-    depends.extend(pkg.depends.iter().map(|d| d.to_string()));
-    for sibling in pkg.siblings {
-        depends.push(format!("{sibling} (= {})", inputs.version));
-    }
-
-    let size_kib: u64 = installed
-        .iter()
-        .map(|(p, _)| {
-            std::fs::metadata(stage_dir.join(p.trim_start_matches('/')))
-                .map(|m| m.len().div_ceil(1024))
-                .unwrap_or(0)
-        })
-        .sum();
-    let arch = if pkg.arch_all { "all" } else { deb_arch() };
-    let debian = stage_dir.join("DEBIAN");
-    std::fs::create_dir_all(&debian)?;
-    let mut control = format!(
-        "Package: {}\nVersion: {}\nArchitecture: {arch}\n\
-         Maintainer: drover developers <drover@example.invalid>\n\
-         Installed-Size: {size_kib}\nSection: admin\nPriority: optional\n",
-        pkg.name, inputs.version
-    );
-    if !depends.is_empty() {
-        control.push_str(&format!("Depends: {}\n", depends.join(", ")));
-    }
-    if !pkg.replaces.is_empty() {
-        let list = pkg.replaces.join(", ");
-        control.push_str(&format!("Conflicts: {list}\nReplaces: {list}\n"));
-    }
-    let description: Vec<String> = pkg
-        .description
-        .lines()
-        .map(|l| format!(" {}", l.trim()))
-        .collect();
-    control.push_str(&format!(
-        "Description: {}\n{}\n",
-        pkg.summary,
-        description.join("\n")
-    ));
-    write_mode(&debian.join("control"), control.as_bytes(), 0o644)?;
-    let conffiles: Vec<&str> = installed
-        .iter()
-        .map(|(p, _)| p.as_str())
-        .filter(|p| p.starts_with("/etc/"))
-        .collect();
-    if !conffiles.is_empty() {
-        write_mode(
-            &debian.join("conffiles"),
-            format!("{}\n", conffiles.join("\n")).as_bytes(),
-            0o644,
-        )?;
-    }
-    if let Some(unit) = pkg.unit {
-        for (name, text) in maintainer_scripts(unit) {
-            write_mode(&debian.join(name), text.as_bytes(), 0o755)?;
-        }
-    }
-
-    let file = out_dir.join(format!("{}_{}_{arch}.deb", pkg.name, inputs.version));
-    let out = Command::new("dpkg-deb")
-        .arg("--root-owner-group")
-        .arg(format!("-Z{compress}"))
-        .arg("--build")
-        .arg(&stage_dir)
-        .arg(&file)
-        .output()
-        .context("running dpkg-deb (package dpkg)")?;
-    if !out.status.success() {
-        bail!(
-            "dpkg-deb --build {} failed: {}",
-            stage_dir.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    std::fs::remove_dir_all(&stage_dir)?;
-    Ok(file)
-}
-
-fn version_key(dep: &str) -> Vec<u32> {
-    dep.split(|c: char| !c.is_ascii_digit())
-        .filter_map(|p| p.parse().ok())
-        .collect()
-}
-
-fn write_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
-    std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn library_dependencies_come_from_the_binary() {
-        let fake =
-            b"\0libc.so.6\0GLIBC_2.2.5\0GLIBC_2.34\0GLIBC_2.17\0libgcc_s.so.1\0GLIBC_2.3.4\0";
-        assert_eq!(library_depends(fake), ["libc6 (>= 2.34)", "libgcc-s1"]);
-        assert!(library_depends(b"nothing").is_empty());
-    }
 
     #[test]
     fn every_dist_file_is_in_a_package_and_every_source_exists() {

@@ -50,7 +50,12 @@ fn expected() -> BTreeMap<&'static str, BTreeMap<String, u32>> {
     PACKAGES
         .iter()
         .map(|p| {
-            let files = p.items.iter().map(|i| (layout.dest(i), i.mode)).collect();
+            let mut files: BTreeMap<String, u32> =
+                p.items.iter().map(|i| (layout.dest(i), i.mode)).collect();
+            // What Debian asks of every package.
+            for doc in ["copyright", "changelog.gz"] {
+                files.insert(format!("/usr/share/doc/{}/{doc}", p.name), 0o644);
+            }
             (p.name, files)
         })
         .collect()
@@ -71,8 +76,9 @@ fn packages_hold_their_files_with_their_modes_and_metadata() {
             let out = scratch.0.join("debs");
             std::fs::create_dir_all(&out).unwrap();
             let inputs = Inputs::new(&repo(), &bin_dir(), env!("CARGO_PKG_VERSION")).unwrap();
+            let meta = xtask::deb::Meta::from_env(&repo()).unwrap();
             for pkg in PACKAGES {
-                packages::build_deb(pkg, &inputs, &out, "none").unwrap();
+                xtask::deb::build_deb(pkg, &inputs, &meta, &out, "none").unwrap();
             }
             out
         }
@@ -87,7 +93,7 @@ fn packages_hold_their_files_with_their_modes_and_metadata() {
         let arch = if pkg.arch_all {
             "all"
         } else {
-            packages::deb_arch()
+            xtask::deb::deb_arch()
         };
         let deb = debs_dir.join(format!("{}_{version}_{arch}.deb", pkg.name));
         assert!(deb.is_file(), "{} missing", deb.display());
@@ -101,6 +107,23 @@ fn packages_hold_their_files_with_their_modes_and_metadata() {
         assert_eq!(field("Package"), pkg.name);
         assert_eq!(field("Version"), version);
         assert_eq!(field("Architecture"), arch);
+        assert_eq!(field("Source"), "drover");
+        assert!(
+            field("Homepage").starts_with("https://"),
+            "{}",
+            field("Homepage")
+        );
+        let maintainer = field("Maintainer");
+        assert!(
+            maintainer.contains(" <") && maintainer.ends_with('>'),
+            "{maintainer}"
+        );
+        assert_eq!(
+            field("Recommends"),
+            pkg.recommends.join(", "),
+            "{}",
+            pkg.name
+        );
         installed_kib += field("Installed-Size").parse::<u64>().unwrap();
         let depends = field("Depends");
         if pkg.unit.is_some() {
@@ -169,17 +192,56 @@ fn packages_hold_their_files_with_their_modes_and_metadata() {
         let conffiles = std::fs::read_to_string(control.join("conffiles")).unwrap_or_default();
         let listed: Vec<&str> = conffiles.lines().collect();
         assert_eq!(listed, etc, "{}: conffiles", pkg.name);
+        // md5sums: every file but the conffiles, each sum right.
+        let sums = std::fs::read_to_string(control.join("md5sums")).unwrap();
+        let summed: Vec<String> = sums
+            .lines()
+            .map(|l| format!("/{}", l.split_once("  ").unwrap().1))
+            .collect();
+        let not_etc: Vec<&String> = files.keys().filter(|p| !p.starts_with("/etc/")).collect();
+        assert_eq!(
+            summed.iter().collect::<Vec<_>>(),
+            not_etc,
+            "{}: md5sums",
+            pkg.name
+        );
         if let Some(unit) = pkg.unit {
             let postinst = std::fs::read_to_string(control.join("postinst")).unwrap();
             assert!(
-                postinst.contains(&format!("systemctl --no-reload preset {unit}")),
+                postinst.contains(&format!("deb-systemd-helper enable '{unit}'")),
                 "{postinst}"
             );
-            let starts = postinst
+            // An upgrade restarts a running daemon, and nothing else starts it.
+            let code: Vec<&str> = postinst
                 .lines()
                 .filter(|l| !l.trim_start().starts_with('#'))
-                .any(|l| l.contains("start") || l.contains("--now"));
-            assert!(!starts, "postinst must not start anything:\n{postinst}");
+                .collect();
+            let starts: Vec<&&str> = code
+                .iter()
+                .filter(|l| l.contains("start") || l.contains("--now"))
+                .collect();
+            assert_eq!(
+                starts,
+                [
+                    &format!("\t\t\tdeb-systemd-invoke try-restart '{unit}' >/dev/null || true")
+                        .as_str()
+                ],
+                "postinst must start nothing, and restart only a running daemon on upgrade:\n{postinst}"
+            );
+            let prerm = std::fs::read_to_string(control.join("prerm")).unwrap();
+            assert!(
+                prerm.contains(&format!("deb-systemd-invoke stop '{unit}'")),
+                "{prerm}"
+            );
+            for script in ["postinst", "prerm", "postrm"] {
+                let text = std::fs::read_to_string(control.join(script)).unwrap();
+                let raw: Vec<&str> = text
+                    .lines()
+                    .filter(|l| l.contains("systemctl") && !l.contains("daemon-reload"))
+                    .collect();
+                assert!(raw.is_empty(), "{script} calls systemctl directly: {raw:?}");
+                run(Command::new("sh").arg("-n").arg(control.join(script)));
+            }
             let mode = std::fs::metadata(control.join("postinst"))
                 .unwrap()
                 .permissions()
@@ -190,6 +252,30 @@ fn packages_hold_their_files_with_their_modes_and_metadata() {
         }
 
         run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root));
+        run(Command::new("md5sum")
+            .args(["--quiet", "-c"])
+            .arg(control.join("md5sums"))
+            .current_dir(&root));
+        let doc = root.join("usr/share/doc").join(pkg.name);
+        let copyright = std::fs::read_to_string(doc.join("copyright")).unwrap();
+        assert!(
+            copyright.starts_with(
+                "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/"
+            ) && copyright.contains("License: Apache-2.0")
+                && copyright.contains("/usr/share/common-licenses/Apache-2.0"),
+            "{copyright}"
+        );
+        // Every package with a binary names the crates linked into it.
+        if !pkg.arch_all {
+            assert!(copyright.contains("\n tokio "), "{}: {copyright}", pkg.name);
+        }
+        let changes = run(Command::new("gzip")
+            .arg("-dc")
+            .arg(doc.join("changelog.gz")));
+        assert!(
+            changes.starts_with(&format!("drover ({version}) unstable; urgency=medium\n")),
+            "{changes}"
+        );
     }
     assert!(all_files >= 25, "{all_files} files in all");
     // The release packages (make deb-check) stay within the size budget.
@@ -243,11 +329,43 @@ fn packages_hold_their_files_with_their_modes_and_metadata() {
             "{program}: {out}"
         );
     }
-    // The user dep template is the system one.
-    assert_eq!(
-        std::fs::read(root.join("usr/lib/systemd/user/drover-dep@.service")).unwrap(),
-        std::fs::read(root.join("usr/lib/systemd/system/drover-dep@.service")).unwrap()
-    );
+    // Each user template is its system template without the sandbox: the
+    // same [Unit] and the same commands.
+    for (user, system) in [
+        ("drover-dep@.service", "drover-dep@.service"),
+        ("drover-proxy@.service", "drover-proxy@.service"),
+        ("bluechi-dep@.service", "bluechi-dep@.service"),
+        ("bluechi-proxy@.service", "bluechi-proxy@.service"),
+    ] {
+        let unit_lines = |dir: &str, name: &str| -> Vec<String> {
+            let text = std::fs::read_to_string(root.join(dir).join(name)).unwrap();
+            text.lines()
+                .filter(|l| !l.starts_with('#') && !l.is_empty())
+                .filter(|l| {
+                    [
+                        "Description=",
+                        "BindsTo=",
+                        "After=",
+                        "StopWhenUnneeded=",
+                        "Type=",
+                        "RemainAfterExit=",
+                        "KillMode=",
+                        "TimeoutStartSec=",
+                        "ExecStop=/bin/true",
+                        "SuccessExitStatus=",
+                    ]
+                    .iter()
+                    .any(|k| l.starts_with(k))
+                })
+                .map(str::to_string)
+                .collect()
+        };
+        assert_eq!(
+            unit_lines("usr/lib/systemd/user", user),
+            unit_lines("usr/lib/systemd/system", system),
+            "{user}: the user template differs from the system one beyond its sandbox"
+        );
+    }
     // Man pages are gzipped roff.
     let page = run(Command::new("gzip")
         .arg("-dc")
