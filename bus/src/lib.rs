@@ -34,6 +34,8 @@ pub mod label;
 pub mod limits;
 #[cfg(feature = "zbus")]
 pub mod marshal;
+#[cfg(feature = "zbus")]
+pub mod sender;
 pub mod systemd;
 pub mod timestamp;
 

@@ -255,8 +255,14 @@ impl Connection {
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
             while let Some(msg) = self.next_buffered()? {
-                let Some(to) = msg.reply_serial else {
-                    // NameAcquired and other signals answer no call.
+                // Only a method return or an error answers a call. A signal may
+                // carry a REPLY_SERIAL field too, and any local user may send one
+                // to our unique name: taken as the answer, it would complete the
+                // proxy while its target is still down.
+                let Some(to) = msg
+                    .reply_serial
+                    .filter(|_| matches!(msg.kind, Kind::Return | Kind::Error))
+                else {
                     continue;
                 };
                 let reply = match msg.kind {

@@ -84,6 +84,15 @@ pub struct ClusterOptions {
     pub bluechi_compat: bool,
     /// Where the drover binaries are (default: [`binaries::search_dirs`]).
     pub bin_dir: Option<PathBuf>,
+    /// The manager's bus and every node's bus are configured as a system bus
+    /// (default false): `<type>system</type>`, the host's default policy of
+    /// `system.conf` (every user may connect and send signals, method calls only where
+    /// a service's policy allows them), systemd's policy for `org.freedesktop.systemd1`
+    /// and drover's shipped policies (`dist/usr/share/dbus-1/system.d/`); and the
+    /// nodes' runtime directories are reachable by every user, so a test can act as an
+    /// unprivileged local user of a node or of the manager host
+    /// (`drover_testkit::api::connect_as`).
+    pub system_bus_policy: bool,
 }
 
 impl Default for ClusterOptions {
@@ -107,6 +116,7 @@ impl ClusterOptions {
             tls: true,
             bluechi_compat: false,
             bin_dir: None,
+            system_bus_policy: false,
         }
     }
 
@@ -166,6 +176,9 @@ pub struct Cluster {
     proxy_bin: Option<PathBuf>,
     /// Nodes get the BlueChi compatibility templates too ([`ClusterOptions::bluechi_compat`]).
     bluechi_compat: bool,
+    /// The buses have the system bus's policy ([`ClusterOptions::system_bus_policy`]):
+    /// the policy files they include.
+    system_policy: Option<SystemPolicy>,
     /// `AllowedNodeNames` as written into manager.conf (kept for [`Cluster::reconfigure_manager`]).
     allowed: Vec<String>,
     /// Set once torn down or detached: `Drop` then does nothing.
@@ -330,11 +343,18 @@ impl Cluster {
             bin_dirs,
             proxy_bin,
             bluechi_compat: opts.bluechi_compat,
+            system_policy: None,
             allowed: opts.nodes.clone(),
             finished: false,
         };
         // Owned by `cluster` now: its `Drop` tears down.
         held.release();
+        if opts.system_bus_policy {
+            match SystemPolicy::write(&dir) {
+                Ok(policy) => cluster.system_policy = Some(policy),
+                Err(e) => return Err(cluster.failed_start(e)),
+            }
+        }
         // From here on a failure tears down what was started, keeping the logs.
         match cluster.start_nodes_and_bus(&opts.nodes).await {
             Ok(()) => Ok(cluster),
@@ -821,6 +841,9 @@ impl Cluster {
 
     fn spawn_node(&mut self, name: &str) -> Result<()> {
         node::prepare_dirs(&self.state.dir, name)?;
+        if let Some(policy) = &self.system_policy {
+            policy.apply_to_node(&self.state.dir, name)?;
+        }
         // Written before the node's systemd starts, so no reload is needed.
         if let Some(bin) = &self.proxy_bin {
             let logs = node::unit_log_dir(&self.state.dir, name);
@@ -852,7 +875,11 @@ impl Cluster {
     async fn start_bus(&mut self) -> Result<()> {
         let dir = self.state.dir.clone();
         let conf = dir.join("bus.conf");
-        write_file(&conf, &files::bus_config(&dir.join("bus")))?;
+        let text = match &self.system_policy {
+            Some(policy) => policy.config(Some(&dir.join("bus"))),
+            None => files::bus_config(&dir.join("bus")),
+        };
+        write_file(&conf, &text)?;
         let mut child = process::spawn(Spawn {
             program: Path::new("/usr/bin/dbus-daemon"),
             args: vec![
@@ -1033,6 +1060,70 @@ fn new_id() -> String {
 }
 
 /// Makes the sandbox directory; cleans a dead sandbox out of it, refuses a live one.
+/// The policy files of a sandbox whose buses are system buses
+/// ([`ClusterOptions::system_bus_policy`]), written into `DIR/policy/`.
+#[derive(Debug, Clone)]
+struct SystemPolicy {
+    default_policy: String,
+    includes: Vec<PathBuf>,
+}
+
+impl SystemPolicy {
+    fn write(dir: &Path) -> Result<SystemPolicy> {
+        let system_conf = std::fs::read_to_string(files::SYSTEM_CONF)
+            .with_context(|| format!("reading {} (package dbus)", files::SYSTEM_CONF))?;
+        let default_policy = files::system_default_policy(&system_conf).map_err(|e| anyhow!(e))?;
+        let policy_dir = dir.join("policy");
+        std::fs::create_dir_all(&policy_dir)
+            .with_context(|| format!("creating {}", policy_dir.display()))?;
+        let systemd = PathBuf::from(files::SYSTEMD_POLICY);
+        if !systemd.is_file() {
+            bail!("{} is missing (package systemd)", systemd.display());
+        }
+        let mut includes = vec![systemd];
+        for (name, text) in files::SHIPPED_POLICIES {
+            let path = policy_dir.join(name);
+            write_file(&path, text)?;
+            includes.push(path);
+        }
+        Ok(SystemPolicy {
+            default_policy,
+            includes,
+        })
+    }
+
+    fn config(&self, listen: Option<&Path>) -> String {
+        files::system_bus_config(listen, &self.default_policy, &self.includes)
+    }
+
+    /// The node's own bus (its `systemd --user`'s socket-activated `dbus.service`)
+    /// runs with this policy instead of the session bus's, and every user may reach
+    /// its socket.
+    fn apply_to_node(&self, dir: &Path, node: &str) -> Result<()> {
+        let home = node::home(dir, node);
+        let conf = home.join("system-bus.conf");
+        write_file(&conf, &self.config(None))?;
+        let dropin = node::unit_dir(dir, node).join("dbus.service.d");
+        std::fs::create_dir_all(&dropin)
+            .with_context(|| format!("creating {}", dropin.display()))?;
+        write_file(
+            &dropin.join("50-system-policy.conf"),
+            &format!(
+                "# Written by drover-sandbox: this node's bus has the system bus's policy.\n\
+                 [Service]\nExecStart=\nExecStart=/usr/bin/dbus-daemon --config-file={} \
+                 --nofork --nopidfile\n",
+                conf.display()
+            ),
+        )?;
+        use std::os::unix::fs::PermissionsExt;
+        for path in [dir.to_path_buf(), home, node::runtime_dir(dir, node)] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o711))
+                .with_context(|| format!("chmod 711 {}", path.display()))?;
+        }
+        Ok(())
+    }
+}
+
 fn prepare_dir(requested: Option<&Path>, id: &str, nodes: &[String]) -> Result<(PathBuf, bool)> {
     let dir = match requested {
         Some(d) if d.is_absolute() => d.to_path_buf(),

@@ -60,6 +60,75 @@ pub fn bus_config_for(socket: &Path, any_user: bool) -> String {
     )
 }
 
+/// drover's shipped D-Bus policies (`dist/usr/share/dbus-1/system.d/`), as the
+/// packages install them: (file name, text).
+pub const SHIPPED_POLICIES: [(&str, &str); 2] = [
+    (
+        "org.eclipse.bluechi.conf",
+        include_str!("../../dist/usr/share/dbus-1/system.d/org.eclipse.bluechi.conf"),
+    ),
+    (
+        "org.eclipse.bluechi.Agent.conf",
+        include_str!("../../dist/usr/share/dbus-1/system.d/org.eclipse.bluechi.Agent.conf"),
+    ),
+];
+
+/// systemd's own policy for `org.freedesktop.systemd1` (package systemd): only root owns
+/// the name and calls what changes state.
+pub const SYSTEMD_POLICY: &str = "/usr/share/dbus-1/system.d/org.freedesktop.systemd1.conf";
+
+/// The system bus's configuration as the host's dbus package ships it.
+pub const SYSTEM_CONF: &str = "/usr/share/dbus-1/system.conf";
+
+/// The `<policy context="default">` element of the host's `system.conf` (dbus's
+/// default system bus policy: every user may connect and send signals, method calls
+/// only where a service's policy allows them).
+pub fn system_default_policy(system_conf: &str) -> Result<String, String> {
+    let start = system_conf
+        .find("<policy context=\"default\">")
+        .ok_or("no <policy context=\"default\"> in system.conf")?;
+    let len = system_conf[start..]
+        .find("</policy>")
+        .ok_or("the default policy of system.conf does not end")?;
+    Ok(system_conf[start..start + len + "</policy>".len()].to_owned())
+}
+
+/// A bus configured as a system bus: `<type>system</type>`, the host's default system
+/// policy (`default_policy`, from [`system_default_policy`]), then each file of
+/// `includes` (service policies). `listen`: the socket it listens on; `None` for a
+/// socket-activated daemon (`<listen>systemd:</listen>`).
+pub fn system_bus_config(
+    listen: Option<&Path>,
+    default_policy: &str,
+    includes: &[PathBuf],
+) -> String {
+    let listen = match listen {
+        Some(p) => format!("unix:path={}", xml_escape(&p.display().to_string())),
+        None => "systemd:".to_owned(),
+    };
+    let includes: String = includes
+        .iter()
+        .map(|p| {
+            format!(
+                "  <include>{}</include>\n",
+                xml_escape(&p.display().to_string())
+            )
+        })
+        .collect();
+    format!(
+        r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<!-- Written by drover-sandbox: a bus with the system bus's policy. -->
+<busconfig>
+  <type>system</type>
+  <listen>{listen}</listen>
+  <auth>EXTERNAL</auth>
+  {default_policy}
+{includes}</busconfig>
+"#
+    )
+}
+
 fn xml_escape(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")

@@ -201,6 +201,11 @@ impl CtlFollower {
         std::mem::take(&mut self.stderr_seen).concat()
     }
 
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
     /// Sends SIGINT (Ctrl-C) and returns at once.
     pub fn sigint(&self) -> Result<()> {
         let pid = self.child.id().context("droverctl already exited")?;

@@ -34,6 +34,8 @@
 //!   properties, introspection, signals, [`api::JobWatch`] (a job's `JobNew` and
 //!   `JobRemoved`), [`api::Inbox`] (a monitor's unicast signals), error names;
 //! * [`monitor`]: a monitor followed over D-Bus, with every event ([`monitor::Ev`]) it got;
+//! * [`forge`]: [`forge::Forger`], an unprivileged local user sending signals to one
+//!   connection (the attacks of the signal tests);
 //! * [`ctl`]: `droverctl` runs and followed runs (`monitor`, `status -w`) read line by line;
 //! * [`agent`]: [`FakeAgent`], a scripted agent that speaks drover's wire protocol to a
 //!   real manager (handshake, heartbeats, answers, events), and the messages it sends;
@@ -52,6 +54,7 @@ pub mod agent;
 pub mod api;
 pub mod cluster;
 pub mod ctl;
+pub mod forge;
 pub mod manager;
 pub mod monitor;
 pub mod node;

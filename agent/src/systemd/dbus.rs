@@ -22,6 +22,14 @@
 //! turned back into unit names by reversing systemd's bus label escaping.
 //! Signals are read as messages, not through proxy signal streams: the
 //! order across members is the point, and one match rule keeps it.
+//!
+//! Only systemd speaks for systemd: each stream also carries the bus
+//! daemon's `NameOwnerChanged` of `org.freedesktop.systemd1`, and a signal
+//! counts only when its sender is the unique name that owns it at that point
+//! of the stream (`drover_bus::sender`). The match rules' `sender=` does not
+//! do this: the bus applies it to broadcasts only, and any local user may
+//! send a signal straight to the agent's unique name. Others' signals are
+//! dropped, counted and logged at a bounded rate.
 
 use super::api::{
     ChangedProperties, EVENT_QUEUE, EventStream, JobInfo, JobPath, Systemd, SystemdEvent,
@@ -29,6 +37,7 @@ use super::api::{
 };
 use drover_bus::Bus;
 use drover_bus::marshal::{self, AuxUnits, PropertyList, PropertyMap};
+use drover_bus::sender::{Dropped, Owner, Verdict};
 use drover_bus::systemd::{
     BUS_NAME, JOB_IFACE, JOB_PATH_PREFIX, MANAGER_IFACE, MANAGER_PATH, UNIT_IFACE,
     UNIT_PATH_PREFIX, UnitTuple, unit_info, unit_name_from_path,
@@ -344,6 +353,7 @@ impl Systemd for ZbusSystemd {
             }
         };
         // Match rules first, then Subscribe: no signal can slip between them.
+        let (owner, owner_changes) = follow_systemd(&self.conn).await?;
         let removed = systemd_signals(&self.conn, manager_signal("JobRemoved")).await?;
         let states = systemd_signals(&self.conn, |rule| {
             rule.path_namespace(JOB_PATH_PREFIX)
@@ -358,9 +368,18 @@ impl Systemd for ZbusSystemd {
             .map_err(call_error("Subscribe"))?;
 
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
-        let joined =
-            ordered_stream::join(ordered_stream::join(news, removed), states).into_stream();
-        tokio::spawn(pump(joined, tx, parse_signal, "systemd signals"));
+        let joined = ordered_stream::join(
+            ordered_stream::join(ordered_stream::join(news, removed), states),
+            owner_changes,
+        )
+        .into_stream();
+        tokio::spawn(pump(
+            joined,
+            owner,
+            tx,
+            parse_signal,
+            "systemd's job signals",
+        ));
         Ok(rx)
     }
 
@@ -368,13 +387,15 @@ impl Systemd for ZbusSystemd {
         // One match rule for every signal of systemd, filtered here: the
         // order between `Reloading`, `UnitRemoved`, `UnitNew` and the state
         // signals matters, and separate streams do not keep it reliably.
+        let (owner, owner_changes) = follow_systemd(&self.conn).await?;
         let stream = systemd_signals(&self.conn, |rule| rule).await?;
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
         tokio::spawn(pump(
-            stream,
+            ordered_stream::join(stream, owner_changes).into_stream(),
+            owner,
             tx,
             |msg| parse_unit_signal(msg).map(|signal| (msg.recv_position(), signal)),
-            "systemd unit signals",
+            "systemd's unit signals",
         ));
         Ok(rx)
     }
@@ -649,17 +670,35 @@ async fn systemd_signals(
         .map_err(|e| remote_error(e, "AddMatch"))
 }
 
+/// The bus daemon's news of who owns `org.freedesktop.systemd1`, and who
+/// does now (`drover_bus::sender`): joined into each signal stream, so a
+/// signal counts only when the owner of that moment sent it.
+async fn follow_systemd(conn: &Connection) -> Result<(Owner, MessageStream), RemoteError> {
+    Owner::follow(conn, BUS_NAME, NonZeroUsize::new(OWNER_QUEUE))
+        .await
+        .map_err(|e| remote_error(e, "GetNameOwner"))
+}
+
+/// Owner changes waiting to be read: systemd changes owner once per
+/// `daemon-reexec`.
+const OWNER_QUEUE: usize = 64;
+
 /// Turns signal messages into events with `parse` (malformed signals give
 /// `None` and are skipped) until the connection closes or nobody listens any
-/// more. `what` names the stream in logs.
+/// more. A signal that systemd's current unique owner did not send is
+/// dropped before it is parsed: anyone on the bus may send a signal to the
+/// agent's own name, and a forged unit or job signal would move units on
+/// other nodes. `what` names the stream in logs.
 async fn pump<S, T>(
     mut messages: S,
+    mut owner: Owner,
     tx: mpsc::Sender<T>,
     parse: fn(&zbus::Message) -> Option<T>,
     what: &'static str,
 ) where
     S: futures::Stream<Item = zbus::Result<zbus::Message>> + Unpin,
 {
+    let mut dropped = Dropped::new(what);
     while let Some(msg) = messages.next().await {
         let msg = match msg {
             Ok(msg) => msg,
@@ -668,6 +707,22 @@ async fn pump<S, T>(
                 continue;
             }
         };
+        match owner.judge(&msg) {
+            Verdict::FromOwner => {}
+            Verdict::OwnerChanged { owner } => {
+                tracing::info!(
+                    "{BUS_NAME} is now owned by {} (for {what})",
+                    owner.as_deref().unwrap_or("nobody")
+                );
+                continue;
+            }
+            Verdict::NotFromOwner { sender } => {
+                if let Some(line) = dropped.note(&msg, &sender, &owner.describe()) {
+                    tracing::warn!("{line}");
+                }
+                continue;
+            }
+        }
         let Some(event) = parse(&msg) else {
             continue;
         };

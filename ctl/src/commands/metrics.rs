@@ -165,7 +165,8 @@ impl Run for Metrics {
             MetricsAction::Listen => {
                 let mut manager = ManagerWatch::new(&client, "listening for metrics").await?;
                 let mut events =
-                    follow::signal_stream(&client, METRICS_PATH, false, METRICS_IFACE).await?;
+                    follow::signal_stream(&client, &manager, METRICS_PATH, false, METRICS_IFACE)
+                        .await?;
                 if !ctx.json() {
                     ctx.emit("Waiting for metrics signals...\n")?;
                 }

@@ -280,7 +280,7 @@ impl Run for Monitor {
         let monitor = client.monitor(path.as_str()).await?;
         // Match before subscribing: the subscription's virtual events follow at once.
         let mut events =
-            follow::signal_stream(&client, path.as_str(), false, MONITOR_IFACE).await?;
+            follow::signal_stream(&client, &manager, path.as_str(), false, MONITOR_IFACE).await?;
 
         let header = if json_mode {
             json_line(&json!({"event": "Subscribed", "monitor": path.as_str(),

@@ -235,6 +235,7 @@ impl Run for Status {
         // Subscribe before the first print so no change falls between the two.
         let mut changes = follow::signal_stream(
             &client,
+            &manager,
             NODE_PATH_PREFIX,
             true,
             "org.freedesktop.DBus.Properties",

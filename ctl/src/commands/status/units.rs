@@ -233,7 +233,8 @@ pub async fn run(
     };
     let path = client.check(controller.create_monitor().await, cc).await?;
     let monitor = client.monitor(path.as_str()).await?;
-    let mut events = follow::signal_stream(&client, path.as_str(), false, MONITOR_IFACE).await?;
+    let mut events =
+        follow::signal_stream(&client, &manager, path.as_str(), false, MONITOR_IFACE).await?;
     let unit_refs: Vec<&str> = names.iter().map(String::as_str).collect();
     let what = format!("SubscribeList({node}, {})", names.join(","));
     let cc = CallContext::on(&what, &node, None);
