@@ -32,6 +32,10 @@ pub enum AgentError {
     Subscribe(RemoteError),
     #[error("lost the connection to systemd")]
     SystemdLost,
+    #[error(
+        "lost the bus name org.eclipse.bluechi.Agent: the proxy helper no longer reaches this agent"
+    )]
+    NameLost,
     #[error("cannot serve the local API: {0}")]
     Api(#[from] crate::api::ServeError),
 }
@@ -95,9 +99,16 @@ async fn run_inner<S: Systemd>(
     shared.status.set_log_level(logging.level.as_str());
     shared.status.set_log_target(logging.target.as_str());
     shared.status.set_controller(&link.host, link.port);
-    let _served = match &api_bus {
+    let served = match &api_bus {
         Some(conn) => Some(crate::api::serve(conn, shared.clone()).await?),
         None => None,
+    };
+    // Never headless: losing the local API's name ends the agent.
+    let name_lost = async {
+        match served.as_ref().map(crate::api::Served::lost) {
+            Some(lost) => lost.await,
+            None => std::future::pending().await,
+        }
     };
     on_ready();
     adopt_proxies(&*systemd, &shared).await;
@@ -116,6 +127,7 @@ async fn run_inner<S: Systemd>(
         () = pump_events(events, shared.clone(), systemd.clone()) => Err(AgentError::SystemdLost),
         () = shared.proxies.run_stopper(&*systemd) => Ok(()),
         () = close => Ok(()),
+        () = name_lost => Err(AgentError::NameLost),
     }
 }
 

@@ -54,9 +54,12 @@
 //!   which the link keeps current;
 //!   `PropertiesChanged` is emitted for `Status` and `ControllerAddress`.
 //!
-//! The name is requested with replace-existing and allow-replacement, never
-//! queued (as BlueChi); if another owner refuses to give it up, the agent
-//! does not start (a clear error).
+//! The name is requested without allow-replacement and never queued
+//! (BlueChi allows replacement): another process that took it over would
+//! leave this agent running with no proxy helper able to reach it. If
+//! another process owns it, the agent does not start (a clear error); if the
+//! bus ever says the agent lost it, [`Served::lost`] resolves and the agent
+//! exits (its unit restarts it).
 
 use crate::proxies::registry::{CreateError, ProxyKey};
 use crate::state::Shared;
@@ -458,11 +461,37 @@ pub enum ServeError {
 /// object stays exported until the connection closes).
 pub struct Served {
     task: tokio::task::JoinHandle<()>,
+    conn: Connection,
 }
 
 impl Drop for Served {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+impl Served {
+    /// Resolves when the bus daemon tells the agent it lost
+    /// [`AGENT_BUS_NAME`] (zbus matches `NameLost` on the sender
+    /// `org.freedesktop.DBus` exactly, so no other client can send it).
+    pub fn lost(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let conn = self.conn.clone();
+        async move {
+            let lost = async {
+                let dbus = zbus::fdo::DBusProxy::new(&conn).await?;
+                let mut lost = dbus.receive_name_lost().await?;
+                while let Some(signal) = lost.next().await {
+                    if signal.args().is_ok_and(|a| a.name() == AGENT_BUS_NAME) {
+                        return Ok(());
+                    }
+                }
+                Err(zbus::Error::Failure("the bus connection closed".into()))
+            };
+            if let Err(e) = lost.await {
+                tracing::debug!("not watching {AGENT_BUS_NAME}: {e}");
+                std::future::pending::<()>().await;
+            }
+        }
     }
 }
 
@@ -473,51 +502,28 @@ pub async fn serve(conn: &Connection, shared: Arc<Shared>) -> Result<Served, Ser
         .at(AGENT_PATH, AgentObject::new(shared.clone()))
         .await
         .map_err(ServeError::Export)?;
-    // As BlueChi: take over from an older agent that allows it, let a newer
-    // one take over, never wait in the queue.
-    let flags = RequestNameFlags::ALLOW_REPLACEMENT
-        | RequestNameFlags::REPLACE_EXISTING
-        | RequestNameFlags::DO_NOT_QUEUE;
+    // One owner, never replaced, never queued (see the module docs).
+    let flags = RequestNameFlags::DO_NOT_QUEUE;
     match conn.request_name_with_flags(AGENT_BUS_NAME, flags).await {
         Ok(RequestNameReply::PrimaryOwner | RequestNameReply::AlreadyOwner) => {}
         Ok(other) => {
             return Err(ServeError::Name(format!(
-                "the bus answered {other:?}: another owner holds it and does not allow replacement"
+                "the bus answered {other:?}: another process owns it"
             )));
         }
         Err(zbus::Error::NameTaken) => {
             return Err(ServeError::Name(
-                "another process owns it and does not allow replacement".into(),
+                "another process owns it (drover never takes the name over)".into(),
             ));
         }
         Err(e) => return Err(ServeError::Name(e.to_string())),
     }
     tracing::info!("serving {AGENT_BUS_NAME} at {AGENT_PATH}");
-    let (c1, c2) = (conn.clone(), conn.clone());
-    let task = tokio::spawn(async move {
-        tokio::join!(announce_changes(c1, shared), watch_name(c2));
-    });
-    Ok(Served { task })
-}
-
-/// Says so when a newer agent takes the name over (we allowed it): proxy
-/// units on this node then talk to that one.
-async fn watch_name(conn: Connection) {
-    let lost = async {
-        let dbus = zbus::fdo::DBusProxy::new(&conn).await?;
-        let mut lost = dbus.receive_name_lost().await?;
-        while let Some(signal) = lost.next().await {
-            if signal.args().is_ok_and(|a| a.name() == AGENT_BUS_NAME) {
-                tracing::error!(
-                    "another process took over {AGENT_BUS_NAME}; the proxy helper on this node no longer reaches this agent"
-                );
-            }
-        }
-        Ok::<(), zbus::Error>(())
-    };
-    if let Err(e) = lost.await {
-        tracing::debug!("cannot watch for the loss of {AGENT_BUS_NAME}: {e}");
-    }
+    let task = tokio::spawn(announce_changes(conn.clone(), shared));
+    Ok(Served {
+        task,
+        conn: conn.clone(),
+    })
 }
 
 /// Emits `PropertiesChanged` for `Status` and `ControllerAddress` whenever

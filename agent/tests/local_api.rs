@@ -672,8 +672,12 @@ async fn switch_controller_and_job_cancel_refuse_strangers_and_garbage() {
     assert!(r.manager.try_recv().is_err(), "nothing told to the manager");
 }
 
+/// One owner of the agent's name: a second agent, or any process asking to
+/// replace the owner, gets nothing, and the first keeps serving. (BlueChi allows
+/// replacement; an agent whose name was taken would run on with no proxy helper
+/// able to reach it.)
 #[tokio::test]
-async fn a_name_owner_that_refuses_replacement_is_a_clear_error_and_replacement_works() {
+async fn the_name_is_never_given_up_nor_taken_over() {
     // Open to every user: some tests call as `nobody`.
     let bus = PrivateBus::start_open("drover-agent-api-test").unwrap();
     let squatter = connect(&bus).await;
@@ -688,30 +692,39 @@ async fn a_name_owner_that_refuses_replacement_is_a_clear_error_and_replacement_
         .expect("the name is taken");
     let text = err.to_string();
     assert!(
-        text.contains(AGENT_BUS_NAME) && text.contains("does not allow replacement"),
+        text.contains(AGENT_BUS_NAME) && text.contains("another process owns it"),
         "{text}"
     );
     drop(squatter);
 
-    // An agent that allows replacement gives the name to a newer one.
-    // Open to every user: some tests call as `nobody`.
     let bus = PrivateBus::start_open("drover-agent-api-test").unwrap();
     let first = connect(&bus).await;
     let _a = api::serve(&first, Arc::new(Shared::default()))
         .await
         .unwrap();
     let second = connect(&bus).await;
-    let _b = api::serve(&second, Arc::new(Shared::default()))
+    let err = api::serve(&second, Arc::new(Shared::default()))
         .await
-        .unwrap();
-    let dbus = zbus::fdo::DBusProxy::new(&second).await.unwrap();
+        .err()
+        .expect("a second agent does not take the name");
+    assert!(err.to_string().contains("another process owns it"), "{err}");
+    let rival = connect(&bus).await;
+    let flags = zbus::fdo::RequestNameFlags::REPLACE_EXISTING
+        | zbus::fdo::RequestNameFlags::ALLOW_REPLACEMENT
+        | zbus::fdo::RequestNameFlags::DO_NOT_QUEUE;
+    let taken = rival.request_name_with_flags(AGENT_BUS_NAME, flags).await;
+    assert!(
+        matches!(taken, Err(zbus::Error::NameTaken)),
+        "a rival asking to replace the agent: {taken:?}"
+    );
+    let dbus = zbus::fdo::DBusProxy::new(&rival).await.unwrap();
     let owner = dbus
         .get_name_owner(AGENT_BUS_NAME.try_into().unwrap())
         .await
         .unwrap();
     assert_eq!(
         Some(owner.as_str()),
-        second.unique_name().map(|n| n.as_str())
+        first.unique_name().map(|n| n.as_str())
     );
 }
 

@@ -11,7 +11,9 @@
 //!   `NameAcquired`) count only when the message's sender is exactly
 //!   `org.freedesktop.DBus` ([`from_bus_daemon`]): the daemon stamps every
 //!   other connection's messages with that connection's unique name, so
-//!   nobody else can send as it;
+//!   nobody else can send as it (zbus itself takes `org.freedesktop.DBus` for
+//!   a unique name, so its own streams of the daemon's signals, e.g.
+//!   `DBusProxy::receive_name_lost`, match the sender exactly too);
 //! * a well-known name's signals count only from its **current unique owner**
 //!   ([`Owner`]): the owner is asked once (`GetNameOwner`, after the match on
 //!   its changes is in place) and then followed through the bus daemon's
@@ -63,15 +65,6 @@ pub fn name_owner_changed(msg: &Message) -> Option<(String, String, String)> {
     msg.body().deserialize::<(String, String, String)>().ok()
 }
 
-/// The name of the bus daemon's `NameLost` when `msg` is one it really
-/// sent (to us: the daemon sends it only to the connection that lost it).
-pub fn name_lost(msg: &Message) -> Option<String> {
-    if !is_bus_daemon_signal(msg, "NameLost") {
-        return None;
-    }
-    msg.body().deserialize::<String>().ok()
-}
-
 /// The match rule for the bus daemon's `NameOwnerChanged` about `name`
 /// (`None`: about every name).
 pub fn owner_changes_rule(name: Option<&str>) -> zbus::Result<MatchRule<'_>> {
@@ -85,43 +78,6 @@ pub fn owner_changes_rule(name: Option<&str>) -> zbus::Result<MatchRule<'_>> {
         Some(name) => rule.arg(0, name).build(),
         None => rule.build(),
     }
-}
-
-/// Resolves once the bus daemon tells this connection that it lost the
-/// well-known `name` (`NameLost`); a forged `NameLost` from anyone else is
-/// dropped and logged through `log` at a bounded rate. An error when the
-/// match cannot be made or the connection closes.
-pub async fn name_lost_by_us(
-    conn: &Connection,
-    name: &str,
-    mut log: impl FnMut(String),
-) -> zbus::Result<()> {
-    use futures::StreamExt;
-    let rule = MatchRule::builder()
-        .msg_type(MessageType::Signal)
-        .sender(DBUS_NAME)
-        .interface(DBUS_NAME)
-        .member("NameLost")
-        .arg(0, name)
-        .build()?;
-    let mut lost =
-        MessageStream::for_match_rule(rule, conn, std::num::NonZeroUsize::new(8)).await?;
-    let mut dropped = Dropped::new("the watch of our own bus name");
-    while let Some(msg) = lost.next().await {
-        let msg = msg?;
-        if name_lost(&msg).is_some_and(|n| n == name) {
-            return Ok(());
-        }
-        let sender = msg.header().sender().map(|s| s.to_string());
-        if let Some(line) =
-            dropped.note(&msg, sender.as_deref().unwrap_or("(no sender)"), DBUS_NAME)
-        {
-            log(line);
-        }
-    }
-    Err(zbus::Error::InputOutput(std::sync::Arc::new(
-        std::io::Error::other("the bus connection closed"),
-    )))
 }
 
 /// What a message of a followed stream is, for [`Owner::judge`].
@@ -385,24 +341,24 @@ mod tests {
 
     #[test]
     fn the_daemon_is_recognised_by_sender_interface_and_member() {
-        let lost = Message::signal(DBUS_PATH, DBUS_NAME, "NameLost")
-            .sender(DBUS_NAME)
-            .build(&("org.eclipse.bluechi",))
-            .unwrap();
-        assert_eq!(name_lost(&lost).as_deref(), Some("org.eclipse.bluechi"));
-        let forged = Message::signal(DBUS_PATH, DBUS_NAME, "NameLost")
-            .sender(":1.9")
-            .build(&("org.eclipse.bluechi",))
-            .unwrap();
-        assert_eq!(name_lost(&forged), None);
-        let no_sender = Message::signal(DBUS_PATH, DBUS_NAME, "NameLost")
-            .build(&("org.eclipse.bluechi",))
-            .unwrap();
-        assert_eq!(name_lost(&no_sender), None);
+        let real = owner_changed(DBUS_NAME, "x.y", "", ":1.9");
+        assert_eq!(
+            name_owner_changed(&real),
+            Some(("x.y".into(), String::new(), ":1.9".into()))
+        );
         assert_eq!(
             name_owner_changed(&owner_changed(":1.9", "x.y", "", ":1.9")),
             None
         );
+        let no_sender = Message::signal(DBUS_PATH, DBUS_NAME, "NameOwnerChanged")
+            .build(&("x.y", "", ":1.9"))
+            .unwrap();
+        assert_eq!(name_owner_changed(&no_sender), None);
+        let other_member = Message::signal(DBUS_PATH, DBUS_NAME, "NameLost")
+            .sender(DBUS_NAME)
+            .build(&("x.y", "", ":1.9"))
+            .unwrap();
+        assert_eq!(name_owner_changed(&other_member), None);
     }
 
     #[test]

@@ -283,16 +283,29 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     if let Some(every) = watchdog.period() {
         tracing::info!("watchdog: pinging the service manager every {every:?}");
     }
-    let mut bus_lost = false;
+    let mut failed = None;
+    // Watched from here to the end: the match is made once.
+    let name_lost = manager.name_lost();
+    tokio::pin!(name_lost);
     loop {
         tokio::select! {
             () = watchdog.ping_when_due(alive(manager.core())) => {}
+            () = &mut name_lost => {
+                let name = drover_bus::bluechi::BUS_NAME;
+                tracing::error!(
+                    "drover-manager lost the bus name {name} on {}: D-Bus clients no longer \
+                     reach it; exiting so that the service manager restarts it",
+                    cli.bus()
+                );
+                failed = Some(format!("lost the bus name {name} on {}", cli.bus()));
+                break;
+            }
             () = manager.bus_lost() => {
                 tracing::error!(
                     "drover-manager lost its connection to {}; exiting so that the service manager restarts it",
                     cli.bus()
                 );
-                bus_lost = true;
+                failed = Some(format!("lost its connection to {}", cli.bus()));
                 break;
             }
             _ = term.recv() => {
@@ -318,10 +331,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     notify::stopping();
     status.abort();
     manager.shutdown().await;
-    if bus_lost {
-        anyhow::bail!("lost its connection to {}", cli.bus());
+    match failed {
+        Some(why) => anyhow::bail!("{why}"),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// The check before each watchdog ping: a task runs on the worker threads

@@ -54,26 +54,26 @@ async fn connect(bus: &Bus) -> Result<Connection, StartError> {
     })
 }
 
-/// Logs when another manager takes `org.eclipse.bluechi` over (we allow
-/// replacement, as BlueChi does): from then on clients talk to that one.
-async fn watch_name(conn: Connection) {
+/// Resolves when the bus daemon tells us we lost `org.eclipse.bluechi`
+/// (zbus matches `NameLost` on the sender `org.freedesktop.DBus` exactly,
+/// so no other client can send it). drover requests the name without
+/// `AllowReplacement`, so this does not happen while the connection lives;
+/// if it ever does, the manager must not run on headless: its caller exits.
+async fn name_lost(conn: Connection) {
     use futures::StreamExt;
-    let proxy = match zbus::fdo::DBusProxy::new(&conn).await {
-        Ok(p) => p,
-        Err(e) => {
-            tracing::debug!("cannot watch the bus name: {e}");
-            return;
+    let lost = async {
+        let proxy = zbus::fdo::DBusProxy::new(&conn).await?;
+        let mut lost = proxy.receive_name_lost().await?;
+        while let Some(signal) = lost.next().await {
+            if signal.args().is_ok_and(|a| a.name.as_str() == BUS_NAME) {
+                return Ok(());
+            }
         }
+        Err(zbus::Error::Failure("the bus connection closed".into()))
     };
-    let Ok(mut lost) = proxy.receive_name_lost().await else {
-        return;
-    };
-    while let Some(signal) = lost.next().await {
-        if signal.args().is_ok_and(|a| a.name.as_str() == BUS_NAME) {
-            tracing::error!(
-                "another process took over {BUS_NAME}; D-Bus clients no longer reach this manager"
-            );
-        }
+    if let Err(e) = lost.await {
+        tracing::debug!("not watching {BUS_NAME}: {e}");
+        std::future::pending::<()>().await;
     }
 }
 
@@ -93,21 +93,20 @@ impl Manager {
             .await
             .map_err(StartError::Export)?;
 
-        // As BlueChi: let a newer controller take over, and take over from an
-        // older one that allows it; never wait in the queue.
-        let flags = RequestNameFlags::ALLOW_REPLACEMENT
-            | RequestNameFlags::REPLACE_EXISTING
-            | RequestNameFlags::DO_NOT_QUEUE;
+        // One owner, never replaced (BlueChi allows replacement): another
+        // process that took the name would leave this manager running with
+        // no client able to reach it. Never wait in the queue either.
+        let flags = RequestNameFlags::DO_NOT_QUEUE;
         match conn.request_name_with_flags(BUS_NAME, flags).await {
             Ok(RequestNameReply::PrimaryOwner | RequestNameReply::AlreadyOwner) => {}
             Ok(other) => {
                 return Err(StartError::Name(format!(
-                    "the bus answered {other:?}: another owner holds it and does not allow replacement"
+                    "the bus answered {other:?}: another process owns it"
                 )));
             }
             Err(zbus::Error::NameTaken) => {
                 return Err(StartError::Name(
-                    "another process owns it and does not allow replacement".to_owned(),
+                    "another process owns it (drover never takes the name over)".to_owned(),
                 ));
             }
             Err(e) => return Err(StartError::Name(e.to_string())),
@@ -124,7 +123,6 @@ impl Manager {
             tokio::spawn(accept_loop(core.clone(), listener, stop.clone())),
             tokio::spawn(core.clone().heartbeat_loop()),
             tokio::spawn(core.proxies().clone().timer_loop()),
-            tokio::spawn(watch_name(conn.clone())),
         ];
         tracing::info!(
             "serving {BUS_NAME} with {} allowed node(s); agents connect to {local_addr}{}",
@@ -164,6 +162,13 @@ impl Manager {
     /// the bus as it is now (docs/dev/architecture.md, "Processes").
     pub async fn bus_lost(&self) {
         self.conn.closed().await;
+    }
+
+    /// Resolves if the bus says this manager lost `org.eclipse.bluechi`
+    /// (see [`name_lost`]); the process then exits with a failure status
+    /// and its unit restarts it.
+    pub fn name_lost(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        name_lost(self.conn.clone())
     }
 
     /// Orderly stop (SIGTERM): see the module docs for the order.

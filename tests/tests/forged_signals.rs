@@ -455,3 +455,69 @@ async fn the_agent_follows_systemd_across_a_reexec() {
     .await;
     c.down().await;
 }
+
+/// Another root process asks for the daemons' names with replacement (BlueChi's
+/// daemons allow it, and then ran on owning nothing), and `nobody` tells them they
+/// lost their names: both keep their names and serve on, a proxy still works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nobody_takes_the_daemons_names_over() {
+    let c = TestCluster::with(options(2)).await;
+    c.install("node2", "db.service", SLEEPER).await;
+    let app = requester("Wants", "drover-proxy@node2_db.service");
+    c.install("node1", "app.service", &app).await;
+    let flags = zbus::fdo::RequestNameFlags::REPLACE_EXISTING
+        | zbus::fdo::RequestNameFlags::ALLOW_REPLACEMENT
+        | zbus::fdo::RequestNameFlags::DO_NOT_QUEUE;
+    for (address, name) in [
+        (c.node_bus_address("node1"), "org.eclipse.bluechi.Agent"),
+        (c.bus_address().to_owned(), "org.eclipse.bluechi"),
+    ] {
+        let rival = drover_testkit::api::connect(&address).await;
+        let taken = rival.request_name_with_flags(name, flags).await;
+        assert!(
+            matches!(taken, Err(zbus::Error::NameTaken)),
+            "root asking to replace the owner of {name}: {taken:?}"
+        );
+        drop(rival);
+    }
+    let (f1, agent1) = forger_at_agent(&c, "node1").await;
+    f1.signal(
+        &agent1,
+        DBUS_PATH,
+        DBUS,
+        "NameLost",
+        &("org.eclipse.bluechi.Agent",),
+    )
+    .await;
+    f1.sync().await;
+    let f = Forger::nobody(c.bus_address()).await;
+    let manager_pid = drover_sandbox::Cluster::state(&c)
+        .manager_pid
+        .expect("the manager runs");
+    let manager = unique_name_of(&f.conn, manager_pid).await;
+    f.signal(
+        &manager,
+        DBUS_PATH,
+        DBUS,
+        "NameLost",
+        &("org.eclipse.bluechi",),
+    )
+    .await;
+    f.sync().await;
+
+    // Both still serve: a cross-node dependency goes through agent and manager.
+    c.systemctl_ok("node1", &["start", "app.service"]).await;
+    c.wait_state("node1", "drover-proxy@node2_db.service", "active", T)
+        .await;
+    assert_eq!(c.state("node2", "db.service").await, "active");
+    let status = c.ctl_ok(&["status"]).await;
+    assert!(
+        status.contains("node1") && status.contains("online"),
+        "{status}"
+    );
+    for log in [c.log_path("manager"), c.log_path("node1")] {
+        let text = read(&log);
+        assert!(!text.contains("lost the bus name"), "{text}");
+    }
+    c.down().await;
+}
