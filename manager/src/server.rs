@@ -165,7 +165,7 @@ impl Manager {
     }
 
     /// Resolves if the bus says this manager lost `org.eclipse.bluechi`
-    /// (see [`name_lost`]); the process then exits with a failure status
+    /// (`name_lost` in this module); the process then exits with a failure status
     /// and its unit restarts it.
     pub fn name_lost(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         name_lost(self.conn.clone())
