@@ -6,6 +6,10 @@
 //!
 //! Invariant: the three spellings of one kind never disagree, because they
 //! are written here once; a new kind is one more variant with its two words.
+//!
+//! The job *modes* (`mode` of BlueChi's `StartUnit` & co, systemd's
+//! `--job-mode`) are here too: [`JOB_MODES`] is what the manager accepts
+//! ([`check_mode`]), [`DEFAULT_JOB_MODE`] what droverctl sends.
 
 use serde::{Deserialize, Serialize};
 
@@ -49,9 +53,67 @@ impl JobKind {
     }
 }
 
+/// systemd's job modes (`systemctl --job-mode`); anything else is refused
+/// before it reaches a node.
+pub const JOB_MODES: &[&str] = &[
+    "replace",
+    "fail",
+    "isolate",
+    "ignore-dependencies",
+    "ignore-requirements",
+    "flush",
+    "triggering",
+    "restart-dependencies",
+    "replace-irreversibly",
+];
+
+/// The mode droverctl sends, as bluechictl does.
+pub const DEFAULT_JOB_MODE: &str = "replace";
+
+/// `mode` if it is one of [`JOB_MODES`]; else the one-line reason, which
+/// names the modes accepted.
+pub fn check_mode(mode: &str) -> Result<&str, String> {
+    if JOB_MODES.contains(&mode) {
+        Ok(mode)
+    } else {
+        Err(format!(
+            "invalid job mode '{}': expected one of {}",
+            mode.escape_default(),
+            JOB_MODES.join(", ")
+        ))
+    }
+}
+
+impl JobKind {
+    /// The kind whose [`JobKind::method`] is `method` (`StartUnit` → start).
+    pub fn from_method(method: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.method() == method)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn modes_are_checked_and_the_default_is_one_of_them() {
+        assert_eq!(check_mode(DEFAULT_JOB_MODE), Ok("replace"));
+        for mode in JOB_MODES {
+            assert_eq!(check_mode(mode), Ok(*mode));
+        }
+        let err = check_mode("bogus\0").unwrap_err();
+        assert!(err.starts_with("invalid job mode 'bogus\\u{0}'"), "{err}");
+        assert!(err.contains("replace, fail, isolate"), "{err}");
+        assert!(check_mode("").is_err() && check_mode("Replace").is_err());
+    }
+
+    #[test]
+    fn kinds_are_found_by_their_method() {
+        for kind in JobKind::ALL {
+            assert_eq!(JobKind::from_method(kind.method()), Some(kind));
+        }
+        assert_eq!(JobKind::from_method("KillUnit"), None);
+    }
 
     #[test]
     fn words_match_systemd_and_bluechi() {
