@@ -29,9 +29,10 @@
 //! cannot win its name back on a connection that is gone, so it leaves the
 //! restart to its unit (`Restart=on-failure`).
 
-use crate::core::{Core, Timeouts};
+use crate::nodes::lifecycle::Nodes;
 use crate::nodes::listener;
 use crate::notify;
+use crate::root::Timeouts;
 use crate::server::Manager;
 use anyhow::Context;
 use clap::Parser;
@@ -268,15 +269,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
     let manager = Manager::start(config, &cli.bus(), listener, Timeouts::default()).await?;
-    manager.core().set_log_handle(log);
+    manager.log().set_handle(log);
     let sources = cli.clone();
-    manager.core().set_config_source(Box::new(move || {
+    manager.reloader().set_source(Box::new(move || {
         sources.load_config().map(|(config, report)| {
             log_report(&report);
             config
         })
     }));
-    let counts = manager.core().node_counts();
+    let counts = manager.lifecycle().node_counts();
     notify::ready(*counts.borrow());
     let status = tokio::spawn(notify::follow_status(counts));
     let mut watchdog = notify::Watchdog::from_env();
@@ -289,7 +290,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     tokio::pin!(name_lost);
     loop {
         tokio::select! {
-            () = watchdog.ping_when_due(alive(manager.core())) => {}
+            () = watchdog.ping_when_due(alive(manager.lifecycle().nodes())) => {}
             () = &mut name_lost => {
                 let name = drover_bus::bluechi::BUS_NAME;
                 tracing::error!(
@@ -320,11 +321,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 tracing::info!("SIGHUP: reloading the configuration");
                 // Same sources and flags as at start; a config that does not
                 // load is logged by `reload` and the running one kept.
-                let _ = crate::reload::reload_from_source(
-                    manager.core(),
-                    Some(manager.connection()),
-                )
-                .await;
+                let _ = crate::reload::reload_from_source(manager.reloader()).await;
             }
         }
     }
@@ -340,10 +337,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 /// The check before each watchdog ping: a task runs on the worker threads
 /// and takes the node table's lock. A manager whose workers are all stuck,
 /// or whose registry lock is never released, stops pinging.
-async fn alive(core: &Arc<Core>) {
-    let core = core.clone();
+async fn alive(nodes: &Arc<Nodes>) {
+    let nodes = nodes.clone();
     let _ = tokio::spawn(async move {
-        let _ = core.registry().online();
+        let _ = nodes.registry().online();
     })
     .await;
 }

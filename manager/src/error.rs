@@ -6,8 +6,8 @@
 //! the bus: it becomes `org.freedesktop.DBus.Error.Failed` with the name kept
 //! in the message.
 
-use drover_protocol::RemoteError;
 use drover_protocol::error_names::{FAILED, INVALID_ARGS, OFFLINE};
+use drover_protocol::{RemoteError, Response};
 use zbus::message::{Header, Message};
 use zbus::names::{ErrorName, OwnedErrorName};
 
@@ -41,6 +41,19 @@ impl ApiError {
 
     pub fn failed(message: impl Into<String>) -> Self {
         Self::new(FAILED, message)
+    }
+
+    /// An agent answered with a reply of the wrong kind (a broken agent).
+    pub fn unexpected_reply(response: &Response) -> Self {
+        let kind = match response {
+            Response::Empty => "empty",
+            Response::Units(_) => "units",
+            Response::UnitFiles(_) => "unit files",
+            Response::Value(_) => "value",
+            Response::Text(_) => "text",
+            Response::Changes { .. } => "changes",
+        };
+        Self::failed(format!("unexpected reply from the agent ({kind})"))
     }
 
     pub fn name(&self) -> &str {

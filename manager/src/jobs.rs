@@ -1,4 +1,5 @@
 //! BlueChi jobs: the table and its ordering rules (docs/dev/architecture.md "Jobs").
+//! The async side that applies them is [`crate::job_runner`].
 //!
 //! A job is born *pending* when a client calls `StartUnit` & co: its id is
 //! taken and the request is on its way to the agent. When the agent accepts

@@ -11,7 +11,9 @@
 //!   agent: reader/writer tasks, request ↔ reply correlation with timeouts,
 //!   liveness, bounded outgoing queue), [`nodes::registry`] (the node table
 //!   and its admission rules: allowed names, one live session per name, dead
-//!   sessions replaced).
+//!   sessions replaced), [`nodes::lifecycle`] (a node's life in one place:
+//!   admission, session end, its object and status on the bus, the
+//!   heartbeat timer, and the manager's phase).
 //! * [`units`] — units as clients see them: [`units::records`] (unit events
 //!   and the last state of each watched unit with its modification tag, by
 //!   the tag rules), [`units::hub`] (who watches which unit, what each agent
@@ -24,27 +26,34 @@
 //!   units — as plain data) and [`proxies::driver`] (carries out what they
 //!   decide).
 //! * [`jobs`] — BlueChi jobs and the ordering rules that make every job end
-//!   with exactly one `JobRemoved`; [`metrics`] — metrics on/off, job start
-//!   times, what to measure when a job ends.
-//! * [`core`] — the state shared by all of the above and the rules that
-//!   connect them (disconnect → offline, jobs end, requests fail). It emits
-//!   through [`outbound::Outbound`] and never names a D-Bus object.
+//!   with exactly one `JobRemoved` (plain data); [`job_runner`] — what
+//!   `StartUnit` & co do and what a job's events put on the bus;
+//!   [`metrics`] — metrics on/off, job start times, what to measure when a
+//!   job ends.
+//! * [`root`] — the composition root: builds every part above from the
+//!   configuration, hands each what it needs, and says what a node's life
+//!   means for the others (online → subscriptions, proxies, metrics; ended →
+//!   jobs end). The parts emit through [`outbound::Outbound`] and never name
+//!   a D-Bus object.
 //! * [`api`] — the D-Bus objects (Controller, Node, Job, Monitor, Metrics)
-//!   over the core, and [`api::outbound::BusOutbound`], the core's outbound
-//!   side on a bus connection.
+//!   over those parts, and [`api::outbound::BusOutbound`], the parts'
+//!   outbound side on a bus connection.
 //! * [`reload`] applies a reloaded config (SIGHUP, `io.drover.Controller.Reload`);
 //!   [`notify`] — what the service manager hears (`READY=1`, `STATUS=`,
-//!   `RELOADING=1`, `WATCHDOG=1`, `STOPPING=1`); [`escape`] — node and
-//!   job object paths as zbus values; [`error`] — BlueChi's error replies;
-//!   [`heap`] — freed heap back to the kernel after a burst of connections.
+//!   `RELOADING=1`, `WATCHDOG=1`, `STOPPING=1`); [`logs`] — the log level in
+//!   force; [`escape`] — node and job object paths as zbus values;
+//!   [`error`] — BlueChi's error replies; [`heap`] — freed heap back to the
+//!   kernel after a burst of connections.
 //! * [`server`] — start/stop of a whole manager ([`tls`]: its TLS settings
 //!   from the config, shared with [`reload`]); [`cli`] — the command line
 //!   and the process around it (runtime, signals, `sd_notify`).
 //!
-//! Imports run one way: `api` → `core` → `nodes`, `units`, `proxies`,
-//! `jobs`, `metrics`, `outbound`. What runs the other way goes through an
-//! interface the receiver defines: sessions report to their owner through
-//! [`nodes::session::SessionOwner`], the core emits through
+//! Imports run one way, between files and between folders: `server` →
+//! `root`, `api` → `reload`, `job_runner` → `proxies`, `units`, `metrics`
+//! → `nodes`, `outbound` → `jobs`. What runs the other way goes through an interface
+//! the receiver defines: sessions report to their owner (the lifecycle)
+//! through [`nodes::session::SessionOwner`], the lifecycle tells the other
+//! parts through [`nodes::lifecycle::Followers`], the parts emit through
 //! [`outbound::Outbound`], monitors export their objects through
 //! [`units::monitor::MonitorObjects`].
 //!
@@ -78,23 +87,25 @@
 
 pub mod api;
 pub mod cli;
-pub mod core;
 pub mod error;
 pub mod escape;
 pub mod fanout;
 pub mod heap;
+pub mod job_runner;
 pub mod jobs;
+pub mod logs;
 pub mod metrics;
 pub mod nodes;
 pub mod notify;
 pub mod outbound;
 pub mod proxies;
 pub mod reload;
+pub mod root;
 pub mod server;
 pub mod tls;
 pub mod units;
 
-pub use crate::core::{Core, Timeouts};
+pub use crate::root::Timeouts;
 pub use drover_bus::Bus;
 pub use error::ApiError;
 pub use server::{Manager, StartError};

@@ -6,8 +6,9 @@
 //! * `STATUS=N of M nodes online` on every change of either number (M: the
 //!   nodes the manager knows, from `AllowedNodeNames` and `[node NAME]`
 //!   sections, and certified nodes it has admitted) — [`status_line`]. The
-//!   core publishes the counts ([`crate::core::Core::node_counts`]) under the
-//!   lock that orders online/offline announcements; [`follow_status`] sends
+//!   node lifecycle publishes the counts
+//!   ([`crate::nodes::lifecycle::Lifecycle::node_counts`]) under the lock
+//!   that orders online/offline announcements; [`follow_status`] sends
 //!   them, a burst of registrations as its latest numbers.
 //! * `RELOADING=1` … `READY=1` around every reload ([`reloading`],
 //!   [`reloaded`], called by [`crate::reload::reload_from_source`]).

@@ -23,8 +23,12 @@
 //!   load keep the TLS settings in force (logged), the rest of the reload
 //!   still applies.
 //!
+//! New nodes get their object through the node lifecycle
+//! ([`Lifecycle::reconfigure`]), the one way node objects reach the bus, so
+//! `Introspect` lists them as `GetNode` finds them.
+//!
 //! What it does not change: a node removed from the list keeps its object
-//! until the manager restarts; listener, heartbeat, TLS on/off (or other
+//! (and its place in `Introspect`) until the manager restarts; listener, heartbeat, TLS on/off (or other
 //! paths), `LogTarget` and `LogIsQuiet` apply at the next start.
 //! Both are logged. A config that does not load is logged and the running
 //! one is kept, whole.
@@ -34,15 +38,16 @@
 //! at a time, between `RELOADING=1` and `READY=1` to the service manager
 //! ([`crate::notify`]), so `systemctl reload` returns once it is applied.
 
-use crate::api::node::NodeObject;
-use crate::core::Core;
+use crate::logs::LogControl;
+use crate::nodes::lifecycle::Lifecycle;
 use crate::nodes::registry::Policy as AdmitPolicy;
 use crate::notify;
+use crate::proxies::driver::Proxies;
 use crate::proxies::rules::Policy;
 use drover_config::{ConfigError, ManagerConfig};
 use drover_protocol::NodeName;
-use std::sync::Arc;
-use zbus::Connection;
+use drover_tls::Acceptor;
+use std::sync::{Arc, OnceLock};
 
 /// What a reload did (logged; returned for tests).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -68,30 +73,78 @@ pub enum ReloadError {
     Config(ConfigError),
 }
 
+/// Loads the configuration again, from the sources and flags of the start.
+pub type ConfigSource =
+    Box<dyn Fn() -> Result<ManagerConfig, drover_config::ConfigError> + Send + Sync>;
+
+/// What a reload changes, and where the configuration comes from.
+pub struct Reloader {
+    /// The configuration the manager started with: what only a restart
+    /// changes is compared with it.
+    config: Arc<ManagerConfig>,
+    /// The TLS acceptor in force (a reload swaps its settings).
+    tls: Option<Acceptor>,
+    log: Arc<LogControl>,
+    nodes: Arc<Lifecycle>,
+    proxies: Proxies,
+    /// Set by the binary; unset in library use, where only [`reload`] with a
+    /// config is possible.
+    source: OnceLock<ConfigSource>,
+    /// Held for the whole of a reload, so two never interleave.
+    lock: tokio::sync::Mutex<()>,
+}
+
+impl Reloader {
+    pub fn new(
+        config: Arc<ManagerConfig>,
+        tls: Option<Acceptor>,
+        log: Arc<LogControl>,
+        nodes: Arc<Lifecycle>,
+        proxies: Proxies,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            config,
+            tls,
+            log,
+            nodes,
+            proxies,
+            source: OnceLock::new(),
+            lock: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// Where reloads read the configuration (once; later calls are ignored).
+    pub fn set_source(&self, source: ConfigSource) {
+        let _ = self.source.set(source);
+    }
+}
+
 /// Loads the configuration from the start's sources and flags and applies
 /// it, told to the service manager as `RELOADING=1` … `READY=1`. Reloads
 /// run one at a time.
-pub async fn reload_from_source(
-    core: &Arc<Core>,
-    conn: Option<&Connection>,
-) -> Result<Report, ReloadError> {
-    let _one_at_a_time = core.reload_lock().await;
+pub async fn reload_from_source(reloader: &Reloader) -> Result<Report, ReloadError> {
+    let _one_at_a_time = reloader.lock.lock().await;
     notify::reloading();
-    let result = match core.load_config_again() {
-        Some(loaded) => reload(core, conn, loaded)
-            .await
-            .map_err(ReloadError::Config),
+    let result = match reloader.source.get().map(|load| load()) {
+        Some(loaded) => apply(reloader, loaded).await.map_err(ReloadError::Config),
         None => Err(ReloadError::NoSource),
     };
-    notify::reloaded(*core.node_counts().borrow());
+    notify::reloaded(*reloader.nodes.node_counts().borrow());
     result
 }
 
-/// Applies `loaded` (the result of loading the config again). `Err` when it
-/// did not load: nothing changed.
+/// Applies `loaded` (the result of loading the config again), one reload at
+/// a time. `Err` when it did not load: nothing changed.
 pub async fn reload(
-    core: &Arc<Core>,
-    conn: Option<&Connection>,
+    reloader: &Reloader,
+    loaded: Result<ManagerConfig, ConfigError>,
+) -> Result<Report, ConfigError> {
+    let _one_at_a_time = reloader.lock.lock().await;
+    apply(reloader, loaded).await
+}
+
+async fn apply(
+    reloader: &Reloader,
     loaded: Result<ManagerConfig, ConfigError>,
 ) -> Result<Report, ConfigError> {
     let new = match loaded {
@@ -101,20 +154,21 @@ pub async fn reload(
             return Err(e);
         }
     };
+    let old = &reloader.config;
     let mut report = Report {
-        at_restart: restart_only(core.config(), &new),
+        at_restart: restart_only(old, &new),
         ..Report::default()
     };
     // The log level first: the reload's own messages follow it, and whoever
     // sees a later step take effect (a new node's object on the bus) sees the
     // new level too.
-    if core.log_level() != new.logging.level {
+    if reloader.log.get() != new.logging.level {
         tracing::info!("config reload: log level {}", new.logging.level.as_str());
-        core.set_log_level(new.logging.level);
+        reloader.log.set(new.logging.level);
     }
     // TLS files first: what the new CRL revokes decides which sessions go.
-    let tls = match (core.tls(), &new.tls) {
-        (Some(acceptor), Some(files)) if core.config().tls.as_ref() == Some(files) => {
+    let tls = match (&reloader.tls, &new.tls) {
+        (Some(acceptor), Some(files)) if old.tls.as_ref() == Some(files) => {
             match drover_tls::ServerSettings::load(files) {
                 Ok(settings) => {
                     tracing::info!(
@@ -135,63 +189,44 @@ pub async fn reload(
                 }
             }
         }
-        (acceptor, _) => acceptor.map(drover_tls::Acceptor::settings),
-    };
-    let mut drop_now = Vec::new();
-    let (added, known) = {
-        let mut registry = core.registry();
-        registry.set_policy(AdmitPolicy::from_config(&new));
-        for session in registry.sessions() {
-            let why = match session.identity() {
-                Some(identity) if tls.as_ref().is_some_and(|t| t.is_revoked(identity)) => {
-                    format!("its certificate (serial {}) is revoked", identity.serial())
-                }
-                _ if !registry
-                    .policy()
-                    .allows(session.node(), session.identity().is_some()) =>
-                {
-                    "it is no longer allowed to register".to_owned()
-                }
-                _ => continue,
-            };
-            report.dropped.push((session.node().clone(), why.clone()));
-            drop_now.push((session.clone(), why));
-        }
-        let added = registry.add_nodes(&new.allowed_nodes);
-        let known: Vec<NodeName> = registry.nodes().iter().map(|n| n.name.clone()).collect();
-        (added, known)
+        (acceptor, _) => acceptor.as_ref().map(Acceptor::settings),
     };
     let policy = AdmitPolicy::from_config(&new);
-    report.kept = known
+    let changed = reloader
+        .nodes
+        .reconfigure(
+            policy.clone(),
+            |identity| tls.as_ref().is_some_and(|t| t.is_revoked(identity)),
+            &new.allowed_nodes,
+        )
+        .await;
+    report.dropped = changed
+        .drop
+        .iter()
+        .map(|(session, why)| (session.node().clone(), why.clone()))
+        .collect();
+    report.kept = changed
+        .known
         .iter()
         .filter(|n| !policy.allows(n, true))
         .cloned()
         .collect();
-    if let Some(conn) = conn {
-        for (name, path) in &added {
-            let object = NodeObject::new(core.clone(), name.clone());
-            if let Err(e) = conn.object_server().at(path.as_str(), object).await {
-                tracing::error!(node = %name, "cannot export the object of node {name}: {e}");
-            }
-        }
-    }
-    report.added = added.into_iter().map(|(n, _)| n).collect();
-    if !report.added.is_empty() {
-        // New nodes start offline: `up` may have become `degraded`.
-        core.announce_controller().await;
-    }
-    core.proxies()
-        .reload(Policy::from_config(&new, known))
+    report.added = changed.added;
+    reloader
+        .proxies
+        .reload(Policy::from_config(&new, changed.known))
         .await;
 
-    for (session, why) in drop_now {
+    for (session, why) in changed.drop {
         tracing::warn!(
             node = %session.node(),
             session = session.id(),
             "config reload: dropping the session of node {}: {why}",
             session.node()
         );
-        core.end_session(&session, &format!("config reload: {why}"))
+        reloader
+            .nodes
+            .end_session(&session, &format!("config reload: {why}"))
             .await;
     }
     for node in &report.added {

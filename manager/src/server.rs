@@ -1,16 +1,24 @@
-//! Starting and stopping a whole manager: bus connection, exported objects,
-//! bus name, agent listener, heartbeat timer.
+//! Starting and stopping a whole manager: its parts ([`crate::root`]), bus
+//! connection, exported objects, bus name, agent listener, heartbeat timer.
 //!
 //! Start order matters: the objects are exported *before* the name
 //! `org.eclipse.bluechi` is requested, so no client call can arrive at an
 //! empty object tree; the listener starts once the name is owned, so an
 //! agent's registration is always announced on the bus. Stop order is the
-//! reverse: stop accepting, end every job with `JobRemoved` (while the bus
-//! connection is still open), close the sessions, release the name.
+//! reverse: stop accepting, enter the `Stopping` phase, end every job with
+//! `JobRemoved` (while the bus connection is still open), close the
+//! sessions, announce the end state, release the name.
 
 use crate::api;
-use crate::core::{Core, Timeouts};
-use crate::nodes::listener::accept_loop;
+use crate::api::handles::Handles;
+use crate::job_runner::JobRunner;
+use crate::logs::LogControl;
+use crate::nodes::lifecycle::{Lifecycle, Phase};
+use crate::nodes::listener::{Accept, accept_loop};
+use crate::nodes::session::CLOSE_DEADLINE;
+use crate::reload::Reloader;
+use crate::root::{Parts, Timeouts};
+use crate::units::monitor::Monitors;
 use drover_bus::Bus;
 use drover_bus::bluechi::BUS_NAME;
 use drover_config::ManagerConfig;
@@ -40,7 +48,10 @@ pub use crate::tls::load_tls;
 /// A running manager. Dropping it without [`Manager::shutdown`] stops the
 /// tasks but skips the orderly end of jobs.
 pub struct Manager {
-    core: Arc<Core>,
+    parts: Parts,
+    /// What the D-Bus objects work with (they and the outbound hold it
+    /// weakly or by share; the manager keeps it alive).
+    _handles: Arc<Handles>,
     conn: Connection,
     stop: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
@@ -87,11 +98,27 @@ impl Manager {
         timeouts: Timeouts,
     ) -> Result<Self, StartError> {
         let tls = load_tls(&config)?;
-        let core = Core::new(config, timeouts, tls);
+        let parts = Parts::build(config, timeouts, tls);
         let conn = connect(bus).await?;
-        api::export(&core, &conn)
+        let handles = Arc::new(Handles {
+            nodes: parts.lifecycle.nodes().clone(),
+            jobs: parts.jobs.clone(),
+            monitors: parts.monitors.clone(),
+            metrics: parts.metrics.clone(),
+            outbound: parts.outbound.clone(),
+            proxies: parts.proxies.clone(),
+            reloader: parts.reloader.clone(),
+            log: parts.log.clone(),
+            log_target: parts.config.logging.target.as_str(),
+            request: parts.timeouts.request,
+            fanout: parts.timeouts.fanout,
+            fleet_answer: parts.timeouts.fleet_answer,
+        });
+        api::export(&handles, &conn)
             .await
             .map_err(StartError::Export)?;
+        // Every known node's object, through the port just set.
+        parts.lifecycle.export_nodes().await;
 
         // One owner, never replaced (BlueChi allows replacement): another
         // process that took the name would leave this manager running with
@@ -117,24 +144,34 @@ impl Manager {
             .map_err(StartError::Listener)?;
         let local_addr = listener.local_addr().map_err(StartError::Listener)?;
         let listener = tokio::net::TcpListener::from_std(listener).map_err(StartError::Listener)?;
-        crate::nodes::listener::warn_if_plaintext(core.config(), local_addr);
+        crate::nodes::listener::warn_if_plaintext(&parts.config, local_addr);
+        let accept = Arc::new(Accept {
+            lifecycle: parts.lifecycle.clone(),
+            gate: parts.gate.clone(),
+            refusals: parts.refusals.clone(),
+            tls: parts.tls.clone(),
+            config: parts.config.clone(),
+            handshake: parts.timeouts.handshake,
+            churn: parts.churn.clone(),
+        });
         let stop = CancellationToken::new();
         let tasks = vec![
-            tokio::spawn(accept_loop(core.clone(), listener, stop.clone())),
-            tokio::spawn(core.clone().heartbeat_loop()),
-            tokio::spawn(core.proxies().clone().timer_loop()),
+            tokio::spawn(accept_loop(accept, listener, stop.clone())),
+            tokio::spawn(parts.lifecycle.clone().heartbeat_loop()),
+            tokio::spawn(parts.proxies.clone().timer_loop()),
         ];
         tracing::info!(
             "serving {BUS_NAME} with {} allowed node(s); agents connect to {local_addr}{}",
-            core.registry().total(),
-            if core.tls().is_some() {
+            parts.lifecycle.nodes().registry().total(),
+            if parts.tls.is_some() {
                 " over mutual TLS"
             } else {
                 ""
             }
         );
         Ok(Self {
-            core,
+            parts,
+            _handles: handles,
             conn,
             stop,
             tasks,
@@ -146,8 +183,27 @@ impl Manager {
         self.local_addr
     }
 
-    pub fn core(&self) -> &Arc<Core> {
-        &self.core
+    /// The node lifecycle (the node table, the counts `STATUS=` shows).
+    pub fn lifecycle(&self) -> &Arc<Lifecycle> {
+        &self.parts.lifecycle
+    }
+
+    pub fn jobs(&self) -> &Arc<JobRunner> {
+        &self.parts.jobs
+    }
+
+    pub fn monitors(&self) -> &Arc<Monitors> {
+        &self.parts.monitors
+    }
+
+    /// Reloads (SIGHUP, `io.drover.Controller.Reload`).
+    pub fn reloader(&self) -> &Arc<Reloader> {
+        &self.parts.reloader
+    }
+
+    /// The log level in force (`SetLogLevel`, reloads).
+    pub fn log(&self) -> &Arc<LogControl> {
+        &self.parts.log
     }
 
     pub fn connection(&self) -> &Connection {
@@ -174,7 +230,24 @@ impl Manager {
     /// Orderly stop (SIGTERM): see the module docs for the order.
     pub async fn shutdown(mut self) {
         self.stop.cancel();
-        self.core.shutdown().await;
+        // Ends every job and every session. Jobs get `JobRemoved` with
+        // `cancelled due to shutdown` before the bus connection closes; each
+        // node's `Status` goes `offline`; `Controller.Status` is announced
+        // once, at the end (`down`), not at each threshold crossed on the way
+        // (`degraded` first), as BlueChi's controller signals its shutdown.
+        let lifecycle = &self.parts.lifecycle;
+        lifecycle.enter(Phase::Stopping);
+        self.parts.jobs.end_all().await;
+        let sessions = lifecycle
+            .end_all_sessions("the manager is shutting down")
+            .await;
+        lifecycle.announce_controller().await;
+        // Every agent sees its link end cleanly (TLS: `close_notify`), not
+        // cut by the process's exit; each writer bounds its own close.
+        let closing = sessions
+            .iter()
+            .map(|s| tokio::time::timeout(CLOSE_DEADLINE, s.closed()));
+        futures::future::join_all(closing).await;
         for task in self.tasks.drain(..) {
             task.abort();
         }

@@ -424,7 +424,7 @@ async fn systemd_errors_come_back_with_their_names() {
         )
     );
     assert!(
-        f.manager().core().jobs().is_empty(),
+        f.manager().jobs().table().is_empty(),
         "a refused job leaves nothing behind"
     );
 }
@@ -781,6 +781,19 @@ async fn introspection_describes_exactly_what_is_served() {
     );
 }
 
+/// The children an `Introspect` answer names, each as `<node name="x"/>`
+/// (never inlined).
+fn children(xml: &str) -> Vec<String> {
+    xml.match_indices("<node name=\"")
+        .map(|(i, _)| {
+            let rest = &xml[i + 12..];
+            let end = rest.find('"').unwrap();
+            assert!(rest[end..].starts_with("\"/>"), "inlined child: {xml}");
+            rest[..end].to_owned()
+        })
+        .collect()
+}
+
 /// The paths leading to objects name their children and do not inline them
 /// (sd-bus's form), so `busctl tree` walks the tree without a warning; the
 /// `job` level comes and goes with the jobs.
@@ -792,16 +805,6 @@ async fn introspection_names_children_without_inlining_them() {
         _ => vec![],
     });
     let _agent = f.agent("node1", behavior).await;
-    let children = |xml: &str| -> Vec<String> {
-        xml.match_indices("<node name=\"")
-            .map(|(i, _)| {
-                let rest = &xml[i + 12..];
-                let end = rest.find('"').unwrap();
-                assert!(rest[end..].starts_with("\"/>"), "inlined child: {xml}");
-                rest[..end].to_owned()
-            })
-            .collect()
-    };
     assert_eq!(children(&f.introspect("/").await), ["org"]);
     assert_eq!(children(&f.introspect("/org").await), ["eclipse"]);
     assert_eq!(children(&f.introspect("/org/eclipse").await), ["bluechi"]);
@@ -865,6 +868,77 @@ async fn introspection_names_children_without_inlining_them() {
     }
 }
 
+/// A reload that lists a new node gives it its object the one way every node
+/// object goes on the bus, so `Introspect` of the node level names it and
+/// `busctl tree` shows it (dasbus and every client that builds its proxies
+/// from introspection see it); before, `GetNode` answered for it while
+/// `Introspect` listed only the nodes of the start. A node the new config no
+/// longer lists keeps its object until the manager restarts, and stays
+/// named, as `GetNode` keeps answering for it.
+#[tokio::test]
+async fn introspection_follows_the_nodes_a_reload_adds_and_removes() {
+    const NODES: &str = "/org/eclipse/bluechi/node";
+    let f = Fixture::start(config(&["node1", "node2"])).await;
+    assert_eq!(children(&f.introspect(NODES).await), ["node1", "node2"]);
+    let reloader = f.manager().reloader().clone();
+
+    // node2 goes, node-bar comes.
+    let report = drover_manager::reload::reload(&reloader, Ok(config(&["node1", "node-bar"])))
+        .await
+        .expect("reload");
+    let names = |v: &[drover_protocol::NodeName]| {
+        v.iter().map(|n| n.as_str().to_owned()).collect::<Vec<_>>()
+    };
+    assert_eq!(names(&report.added), ["node-bar"]);
+    assert_eq!(names(&report.kept), ["node2"]);
+    assert_eq!(
+        children(&f.introspect(NODES).await),
+        ["node1", "node2", "node_2dbar"]
+    );
+    for (name, path) in [
+        ("node2", "/org/eclipse/bluechi/node/node2"),
+        ("node-bar", NODE_BAR),
+    ] {
+        let got: OwnedObjectPath = f
+            .call(CONTROLLER, CTRL_IFACE, "GetNode", &(name,))
+            .await
+            .expect("GetNode");
+        assert_eq!(got.as_str(), path);
+        let xml = f.introspect(path).await;
+        assert_mentions(
+            &xml,
+            "node XML",
+            &[r#"<interface name="org.eclipse.bluechi.Node">"#],
+        );
+    }
+    let out = tokio::process::Command::new("busctl")
+        .args(["--address", f.bus.address(), "tree", "org.eclipse.bluechi"])
+        .output()
+        .await
+        .unwrap();
+    let tree = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && tree.contains(NODE_BAR) && tree.contains("/node/node2"),
+        "busctl tree: {tree}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // node-bar goes again, node3 comes: one added, both removed ones kept.
+    let report = drover_manager::reload::reload(&reloader, Ok(config(&["node1", "node3"])))
+        .await
+        .expect("reload");
+    assert_eq!(names(&report.added), ["node3"]);
+    assert_eq!(names(&report.kept), ["node2", "node-bar"]);
+    assert_eq!(
+        children(&f.introspect(NODES).await),
+        ["node1", "node2", "node3", "node_2dbar"]
+    );
+    // The added node registers: its object is the one announced.
+    let mut signals = f.signals("/org/eclipse/bluechi/node/node3", PROPS).await;
+    let _agent = f.agent("node3", reply_empty()).await;
+    wait_changed(&mut signals, "Status", "online").await;
+}
+
 /// A reload that adds a node (offline until it registers) turns `up` into
 /// `degraded`, and says so with `PropertiesChanged`, as a node going away would.
 #[tokio::test]
@@ -873,12 +947,10 @@ async fn a_reload_adding_nodes_announces_the_controller_status() {
     let mut ctrl_signals = f.signals(CONTROLLER, PROPS).await;
     let _agent = f.agent("node1", reply_empty()).await;
     wait_changed(&mut ctrl_signals, "Status", "up").await;
-    let core = f.manager().core().clone();
-    let conn = f.manager().connection().clone();
-    let report =
-        drover_manager::reload::reload(&core, Some(&conn), Ok(config(&["node1", "node-bar"])))
-            .await
-            .expect("reload");
+    let reloader = f.manager().reloader().clone();
+    let report = drover_manager::reload::reload(&reloader, Ok(config(&["node1", "node-bar"])))
+        .await
+        .expect("reload");
     assert_eq!(report.added.len(), 1);
     wait_changed(&mut ctrl_signals, "Status", "degraded").await;
     let status: String = f.get_property(CONTROLLER, CTRL_IFACE, "Status").await;

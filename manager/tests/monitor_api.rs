@@ -317,7 +317,7 @@ async fn a_monitor_answers_its_owner_and_root_and_refuses_everyone_else() {
     let peer = f.client().await;
     let peer_id = add_peer(&owner, p, &peer).await;
     let id: u32 = p.rsplit('/').next().unwrap().parse().unwrap();
-    let monitor = f.manager().core().monitors().get(id).unwrap();
+    let monitor = f.manager().monitors().get(id).unwrap();
 
     // Another client, not root (and a peer is not the owner either).
     let stranger = Api {
@@ -388,7 +388,7 @@ async fn a_monitor_answers_its_owner_and_root_and_refuses_everyone_else() {
         .unwrap();
     mcall::<_, ()>(&root, p, "Close", &()).await.unwrap();
     assert!(monitor.is_closed());
-    assert!(f.manager().core().monitors().is_empty());
+    assert!(f.manager().monitors().is_empty());
 }
 
 #[tokio::test]
@@ -411,7 +411,7 @@ async fn each_client_has_its_own_monitor_cap_and_leaving_the_bus_frees_it() {
         )),
         "{msg}"
     );
-    let monitors = f.manager().core().monitors();
+    let monitors = f.manager().monitors();
     assert_eq!(
         monitors.len(),
         MAX_MONITORS_PER_CLIENT,
@@ -462,7 +462,7 @@ async fn monitor_closes_when_its_owner_leaves_the_bus() {
         )
         .await;
     assert_eq!(error_name(res), "org.freedesktop.DBus.Error.UnknownObject");
-    assert!(f.manager().core().monitors().is_empty());
+    assert!(f.manager().monitors().is_empty());
 }
 
 #[tokio::test]

@@ -106,23 +106,19 @@ async fn a_pattern_admits_matching_names_and_their_objects_stay_after_they_leave
 async fn a_reload_adding_a_pattern_admits_new_names_and_removing_it_drops_them() {
     let f = Fixture::start(config(&["db1"])).await;
     refused_unknown(&f, "edge-1").await;
-    let core = f.manager().core().clone();
-    let conn = f.manager().connection().clone();
+    let reloader = f.manager().reloader().clone();
 
-    let report = drover_manager::reload::reload(
-        &core,
-        Some(&conn),
-        Ok(with_patterns(&["db1"], &["edge-*"])),
-    )
-    .await
-    .expect("reload");
+    let report =
+        drover_manager::reload::reload(&reloader, Ok(with_patterns(&["db1"], &["edge-*"])))
+            .await
+            .expect("reload");
     assert!(report.added.is_empty(), "a pattern configures no node");
     let mut edge_signals = f.signals(EDGE1, PROPERTIES_IFACE).await;
     let _edge = f.agent("edge-1", reply_empty()).await;
     get_node(&f, "edge-1").await.expect("edge-1 has its object");
 
     // The pattern goes: the session is dropped, the object stays offline.
-    let report = drover_manager::reload::reload(&core, Some(&conn), Ok(config(&["db1"])))
+    let report = drover_manager::reload::reload(&reloader, Ok(config(&["db1"])))
         .await
         .expect("reload");
     assert_eq!(

@@ -329,13 +329,12 @@ async fn target_node_offline_past_grace_stops_active_proxies() {
 async fn reload_revokes_permissions_and_adds_nodes() {
     let (f, b, a) = a_and_b(5_000, reply_empty()).await;
     db_wanted(&a, &b).await;
-    let core = f.manager().core().clone();
-    let conn = f.manager().connection().clone();
+    let reloader = f.manager().reloader().clone();
 
     // A config that does not load changes nothing.
     let bad = ManagerConfig::parse_str("[drover-manager]\nNoSuchKey=1\n");
     assert!(
-        drover_manager::reload::reload(&core, Some(&conn), bad)
+        drover_manager::reload::reload(&reloader, bad)
             .await
             .is_err()
     );
@@ -348,7 +347,7 @@ async fn reload_revokes_permissions_and_adds_nodes() {
         allowed: None,
         allow_dependencies_on: vec![nn("b")],
     });
-    let report = drover_manager::reload::reload(&core, Some(&conn), Ok(new))
+    let report = drover_manager::reload::reload(&reloader, Ok(new))
         .await
         .expect("reload");
     assert_eq!(report.added, [nn("d")]);

@@ -267,25 +267,26 @@ async fn reload_drops_revoked_and_unlisted_sessions_and_rotation_drops_nothing()
     let pki = fleet(&tmp.join("pki"), &["node1", "node2", "node3"]);
     let config = tls_config(&pki, &["node1", "node2", "node3"]);
     let f = Fixture::start(config.clone()).await;
-    let core = f.manager().core().clone();
+    let reloader = f.manager().reloader().clone();
+    let nodes = f.manager().lifecycle().nodes().clone();
     let a1 = tls_agent(&f, &pki, "node1", "node1").await.unwrap();
     let a2 = tls_agent(&f, &pki, "node2", "node2").await.unwrap();
     let a3 = tls_agent(&f, &pki, "node3", "node3").await.unwrap();
-    let sessions = |core: &drover_manager::Core| {
-        let r = core.registry();
+    let sessions = |nodes: &drover_manager::nodes::lifecycle::Nodes| {
+        let r = nodes.registry();
         ["node1", "node2", "node3"].map(|n| r.session(n).map(|s| s.id()))
     };
-    let before = sessions(&core);
+    let before = sessions(&nodes);
 
     // Rotation: new manager and node2 certificates, same CA; reload.
     pki.issue_manager(&["127.0.0.1"], &options(true)).unwrap();
     pki.issue_node(&node_name("node2"), &options(true)).unwrap();
-    let report = drover_manager::reload::reload(&core, None, Ok(config.clone()))
+    let report = drover_manager::reload::reload(&reloader, Ok(config.clone()))
         .await
         .unwrap();
     assert!(report.tls_reloaded);
     assert!(report.dropped.is_empty(), "{:?}", report.dropped);
-    assert_eq!(sessions(&core), before, "a rotation drops no session");
+    assert_eq!(sessions(&nodes), before, "a rotation drops no session");
     // The rotated node2 certificate and the new manager certificate pass
     // the TLS handshake: the refusal is drover's, because node2's first
     // session is alive.
@@ -300,7 +301,7 @@ async fn reload_drops_revoked_and_unlisted_sessions_and_rotation_drops_nothing()
     // Revocation: node1's certificate goes on the CRL; reload drops its session.
     pki.revoke(&[RevokeTarget::Node(node_name("node1"))])
         .unwrap();
-    let report = drover_manager::reload::reload(&core, None, Ok(config.clone()))
+    let report = drover_manager::reload::reload(&reloader, Ok(config.clone()))
         .await
         .unwrap();
     let dropped: Vec<_> = report.dropped.iter().map(|(n, _)| n.as_str()).collect();
@@ -312,7 +313,7 @@ async fn reload_drops_revoked_and_unlisted_sessions_and_rotation_drops_nothing()
     );
     assert_eq!(status(&f, "node1").await, "offline");
     assert!(
-        core.registry().session("node3").map(|s| s.id()) == before[2],
+        nodes.registry().session("node3").map(|s| s.id()) == before[2],
         "node3 untouched"
     );
     // And refused at the next handshake.
@@ -322,7 +323,7 @@ async fn reload_drops_revoked_and_unlisted_sessions_and_rotation_drops_nothing()
     // A name taken off the list: its session goes at once.
     let mut fewer = config.clone();
     fewer.allowed_nodes.retain(|n| n.as_str() != "node3");
-    let report = drover_manager::reload::reload(&core, None, Ok(fewer))
+    let report = drover_manager::reload::reload(&reloader, Ok(fewer))
         .await
         .unwrap();
     let dropped: Vec<_> = report.dropped.iter().map(|(n, _)| n.as_str()).collect();

@@ -1,15 +1,24 @@
 //! `org.eclipse.bluechi.Controller` at `/org/eclipse/bluechi`.
 
-use crate::core::Core;
+use crate::api::handles::Handles;
+use crate::api::replies::{unit_files, units_of};
 use crate::error::ApiError;
+use crate::fanout;
+use crate::logs::LogControl;
+use crate::metrics::Metrics;
+use crate::nodes::lifecycle::Nodes;
 use crate::nodes::session::Session;
+use crate::outbound::Port;
+use crate::units::monitor::Monitors;
 use drover_bus::systemd::UnitTuple;
 use drover_config::LogLevel;
 use drover_protocol::NodeName;
+use drover_protocol::Response;
 use drover_protocol::error_names::SERVICE_UNKNOWN;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 use zbus::interface;
 use zbus::message::Header;
 use zbus::object_server::SignalEmitter;
@@ -39,12 +48,50 @@ impl Serialize for NodeRow {
 }
 
 pub struct ControllerObject {
-    core: Arc<Core>,
+    nodes: Arc<Nodes>,
+    monitors: Arc<Monitors>,
+    metrics: Arc<Metrics>,
+    outbound: Arc<Port>,
+    log: Arc<LogControl>,
+    log_target: &'static str,
+    fanout: Duration,
+    fleet_answer: usize,
 }
 
 impl ControllerObject {
-    pub fn new(core: Arc<Core>) -> Self {
-        Self { core }
+    pub fn new(handles: &Handles) -> Self {
+        Self {
+            nodes: handles.nodes.clone(),
+            monitors: handles.monitors.clone(),
+            metrics: handles.metrics.clone(),
+            outbound: handles.outbound.clone(),
+            log: handles.log.clone(),
+            log_target: handles.log_target,
+            fanout: handles.fanout,
+            fleet_answer: handles.fleet_answer,
+        }
+    }
+
+    /// A fleet-wide list: every online node, at most
+    /// [`crate::fanout::IN_FLIGHT`] at a time, all by one fan-out deadline.
+    /// A node that fails or times out is left out of the answer and logged
+    /// (BlueChi fails the whole call instead; one slow or broken node should
+    /// not blind an operator to the rest of the fleet). An answer that would
+    /// not fit one D-Bus reply is refused early: see [`crate::fanout`].
+    async fn fleet_list<T: serde::Serialize + zbus::wire::Type>(
+        &self,
+        list: &fanout::FleetList,
+        rows: fn(Response) -> Result<Vec<T>, ApiError>,
+    ) -> Result<BTreeMap<String, Vec<T>>, ApiError> {
+        let sessions = self.nodes.sessions();
+        fanout::gather(sessions, list, rows, self.fanout, self.fleet_answer).await
+    }
+
+    /// `EnableMetrics` (`on`) / `DisableMetrics`.
+    async fn switch_metrics(&self, on: bool) -> Result<(), ApiError> {
+        self.metrics
+            .switch(on, self.outbound.get(), || self.nodes.sessions())
+            .await
     }
 }
 
@@ -53,7 +100,7 @@ impl ControllerObject {
     /// Every configured node in config order: name, object path, status, peer IP.
     #[zbus(out_args("nodes"))]
     async fn list_nodes(&self) -> Vec<NodeRow> {
-        self.core
+        self.nodes
             .registry()
             .nodes()
             .iter()
@@ -68,7 +115,7 @@ impl ControllerObject {
 
     #[zbus(out_args("path"))]
     async fn get_node(&self, name: String) -> Result<OwnedObjectPath, ApiError> {
-        self.core
+        self.nodes
             .registry()
             .get(&name)
             .map(|n| n.path.clone())
@@ -81,16 +128,17 @@ impl ControllerObject {
     }
 
     /// Units of every online node, keyed by node name; see
-    /// `Core::list_all_units` for nodes left out and answers too large.
+    /// `ControllerObject::fleet_list` for nodes left out and answers too
+    /// large.
     #[zbus(out_args("units"))]
     async fn list_units(&self) -> Result<BTreeMap<String, Vec<UnitTuple>>, ApiError> {
-        self.core.list_all_units().await
+        self.fleet_list(&fanout::LIST_UNITS, units_of).await
     }
 
     /// Unit files of every online node, keyed by node name (as `ListUnits`).
     #[zbus(out_args("unitfiles"))]
     async fn list_unit_files(&self) -> Result<BTreeMap<String, Vec<(String, String)>>, ApiError> {
-        self.core.list_all_unit_files().await
+        self.fleet_list(&fanout::LIST_UNIT_FILES, unit_files).await
     }
 
     /// A monitor owned by the caller; it closes when the caller leaves the bus.
@@ -103,15 +151,15 @@ impl ControllerObject {
         let Some(owner) = header.sender() else {
             return Err(ApiError::failed("the call carries no sender"));
         };
-        self.core.monitors().create(conn, owner).await
+        self.monitors.create(conn, owner).await
     }
 
     async fn enable_metrics(&self) -> Result<(), ApiError> {
-        self.core.switch_metrics(true).await
+        self.switch_metrics(true).await
     }
 
     async fn disable_metrics(&self) -> Result<(), ApiError> {
-        self.core.switch_metrics(false).await
+        self.switch_metrics(false).await
     }
 
     /// The manager's own log level: DEBUG, INFO, WARN or ERROR. Not persisted.
@@ -122,7 +170,7 @@ impl ControllerObject {
                 loglevel.escape_default()
             )));
         };
-        self.core.set_log_level(level);
+        self.log.set(level);
         tracing::info!("log level set to {}", level.as_str());
         Ok(())
     }
@@ -144,20 +192,24 @@ impl ControllerObject {
         result: &str,
     ) -> zbus::Result<()>;
 
-    /// `up`, `degraded` or `down`; changes are announced by the core only
-    /// when the value crosses a threshold.
+    /// `up`, `degraded` or `down`; changes are announced by the node
+    /// lifecycle only when the value crosses a threshold.
     #[zbus(property)]
     fn status(&self) -> String {
-        self.core.registry().controller_status().as_str().to_owned()
+        self.nodes
+            .registry()
+            .controller_status()
+            .as_str()
+            .to_owned()
     }
 
     #[zbus(property(emits_changed_signal = "false"))]
     fn log_level(&self) -> String {
-        self.core.log_level().as_str().to_owned()
+        self.log.get().as_str().to_owned()
     }
 
     #[zbus(property(emits_changed_signal = "const"))]
     fn log_target(&self) -> String {
-        self.core.config().logging.target.as_str().to_owned()
+        self.log_target.to_owned()
     }
 }

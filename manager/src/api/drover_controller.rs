@@ -8,10 +8,10 @@
 //! on the system bus (the D-Bus policy); the method itself also refuses any
 //! caller that is neither root nor the manager's own user (a session bus).
 
-use crate::core::Core;
+use crate::api::handles::Handles;
 use crate::error::ApiError;
-use crate::proxies::driver::ProxyTuple;
-use crate::reload::{ReloadError, reload_from_source};
+use crate::proxies::driver::{Proxies, ProxyTuple};
+use crate::reload::{ReloadError, Reloader, reload_from_source};
 use drover_protocol::error_names::ACCESS_DENIED;
 use std::sync::Arc;
 use zbus::message::Header;
@@ -19,12 +19,16 @@ use zbus::names::BusName;
 use zbus::{Connection, interface};
 
 pub struct DroverControllerObject {
-    core: Arc<Core>,
+    proxies: Proxies,
+    reloader: Arc<Reloader>,
 }
 
 impl DroverControllerObject {
-    pub fn new(core: Arc<Core>) -> Self {
-        Self { core }
+    pub fn new(handles: &Handles) -> Self {
+        Self {
+            proxies: handles.proxies.clone(),
+            reloader: handles.reloader.clone(),
+        }
     }
 }
 
@@ -36,7 +40,7 @@ impl DroverControllerObject {
     /// last known or `unknown`, number of live references on the target).
     #[zbus(out_args("proxies"))]
     async fn list_proxies(&self) -> Vec<ProxyTuple> {
-        self.core.proxies().list().await
+        self.proxies.list().await
     }
 
     /// Loads the configuration again, as `SIGHUP` does, and returns once it
@@ -47,7 +51,7 @@ impl DroverControllerObject {
         #[zbus(header)] header: Header<'_>,
     ) -> Result<(), ApiError> {
         root_or_self(conn, &header).await?;
-        match reload_from_source(&self.core, Some(conn)).await {
+        match reload_from_source(&self.reloader).await {
             Ok(_) => Ok(()),
             Err(e @ (ReloadError::NoSource | ReloadError::Config(_))) => {
                 Err(ApiError::failed(e.to_string()))

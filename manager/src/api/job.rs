@@ -2,21 +2,31 @@
 //!
 //! Exported between `JobNew` and `JobRemoved` (see [`crate::jobs`]).
 
-use crate::core::Core;
+use crate::api::handles::Handles;
 use crate::error::ApiError;
+use crate::job_runner::JobRunner;
 use crate::jobs::JobInfo;
+use crate::nodes::lifecycle::Nodes;
 use drover_protocol::{Request, Response};
 use std::sync::Arc;
+use std::time::Duration;
 use zbus::interface;
 
 pub struct JobObject {
-    core: Arc<Core>,
+    nodes: Arc<Nodes>,
+    jobs: Arc<JobRunner>,
+    request_timeout: Duration,
     info: JobInfo,
 }
 
 impl JobObject {
-    pub fn new(core: Arc<Core>, info: JobInfo) -> Self {
-        Self { core, info }
+    pub fn new(handles: &Handles, info: JobInfo) -> Self {
+        Self {
+            nodes: handles.nodes.clone(),
+            jobs: handles.jobs.clone(),
+            request_timeout: handles.request,
+            info,
+        }
     }
 }
 
@@ -25,7 +35,7 @@ impl JobObject {
     /// Asks the node to cancel the systemd job; the job then ends with
     /// systemd's `canceled` through the usual `JobRemoved`.
     async fn cancel(&self) -> Result<(), ApiError> {
-        let session = self.core.session_of(&self.info.node)?;
+        let session = self.nodes.session_of(&self.info.node)?;
         if session.id() != self.info.session_id {
             // The agent that ran this job is gone (and the job with it).
             return Err(ApiError::offline());
@@ -33,10 +43,7 @@ impl JobObject {
         let request = Request::JobCancel {
             job_id: self.info.id,
         };
-        match session
-            .request(request, self.core.timeouts().request)
-            .await?
-        {
+        match session.request(request, self.request_timeout).await? {
             Response::Empty => Ok(()),
             _ => Err(ApiError::failed("unexpected reply from the agent")),
         }
@@ -62,11 +69,11 @@ impl JobObject {
         self.info.job_type.job_type().to_owned()
     }
 
-    /// `waiting` / `running`; changes are announced by the core.
+    /// `waiting` / `running`; changes are announced by the job runner.
     #[zbus(property)]
     fn state(&self) -> String {
-        self.core
-            .jobs()
+        self.jobs
+            .table()
             .state(self.info.id)
             .unwrap_or("running")
             .to_owned()

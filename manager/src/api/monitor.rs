@@ -13,9 +13,10 @@
 //! path cannot close, redirect or follow another client's monitor. Anyone
 //! else gets `AccessDenied` and nothing changes.
 
+use crate::api::handles::Handles;
 use crate::api::tree::Tree;
-use crate::core::Core;
 use crate::error::ApiError;
+use crate::nodes::lifecycle::Nodes;
 use crate::units::hub::SnapshotRow;
 use crate::units::monitor::{Monitor, MonitorObjects, Monitors, REASON_CLOSED};
 use drover_protocol::NodeName;
@@ -29,17 +30,18 @@ use zbus::object_server::SignalEmitter;
 use zbus::{Connection, OwnedVariant, interface};
 
 /// Exports [`MonitorObject`] and [`DroverMonitorObject`] for each monitor
-/// (see [`MonitorObjects`]). Holds the core weakly: the core holds it.
+/// (see [`MonitorObjects`]). Holds the handles weakly: the monitors, among
+/// them, hold it.
 pub struct MonitorExport {
-    core: Weak<Core>,
+    handles: Weak<Handles>,
     /// Every exported path, for `Introspect` (`crate::api::tree`).
     tree: Arc<Tree>,
 }
 
 impl MonitorExport {
-    pub fn new(core: &Arc<Core>, tree: Arc<Tree>) -> Arc<Self> {
+    pub fn new(handles: &Arc<Handles>, tree: Arc<Tree>) -> Arc<Self> {
         Arc::new(Self {
-            core: Arc::downgrade(core),
+            handles: Arc::downgrade(handles),
             tree,
         })
     }
@@ -52,16 +54,16 @@ impl MonitorObjects for MonitorExport {
         monitor: &'a Arc<Monitor>,
     ) -> BoxFuture<'a, zbus::Result<()>> {
         Box::pin(async move {
-            let Some(core) = self.core.upgrade() else {
+            let Some(handles) = self.handles.upgrade() else {
                 return Err(zbus::Error::Failure("the manager is stopping".into()));
             };
             let server = conn.object_server();
             let path = monitor.path().as_str();
             server
-                .at(path, MonitorObject::new(core.clone(), monitor.clone()))
+                .at(path, MonitorObject::new(&handles, monitor.clone()))
                 .await?;
             server
-                .at(path, DroverMonitorObject::new(core, monitor.clone()))
+                .at(path, DroverMonitorObject::new(monitor.clone()))
                 .await?;
             self.tree.added(server, path).await;
             Ok(())
@@ -122,22 +124,27 @@ pub async fn owner_or_root(
 }
 
 pub struct MonitorObject {
-    core: Arc<Core>,
+    monitors: Arc<Monitors>,
+    nodes: Arc<Nodes>,
     monitor: Arc<Monitor>,
 }
 
 impl MonitorObject {
-    pub fn new(core: Arc<Core>, monitor: Arc<Monitor>) -> Self {
-        Self { core, monitor }
+    pub fn new(handles: &Handles, monitor: Arc<Monitor>) -> Self {
+        Self {
+            monitors: handles.monitors.clone(),
+            nodes: handles.nodes.clone(),
+            monitor,
+        }
     }
 
     fn monitors(&self) -> &Monitors {
-        self.core.monitors()
+        &self.monitors
     }
 
     /// Every configured node, in config order.
     fn configured(&self) -> Vec<NodeName> {
-        self.core
+        self.nodes
             .registry()
             .nodes()
             .iter()
@@ -274,7 +281,7 @@ pub struct DroverMonitorObject {
 }
 
 impl DroverMonitorObject {
-    pub fn new(_core: Arc<Core>, monitor: Arc<Monitor>) -> Self {
+    pub fn new(monitor: Arc<Monitor>) -> Self {
         Self { monitor }
     }
 }

@@ -5,15 +5,20 @@
 //! fail with `InvalidArgs` before anything is sent to the agent; systemd's
 //! errors from the node come back with their own names.
 
-use crate::core::{Core, JOB_MODES, unit_files, units_of};
+use crate::api::handles::Handles;
+use crate::api::replies::{unit_files, units_of};
 use crate::error::ApiError;
+use crate::job_runner::JobRunner;
+use crate::nodes::lifecycle::Nodes;
 use crate::nodes::registry::OFFLINE;
 use drover_bus::marshal::{self, PropertyMap};
 use drover_bus::systemd::UnitTuple;
 use drover_config::LogLevel;
+use drover_protocol::job::check_mode;
 use drover_protocol::{JobKind, NodeName, RemoteError, Request, Response, UnitName};
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 use zbus::interface;
 use zbus::{OwnedObjectPath, OwnedVariant};
 
@@ -82,15 +87,9 @@ fn property_arg(property: &str) -> Result<String, ApiError> {
 }
 
 fn mode_arg(mode: &str) -> Result<String, ApiError> {
-    if JOB_MODES.contains(&mode) {
-        Ok(mode.to_owned())
-    } else {
-        Err(ApiError::invalid_args(format!(
-            "invalid job mode '{}': expected one of {}",
-            mode.escape_default(),
-            JOB_MODES.join(", ")
-        )))
-    }
+    check_mode(mode)
+        .map(str::to_owned)
+        .map_err(ApiError::invalid_args)
 }
 
 fn marshal_err(e: RemoteError) -> ApiError {
@@ -130,13 +129,20 @@ fn changes(r: Response) -> Result<(bool, Vec<Change>), ApiError> {
 }
 
 pub struct NodeObject {
-    core: Arc<Core>,
+    nodes: Arc<Nodes>,
+    jobs: Arc<JobRunner>,
+    request_timeout: Duration,
     name: NodeName,
 }
 
 impl NodeObject {
-    pub fn new(core: Arc<Core>, name: NodeName) -> Self {
-        Self { core, name }
+    pub fn new(handles: &Handles, name: NodeName) -> Self {
+        Self {
+            nodes: handles.nodes.clone(),
+            jobs: handles.jobs.clone(),
+            request_timeout: handles.request,
+            name,
+        }
     }
 
     async fn job(
@@ -145,7 +151,7 @@ impl NodeObject {
         mode: &str,
         kind: JobKind,
     ) -> Result<OwnedObjectPath, ApiError> {
-        self.core.start_job(&self.name, name, mode, kind).await
+        self.jobs.start_job(&self.name, name, mode, kind).await
     }
 }
 
@@ -173,16 +179,12 @@ impl NodeObject {
 
     #[zbus(out_args("units"))]
     async fn list_units(&self) -> Result<Vec<UnitTuple>, ApiError> {
-        let response = self
-            .core
-            .node_request(&self.name, Request::ListUnits)
-            .await?;
-        units_of(response)
+        units_of(self.request(Request::ListUnits).await?)
     }
 
     /// systemd daemon-reload on the node.
     async fn reload(&self) -> Result<(), ApiError> {
-        match self.core.node_request(&self.name, Request::Reload).await? {
+        match self.request(Request::Reload).await? {
             Response::Empty => Ok(()),
             _ => Err(ApiError::failed("unexpected reply from the agent")),
         }
@@ -203,7 +205,7 @@ impl NodeObject {
         let properties = marshal::encode(&properties).map_err(marshal_err)?;
         let aux = marshal::encode(&aux).map_err(marshal_err)?;
         let for_request = unit.clone();
-        self.core
+        self.jobs
             .start_job_with(&self.name, unit, JobKind::Start, move |job_id| {
                 Request::StartTransientUnit {
                     unit: for_request,
@@ -407,10 +409,11 @@ impl NodeObject {
         self.name.to_string()
     }
 
-    /// `online` / `offline`; every transition is announced by the core.
+    /// `online` / `offline`; every transition is announced by the node
+    /// lifecycle.
     #[zbus(property)]
     fn status(&self) -> String {
-        self.core
+        self.nodes
             .registry()
             .get(self.name.as_str())
             .map(|n| n.status())
@@ -420,7 +423,7 @@ impl NodeObject {
 
     #[zbus(property(emits_changed_signal = "false"))]
     fn peer_ip(&self) -> String {
-        self.core
+        self.nodes
             .registry()
             .get(self.name.as_str())
             .map(|n| n.peer_ip().to_owned())
@@ -441,11 +444,13 @@ impl NodeObject {
 }
 
 impl NodeObject {
+    /// A request to the node's agent with the standard timeout.
     async fn request(&self, body: Request) -> Result<Response, ApiError> {
-        self.core.node_request(&self.name, body).await
+        let session = self.nodes.session_of(&self.name)?;
+        session.request(body, self.request_timeout).await
     }
 
     fn last_seen(&self) -> (u64, u64) {
-        self.core.registry().last_seen(self.name.as_str())
+        self.nodes.registry().last_seen(self.name.as_str())
     }
 }

@@ -1,17 +1,18 @@
-//! [`BusOutbound`]: the core's [`Outbound`] on a zbus connection — signals
-//! go out on it, job and metrics objects are exported and removed on its
-//! object server.
+//! [`BusOutbound`]: the parts' [`Outbound`] on a zbus connection — signals
+//! go out on it, node, job and metrics objects are exported and removed on
+//! its object server, each recorded in the [`Tree`] `Introspect` reads.
 //!
-//! It holds the core weakly (the core holds it): a `Job` object made here
-//! holds the core strongly, as every object does, and a core that is gone
-//! exports nothing.
+//! It holds the API's [`Handles`] weakly (the parts hold it through their
+//! port): a `Node` or `Job` object made here holds its share of the parts
+//! strongly, as every object does, and a manager that is gone exports
+//! nothing.
 
 use crate::api::controller::ControllerObject;
+use crate::api::handles::Handles;
 use crate::api::job::JobObject;
 use crate::api::metrics::MetricsObject;
 use crate::api::node::NodeObject;
 use crate::api::tree::Tree;
-use crate::core::Core;
 use crate::jobs::JobInfo;
 use crate::outbound::Outbound;
 use drover_bus::bluechi::{CONTROLLER_PATH, METRICS_IFACE, METRICS_PATH};
@@ -26,16 +27,16 @@ use zbus::{Connection, OwnedObjectPath, Variant};
 
 pub struct BusOutbound {
     conn: Connection,
-    core: Weak<Core>,
+    handles: Weak<Handles>,
     /// Every exported path, for `Introspect` (`crate::api::tree`).
     tree: Arc<Tree>,
 }
 
 impl BusOutbound {
-    pub fn new(conn: Connection, core: &Arc<Core>, tree: Arc<Tree>) -> Arc<Self> {
+    pub fn new(conn: Connection, handles: &Arc<Handles>, tree: Arc<Tree>) -> Arc<Self> {
         Arc::new(Self {
             conn,
-            core: Arc::downgrade(core),
+            handles: Arc::downgrade(handles),
             tree,
         })
     }
@@ -99,24 +100,24 @@ impl Outbound for BusOutbound {
         path: &'a OwnedObjectPath,
     ) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            let Some(core) = self.core.upgrade() else {
+            let Some(handles) = self.handles.upgrade() else {
                 return;
             };
-            let object = NodeObject::new(core, node.clone());
+            let object = NodeObject::new(&handles, node.clone());
             let server = self.conn.object_server();
             match server.at(path.as_str(), object).await {
                 Ok(_) => self.tree.added(server, path.as_str()).await,
-                Err(e) => tracing::error!(%node, "cannot export the node object: {e}"),
+                Err(e) => tracing::error!(%node, "cannot export the object of node {node}: {e}"),
             }
         })
     }
 
     fn export_job<'a>(&'a self, job: &'a JobInfo, path: &'a OwnedObjectPath) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            let Some(core) = self.core.upgrade() else {
+            let Some(handles) = self.handles.upgrade() else {
                 return;
             };
-            let object = JobObject::new(core, job.clone());
+            let object = JobObject::new(&handles, job.clone());
             let server = self.conn.object_server();
             match server.at(path.as_str(), object).await {
                 Ok(_) => self.tree.added(server, path.as_str()).await,

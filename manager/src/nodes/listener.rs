@@ -28,10 +28,12 @@
 //!   plaintext as is; on TLS 1.3 with where the ciphertext rustls read ends
 //!   (`drover_tls::records::Records` under rustls from the first byte).
 
-use crate::core::Core;
+use crate::heap::Churn;
 use crate::nodes::frames::MarkSocket;
-use crate::nodes::gate::{Slot, Ticket};
+use crate::nodes::gate::{Gate, LogLimiter, Slot, Ticket};
+use crate::nodes::lifecycle::Lifecycle;
 use drover_config::ManagerConfig;
+use drover_tls::Acceptor;
 use drover_tls::records::Records;
 use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
 use std::io;
@@ -187,9 +189,27 @@ pub fn configure_stream(stream: &tokio::net::TcpStream, config: &ManagerConfig) 
     }
 }
 
+/// What the accept loop and each connection's handshake need.
+pub struct Accept {
+    /// Where an admitted hello goes: the node lifecycle.
+    pub lifecycle: Arc<Lifecycle>,
+    /// Caps on connections not yet admitted.
+    pub gate: Arc<Gate>,
+    /// Rate limits for the log lines about refused peers.
+    pub refusals: Arc<LogLimiter>,
+    /// Mutual TLS on the agent port, when configured.
+    pub tls: Option<Acceptor>,
+    /// The plaintext rule and the TCP keepalive settings.
+    pub config: Arc<ManagerConfig>,
+    /// For the TLS handshake and the hello together.
+    pub handshake: Duration,
+    /// Connections accepted, for [`crate::heap`].
+    pub churn: Arc<Churn>,
+}
+
 /// Accepts agents until `stop` is cancelled.
 pub async fn accept_loop(
-    core: Arc<Core>,
+    ctx: Arc<Accept>,
     listener: tokio::net::TcpListener,
     stop: CancellationToken,
 ) {
@@ -197,19 +217,19 @@ pub async fn accept_loop(
     loop {
         // Over the total cap, accept nothing: the kernel queues new
         // connections in the backlog until a place frees (see `gate`).
-        let slot = match core.gate().try_slot() {
+        let slot = match ctx.gate.try_slot() {
             Some(slot) => slot,
             None => {
-                core.refusals().warn("over cap: total", || {
+                ctx.refusals.warn("over cap: total", || {
                     format!(
                         "{} connections are already authenticating; new ones wait in the \
                          listen backlog",
-                        core.gate().limits().handshakes
+                        ctx.gate.limits().handshakes
                     )
                 });
                 tokio::select! {
                     _ = stop.cancelled() => return,
-                    slot = core.gate().slot() => match slot {
+                    slot = ctx.gate.slot() => match slot {
                         Some(slot) => slot,
                         None => return,
                     },
@@ -223,7 +243,7 @@ pub async fn accept_loop(
         match accepted {
             Ok((stream, peer)) => {
                 backoff = Duration::from_millis(10);
-                admit_connection(&core, slot, stream, peer);
+                admit_connection(&ctx, slot, stream, peer);
             }
             Err(e) if is_resource_exhaustion(&e) => {
                 tracing::error!(
@@ -244,26 +264,31 @@ pub async fn accept_loop(
 
 /// One accepted connection: the per-address cap, the plaintext rule, then
 /// its own task for TLS, hello and session.
-fn admit_connection(core: &Arc<Core>, slot: Slot, stream: tokio::net::TcpStream, peer: SocketAddr) {
-    core.note_churn();
-    let Ok(ticket) = core.gate().enter(slot, peer.ip()) else {
-        core.refusals().warn("over cap: per address", || {
+fn admit_connection(
+    ctx: &Arc<Accept>,
+    slot: Slot,
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+) {
+    ctx.churn.note();
+    let Ok(ticket) = ctx.gate.enter(slot, peer.ip()) else {
+        ctx.refusals.warn("over cap: per address", || {
             format!(
                 "{peer}: closed at once: {} connections from this address are already \
                  authenticating",
-                core.gate().limits().per_ip
+                ctx.gate.limits().per_ip
             )
         });
         // Dropping the stream closes it; nothing was read.
         return;
     };
-    if core.tls().is_none() {
+    if ctx.tls.is_none() {
         let local = stream.local_addr().map(|a| a.ip());
         let allowed = local
             .as_ref()
-            .is_ok_and(|ip| core.config().plaintext_allowed_on(*ip));
+            .is_ok_and(|ip| ctx.config.plaintext_allowed_on(*ip));
         if !allowed {
-            core.refusals().warn("plaintext off loopback", || {
+            ctx.refusals.warn("plaintext off loopback", || {
                 format!(
                     "{peer}: closed at once: plaintext is served on loopback only (local address \
                      {local:?}); configure TLS, or AllowPlaintext=true"
@@ -272,18 +297,19 @@ fn admit_connection(core: &Arc<Core>, slot: Slot, stream: tokio::net::TcpStream,
             return;
         }
     }
-    configure_stream(&stream, core.config());
-    let core = core.clone();
-    tokio::spawn(async move { serve(core, stream, peer, ticket).await });
+    configure_stream(&stream, &ctx.config);
+    let ctx = ctx.clone();
+    tokio::spawn(async move { serve(ctx, stream, peer, ticket).await });
 }
 
-async fn serve(core: Arc<Core>, stream: tokio::net::TcpStream, peer: SocketAddr, ticket: Ticket) {
-    let deadline = tokio::time::Instant::now() + core.timeouts().handshake;
-    let Some(acceptor) = core.tls().cloned() else {
+async fn serve(ctx: Arc<Accept>, stream: tokio::net::TcpStream, peer: SocketAddr, ticket: Ticket) {
+    let deadline = tokio::time::Instant::now() + ctx.handshake;
+    let Some(acceptor) = ctx.tls.clone() else {
         // Plaintext: the reader may mark the socket (nodes/frames.rs); the
         // stream moves into the session, which keeps it open while it reads.
         let socket = MarkSocket::plain(std::os::fd::AsRawFd::as_raw_fd(&stream));
-        core.serve_connection(stream, Some(socket), peer, None, deadline, Some(ticket))
+        ctx.lifecycle
+            .serve_connection(stream, Some(socket), peer, None, deadline, Some(ticket))
             .await;
         return;
     };
@@ -294,16 +320,16 @@ async fn serve(core: Arc<Core>, stream: tokio::net::TcpStream, peer: SocketAddr,
     let tls = match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(e)) => {
-            core.refusals().warn("tls handshake", || {
+            ctx.refusals.warn("tls handshake", || {
                 format!("{peer}: TLS handshake refused: {e}")
             });
             return;
         }
         Err(_) => {
-            core.refusals().warn("tls timeout", || {
+            ctx.refusals.warn("tls timeout", || {
                 format!(
                     "{peer}: TLS handshake not done within {} ms; closed",
-                    core.timeouts().handshake.as_millis()
+                    ctx.handshake.as_millis()
                 )
             });
             return;
@@ -312,7 +338,7 @@ async fn serve(core: Arc<Core>, stream: tokio::net::TcpStream, peer: SocketAddr,
     let identity = match drover_tls::peer_identity(&tls) {
         Ok(identity) => identity,
         Err(e) => {
-            core.refusals().warn("tls identity", || {
+            ctx.refusals.warn("tls identity", || {
                 format!("{peer}: client certificate refused: {e}")
             });
             return;
@@ -325,15 +351,16 @@ async fn serve(core: Arc<Core>, stream: tokio::net::TcpStream, peer: SocketAddr,
     } else {
         MarkSocket::unmarked(fd)
     };
-    core.serve_connection(
-        tls,
-        Some(socket),
-        peer,
-        Some(identity),
-        deadline,
-        Some(ticket),
-    )
-    .await;
+    ctx.lifecycle
+        .serve_connection(
+            tls,
+            Some(socket),
+            peer,
+            Some(identity),
+            deadline,
+            Some(ticket),
+        )
+        .await;
 }
 
 fn is_resource_exhaustion(e: &io::Error) -> bool {

@@ -1,13 +1,15 @@
 //! The agents' side of the manager: where their connections come from
 //! ([`listener`]), one connected agent ([`session`]) and how its frames are
 //! read ([`frames`]) and when its socket last received data ([`arrival`]),
-//! and the node table with
-//! its admission rules ([`registry`]); what an unauthenticated connection may
-//! cost and how its refusal is logged ([`gate`]).
+//! the node table with its admission rules ([`registry`]), and a node's
+//! life from hello to disconnect with its announcements ([`lifecycle`]);
+//! what an unauthenticated connection may cost and how its refusal is
+//! logged ([`gate`]).
 
 pub mod arrival;
 pub mod frames;
 pub mod gate;
+pub mod lifecycle;
 pub mod listener;
 pub mod registry;
 pub mod session;
