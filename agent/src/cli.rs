@@ -112,12 +112,12 @@ pub fn settings(args: &Args) -> Result<Settings, String> {
     link.heartbeat_interval = Duration::from_millis(interval_ms);
     link.heartbeat_threshold = Duration::from_millis(config.controller_heartbeat_threshold_ms);
     link.quiet_after = config.connection_retry_count_until_quiet;
-    link.keepalive = (config.tcp_keepalive_time_s > 0).then(|| Keepalive {
-        idle: Duration::from_secs(config.tcp_keepalive_time_s.into()),
-        interval: Duration::from_secs(config.tcp_keepalive_interval_s.into()),
-        count: config.tcp_keepalive_count,
+    link.keepalive = (config.link.keepalive_time_s > 0).then(|| Keepalive {
+        idle: Duration::from_secs(config.link.keepalive_time_s.into()),
+        interval: Duration::from_secs(config.link.keepalive_interval_s.into()),
+        count: config.link.keepalive_count,
     });
-    link.ip_receive_errors = config.ip_receive_errors;
+    link.ip_receive_errors = config.link.ip_receive_errors;
     if let Some(files) = &config.tls {
         // The name the manager's certificate must carry: TLSControllerName,
         // else the host dialled (flags applied).

@@ -37,8 +37,9 @@ use crate::ini::Document;
 use crate::layers::{Layered, LoadReport, apply_sources};
 use crate::manager::MAX_MS;
 use crate::sections::{self, Daemon, Dialect, Kind};
+use crate::shared::{self, LinkSettings};
 use crate::tls::{Origin, TlsFiles, TlsKeys};
-use crate::value::{self, At, KEEPALIVE_COUNT_MAX, KEEPALIVE_SECS_MAX};
+use crate::value::{self, At};
 use crate::{ConfigError, LoggingConfig, Sources};
 use drover_protocol::NodeName;
 use std::ffi::OsString;
@@ -54,9 +55,8 @@ pub const BLUECHI_SECTION: &str = sections::AGENT_BLUECHI;
 /// Where the host name comes from when `NodeName` is not set.
 const HOSTNAME_FILE: &str = "/proc/sys/kernel/hostname";
 
-/// Every key of `[drover-agent]` (drover.conf(5) documents each; a test keeps
-/// the list equal to the keys `apply_key` matches).
-pub const KEYS: &[&str] = &[
+/// The keys of `[drover-agent]` only the agent reads.
+const OWN_KEYS: &[&str] = &[
     "NodeName",
     "ControllerHost",
     "ControllerPort",
@@ -64,19 +64,14 @@ pub const KEYS: &[&str] = &[
     "HeartbeatInterval",
     "ControllerHeartbeatThreshold",
     "ConnectionRetryCountUntilQuiet",
-    "TCPKeepAliveTime",
-    "TCPKeepAliveInterval",
-    "TCPKeepAliveCount",
-    "IPReceiveErrors",
-    "TLSCertificate",
-    "TLSPrivateKey",
-    "TLSCertificateAuthority",
-    "TLSRevocationList",
     "TLSControllerName",
-    "LogLevel",
-    "LogTarget",
-    "LogIsQuiet",
 ];
+
+/// Every key of `[drover-agent]`: its own, then those both daemons read
+/// ([`shared::KEYS`]). drover.conf(5) documents each; a test keeps the list
+/// equal to the keys the loader matches.
+pub const KEYS: &[&str] =
+    &shared::key_list::<{ OWN_KEYS.len() + shared::KEYS.len() }>(&[OWN_KEYS, shared::KEYS]);
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct AgentConfig {
@@ -96,13 +91,10 @@ pub struct AgentConfig {
     pub controller_heartbeat_threshold_ms: u64,
     /// `ConnectionRetryCountUntilQuiet` (default 10).
     pub connection_retry_count_until_quiet: u32,
-    /// `TCPKeepAliveTime` / `TCPKeepAliveInterval` (s), `TCPKeepAliveCount`:
-    /// 1, 1, 6; 0 leaves the kernel default.
-    pub tcp_keepalive_time_s: u32,
-    pub tcp_keepalive_interval_s: u32,
-    pub tcp_keepalive_count: u32,
-    /// `IPReceiveErrors` (default true).
-    pub ip_receive_errors: bool,
+    /// `TCPKeepAliveTime`, `TCPKeepAliveInterval`, `TCPKeepAliveCount`,
+    /// `IPReceiveErrors`: the agent link's TCP settings (the same keys on
+    /// both ends, [`crate::shared`]).
+    pub link: LinkSettings,
     /// `TLSCertificate`, `TLSPrivateKey`, `TLSCertificateAuthority`,
     /// `TLSRevocationList`: dial the manager over mutual TLS when set.
     pub tls: Option<TlsFiles>,
@@ -123,10 +115,7 @@ impl Default for AgentConfig {
             heartbeat_interval_ms: 2000,
             controller_heartbeat_threshold_ms: 6000,
             connection_retry_count_until_quiet: 10,
-            tcp_keepalive_time_s: 1,
-            tcp_keepalive_interval_s: 1,
-            tcp_keepalive_count: 6,
-            ip_receive_errors: true,
+            link: LinkSettings::default(),
             tls: None,
             tls_controller_name: None,
             logging: LoggingConfig::default(),
@@ -238,7 +227,8 @@ impl Builder {
     }
 
     fn apply_key(&mut self, at: At<'_>, dialect: Dialect) -> Result<(), ConfigError> {
-        if self.tls.apply(at)? {
+        let cfg = &mut self.cfg;
+        if shared::apply(at, &mut cfg.link, &mut self.tls, &mut cfg.logging)? {
             return Ok(());
         }
         let this = &mut self.cfg;
@@ -289,18 +279,7 @@ impl Builder {
             "ConnectionRetryCountUntilQuiet" => {
                 this.connection_retry_count_until_quiet = at.u32_in(0, u32::MAX)?
             }
-            "TCPKeepAliveTime" => this.tcp_keepalive_time_s = at.u32_in(0, KEEPALIVE_SECS_MAX)?,
-            "TCPKeepAliveInterval" => {
-                this.tcp_keepalive_interval_s = at.u32_in(0, KEEPALIVE_SECS_MAX)?
-            }
-            "TCPKeepAliveCount" => this.tcp_keepalive_count = at.u32_in(0, KEEPALIVE_COUNT_MAX)?,
-            "IPReceiveErrors" => this.ip_receive_errors = at.boolean()?,
-            _ => value::apply_logging_or_unknown(
-                at,
-                &mut this.logging,
-                Daemon::Agent.section(dialect),
-                KEYS,
-            )?,
+            _ => return Err(value::unknown_key(at, Daemon::Agent.section(dialect), KEYS)),
         }
         Ok(())
     }
@@ -583,13 +562,13 @@ mod tests {
         assert_eq!(c.connection_retry_count_until_quiet, u32::MAX);
         assert_eq!(
             (
-                c.tcp_keepalive_time_s,
-                c.tcp_keepalive_interval_s,
-                c.tcp_keepalive_count
+                c.link.keepalive_time_s,
+                c.link.keepalive_interval_s,
+                c.link.keepalive_count
             ),
             (30, 0, 0)
         );
-        assert!(!c.ip_receive_errors);
+        assert!(!c.link.ip_receive_errors);
         assert_eq!(
             c.logging,
             LoggingConfig {

@@ -7,8 +7,10 @@
 //!   drop-ins in alphabetical order, environment, `-c FILE`; command-line flags
 //!   are applied by the binaries on top).
 //! * [`pattern`] — node-name patterns (`edge-*`) in `AllowedNodeNames`.
-//! * [`tls`] — the TLS file keys both daemons share (all-or-nothing,
-//!   absolute paths); the transport rules built on them are in [`manager`].
+//! * [`shared`] — the keys both daemons read with one meaning, written once:
+//!   the agent link's TCP keys, the TLS file keys ([`tls`]: all-or-nothing,
+//!   absolute paths; the transport rules built on them are in [`manager`]),
+//!   the logging keys.
 //! * [`logging`] — `LogLevel`/`LogTarget` and the tracing setup they select.
 //! * [`notify`] — what both daemons tell their service manager (`READY=1`,
 //!   `STATUS=`, `RELOADING=1`, `WATCHDOG=1`, `STOPPING=1`).
@@ -33,6 +35,7 @@ pub mod manager;
 pub mod notify;
 pub mod pattern;
 mod sections;
+pub mod shared;
 pub mod tls;
 mod value;
 
@@ -45,4 +48,5 @@ pub use layers::{LoadReport, Sources};
 pub use logging::{LogHandle, LogLevel, LogTarget, LoggingConfig};
 pub use manager::{ManagerConfig, NodeSection};
 pub use pattern::NodePattern;
+pub use shared::LinkSettings;
 pub use tls::TlsFiles;

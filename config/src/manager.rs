@@ -51,8 +51,9 @@ use crate::ini::Document;
 use crate::layers::{Layered, LoadReport, apply_sources};
 use crate::pattern::{NodePattern, is_pattern};
 use crate::sections::{self, Daemon, Dialect, Kind};
+use crate::shared::{self, LinkSettings};
 use crate::tls::{Origin, TlsFiles, TlsKeys};
-use crate::value::{self, At, KEEPALIVE_COUNT_MAX, KEEPALIVE_SECS_MAX};
+use crate::value::{self, At};
 use crate::{ConfigError, LoggingConfig, Sources};
 use drover_protocol::NodeName;
 use std::ffi::OsString;
@@ -72,9 +73,8 @@ pub const BLUECHI_SECTION: &str = sections::MANAGER_BLUECHI;
 /// from overflowing in the daemons.
 pub const MAX_MS: u64 = 86_400_000;
 
-/// Every key of `[drover-manager]` (drover.conf(5) documents each; a test keeps
-/// the list equal to the keys `apply_key` matches).
-pub const KEYS: &[&str] = &[
+/// The keys of `[drover-manager]` only the manager reads.
+const OWN_KEYS: &[&str] = &[
     "ControllerPort",
     "ListenAddress",
     "UseTCP",
@@ -83,20 +83,15 @@ pub const KEYS: &[&str] = &[
     "HeartbeatInterval",
     "NodeHeartbeatThreshold",
     "ProxyGracePeriod",
-    "TCPKeepAliveTime",
-    "TCPKeepAliveInterval",
-    "TCPKeepAliveCount",
-    "IPReceiveErrors",
-    "TLSCertificate",
-    "TLSPrivateKey",
-    "TLSCertificateAuthority",
-    "TLSRevocationList",
     "AllowCertifiedNodes",
     "AllowPlaintext",
-    "LogLevel",
-    "LogTarget",
-    "LogIsQuiet",
 ];
+
+/// Every key of `[drover-manager]`: its own, then those both daemons read
+/// ([`shared::KEYS`]). drover.conf(5) documents each; a test keeps the list
+/// equal to the keys the loader matches.
+pub const KEYS: &[&str] =
+    &shared::key_list::<{ OWN_KEYS.len() + shared::KEYS.len() }>(&[OWN_KEYS, shared::KEYS]);
 /// Every key of `[node NAME]`.
 pub const NODE_KEYS: &[&str] = &["Allowed", "AllowDependenciesOn", "RequiredSelinuxContext"];
 
@@ -131,12 +126,10 @@ pub struct ManagerConfig {
     /// stay active. `None` (unset, or `ProxyGracePeriod=`): see
     /// [`ManagerConfig::proxy_grace_ms`].
     pub proxy_grace_period_ms: Option<u64>,
-    /// `TCPKeepAliveTime` / `TCPKeepAliveInterval` (s), `TCPKeepAliveCount`: 1, 1, 6.
-    pub tcp_keepalive_time_s: u32,
-    pub tcp_keepalive_interval_s: u32,
-    pub tcp_keepalive_count: u32,
-    /// `IPReceiveErrors` (default true).
-    pub ip_receive_errors: bool,
+    /// `TCPKeepAliveTime`, `TCPKeepAliveInterval`, `TCPKeepAliveCount`,
+    /// `IPReceiveErrors`: the agent link's TCP settings (the same keys on
+    /// both ends, [`crate::shared`]).
+    pub link: LinkSettings,
     /// `TLSCertificate`, `TLSPrivateKey`, `TLSCertificateAuthority`,
     /// `TLSRevocationList`: mutual TLS on the agent port when set.
     pub tls: Option<TlsFiles>,
@@ -171,10 +164,7 @@ impl Default for ManagerConfig {
             heartbeat_interval_ms: 0,
             node_heartbeat_threshold_ms: 6000,
             proxy_grace_period_ms: None,
-            tcp_keepalive_time_s: 1,
-            tcp_keepalive_interval_s: 1,
-            tcp_keepalive_count: 6,
-            ip_receive_errors: true,
+            link: LinkSettings::default(),
             tls: None,
             allow_certified_nodes: false,
             allow_plaintext: false,
@@ -342,7 +332,8 @@ impl Layered for Builder {
 
 impl Builder {
     fn apply_key(&mut self, at: At<'_>, dialect: Dialect) -> Result<(), ConfigError> {
-        if self.tls.apply(at)? {
+        let cfg = &mut self.cfg;
+        if shared::apply(at, &mut cfg.link, &mut self.tls, &mut cfg.logging)? {
             return Ok(());
         }
         let c = &mut self.cfg;
@@ -389,12 +380,6 @@ impl Builder {
                     Some(at.number(0, MAX_MS)?)
                 }
             }
-            "TCPKeepAliveTime" => c.tcp_keepalive_time_s = at.u32_in(0, KEEPALIVE_SECS_MAX)?,
-            "TCPKeepAliveInterval" => {
-                c.tcp_keepalive_interval_s = at.u32_in(0, KEEPALIVE_SECS_MAX)?
-            }
-            "TCPKeepAliveCount" => c.tcp_keepalive_count = at.u32_in(0, KEEPALIVE_COUNT_MAX)?,
-            "IPReceiveErrors" => c.ip_receive_errors = at.boolean()?,
             "AllowCertifiedNodes" => {
                 c.allow_certified_nodes = at.boolean()?;
                 self.allow_certified_at = Some(Origin::of(at));
@@ -403,12 +388,13 @@ impl Builder {
                 c.allow_plaintext = at.boolean()?;
                 self.allow_plaintext_at = Some(Origin::of(at));
             }
-            _ => value::apply_logging_or_unknown(
-                at,
-                &mut c.logging,
-                Daemon::Manager.section(dialect),
-                KEYS,
-            )?,
+            _ => {
+                return Err(value::unknown_key(
+                    at,
+                    Daemon::Manager.section(dialect),
+                    KEYS,
+                ));
+            }
         }
         Ok(())
     }
@@ -681,13 +667,13 @@ mod tests {
         assert_eq!(c.node_heartbeat_threshold_ms, 0);
         assert_eq!(
             (
-                c.tcp_keepalive_time_s,
-                c.tcp_keepalive_interval_s,
-                c.tcp_keepalive_count
+                c.link.keepalive_time_s,
+                c.link.keepalive_interval_s,
+                c.link.keepalive_count
             ),
             (0, 5, 127)
         );
-        assert!(!c.ip_receive_errors);
+        assert!(!c.link.ip_receive_errors);
         assert_eq!(
             c.logging,
             LoggingConfig {

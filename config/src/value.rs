@@ -129,12 +129,6 @@ pub(crate) fn parse_bool(s: &str) -> Option<bool> {
     }
 }
 
-/// TCP keepalive values: 0 leaves the kernel default; otherwise Linux's own
-/// limits (`TCP_KEEPIDLE`/`TCP_KEEPINTVL` ≤ 32767 s, `TCP_KEEPCNT` ≤ 127), so a
-/// bad value is caught here and not by a `setsockopt` failure on every connection.
-pub(crate) const KEEPALIVE_SECS_MAX: u32 = 32767;
-pub(crate) const KEEPALIVE_COUNT_MAX: u32 = 127;
-
 /// Applies `LogLevel`, `LogTarget`, `LogIsQuiet`; returns false for any other key.
 pub(crate) fn apply_logging(at: At<'_>, log: &mut LoggingConfig) -> Result<bool, ConfigError> {
     match at.entry.key.as_str() {
@@ -158,21 +152,6 @@ pub(crate) fn apply_logging(at: At<'_>, log: &mut LoggingConfig) -> Result<bool,
         _ => return Ok(false),
     }
     Ok(true)
-}
-
-/// Both loaders' last resort for a key of their own section: the logging keys,
-/// else the error for a key `[section]` does not know.
-pub(crate) fn apply_logging_or_unknown(
-    at: At<'_>,
-    log: &mut LoggingConfig,
-    section: &str,
-    known: &[&str],
-) -> Result<(), ConfigError> {
-    if apply_logging(at, log)? {
-        Ok(())
-    } else {
-        Err(unknown_key(at, section, known))
-    }
 }
 
 /// The error for a key no loader knows, with a hint when only the case differs.

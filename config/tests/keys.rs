@@ -6,8 +6,8 @@
 //!   "unknown key";
 //! * every key the loaders' `match` arms name (read from their source) is
 //!   listed, so a key added to a loader without the list fails here (the
-//!   logging keys and the TLS file keys are matched in shared modules, and
-//!   both daemons' lists must hold them).
+//!   keys both daemons read — link, TLS file and logging keys — are matched
+//!   in shared modules, and both daemons' lists must hold them).
 
 use drover_config::{AgentConfig, ManagerConfig};
 use std::collections::BTreeSet;
@@ -104,9 +104,19 @@ fn the_lists_hold_every_key_the_loaders_match() {
         .iter()
         .map(|s| s.to_string())
         .collect();
+    // The link keys are matched in shared.rs.
+    let link = match_arm_keys(include_str!("../src/shared.rs"));
+    assert_eq!(
+        link,
+        drover_config::shared::LINK_KEYS
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    );
     let mut manager = match_arm_keys(include_str!("../src/manager.rs"));
     manager.extend(logging.iter().cloned());
     manager.extend(tls.iter().cloned());
+    manager.extend(link.iter().cloned());
     let listed: BTreeSet<String> = drover_config::manager::KEYS
         .iter()
         .chain(drover_config::manager::NODE_KEYS)
@@ -120,6 +130,7 @@ fn the_lists_hold_every_key_the_loaders_match() {
     let mut agent = match_arm_keys(include_str!("../src/agent.rs"));
     agent.extend(logging.iter().cloned());
     agent.extend(tls.iter().cloned());
+    agent.extend(link.iter().cloned());
     let listed: BTreeSet<String> = drover_config::agent::KEYS
         .iter()
         .map(|s| s.to_string())

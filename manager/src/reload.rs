@@ -266,18 +266,18 @@ fn restart_only(old: &ManagerConfig, new: &ManagerConfig) -> Vec<&'static str> {
     );
     check(
         (
-            old.tcp_keepalive_time_s,
-            old.tcp_keepalive_interval_s,
-            old.tcp_keepalive_count,
+            old.link.keepalive_time_s,
+            old.link.keepalive_interval_s,
+            old.link.keepalive_count,
         ) != (
-            new.tcp_keepalive_time_s,
-            new.tcp_keepalive_interval_s,
-            new.tcp_keepalive_count,
+            new.link.keepalive_time_s,
+            new.link.keepalive_interval_s,
+            new.link.keepalive_count,
         ),
         "TCPKeepAlive*",
     );
     check(
-        old.ip_receive_errors != new.ip_receive_errors,
+        old.link.ip_receive_errors != new.link.ip_receive_errors,
         "IPReceiveErrors",
     );
     check(old.logging.target != new.logging.target, "LogTarget");

@@ -158,15 +158,15 @@ pub fn configure_stream(stream: &tokio::net::TcpStream, config: &ManagerConfig) 
     }
     let sock = SockRef::from(stream);
     let mut keepalive = TcpKeepalive::new();
-    if config.tcp_keepalive_time_s > 0 {
-        keepalive = keepalive.with_time(Duration::from_secs(config.tcp_keepalive_time_s.into()));
+    if config.link.keepalive_time_s > 0 {
+        keepalive = keepalive.with_time(Duration::from_secs(config.link.keepalive_time_s.into()));
     }
-    if config.tcp_keepalive_interval_s > 0 {
+    if config.link.keepalive_interval_s > 0 {
         keepalive =
-            keepalive.with_interval(Duration::from_secs(config.tcp_keepalive_interval_s.into()));
+            keepalive.with_interval(Duration::from_secs(config.link.keepalive_interval_s.into()));
     }
-    if config.tcp_keepalive_count > 0 {
-        keepalive = keepalive.with_retries(config.tcp_keepalive_count);
+    if config.link.keepalive_count > 0 {
+        keepalive = keepalive.with_retries(config.link.keepalive_count);
     }
     if let Err(e) = sock
         .set_keepalive(true)
@@ -174,7 +174,7 @@ pub fn configure_stream(stream: &tokio::net::TcpStream, config: &ManagerConfig) 
     {
         tracing::debug!("TCP keepalive: {e}");
     }
-    if config.ip_receive_errors
+    if config.link.ip_receive_errors
         && let Err(e) = drover_protocol::link::set_recv_err(stream)
     {
         tracing::debug!("IP_RECVERR: {e}");
