@@ -1,0 +1,79 @@
+//! The reference rules' input from target units: their state changes as
+//! the target node's agent reports them, relayed to waiting and active
+//! references by the verdict rule both sides apply.
+
+use super::*;
+
+impl References {
+    /// A state change of a watched target (or the replay of its known state
+    /// right after [`Action::Watch`]).
+    pub fn target_event(
+        &mut self,
+        b: &NodeName,
+        unit: &UnitName,
+        change: &TargetChange,
+    ) -> Vec<Action> {
+        let mut out = Vec::new();
+        let key = (b.clone(), unit.clone());
+        let Some(target) = self.targets.get_mut(&key) else {
+            return out;
+        };
+        if !target.watched {
+            return out;
+        }
+        match change {
+            TargetChange::New { .. } => {
+                if target.known == Known::Removed {
+                    target.known = Known::Unknown;
+                }
+            }
+            TargetChange::State {
+                active_state,
+                sub_state,
+                reason,
+            } => {
+                target.known = Known::Loaded {
+                    active: active_state.clone(),
+                    sub: sub_state.clone(),
+                    reason: *reason,
+                }
+            }
+            TargetChange::Removed { .. } => target.known = Known::Removed,
+        }
+        let acked = target.acked;
+        for ((a, _), r) in target.refs.iter_mut() {
+            if !r.state.is_live() {
+                continue;
+            }
+            // Until B confirms the dep start that covers a waiting reference,
+            // news of the target may be from before that start and says
+            // nothing about it: an "inactive" of a stop just before (or of a
+            // unit loaded and garbage-collected by a probe) would fail a
+            // healthy proxy, and an "active" that B's agent replays from a
+            // cache that has not yet seen that stop would complete a proxy
+            // whose target is going down. So a waiting reference hears nothing
+            // until the confirmation; B's agent sends that only after the
+            // target's news up to the end of the dep's start job (agent
+            // `news.rs`), and then the reference gets the state as known
+            // ([`References::dep_result`]), or the start's error.
+            if r.state == RefState::Waiting && !covers(acked, r.added_gen) {
+                continue;
+            }
+            if r.state == RefState::Waiting
+                && let Some(message) = down_after_start(unit, b, change)
+            {
+                fail_waiting(r, a, self.online.get(a).copied(), message, &mut out);
+                continue;
+            }
+            out.extend(r.notice(a, self.online.get(a).copied(), |proxy_id| {
+                Notice::ProxyTarget {
+                    proxy_id,
+                    change: change.clone(),
+                }
+            }));
+            apply_rule(r, b, unit, change);
+        }
+        self.settle(b, unit, &mut out);
+        out
+    }
+}
