@@ -49,18 +49,12 @@
 //!   decides what that means (a monitor closes itself).
 //! * The replay of a new `*` watch (virtual `UnitNew("*")`, then `UnitNew` +
 //!   `UnitStateChanged` per loaded unit in unit-name order) never counts as
-//!   the sink being slow, however large the fleet: it is not copied into the
-//!   queue at once but made from the records by a cursor per node
-//!   (`Replay`), which fills at most half the queue and resumes when the
-//!   owner has taken items and calls [`Subscriptions::refill`]. Only real
-//!   events (and the bounded replay of a unit watched by name) can fill the
-//!   other half, so a sink that does not read is still dropped. The replay
-//!   holds names only, never events: its memory is one cursor per node.
-//!   Past the pseudo unit `*`, a node's replay waits until its agent has
-//!   confirmed a `*` subscription (or the node is offline): until then the
-//!   agent's own answer (every loaded unit, virtual) is still arriving, and
-//!   as news to the records it would otherwise go to the queue all at once;
-//!   held back like any unit not reached yet, it is told from the records.
+//!   the sink being slow, however large the fleet: it is made lazily from the
+//!   records ([`crate::units::replay`]), filling at most half the queue, and
+//!   resumes when the owner has taken items and calls
+//!   [`Subscriptions::refill`]. Only real events (and the bounded replay of a
+//!   unit watched by name) can fill the other half, so a sink that does not
+//!   read is still dropped.
 //! * What a sink sees while its `*` replay of a node runs: a unit is
 //!   announced once, with its state at the moment it is announced; real
 //!   events of a unit already announced go out in order after it; events of
@@ -77,14 +71,22 @@
 //! an event and queueing it to every sink happen under it, which is what
 //! makes [`Subscriptions::snapshot`] + the queue a stream without gap or
 //! duplicate.
+//!
+//! This file is the sinks' side (watchers, watches, fan-out, snapshots); the
+//! nodes' side (sessions that begin and end, agents' unit events, what each
+//! agent is told) is `hub/agents.rs`, on the same state.
 
 use crate::nodes::session::Session;
 use crate::units::records::{Applied, Change, Record, Records, UnitEvent, WILDCARD};
+use crate::units::replay::{NodeView, Replay, virtual_replay};
 use drover_protocol::{Event, ModTag, NodeName, Reason, Request, UnitName};
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::mpsc;
+
+// The nodes' side of the hub (see the module docs).
+mod agents;
 
 /// Sub state of the virtual `inactive` BlueChi sends when a node goes offline.
 pub const AGENT_OFFLINE: &str = "agent-offline";
@@ -116,49 +118,6 @@ struct SinkState {
     watches: HashSet<WatchId>,
     /// The `*` replays this sink has not been told in full yet.
     replay: Replay,
-}
-
-/// How far a sink's replay of one node's `*` has got.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Cursor {
-    /// Nothing told yet, not even the virtual `UnitNew("*")`.
-    Start,
-    /// Told `UnitNew("*")` (if the node was online) and every loaded unit
-    /// up to and including this one, in name order (`None`: none yet).
-    After(Option<UnitName>),
-}
-
-/// The lazy replay of a sink's `*` watches: nodes in the order they were
-/// watched, each with its [`Cursor`] over the node's records. Holds names,
-/// never events: the events are made from the records when there is room
-/// ([`State::refill`]). A node whose agent has not confirmed a `*`
-/// subscription yet waits apart (its records are not complete: the agent's
-/// own replay is still coming) and rejoins the order when it has, or when
-/// the node goes offline.
-#[derive(Default)]
-struct Replay {
-    order: VecDeque<NodeName>,
-    waiting: HashSet<NodeName>,
-    /// Every node of `order` and `waiting`.
-    cursors: HashMap<NodeName, Cursor>,
-}
-
-impl Replay {
-    /// True when the replay has not told the sink of (node, unit) yet
-    /// (`unit` `None`: the pseudo unit `*`).
-    fn ahead(&self, node: &NodeName, unit: Option<&UnitName>) -> bool {
-        if self.cursors.is_empty() {
-            // The common case, on every delivery: no hashing.
-            return false;
-        }
-        match (self.cursors.get(node), unit) {
-            (None, _) => false,
-            (Some(Cursor::Start), _) => true,
-            (Some(Cursor::After(_)), None) => false,
-            (Some(Cursor::After(None)), Some(_)) => true,
-            (Some(Cursor::After(Some(last))), Some(u)) => u > last,
-        }
-    }
 }
 
 /// Whether `n` more replay events may go into a queue now: the replay
@@ -255,86 +214,36 @@ impl State {
     }
 
     /// Puts the next events of `sink`'s `*` replay into its queue while
-    /// [`replay_room`] allows; a node whose records are all told leaves the
-    /// replay. Never overflows a queue.
+    /// [`replay_room`] allows (see [`crate::units::replay`]). Never
+    /// overflows a queue.
     fn refill(&mut self, id: SinkId) {
-        loop {
-            let Some(sink) = self.sinks.get(&id) else {
-                return;
-            };
-            let Some(node) = sink.replay.order.front() else {
-                return;
-            };
-            let cursor = sink.replay.cursors.get(node);
-            let ns = self
-                .nodes
+        let State { nodes, sinks, .. } = self;
+        let Some(sink) = sinks.get_mut(&id) else {
+            return;
+        };
+        let (tx, follow) = (&sink.tx, sink.follow);
+        let view = |node: &NodeName| {
+            nodes
                 .get(node)
-                .filter(|ns| ns.watchers.get(&None).is_some_and(|w| w.contains_key(&id)));
-            // The agent's answer to `*` (every loaded unit) is not all in
-            // the records yet: what it brings would reach the queue as news,
-            // all at once. Past the pseudo unit `*`, the node waits, its
-            // events held back as for any unit not reached yet, until
-            // `release_waiting`.
-            if let (Some(ns), Some(Cursor::After(_))) = (ns, cursor)
-                && ns.session.is_some()
-                && !ns.sent.contains(&None)
-            {
-                let node = node.clone();
-                if let Some(sink) = self.sinks.get_mut(&id) {
-                    sink.replay.order.pop_front();
-                    sink.replay.waiting.insert(node);
-                }
-                continue;
-            }
-            let (events, next) = match (ns, cursor) {
-                (Some(ns), Some(Cursor::Start)) => {
-                    let star = ns.session.is_some().then(|| UnitEvent {
-                        node: node.clone(),
-                        unit: None,
-                        tag: ModTag::new(ns.guid, ns.max_index),
-                        change: Change::New {
-                            reason: Reason::Virtual,
-                        },
-                    });
-                    (star.into_iter().collect(), Some(Cursor::After(None)))
-                }
-                (Some(ns), Some(Cursor::After(last))) => {
-                    match ns.records.next_loaded_after(last.as_ref()) {
-                        Some((u, rec)) => (
-                            virtual_replay(node, u, rec),
-                            Some(Cursor::After(Some(u.clone()))),
-                        ),
-                        None => (Vec::new(), None),
-                    }
-                }
-                // No longer watched through `*`, or done.
-                _ => (Vec::new(), None),
-            };
-            if !events.is_empty() && !replay_room(&sink.tx, events.len()) {
-                return;
-            }
-            for event in events {
-                let item = Delivery {
-                    event: Arc::new(event),
-                    follow: sink.follow,
-                };
+                .filter(|ns| ns.watchers.get(&None).is_some_and(|w| w.contains_key(&id)))
+                .map(|ns| NodeView {
+                    online: ns.session.is_some(),
+                    star_confirmed: ns.sent.contains(&None),
+                    star_tag: ModTag::new(ns.guid, ns.max_index),
+                    records: &ns.records,
+                })
+        };
+        sink.replay.tell(
+            view,
+            |n| replay_room(tx, n),
+            |event| {
                 // Cannot be full: `replay_room` said so under the lock.
-                let _ = sink.tx.try_send(item);
-            }
-            let node = node.clone();
-            let Some(sink) = self.sinks.get_mut(&id) else {
-                return;
-            };
-            match next {
-                Some(c) => {
-                    sink.replay.cursors.insert(node, c);
-                }
-                None => {
-                    sink.replay.order.pop_front();
-                    sink.replay.cursors.remove(&node);
-                }
-            }
-        }
+                let _ = tx.try_send(Delivery {
+                    event: Arc::new(event),
+                    follow,
+                });
+            },
+        );
     }
 
     /// `node`'s agent confirmed its `*` subscription, or the node went
@@ -343,12 +252,7 @@ impl State {
         let ids: Vec<SinkId> = self
             .sinks
             .iter_mut()
-            .filter_map(|(id, sink)| {
-                sink.replay.waiting.remove(node).then(|| {
-                    sink.replay.order.push_back(node.clone());
-                    *id
-                })
-            })
+            .filter_map(|(id, sink)| sink.replay.release(node).then_some(*id))
             .collect();
         for id in ids {
             self.refill(id);
@@ -417,9 +321,8 @@ impl State {
         if unit.is_none()
             && !still_star
             && let Some(s) = self.sinks.get_mut(&sink)
-            && s.replay.waiting.remove(&node)
         {
-            s.replay.cursors.remove(&node);
+            s.replay.end_waiting(&node);
         }
         true
     }
@@ -441,28 +344,6 @@ impl State {
             self.remove_sink(id, syncs);
         }
     }
-}
-
-/// The virtual `UnitNew` (+ `UnitStateChanged` when the state is known) that
-/// tells one new watch about a loaded unit from its record.
-fn virtual_replay(node: &NodeName, unit: &UnitName, rec: &Record) -> Vec<UnitEvent> {
-    let ev = |change| UnitEvent {
-        node: node.clone(),
-        unit: Some(unit.clone()),
-        tag: rec.tag,
-        change,
-    };
-    let mut events = vec![ev(Change::New {
-        reason: Reason::Virtual,
-    })];
-    if !rec.active_state.is_empty() {
-        events.push(ev(Change::State {
-            active_state: rec.active_state.clone(),
-            sub_state: rec.sub_state.clone(),
-            reason: Reason::Virtual,
-        }));
-    }
-    events
 }
 
 fn schedule_sync(node: &NodeName, ns: &mut NodeState, syncs: &mut Syncs) {
@@ -570,38 +451,6 @@ impl Subscriptions {
         )
     }
 
-    /// Returns once the agent of every online node in `watched` has
-    /// confirmed a subscription covering its unit (`None` = `*`; a `*`
-    /// covers every unit), the node is offline or unknown, or the request
-    /// timeout has passed. From then on the agent reports every change of
-    /// those units as it happens: a client that subscribes and then starts a
-    /// unit hears the start as real events, never only as the state of a
-    /// late virtual replay.
-    pub async fn synced(&self, watched: &[(NodeName, Option<UnitName>)]) {
-        let deadline = tokio::time::Instant::now() + self.request_timeout;
-        loop {
-            let progress = self.sync_progress.notified();
-            tokio::pin!(progress);
-            // Registered before the look, so no step done after it is missed.
-            progress.as_mut().enable();
-            let done = {
-                let st = self.lock();
-                watched.iter().all(|(node, key)| {
-                    st.nodes.get(node).is_none_or(|ns| {
-                        ns.session.is_none() || ns.sent.contains(key) || ns.sent.contains(&None)
-                    })
-                })
-            };
-            if done {
-                return;
-            }
-            if tokio::time::timeout_at(deadline, progress).await.is_err() {
-                tracing::debug!("subscriptions not confirmed by every agent in time");
-                return;
-            }
-        }
-    }
-
     /// Adds a watch of `unit` (`None` = `*`) on `node` for `sink`, queues the
     /// virtual events of a new watch to that sink, and subscribes the agent
     /// if this is the first watcher. `None` if the sink is gone (dropped or
@@ -642,11 +491,8 @@ impl Subscriptions {
             // sink's replay resumes whenever its queue has room. A node
             // whose replay is still under way keeps its cursor.
             None => {
-                if let Some(s) = st.sinks.get_mut(&sink)
-                    && !s.replay.cursors.contains_key(node)
-                {
-                    s.replay.order.push_back(node.clone());
-                    s.replay.cursors.insert(node.clone(), Cursor::Start);
+                if let Some(s) = st.sinks.get_mut(&sink) {
+                    s.replay.begin(node);
                 }
             }
         }
@@ -678,7 +524,7 @@ impl Subscriptions {
         self.lock()
             .sinks
             .get(&sink)
-            .is_some_and(|s| !s.replay.cursors.is_empty())
+            .is_some_and(|s| s.replay.is_running())
     }
 
     /// Removes a watch; unsubscribes the agent if it was the last watcher of
@@ -772,300 +618,6 @@ impl Subscriptions {
             .unwrap_or_default();
         v.sort();
         v
-    }
-
-    // ---- hooks from the core --------------------------------------------
-
-    /// A session was admitted for its node (before it reads any event):
-    /// replay the subscriptions, tell `*` watchers with a virtual `UnitNew`.
-    pub fn node_online(self: &Arc<Self>, session: &Arc<Session>) {
-        let mut syncs = Syncs::new();
-        let mut st = self.lock();
-        let node = session.node().clone();
-        let ns = st.nodes.entry(node.clone()).or_default();
-        ns.session = Some(session.clone());
-        ns.guid = session.id();
-        ns.max_index = 0;
-        ns.sent.clear();
-        // Tombstones guard against late events of older sessions, which are
-        // refused by session from now on.
-        ns.records.retain(|_, r| r.loaded);
-        let wildcard = State::sinks_for(ns, &None);
-        let event = Arc::new(UnitEvent {
-            node: node.clone(),
-            unit: None,
-            tag: ModTag::new(ns.guid, 0),
-            change: Change::New {
-                reason: Reason::Virtual,
-            },
-        });
-        schedule_sync(&node, ns, &mut syncs);
-        let full = st.deliver(&wildcard, &event);
-        st.drop_overflowed(full, &mut syncs);
-        drop(st);
-        self.start_syncs(syncs);
-    }
-
-    /// The session `session_id` of `node` ended while it was the node's
-    /// current one: virtual offline events (see the module docs).
-    pub fn node_offline(self: &Arc<Self>, node: &NodeName, session_id: u64) {
-        let mut syncs = Syncs::new();
-        let mut st = self.lock();
-        let Some(ns) = st.nodes.get_mut(node) else {
-            return;
-        };
-        if ns.session.as_ref().map(|s| s.id()) != Some(session_id) {
-            return;
-        }
-        ns.session = None;
-        ns.syncing = None;
-        ns.sent.clear();
-        self.sync_progress.notify_waiters();
-        let mut loaded: Vec<(UnitName, bool)> = ns
-            .records
-            .iter()
-            .filter(|(_, r)| r.loaded)
-            .map(|(u, r)| (u.clone(), r.active_state != "inactive"))
-            .collect();
-        loaded.sort();
-        let mut events: Vec<(Vec<SinkId>, Arc<UnitEvent>)> = Vec::new();
-        for (unit, active) in loaded {
-            let sinks = State::sinks_for(ns, &Some(unit.clone()));
-            let mut changes = Vec::new();
-            if active {
-                changes.push(Change::State {
-                    active_state: "inactive".into(),
-                    sub_state: AGENT_OFFLINE.into(),
-                    reason: Reason::Virtual,
-                });
-            }
-            changes.push(Change::Removed {
-                reason: Reason::Virtual,
-            });
-            for change in changes {
-                let tag = ns.next_tag();
-                ns.records.apply(&unit, tag, &change);
-                let ev = UnitEvent {
-                    node: node.clone(),
-                    unit: Some(unit.clone()),
-                    tag,
-                    change,
-                };
-                events.push((sinks.clone(), Arc::new(ev)));
-            }
-        }
-        let wildcard = State::sinks_for(ns, &None);
-        if !wildcard.is_empty() {
-            let state = Change::State {
-                active_state: "inactive".into(),
-                sub_state: AGENT_OFFLINE.into(),
-                reason: Reason::Virtual,
-            };
-            for change in [
-                state,
-                Change::Removed {
-                    reason: Reason::Virtual,
-                },
-            ] {
-                let ev = UnitEvent {
-                    node: node.clone(),
-                    unit: None,
-                    tag: ModTag::new(ns.guid, ns.max_index),
-                    change,
-                };
-                events.push((wildcard.clone(), Arc::new(ev)));
-            }
-        }
-        let drop_node = ns.watchers.is_empty();
-        if drop_node {
-            st.nodes.remove(node);
-        }
-        let mut full = Vec::new();
-        for (sinks, ev) in &events {
-            full.extend(st.deliver(sinks, ev));
-        }
-        full.sort_unstable();
-        full.dedup();
-        st.drop_overflowed(full, &mut syncs);
-        // No answer to `*` will come from this session: what the records
-        // hold now is all a waiting replay can tell.
-        st.release_waiting(node);
-        drop(st);
-        self.start_syncs(syncs);
-    }
-
-    /// A unit event from `session`. Other events are ignored. Events of a
-    /// session that is not the node's current one, tags whose guid is not
-    /// the session id, and events for units nobody watches are dropped.
-    pub fn on_event(self: &Arc<Self>, session: &Session, event: Event) {
-        let (tag, unit, change) = match event {
-            Event::UnitNew { tag, unit, reason } => (tag, unit, Change::New { reason }),
-            Event::UnitStateChanged {
-                tag,
-                unit,
-                active_state,
-                sub_state,
-                reason,
-            } => (
-                tag,
-                unit,
-                Change::State {
-                    active_state,
-                    sub_state,
-                    reason,
-                },
-            ),
-            Event::UnitPropertiesChanged {
-                tag,
-                unit,
-                interface,
-                properties,
-            } => (
-                tag,
-                unit,
-                Change::Properties {
-                    interface,
-                    properties,
-                },
-            ),
-            Event::UnitRemoved { tag, unit, reason } => (tag, unit, Change::Removed { reason }),
-            _ => return,
-        };
-        if tag.guid != session.id() {
-            tracing::debug!(
-                node = %session.node(),
-                "unit event of node {} with a foreign tag guid {} dropped",
-                session.node(),
-                tag.guid
-            );
-            return;
-        }
-        let mut st = self.lock();
-        let Some(ns) = st.nodes.get_mut(session.node()) else {
-            return;
-        };
-        let key = Some(unit);
-        if ns.session.as_ref().map(|s| s.id()) != Some(session.id()) || !ns.covers(&key) {
-            return;
-        }
-        if tag.index > ns.max_index {
-            ns.max_index = tag.index;
-        }
-        let real = match &change {
-            Change::New { reason } | Change::State { reason, .. } | Change::Removed { reason } => {
-                *reason == Reason::Real
-            }
-            Change::Properties { .. } => true,
-        };
-        let Some(unit) = key.as_ref() else { return };
-        match ns.records.apply(unit, tag, &change) {
-            Applied::Stale => return,
-            Applied::Same if !real => return,
-            _ => {}
-        }
-        let sinks = State::sinks_for(ns, &key);
-        if sinks.is_empty() {
-            return;
-        }
-        let event = Arc::new(UnitEvent {
-            node: session.node().clone(),
-            unit: key,
-            tag,
-            change,
-        });
-        let full = st.deliver(&sinks, &event);
-        if !full.is_empty() {
-            let mut syncs = Syncs::new();
-            st.drop_overflowed(full, &mut syncs);
-            drop(st);
-            self.start_syncs(syncs);
-        }
-    }
-
-    // ---- talking to agents ----------------------------------------------
-
-    fn start_syncs(self: &Arc<Self>, syncs: Syncs) {
-        if syncs.is_empty() {
-            return;
-        }
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            tracing::error!("subscription changes outside a runtime cannot reach the agents");
-            return;
-        };
-        for (node, session) in syncs {
-            rt.spawn(self.clone().sync_node(node, session));
-        }
-    }
-
-    /// Brings the agent of `session` in line with what is watched, one
-    /// request at a time, until nothing differs or the session ends.
-    async fn sync_node(self: Arc<Self>, node: NodeName, session: Arc<Session>) {
-        loop {
-            let (key, subscribe) = {
-                let mut st = self.lock();
-                let Some(ns) = st.nodes.get_mut(&node) else {
-                    return;
-                };
-                if ns.syncing != Some(session.id()) {
-                    return;
-                }
-                let add = ns.watchers.keys().find(|k| !ns.sent.contains(*k)).cloned();
-                let next = match add {
-                    Some(k) => Some((k, true)),
-                    None => ns
-                        .sent
-                        .iter()
-                        .find(|k| !ns.watchers.contains_key(*k))
-                        .cloned()
-                        .map(|k| (k, false)),
-                };
-                match next {
-                    Some(n) => n,
-                    None => {
-                        ns.syncing = None;
-                        return;
-                    }
-                }
-            };
-            let body = if subscribe {
-                Request::Subscribe { unit: key.clone() }
-            } else {
-                Request::Unsubscribe { unit: key.clone() }
-            };
-            let result = session.request(body, self.request_timeout).await;
-            let what = key.as_ref().map(UnitName::as_str).unwrap_or(WILDCARD);
-            match &result {
-                Err(e) if e.name() == drover_protocol::error_names::OFFLINE => {
-                    self.sync_progress.notify_waiters();
-                    return;
-                }
-                Err(e) => tracing::warn!(
-                    node = %node,
-                    unit = what,
-                    "{} failed on the agent of node {node} (counted as done): {e}",
-                    if subscribe { "Subscribe" } else { "Unsubscribe" }
-                ),
-                Ok(_) => {}
-            }
-            let mut st = self.lock();
-            let Some(ns) = st.nodes.get_mut(&node) else {
-                return;
-            };
-            if ns.syncing != Some(session.id()) {
-                return;
-            }
-            let star = subscribe && key.is_none();
-            if subscribe {
-                ns.sent.insert(key);
-            } else {
-                ns.sent.remove(&key);
-            }
-            if star {
-                st.release_waiting(&node);
-            }
-            drop(st);
-            self.sync_progress.notify_waiters();
-        }
     }
 }
 

@@ -1,10 +1,12 @@
 //! Units across the fleet, as clients see them: the event vocabulary and the
 //! last known state of each unit with its tag ([`records`]), who watches
-//! what and the fan-out of events to watchers ([`hub`]), and the monitors
+//! what and the fan-out of events to watchers ([`hub`], with the lazy replay
+//! of a new `*` watch in [`replay`]), and the monitors
 //! that turn those events into D-Bus signals ([`monitor`], with the
 //! messages built by [`signals`]).
 
 pub mod hub;
 pub mod monitor;
 pub mod records;
+pub mod replay;
 pub mod signals;
