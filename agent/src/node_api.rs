@@ -1,7 +1,8 @@
 //! The rest of the node API: requests that are one systemd call each
 //! (unit properties, unit files, kill, freeze/thaw, reset-failed, default
 //! target), the agent's log level, and job metrics (BlueChi's `Node` and
-//! `Metrics` interfaces, `docs/api/node.xml`, `docs/api/metrics.xml`).
+//! `Metrics` interfaces: `org.eclipse.bluechi.Node.xml` and `….Metrics.xml` in
+//! `dist/usr/share/dbus-1/interfaces/`).
 //!
 //! Everything from the manager is validated here before systemd sees it,
 //! even where the manager validated it too — the agent never trusts the wire:

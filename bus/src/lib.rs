@@ -17,6 +17,9 @@
 //!   meets (a fleet-wide list is refused before it would pass it);
 //! * `marshal` (feature `zbus`) — D-Bus values ↔ the wire's
 //!   [`drover_protocol::Marshalled`];
+//! * `client` (feature `zbus`) — the public API as a client declares it: the
+//!   rows of its replies and zbus proxies of its objects (droverctl, the test
+//!   kit);
 //! * [`timestamp`] — the clocks of BlueChi's `*Timestamp` /
 //!   `*TimestampMonotonic` properties.
 //!
@@ -30,6 +33,8 @@
 
 pub mod bluechi;
 pub mod bus;
+#[cfg(feature = "zbus")]
+pub mod client;
 pub mod label;
 pub mod limits;
 #[cfg(feature = "zbus")]

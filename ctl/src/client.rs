@@ -16,10 +16,12 @@ use drover_protocol::{NodeName, UnitName};
 use futures::StreamExt;
 use zbus::{Connection, DBusError as _, proxy::CacheProperties};
 
-use crate::api::{ControllerProxy, DroverControllerProxy, MetricsProxy, MonitorProxy, NodeProxy};
 use crate::error::CtlError;
 use drover_bus::Bus;
 use drover_bus::bluechi::{BUS_NAME, node_path};
+use drover_bus::client::{
+    ControllerProxy, DroverControllerProxy, MetricsProxy, MonitorProxy, NodeProxy,
+};
 use drover_protocol::error_names::{
     DISCONNECTED, FILE_NOT_FOUND, NAME_HAS_NO_OWNER, NO_REPLY, NO_SUCH_UNIT, OFFLINE,
     SERVICE_UNKNOWN, UNKNOWN_OBJECT,
@@ -125,7 +127,7 @@ impl Client {
             .map_err(|e| self.local_error("creating the controller proxy", e))
     }
 
-    /// The object of node `name` (path computed locally, see [`crate::api`]).
+    /// The object of node `name` (path computed locally, see [`drover_bus::client`]).
     pub async fn node(&self, name: &NodeName) -> Result<NodeProxy<'static>, CtlError> {
         self.node_at(node_path(name.as_str())).await
     }

@@ -11,12 +11,12 @@ use std::io::Write;
 
 use serde::Serialize;
 
-use crate::api::NodeProxy;
 use crate::client::{Client, Listing};
 use crate::error::CtlError;
 use crate::output::json;
 use crate::stream::{IN_MEMORY, RowStream};
 use drover_bus::Bus;
+use drover_bus::client::NodeProxy;
 
 /// A table's headers and the cells of one row.
 pub type Columns<'a, R> = (&'a [&'a str], fn(&R) -> Vec<String>);

@@ -14,7 +14,8 @@
 //! * [`context`]: what every command implements ([`context::Run`]) and runs with
 //!   ([`context::Context`]: output format, output sink, bus);
 //! * [`client`]: bus choice, connection, D-Bus error → [`CtlError`] mapping;
-//! * [`api`]: zbus proxies for the members used, node object paths;
+//! * the API's proxies and row types are `drover_bus::client`'s (shared with the test
+//!   kit), node object paths `drover_bus::bluechi`'s;
 //! * [`follow`]: what `monitor`, `status -w` and `metrics listen` share (one ordered
 //!   signal stream, Ctrl-C, noticing that the manager left);
 //! * [`listing`]: what `list-units` and `list-unit-files` share (one node, or every
@@ -29,12 +30,11 @@
 //! [`CtlError::exit_code`].
 //!
 //! Imports run one way: `cli` → `commands` → each command → `listing`, `context`,
-//! `parse`, `client`, `follow`, `output` → `api`, `error` (`listing` → `context`,
+//! `parse`, `client`, `follow`, `output` → `error` (`listing` → `context`,
 //! `client`, `output`); `context` → `stream` → `output`.
 //! This file only declares modules and re-exports; nothing inside the crate imports
 //! through it.
 
-pub mod api;
 pub mod cli;
 pub mod client;
 pub mod commands;

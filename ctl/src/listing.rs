@@ -13,11 +13,11 @@
 use drover_protocol::NodeName;
 use serde::Serialize;
 
-use crate::api::NodeProxy;
 use crate::client::Client;
 use crate::context::Context;
 use crate::error::CtlError;
 use crate::output::fit_table;
+use drover_bus::client::NodeProxy;
 
 /// A row of a per-node listing; its order (derived, node first) is the
 /// output's.

@@ -1,4 +1,5 @@
-//! The manager's public D-Bus API (BlueChi's), seen from a client: names and paths, an
+//! The manager's public D-Bus API (BlueChi's), seen from a client: names and paths (and
+//! the typed members, `drover_bus::client`, shared with droverctl), an
 //! [`Api`] connection with calls, properties, introspection and signal streams,
 //! [`JobWatch`] for a job's `JobNew`/`JobRemoved`, and [`Inbox`] for the unicast signals
 //! of monitors. Everything panics with a clear message on what a test does not expect;
@@ -19,6 +20,8 @@ pub use drover_bus::bluechi::{
     BUS_NAME, CONTROLLER_IFACE, CONTROLLER_PATH, DROVER_CONTROLLER_IFACE, DROVER_MONITOR_IFACE,
     JOB_IFACE, METRICS_IFACE, METRICS_PATH, MONITOR_IFACE, NODE_IFACE,
 };
+/// The API as a client declares it, once for droverctl and the tests.
+pub use drover_bus::client::{ControllerProxy, JobNewStream, JobRemovedStream, NodeTuple};
 /// One row of `ListUnits` (`(ssssssouso)`), as systemd and the manager send it.
 pub use drover_bus::systemd::UnitTuple;
 
@@ -115,9 +118,16 @@ impl Api {
         self.proxy(CONTROLLER_PATH, CONTROLLER_IFACE).await
     }
 
+    /// The controller as the shared client declaration (`drover_bus::client`) types it.
+    pub async fn typed_controller(&self) -> ControllerProxy<'static> {
+        ControllerProxy::new(&self.conn)
+            .await
+            .unwrap_or_else(|e| panic!("controller proxy: {e}"))
+    }
+
     /// `Controller.GetNode(name)`.
     pub async fn get_node(&self, name: &str) -> zbus::Result<OwnedObjectPath> {
-        self.controller().await.call("GetNode", &(name,)).await
+        self.typed_controller().await.get_node(name).await
     }
 
     /// The `Node` object of `name`, found with `Controller.GetNode`.
@@ -182,10 +192,10 @@ impl Api {
 
     /// `Controller.ListNodes` as (name, status, peer ip).
     pub async fn list_nodes(&self) -> Vec<(String, String, String)> {
-        let nodes: Vec<(String, OwnedObjectPath, String, String)> = self
-            .controller()
+        let nodes: Vec<NodeTuple> = self
+            .typed_controller()
             .await
-            .call("ListNodes", &())
+            .list_nodes()
             .await
             .expect("ListNodes");
         nodes
@@ -288,30 +298,25 @@ pub struct JobRemoved {
 
 /// The Controller's `JobNew` and `JobRemoved`, subscribed *before* the caller starts jobs.
 pub struct JobWatch {
-    removed: zbus::proxy::SignalStream<'static>,
-    new: zbus::proxy::SignalStream<'static>,
+    removed: JobRemovedStream,
+    new: JobNewStream,
 }
 
 impl JobWatch {
     pub async fn new(conn: &Connection) -> Self {
-        let ctl = zbus::Proxy::new(conn, BUS_NAME, CONTROLLER_PATH, CONTROLLER_IFACE)
-            .await
-            .expect("controller proxy");
-        let removed = ctl
-            .receive_signal("JobRemoved")
-            .await
-            .expect("match JobRemoved");
-        let new = ctl.receive_signal("JobNew").await.expect("match JobNew");
+        let ctl = ControllerProxy::new(conn).await.expect("controller proxy");
+        let removed = ctl.receive_job_removed().await.expect("match JobRemoved");
+        let new = ctl.receive_job_new().await.expect("match JobNew");
         Self { removed, new }
     }
 
     /// Waits for the `JobNew` of `path`; returns the job id.
     pub async fn job_new(&mut self, path: &str, timeout: Duration) -> Result<u32> {
         tokio::time::timeout(timeout, async {
-            while let Some(msg) = self.new.next().await {
-                let (id, p): (u32, OwnedObjectPath) = msg.body().deserialize()?;
-                if p.as_str() == path {
-                    return Ok(id);
+            while let Some(signal) = self.new.next().await {
+                let args = signal.args()?;
+                if args.job.as_str() == path {
+                    return Ok(args.id);
                 }
             }
             bail!("signal stream ended")
@@ -323,16 +328,15 @@ impl JobWatch {
     /// Waits for the `JobRemoved` of `path`.
     pub async fn removed(&mut self, path: &str, timeout: Duration) -> Result<JobRemoved> {
         tokio::time::timeout(timeout, async {
-            while let Some(msg) = self.removed.next().await {
-                let (id, p, node, unit, result): (u32, OwnedObjectPath, String, String, String) =
-                    msg.body().deserialize()?;
-                if p.as_str() == path {
+            while let Some(signal) = self.removed.next().await {
+                let args = signal.args()?;
+                if args.job.as_str() == path {
                     return Ok(JobRemoved {
-                        id,
-                        path: p.to_string(),
-                        node,
-                        unit,
-                        result,
+                        id: args.id,
+                        path: args.job.to_string(),
+                        node: args.node.to_owned(),
+                        unit: args.unit.to_owned(),
+                        result: args.result.to_owned(),
                     });
                 }
             }
@@ -370,10 +374,8 @@ impl JobWatch {
     /// No further `JobRemoved` for `path` within `quiet` (every job ends exactly once).
     pub async fn no_more_removed(&mut self, path: &str, quiet: Duration) -> Result<()> {
         let res = tokio::time::timeout(quiet, async {
-            while let Some(msg) = self.removed.next().await {
-                let (_, p, _, _, _): (u32, OwnedObjectPath, String, String, String) =
-                    msg.body().deserialize().ok()?;
-                if p.as_str() == path {
+            while let Some(signal) = self.removed.next().await {
+                if signal.args().ok()?.job.as_str() == path {
                     return Some(());
                 }
             }

@@ -11,7 +11,11 @@ use zbus::{MatchRule, MessageStream, OwnedObjectPath};
 
 use drover_protocol::ModTag;
 
-use crate::api::{Api, BUS_NAME, DROVER_MONITOR_IFACE, MONITOR_IFACE};
+use crate::api::{Api, BUS_NAME, MONITOR_IFACE};
+use drover_bus::client::{
+    ChangedRow, DroverMonitorProxy, MonitorProxy, PeerRemoved, SnapshotRow, UnitNew, UnitRemoved,
+    UnitStateChanged, UnitsChanged,
+};
 
 /// One signal of a monitor object (BlueChi's and drover's).
 #[derive(Debug, Clone, PartialEq)]
@@ -79,55 +83,69 @@ impl Ev {
             .member()
             .is_some_and(|m| m.as_str() == "UnitsChanged")
         {
-            type Row = (String, String, String, String, String, String, u64, u64);
-            let Ok((rows,)) = msg.body().deserialize::<(Vec<Row>,)>() else {
+            let Some(rows) = UnitsChanged::from_message(msg.clone())
+                .and_then(|s| s.args().ok().map(|a| a.units))
+            else {
                 return Vec::new();
             };
-            let change = |(node, unit, kind, active, sub, reason, guid, index): Row| Change {
-                tag: ModTag::new(guid, index),
-                node,
-                unit,
-                kind,
-                active,
-                sub,
-                reason,
-            };
+            let change =
+                |(node, unit, kind, active, sub, reason, guid, index): ChangedRow| Change {
+                    tag: ModTag::new(guid, index),
+                    node,
+                    unit,
+                    kind,
+                    active,
+                    sub,
+                    reason,
+                };
             return rows.into_iter().map(|r| Ev::Changed(change(r))).collect();
         }
         Self::parse_one(msg).into_iter().collect()
     }
 
     fn parse_one(msg: &zbus::Message) -> Option<Ev> {
-        let h = msg.header();
-        let member = h.member()?.as_str().to_owned();
-        let b = msg.body();
+        let member = msg.header().member()?.as_str().to_owned();
+        let msg = msg.clone();
+        let s = |v: &str| v.to_owned();
         Some(match member.as_str() {
             "UnitNew" => {
-                let (node, unit, reason) = b.deserialize().ok()?;
-                Ev::New { node, unit, reason }
+                let signal = UnitNew::from_message(msg)?;
+                let a = signal.args().ok()?;
+                Ev::New {
+                    node: s(a.node),
+                    unit: s(a.unit),
+                    reason: s(a.reason),
+                }
             }
             "UnitRemoved" => {
-                let (node, unit, reason) = b.deserialize().ok()?;
-                Ev::Removed { node, unit, reason }
+                let signal = UnitRemoved::from_message(msg)?;
+                let a = signal.args().ok()?;
+                Ev::Removed {
+                    node: s(a.node),
+                    unit: s(a.unit),
+                    reason: s(a.reason),
+                }
             }
             "UnitStateChanged" => {
-                let (node, unit, active, sub, reason) = b.deserialize().ok()?;
+                let signal = UnitStateChanged::from_message(msg)?;
+                let a = signal.args().ok()?;
                 Ev::State {
-                    node,
-                    unit,
-                    active,
-                    sub,
-                    reason,
+                    node: s(a.node),
+                    unit: s(a.unit),
+                    active: s(a.active_state),
+                    sub: s(a.sub_state),
+                    reason: s(a.reason),
                 }
             }
             "UnitPropertiesChanged" => {
+                // Read with the ordered map (systemd's order, as BlueChi), not the
+                // declaration's hash map: the order is what some tests check.
                 let (node, unit, interface, props): (
                     String,
                     String,
                     String,
                     drover_bus::marshal::OrderedProperties,
-                ) = b.deserialize().ok()?;
-                // In the order the signal carries them (systemd's, as BlueChi).
+                ) = msg.body().deserialize().ok()?;
                 let keys: Vec<String> = props.keys().map(str::to_owned).collect();
                 Ev::Props {
                     node,
@@ -137,8 +155,10 @@ impl Ev {
                 }
             }
             "PeerRemoved" => {
-                let (reason,) = b.deserialize().ok()?;
-                Ev::PeerRemoved { reason }
+                let signal = PeerRemoved::from_message(msg)?;
+                Ev::PeerRemoved {
+                    reason: s(signal.args().ok()?.reason),
+                }
             }
             _ => return None,
         })
@@ -160,9 +180,9 @@ impl MonitorWatch {
     pub async fn create(address: &str) -> MonitorWatch {
         let api = Api::connect(address).await;
         let path: OwnedObjectPath = api
-            .controller()
+            .typed_controller()
             .await
-            .call("CreateMonitor", &())
+            .create_monitor()
             .await
             .expect("CreateMonitor");
         Self::listen(api.conn, path.as_str()).await
@@ -193,24 +213,32 @@ impl MonitorWatch {
         }
     }
 
+    /// The monitor as the shared client declaration (`drover_bus::client`) types it.
+    async fn typed(&self) -> zbus::Result<MonitorProxy<'static>> {
+        MonitorProxy::builder(&self.conn)
+            .path(self.path.clone())
+            .cache_properties(zbus::proxy::CacheProperties::No)
+            .build()
+            .await
+    }
+
     pub async fn subscribe(&self, node: &str, unit: &str) -> zbus::Result<u32> {
-        self.proxy.call("Subscribe", &(node, unit)).await
+        self.typed().await?.subscribe(node, unit).await
     }
 
     pub async fn subscribe_list(&self, node: &str, units: &[&str]) -> zbus::Result<u32> {
-        self.proxy.call("SubscribeList", &(node, units)).await
+        self.typed().await?.subscribe_list(node, units).await
     }
 
     /// `io.drover.Monitor.Follow()`.
-    pub async fn follow(&self) -> zbus::Result<Vec<(String, String, String, String, u64, u64)>> {
-        let p = zbus::Proxy::new(
-            &self.conn,
-            BUS_NAME,
-            self.path.clone(),
-            DROVER_MONITOR_IFACE,
-        )
-        .await?;
-        p.call("Follow", &()).await
+    pub async fn follow(&self) -> zbus::Result<Vec<SnapshotRow>> {
+        DroverMonitorProxy::builder(&self.conn)
+            .path(self.path.clone())
+            .cache_properties(zbus::proxy::CacheProperties::No)
+            .build()
+            .await?
+            .follow()
+            .await
     }
 
     /// Waits for an event (after those already looked at) for which `pred` holds.

@@ -7,9 +7,11 @@
 //! cargo target directory, man pages and completions are rendered here.
 //!
 //! Packages (Debian names; the rpm spec in `dist/rpm/` splits the same way):
-//! * `drover-manager`: the manager, its unit, preset, D-Bus policy, configs;
+//! * `drover-manager`: the manager, its unit, preset, D-Bus policy, configs,
+//!   and the XML of the interfaces it serves (`/usr/share/dbus-1/interfaces/`);
 //! * `drover-agent`: the agent and `drover-proxy`, their units and the
-//!   proxy/dep templates (system and user), preset, D-Bus policy, configs;
+//!   proxy/dep templates (system and user), preset, D-Bus policy, configs,
+//!   and the XML of the interface it serves;
 //! * `droverctl`: `droverctl` and `drover-pki`, with completions;
 //! * `drover-common`: `drover.conf(5)`, which both daemons' packages need and
 //!   only one package may own;
@@ -136,6 +138,34 @@ pub const PACKAGES: &[Package] = &[
                 "{dbus}/org.eclipse.bluechi.conf",
             ),
             dist(
+                "usr/share/dbus-1/interfaces/org.eclipse.bluechi.Controller.xml",
+                "{prefix}/share/dbus-1/interfaces/org.eclipse.bluechi.Controller.xml",
+            ),
+            dist(
+                "usr/share/dbus-1/interfaces/org.eclipse.bluechi.Node.xml",
+                "{prefix}/share/dbus-1/interfaces/org.eclipse.bluechi.Node.xml",
+            ),
+            dist(
+                "usr/share/dbus-1/interfaces/org.eclipse.bluechi.Job.xml",
+                "{prefix}/share/dbus-1/interfaces/org.eclipse.bluechi.Job.xml",
+            ),
+            dist(
+                "usr/share/dbus-1/interfaces/org.eclipse.bluechi.Monitor.xml",
+                "{prefix}/share/dbus-1/interfaces/org.eclipse.bluechi.Monitor.xml",
+            ),
+            dist(
+                "usr/share/dbus-1/interfaces/org.eclipse.bluechi.Metrics.xml",
+                "{prefix}/share/dbus-1/interfaces/org.eclipse.bluechi.Metrics.xml",
+            ),
+            dist(
+                "usr/share/dbus-1/interfaces/io.drover.Controller.xml",
+                "{prefix}/share/dbus-1/interfaces/io.drover.Controller.xml",
+            ),
+            dist(
+                "usr/share/dbus-1/interfaces/io.drover.Monitor.xml",
+                "{prefix}/share/dbus-1/interfaces/io.drover.Monitor.xml",
+            ),
+            dist(
                 "usr/share/drover/manager.conf",
                 "{prefix}/share/drover/manager.conf",
             ),
@@ -194,6 +224,10 @@ pub const PACKAGES: &[Package] = &[
             dist(
                 "usr/share/dbus-1/system.d/org.eclipse.bluechi.Agent.conf",
                 "{dbus}/org.eclipse.bluechi.Agent.conf",
+            ),
+            dist(
+                "usr/share/dbus-1/interfaces/org.eclipse.bluechi.Agent.xml",
+                "{prefix}/share/dbus-1/interfaces/org.eclipse.bluechi.Agent.xml",
             ),
             dist(
                 "usr/share/drover/agent.conf",

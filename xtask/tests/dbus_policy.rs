@@ -1,8 +1,9 @@
 //! The shipped D-Bus policy of `org.eclipse.bluechi` classifies every method
 //! of the API, and a real dbus-daemon enforces it.
 //!
-//! * Every method the manager exports (the Introspect XML in `docs/api/`,
-//!   captured from a running manager) is either read-only — open to everyone
+//! * Every method the manager exports (the interface XML the packages install,
+//!   `dist/usr/share/dbus-1/interfaces/`, which a test keeps equal to what a running
+//!   manager serves, and the standard interfaces every object has) is either read-only — open to everyone
 //!   (introspection, ping) or to the optional group `drover-readers` — or
 //!   root-only, with the reason below; none is both or neither, so a method
 //!   added to the API makes this test fail until someone decides.
@@ -181,18 +182,33 @@ fn tags<'a>(xml: &'a str, name: &str) -> Vec<(usize, &'a str)> {
     out
 }
 
-/// Every (interface, method) of the Introspect XML in docs/api/.
+/// The standard interfaces every object of the manager serves, with their methods.
+const STANDARD: &[(&str, &str)] = &[
+    ("org.freedesktop.DBus.Introspectable", "Introspect"),
+    ("org.freedesktop.DBus.Peer", "Ping"),
+    ("org.freedesktop.DBus.Peer", "GetMachineId"),
+    ("org.freedesktop.DBus.Properties", "Get"),
+    ("org.freedesktop.DBus.Properties", "Set"),
+    ("org.freedesktop.DBus.Properties", "GetAll"),
+];
+
+/// Every (interface, method) the manager serves: the interface XML of
+/// `dist/usr/share/dbus-1/interfaces/` but the agent's, and the standard ones.
 fn exported() -> BTreeSet<Method> {
-    let mut methods = BTreeSet::new();
-    let dir = repo().join("docs/api");
+    let mut methods: BTreeSet<Method> = STANDARD
+        .iter()
+        .map(|(i, m)| (i.to_string(), m.to_string()))
+        .collect();
+    let dir = repo().join("dist/usr/share/dbus-1/interfaces");
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
         .flatten()
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|e| e == "xml"))
+        .filter(|p| !p.ends_with("org.eclipse.bluechi.Agent.xml"))
         .collect();
     files.sort();
-    assert!(files.len() >= 5, "{files:?}");
+    assert!(files.len() >= 7, "{files:?}");
     for file in files {
         let xml = std::fs::read_to_string(&file).unwrap();
         let interfaces = tags(&xml, "interface");

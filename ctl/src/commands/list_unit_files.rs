@@ -14,11 +14,11 @@ use serde::Serialize;
 
 use drover_protocol::NodeName;
 
-use crate::api::{NodeProxy, UnitFileTuple};
 use crate::context::{Context, Run};
 use crate::error::CtlError;
 use crate::listing::{self, NodeRow};
 use crate::parse::{parse_glob, parse_node};
+use drover_bus::client::{NodeProxy, UnitFileTuple};
 
 #[derive(Debug, clap::Args)]
 pub struct ListUnitFiles {

@@ -15,11 +15,11 @@ use serde::Serialize;
 
 use drover_protocol::NodeName;
 
-use crate::api::NodeProxy;
 use crate::context::{Context, Run};
 use crate::error::CtlError;
 use crate::listing::{self, NodeRow};
 use crate::parse::{parse_glob, parse_node};
+use drover_bus::client::NodeProxy;
 use drover_bus::systemd::UnitTuple;
 
 #[derive(Debug, clap::Args)]

@@ -11,12 +11,12 @@ use serde::Serialize;
 
 use drover_protocol::NodeName;
 
-use crate::api::ProxyTuple;
 use crate::client::CallContext;
 use crate::context::{Context, Run};
 use crate::error::CtlError;
 use crate::output::fit_table;
 use crate::parse::parse_node;
+use drover_bus::client::ProxyTuple;
 
 #[derive(Debug, clap::Args)]
 pub struct Proxies {

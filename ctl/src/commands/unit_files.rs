@@ -16,12 +16,12 @@ use serde::Serialize;
 
 use drover_protocol::{NodeName, UnitName};
 
-use crate::api::{ChangeTuple, NodeProxy};
 use crate::client::CallContext;
 use crate::context::{Context, Run};
 use crate::error::CtlError;
 use crate::output::json;
 use crate::parse::{parse_node, parse_unit};
+use drover_bus::client::{ChangeTuple, NodeProxy};
 
 /// States for which `is-enabled` exits 0.
 pub const ENABLED_STATES: [&str; 6] = [

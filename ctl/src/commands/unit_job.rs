@@ -26,7 +26,8 @@ use zbus::message::Type;
 use zbus::{MatchRule, Message, MessageStream, OwnedObjectPath};
 
 use drover_bus::bluechi::{self, node_path};
-use drover_protocol::{NodeName, UnitName};
+use drover_protocol::job::DEFAULT_JOB_MODE;
+use drover_protocol::{JobKind, NodeName, UnitName};
 
 use crate::client::{CallContext, METHOD_TIMEOUT};
 use crate::context::{Context, Run};
@@ -37,30 +38,6 @@ use crate::parse::{parse_job_unit, parse_node, parse_timeout};
 /// How many `JobRemoved` of this node and unit are kept while the call is in flight
 /// (there are normally zero or one).
 const EARLY_SIGNALS_MAX: usize = 64;
-
-/// The mode every job is queued with, as bluechictl does.
-pub const JOB_MODE: &str = "replace";
-
-/// Which Node method a command calls.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum JobOp {
-    Start,
-    Stop,
-    Restart,
-    Reload,
-}
-
-impl JobOp {
-    /// The D-Bus method name, also printed in the result line.
-    pub fn method(self) -> &'static str {
-        match self {
-            JobOp::Start => "StartUnit",
-            JobOp::Stop => "StopUnit",
-            JobOp::Restart => "RestartUnit",
-            JobOp::Reload => "ReloadUnit",
-        }
-    }
-}
 
 // Arguments shared by the four job commands (a plain comment: a doc comment would
 // become their help text, since clap applies it after the command's own).
@@ -95,10 +72,10 @@ macro_rules! job_command {
     };
 }
 
-job_command!(Start, JobOp::Start);
-job_command!(Stop, JobOp::Stop);
-job_command!(Restart, JobOp::Restart);
-job_command!(Reload, JobOp::Reload);
+job_command!(Start, JobKind::Start);
+job_command!(Stop, JobKind::Stop);
+job_command!(Restart, JobKind::Restart);
+job_command!(Reload, JobKind::Reload);
 
 /// The JSON form of a finished job. Keys are a stable interface.
 #[derive(Debug, Serialize, PartialEq, Eq)]
@@ -153,7 +130,7 @@ struct Pipelined {
 }
 
 impl Pipelined {
-    fn new(op: JobOp, node: &NodeName, unit: &UnitName) -> zbus::Result<Pipelined> {
+    fn new(op: JobKind, node: &NodeName, unit: &UnitName) -> zbus::Result<Pipelined> {
         // Only JobRemoved of this node and unit are delivered (the bus filters on the
         // string arguments), so a busy fleet's other jobs do not reach us.
         let removed = MatchRule::builder()
@@ -186,7 +163,7 @@ impl Pipelined {
             call: Message::method_call(node_path(node.as_str()), op.method())
                 .destination(bluechi::BUS_NAME)
                 .interface(bluechi::NODE_IFACE)
-                .build(&(unit.as_str(), JOB_MODE))?,
+                .build(&(unit.as_str(), DEFAULT_JOB_MODE))?,
         })
     }
 }
@@ -283,7 +260,7 @@ impl JobWatch {
 /// manager's departure, the bus closing, or a deadline.
 async fn follow_job(
     conn: &zbus::Connection,
-    op: JobOp,
+    op: JobKind,
     args: &JobArgs,
     deadline: Option<Instant>,
 ) -> Result<(String, String), WaitEnd> {
@@ -340,7 +317,7 @@ async fn follow_job(
     }
 }
 
-async fn run_job(op: JobOp, args: JobArgs, ctx: &mut Context) -> Result<(), CtlError> {
+async fn run_job(op: JobKind, args: JobArgs, ctx: &mut Context) -> Result<(), CtlError> {
     let deadline = args.timeout.map(|d| Instant::now() + d);
     let client = ctx.client().await?;
     let what = format!("{} of {} on node {}", op.method(), args.unit, args.node);
@@ -414,7 +391,7 @@ mod tests {
         JobOutcome {
             node: "node-a".into(),
             unit: "web.service".into(),
-            operation: JobOp::Restart.method(),
+            operation: JobKind::Restart.method(),
             job: "/org/eclipse/bluechi/job/7".into(),
             result: result.into(),
         }
@@ -451,7 +428,12 @@ mod tests {
 
     #[test]
     fn methods() {
-        let all = [JobOp::Start, JobOp::Stop, JobOp::Restart, JobOp::Reload];
+        let all = [
+            JobKind::Start,
+            JobKind::Stop,
+            JobKind::Restart,
+            JobKind::Reload,
+        ];
         let names: Vec<_> = all.iter().map(|o| o.method()).collect();
         assert_eq!(
             names,

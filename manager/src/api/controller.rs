@@ -10,6 +10,7 @@ use crate::nodes::lifecycle::Nodes;
 use crate::nodes::session::Session;
 use crate::outbound::Port;
 use crate::units::monitor::Monitors;
+use drover_bus::client::NodeTuple;
 use drover_bus::systemd::UnitTuple;
 use drover_config::LogLevel;
 use drover_protocol::NodeName;
@@ -36,8 +37,7 @@ struct NodeRow {
 }
 
 impl Type for NodeRow {
-    const SIGNATURE: &'static zbus::Signature =
-        <(String, OwnedObjectPath, String, String)>::SIGNATURE;
+    const SIGNATURE: &'static zbus::Signature = <NodeTuple>::SIGNATURE;
 }
 
 impl Serialize for NodeRow {

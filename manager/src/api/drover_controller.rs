@@ -10,8 +10,9 @@
 
 use crate::api::handles::Handles;
 use crate::error::ApiError;
-use crate::proxies::driver::{Proxies, ProxyTuple};
+use crate::proxies::driver::Proxies;
 use crate::reload::{ReloadError, Reloader, reload_from_source};
+use drover_bus::client::ProxyTuple;
 use drover_protocol::error_names::ACCESS_DENIED;
 use std::sync::Arc;
 use zbus::message::Header;

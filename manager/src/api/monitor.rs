@@ -17,8 +17,8 @@ use crate::api::handles::Handles;
 use crate::api::tree::Tree;
 use crate::error::ApiError;
 use crate::nodes::lifecycle::Nodes;
-use crate::units::hub::SnapshotRow;
 use crate::units::monitor::{Monitor, MonitorObjects, Monitors, REASON_CLOSED};
+use drover_bus::client::{ChangedRow, SnapshotRow};
 use drover_protocol::NodeName;
 use drover_protocol::error_names::ACCESS_DENIED;
 use futures::future::BoxFuture;
@@ -271,10 +271,6 @@ impl MonitorObject {
     async fn peer_removed(emitter: &SignalEmitter<'_>, reason: &str) -> zbus::Result<()>;
 }
 
-/// One entry of `UnitsChanged`: (node, unit, kind, active_state, sub_state,
-/// reason, guid, index).
-pub type UnitsChangedRow = (String, String, String, String, String, String, u64, u64);
-
 /// drover's extension on the same object: snapshot + batched tagged stream.
 pub struct DroverMonitorObject {
     monitor: Arc<Monitor>,
@@ -308,8 +304,6 @@ impl DroverMonitorObject {
     /// guid, index)`; `kind`: `new`, `state` or `removed`; `reason`: `real`
     /// or `virtual`.
     #[zbus(signal)]
-    async fn units_changed(
-        emitter: &SignalEmitter<'_>,
-        units: Vec<UnitsChangedRow>,
-    ) -> zbus::Result<()>;
+    async fn units_changed(emitter: &SignalEmitter<'_>, units: Vec<ChangedRow>)
+    -> zbus::Result<()>;
 }

@@ -11,6 +11,7 @@ use crate::error::ApiError;
 use crate::job_runner::JobRunner;
 use crate::nodes::lifecycle::Nodes;
 use crate::nodes::registry::OFFLINE;
+use drover_bus::client::ChangeTuple as Change;
 use drover_bus::marshal::{self, PropertyMap};
 use drover_bus::systemd::UnitTuple;
 use drover_config::LogLevel;
@@ -22,8 +23,6 @@ use std::time::Duration;
 use zbus::interface;
 use zbus::{OwnedObjectPath, OwnedVariant};
 
-/// `(type, file, destination)` of `EnableUnitFiles` & co.
-pub type Change = (String, String, String);
 /// `KillUnit` targets systemd accepts.
 pub const KILL_WHO: &[&str] = &["main", "control", "all"];
 /// Largest signal number on Linux (SIGRTMAX).

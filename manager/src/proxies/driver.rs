@@ -37,6 +37,7 @@ use crate::nodes::session::Session;
 use crate::proxies::rules::{Action, DepCommand, DepOutcome, Policy, ProxyRow, References};
 use crate::units::hub::{Delivery, Subscriptions, WatchId, Watcher};
 use crate::units::records::Change;
+use drover_bus::client::ProxyTuple;
 use drover_protocol::dep_unit::dep_target;
 use drover_protocol::error_names::OFFLINE;
 use drover_protocol::{Event, NodeName, Request, Response, TargetChange, UnitName};
@@ -55,10 +56,6 @@ pub const NOTICE_TIMEOUT: Duration = Duration::from_secs(1);
 pub const START_DEP_TIMEOUT: Duration = Duration::from_secs(120);
 /// Queue of the target-state watcher.
 pub const WATCH_QUEUE: usize = 4096;
-
-/// `ListProxies` row: (requesting node, target node, unit, proxy state,
-/// target active state or `unknown`, references on the target).
-pub type ProxyTuple = (String, String, String, String, String, u32);
 
 struct Inner {
     refs: References,

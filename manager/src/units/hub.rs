@@ -79,6 +79,7 @@
 use crate::nodes::session::Session;
 use crate::units::records::{Applied, Change, Record, Records, UnitEvent, WILDCARD};
 use crate::units::replay::{NodeView, Replay, virtual_replay};
+use drover_bus::client::SnapshotRow;
 use drover_protocol::{Event, ModTag, NodeName, Reason, Request, UnitName};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -107,10 +108,6 @@ pub struct Delivery {
     pub event: Arc<UnitEvent>,
     pub follow: bool,
 }
-
-/// One row of [`Subscriptions::snapshot`]: `(node, unit, active_state,
-/// sub_state, guid, index)`, the `a(sssstt)` of `io.drover.Monitor.Follow`.
-pub type SnapshotRow = (String, String, String, String, u64, u64);
 
 struct SinkState {
     tx: mpsc::Sender<Delivery>,

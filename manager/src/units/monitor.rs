@@ -45,10 +45,11 @@
 //!   is no gap and no duplicate between them.
 
 use crate::error::ApiError;
-use crate::units::hub::{Delivery, SnapshotRow, Subscriptions, WatchId, Watcher};
+use crate::units::hub::{Delivery, Subscriptions, WatchId, Watcher};
 use crate::units::records::WILDCARD;
 use crate::units::signals::messages_for_batch;
 use drover_bus::bluechi::{MONITOR_IFACE, MONITOR_PATH_PREFIX};
+use drover_bus::client::SnapshotRow;
 use drover_protocol::error_names::LIMITS_EXCEEDED;
 use drover_protocol::{NodeName, UnitName};
 use futures::future::BoxFuture;

@@ -1,18 +1,22 @@
-//! The slice of drover's public D-Bus API (BlueChi's, bus name `org.eclipse.bluechi`)
-//! that droverctl uses, as zbus proxies. The names and paths themselves are
-//! `drover_bus::bluechi`'s; the `#[proxy]` attributes must spell them as literals.
+//! drover's public D-Bus API (BlueChi's, bus name `org.eclipse.bluechi`, and
+//! drover's `io.drover.*` additions) as a client declares it: the row types of
+//! its replies and zbus proxies of its objects. droverctl and the test kit both
+//! use these; the server's side of the same members is the manager's `api/`,
+//! and the interface XML the packages install
+//! (`dist/usr/share/dbus-1/interfaces/`) is what a test compares that side with.
+//! The names and paths are [`crate::bluechi`]'s; the `#[proxy]` attributes must
+//! spell them as literals.
 //!
-//! Only members droverctl calls are declared; their signatures are BlueChi's exactly
-//! (`docs/api/*.xml`). Adding a command that needs another member means adding it here.
+//! Only members a client here calls are declared; their signatures are BlueChi's
+//! exactly. A command or a test that needs another member adds it here.
 //!
 //! Node object paths are computed locally with systemd's bus-path escaping
-//! ([`drover_bus::bluechi::node_path`]), the way
-//! bluechictl does it, instead of asking `Controller.GetNode`: one round trip less per
-//! command, and the manager must serve exactly these paths anyway (BlueChi clients
-//! hard-code the rule). A path that does not exist comes back as
-//! `org.freedesktop.DBus.Error.UnknownObject`, which droverctl reports as an unknown node.
+//! ([`crate::bluechi::node_path`]), the way bluechictl does it, instead of asking
+//! `Controller.GetNode`: one round trip less per command, and the manager must
+//! serve exactly these paths anyway (BlueChi clients hard-code the rule). A path
+//! that does not exist comes back as `org.freedesktop.DBus.Error.UnknownObject`.
 
-use drover_bus::systemd::UnitTuple;
+use crate::systemd::UnitTuple;
 use std::collections::HashMap;
 
 use zbus::{ObjectPath, OwnedObjectPath, OwnedVariant, proxy};
@@ -27,6 +31,15 @@ pub type UnitFileTuple = (String, String);
 /// destination.
 pub type ChangeTuple = (String, String, String);
 
+/// One entry of `io.drover.Monitor.Follow` `a(sssstt)`: node, unit, active state, sub
+/// state, and the modification tag (guid, index) of that state.
+pub type SnapshotRow = (String, String, String, String, u64, u64);
+
+/// One entry of `io.drover.Monitor.UnitsChanged` `a(sssssstt)`: node, unit, kind
+/// (`new`, `state`, `removed`), active state, sub state, reason (`real`, `virtual`), and
+/// the modification tag (guid, index).
+pub type ChangedRow = (String, String, String, String, String, String, u64, u64);
+
 /// One entry of `io.drover.Controller.ListProxies` `a(sssssu)`: requesting node, target
 /// node, unit, proxy state, target active state, number of references on the target.
 pub type ProxyTuple = (String, String, String, String, String, u32);
@@ -40,6 +53,9 @@ pub trait Controller {
     /// `ListNodes() -> a(soss)`.
     fn list_nodes(&self) -> zbus::Result<Vec<NodeTuple>>;
 
+    /// `GetNode(s name) -> o path`.
+    fn get_node(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
+
     /// `CreateMonitor() -> o`: a monitor owned by this connection.
     fn create_monitor(&self) -> zbus::Result<OwnedObjectPath>;
 
@@ -51,6 +67,10 @@ pub trait Controller {
 
     /// `SetLogLevel(s)`: the manager's own log level.
     fn set_log_level(&self, level: &str) -> zbus::Result<()>;
+
+    /// `JobNew(u id, o job)`.
+    #[zbus(signal)]
+    fn job_new(&self, id: u32, job: ObjectPath<'_>) -> zbus::Result<()>;
 
     /// `JobRemoved(u id, o job, s node, s unit, s result)`.
     #[zbus(signal)]
@@ -149,6 +169,10 @@ pub trait Monitor {
     /// `Close()`.
     fn close(&self) -> zbus::Result<()>;
 
+    /// `PeerRemoved(s reason)`: this peer no longer gets the monitor's signals.
+    #[zbus(signal)]
+    fn peer_removed(&self, reason: &str) -> zbus::Result<()>;
+
     /// `UnitNew(s node, s unit, s reason)`.
     #[zbus(signal)]
     fn unit_new(&self, node: &str, unit: &str, reason: &str) -> zbus::Result<()>;
@@ -174,6 +198,23 @@ pub trait Monitor {
         interface: &str,
         props: HashMap<String, OwnedVariant>,
     ) -> zbus::Result<()>;
+}
+
+/// drover's extension of a monitor object (not in BlueChi): a snapshot, then the
+/// batched tagged stream.
+#[proxy(
+    interface = "io.drover.Monitor",
+    default_service = "org.eclipse.bluechi",
+    assume_defaults = false
+)]
+pub trait DroverMonitor {
+    /// `Follow() -> a(sssstt)`: the records of what the monitor watches; from then on
+    /// its events come only as `UnitsChanged`.
+    fn follow(&self) -> zbus::Result<Vec<SnapshotRow>>;
+
+    /// `UnitsChanged(a(sssssstt) units)`.
+    #[zbus(signal)]
+    fn units_changed(&self, units: Vec<ChangedRow>) -> zbus::Result<()>;
 }
 
 /// The metrics object; it exists only while metrics are enabled, but its signals can
@@ -204,11 +245,10 @@ pub trait Metrics {
         systemd_job_time_micros: u64,
     ) -> zbus::Result<()>;
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use drover_bus::bluechi::node_path;
+    use crate::bluechi::node_path;
 
     #[test]
     fn node_paths_are_valid_object_paths() {
