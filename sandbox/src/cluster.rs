@@ -73,7 +73,8 @@ pub struct ClusterOptions {
     pub start_agents: bool,
     /// Mutual TLS between agents and manager (default true): the sandbox makes
     /// a CA in `DIR/pki` (`drover_tls::pki`), a manager certificate for
-    /// 127.0.0.1 and one certificate per node, and writes the TLS keys into
+    /// 127.0.0.1, `localhost` and `::1` (the loopback names an agent may be
+    /// switched to) and one certificate per node, and writes the TLS keys into
     /// every config. Off: plaintext on loopback, for the tests of plaintext
     /// behaviour.
     pub tls: bool,
@@ -1031,12 +1032,14 @@ fn pki_options() -> Result<drover_tls::pki::Options> {
 }
 
 /// A fresh CA in `dir`, a manager certificate for 127.0.0.1 (what agents
-/// dial) and a certificate for each of `nodes`. Returns `dir`.
+/// dial), `localhost` and `::1` (so `SwitchController` to the manager by any
+/// loopback name passes the agent's name check), and a certificate for each
+/// of `nodes`. Returns `dir`.
 fn make_pki(dir: &Path, nodes: &[String]) -> Result<PathBuf> {
     let pki = drover_tls::pki::Pki::new(dir);
     let options = pki_options()?;
     pki.create_ca(&options).context("making the sandbox CA")?;
-    pki.issue_manager(&["127.0.0.1"], &options)
+    pki.issue_manager(&["127.0.0.1", "localhost", "::1"], &options)
         .context("issuing the manager's certificate")?;
     let mut names: Vec<NodeName> = Vec::new();
     for n in nodes {

@@ -311,3 +311,47 @@ async fn switch_controller_moves_the_node_and_job_cancel_cancels_its_job() {
     assert_eq!(status_on(&b, node).await, "online");
     cluster.down().await;
 }
+
+/// The sandbox's manager certificate names `localhost` and the loopback addresses, not
+/// only the 127.0.0.1 agents dial (TLS is on, the sandbox default): `SwitchController`
+/// to the same manager by `localhost` passes the agent's name check, and the node
+/// registers again over TLS with a new session. (With a certificate for 127.0.0.1 only,
+/// the agent refuses the manager and the node stays offline.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn switch_controller_to_localhost_works_with_tls() {
+    let cluster = TestCluster::start(1).await;
+    let node = "node1";
+    let a = cluster.api().await;
+    wait_status(&a, node, "online", "node1 online").await;
+    let manager_log = || std::fs::read_to_string(cluster.log_path("manager")).unwrap();
+    let registrations = |log: &str| log.matches(" registered over TLS from ").count();
+    let before = registrations(&manager_log());
+    assert_eq!(before, 1, "{}", manager_log());
+
+    let local = connect(&cluster.node_bus_address(node)).await;
+    let rule = MatchRule::builder()
+        .msg_type(zbus::message::Type::Signal)
+        .path(AGENT_PATH)
+        .interface("org.freedesktop.DBus.Properties")
+        .build()
+        .unwrap()
+        .to_owned();
+    let mut changes = MessageStream::for_match_rule(rule, &local, None)
+        .await
+        .unwrap();
+    let target = format!("tcp:host=localhost,port={}", cluster.manager_port());
+    agent_call(&local, "SwitchController", Arg::S(&target))
+        .await
+        .unwrap();
+    wait_changed(&mut changes, "ControllerAddress", &target).await;
+    // The agent left its session for the new address and is back.
+    wait_changed(&mut changes, "Status", "online").await;
+    assert_eq!(agent_prop(&local, "ControllerAddress").await, target);
+    assert_eq!(status_on(&a, node).await, "online");
+    eventually(ONLINE, "the second registration is logged", || async {
+        registrations(&manager_log()) == before + 1
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", manager_log()));
+    cluster.down().await;
+}
