@@ -20,7 +20,7 @@
 //! [`crate::nodes::listener::Accept`], reloads through
 //! [`crate::reload::Reloader`].
 //!
-//! [`Following`] is the one implementation of [`Followers`]: what a node's
+//! `Following` is the one implementation of [`Followers`]: what a node's
 //! life means for the rest — online: its unit subscriptions are replayed, its
 //! proxies' references resume, metrics are switched on if enabled; offline:
 //! the same parts in that order; ended: its jobs end; and every event of its

@@ -1,7 +1,7 @@
 //! BlueChi's public D-Bus objects, served on `org.eclipse.bluechi`.
 //!
 //! Each object is a thin adapter: it validates arguments, asks the part it
-//! serves ([`Handles`] names them all: the node table, the job runner, the
+//! serves ([`handles::Handles`] names them all: the node table, the job runner, the
 //! monitors, ...), and maps failures to BlueChi's error names.
 //! Member names, argument names and signatures, property types and
 //! `EmitsChangedSignal` annotations follow BlueChi's interface XML, so
@@ -32,7 +32,7 @@ use std::sync::Arc;
 use zbus::Connection;
 
 /// Exports the controller, serves the monitors' objects, and points the
-/// parts' [`Port`] at `conn`. Node objects follow through the port (the node
+/// parts' [`crate::outbound::Port`] at `conn`. Node objects follow through the port (the node
 /// lifecycle exports every known node: `Lifecycle::export_nodes`).
 pub async fn export(handles: &Arc<handles::Handles>, conn: &Connection) -> zbus::Result<()> {
     let tree = tree::Tree::new();

@@ -15,8 +15,8 @@
 //!   runs the session. A node that becomes known while running (a reload
 //!   that lists it, the first hello of a node admitted by a pattern or its
 //!   certificate) gets its entry and its object here too
-//!   ([`Lifecycle::add_nodes`]); every node object goes on the bus through
-//!   the [`Outbound`] port, so `Introspect` names every node `GetNode`
+//!   ([`Lifecycle::reconfigure`]); every node object goes on the bus through
+//!   the [`crate::outbound::Outbound`] port, so `Introspect` names every node `GetNode`
 //!   answers for.
 //! * [`Lifecycle::end_session`] runs the disconnect rules once per session:
 //!   node offline (if it was the node's current session), the followers told

@@ -16,7 +16,7 @@
 //! * The accept loop never gives up: when descriptors run out (EMFILE,
 //!   ENFILE) or memory is short it logs, backs off, and keeps accepting once
 //!   descriptors free up. Before each accept it takes a slot of the
-//!   [`Gate`](crate::nodes::gate::Gate): while the total cap is full it
+//!   [`Gate`]: while the total cap is full it
 //!   accepts nothing, and new connections wait in the listen backlog (4096)
 //!   until a place frees. The accepted connection ties the slot to its
 //!   address (over the per-address cap it is closed at once), gets TCP_NODELAY, keepalive per config, IP_RECVERR and TCP_USER_TIMEOUT (`drover_protocol::liveness`), then its

@@ -48,7 +48,7 @@ pub struct NodeView<'a> {
 }
 
 /// The lazy replay of one sink's `*` watches: nodes in the order they were
-/// watched, each with its [`Cursor`] over the node's records. A node whose
+/// watched, each with its cursor over the node's records. A node whose
 /// agent has not confirmed a `*` subscription yet waits apart and rejoins
 /// the order when it has, or when the node goes offline.
 #[derive(Default)]
