@@ -122,13 +122,19 @@ async fn run_inner<S: Systemd>(
         link_stop.cancel();
         std::future::pending::<()>().await
     };
-    tokio::select! {
+    let ended = tokio::select! {
         () = link.run(link_stop.clone()) => Ok(()),
         () = pump_events(events, shared.clone(), systemd.clone()) => Err(AgentError::SystemdLost),
         () = shared.proxies.run_stopper(&*systemd) => Ok(()),
         () = close => Ok(()),
         () = name_lost => Err(AgentError::NameLost),
+    };
+    // The next agent (a restart) owns the name at once, not when this
+    // process's connection is gone.
+    if let Some(served) = &served {
+        served.release().await;
     }
+    ended
 }
 
 /// Proxy units left active by a previous agent process (one that crashed)

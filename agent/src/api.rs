@@ -54,12 +54,13 @@
 //!   which the link keeps current;
 //!   `PropertiesChanged` is emitted for `Status` and `ControllerAddress`.
 //!
-//! The name is requested without allow-replacement and never queued
-//! (BlueChi allows replacement): another process that took it over would
+//! The name is owned as `drover_bus::name` says (BlueChi allows
+//! replacement; drover never does): another process that took it over would
 //! leave this agent running with no proxy helper able to reach it. If
-//! another process owns it, the agent does not start (a clear error); if the
-//! bus ever says the agent lost it, [`Served::lost`] resolves and the agent
-//! exits (its unit restarts it).
+//! another process still owns it after [`NAME_WAIT`] (a restart's old agent
+//! is gone well within it), the agent does not start (a clear error naming
+//! the holder); if the bus ever says the agent lost it, [`Served::lost`]
+//! resolves and the agent exits (its unit restarts it).
 
 use crate::proxies::registry::{CreateError, ProxyKey};
 use crate::state::Shared;
@@ -75,7 +76,6 @@ use futures::StreamExt;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
-use zbus::fdo::{RequestNameFlags, RequestNameReply};
 use zbus::message::{Header, Message};
 use zbus::names::{BusName, ErrorName, InterfaceName, OwnedUniqueName, UniqueName};
 use zbus::object_server::SignalEmitter;
@@ -448,13 +448,18 @@ async fn caller_gone(conn: &Connection, caller: Option<OwnedUniqueName>) {
     }
 }
 
+/// How long a starting agent waits behind the current owner of
+/// [`AGENT_BUS_NAME`]: the agent a restart replaces releases it as its
+/// connection closes, which takes the bus daemon well under this.
+pub const NAME_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Why the local API could not be served.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error("cannot export {AGENT_PATH}: {0}")]
     Export(zbus::Error),
     #[error("cannot own {AGENT_BUS_NAME}: {0}")]
-    Name(String),
+    Name(drover_bus::name::NameError),
 }
 
 /// The served API; dropping it stops the `PropertiesChanged` task (the
@@ -472,25 +477,16 @@ impl Drop for Served {
 
 impl Served {
     /// Resolves when the bus daemon tells the agent it lost
-    /// [`AGENT_BUS_NAME`] (zbus matches `NameLost` on the sender
-    /// `org.freedesktop.DBus` exactly, so no other client can send it).
+    /// [`AGENT_BUS_NAME`] (`drover_bus::name::lost`).
     pub fn lost(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let conn = self.conn.clone();
-        async move {
-            let lost = async {
-                let dbus = zbus::fdo::DBusProxy::new(&conn).await?;
-                let mut lost = dbus.receive_name_lost().await?;
-                while let Some(signal) = lost.next().await {
-                    if signal.args().is_ok_and(|a| a.name() == AGENT_BUS_NAME) {
-                        return Ok(());
-                    }
-                }
-                Err(zbus::Error::Failure("the bus connection closed".into()))
-            };
-            if let Err(e) = lost.await {
-                tracing::debug!("not watching {AGENT_BUS_NAME}: {e}");
-                std::future::pending::<()>().await;
-            }
+        drover_bus::name::lost(self.conn.clone(), AGENT_BUS_NAME)
+    }
+
+    /// Gives [`AGENT_BUS_NAME`] up (a clean stop): the agent that replaces
+    /// this one owns it at once.
+    pub async fn release(&self) {
+        if let Err(e) = self.conn.release_name(AGENT_BUS_NAME).await {
+            tracing::debug!("releasing {AGENT_BUS_NAME}: {e}");
         }
     }
 }
@@ -502,22 +498,11 @@ pub async fn serve(conn: &Connection, shared: Arc<Shared>) -> Result<Served, Ser
         .at(AGENT_PATH, AgentObject::new(shared.clone()))
         .await
         .map_err(ServeError::Export)?;
-    // One owner, never replaced, never queued (see the module docs).
-    let flags = RequestNameFlags::DO_NOT_QUEUE;
-    match conn.request_name_with_flags(AGENT_BUS_NAME, flags).await {
-        Ok(RequestNameReply::PrimaryOwner | RequestNameReply::AlreadyOwner) => {}
-        Ok(other) => {
-            return Err(ServeError::Name(format!(
-                "the bus answered {other:?}: another process owns it"
-            )));
-        }
-        Err(zbus::Error::NameTaken) => {
-            return Err(ServeError::Name(
-                "another process owns it (drover never takes the name over)".into(),
-            ));
-        }
-        Err(e) => return Err(ServeError::Name(e.to_string())),
-    }
+    // One owner, never replaced; a short wait behind an agent on its way out
+    // (`drover_bus::name`).
+    drover_bus::name::own(conn, AGENT_BUS_NAME, NAME_WAIT)
+        .await
+        .map_err(ServeError::Name)?;
     tracing::info!("serving {AGENT_BUS_NAME} at {AGENT_PATH}");
     let task = tokio::spawn(announce_changes(conn.clone(), shared));
     Ok(Served {

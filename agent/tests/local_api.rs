@@ -692,7 +692,7 @@ async fn the_name_is_never_given_up_nor_taken_over() {
         .expect("the name is taken");
     let text = err.to_string();
     assert!(
-        text.contains(AGENT_BUS_NAME) && text.contains("another process owns it"),
+        text.contains(AGENT_BUS_NAME) && text.contains("still owns it"),
         "{text}"
     );
     drop(squatter);
@@ -707,7 +707,7 @@ async fn the_name_is_never_given_up_nor_taken_over() {
         .await
         .err()
         .expect("a second agent does not take the name");
-    assert!(err.to_string().contains("another process owns it"), "{err}");
+    assert!(err.to_string().contains("still owns it"), "{err}");
     let rival = connect(&bus).await;
     let flags = zbus::fdo::RequestNameFlags::REPLACE_EXISTING
         | zbus::fdo::RequestNameFlags::ALLOW_REPLACEMENT
@@ -726,6 +726,39 @@ async fn the_name_is_never_given_up_nor_taken_over() {
         Some(owner.as_str()),
         first.unique_name().map(|n| n.as_str())
     );
+}
+
+/// A restart: the new agent asks for the name while the old one is still on
+/// its way out. It waits behind it and owns the name as soon as the old one's
+/// connection is gone, instead of failing on a bus that has not caught up.
+#[tokio::test]
+async fn a_restarted_agent_owns_the_name_its_predecessor_leaves() {
+    let bus = PrivateBus::start_open("drover-agent-api-test").unwrap();
+    let old = connect(&bus).await;
+    let served = api::serve(&old, Arc::new(Shared::default())).await.unwrap();
+    let new = connect(&bus).await;
+    let waiting = tokio::spawn(async move {
+        let r = api::serve(&new, Arc::new(Shared::default())).await;
+        (r.map(|_| ()).map_err(|e| e.to_string()), new)
+    });
+    // The new agent is queued behind the old one before the old one leaves.
+    let dbus = zbus::fdo::DBusProxy::new(&old).await.unwrap();
+    let name = zbus::names::BusName::try_from(AGENT_BUS_NAME).unwrap();
+    drover_testkit::wait::eventually(WAIT, "the new agent to queue for the name", || async {
+        dbus.list_queued_owners(zbus::names::WellKnownName::try_from(AGENT_BUS_NAME).unwrap())
+            .await
+            .is_ok_and(|q| q.len() == 2)
+    })
+    .await
+    .unwrap();
+    drop(served);
+    drop(dbus);
+    old.close().await.unwrap();
+    let (served, new) = waiting.await.unwrap();
+    served.unwrap();
+    let dbus = zbus::fdo::DBusProxy::new(&new).await.unwrap();
+    let owner = dbus.get_name_owner(name).await.unwrap();
+    assert_eq!(Some(owner.as_str()), new.unique_name().map(|n| n.as_str()));
 }
 
 /// BlueChi's helper, run by `bluechi-proxy@bar_db.service`, calls exactly

@@ -20,6 +20,8 @@
 //! * `client` (feature `zbus`) — the public API as a client declares it: the
 //!   rows of its replies and zbus proxies of its objects (droverctl, the test
 //!   kit);
+//! * `name` (feature `zbus`) — owning the daemons' well-known names: one
+//!   owner, never replaced, a bounded wait behind a previous owner on restart;
 //! * [`timestamp`] — the clocks of BlueChi's `*Timestamp` /
 //!   `*TimestampMonotonic` properties.
 //!
@@ -39,6 +41,8 @@ pub mod label;
 pub mod limits;
 #[cfg(feature = "zbus")]
 pub mod marshal;
+#[cfg(feature = "zbus")]
+pub mod name;
 #[cfg(feature = "zbus")]
 pub mod sender;
 pub mod systemd;

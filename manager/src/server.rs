@@ -27,7 +27,11 @@ use std::sync::Arc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use zbus::Connection;
-use zbus::fdo::{RequestNameFlags, RequestNameReply};
+
+/// How long a starting manager waits behind the current owner of
+/// [`BUS_NAME`]: the manager a restart replaces releases it as its connection
+/// closes, which takes the bus daemon well under this.
+pub const NAME_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -36,7 +40,7 @@ pub enum StartError {
     #[error("cannot export the D-Bus objects: {0}")]
     Export(zbus::Error),
     #[error("cannot own the bus name {BUS_NAME}: {0}")]
-    Name(String),
+    Name(drover_bus::name::NameError),
     #[error("cannot use the agent listener: {0}")]
     Listener(std::io::Error),
     #[error("TLS: {0}")]
@@ -63,29 +67,6 @@ async fn connect(bus: &Bus) -> Result<Connection, StartError> {
         bus: bus.clone(),
         source,
     })
-}
-
-/// Resolves when the bus daemon tells us we lost `org.eclipse.bluechi`
-/// (zbus matches `NameLost` on the sender `org.freedesktop.DBus` exactly,
-/// so no other client can send it). drover requests the name without
-/// `AllowReplacement`, so this does not happen while the connection lives;
-/// if it ever does, the manager must not run on headless: its caller exits.
-async fn name_lost(conn: Connection) {
-    use futures::StreamExt;
-    let lost = async {
-        let proxy = zbus::fdo::DBusProxy::new(&conn).await?;
-        let mut lost = proxy.receive_name_lost().await?;
-        while let Some(signal) = lost.next().await {
-            if signal.args().is_ok_and(|a| a.name.as_str() == BUS_NAME) {
-                return Ok(());
-            }
-        }
-        Err(zbus::Error::Failure("the bus connection closed".into()))
-    };
-    if let Err(e) = lost.await {
-        tracing::debug!("not watching {BUS_NAME}: {e}");
-        std::future::pending::<()>().await;
-    }
 }
 
 impl Manager {
@@ -120,24 +101,11 @@ impl Manager {
         // Every known node's object, through the port just set.
         parts.lifecycle.export_nodes().await;
 
-        // One owner, never replaced (BlueChi allows replacement): another
-        // process that took the name would leave this manager running with
-        // no client able to reach it. Never wait in the queue either.
-        let flags = RequestNameFlags::DO_NOT_QUEUE;
-        match conn.request_name_with_flags(BUS_NAME, flags).await {
-            Ok(RequestNameReply::PrimaryOwner | RequestNameReply::AlreadyOwner) => {}
-            Ok(other) => {
-                return Err(StartError::Name(format!(
-                    "the bus answered {other:?}: another process owns it"
-                )));
-            }
-            Err(zbus::Error::NameTaken) => {
-                return Err(StartError::Name(
-                    "another process owns it (drover never takes the name over)".to_owned(),
-                ));
-            }
-            Err(e) => return Err(StartError::Name(e.to_string())),
-        }
+        // One owner, never replaced (BlueChi allows replacement), a short wait
+        // behind a manager on its way out (`drover_bus::name`).
+        drover_bus::name::own(&conn, BUS_NAME, NAME_WAIT)
+            .await
+            .map_err(StartError::Name)?;
 
         listener
             .set_nonblocking(true)
@@ -221,10 +189,10 @@ impl Manager {
     }
 
     /// Resolves if the bus says this manager lost `org.eclipse.bluechi`
-    /// (`name_lost` in this module); the process then exits with a failure status
+    /// (`drover_bus::name::lost`); the process then exits with a failure status
     /// and its unit restarts it.
     pub fn name_lost(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        name_lost(self.conn.clone())
+        drover_bus::name::lost(self.conn.clone(), BUS_NAME)
     }
 
     /// Orderly stop (SIGTERM): see the module docs for the order.

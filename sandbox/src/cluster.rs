@@ -501,6 +501,11 @@ impl Cluster {
 
     /// Starts an extra agent on `node` that registers as `claimed_name` (for refusal
     /// tests). Returns its pid; it lives until the cluster is torn down.
+    ///
+    /// A bus has one agent (it owns `org.eclipse.bluechi.Agent` and never lets
+    /// it go, `drover_bus::name`): `node`'s own agent must be stopped first
+    /// ([`Cluster::stop_agent`]), and an earlier extra agent on `node` must have
+    /// ended, or the new one exits because the name is taken.
     pub async fn start_agent_named(&mut self, node: &str, claimed_name: &str) -> Result<u32> {
         Ok(self.start_agent_with(node, claimed_name, "").await?.pid)
     }
@@ -517,6 +522,12 @@ impl Cluster {
         extra: &str,
     ) -> Result<ExtraAgent> {
         self.node_pid(node)?;
+        if let Some(pid) = self.agent_pid(node) {
+            bail!(
+                "node {node}'s own agent (pid {pid}) owns the agent's bus name there; \
+                 stop it before starting another agent on that bus"
+            );
+        }
         if claimed_name.is_empty() || claimed_name.contains(['\n', '\r']) {
             bail!("claimed name {claimed_name:?} cannot be written into a config file");
         }

@@ -127,13 +127,16 @@ async fn extra_agents_and_custom_options_are_torn_down_too() {
     let opts = ClusterOptions {
         heartbeat_interval_ms: 200,
         heartbeat_threshold_ms: 1000,
-        allowed_nodes: Some(vec!["node1".into(), "spare".into()]),
+        allowed_nodes: Some(vec!["node1".into(), "node2".into(), "spare".into()]),
         manager_extra_config: "[node spare]\nAllowDependenciesOn=node1\n".into(),
-        ..ClusterOptions::with_nodes(1)
+        ..ClusterOptions::with_nodes(2)
     };
     let mut cluster = Cluster::start(opts).await.unwrap();
     let conf = std::fs::read_to_string(cluster.dir().join("manager.conf")).unwrap();
-    assert!(conf.contains("AllowedNodeNames=node1,spare"), "{conf}");
+    assert!(
+        conf.contains("AllowedNodeNames=node1,node2,spare"),
+        "{conf}"
+    );
     assert!(conf.contains("NodeHeartbeatThreshold=1000"), "{conf}");
     let agent = std::fs::read_to_string(cluster.dir().join("node1").join("agent.conf"));
     assert!(agent.is_ok_and(|a| a.contains("HeartbeatInterval=200")));
@@ -142,8 +145,16 @@ async fn extra_agents_and_custom_options_are_torn_down_too() {
         "{conf}"
     );
 
-    // An extra agent on node1's bus registers as the allowed name "spare".
-    let pid = cluster.start_agent_named("node1", "spare").await.unwrap();
+    // A bus has one agent: the sandbox refuses a second one beside node2's own.
+    let err = cluster
+        .start_agent_named("node2", "spare")
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("stop it before"), "{err}");
+    // An extra agent on node2's bus, its own agent stopped, registers as the
+    // allowed name "spare".
+    cluster.stop_agent("node2").await.unwrap();
+    let pid = cluster.start_agent_named("node2", "spare").await.unwrap();
     assert!(alive(pid));
     cluster
         .wait_node_status("spare", "online", DETECT)

@@ -64,7 +64,9 @@ async fn agents_register_and_show_online() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_node_name_is_refused_and_never_appears() {
     let mut c = TestCluster::start(2).await;
-    let pid = c.start_agent_named("node1", "intruder").await.unwrap();
+    // The intruder runs on node2's bus (a bus has one agent).
+    c.stop_agent("node2").await.unwrap();
+    let pid = c.start_agent_named("node2", "intruder").await.unwrap();
     let api = c.api().await;
 
     // The refused agent keeps retrying; whatever it does, it never shows up.
@@ -90,12 +92,29 @@ async fn unknown_node_name_is_refused_and_never_appears() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duplicate_name_of_a_live_node_is_refused_and_the_first_stays_online() {
-    let mut c = TestCluster::start(2).await;
+    let mut c = TestCluster::start(3).await;
     let api = c.api().await;
     let first_pid = c.agent_pid("node2").unwrap();
-    c.start_agent_named("node1", "node2").await.unwrap();
+    // The claimant runs on node3's bus (a bus has one agent), and keeps
+    // running, refused and retrying, for the whole test.
+    c.stop_agent("node3").await.unwrap();
+    let claimant = c.start_agent_named("node3", "node2").await.unwrap();
+    let from = std::fs::metadata(c.log_path("manager")).unwrap().len() as usize;
 
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The manager refuses the claimant, which keeps running and retrying.
+    let manager_log = c.log_path("manager");
+    eventually(ONLINE, "the manager to refuse the second node2", || async {
+        std::fs::read_to_string(&manager_log)
+            .unwrap_or_default()
+            .get(from..)
+            .is_some_and(|t| t.contains("already connected and alive"))
+    })
+    .await
+    .unwrap();
+    assert!(
+        c.extra_agent_exit(claimant).unwrap().is_none(),
+        "it retries"
+    );
     let node2 = api.node("node2").await;
     let status: String = node2.get_property("Status").await.unwrap();
     assert_eq!(status, "online");

@@ -165,12 +165,11 @@ async fn reload_manager(c: &TestCluster, needle: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_with_certificates_the_manager_must_refuse_never_register() {
-    // node3 is allowed but has no agent of its own: impostors claim it.
-    let mut c = TestCluster::with(ClusterOptions {
-        allowed_nodes: Some(vec!["node1".into(), "node2".into(), "node3".into()]),
-        ..ClusterOptions::with_nodes(2)
-    })
-    .await;
+    // node3's own agent is stopped: impostors claim node3 from its bus (a
+    // bus has one agent).
+    let mut c = TestCluster::start(3).await;
+    c.stop_agent("node3").await.unwrap();
+    c.wait_status("node3", "offline", T).await;
     let manager_log = c.log_path("manager");
     let n3 = node("node3");
 
@@ -181,7 +180,7 @@ async fn agents_with_certificates_the_manager_must_refuse_never_register() {
     let from = mark(&c);
     let agent = c
         .start_agent_with(
-            "node2",
+            "node3",
             "node3",
             &tls_override(&rogue.node_certificate(&n3), &rogue.node_key(&n3)),
         )
@@ -203,7 +202,7 @@ async fn agents_with_certificates_the_manager_must_refuse_never_register() {
     let from = mark(&c);
     let agent = c
         .start_agent_with(
-            "node2",
+            "node3",
             "node3",
             "TLSCertificate=\nTLSPrivateKey=\nTLSCertificateAuthority=\nTLSRevocationList=\n",
         )
@@ -240,7 +239,7 @@ async fn agents_with_certificates_the_manager_must_refuse_never_register() {
         .unwrap();
     let agent = c
         .start_agent_with(
-            "node2",
+            "node3",
             "node3",
             &tls_override(&expired.node_certificate(&n3), &expired.node_key(&n3)),
         )
@@ -258,7 +257,7 @@ async fn agents_with_certificates_the_manager_must_refuse_never_register() {
     let n1 = node("node1");
     let agent = c
         .start_agent_with(
-            "node2",
+            "node3",
             "node3",
             &tls_override(&pki.node_certificate(&n1), &pki.node_key(&n1)),
         )
@@ -275,7 +274,7 @@ async fn agents_with_certificates_the_manager_must_refuse_never_register() {
     pki.revoke(&[RevokeTarget::Node(n3.clone())]).unwrap();
     reload_manager(&c, "1 revoked certificate(s)").await;
     let from = mark(&c);
-    let agent = c.start_agent_with("node2", "node3", "").await.unwrap();
+    let agent = c.start_agent_with("node3", "node3", "").await.unwrap();
     let said = wait_log(&manager_log, from, "TLS handshake refused").await;
     assert!(said.contains("Revoked"), "{said}");
     // The agent says the manager refused its certificate, not that the
@@ -532,10 +531,12 @@ async fn a_node_admitted_by_its_certificate_alone_is_a_proxy_target_and_requeste
 async fn a_tls_agent_and_a_plaintext_manager_are_told_apart_in_the_log() {
     let mut c = TestCluster::with(ClusterOptions {
         tls: false,
-        allowed_nodes: Some(vec!["node1".into(), "node2".into()]),
-        ..ClusterOptions::with_nodes(1)
+        ..ClusterOptions::with_nodes(2)
     })
     .await;
+    // node2's own agent is stopped: a TLS agent claims node2 from its bus.
+    c.stop_agent("node2").await.unwrap();
+    c.wait_status("node2", "offline", T).await;
     assert!(c.pki().is_none());
     let pki = Pki::new(c.dir().join("pki"));
     pki.create_ca(&options(false)).unwrap();
@@ -544,7 +545,7 @@ async fn a_tls_agent_and_a_plaintext_manager_are_told_apart_in_the_log() {
     let from = mark(&c);
     let agent = c
         .start_agent_with(
-            "node1",
+            "node2",
             "node2",
             &format!(
                 "{}TLSCertificateAuthority={}\n",
