@@ -1,7 +1,8 @@
 //! Wiring: systemd connection → event subscription → READY → link loop.
 //!
-//! Order matters: the systemd event subscription exists before the first
-//! request can arrive (so no job's removal is missed), and readiness is
+//! Order matters: the systemd event subscription and the unit stream exist
+//! before the first request can arrive (so no job's removal is missed), and
+//! readiness is
 //! announced once systemd answers — the manager may be down for a long time
 //! and the node's own units must not wait for it.
 //!
@@ -13,7 +14,7 @@
 //! connection is lost (an error: the service manager restarts it). A clean
 //! stop closes the proxies first (see [`crate::proxies::registry`]), then the link.
 
-use crate::fanout::pump_events;
+use crate::fanout::{pump_events, start_units};
 use crate::link::connection::{Link, LinkConfig};
 use crate::state::Shared;
 use crate::systemd::api::Systemd;
@@ -30,6 +31,8 @@ pub enum AgentError {
     Connect(#[from] ConnectError),
     #[error("cannot subscribe to systemd's job signals: {0}")]
     Subscribe(RemoteError),
+    #[error("cannot start systemd's unit signal stream: {0}")]
+    UnitStream(RemoteError),
     #[error("lost the connection to systemd")]
     SystemdLost,
     #[error(
@@ -95,6 +98,11 @@ async fn run_inner<S: Systemd>(
 ) -> Result<(), AgentError> {
     let events = systemd.subscribe().await.map_err(AgentError::Subscribe)?;
     let shared = Arc::new(Shared::default());
+    // From the start, so the fence works for every dep start and a start's
+    // cost never depends on whether anything was ever watched.
+    start_units(&systemd, &shared)
+        .await
+        .map_err(AgentError::UnitStream)?;
     shared.deps.set_node(link.node.clone());
     shared.status.set_log_level(logging.level.as_str());
     shared.status.set_log_target(logging.target.as_str());

@@ -20,7 +20,7 @@
 //! Requests this agent does not implement yet are answered with
 //! `org.freedesktop.DBus.Error.NotSupported`.
 
-use crate::fanout::follow_units;
+use crate::fanout::start_units;
 use crate::node_api;
 use crate::state::Shared;
 use crate::systemd::api::{JobPath, Systemd};
@@ -194,21 +194,36 @@ impl<S: Systemd> Dispatcher<S> {
             }
             Request::StartDep { unit } => {
                 // Decided before the job is queued: only a unit stream that
-                // already runs is sure to see the job's end (crate::deps::unit_fence).
-                let news = self.shared.units.streaming().then_some(&self.shared.fence);
+                // already runs is sure to see the job's end, and only one
+                // that follows the target sees it go active
+                // (crate::deps::unit_fence): the stream follows the target
+                // while the dep starts.
+                let units = &self.shared.units;
+                let held = units.streaming()
+                    && match units.hold(Some(unit.clone())).await {
+                        Ok(_) => true,
+                        Err(e) => {
+                            tracing::warn!("{unit} is not followed while its dep starts: {e}");
+                            false
+                        }
+                    };
+                let news = units.streaming().then_some(&self.shared.fence);
                 let result = self
                     .shared
                     .deps
                     .start_dep(&*self.systemd, &unit, news)
                     .await;
                 self.reply(epoch, id, result);
+                if held {
+                    units.release(Some(unit)).await;
+                }
             }
             Request::StopDep { unit } => {
                 let result = self.shared.deps.stop_dep(&*self.systemd, &unit).await;
                 self.reply(epoch, id, result);
             }
             Request::Subscribe { unit } => {
-                let result = match follow_units(&self.systemd, &self.shared).await {
+                let result = match start_units(&self.systemd, &self.shared).await {
                     Ok(()) => {
                         self.shared
                             .units
@@ -220,7 +235,7 @@ impl<S: Systemd> Dispatcher<S> {
                 self.reply(epoch, id, result);
             }
             Request::Unsubscribe { unit } => {
-                let result = self.shared.units.unsubscribe(epoch, unit.as_ref());
+                let result = self.shared.units.unsubscribe(epoch, unit.as_ref()).await;
                 self.reply(epoch, id, result);
             }
             Request::StartTransientUnit {
@@ -373,6 +388,50 @@ mod request_tests {
             mode: "replace".into(),
             job_id,
         }
+    }
+
+    /// A `StartDep` makes the unit stream follow its target while the dep
+    /// starts (so the unit fence sees the target go active), and no longer.
+    #[tokio::test]
+    async fn a_dep_start_follows_its_target_while_it_runs() {
+        use crate::fanout::start_units;
+        use crate::systemd::api::Followed;
+        let mut r = rig().await;
+        start_units(&Arc::new(r.fake.clone()), &r.shared)
+            .await
+            .unwrap();
+        r.fake.add_unit(
+            "drover-dep@db.service.service",
+            Script::Finish("done".into()),
+        );
+        let mut queued = r.fake.hold("StartUnit");
+        let d = r.d.clone();
+        let call = tokio::spawn(async move {
+            d.handle(
+                1,
+                1,
+                Request::StartDep {
+                    unit: unit("db.service"),
+                },
+            )
+            .await;
+        });
+        queued.reached().await;
+        assert_eq!(
+            r.fake.followed(),
+            Some(Followed::Units([unit("db.service")].into())),
+            "followed before the dep's job is queued"
+        );
+        queued.release();
+        call.await.unwrap();
+        assert!(matches!(
+            next(&mut r.rx).await,
+            ToManager::Reply {
+                id: 1,
+                result: Ok(Response::Empty)
+            }
+        ));
+        assert_eq!(r.fake.followed(), Some(Followed::nothing()));
     }
 
     /// The event pump asks systemd about each new proxy job in a task of its

@@ -8,9 +8,10 @@
 //!   (`crate::jobs`) — see `crate::state::Shared::on_systemd_event`. A proxy
 //!   job to classify is asked about in a task of its own, so the stream
 //!   never waits for systemd's answer.
-//! * **Unit stream** ([`follow_units`], started by the first unit
-//!   subscription; `pump_units`): unit signals go to the unit hub
-//!   (`crate::units::hub`), job signals seen on it to the unit fence
+//! * **Unit stream** ([`start_units`], started with the agent; read by
+//!   `pump_units`): unit signals go to the unit hub (`crate::units::hub`),
+//!   which also decides what the stream follows, and the snapshot that marks
+//!   each change; job signals seen on it go to the unit fence
 //!   (`crate::deps::unit_fence`), all under the hub's send order, so the
 //!   fence hears of a job's end only after what systemd said before it has
 //!   gone to the manager.
@@ -50,18 +51,13 @@ pub async fn pump_events<S: Systemd>(
 }
 
 /// Starts the unit stream and its reader the first time; a no-op once they
-/// run. A failure is the subscription's error; the next one tries again.
-pub async fn follow_units<S: Systemd>(
+/// run. A failure is the caller's error; the next call tries again.
+pub async fn start_units<S: Systemd>(
     systemd: &Arc<S>,
     shared: &Arc<Shared>,
 ) -> Result<(), RemoteError> {
-    if let Some((stream, seeded_at)) = shared.units.follow(&**systemd).await? {
-        tokio::spawn(pump_units(
-            stream,
-            seeded_at,
-            systemd.clone(),
-            Arc::downgrade(shared),
-        ));
+    if let Some(stream) = shared.units.start(systemd).await? {
+        tokio::spawn(pump_units(stream, systemd.clone(), Arc::downgrade(shared)));
     }
     Ok(())
 }
@@ -69,11 +65,14 @@ pub async fn follow_units<S: Systemd>(
 /// Applies systemd's unit signals until the stream ends (systemd connection
 /// lost) or the agent is gone.
 ///
-/// `snapshot_at` is the position of the last `ListUnits` the cache was set
-/// from (the seed, then each settle). The answer can come while signals
-/// systemd sent before it still wait in the stream; they are applied as
-/// older than the snapshot (`crate::units::rules`, "Snapshots"), so a state
-/// the snapshot already moved past never goes out as a real change.
+/// A snapshot in the stream (a change of what it follows) is applied where
+/// it stands: what came before it is older, what comes after newer.
+///
+/// `snapshot_at` is the position of the last settle's `ListUnits`, which is
+/// made here, not in the stream: its answer can come while signals systemd
+/// sent before it still wait in the stream; they are applied as older than
+/// the snapshot (`crate::units::rules`, "Snapshots"), so a state the snapshot
+/// already moved past never goes out as a real change.
 ///
 /// A daemon-reload is settled [`RELOAD_SETTLE`] after its `Reloading(false)`
 /// with a `ListUnits`: systemd sends that signal and the `UnitNew` burst from
@@ -82,10 +81,10 @@ pub async fn follow_units<S: Systemd>(
 /// settle that finds a reload still open waits another round.
 async fn pump_units<S: Systemd>(
     mut stream: UnitSignalStream<S::Position>,
-    mut snapshot_at: S::Position,
     systemd: Arc<S>,
     shared: Weak<Shared>,
 ) {
+    let mut snapshot_at = S::Position::default();
     let mut settle_at: Option<tokio::time::Instant> = None;
     // Rounds a settle waited for a reload that never said it ended.
     let mut waited = 0u32;
@@ -126,6 +125,15 @@ async fn pump_units<S: Systemd>(
         }
         let hub = &shared.units;
         let _order = hub.send_order().await;
+        if let UnitSignal::Snapshot {
+            id,
+            followed,
+            units,
+        } = signal
+        {
+            hub.apply_snapshot(id, followed, units);
+            continue;
+        }
         match &signal {
             UnitSignal::JobRemoved { job } => {
                 // Everything systemd said before this job ended has been sent.

@@ -24,7 +24,7 @@ use crate::proxies::registry::Proxies;
 use crate::systemd::api::{JobPath, SystemdEvent};
 use crate::units::hub::UnitHub;
 use drover_protocol::{Event, ToManager};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 /// State shared by request handlers, the event fan-out and the link.
@@ -99,8 +99,11 @@ impl Shared {
         self.node.session_started();
     }
 
-    /// The manager session `epoch` ended.
-    pub fn session_ended(&self, epoch: u64) {
+    /// The manager session `epoch` ended; the unit stream stops following
+    /// what it watched (in a task of its own: that waits for systemd).
+    pub fn session_ended(self: &Arc<Self>, epoch: u64) {
         self.units.session_ended(epoch);
+        let shared = self.clone();
+        tokio::spawn(async move { shared.units.follow_watched().await });
     }
 }

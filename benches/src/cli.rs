@@ -4,7 +4,7 @@
 
 use crate::start::{StartPaths, rss_kib};
 use crate::stats::{self, paired_overhead, summarize};
-use crate::{ctl, events, proxy, tls};
+use crate::{agent_cpu, ctl, events, proxy, tls};
 use anyhow::Result;
 use clap::Parser;
 use drover_sandbox::{Cluster, ClusterOptions};
@@ -15,8 +15,9 @@ use std::time::Duration;
 #[derive(Parser)]
 #[command(about = "drover benchmarks (run on an otherwise idle machine)")]
 struct Args {
-    /// Which benchmark: start-unit, proxy, rss, events, tls, ctl, fleet (`fleet --help`)
-    /// or all (events, tls, ctl and fleet run alone: they start their own daemons).
+    /// Which benchmark: start-unit, proxy, rss, events, tls, ctl, agent-cpu, fleet
+    /// (`fleet --help`) or all (events, tls, ctl, agent-cpu and fleet run alone: they
+    /// start their own daemons).
     #[arg(default_value = "all")]
     which: String,
     /// Samples per side.
@@ -85,6 +86,10 @@ async fn bench(args: Args) -> Result<()> {
     if args.which == "events" {
         // Fake agents and a real manager; no systemd nodes needed.
         return events::main().await;
+    }
+    if args.which == "agent-cpu" {
+        // Three nodes of its own.
+        return agent_cpu::main(args.samples).await;
     }
     if args.which == "tls" {
         // Two clusters of its own: TLS and plaintext side by side.

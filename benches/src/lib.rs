@@ -28,13 +28,17 @@
 //!   (wall time, page faults, CPU, max RSS) against a small sd-bus client making
 //!   bluechictl's calls, the stand-in for bluechictl, and busctl (see `ctl.rs`).
 //!   Target: no slower.
+//! * `agent-cpu`: the target node's agent CPU per `StartUnit`, before, while
+//!   and after a cross-node start targets that node, with a node never
+//!   involved as the control (see `agent_cpu.rs`). Target: unchanged.
 //! * also reports the idle RSS of the manager and of each agent.
 //!
 //! Layout: [`cli`] (the command, `start-unit` and `rss`), `proxy`, `events`,
-//! `tls` and `ctl` (one benchmark each), [`fleet`] (a library too: the test
+//! `tls`, `ctl` and `agent_cpu` (one benchmark each), [`fleet`] (a library too: the test
 //! drives it), `start` (one timed `StartUnit`, a process's RSS), `procfs` (what
 //! `/proc` says of a process), `stats` (medians, tails, paired overhead; pure).
 
+mod agent_cpu;
 pub mod cli;
 mod ctl;
 mod events;

@@ -3,6 +3,28 @@
 
 use anyhow::{Context, Result};
 use std::process::Command;
+use std::time::Duration;
+
+/// CPU time (user + system) of every live thread of `pid` so far, from
+/// `/proc/PID/task/*/schedstat` (nanoseconds, unlike the ticks of `stat`): a
+/// cost that does not depend on how busy the machine is.
+pub fn try_cpu_time(pid: u32) -> Result<Duration> {
+    let mut ns = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let stat = std::fs::read_to_string(task?.path().join("schedstat"))?;
+        ns += stat
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<u64>().ok())
+            .context("schedstat")?;
+    }
+    Ok(Duration::from_nanos(ns))
+}
+
+/// [`try_cpu_time`], zero when it cannot be read (a process that is gone).
+pub fn cpu_time(pid: u32) -> Duration {
+    try_cpu_time(pid).unwrap_or_default()
+}
 
 /// utime + stime of `pid` in clock ticks ([`clk_tck`] a second).
 pub fn cpu_ticks(pid: u32) -> Result<u64> {
@@ -54,6 +76,7 @@ mod tests {
     fn reads_this_process() {
         let me = std::process::id();
         cpu_ticks(me).unwrap();
+        assert!(cpu_time(me) > Duration::ZERO);
         assert!(status_kib(me, "VmRSS:").unwrap() > 0);
         assert!(status_kib(me, "NoSuchKey:").is_err());
         assert!(clk_tck() > 0.0);

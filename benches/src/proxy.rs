@@ -51,6 +51,7 @@
 //!     --helper-a /tmp/a/drover-proxy --helper-b /tmp/b/drover-proxy
 //! ```
 
+use crate::procfs::cpu_time;
 use crate::stats::{Spread, median_ci95, ms, paired_overhead, summarize};
 use anyhow::{Context, Result, anyhow, bail};
 use drover_bus::systemd::{BUS_NAME, MANAGER_IFACE, MANAGER_PATH, SERVICE_IFACE, UNIT_IFACE};
@@ -135,7 +136,7 @@ impl Switch {
 }
 
 /// One node's systemd manager, spoken to directly over its bus.
-struct Systemd {
+pub(crate) struct Systemd {
     /// The node's name, for error messages.
     node: &'static str,
     manager: zbus::Proxy<'static>,
@@ -143,7 +144,7 @@ struct Systemd {
 }
 
 impl Systemd {
-    async fn connect(node: &'static str, address: &str) -> Result<Self> {
+    pub(crate) async fn connect(node: &'static str, address: &str) -> Result<Self> {
         let conn = zbus::connection::Builder::address(address)
             .build()
             .await
@@ -256,14 +257,20 @@ struct Local {
     last_leg: Duration,
 }
 
-pub async fn proxy(cluster: &Cluster, samples: usize, helpers: Option<Helpers>) -> Result<()> {
+/// node2's `db.service`, node1's `need-db.service` that needs it through a
+/// proxy, and the local pair on node1.
+pub(crate) async fn install_units(cluster: &Cluster) -> Result<()> {
     cluster.install_unit("node2", DB, SERVICE).await?;
     let need = |after: &str| format!("[Unit]\nWants={after}\nAfter={after}\n{SERVICE}");
     cluster.install_unit("node1", NEED_DB, &need(PROXY)).await?;
     cluster.install_unit("node1", DB_LOCAL, SERVICE).await?;
     cluster
         .install_unit("node1", NEED_DB_LOCAL, &need(DB_LOCAL))
-        .await?;
+        .await
+}
+
+pub async fn proxy(cluster: &Cluster, samples: usize, helpers: Option<Helpers>) -> Result<()> {
+    install_units(cluster).await?;
     let mut node1 = Systemd::connect("node1", &cluster.node_bus_address("node1")).await?;
     let mut node2 = Systemd::connect("node2", &cluster.node_bus_address("node2")).await?;
 
@@ -343,21 +350,6 @@ pub async fn proxy(cluster: &Cluster, samples: usize, helpers: Option<Helpers>) 
         );
     }
     Ok(())
-}
-
-/// CPU time (user + system) of every thread of process `pid`, from
-/// `/proc/PID/task/*/schedstat` (nanoseconds, unlike the ticks of `stat`);
-/// zero when it cannot be read.
-fn cpu_time(pid: u32) -> Duration {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return Duration::ZERO;
-    };
-    let ns: u64 = tasks
-        .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-        .sum();
-    Duration::from_nanos(ns)
 }
 
 /// One helper's per-round figures in ms, paired by round (for [`compare`]).
@@ -520,19 +512,8 @@ async fn time_remote(node1: &mut Systemd, node2: &mut Systemd) -> Result<Remote>
         .u64_prop(NEED_DB, "ActiveEnterTimestampMonotonic")
         .await?;
     let db_up = node2.u64_prop(DB, "ActiveEnterTimestampMonotonic").await?;
-    // need-db only runs after the proxy, which only succeeds once db runs on node2.
-    let (proxy, db) = (
-        node1.active_state(PROXY).await?,
-        node2.active_state(DB).await?,
-    );
-    if proxy != "active" || db != "active" {
-        bail!("need-db is up but the proxy is {proxy} and db on node2 is {db}");
-    }
-    node1.job("StopUnit", NEED_DB).await?;
-    // StopWhenUnneeded= takes the proxy down; the released reference stops the dep.
-    node1.wait_state(PROXY, "inactive").await?;
-    node2.wait_state(DEP, "inactive").await?;
-    node2.job("StopUnit", DB).await?;
+    check_up(node1, node2).await?;
+    take_down(node1, node2).await?;
     Ok(Remote {
         total,
         to_start: between(called, proxy_start),
@@ -543,6 +524,41 @@ async fn time_remote(node1: &mut Systemd, node2: &mut Systemd) -> Result<Remote>
         ],
         exit_to_active: between(helper_exit, proxy_up),
     })
+}
+
+/// After need-db started: need-db only runs after the proxy, which only
+/// succeeds once db runs on node2; an error unless both are active.
+async fn check_up(node1: &Systemd, node2: &Systemd) -> Result<()> {
+    let (proxy, db) = (
+        node1.active_state(PROXY).await?,
+        node2.active_state(DB).await?,
+    );
+    if proxy != "active" || db != "active" {
+        bail!("need-db is up but the proxy is {proxy} and db on node2 is {db}");
+    }
+    Ok(())
+}
+
+/// Stops need-db and waits until the proxy, the dep and db are all down.
+async fn take_down(node1: &mut Systemd, node2: &mut Systemd) -> Result<()> {
+    node1.job("StopUnit", NEED_DB).await?;
+    // StopWhenUnneeded= takes the proxy down; the released reference stops the dep.
+    node1.wait_state(PROXY, "inactive").await?;
+    node2.wait_state(DEP, "inactive").await?;
+    node2.job("StopUnit", DB).await?;
+    Ok(())
+}
+
+/// One cross-node start that targets node2: need-db on node1 up (so db on
+/// node2 through the proxy), checked. [`cross_node_down`] undoes it.
+pub(crate) async fn cross_node_up(node1: &mut Systemd, node2: &mut Systemd) -> Result<()> {
+    node1.start_done(NEED_DB).await?;
+    check_up(node1, node2).await
+}
+
+/// Back to "everything down" after [`cross_node_up`].
+pub(crate) async fn cross_node_down(node1: &mut Systemd, node2: &mut Systemd) -> Result<()> {
+    take_down(node1, node2).await
 }
 
 /// One local sample, from and back to "everything down".

@@ -12,6 +12,7 @@ use zbus::OwnedObjectPath;
 
 /// The trivial oneshot the `StartUnit` benchmarks start.
 const UNIT: &str = "bench-noop.service";
+const UNIT_TEXT: &str = "[Service]\nType=oneshot\nExecStart=/bin/true\n";
 
 /// One `StartUnit` of the trivial unit until its job is removed, through
 /// `starter` (systemd's manager or drover's node object, which take the same
@@ -42,9 +43,7 @@ pub(crate) struct StartPaths {
 impl StartPaths {
     /// Installs the trivial oneshot on node2 and connects both paths.
     pub(crate) async fn new(cluster: &Cluster) -> Result<Self> {
-        cluster
-            .install_unit(NODE, UNIT, "[Service]\nType=oneshot\nExecStart=/bin/true\n")
-            .await?;
+        cluster.install_unit(NODE, UNIT, UNIT_TEXT).await?;
         // Direct path: the node's own systemd.
         let node_bus = zbus::connection::Builder::address(cluster.node_bus_address(NODE).as_str())
             .build()
@@ -58,21 +57,7 @@ impl StartPaths {
         .await?;
         let _: () = systemd.call("Subscribe", &()).await?;
         let systemd_removed = systemd.receive_signal("JobRemoved").await?;
-        // drover path: the manager's public API.
-        let api = zbus::connection::Builder::address(cluster.bus_address())
-            .build()
-            .await?;
-        let controller = zbus::Proxy::new(
-            &api,
-            bluechi::BUS_NAME,
-            bluechi::CONTROLLER_PATH,
-            bluechi::CONTROLLER_IFACE,
-        )
-        .await?;
-        let node_path: OwnedObjectPath = controller.call("GetNode", &(NODE,)).await?;
-        let drover =
-            zbus::Proxy::new(&api, bluechi::BUS_NAME, node_path, bluechi::NODE_IFACE).await?;
-        let drover_removed = controller.receive_signal("JobRemoved").await?;
+        let (drover, drover_removed) = drover_starter(cluster, NODE).await?;
         Ok(Self {
             systemd,
             systemd_removed,
@@ -89,6 +74,48 @@ impl StartPaths {
     /// One start through drover.
     pub(crate) async fn via_drover(&mut self) -> Result<Duration> {
         time_start(&self.drover, &mut self.drover_removed).await
+    }
+}
+
+/// `node`'s object on the manager's public API, and the controller's
+/// `JobRemoved` stream (subscribed before the first call).
+async fn drover_starter(
+    cluster: &Cluster,
+    node: &str,
+) -> Result<(zbus::Proxy<'static>, zbus::proxy::SignalStream<'static>)> {
+    let api = zbus::connection::Builder::address(cluster.bus_address())
+        .build()
+        .await?;
+    let controller = zbus::Proxy::new(
+        &api,
+        bluechi::BUS_NAME,
+        bluechi::CONTROLLER_PATH,
+        bluechi::CONTROLLER_IFACE,
+    )
+    .await?;
+    let node_path: OwnedObjectPath = controller.call("GetNode", &(node,)).await?;
+    let node = zbus::Proxy::new(&api, bluechi::BUS_NAME, node_path, bluechi::NODE_IFACE).await?;
+    let removed = controller.receive_signal("JobRemoved").await?;
+    Ok((node, removed))
+}
+
+/// Starts of the trivial oneshot on one node through drover only.
+pub(crate) struct DroverStarts {
+    node: zbus::Proxy<'static>,
+    removed: zbus::proxy::SignalStream<'static>,
+}
+
+impl DroverStarts {
+    /// Installs the trivial oneshot on `node` and connects to its object.
+    pub(crate) async fn new(cluster: &Cluster, node: &str) -> Result<Self> {
+        cluster.install_unit(node, UNIT, UNIT_TEXT).await?;
+        let (node, removed) = drover_starter(cluster, node).await?;
+        Ok(Self { node, removed })
+    }
+
+    /// One start through drover, until its `JobRemoved`.
+    pub(crate) async fn once(&mut self) -> Result<Duration> {
+        time_start(&self.node, &mut self.removed).await
     }
 }
 

@@ -99,21 +99,6 @@ struct Series {
     drover_plain: Vec<Duration>,
 }
 
-/// CPU time of every thread of `pid` so far, ns (`/proc/PID/task/*/schedstat`,
-/// first field): a cost that does not depend on how busy the machine is.
-fn cpu_ns(pid: u32) -> Result<u64> {
-    let mut total = 0;
-    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
-        let stat = std::fs::read_to_string(task?.path().join("schedstat"))?;
-        total += stat
-            .split_whitespace()
-            .next()
-            .and_then(|v| v.parse::<u64>().ok())
-            .context("schedstat")?;
-    }
-    Ok(total)
-}
-
 /// The manager and node2's agent of `cluster`.
 fn daemons(cluster: &Cluster) -> Result<[u32; 2]> {
     Ok([
@@ -126,7 +111,8 @@ fn daemons(cluster: &Cluster) -> Result<[u32; 2]> {
 }
 
 fn cpu_of(pids: [u32; 2]) -> Result<[u64; 2]> {
-    Ok([cpu_ns(pids[0])?, cpu_ns(pids[1])?])
+    let ns = |pid| crate::procfs::try_cpu_time(pid).map(|d| d.as_nanos() as u64);
+    Ok([ns(pids[0])?, ns(pids[1])?])
 }
 
 async fn start_unit(tls: &Cluster, plain: &Cluster, samples: usize) -> Result<()> {

@@ -6,10 +6,15 @@
 //! [`SystemdEvent`]s (job state changes and job removals).
 //!
 //! For unit subscriptions there is a second, separate stream:
-//! [`Systemd::subscribe_units`] yields [`UnitSignal`]s (`UnitNew`,
-//! `UnitRemoved`, and `PropertiesChanged` of unit objects). It is started
-//! lazily, by the first subscription of the manager, so an agent nobody
-//! watches does not wake up for every unit change on the node.
+//! [`Systemd::unit_stream`] yields [`UnitSignal`]s (`UnitNew`,
+//! `UnitRemoved`, `PropertiesChanged` of unit objects, daemon-reloads, and
+//! the `JobNew`/`JobRemoved` the unit fence needs). It carries only what the
+//! agent follows ([`Systemd::follow`]: every unit, or the units the manager
+//! watches, or none of them), so an agent nobody watches does not wake up
+//! for every unit change on the node, and one that watches a few units not
+//! for the changes of the others. Each change of what is followed is marked
+//! in the stream by a [`UnitSignal::Snapshot`] of what systemd has loaded of
+//! it, in the order systemd answered.
 //!
 //! The remaining methods are plain pass-throughs of the node API (unit
 //! properties, unit files, kill, freeze, …); values whose D-Bus type is only
@@ -32,7 +37,8 @@
 //! * Events of one stream arrive in the order systemd sent them.
 
 use drover_bus::marshal;
-use drover_protocol::{JobKind, Marshalled, RemoteError, UnitInfo};
+use drover_protocol::{JobKind, Marshalled, RemoteError, UnitInfo, UnitName};
+use std::collections::BTreeSet;
 use std::future::Future;
 use tokio::sync::mpsc;
 
@@ -64,8 +70,8 @@ pub enum SystemdEvent {
 /// Receiving end of the subscription; ends when the systemd connection is lost.
 pub type EventStream = mpsc::Receiver<SystemdEvent>;
 
-/// What systemd says about units, after [`Systemd::subscribe_units`]. Unit
-/// names are systemd's, not yet validated.
+/// What the unit stream carries ([`Systemd::unit_stream`]). Unit names are
+/// systemd's, not yet validated.
 #[derive(Debug, Clone)]
 pub enum UnitSignal {
     /// `Manager.UnitNew`: the unit was loaded.
@@ -83,6 +89,15 @@ pub enum UnitSignal {
     /// `Manager.JobRemoved`: every unit signal systemd sent before it has
     /// been delivered (see `crate::deps::unit_fence`).
     JobRemoved { job: String },
+    /// The stream follows `followed` from here on ([`Systemd::follow`] with
+    /// this `id`): `units` is what systemd had loaded of it when it answered.
+    /// Signals before it in the stream are of what was followed before;
+    /// signals after it are newer than `units`.
+    Snapshot {
+        id: u64,
+        followed: Followed,
+        units: Vec<UnitInfo>,
+    },
     /// `PropertiesChanged` on the unit's object for one interface.
     Changed {
         unit: String,
@@ -147,9 +162,61 @@ fn changed_properties(msg: &zbus::Message) -> Result<Marshalled, RemoteError> {
     marshal::encode(&changed)
 }
 
-/// Receiving end of the unit subscription: each signal with the
+/// Receiving end of the unit stream: each signal with the
 /// [`Systemd::Position`] at which the agent received it.
 pub type UnitSignalStream<P> = mpsc::Receiver<(P, UnitSignal)>;
+
+/// What the unit stream follows besides the jobs (see [`Systemd::follow`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Followed {
+    /// Every unit (BlueChi's `*`, or more units than [`MAX_FOLLOWED_UNITS`]).
+    Every,
+    /// These units only; none at all when empty.
+    Units(BTreeSet<UnitName>),
+}
+
+/// Most units followed one by one; beyond, the unit stream follows every
+/// unit. Each unit followed by itself costs the bus two match rules (its
+/// object, and `UnitNew`/`UnitRemoved` of its name), and a bus limits them
+/// per connection (dbus-daemon's system bus: 512).
+pub const MAX_FOLLOWED_UNITS: usize = 64;
+
+impl Followed {
+    /// Nothing but the jobs.
+    pub fn nothing() -> Self {
+        Self::Units(BTreeSet::new())
+    }
+
+    /// `units` one by one, or every unit when they are more than
+    /// [`MAX_FOLLOWED_UNITS`].
+    pub fn units(units: BTreeSet<UnitName>) -> Self {
+        if units.len() > MAX_FOLLOWED_UNITS {
+            Self::Every
+        } else {
+            Self::Units(units)
+        }
+    }
+
+    /// Whether the signals of `unit` are followed.
+    pub fn covers(&self, unit: &UnitName) -> bool {
+        match self {
+            Self::Every => true,
+            Self::Units(units) => units.contains(unit),
+        }
+    }
+}
+
+impl std::fmt::Display for Followed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Every => f.write_str("*"),
+            Self::Units(units) => {
+                let names: Vec<&str> = units.iter().map(UnitName::as_str).collect();
+                write!(f, "[{}]", names.join(" "))
+            }
+        }
+    }
+}
 
 /// `(type, file, destination)` of `EnableUnitFiles` and friends.
 pub type UnitFileChange = (String, String, String);
@@ -178,7 +245,7 @@ pub trait Systemd: Send + Sync + 'static {
     fn list_units(&self) -> impl Future<Output = Result<Vec<UnitInfo>, RemoteError>> + Send;
 
     /// `Manager.ListUnits`, with the position of its answer among the unit
-    /// signals of [`Systemd::subscribe_units`].
+    /// signals of [`Systemd::unit_stream`].
     fn list_units_at(
         &self,
     ) -> impl Future<Output = Result<(Vec<UnitInfo>, Self::Position), RemoteError>> + Send;
@@ -204,11 +271,26 @@ pub trait Systemd: Send + Sync + 'static {
     /// `Manager.Subscribe` plus the signal stream. Called once, before any job.
     fn subscribe(&self) -> impl Future<Output = Result<EventStream, RemoteError>> + Send;
 
-    /// The unit signal stream. Match rules are in place when this returns,
-    /// so nothing emitted afterwards is missed. Called once, lazily.
-    fn subscribe_units(
+    /// The unit stream, following nothing but the jobs (`JobNew`,
+    /// `JobRemoved`) until [`Systemd::follow`] says more. Its match rules are
+    /// in place when this returns, so nothing emitted afterwards is missed.
+    /// Called once.
+    fn unit_stream(
         &self,
     ) -> impl Future<Output = Result<UnitSignalStream<Self::Position>, RemoteError>> + Send;
+
+    /// Makes the unit stream follow `followed` (and the jobs) instead of what
+    /// it followed so far: the match rules `followed` needs are in place,
+    /// then systemd is asked what it has loaded of it, and the answer goes
+    /// into the stream as [`UnitSignal::Snapshot`] with this `id`, at its
+    /// place among the signals. Signals of what was followed before come
+    /// before it; after it, only `followed`'s. Rules nothing follows any more
+    /// are taken off the bus. An error changes nothing.
+    fn follow(
+        &self,
+        followed: &Followed,
+        id: u64,
+    ) -> impl Future<Output = Result<(), RemoteError>> + Send;
 
     /// `Properties.GetAll(interface)` on the unit's object (`GetUnit`, falling
     /// back to `LoadUnit`); an empty interface means all of them. `a{sv}`.

@@ -16,12 +16,11 @@
 //! The job event stream joins three match-rule streams (`Manager.JobNew`, `Manager.JobRemoved`, and
 //! `PropertiesChanged` under `/org/freedesktop/systemd1/job`) with zbus's
 //! ordered join, so a job's `running` state change is never delivered after
-//! its removal. The unit signal stream ([`Systemd::subscribe_units`]) joins
-//! `Manager.UnitNew`, `Manager.UnitRemoved` and `PropertiesChanged` under
-//! `/org/freedesktop/systemd1/unit` the same way; unit object paths are
-//! turned back into unit names by reversing systemd's bus label escaping.
-//! Signals are read as messages, not through proxy signal streams: the
-//! order across members is the point, and one match rule keeps it.
+//! its removal. The unit stream ([`Systemd::unit_stream`]) is
+//! `super::unit_stream`'s, with the rules and the parser here; unit object
+//! paths are turned back into unit names by reversing systemd's bus label
+//! escaping. Signals are read as messages, not through proxy signal streams:
+//! the order across members is the point.
 //!
 //! Only systemd speaks for systemd: each stream also carries the bus
 //! daemon's `NameOwnerChanged` of `org.freedesktop.systemd1`, and a signal
@@ -32,9 +31,10 @@
 //! dropped, counted and logged at a bounded rate.
 
 use super::api::{
-    ChangedProperties, EVENT_QUEUE, EventStream, JobInfo, JobPath, Systemd, SystemdEvent,
+    ChangedProperties, EVENT_QUEUE, EventStream, Followed, JobInfo, JobPath, Systemd, SystemdEvent,
     UnitFileChange, UnitSignal, UnitSignalStream,
 };
+use super::unit_stream::UnitStreams;
 use drover_bus::Bus;
 use drover_bus::marshal::{self, AuxUnits, PropertyList, PropertyMap};
 use drover_bus::sender::{Dropped, Owner, Verdict};
@@ -48,6 +48,7 @@ use drover_protocol::{Marshalled, RemoteError, UnitInfo};
 use futures::StreamExt;
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
+use std::sync::Arc;
 use tokio::sync::mpsc;
 use zbus::export::ordered_stream::{self, OrderedStreamExt};
 use zbus::match_rule::Builder as MatchRuleBuilder;
@@ -152,6 +153,8 @@ pub struct ConnectError {
 pub struct ZbusSystemd {
     conn: Connection,
     manager: ManagerProxy<'static>,
+    /// The unit stream's switches (`super::unit_stream`).
+    units: Arc<UnitStreams>,
 }
 
 impl ZbusSystemd {
@@ -176,7 +179,11 @@ impl ZbusSystemd {
             .build()
             .await
             .map_err(err)?;
-        Ok(Self { conn, manager })
+        Ok(Self {
+            conn,
+            manager,
+            units: Arc::default(),
+        })
     }
 
     /// The underlying bus connection (the agent serves its own API on it later).
@@ -256,7 +263,7 @@ fn bad_reply(method: &str, err: zbus::Error) -> RemoteError {
 /// The error of a proxy call to `method`: a reply body that does not
 /// decode (zbus's decoding errors) is [`bad_reply`], anything else
 /// [`remote_error`]. Both are `Failed` unless systemd named the error.
-fn call_error(method: &str) -> impl FnOnce(zbus::Error) -> RemoteError + '_ {
+pub(super) fn call_error(method: &str) -> impl FnOnce(zbus::Error) -> RemoteError + '_ {
     move |err| match err {
         zbus::Error::Failure(_)
         | zbus::Error::IncorrectType
@@ -345,13 +352,6 @@ impl Systemd for ZbusSystemd {
     }
 
     async fn subscribe(&self) -> Result<EventStream, RemoteError> {
-        let manager_signal = |member| {
-            move |rule: MatchRuleBuilder<'static>| {
-                rule.path(MANAGER_PATH)
-                    .interface(MANAGER_IFACE)
-                    .member(member)
-            }
-        };
         // Match rules first, then Subscribe: no signal can slip between them.
         let (owner, owner_changes) = follow_systemd(&self.conn).await?;
         let removed = systemd_signals(&self.conn, manager_signal("JobRemoved")).await?;
@@ -383,21 +383,12 @@ impl Systemd for ZbusSystemd {
         Ok(rx)
     }
 
-    async fn subscribe_units(&self) -> Result<UnitSignalStream<Self::Position>, RemoteError> {
-        // One match rule for every signal of systemd, filtered here: the
-        // order between `Reloading`, `UnitRemoved`, `UnitNew` and the state
-        // signals matters, and separate streams do not keep it reliably.
-        let (owner, owner_changes) = follow_systemd(&self.conn).await?;
-        let stream = systemd_signals(&self.conn, |rule| rule).await?;
-        let (tx, rx) = mpsc::channel(EVENT_QUEUE);
-        tokio::spawn(pump(
-            ordered_stream::join(stream, owner_changes).into_stream(),
-            owner,
-            tx,
-            |msg| parse_unit_signal(msg).map(|signal| (msg.recv_position(), signal)),
-            "systemd's unit signals",
-        ));
-        Ok(rx)
+    async fn unit_stream(&self) -> Result<UnitSignalStream<Self::Position>, RemoteError> {
+        self.units.start(&self.conn).await
+    }
+
+    async fn follow(&self, followed: &Followed, id: u64) -> Result<(), RemoteError> {
+        self.units.follow(&self.conn, followed, id).await
     }
 
     async fn get_unit_properties(
@@ -555,7 +546,9 @@ impl Systemd for ZbusSystemd {
     }
 }
 
-fn parse_unit_signal(msg: &zbus::Message) -> Option<UnitSignal> {
+/// A message of the unit stream (`super::unit_stream`) as a [`UnitSignal`];
+/// `None` for what it does not carry or cannot read.
+pub(super) fn parse_unit_signal(msg: &zbus::Message) -> Option<UnitSignal> {
     let header = msg.header();
     let member = header.member()?.as_str();
     let interface = header.interface()?.as_str();
@@ -652,9 +645,21 @@ fn parse_unit_signal(msg: &zbus::Message) -> Option<UnitSignal> {
     }
 }
 
+/// The rule for `Manager.<member>` signals (the job stream's and the unit
+/// stream's are the same rule, which the connection then shares).
+pub(super) fn manager_signal(
+    member: &'static str,
+) -> impl FnOnce(MatchRuleBuilder<'static>) -> MatchRuleBuilder<'static> {
+    move |rule| {
+        rule.path(MANAGER_PATH)
+            .interface(MANAGER_IFACE)
+            .member(member)
+    }
+}
+
 /// systemd's signals that `rule` narrows (it starts as "signals from
 /// systemd"), as a stream; the match is on the bus when this returns.
-async fn systemd_signals(
+pub(super) async fn systemd_signals(
     conn: &Connection,
     rule: impl FnOnce(MatchRuleBuilder<'static>) -> MatchRuleBuilder<'static>,
 ) -> Result<MessageStream, RemoteError> {
@@ -673,7 +678,7 @@ async fn systemd_signals(
 /// The bus daemon's news of who owns `org.freedesktop.systemd1`, and who
 /// does now (`drover_bus::sender`): joined into each signal stream, so a
 /// signal counts only when the owner of that moment sent it.
-async fn follow_systemd(conn: &Connection) -> Result<(Owner, MessageStream), RemoteError> {
+pub(super) async fn follow_systemd(conn: &Connection) -> Result<(Owner, MessageStream), RemoteError> {
     Owner::follow(conn, BUS_NAME, NonZeroUsize::new(OWNER_QUEUE))
         .await
         .map_err(|e| remote_error(e, "GetNameOwner"))

@@ -5,21 +5,23 @@
 //!
 //! Unit subscriptions: [`FakeSystemd::set_state`] sets what `ListUnits`
 //! reports for a unit, [`FakeSystemd::emit_unit`] sends a unit signal as
-//! systemd would. The pass-through methods answer canned values (`NoSuchUnit`
-//! for units never added) and record their arguments.
+//! systemd would, if what the agent follows covers it, as the bus's match
+//! rules would ([`FakeSystemd::followed`]). The pass-through methods answer
+//! canned values (`NoSuchUnit` for units never added) and record their
+//! arguments.
 //!
 //! The real thing is exercised against `systemd --user` in the tests of
 //! [`super::dbus`].
 
 use super::api::{
-    EVENT_QUEUE, EventStream, JobInfo, JobPath, Systemd, SystemdEvent, UnitFileChange, UnitSignal,
-    UnitSignalStream,
+    EVENT_QUEUE, EventStream, Followed, JobInfo, JobPath, Systemd, SystemdEvent, UnitFileChange,
+    UnitSignal, UnitSignalStream,
 };
 use drover_bus::marshal::{self, AuxUnits, PropertyList, PropertyMap};
 use drover_bus::systemd::{JOB_PATH_PREFIX, UNIT_PATH_PREFIX};
 use drover_protocol::JobKind;
 use drover_protocol::error_names::{NO_SUCH_JOB, NO_SUCH_UNIT, UNKNOWN_METHOD};
-use drover_protocol::{Marshalled, RemoteError, UnitInfo};
+use drover_protocol::{Marshalled, RemoteError, UnitInfo, UnitName};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -52,6 +54,9 @@ struct State {
     /// (active, sub) reported by `ListUnits`; inactive/dead when absent.
     states: HashMap<String, (String, String)>,
     unit_events: Option<mpsc::Sender<(u64, UnitSignal)>>,
+    /// What the unit stream follows (the bus's match rules, for a real
+    /// systemd).
+    followed: Option<Followed>,
     /// Positions handed out so far: every unit signal and every `ListUnits`
     /// answer takes the next one, in the order they are made.
     positions: u64,
@@ -161,6 +166,11 @@ impl FakeSystemd {
     /// True once the agent subscribed to unit signals.
     pub fn units_subscribed(&self) -> bool {
         self.lock().unit_events.is_some()
+    }
+
+    /// What the unit stream follows now (`None` before it started).
+    pub fn followed(&self) -> Option<Followed> {
+        self.lock().followed.clone()
     }
 
     fn known(&self, unit: &str) -> Result<(), RemoteError> {
@@ -328,8 +338,56 @@ struct UnitSender {
 }
 
 impl UnitSender {
+    /// Sends `signal` at the next position if what is followed covers it
+    /// (as the bus's match rules would). Position and queue are taken under
+    /// one lock, so the stream's order is the positions' order.
     async fn send(&self, signal: UnitSignal) {
-        let _ = self.tx.send((self.fake.next_position(), signal)).await;
+        let mut st = self.fake.lock();
+        let Some(followed) = &st.followed else { return };
+        if !carries(followed, &signal) {
+            return;
+        }
+        st.positions += 1;
+        let _ = self.tx.try_send((st.positions, signal));
+    }
+}
+
+/// Whether a unit stream following `followed` carries `signal`
+/// (`super::unit_stream`, "Rules").
+fn carries(followed: &Followed, signal: &UnitSignal) -> bool {
+    match signal {
+        UnitSignal::JobNew { .. } | UnitSignal::JobRemoved { .. } => true,
+        UnitSignal::Snapshot { .. } => true,
+        UnitSignal::Reloading { .. } => match followed {
+            Followed::Every => true,
+            Followed::Units(units) => !units.is_empty(),
+        },
+        UnitSignal::New { unit }
+        | UnitSignal::Removed { unit }
+        | UnitSignal::Changed { unit, .. } => match followed {
+            Followed::Every => true,
+            Followed::Units(_) => UnitName::new(unit.as_str()).is_ok_and(|u| followed.covers(&u)),
+        },
+    }
+}
+
+/// `ListUnits`'s row of `name` in `st`.
+fn unit_row(st: &State, name: &str) -> UnitInfo {
+    UnitInfo {
+        name: name.to_string(),
+        description: format!("fake {name}"),
+        load_state: "loaded".into(),
+        active_state: st
+            .states
+            .get(name)
+            .map_or("inactive", |s| s.0.as_str())
+            .into(),
+        sub_state: st.states.get(name).map_or("dead", |s| s.1.as_str()).into(),
+        followed: String::new(),
+        object_path: format!("{UNIT_PATH_PREFIX}/{}", name.replace(['.', '-', '@'], "_")),
+        job_id: 0,
+        job_type: String::new(),
+        job_path: "/".into(),
     }
 }
 
@@ -378,26 +436,7 @@ impl Systemd for FakeSystemd {
         self.enter("ListUnits".into(), "ListUnits").await?;
         let position = self.next_position();
         let st = self.lock();
-        let units = st
-            .units
-            .keys()
-            .map(|name| UnitInfo {
-                name: name.clone(),
-                description: format!("fake {name}"),
-                load_state: "loaded".into(),
-                active_state: st
-                    .states
-                    .get(name)
-                    .map_or("inactive", |s| s.0.as_str())
-                    .into(),
-                sub_state: st.states.get(name).map_or("dead", |s| s.1.as_str()).into(),
-                followed: String::new(),
-                object_path: format!("{UNIT_PATH_PREFIX}/{}", name.replace(['.', '-', '@'], "_")),
-                job_id: 0,
-                job_type: String::new(),
-                job_path: "/".into(),
-            })
-            .collect();
+        let units = st.units.keys().map(|name| unit_row(&st, name)).collect();
         Ok((units, position))
     }
 
@@ -455,12 +494,49 @@ impl Systemd for FakeSystemd {
         Ok(rx)
     }
 
-    async fn subscribe_units(&self) -> Result<UnitSignalStream<u64>, RemoteError> {
+    async fn unit_stream(&self) -> Result<UnitSignalStream<u64>, RemoteError> {
         self.enter("SubscribeUnits".into(), "SubscribeUnits")
             .await?;
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
-        self.lock().unit_events = Some(tx);
+        let mut st = self.lock();
+        st.unit_events = Some(tx);
+        st.followed = Some(Followed::nothing());
         Ok(rx)
+    }
+
+    /// The rules first (`Follow …`), then the snapshot's call, which a test
+    /// can hold (`ListUnits` for every unit, `ListUnitsByPatterns` for some,
+    /// `Ping` for none); its answer is made and queued at once, under one
+    /// lock, as a real systemd answers between two signals.
+    async fn follow(&self, followed: &Followed, id: u64) -> Result<(), RemoteError> {
+        self.enter(format!("Follow {followed}"), "Follow").await?;
+        let tx = {
+            let mut st = self.lock();
+            st.followed = Some(followed.clone());
+            st.unit_events.clone()
+        };
+        let tx = tx.ok_or_else(|| RemoteError::failed("the unit stream has not started"))?;
+        let method = match followed {
+            Followed::Every => "ListUnits",
+            Followed::Units(units) if units.is_empty() => "Ping",
+            Followed::Units(_) => "ListUnitsByPatterns",
+        };
+        self.enter(format!("{method} {followed}"), method).await?;
+        let mut st = self.lock();
+        let units = st
+            .units
+            .keys()
+            .filter(|name| UnitName::new(name.as_str()).is_ok_and(|n| followed.covers(&n)))
+            .map(|name| unit_row(&st, name))
+            .collect();
+        st.positions += 1;
+        let snapshot = UnitSignal::Snapshot {
+            id,
+            followed: followed.clone(),
+            units,
+        };
+        tx.try_send((st.positions, snapshot))
+            .map_err(|_| RemoteError::failed("the fake's unit stream is full or closed"))
     }
 
     async fn get_unit_properties(

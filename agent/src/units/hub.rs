@@ -1,17 +1,23 @@
-//! Unit subscriptions: which units the manager watches on this node, and
-//! the unit events the agent sends it. The [`UnitHub`] holds the [`View`]
-//! of systemd's units under a lock and sends what the rules in
-//! [`crate::units::rules`] decide.
+//! Unit subscriptions: which units the manager watches on this node, what
+//! the unit stream follows for them, and the unit events the agent sends.
+//! The [`UnitHub`] holds the [`View`] of systemd's units under a lock and
+//! sends what the rules in [`crate::units::rules`] decide.
 //!
 //! The manager sends `Subscribe { unit }` for a unit (or `None`: every unit,
 //! BlueChi's `*`) and `Unsubscribe` when nobody watches it any more.
 //!
-//! The unit cache is built lazily, on the first subscription since the agent
-//! started ([`UnitHub::follow`]): the unit signal stream is subscribed first,
-//! then the cache is seeded from `ListUnits`, and only then are the queued
-//! signals applied (by the fan-out, `crate::fanout`), in order, on top of it
-//! — so nothing between the two is lost, and a subscriber sees the snapshot
-//! first and real changes after it.
+//! **Following only what is watched.** The unit stream
+//! ([`crate::systemd::api::Systemd::unit_stream`], started once, with the
+//! agent) carries the signals of what the session watches and nothing else:
+//! every unit while it watches `*` (or more than
+//! [`crate::systemd::api::MAX_FOLLOWED_UNITS`] units), else the watched units
+//! one by one, else none (jobs only, for the unit fence). Each `Subscribe`
+//! first makes the stream follow its unit too, and waits until the reader
+//! applied that change's snapshot ([`crate::units::rules::View::apply_snapshot`]),
+//! so its virtual replay is systemd's state from then on; each `Unsubscribe`
+//! and the end of a session make the stream follow what is left
+//! ([`UnitHub::follow_watched`]), which takes the other match rules off the
+//! bus. Changes are made one at a time ([`UnitHub`]'s `following` lock).
 //!
 //! Invariants:
 //! * **Sessions.** Subscriptions belong to one manager session; they are
@@ -19,30 +25,91 @@
 //!   next ([`UnitHub::session_started`]) — the manager replays them.
 //! * **Order.** Producers (the signal pump, a subscription's replay) tag and
 //!   send under one async lock ([`UnitHub::send_order`]), so the manager
-//!   receives events in tag order.
+//!   receives events in tag order. Lock order: `following`, then
+//!   `send_order`, then the view.
 //! * **Bounds.** Events leave through [`Outbox::send_paced`], which waits for
 //!   the manager instead of letting a burst overflow the queue; a session
-//!   that does not read within [`SEND_PATIENCE`] is given up.
+//!   that does not read within [`SEND_PATIENCE`] is given up. A change of
+//!   what is followed waits at most as long for its snapshot.
 
 use crate::link::outbox::{Outbox, Sent};
-use crate::systemd::api::{Systemd, UnitSignal, UnitSignalStream};
+use crate::systemd::api::{Followed, Systemd, UnitSignal, UnitSignalStream};
 use crate::units::rules::{Batch, View, describe};
 use drover_protocol::{RemoteError, Response, ToManager, UnitInfo, UnitName};
-use std::sync::{Mutex, MutexGuard};
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 /// How long unit events wait for the manager to read before the session is
 /// given up (the heartbeat threshold normally notices a dead manager first).
 pub const SEND_PATIENCE: Duration = Duration::from_secs(30);
 
+/// Changes what the unit stream follows: `Systemd::follow` of the agent's
+/// systemd, kept without its type.
+type Follower = Box<
+    dyn Fn(Followed, u64) -> Pin<Box<dyn Future<Output = Result<(), RemoteError>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// What the unit stream follows, the id of its last change, and what it
+/// follows besides the session's subscriptions: units (`None`: every unit)
+/// held by [`UnitHub::hold`] for a subscription on its way or a `StartDep`,
+/// with their number of holders.
+struct Following {
+    now: Followed,
+    last_id: u64,
+    held: HashMap<Option<UnitName>, usize>,
+}
+
+impl Following {
+    /// What the stream must follow: the session's subscriptions and what is
+    /// held.
+    fn wanted(&self, view: &View) -> Followed {
+        let units = match view.wanted() {
+            Followed::Every => return Followed::Every,
+            Followed::Units(units) => units,
+        };
+        if self.held.contains_key(&None) {
+            return Followed::Every;
+        }
+        let held = self.held.keys().flatten().cloned();
+        Followed::units(units.into_iter().chain(held).collect())
+    }
+}
+
 /// See the module docs. Lives in `crate::state::Shared`; all methods are
-/// cheap except `follow` (which may start the stream) and the sends.
-#[derive(Default)]
+/// cheap except `start`, the (un)subscriptions (which may change what is
+/// followed) and the sends.
 pub struct UnitHub {
     view: Mutex<View>,
     /// Held by whoever tags and sends events, across the sends.
     send_order: tokio::sync::Mutex<()>,
     started: tokio::sync::OnceCell<()>,
+    follower: OnceLock<Follower>,
+    /// Held by whoever changes what is followed, across the change.
+    following: tokio::sync::Mutex<Following>,
+    /// The id of the last change whose snapshot the reader applied.
+    applied: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for UnitHub {
+    fn default() -> Self {
+        Self {
+            view: Mutex::default(),
+            send_order: tokio::sync::Mutex::default(),
+            started: tokio::sync::OnceCell::new(),
+            follower: OnceLock::new(),
+            following: tokio::sync::Mutex::new(Following {
+                now: Followed::nothing(),
+                last_id: 0,
+                held: HashMap::new(),
+            }),
+            applied: tokio::sync::watch::Sender::new(0),
+        }
+    }
 }
 
 impl UnitHub {
@@ -57,7 +124,9 @@ impl UnitHub {
         self.lock().session_started(epoch, session_id);
     }
 
-    /// The manager session `epoch` ended: its subscriptions are gone.
+    /// The manager session `epoch` ended: its subscriptions are gone. What
+    /// the stream follows is changed by [`UnitHub::follow_watched`], which
+    /// the caller runs (it waits for systemd).
     pub fn session_ended(&self, epoch: u64) {
         self.lock().session_ended(epoch);
     }
@@ -67,8 +136,8 @@ impl UnitHub {
         self.lock().watching(epoch)
     }
 
-    /// True once the unit signal stream runs (it then sees every later
-    /// `JobRemoved` too: `crate::deps::unit_fence`).
+    /// True once the unit stream runs (it then sees every later `JobNew`
+    /// and `JobRemoved` too: `crate::deps::unit_fence`).
     pub fn streaming(&self) -> bool {
         self.started.initialized()
     }
@@ -84,43 +153,168 @@ impl UnitHub {
         self.lock().cached_state(&unit)
     }
 
-    /// Starts following systemd's units, once: subscribes the unit signal
-    /// stream, then seeds the cache from `ListUnits`. Returns the stream and
-    /// the position of the seed the first time (its reader is the caller's to
-    /// start; signals before that position are older than the seed), `None`
-    /// once it runs. A failure is the subscription's error; the next one
-    /// tries again.
-    pub async fn follow<S: Systemd>(
+    /// Starts the unit stream, once: the stream the first time (its reader
+    /// is the caller's to start), `None` once it runs. A failure is the
+    /// caller's error; the next call tries again.
+    pub async fn start<S: Systemd>(
         &self,
-        systemd: &S,
-    ) -> Result<Option<(UnitSignalStream<S::Position>, S::Position)>, RemoteError> {
+        systemd: &Arc<S>,
+    ) -> Result<Option<UnitSignalStream<S::Position>>, RemoteError> {
         let mut fresh = None;
         self.started
             .get_or_try_init(|| async {
-                let stream = systemd.subscribe_units().await?;
-                let (units, at) = systemd.list_units_at().await?;
-                self.lock().seed(units);
-                tracing::debug!(units = self.cached_units(), "following systemd's units");
-                fresh = Some((stream, at));
+                let stream = systemd.unit_stream().await?;
+                let systemd = systemd.clone();
+                let follower: Follower = Box::new(move |followed, id| {
+                    let systemd = systemd.clone();
+                    Box::pin(async move { systemd.follow(&followed, id).await })
+                });
+                // Only this initialisation sets it.
+                let _ = self.follower.set(follower);
+                fresh = Some(stream);
                 Ok::<(), RemoteError>(())
             })
             .await?;
         Ok(fresh)
     }
 
+    /// Makes the stream follow what is wanted now, after `change` to what is
+    /// held (which stays done either way). Returns the id of the change in
+    /// effect (this one, or the last one if nothing changed): once the
+    /// reader applied its snapshot, the cache covers what is wanted.
+    async fn refollow(
+        &self,
+        change: impl FnOnce(&mut HashMap<Option<UnitName>, usize>),
+    ) -> Result<u64, RemoteError> {
+        let mut following = self.following.lock().await;
+        change(&mut following.held);
+        let wanted = following.wanted(&self.lock());
+        if following.now == wanted {
+            return Ok(following.last_id);
+        }
+        let follower = self
+            .follower
+            .get()
+            .ok_or_else(|| RemoteError::failed("the unit stream has not started"))?;
+        let id = following.last_id + 1;
+        tracing::debug!(id, following = %wanted, "following systemd's units");
+        follower(wanted.clone(), id).await?;
+        following.last_id = id;
+        following.now = wanted;
+        Ok(id)
+    }
+
+    /// Waits until the reader applied the snapshot of change `id`.
+    async fn caught_up(&self, id: u64) -> Result<(), RemoteError> {
+        let mut applied = self.applied.subscribe();
+        match tokio::time::timeout(SEND_PATIENCE, applied.wait_for(|a| *a >= id)).await {
+            Ok(Ok(_)) => Ok(()),
+            _ => Err(RemoteError::failed(
+                "the unit signal reader did not catch up with systemd",
+            )),
+        }
+    }
+
+    /// Makes the stream follow `unit` (`None`: every unit) until
+    /// [`UnitHub::release`], whatever the subscriptions: its match rules
+    /// are on the bus when this returns, so every signal systemd sends of
+    /// it from now on reaches the reader (a `StartDep` holds its target, so
+    /// the unit fence sees it go active). Returns the change to wait for
+    /// before relying on the cache ([`UnitHub::caught_up`]). An error holds
+    /// nothing.
+    pub async fn hold(&self, unit: Option<UnitName>) -> Result<u64, RemoteError> {
+        let key = unit.clone();
+        let held = self
+            .refollow(move |held| *held.entry(key).or_default() += 1)
+            .await;
+        if held.is_err() {
+            self.forget(&unit).await;
+        }
+        held
+    }
+
+    /// Ends one [`UnitHub::hold`] of `unit`; the stream then follows what is
+    /// left (a failure is logged, the next change tries again).
+    pub async fn release(&self, unit: Option<UnitName>) {
+        let released = self
+            .refollow(move |held| {
+                if let Some(n) = held.get_mut(&unit) {
+                    *n -= 1;
+                    if *n == 0 {
+                        held.remove(&unit);
+                    }
+                }
+            })
+            .await;
+        if let Err(e) = released {
+            tracing::warn!("cannot change which units are followed: {e}");
+        }
+    }
+
+    /// Undoes the count of a hold whose change failed, changing nothing else.
+    async fn forget(&self, unit: &Option<UnitName>) {
+        let mut following = self.following.lock().await;
+        if let Some(n) = following.held.get_mut(unit) {
+            *n -= 1;
+            if *n == 0 {
+                following.held.remove(unit);
+            }
+        }
+    }
+
+    /// Makes the stream follow what is watched and held now (nothing without
+    /// a session), and waits until the reader is there; a failure is
+    /// logged, the next change tries again.
+    pub async fn follow_watched(&self) {
+        let changed = match self.refollow(|_| {}).await {
+            Ok(id) => self.caught_up(id).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = changed {
+            tracing::warn!("cannot change which units are followed: {e}");
+        }
+    }
+
+    /// The reader reached the snapshot of change `id`: the stream follows
+    /// `followed`, of which systemd had `units` loaded. The caller holds
+    /// [`UnitHub::send_order`].
+    pub fn apply_snapshot(&self, id: u64, followed: Followed, units: Vec<UnitInfo>) {
+        self.lock().apply_snapshot(followed, units);
+        self.applied
+            .send_modify(|applied| *applied = (*applied).max(id));
+    }
+
     /// `Request::Subscribe` of session `epoch`, once the stream runs
-    /// ([`UnitHub::follow`]): records the subscription and sends the virtual
-    /// replay.
+    /// ([`UnitHub::start`]): makes the stream follow the unit too (held
+    /// until the subscription is recorded), waits until the reader applied
+    /// that change, records the subscription and sends the virtual replay.
     pub async fn subscribe(
         &self,
         outbox: &Outbox,
         epoch: u64,
         unit: Option<UnitName>,
     ) -> Result<Response, RemoteError> {
+        self.lock().wanted_with(epoch, unit.as_ref())?;
+        let change = self.hold(unit.clone()).await?;
+        let result = self
+            .subscribe_held(outbox, epoch, unit.as_ref(), change)
+            .await;
+        self.release(unit).await;
+        result
+    }
+
+    async fn subscribe_held(
+        &self,
+        outbox: &Outbox,
+        epoch: u64,
+        unit: Option<&UnitName>,
+        change: u64,
+    ) -> Result<Response, RemoteError> {
+        self.caught_up(change).await?;
         let _order = self.send_order.lock().await;
-        let batch = self.lock().subscribe(epoch, unit.as_ref())?;
+        let batch = self.lock().subscribe(epoch, unit)?;
         tracing::debug!(
-            unit = describe(unit.as_ref()),
+            unit = describe(unit),
             replayed = batch.events.len(),
             "subscribed"
         );
@@ -128,15 +322,16 @@ impl UnitHub {
         Ok(Response::Empty)
     }
 
-    /// `Request::Unsubscribe` of session `epoch`.
-    pub fn unsubscribe(
+    /// `Request::Unsubscribe` of session `epoch`: the stream then follows
+    /// what is left.
+    pub async fn unsubscribe(
         &self,
         epoch: u64,
         unit: Option<&UnitName>,
     ) -> Result<Response, RemoteError> {
-        self.lock()
-            .unsubscribe(epoch, unit)
-            .map(|()| Response::Empty)
+        self.lock().unsubscribe(epoch, unit)?;
+        self.follow_watched().await;
+        Ok(Response::Empty)
     }
 
     /// The lock every producer of unit events holds while it tags and sends.
@@ -194,7 +389,8 @@ async fn send(outbox: &Outbox, batch: Batch) {
 mod tests {
     use super::*;
     use crate::link::outbox::SessionKill;
-    use crate::test_rig::{Rig, WAIT as T, next, unit};
+    use crate::systemd::api::MAX_FOLLOWED_UNITS;
+    use crate::test_rig::{Rig, next, unit};
     use drover_bus::systemd::UNIT_IFACE;
     use drover_protocol::{Event, Marshalled, ModTag, Reason, Request};
     use tokio::sync::mpsc;
@@ -559,20 +755,18 @@ mod tests {
         r.shared.outbox.open(2, tx, SessionKill::new());
         r.shared.session_started(2, 90);
 
-        // Not subscribed in the new session until the manager replays.
+        // Nobody watches: nothing is followed, nothing cached (the session's
+        // end changes what is followed in a task; this is the same step).
+        r.shared.units.follow_watched().await;
+        assert_eq!(r.fake.followed(), Some(Followed::nothing()));
+        assert_eq!(r.shared.units.cached_units(), 0);
+        // Not subscribed in the new session until the manager replays; what
+        // systemd does meanwhile is not followed.
+        r.fake.set_state("a.service", "failed", "failed");
         r.fake
             .emit_unit(state_signal("a.service", "failed", "failed"))
             .await;
-        let deadline = std::time::Instant::now() + T;
-        while r.shared.units.cached_state("a.service")
-            != Some(("failed".to_string(), "failed".to_string()))
-        {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the signal is applied"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        assert_eq!(r.shared.units.cached_state("a.service"), None);
         r.d.handle(
             2,
             1,
@@ -613,7 +807,7 @@ mod tests {
                 sub_state: "failed".into(),
                 reason: Reason::Virtual
             },
-            "the cache followed systemd while nobody watched"
+            "the replay is systemd's state when the unit is followed again"
         );
         assert_eq!(next(&mut rx2).await, ok_reply(2));
         // A request of the old session finds no subscriptions to change.
@@ -773,8 +967,11 @@ mod tests {
         );
     }
 
-    /// The same race at the start of the stream: the seed's `ListUnits`
-    /// answer is newer than a signal that waited behind it.
+    /// The same race when the stream starts following a unit: the
+    /// snapshot's answer is newer than a signal systemd sent while it was
+    /// asked. The signal comes before the snapshot in the stream, so it is
+    /// told by the snapshot and goes out neither as a state nor as
+    /// properties (it is from before the subscription).
     #[tokio::test]
     async fn signals_older_than_the_seed_do_not_undo_it() {
         let mut r = rig();
@@ -799,7 +996,23 @@ mod tests {
             ]
         );
         assert_eq!(next(&mut r.rx).await, ok_reply(1));
-        assert!(properties_of("a.service")(&next_event(&mut r.rx).await));
+        // Later signals are news: another interface's properties, then the
+        // Unit interface's with the same state (properties only).
+        r.fake
+            .emit_unit(UnitSignal::Changed {
+                unit: "a.service".into(),
+                interface: "org.freedesktop.systemd1.Service".into(),
+                properties: Marshalled::default().into(),
+                active_state: None,
+                sub_state: None,
+            })
+            .await;
+        let e = next_event(&mut r.rx).await;
+        assert!(
+            matches!(&e, Event::UnitPropertiesChanged { interface, tag, .. }
+                if interface == "org.freedesktop.systemd1.Service" && *tag == ModTag::new(77, 3)),
+            "the older signal left nothing behind: {e:?}"
+        );
         r.fake
             .emit_unit(state_signal("a.service", "active", "running"))
             .await;
@@ -808,6 +1021,105 @@ mod tests {
             r.shared.units.cached_state("a.service"),
             Some(("active".into(), "running".into()))
         );
+    }
+
+    /// What the unit stream follows is what the session watches, and no
+    /// more: one unit, some units, every unit, none.
+    #[tokio::test]
+    async fn the_stream_follows_what_is_watched_and_nothing_once_nobody_watches() {
+        let mut r = rig();
+        for u in ["a.service", "b.service", "c.service"] {
+            r.fake.set_state(u, "active", "running");
+        }
+        let units = |names: &[&str]| Followed::Units(names.iter().map(|n| unit(n)).collect());
+        subscribe(&mut r, 1, Some("a.service")).await.unwrap();
+        assert_eq!(r.fake.followed(), Some(units(&["a.service"])));
+        subscribe(&mut r, 2, Some("b.service")).await.unwrap();
+        assert_eq!(r.fake.followed(), Some(units(&["a.service", "b.service"])));
+        assert_eq!(r.shared.units.cached_units(), 2, "only the followed units");
+        let calls = r.fake.calls();
+        assert!(
+            calls.contains(&"ListUnitsByPatterns [a.service b.service]".to_string()),
+            "each change is marked by a snapshot of what it follows: {calls:?}"
+        );
+        // A change of a unit nobody watches does not even reach the agent.
+        r.fake
+            .emit_unit(state_signal("c.service", "failed", "failed"))
+            .await;
+        assert_eq!(r.shared.units.cached_state("c.service"), None);
+
+        subscribe(&mut r, 3, None).await.unwrap();
+        assert_eq!(r.fake.followed(), Some(Followed::Every));
+        assert_eq!(r.shared.units.cached_units(), 3);
+        r.d.handle(1, 4, Request::Unsubscribe { unit: None }).await;
+        assert_eq!(next(&mut r.rx).await, ok_reply(4));
+        assert_eq!(r.fake.followed(), Some(units(&["a.service", "b.service"])));
+        assert_eq!(r.shared.units.cached_units(), 2);
+
+        for (id, u) in [(5, "a.service"), (6, "b.service")] {
+            r.d.handle(
+                1,
+                id,
+                Request::Unsubscribe {
+                    unit: Some(unit(u)),
+                },
+            )
+            .await;
+            assert_eq!(next(&mut r.rx).await, ok_reply(id));
+        }
+        assert_eq!(r.fake.followed(), Some(Followed::nothing()));
+        assert_eq!(r.shared.units.cached_units(), 0);
+
+        // The end of a session is the end of its subscriptions.
+        subscribe(&mut r, 7, Some("c.service")).await.unwrap();
+        assert_eq!(r.fake.followed(), Some(units(&["c.service"])));
+        r.shared.outbox.close(1);
+        r.shared.session_ended(1);
+        r.shared.units.follow_watched().await;
+        assert_eq!(r.fake.followed(), Some(Followed::nothing()));
+        assert_eq!(r.shared.units.cached_units(), 0);
+        let calls = r.fake.calls();
+        assert_eq!(
+            calls.iter().filter(|c| *c == "SubscribeUnits").count(),
+            1,
+            "one stream, whatever it follows: {calls:?}"
+        );
+    }
+
+    /// Past [`MAX_FOLLOWED_UNITS`] single units the stream follows every
+    /// unit (the bus limits match rules per connection), and goes back to
+    /// single units below it.
+    #[tokio::test]
+    async fn more_units_than_the_bus_should_match_one_by_one_are_followed_as_every_unit() {
+        let mut r = rig();
+        let name = |n: usize| format!("u{n:03}.service");
+        for n in 0..MAX_FOLLOWED_UNITS {
+            subscribe(&mut r, n as u64 + 1, Some(&name(n)))
+                .await
+                .unwrap();
+        }
+        assert!(matches!(
+            r.fake.followed(),
+            Some(Followed::Units(u)) if u.len() == MAX_FOLLOWED_UNITS
+        ));
+        let one_more = MAX_FOLLOWED_UNITS as u64 + 1;
+        subscribe(&mut r, one_more, Some(&name(MAX_FOLLOWED_UNITS)))
+            .await
+            .unwrap();
+        assert_eq!(r.fake.followed(), Some(Followed::Every));
+        r.d.handle(
+            1,
+            one_more + 1,
+            Request::Unsubscribe {
+                unit: Some(unit(&name(0))),
+            },
+        )
+        .await;
+        assert_eq!(next(&mut r.rx).await, ok_reply(one_more + 1));
+        assert!(matches!(
+            r.fake.followed(),
+            Some(Followed::Units(u)) if u.len() == MAX_FOLLOWED_UNITS && !u.contains(&unit(&name(0)))
+        ));
     }
 
     #[tokio::test]

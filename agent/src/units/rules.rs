@@ -26,8 +26,15 @@
 //!   is no news; and when the reload ends a `ListUnits` settles what really
 //!   changed ([`View::resync`]): units gone get a real `UnitRemoved`, new ones
 //!   a real `UnitNew` (+ state), changed states a real `UnitStateChanged`.
-//! * **Snapshots.** The cache is set from `ListUnits` at the start (the
-//!   seed) and after each reload (the resync). systemd sends its answers and
+//! * **Coverage.** The cache holds the units the unit stream follows
+//!   ([`Followed`]: every unit, or the watched ones), as last heard; a
+//!   signal of a unit it does not cover changes nothing (it can only be one
+//!   that came before the stream stopped following it). Each change of what
+//!   is followed comes with a snapshot of it, in the stream's order
+//!   ([`View::apply_snapshot`]), which sets the cache anew.
+//! * **Snapshots.** The cache is set from a snapshot when what is followed
+//!   changes (see above) and from `ListUnits` after each reload (the
+//!   resync). systemd sends its answers and
 //!   signals in the order it acts, but the agent reads the answer while
 //!   signals sent before it may still wait in the stream; each carries its
 //!   position, and one from before the snapshot is *older*: the snapshot
@@ -47,7 +54,7 @@
 //! without a subscription is `org.freedesktop.DBus.Error.Failed` ("already
 //! subscribed" / "not subscribed") and changes nothing.
 
-use crate::systemd::api::UnitSignal;
+use crate::systemd::api::{Followed, UnitSignal};
 use drover_bus::systemd::UNIT_IFACE;
 use drover_protocol::error_names;
 use drover_protocol::tag::TagCounter;
@@ -100,10 +107,11 @@ pub struct Batch {
 
 /// systemd's loaded units as last heard, and the session watching them. See
 /// the module docs.
-#[derive(Default)]
 pub struct View {
-    /// Loaded units → last known state (only once the stream is started).
+    /// Loaded units the stream follows → last known state.
     cache: HashMap<UnitName, UnitState>,
+    /// What the stream follows, as of its last snapshot.
+    covered: Followed,
     session: Option<Session>,
     cache_full_logged: bool,
     /// From `Reloading(true)` until the resync after the last
@@ -113,6 +121,20 @@ pub struct View {
     /// `Reloading(true)` signals not yet matched by a `Reloading(false)`.
     reloads_open: u32,
     reload_removed: HashMap<UnitName, UnitState>,
+}
+
+impl Default for View {
+    fn default() -> Self {
+        Self {
+            cache: HashMap::new(),
+            covered: Followed::nothing(),
+            session: None,
+            cache_full_logged: false,
+            reloading: false,
+            reloads_open: 0,
+            reload_removed: HashMap::new(),
+        }
+    }
 }
 
 fn failed(message: String) -> RemoteError {
@@ -178,23 +200,75 @@ impl View {
         self.reloads_open
     }
 
-    /// Starts the cache over from a `ListUnits`.
-    pub fn seed(&mut self, units: Vec<UnitInfo>) {
+    /// What the stream must follow for the current session: every unit for
+    /// `*`, else the watched units ([`Followed::units`]); nothing without a
+    /// session.
+    pub fn wanted(&self) -> Followed {
+        match &self.session {
+            Some(s) if s.all => Followed::Every,
+            Some(s) => Followed::units(s.watched.iter().cloned().collect()),
+            None => Followed::nothing(),
+        }
+    }
+
+    /// [`View::wanted`] with `unit` (`None`: `*`) subscribed too; the errors
+    /// [`View::subscribe`] would give, without changing anything.
+    pub fn wanted_with(
+        &self,
+        epoch: u64,
+        unit: Option<&UnitName>,
+    ) -> Result<Followed, RemoteError> {
+        let Some(session) = self.session.as_ref().filter(|s| s.epoch == epoch) else {
+            return Err(failed(
+                "the manager session of this request has ended".into(),
+            ));
+        };
+        let already = match unit {
+            None => session.all,
+            Some(u) => session.watched.contains(u),
+        };
+        if already {
+            return Err(failed(format!("already subscribed to {}", describe(unit))));
+        }
+        Ok(match unit {
+            None => Followed::Every,
+            Some(_) if session.all => Followed::Every,
+            Some(u) => {
+                let mut units: std::collections::BTreeSet<UnitName> =
+                    session.watched.iter().cloned().collect();
+                units.insert(u.clone());
+                Followed::units(units)
+            }
+        })
+    }
+
+    /// What the stream follows, as of its last snapshot.
+    pub fn covered(&self) -> &Followed {
+        &self.covered
+    }
+
+    /// The stream follows `followed` from here on, and `units` is what
+    /// systemd had loaded of it: the cache starts over from them.
+    pub fn apply_snapshot(&mut self, followed: Followed, units: Vec<UnitInfo>) {
         self.cache.clear();
+        self.covered = followed;
         for u in units {
             match UnitName::new(u.name.as_str()) {
-                Ok(name) => self.cache_insert(
+                Ok(name) if self.covered.covers(&name) => self.cache_insert(
                     name,
                     UnitState {
                         active: u.active_state,
                         sub: u.sub_state,
                     },
                 ),
+                Ok(_) => {}
                 Err(e) => {
                     tracing::warn!("systemd lists a unit drover cannot name: {e}")
                 }
             }
         }
+        let covered = &self.covered;
+        self.reload_removed.retain(|u, _| covered.covers(u));
     }
 
     /// `Subscribe` of session `epoch`: records the subscription and returns
@@ -292,8 +366,11 @@ impl View {
                 }
                 return None;
             }
-            // Not unit news: the fan-out reports them to the unit fence.
-            UnitSignal::JobNew { .. } | UnitSignal::JobRemoved { .. } => return None,
+            // Not unit news: the fan-out reports them to the unit fence and
+            // applies snapshots.
+            UnitSignal::JobNew { .. }
+            | UnitSignal::JobRemoved { .. }
+            | UnitSignal::Snapshot { .. } => return None,
             UnitSignal::New { unit }
             | UnitSignal::Removed { unit }
             | UnitSignal::Changed { unit, .. } => unit,
@@ -305,11 +382,16 @@ impl View {
                 return None;
             }
         };
+        if !self.covered.covers(&unit) {
+            // From before the stream stopped following it.
+            return None;
+        }
         let mut events = Vec::new();
         match signal {
             UnitSignal::Reloading { .. }
             | UnitSignal::JobNew { .. }
-            | UnitSignal::JobRemoved { .. } => {}
+            | UnitSignal::JobRemoved { .. }
+            | UnitSignal::Snapshot { .. } => {}
             // The snapshot already has the unit, or it was gone by then.
             UnitSignal::New { .. } | UnitSignal::Removed { .. } if older => {}
             UnitSignal::New { .. } => {
@@ -409,6 +491,9 @@ impl View {
             let Ok(unit) = UnitName::new(u.name.as_str()) else {
                 continue;
             };
+            if !self.covered.covers(&unit) {
+                continue;
+            }
             let now = UnitState {
                 active: u.active_state,
                 sub: u.sub_state,
@@ -518,5 +603,101 @@ fn set_tag(event: &mut Event, new: ModTag) {
         | Event::UnitStateChanged { tag, .. }
         | Event::UnitPropertiesChanged { tag, .. } => *tag = new,
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drover_protocol::Marshalled;
+
+    fn unit(s: &str) -> UnitName {
+        UnitName::new(s).unwrap()
+    }
+
+    fn row(name: &str, active: &str, sub: &str) -> UnitInfo {
+        UnitInfo {
+            name: name.into(),
+            description: String::new(),
+            load_state: "loaded".into(),
+            active_state: active.into(),
+            sub_state: sub.into(),
+            followed: String::new(),
+            object_path: "/".into(),
+            job_id: 0,
+            job_type: String::new(),
+            job_path: "/".into(),
+        }
+    }
+
+    fn changed(u: &str, active: &str, sub: &str) -> UnitSignal {
+        UnitSignal::Changed {
+            unit: u.into(),
+            interface: UNIT_IFACE.into(),
+            properties: Marshalled::default().into(),
+            active_state: Some(active.into()),
+            sub_state: Some(sub.into()),
+        }
+    }
+
+    #[test]
+    fn the_cache_holds_what_is_followed_and_nothing_else() {
+        let mut view = View::default();
+        view.session_started(1, 7);
+        let a = unit("a.service");
+        let followed = Followed::Units([a.clone()].into());
+        // systemd answered with more than was asked: only `a` is kept.
+        view.apply_snapshot(
+            followed,
+            vec![
+                row("a.service", "active", "running"),
+                row("b.service", "active", "running"),
+            ],
+        );
+        assert_eq!(view.cached_units(), 1);
+        // A late signal of a unit no longer followed changes nothing.
+        assert!(
+            view.on_signal(changed("b.service", "failed", "failed"), false)
+                .is_none()
+        );
+        assert_eq!(view.cached_state(&unit("b.service")), None);
+        view.on_signal(changed("a.service", "failed", "failed"), false);
+        assert_eq!(
+            view.cached_state(&a),
+            Some(("failed".into(), "failed".into()))
+        );
+        // Following nothing: the cache is empty.
+        view.apply_snapshot(Followed::nothing(), Vec::new());
+        assert_eq!(view.cached_units(), 0);
+        assert!(
+            view.on_signal(changed("a.service", "active", "running"), false)
+                .is_none()
+        );
+        assert_eq!(view.cached_units(), 0);
+    }
+
+    #[test]
+    fn what_a_session_wants_followed() {
+        let mut view = View::default();
+        assert_eq!(view.wanted(), Followed::nothing(), "no session");
+        view.session_started(1, 7);
+        let a = unit("a.service");
+        assert_eq!(
+            view.wanted_with(1, Some(&a)).unwrap(),
+            Followed::Units([a.clone()].into())
+        );
+        assert!(view.wanted_with(2, Some(&a)).is_err(), "another session");
+        view.subscribe(1, Some(&a)).unwrap();
+        assert!(
+            view.wanted_with(1, Some(&a)).is_err(),
+            "already subscribed, nothing to change"
+        );
+        assert_eq!(view.wanted_with(1, None).unwrap(), Followed::Every);
+        view.subscribe(1, None).unwrap();
+        assert_eq!(view.wanted(), Followed::Every);
+        view.unsubscribe(1, None).unwrap();
+        assert_eq!(view.wanted(), Followed::Units([a].into()));
+        view.session_ended(1);
+        assert_eq!(view.wanted(), Followed::nothing());
     }
 }
