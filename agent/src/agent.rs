@@ -66,15 +66,22 @@ pub async fn run_configured(
     let systemd = ZbusSystemd::connect(bus).await?;
     tracing::info!("connected to systemd on {bus}");
     let api_bus = systemd.connection().clone();
-    run_inner(
+    let ended = run_inner(
         Arc::new(systemd),
-        Some(api_bus),
+        Some(api_bus.clone()),
         link,
         logging,
         shutdown,
         on_ready,
     )
-    .await
+    .await;
+    // The signal readers hold the connection for as long as it is open:
+    // closing it ends them and gives the bus name back at once (a next
+    // agent in the same process, as in tests, can then take it).
+    if let Err(e) = api_bus.close().await {
+        tracing::debug!("closing the bus connection: {e}");
+    }
+    ended
 }
 
 /// [`run`] with any [`Systemd`] (the fake in tests), without the local API.

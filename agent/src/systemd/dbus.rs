@@ -678,7 +678,9 @@ pub(super) async fn systemd_signals(
 /// The bus daemon's news of who owns `org.freedesktop.systemd1`, and who
 /// does now (`drover_bus::sender`): joined into each signal stream, so a
 /// signal counts only when the owner of that moment sent it.
-pub(super) async fn follow_systemd(conn: &Connection) -> Result<(Owner, MessageStream), RemoteError> {
+pub(super) async fn follow_systemd(
+    conn: &Connection,
+) -> Result<(Owner, MessageStream), RemoteError> {
     Owner::follow(conn, BUS_NAME, NonZeroUsize::new(OWNER_QUEUE))
         .await
         .map_err(|e| remote_error(e, "GetNameOwner"))

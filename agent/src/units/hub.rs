@@ -17,7 +17,8 @@
 //! so its virtual replay is systemd's state from then on; each `Unsubscribe`
 //! and the end of a session make the stream follow what is left
 //! ([`UnitHub::follow_watched`]), which takes the other match rules off the
-//! bus. Changes are made one at a time ([`UnitHub`]'s `following` lock).
+//! bus. The bookkeeping (what is held besides the subscriptions, one change
+//! at a time) is [`crate::units::following`]'s.
 //!
 //! Invariants:
 //! * **Sessions.** Subscriptions belong to one manager session; they are
@@ -25,8 +26,8 @@
 //!   next ([`UnitHub::session_started`]) — the manager replays them.
 //! * **Order.** Producers (the signal pump, a subscription's replay) tag and
 //!   send under one async lock ([`UnitHub::send_order`]), so the manager
-//!   receives events in tag order. Lock order: `following`, then
-//!   `send_order`, then the view.
+//!   receives events in tag order. Lock order: the following lock
+//!   (`crate::units::following`), then `send_order`, then the view.
 //! * **Bounds.** Events leave through [`Outbox::send_paced`], which waits for
 //!   the manager instead of letting a burst overflow the queue; a session
 //!   that does not read within [`SEND_PATIENCE`] is given up. A change of
@@ -34,82 +35,26 @@
 
 use crate::link::outbox::{Outbox, Sent};
 use crate::systemd::api::{Followed, Systemd, UnitSignal, UnitSignalStream};
+use crate::units::following::{Follower, Following};
 use crate::units::rules::{Batch, View, describe};
 use drover_protocol::{RemoteError, Response, ToManager, UnitInfo, UnitName};
-use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 /// How long unit events wait for the manager to read before the session is
 /// given up (the heartbeat threshold normally notices a dead manager first).
 pub const SEND_PATIENCE: Duration = Duration::from_secs(30);
 
-/// Changes what the unit stream follows: `Systemd::follow` of the agent's
-/// systemd, kept without its type.
-type Follower = Box<
-    dyn Fn(Followed, u64) -> Pin<Box<dyn Future<Output = Result<(), RemoteError>> + Send>>
-        + Send
-        + Sync,
->;
-
-/// What the unit stream follows, the id of its last change, and what it
-/// follows besides the session's subscriptions: units (`None`: every unit)
-/// held by [`UnitHub::hold`] for a subscription on its way or a `StartDep`,
-/// with their number of holders.
-struct Following {
-    now: Followed,
-    last_id: u64,
-    held: HashMap<Option<UnitName>, usize>,
-}
-
-impl Following {
-    /// What the stream must follow: the session's subscriptions and what is
-    /// held.
-    fn wanted(&self, view: &View) -> Followed {
-        let units = match view.wanted() {
-            Followed::Every => return Followed::Every,
-            Followed::Units(units) => units,
-        };
-        if self.held.contains_key(&None) {
-            return Followed::Every;
-        }
-        let held = self.held.keys().flatten().cloned();
-        Followed::units(units.into_iter().chain(held).collect())
-    }
-}
-
 /// See the module docs. Lives in `crate::state::Shared`; all methods are
-/// cheap except `start`, the (un)subscriptions (which may change what is
-/// followed) and the sends.
+/// cheap except `start`, the (un)subscriptions and holds (which may change
+/// what is followed) and the sends.
+#[derive(Default)]
 pub struct UnitHub {
     view: Mutex<View>,
     /// Held by whoever tags and sends events, across the sends.
     send_order: tokio::sync::Mutex<()>,
     started: tokio::sync::OnceCell<()>,
-    follower: OnceLock<Follower>,
-    /// Held by whoever changes what is followed, across the change.
-    following: tokio::sync::Mutex<Following>,
-    /// The id of the last change whose snapshot the reader applied.
-    applied: tokio::sync::watch::Sender<u64>,
-}
-
-impl Default for UnitHub {
-    fn default() -> Self {
-        Self {
-            view: Mutex::default(),
-            send_order: tokio::sync::Mutex::default(),
-            started: tokio::sync::OnceCell::new(),
-            follower: OnceLock::new(),
-            following: tokio::sync::Mutex::new(Following {
-                now: Followed::nothing(),
-                last_id: 0,
-                held: HashMap::new(),
-            }),
-            applied: tokio::sync::watch::Sender::new(0),
-        }
-    }
+    following: Following,
 }
 
 impl UnitHub {
@@ -169,8 +114,7 @@ impl UnitHub {
                     let systemd = systemd.clone();
                     Box::pin(async move { systemd.follow(&followed, id).await })
                 });
-                // Only this initialisation sets it.
-                let _ = self.follower.set(follower);
+                self.following.started(follower);
                 fresh = Some(stream);
                 Ok::<(), RemoteError>(())
             })
@@ -178,87 +122,27 @@ impl UnitHub {
         Ok(fresh)
     }
 
-    /// Makes the stream follow what is wanted now, after `change` to what is
-    /// held (which stays done either way). Returns the id of the change in
-    /// effect (this one, or the last one if nothing changed): once the
-    /// reader applied its snapshot, the cache covers what is wanted.
-    async fn refollow(
-        &self,
-        change: impl FnOnce(&mut HashMap<Option<UnitName>, usize>),
-    ) -> Result<u64, RemoteError> {
-        let mut following = self.following.lock().await;
-        change(&mut following.held);
-        let wanted = following.wanted(&self.lock());
-        if following.now == wanted {
-            return Ok(following.last_id);
-        }
-        let follower = self
-            .follower
-            .get()
-            .ok_or_else(|| RemoteError::failed("the unit stream has not started"))?;
-        let id = following.last_id + 1;
-        tracing::debug!(id, following = %wanted, "following systemd's units");
-        follower(wanted.clone(), id).await?;
-        following.last_id = id;
-        following.now = wanted;
-        Ok(id)
-    }
-
-    /// Waits until the reader applied the snapshot of change `id`.
-    async fn caught_up(&self, id: u64) -> Result<(), RemoteError> {
-        let mut applied = self.applied.subscribe();
-        match tokio::time::timeout(SEND_PATIENCE, applied.wait_for(|a| *a >= id)).await {
-            Ok(Ok(_)) => Ok(()),
-            _ => Err(RemoteError::failed(
-                "the unit signal reader did not catch up with systemd",
-            )),
-        }
+    /// What the session watches, as the stream must follow it.
+    fn watched(&self) -> Followed {
+        self.lock().wanted()
     }
 
     /// Makes the stream follow `unit` (`None`: every unit) until
-    /// [`UnitHub::release`], whatever the subscriptions: its match rules
-    /// are on the bus when this returns, so every signal systemd sends of
-    /// it from now on reaches the reader (a `StartDep` holds its target, so
-    /// the unit fence sees it go active). Returns the change to wait for
-    /// before relying on the cache ([`UnitHub::caught_up`]). An error holds
-    /// nothing.
+    /// [`UnitHub::release`], whatever the subscriptions
+    /// ([`crate::units::following`]): its match rules are on the bus when
+    /// this returns, so every signal systemd sends of it from now on reaches
+    /// the reader (a `StartDep` holds its target, so the unit fence sees it
+    /// go active). Returns the change to wait for before relying on the
+    /// cache. An error holds nothing.
     pub async fn hold(&self, unit: Option<UnitName>) -> Result<u64, RemoteError> {
-        let key = unit.clone();
-        let held = self
-            .refollow(move |held| *held.entry(key).or_default() += 1)
-            .await;
-        if held.is_err() {
-            self.forget(&unit).await;
-        }
-        held
+        self.following.hold(&unit, || self.watched()).await
     }
 
     /// Ends one [`UnitHub::hold`] of `unit`; the stream then follows what is
     /// left (a failure is logged, the next change tries again).
     pub async fn release(&self, unit: Option<UnitName>) {
-        let released = self
-            .refollow(move |held| {
-                if let Some(n) = held.get_mut(&unit) {
-                    *n -= 1;
-                    if *n == 0 {
-                        held.remove(&unit);
-                    }
-                }
-            })
-            .await;
-        if let Err(e) = released {
+        if let Err(e) = self.following.release(&unit, || self.watched()).await {
             tracing::warn!("cannot change which units are followed: {e}");
-        }
-    }
-
-    /// Undoes the count of a hold whose change failed, changing nothing else.
-    async fn forget(&self, unit: &Option<UnitName>) {
-        let mut following = self.following.lock().await;
-        if let Some(n) = following.held.get_mut(unit) {
-            *n -= 1;
-            if *n == 0 {
-                following.held.remove(unit);
-            }
         }
     }
 
@@ -266,8 +150,8 @@ impl UnitHub {
     /// a session), and waits until the reader is there; a failure is
     /// logged, the next change tries again.
     pub async fn follow_watched(&self) {
-        let changed = match self.refollow(|_| {}).await {
-            Ok(id) => self.caught_up(id).await,
+        let changed = match self.following.refollow(|_| {}, || self.watched()).await {
+            Ok(id) => self.following.caught_up(id, SEND_PATIENCE).await,
             Err(e) => Err(e),
         };
         if let Err(e) = changed {
@@ -280,8 +164,7 @@ impl UnitHub {
     /// [`UnitHub::send_order`].
     pub fn apply_snapshot(&self, id: u64, followed: Followed, units: Vec<UnitInfo>) {
         self.lock().apply_snapshot(followed, units);
-        self.applied
-            .send_modify(|applied| *applied = (*applied).max(id));
+        self.following.applied(id);
     }
 
     /// `Request::Subscribe` of session `epoch`, once the stream runs
@@ -310,7 +193,7 @@ impl UnitHub {
         unit: Option<&UnitName>,
         change: u64,
     ) -> Result<Response, RemoteError> {
-        self.caught_up(change).await?;
+        self.following.caught_up(change, SEND_PATIENCE).await?;
         let _order = self.send_order.lock().await;
         let batch = self.lock().subscribe(epoch, unit)?;
         tracing::debug!(
