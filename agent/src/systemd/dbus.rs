@@ -31,34 +31,28 @@
 //! dropped, counted and logged at a bounded rate.
 
 use super::api::{
-    ChangedProperties, EVENT_QUEUE, EventStream, Followed, JobInfo, JobPath, Systemd, SystemdEvent,
-    UnitFileChange, UnitSignal, UnitSignalStream,
+    EVENT_QUEUE, EventStream, Followed, JobInfo, JobPath, Systemd, UnitFileChange, UnitSignalStream,
+};
+use super::errors::{bad_reply, call_error, remote_error};
+use super::signals::{
+    PROPERTIES_IFACE, follow_systemd, manager_signal, parse_signal, systemd_signals,
 };
 use super::unit_stream::UnitStreams;
 use drover_bus::Bus;
 use drover_bus::marshal::{self, AuxUnits, PropertyList, PropertyMap};
 use drover_bus::sender::{Dropped, Owner, Verdict};
 use drover_bus::systemd::{
-    BUS_NAME, JOB_IFACE, JOB_PATH_PREFIX, MANAGER_IFACE, MANAGER_PATH, UNIT_IFACE,
-    UNIT_PATH_PREFIX, UnitTuple, unit_info, unit_name_from_path,
+    BUS_NAME, JOB_IFACE, JOB_PATH_PREFIX, MANAGER_IFACE, MANAGER_PATH, UnitTuple, unit_info,
 };
 use drover_protocol::JobKind;
-use drover_protocol::error_names::{NO_SUCH_UNIT, UNKNOWN_METHOD};
+use drover_protocol::error_names::NO_SUCH_UNIT;
 use drover_protocol::{Marshalled, RemoteError, UnitInfo};
 use futures::StreamExt;
-use std::collections::HashMap;
-use std::num::NonZeroUsize;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 use zbus::export::ordered_stream::{self, OrderedStreamExt};
-use zbus::match_rule::Builder as MatchRuleBuilder;
-use zbus::message::Type as MessageType;
 use zbus::proxy::CacheProperties;
-use zbus::{
-    Connection, DBusError, MatchRule, MessageStream, OwnedObjectPath, OwnedVariant, Variant,
-};
-
-const PROPERTIES_IFACE: &str = "org.freedesktop.DBus.Properties";
+use zbus::{Connection, OwnedObjectPath, OwnedVariant};
 
 /// `org.freedesktop.systemd1.Manager`: the methods the agent calls.
 #[zbus::proxy(
@@ -230,50 +224,6 @@ where
         .cache_properties(CacheProperties::No)
         .build()
         .await
-}
-
-/// Maps a zbus error to the error the manager forwards: systemd's D-Bus
-/// error name and message when there is one, `Failed` otherwise.
-pub fn remote_error(err: zbus::Error, method: &str) -> RemoteError {
-    match err {
-        zbus::Error::MethodError(name, detail, _) => {
-            RemoteError::new(name.as_str(), detail.unwrap_or_default())
-        }
-        zbus::Error::FDO(fdo) => {
-            let name = fdo.name().to_string();
-            let detail = fdo.description().unwrap_or_default().to_string();
-            if name == UNKNOWN_METHOD {
-                // An older systemd than the one this agent was written for.
-                RemoteError::new(
-                    name,
-                    format!("this node's systemd does not implement {method} (too old?): {detail}"),
-                )
-            } else {
-                RemoteError::new(name, detail)
-            }
-        }
-        other => RemoteError::failed(format!("{method}: talking to systemd failed: {other}")),
-    }
-}
-
-fn bad_reply(method: &str, err: zbus::Error) -> RemoteError {
-    RemoteError::failed(format!("{method}: unexpected reply from systemd: {err}"))
-}
-
-/// The error of a proxy call to `method`: a reply body that does not
-/// decode (zbus's decoding errors) is [`bad_reply`], anything else
-/// [`remote_error`]. Both are `Failed` unless systemd named the error.
-pub(super) fn call_error(method: &str) -> impl FnOnce(zbus::Error) -> RemoteError + '_ {
-    move |err| match err {
-        zbus::Error::Failure(_)
-        | zbus::Error::IncorrectType
-        | zbus::Error::SignatureMismatch(..)
-        | zbus::Error::Utf8(_)
-        | zbus::Error::PaddingNot0(_)
-        | zbus::Error::OutOfBounds
-        | zbus::Error::ExcessData => bad_reply(method, err),
-        other => remote_error(other, method),
-    }
 }
 
 impl Systemd for ZbusSystemd {
@@ -546,150 +496,6 @@ impl Systemd for ZbusSystemd {
     }
 }
 
-/// A message of the unit stream (`super::unit_stream`) as a [`UnitSignal`];
-/// `None` for what it does not carry or cannot read.
-pub(super) fn parse_unit_signal(msg: &zbus::Message) -> Option<UnitSignal> {
-    let header = msg.header();
-    let member = header.member()?.as_str();
-    let interface = header.interface()?.as_str();
-    let path = header.path()?.as_str();
-    let wanted = match member {
-        "Reloading" | "UnitNew" | "UnitRemoved" | "JobNew" | "JobRemoved" => {
-            interface == MANAGER_IFACE && path == MANAGER_PATH
-        }
-        "PropertiesChanged" => interface == PROPERTIES_IFACE && path.starts_with(UNIT_PATH_PREFIX),
-        _ => false,
-    };
-    if !wanted {
-        return None;
-    }
-    match member {
-        "Reloading" => match msg.body().deserialize::<bool>() {
-            Ok(active) => Some(UnitSignal::Reloading { active }),
-            Err(e) => {
-                tracing::warn!("ignoring a malformed Reloading signal: {e}");
-                None
-            }
-        },
-        // The job stream's parser, so both streams read these alike.
-        "JobNew" | "JobRemoved" => match parse_signal(msg)? {
-            SystemdEvent::JobNew { job, unit, .. } => Some(UnitSignal::JobNew { job, unit }),
-            SystemdEvent::JobRemoved { job, .. } => Some(UnitSignal::JobRemoved { job }),
-            SystemdEvent::JobState { .. } => None,
-        },
-        "UnitNew" | "UnitRemoved" => {
-            let (unit, _path) = match msg.body().deserialize::<(String, OwnedObjectPath)>() {
-                Ok(body) => body,
-                Err(e) => {
-                    tracing::warn!("ignoring a malformed {member} signal: {e}");
-                    return None;
-                }
-            };
-            Some(if member == "UnitNew" {
-                UnitSignal::New { unit }
-            } else {
-                UnitSignal::Removed { unit }
-            })
-        }
-        "PropertiesChanged" => {
-            let path = header.path()?.as_str();
-            let Some(unit) = unit_name_from_path(path) else {
-                tracing::debug!("PropertiesChanged on {path}, not a unit object");
-                return None;
-            };
-            // Only the interface and, for the unit interface, the state are
-            // read now; the rest when a subscription wants it.
-            let body = msg.body();
-            if body.signature().to_string_no_parens() != "sa{sv}as" {
-                tracing::warn!(
-                    "ignoring a PropertiesChanged signal on {path} with body `{}`",
-                    body.signature()
-                );
-                return None;
-            }
-            let interface = match body.data().deserialize::<&str>() {
-                Ok((interface, _)) => interface.to_owned(),
-                Err(e) => {
-                    tracing::warn!("ignoring a malformed PropertiesChanged signal on {path}: {e}");
-                    return None;
-                }
-            };
-            let (active_state, sub_state) = if interface == UNIT_IFACE {
-                match body.deserialize::<(&str, HashMap<&str, Variant<'_>>, Vec<&str>)>() {
-                    Ok((_, changed, _)) => {
-                        let text = |key: &str| match changed.get(key) {
-                            Some(Variant::Str(s)) => Some(s.as_str().to_owned()),
-                            _ => None,
-                        };
-                        (text("ActiveState"), text("SubState"))
-                    }
-                    Err(e) => {
-                        tracing::warn!(
-                            "ignoring a malformed PropertiesChanged signal on {path}: {e}"
-                        );
-                        return None;
-                    }
-                }
-            } else {
-                (None, None)
-            };
-            Some(UnitSignal::Changed {
-                unit,
-                interface,
-                properties: ChangedProperties::from_signal(msg.clone()),
-                active_state,
-                sub_state,
-            })
-        }
-        _ => None,
-    }
-}
-
-/// The rule for `Manager.<member>` signals (the job stream's and the unit
-/// stream's are the same rule, which the connection then shares).
-pub(super) fn manager_signal(
-    member: &'static str,
-) -> impl FnOnce(MatchRuleBuilder<'static>) -> MatchRuleBuilder<'static> {
-    move |rule| {
-        rule.path(MANAGER_PATH)
-            .interface(MANAGER_IFACE)
-            .member(member)
-    }
-}
-
-/// systemd's signals that `rule` narrows (it starts as "signals from
-/// systemd"), as a stream; the match is on the bus when this returns.
-pub(super) async fn systemd_signals(
-    conn: &Connection,
-    rule: impl FnOnce(MatchRuleBuilder<'static>) -> MatchRuleBuilder<'static>,
-) -> Result<MessageStream, RemoteError> {
-    let rule = rule(
-        MatchRule::builder()
-            .msg_type(MessageType::Signal)
-            .sender(BUS_NAME),
-    )
-    .build()
-    .map_err(|e| RemoteError::failed(format!("building a D-Bus match rule: {e}")))?;
-    MessageStream::for_match_rule(rule, conn, NonZeroUsize::new(EVENT_QUEUE))
-        .await
-        .map_err(|e| remote_error(e, "AddMatch"))
-}
-
-/// The bus daemon's news of who owns `org.freedesktop.systemd1`, and who
-/// does now (`drover_bus::sender`): joined into each signal stream, so a
-/// signal counts only when the owner of that moment sent it.
-pub(super) async fn follow_systemd(
-    conn: &Connection,
-) -> Result<(Owner, MessageStream), RemoteError> {
-    Owner::follow(conn, BUS_NAME, NonZeroUsize::new(OWNER_QUEUE))
-        .await
-        .map_err(|e| remote_error(e, "GetNameOwner"))
-}
-
-/// Owner changes waiting to be read: systemd changes owner once per
-/// `daemon-reexec`.
-const OWNER_QUEUE: usize = 64;
-
 /// Turns signal messages into events with `parse` (malformed signals give
 /// `None` and are skipped) until the connection closes or nobody listens any
 /// more. A signal that systemd's current unique owner did not send is
@@ -740,184 +546,10 @@ async fn pump<S, T>(
     tracing::debug!("{what} stream ended");
 }
 
-fn parse_signal(msg: &zbus::Message) -> Option<SystemdEvent> {
-    let header = msg.header();
-    let member = header.member()?.as_str();
-    match member {
-        "JobNew" => match msg.body().deserialize::<(u32, OwnedObjectPath, String)>() {
-            Ok((id, job, unit)) => Some(SystemdEvent::JobNew {
-                id,
-                job: job.to_string(),
-                unit,
-            }),
-            Err(e) => {
-                tracing::warn!("ignoring a malformed JobNew signal: {e}");
-                None
-            }
-        },
-        "JobRemoved" => match msg
-            .body()
-            .deserialize::<(u32, OwnedObjectPath, String, String)>()
-        {
-            Ok((id, job, unit, result)) => Some(SystemdEvent::JobRemoved {
-                id,
-                job: job.to_string(),
-                unit,
-                result,
-            }),
-            Err(e) => {
-                tracing::warn!("ignoring a malformed JobRemoved signal: {e}");
-                None
-            }
-        },
-        "PropertiesChanged" => {
-            let job = header.path()?.to_string();
-            let (iface, mut changed, _invalidated) =
-                match msg
-                    .body()
-                    .deserialize::<(String, HashMap<String, OwnedVariant>, Vec<String>)>()
-                {
-                    Ok(body) => body,
-                    Err(e) => {
-                        tracing::warn!(
-                            "ignoring a malformed PropertiesChanged signal on {job}: {e}"
-                        );
-                        return None;
-                    }
-                };
-            if iface != JOB_IFACE {
-                return None;
-            }
-            let state = String::try_from(changed.remove("State")?).ok()?;
-            Some(SystemdEvent::JobState { job, state })
-        }
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use drover_bus::systemd::unit_path;
-
-    fn manager_signal<B>(member: &str, body: &B) -> zbus::Message
-    where
-        B: zbus::export::serde::Serialize + zbus::DynamicType,
-    {
-        zbus::Message::signal(MANAGER_PATH, MANAGER_IFACE, member)
-            .build(body)
-            .unwrap()
-    }
-
-    #[test]
-    fn the_unit_stream_reads_job_signals_and_skips_malformed_ones() {
-        let job = OwnedObjectPath::try_from("/org/freedesktop/systemd1/job/7").unwrap();
-        let unit = "drover-dep@db.service.service".to_string();
-        let new = manager_signal("JobNew", &(7u32, job.clone(), unit.clone()));
-        assert!(matches!(
-            parse_unit_signal(&new),
-            Some(UnitSignal::JobNew { job: j, unit: u })
-                if j == job.as_str() && u == unit
-        ));
-        let removed = manager_signal("JobRemoved", &(7u32, job.clone(), unit.clone(), "done"));
-        assert!(matches!(
-            parse_unit_signal(&removed),
-            Some(UnitSignal::JobRemoved { job: j }) if j == job.as_str()
-        ));
-        // Wrong body types or arity: skipped, not guessed at.
-        assert!(parse_unit_signal(&manager_signal("JobNew", &("7", unit.clone()))).is_none());
-        assert!(parse_unit_signal(&manager_signal("JobNew", &(7u32,))).is_none());
-        assert!(parse_unit_signal(&manager_signal("JobRemoved", &(7u32, job.clone()))).is_none());
-        // The same member on another object is not systemd's manager speaking.
-        let elsewhere = zbus::Message::signal("/somewhere/else", MANAGER_IFACE, "JobNew")
-            .build(&(7u32, job, unit))
-            .unwrap();
-        assert!(parse_unit_signal(&elsewhere).is_none());
-    }
-
-    fn changed_signal<B>(unit: &str, body: &B) -> zbus::Message
-    where
-        B: zbus::export::serde::Serialize + zbus::DynamicType,
-    {
-        zbus::Message::signal(
-            unit_path(unit).as_str(),
-            PROPERTIES_IFACE,
-            "PropertiesChanged",
-        )
-        .build(body)
-        .unwrap()
-    }
-
-    #[test]
-    fn properties_changed_reads_the_state_now_and_the_rest_on_demand() {
-        let none: Vec<String> = Vec::new();
-        let mut props: HashMap<&str, Variant<'_>> = HashMap::new();
-        props.insert("ActiveState", Variant::from("active"));
-        props.insert("SubState", Variant::from("running"));
-        props.insert("NRestarts", Variant::from(3u32));
-        let msg = changed_signal("db.service", &(super::UNIT_IFACE, &props, &none));
-        let Some(UnitSignal::Changed {
-            unit,
-            interface,
-            properties,
-            active_state,
-            sub_state,
-        }) = parse_unit_signal(&msg)
-        else {
-            panic!("not a state change");
-        };
-        assert_eq!(unit, "db.service");
-        assert_eq!(interface, super::UNIT_IFACE);
-        assert_eq!(active_state.as_deref(), Some("active"));
-        assert_eq!(sub_state.as_deref(), Some("running"));
-        let decoded: PropertyMap = marshal::decode(&properties.marshal().unwrap()).unwrap();
-        assert_eq!(decoded.len(), 3);
-        assert_eq!(u32::try_from(&*decoded["NRestarts"]).unwrap(), 3);
-
-        // Another interface: no state read, the properties still there.
-        let service = "org.freedesktop.systemd1.Service";
-        let msg = changed_signal("db.service", &(service, &props, &none));
-        match parse_unit_signal(&msg) {
-            Some(UnitSignal::Changed {
-                interface,
-                properties,
-                active_state: None,
-                sub_state: None,
-                ..
-            }) => {
-                assert_eq!(interface, service);
-                let decoded: PropertyMap = marshal::decode(&properties.marshal().unwrap()).unwrap();
-                assert_eq!(decoded.len(), 3);
-            }
-            other => panic!("unexpected {other:?}"),
-        }
-    }
-
-    #[test]
-    fn malformed_properties_changed_is_skipped() {
-        // Bodies of the wrong type, whatever the interface: skipped, not guessed at.
-        for iface in [super::UNIT_IFACE, "org.freedesktop.systemd1.Service"] {
-            let msg = changed_signal("db.service", &(iface, 7u32));
-            assert!(parse_unit_signal(&msg).is_none(), "{iface}");
-            let props: HashMap<&str, &str> = HashMap::from([("ActiveState", "active")]);
-            let msg = changed_signal("db.service", &(iface, props));
-            assert!(parse_unit_signal(&msg).is_none(), "{iface}");
-        }
-        assert!(parse_unit_signal(&changed_signal("db.service", &(7u32,))).is_none());
-        // Not a unit object: skipped.
-        let elsewhere = zbus::Message::signal(
-            "/org/freedesktop/systemd1/job/7",
-            PROPERTIES_IFACE,
-            "PropertiesChanged",
-        )
-        .build(&(
-            "org.freedesktop.systemd1.Job",
-            HashMap::<&str, Variant<'_>>::new(),
-            Vec::<String>::new(),
-        ))
-        .unwrap();
-        assert!(parse_unit_signal(&elsewhere).is_none());
-    }
+    use drover_bus::systemd::UNIT_IFACE;
 
     #[test]
     fn the_proxies_name_drover_bus_s_interfaces_and_paths() {
@@ -947,46 +579,5 @@ mod tests {
             .as_ref()
             .map(|p| p.to_string());
         assert_eq!(path.as_deref(), Some(MANAGER_PATH));
-    }
-
-    #[test]
-    fn a_reply_that_does_not_decode_is_an_unexpected_reply() {
-        let remote = call_error("ListUnits")(zbus::Error::IncorrectType);
-        assert_eq!(remote.name, "org.freedesktop.DBus.Error.Failed");
-        assert!(
-            remote.message.starts_with("ListUnits: unexpected reply"),
-            "{remote}"
-        );
-    }
-
-    #[test]
-    fn unknown_method_says_systemd_is_too_old() {
-        let err = zbus::Error::FDO(Box::new(zbus::fdo::Error::UnknownMethod(
-            "No such method 'FreezeUnit'".into(),
-        )));
-        let remote = remote_error(err, "FreezeUnit");
-        assert_eq!(remote.name, UNKNOWN_METHOD);
-        assert!(
-            remote.message.contains("does not implement FreezeUnit"),
-            "{remote}"
-        );
-        assert!(remote.message.contains("No such method"), "{remote}");
-    }
-
-    #[test]
-    fn other_fdo_errors_keep_their_name() {
-        let err = zbus::Error::FDO(Box::new(zbus::fdo::Error::AccessDenied(
-            "polkit says no".into(),
-        )));
-        let remote = remote_error(err, "StartUnit");
-        assert_eq!(remote.name, "org.freedesktop.DBus.Error.AccessDenied");
-        assert_eq!(remote.message, "polkit says no");
-    }
-
-    #[test]
-    fn transport_errors_are_failed_with_context() {
-        let remote = remote_error(zbus::Error::InvalidReply, "ListUnits");
-        assert_eq!(remote.name, "org.freedesktop.DBus.Error.Failed");
-        assert!(remote.message.starts_with("ListUnits:"), "{remote}");
     }
 }

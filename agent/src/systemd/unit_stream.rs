@@ -39,7 +39,8 @@
 //! ends the unit stream.
 
 use super::api::{EVENT_QUEUE, Followed, UnitSignal, UnitSignalStream};
-use super::dbus::{call_error, follow_systemd, manager_signal, parse_unit_signal, systemd_signals};
+use super::errors::call_error;
+use super::signals::{follow_systemd, manager_signal, parse_unit_signal, systemd_signals};
 use drover_bus::sender::{Dropped, Owner, Verdict};
 use drover_bus::systemd::{BUS_NAME, MANAGER_IFACE, MANAGER_PATH, UnitTuple, unit_info, unit_path};
 use drover_protocol::{RemoteError, UnitInfo, UnitName};
