@@ -49,7 +49,7 @@
 //! Boundary:
 //! * [`systemd`] — the narrow [`systemd::api::Systemd`] trait the rest is
 //!   written against; [`systemd::dbus`] implements it over zbus,
-//!   [`systemd::fake`] in memory for unit tests. systemd errors keep their
+//!   `systemd::fake` (test builds only) in memory for unit tests. systemd errors keep their
 //!   D-Bus names.
 //!
 //! Sessions: every accepted handshake starts a new session number (`epoch`).

@@ -1,7 +1,7 @@
 //! The errors of calls to systemd, as the manager forwards them: systemd's
 //! own D-Bus error name and message when it gave one ([`remote_error`]),
 //! `Failed` with what went wrong otherwise; a reply that does not decode is
-//! "unexpected reply from systemd" ([`bad_reply`]).
+//! "unexpected reply from systemd" (`bad_reply`).
 
 use drover_protocol::RemoteError;
 use drover_protocol::error_names::UNKNOWN_METHOD;

@@ -1,8 +1,8 @@
 //! systemd's signals as the agent receives them: the match rules that bring
 //! them (always narrowed to signals from systemd's name), who may send them
 //! (the current owner of that name, followed through the bus daemon:
-//! `drover_bus::sender`), and what a message says ([`parse_signal`] for the
-//! job stream, [`parse_unit_signal`] for the unit stream). Shared by
+//! `drover_bus::sender`), and what a message says (`parse_signal` for the
+//! job stream, `parse_unit_signal` for the unit stream). Shared by
 //! `super::dbus` and `super::unit_stream`; no state.
 //!
 //! Invariant: a malformed signal is logged and skipped, never an error of
