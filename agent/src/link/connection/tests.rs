@@ -546,7 +546,14 @@ async fn an_oversized_welcome_is_a_failed_attempt_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_manager_that_stops_reading_is_dropped_not_buffered() {
     let mgr = FakeManager::bind().await;
-    let mut agent = Agent::start(mgr.port(), |c| c.outbox_capacity = 4).await;
+    // Few requests in flight: the ones running when the session dies still
+    // build their replies (dropped), and 64 of them (the default) are seconds
+    // of CPU in a debug build, which delayed the reconnection under load.
+    let mut agent = Agent::start(mgr.port(), |c| {
+        c.outbox_capacity = 4;
+        c.max_in_flight = 4;
+    })
+    .await;
     // Big replies fill the socket buffers quickly.
     for n in 0..3000 {
         agent.fake.add_unit(
