@@ -251,6 +251,7 @@ fn db_new(proxy_id: u64) -> Event {
         node,
         unit,
         proxy_id,
+        template: drover_protocol::ProxyTemplate::Drover,
     }
 }
 
@@ -351,6 +352,7 @@ async fn an_agent_restarted_after_a_crash_follows_the_proxy_units_left_active() 
         node: target_node,
         unit,
         proxy_id: b,
+        ..
     } = proxy_event(&mut m).await
     else {
         panic!("expected ProxyNew");

@@ -374,6 +374,7 @@ async fn create_waits_for_the_target_duplicate_is_refused_remove_unknown_succeed
             node,
             unit,
             proxy_id,
+            ..
         } => {
             assert_eq!((node.as_str(), unit.as_str()), ("bar", "db.service"));
             proxy_id
@@ -825,11 +826,14 @@ async fn bluechis_helper_call_is_served_and_its_garbage_is_refused() {
         proxy_id,
         node,
         unit,
+        template,
     } = next_event(&mut r.manager).await
     else {
         panic!("expected ProxyNew");
     };
     assert_eq!((node.as_str(), unit.as_str()), ("bar", "db.service"));
+    // Announced with its family: it ends as BlueChi's proxy does.
+    assert_eq!(template, drover_protocol::ProxyTemplate::Bluechi);
     // It may not speak for drover's proxy unit of the same target.
     let (name, _) = call(&helper, "CreateProxy", (LOCAL, "bar", "db.service"))
         .await

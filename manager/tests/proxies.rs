@@ -57,6 +57,7 @@ async fn proxy_event(agent: &FakeAgent, new: bool, node: &str, unit: &str, proxy
                 node,
                 unit,
                 proxy_id,
+                template: drover_protocol::ProxyTemplate::Drover,
             },
             false => Event::ProxyRemoved {
                 node,

@@ -21,7 +21,9 @@ use serde::{Deserialize, Serialize};
 /// 6: the agent sends three times per manager threshold (was: twice), since
 /// the manager reads every other heartbeat ([`crate::liveness`]); a protocol
 /// 5 agent sending twice per threshold would be dropped as silent.
-pub const PROTOCOL_VERSION: u32 = 6;
+/// 7: `Event::ProxyNew` carries the proxy unit's family (`template`): a
+/// `bluechi-proxy@` proxy ends as BlueChi's does.
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// `DRVR`: tells a drover peer from anything else talking to the port.
 pub const MAGIC: [u8; 4] = *b"DRVR";

@@ -15,6 +15,7 @@
 use crate::error_names;
 use crate::job::JobKind;
 use crate::names::{NodeName, UnitName};
+use crate::proxy_instance::ProxyTemplate;
 use crate::tag::ModTag;
 use serde::{Deserialize, Serialize};
 
@@ -328,10 +329,14 @@ pub enum Event {
         reason: Reason,
     },
     /// A local proxy on this (requesting) node wants `unit` on `node`.
+    /// `template`: the family of its proxy unit, whose end follows that
+    /// family's behaviour (BlueChi's `bluechi-proxy@` ends as BlueChi's does,
+    /// see `crate::verdict`).
     ProxyNew {
         node: NodeName,
         unit: UnitName,
         proxy_id: u64,
+        template: ProxyTemplate,
     },
     ProxyRemoved {
         node: NodeName,
@@ -467,11 +472,18 @@ mod tests {
                     }
                 }
             ),
-            (node(), unit(), any::<u64>()).prop_map(|(node, unit, proxy_id)| Event::ProxyNew {
-                node,
-                unit,
-                proxy_id
-            }),
+            (node(), unit(), any::<u64>(), any::<bool>()).prop_map(
+                |(node, unit, proxy_id, bluechi)| Event::ProxyNew {
+                    node,
+                    unit,
+                    proxy_id,
+                    template: if bluechi {
+                        ProxyTemplate::Bluechi
+                    } else {
+                        ProxyTemplate::Drover
+                    },
+                }
+            ),
         ]
     }
 

@@ -45,13 +45,15 @@
 //! Everything here is pure: a rejected instance never reaches the bus.
 
 use crate::names::{NameError, NodeName, UnitName, printable};
+use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// The suffix of every proxy unit: the templates are services.
 const PROXY_SUFFIX: &str = ".service";
 
-/// A family of proxy units: the template they are instances of.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// A family of proxy units: the template they are instances of. It crosses
+/// the wire in `Event::ProxyNew`: how a proxy ends depends on its family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum ProxyTemplate {
     /// `drover-proxy@.service`, drover's own.
     Drover,

@@ -399,3 +399,76 @@ async fn bluechis_own_template_runs_drovers_helper_as_bluechi_proxy() {
     wait_live(&c, &[]).await;
     c.down().await;
 }
+
+/// BlueChi's `proxy-service-fails-on-execstart`, on both families side by side: the
+/// target (`Type=simple`, `RemainAfterExit=yes`) fails at its exec start, right after it
+/// went active. Through `bluechi-proxy@` the proxy ends as BlueChi's does, `inactive`
+/// (it saw the target active, completed, and was stopped when the target failed): its
+/// `Wants=` requester runs, the target is `failed`, the dep `inactive`. Through
+/// `drover-proxy@` the proxy ends `failed` with the target's reason in its journal.
+/// Several rounds: the target's failure races the dep start's confirmation, and each
+/// order must end the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_failing_at_exec_start_ends_each_family_as_its_own() {
+    const ROUNDS: usize = 6;
+    let c = TestCluster::with(compat(2)).await;
+    c.install(
+        "node2",
+        DB,
+        "[Service]\nType=simple\nRemainAfterExit=yes\nExecStart=/bin/false\n",
+    )
+    .await;
+    c.install("node1", NEED_DB, &requester("Wants", BC_PROXY))
+        .await;
+    c.install("node1", NEED_DB_DROVER, &requester("Wants", DR_PROXY))
+        .await;
+    for round in 0..ROUNDS {
+        for (requester, proxy, ends) in [
+            (NEED_DB, BC_PROXY, "inactive"),
+            (NEED_DB_DROVER, DR_PROXY, "failed"),
+        ] {
+            let entered = c
+                .prop("node1", proxy, "ActiveEnterTimestampMonotonic")
+                .await;
+            // Wants= + After=: the start returns once the proxy's start job ended.
+            start_ok(&c, "node1", requester).await;
+            wait_state(&c, "node2", DB, "failed").await;
+            wait_state(&c, "node2", DEP, "inactive").await;
+            wait_state(&c, "node1", proxy, ends).await;
+            assert_eq!(c.state("node1", requester).await, "active", "round {round}");
+            let log = c.unit_log("node1", proxy).unwrap_or_default();
+            if ends == "inactive" {
+                // It did run in this round: active first, then stopped, not a
+                // start that failed.
+                assert_ne!(
+                    c.prop("node1", proxy, "ActiveEnterTimestampMonotonic")
+                        .await,
+                    entered,
+                    "round {round}: {log}"
+                );
+                assert_eq!(c.prop("node1", proxy, "Result").await, "success");
+            } else {
+                assert!(
+                    log.lines().last().is_some_and(
+                        |l| l.contains("db.service on node node2") && l.contains("failed")
+                    ),
+                    "round {round}: {log}"
+                );
+            }
+            wait_live(&c, &[]).await;
+            // Next round from scratch.
+            c.systemctl_ok("node1", &["stop", requester]).await;
+            c.systemctl("node1", &["reset-failed", proxy]).await;
+            c.systemctl("node2", &["reset-failed", DB]).await;
+        }
+    }
+    // A target that never came up (a oneshot failing in its start) fails BlueChi's
+    // proxy too, with the reason: as BlueChi's.
+    c.install("node2", DB, FAILING).await;
+    let out = c.systemctl("node1", &["start", NEED_DB]).await;
+    assert!(out.success(), "Wants=: {}", out.stderr);
+    wait_state(&c, "node1", BC_PROXY, "failed").await;
+    let log = c.unit_log("node1", BC_PROXY).unwrap_or_default();
+    assert!(log.contains("db.service on node node2"), "{log}");
+    c.down().await;
+}

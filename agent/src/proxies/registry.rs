@@ -1,7 +1,11 @@
 //! Proxies on the requesting node: the state behind `drover-proxy@NODE_UNIT.service`
-//! (and BlueChi's `bluechi-proxy@NODE_UNIT.service`: both families are
-//! alike here, [`ProxyTemplate`]; a proxy is its proxy unit, node and unit,
-//! so one unit of each family for the same target are two proxies).
+//! (and BlueChi's `bluechi-proxy@NODE_UNIT.service`, [`ProxyTemplate`]; a
+//! proxy is its proxy unit, node and unit, so one unit of each family for the
+//! same target are two proxies). The families differ in one thing, how a
+//! proxy ends when its target goes down after it was active: drover's ends
+//! `failed` with the reason (its stop's `RemoveProxy` answers it), BlueChi's
+//! ends `inactive`, as BlueChi's does (`RemoveProxy` succeeds; a helper that
+//! asks only after that still succeeds, and the unit is stopped).
 //!
 //! `drover-proxy create` calls the local API's `CreateProxy(local, node, unit)`
 //! ([`crate::api`]); this module keeps one `Proxy` per call and decides how
@@ -129,6 +133,11 @@ impl ProxyKey {
 }
 
 impl ProxyKey {
+    /// The family of its proxy unit.
+    pub fn template(&self) -> ProxyTemplate {
+        ProxyTemplate::of_unit(self.local.as_str()).unwrap_or(ProxyTemplate::Drover)
+    }
+
     /// The key behind a proxy unit's own name, by the helper's rule
     /// ([`ProxyInstance::from_unit_name`]). `None` for anything else.
     pub fn from_unit_name(local: &str) -> Option<Self> {
@@ -222,6 +231,9 @@ impl Proxy {
 struct AheadFailure {
     job: JobPath,
     why: String,
+    /// A `bluechi-proxy@` proxy whose target was active first: as BlueChi's,
+    /// its helper succeeds and the unit is then stopped (it ends `inactive`).
+    completes: bool,
 }
 
 #[derive(Default)]
@@ -325,6 +337,7 @@ impl Table {
                 node: proxy.key.node.clone(),
                 unit: proxy.key.unit.clone(),
                 proxy_id: id,
+                template: proxy.key.template(),
             },
         );
         self.by_key.insert(proxy.key.clone(), id);
@@ -384,7 +397,22 @@ impl Proxies {
         t.failed_stops.remove(&key.local);
         if let Some(failure) = t.failed_ahead.remove(&key) {
             // Started ahead, and the target failed before we were asked.
-            let _ = tx.send(Err(failure.why));
+            if failure.completes {
+                // BlueChi's family: the proxy was active, so its start
+                // succeeds, and then it stops (deferred until this start job
+                // ends, see `run_stopper`).
+                tracing::info!(
+                    "proxy {} claimed by its helper: its target was active, then went down: {}",
+                    key.local,
+                    failure.why
+                );
+                let _ = tx.send(Ok(()));
+                t.stops.push_back(key.local);
+                drop(t);
+                self.stop_wake.notify_one();
+            } else {
+                let _ = tx.send(Err(failure.why));
+            }
             return Ok((NO_PROXY, rx));
         }
         if let Some(&id) = t.by_key.get(&key)
@@ -577,7 +605,8 @@ impl Proxies {
     /// its target failed: `RemoveProxy` (the stop's
     /// `ExecStop=`) answers it as an error, so the proxy unit ends `failed`
     /// with the target's reason, as one whose target fails while it waits.
-    /// Taken once.
+    /// Taken once. Only a `drover-proxy@` proxy: BlueChi's `bluechi-proxy@`
+    /// ends `inactive` there, as BlueChi's does.
     pub fn take_failure(&self, key: &ProxyKey) -> Option<String> {
         self.lock().failed_stops.remove(&key.local)
     }
@@ -621,6 +650,7 @@ impl Proxies {
                 node: proxy.key.node.clone(),
                 unit: proxy.key.unit.clone(),
                 proxy_id: *id,
+                template: proxy.key.template(),
             };
             if outbox.send(epoch, ToManager::Event(event)) != Sent::Queued {
                 return;
@@ -684,6 +714,7 @@ impl Proxies {
             Fate::Down { why, failed } => {
                 let reply = proxy.reply.take();
                 let ahead = proxy.ahead.take();
+                let was_active = proxy.active;
                 t.forget(id, outbox);
                 match (reply, ahead) {
                     (Some(reply), _) => {
@@ -695,14 +726,26 @@ impl Proxies {
                         if t.failed_ahead.len() >= AHEAD_FAILURES_CAP {
                             t.failed_ahead.clear();
                         }
-                        t.failed_ahead.insert(key, AheadFailure { job, why });
+                        // BlueChi's proxy, having seen its target active,
+                        // started and then stopped.
+                        let completes =
+                            was_active && key.template() == ProxyTemplate::Bluechi;
+                        t.failed_ahead.insert(
+                            key,
+                            AheadFailure {
+                                job,
+                                why,
+                                completes,
+                            },
+                        );
                     }
                     (None, None) => {
                         tracing::warn!(proxy = id, "stopping proxy {}: {why}", key.local);
-                        if failed {
+                        if failed && key.template() == ProxyTemplate::Drover {
                             // The stop's `RemoveProxy` (ExecStop=) gets this
                             // as its error: the proxy ends `failed`, and its
-                            // journal says why.
+                            // journal says why. (BlueChi's `bluechi-proxy@`
+                            // ends `inactive`: its `RemoveProxy` succeeds.)
                             if t.failed_stops.len() >= AHEAD_FAILURES_CAP {
                                 t.failed_stops.clear();
                             }
@@ -838,10 +881,15 @@ mod tests {
     }
 
     fn new(id: u64) -> Event {
+        new_of(id, ProxyTemplate::Drover)
+    }
+
+    fn new_of(id: u64, template: ProxyTemplate) -> Event {
         Event::ProxyNew {
             node: NodeName::new("bar").unwrap(),
             unit: UnitName::new("db.service").unwrap(),
             proxy_id: id,
+            template,
         }
     }
 
@@ -1177,6 +1225,7 @@ mod tests {
                     node: NodeName::new("bar").unwrap(),
                     unit: UnitName::new("x.service").unwrap(),
                     proxy_id: b,
+                    template: ProxyTemplate::Drover,
                 }
             ]
         );
@@ -1335,7 +1384,10 @@ mod tests {
         assert!(p.remove(&bluechi, &outbox));
         assert_eq!(p.list().len(), 1);
         assert_eq!(p.list()[0].key, db());
-        assert_eq!(drain(&mut rx), vec![new(b), new(d), removed(b)]);
+        assert_eq!(
+            drain(&mut rx),
+            vec![new_of(b, ProxyTemplate::Bluechi), new(d), removed(b)]
+        );
         // The target's real stop stops the remaining proxy unit by its own name.
         p.on_notice(state(d, "inactive", "dead", Reason::Real), &outbox);
         assert_eq!(
@@ -1434,5 +1486,81 @@ mod tests {
             p.create(db(), &outbox).unwrap_err(),
             CreateError::ShuttingDown
         );
+    }
+
+    fn bluechi_db() -> ProxyKey {
+        key("bluechi-proxy@bar_db.service", "bar", "db.service")
+    }
+
+    /// A target that fails after its proxies were active: drover's proxy unit
+    /// is stopped with the reason for its `RemoveProxy` (it ends `failed`),
+    /// BlueChi's without (it ends `inactive`, as BlueChi's). Both are stopped.
+    #[tokio::test]
+    async fn a_failing_target_ends_a_drover_proxy_failed_and_a_bluechi_one_inactive() {
+        let outbox = Outbox::default();
+        let mut rx = session(&outbox, 1);
+        let p = Proxies::default();
+        let (b, b_reply) = p.create(bluechi_db(), &outbox).unwrap();
+        let (d, d_reply) = p.create(db(), &outbox).unwrap();
+        assert_eq!(
+            drain(&mut rx),
+            vec![new_of(b, ProxyTemplate::Bluechi), new(d)],
+            "each announced with its family"
+        );
+        for id in [b, d] {
+            p.on_notice(state(id, "active", "running", Reason::Real), &outbox);
+        }
+        assert_eq!(b_reply.await.unwrap(), Ok(()));
+        assert_eq!(d_reply.await.unwrap(), Ok(()));
+        for id in [b, d] {
+            p.on_notice(state(id, "failed", "failed", Reason::Real), &outbox);
+        }
+        assert_eq!(
+            p.pending_stops(),
+            vec![bluechi_db().local, db().local],
+            "both proxy units are stopped"
+        );
+        assert_eq!(p.take_failure(&bluechi_db()), None);
+        assert!(
+            p.take_failure(&db())
+                .is_some_and(|why| why.contains("db.service on node bar is failed")),
+        );
+    }
+
+    /// BlueChi's proxy started ahead of its helper, whose target was active and
+    /// then failed before the helper asked: the helper's call succeeds (the
+    /// proxy ran, as BlueChi's would have) and the unit is stopped. Drover's
+    /// fails the call with the reason.
+    #[tokio::test]
+    async fn a_bluechi_proxy_started_ahead_completes_then_stops_if_its_target_ran() {
+        let outbox = Outbox::default();
+        let _rx = session(&outbox, 1);
+        let p = Proxies::default();
+        let b = p.start_ahead(bluechi_db(), JOB.into(), &outbox).unwrap();
+        let d = p.start_ahead(db(), "/org/freedesktop/systemd1/job/10".into(), &outbox)
+            .unwrap();
+        for id in [b, d] {
+            p.on_notice(state(id, "active", "running", Reason::Real), &outbox);
+            p.on_notice(state(id, "failed", "failed", Reason::Real), &outbox);
+        }
+        assert!(p.list().is_empty());
+        assert!(p.pending_stops().is_empty(), "nothing to stop before the helpers ask");
+        let (_, b_reply) = p.create(bluechi_db(), &outbox).unwrap();
+        assert_eq!(b_reply.await.unwrap(), Ok(()));
+        assert_eq!(p.pending_stops(), vec![bluechi_db().local]);
+        let (_, d_reply) = p.create(db(), &outbox).unwrap();
+        assert!(
+            d_reply
+                .await
+                .unwrap()
+                .is_err_and(|why| why.contains("db.service on node bar is failed"))
+        );
+        assert_eq!(p.take_failure(&bluechi_db()), None);
+        // A BlueChi proxy whose target never ran fails like drover's.
+        p.start_ahead(bluechi_db(), JOB.into(), &outbox).unwrap();
+        let id = p.list()[0].id;
+        p.on_notice(state(id, "failed", "failed", Reason::Real), &outbox);
+        let (_, reply) = p.create(bluechi_db(), &outbox).unwrap();
+        assert!(reply.await.unwrap().is_err());
     }
 }

@@ -144,9 +144,11 @@ impl Proxies {
                 node,
                 unit,
                 proxy_id,
+                template,
             } => {
                 tracing::debug!(requester = %session.node(), %node, %unit, proxy_id, "proxy announced");
-                inner.refs.proxy_new(
+                inner.refs.proxy_new_of(
+                    *template,
                     session.node(),
                     session.id(),
                     node,

@@ -55,6 +55,14 @@
 //!   relayed as the virtual state it is, the requesting agent would ignore
 //!   it and its proxy would hang `activating` until its start timeout (issue
 //!   14 item 6: a target that exits ~4 ms after its start, 3 tries in 75).
+//! * **BlueChi's proxy names keep BlueChi's ending.** A `bluechi-proxy@`
+//!   reference (the family comes with `ProxyNew`) whose target came up during
+//!   its start (B's real `active`, held back as above) and is down when the
+//!   start is confirmed, or goes down while the reference still waits, is
+//!   told that `active` and then the down as real news: its agent completes
+//!   the proxy and stops it, so it ends `inactive` as BlueChi's does (BlueChi
+//!   relays the `active` at once). A `drover-proxy@` reference fails with the
+//!   reason instead, and so does any reference whose target never came up.
 //! * The manager applies the agent's own rule to the target states it relays,
 //!   so both sides agree on a proxy's fate without an extra message: a waiting
 //!   proxy becomes active when the target is `active` (real or virtual) and
@@ -97,7 +105,8 @@
 //!   `ProxyError`; a new grace period applies to disconnects from then on.
 
 use drover_config::ManagerConfig;
-use drover_protocol::verdict::{Verdict, is_down, verdict};
+use drover_protocol::ProxyTemplate;
+use drover_protocol::verdict::{ACTIVE, Verdict, is_down, verdict};
 use drover_protocol::{NodeName, Notice, Reason, TargetChange, UnitName};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
@@ -293,6 +302,9 @@ impl RefState {
 #[derive(Debug, Clone)]
 struct Ref {
     proxy_id: u64,
+    /// The family of A's proxy unit: how the proxy ends when its target
+    /// comes up during its start and goes down again ([`ran_then_down`]).
+    template: ProxyTemplate,
     /// A's session that announced (or resumed) it.
     session: u64,
     state: RefState,
@@ -342,6 +354,10 @@ struct Target {
     /// What B acknowledged in its current session.
     acked: Option<Want>,
     in_flight: bool,
+    /// B's real `active` of the target that came while a dep start not yet
+    /// confirmed was wanted, with that want's generation: the target ran
+    /// during the start (see [`ran_then_down`]).
+    ran: Option<(u64, TargetChange)>,
 }
 
 impl Target {
@@ -356,6 +372,7 @@ impl Target {
             },
             acked: None,
             in_flight: false,
+            ran: None,
         }
     }
 
@@ -529,7 +546,14 @@ impl References {
                 },
             )
         {
-            fail_waiting(r, a, online, message, out);
+            let down = TargetChange::State {
+                active_state: active.clone(),
+                sub_state: sub.clone(),
+                reason: Reason::Real,
+            };
+            if !ran_then_down(r, target.ran.as_ref(), (a, online), (b, unit), &down, out) {
+                fail_waiting(r, a, online, message, out);
+            }
             return;
         }
         let changes = [
@@ -631,6 +655,59 @@ fn down_after_start(unit: &UnitName, b: &NodeName, change: &TargetChange) -> Opt
             "{unit} on node {b} is {active_state} ({sub_state})"
         )),
         _ => None,
+    }
+}
+
+/// How a `bluechi-proxy@` reference ends when its target came up during its
+/// start (`ran`: B's real `active`, held back until the start was confirmed)
+/// and is down now (`down`, as real news): as BlueChi's proxy does, which
+/// heard that `active` at once — it is told the `active` (its agent
+/// completes the proxy) and then the down (its agent stops the proxy unit,
+/// which ends `inactive`). Returns false, doing nothing, for any other
+/// reference: a `drover-proxy@` one, or a target that never came up (a
+/// oneshot failing in its start, which fails BlueChi's proxy too), fails
+/// with the reason.
+fn ran_then_down(
+    r: &mut Ref,
+    ran: Option<&(u64, TargetChange)>,
+    (a, online): (&NodeName, Option<u64>),
+    (b, unit): (&NodeName, &UnitName),
+    down: &TargetChange,
+    out: &mut Vec<Action>,
+) -> bool {
+    let Some((generation, up)) = ran else {
+        return false;
+    };
+    if r.template != ProxyTemplate::Bluechi
+        || r.state != RefState::Waiting
+        || *generation < r.added_gen
+    {
+        return false;
+    }
+    for change in [up, down] {
+        out.extend(r.notice(a, online, |proxy_id| Notice::ProxyTarget {
+            proxy_id,
+            change: change.clone(),
+        }));
+        apply_rule(r, b, unit, change);
+    }
+    true
+}
+
+/// `change` as real news (a virtual down that is a start's outcome, told
+/// as such to a reference that ends with it).
+fn real_down(change: &TargetChange) -> TargetChange {
+    match change {
+        TargetChange::State {
+            active_state,
+            sub_state,
+            ..
+        } => TargetChange::State {
+            active_state: active_state.clone(),
+            sub_state: sub_state.clone(),
+            reason: Reason::Real,
+        },
+        other => other.clone(),
     }
 }
 

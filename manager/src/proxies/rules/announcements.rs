@@ -5,10 +5,27 @@
 use super::*;
 
 impl References {
-    /// `Event::ProxyNew` from node `a` in `session`. A reference that waits
-    /// for a target on an offline node is told so.
+    /// `Event::ProxyNew` of a `drover-proxy@` proxy (see
+    /// [`References::proxy_new_of`]).
     pub fn proxy_new(
         &mut self,
+        a: &NodeName,
+        session: u64,
+        b: &NodeName,
+        unit: &UnitName,
+        proxy_id: u64,
+        now: Instant,
+    ) -> Vec<Action> {
+        self.proxy_new_of(ProxyTemplate::Drover, a, session, b, unit, proxy_id, now)
+    }
+
+    /// `Event::ProxyNew` from node `a` in `session`, of a proxy unit of the
+    /// family `template`. A reference that waits for a target on an offline
+    /// node is told so.
+    #[allow(clippy::too_many_arguments)]
+    pub fn proxy_new_of(
+        &mut self,
+        template: ProxyTemplate,
         a: &NodeName,
         session: u64,
         b: &NodeName,
@@ -40,6 +57,7 @@ impl References {
                     (a.clone(), seq),
                     Ref {
                         proxy_id,
+                        template,
                         session,
                         state: RefState::Failed(message),
                         added_gen: 0,
@@ -118,6 +136,7 @@ impl References {
                     (a.clone(), seq),
                     Ref {
                         proxy_id,
+                        template,
                         session,
                         state: RefState::Waiting,
                         added_gen: generation,

@@ -21,6 +21,19 @@ impl References {
         if !target.watched {
             return out;
         }
+        // The target came up while a start of its dep was not yet confirmed:
+        // remembered for the references of BlueChi's family.
+        if let TargetChange::State {
+            active_state,
+            reason: Reason::Real,
+            ..
+        } = change
+            && active_state == ACTIVE
+            && target.want.running
+            && target.acked != Some(target.want)
+        {
+            target.ran = Some((target.want.generation, change.clone()));
+        }
         match change {
             TargetChange::New { .. } => {
                 if target.known == Known::Removed {
@@ -41,6 +54,7 @@ impl References {
             TargetChange::Removed { .. } => target.known = Known::Removed,
         }
         let acked = target.acked;
+        let ran = target.ran.clone();
         for ((a, _), r) in target.refs.iter_mut() {
             if !r.state.is_live() {
                 continue;
@@ -59,10 +73,20 @@ impl References {
             if r.state == RefState::Waiting && !covers(acked, r.added_gen) {
                 continue;
             }
+            let online = self.online.get(a).copied();
             if r.state == RefState::Waiting
                 && let Some(message) = down_after_start(unit, b, change)
             {
-                fail_waiting(r, a, self.online.get(a).copied(), message, &mut out);
+                let real = real_down(change);
+                if !ran_then_down(r, ran.as_ref(), (a, online), (b, unit), &real, &mut out) {
+                    fail_waiting(r, a, online, message, &mut out);
+                }
+                continue;
+            }
+            if r.state == RefState::Waiting
+                && verdict(change) == Verdict::RealDown
+                && ran_then_down(r, ran.as_ref(), (a, online), (b, unit), change, &mut out)
+            {
                 continue;
             }
             out.extend(r.notice(a, self.online.get(a).copied(), |proxy_id| {

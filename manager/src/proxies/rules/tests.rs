@@ -1198,3 +1198,149 @@ async fn a_waiting_proxy_hears_that_its_target_node_is_offline_and_for_how_long(
         [(_, Notice::ProxyError { .. })]
     ));
 }
+
+/// BlueChi's `proxy-service-fails-on-execstart`: a `Type=simple` target comes up
+/// and fails right away, and B's news of both arrives before B confirms the dep
+/// start. A `bluechi-proxy@` reference hears the `active` it was held back from,
+/// then the failure, both as real news (its agent completes the proxy, then
+/// stops it: `inactive`, as BlueChi's). A `drover-proxy@` reference of the same
+/// target, in the same round, fails with the reason instead.
+#[tokio::test(start_paused = true)]
+async fn a_bluechi_proxy_whose_target_ran_then_failed_completes_and_ends() {
+    let mut r = setup();
+    r.proxy_new_of(
+        ProxyTemplate::Bluechi,
+        &n("a"),
+        S_A,
+        &n("b"),
+        &u("db.service"),
+        1,
+        now(),
+    );
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 2, now());
+    let cmds = r.dep_commands();
+    assert_eq!(cmds.len(), 1);
+    let up = state("active", Reason::Real);
+    for change in [state("activating", Reason::Real), up.clone()] {
+        let out = r.target_event(&n("b"), &u("db.service"), &change);
+        assert!(notices(&out).is_empty(), "held back: {out:?}");
+    }
+    let out = r.target_event(&n("b"), &u("db.service"), &state("failed", Reason::Real));
+    assert!(notices(&out).is_empty(), "held back: {out:?}");
+    let out = r.dep_result(&cmds[0], DepOutcome::Done);
+    assert_eq!(
+        notices(&out),
+        [
+            ("a".to_string(), target_notice(1, up)),
+            (
+                "a".to_string(),
+                target_notice(1, state("failed", Reason::Real))
+            ),
+            (
+                "a".to_string(),
+                Notice::ProxyError {
+                    proxy_id: 2,
+                    message: "db.service on node b is failed (x)".into()
+                }
+            ),
+        ]
+    );
+    // Neither holds the dep any more; only the failed one is listed.
+    assert_eq!(
+        row_states(&r)
+            .iter()
+            .map(|row| row.2)
+            .collect::<Vec<_>>(),
+        ["failed"]
+    );
+    assert_eq!(ack_all(&mut r), [(false, "db.service".into())]);
+}
+
+/// The same target failing after the confirmation, while a `bluechi-proxy@`
+/// reference still waits (the confirmation found it `activating`): the real
+/// failure ends it the same way, `active` first.
+#[tokio::test(start_paused = true)]
+async fn a_bluechi_proxy_waiting_past_the_confirmation_ends_as_bluechis_too() {
+    let mut r = setup();
+    r.proxy_new_of(
+        ProxyTemplate::Bluechi,
+        &n("a"),
+        S_A,
+        &n("b"),
+        &u("db.service"),
+        1,
+        now(),
+    );
+    let cmds = r.dep_commands();
+    let up = state("active", Reason::Real);
+    r.target_event(&n("b"), &u("db.service"), &up);
+    // A restart in between: the confirmation finds it activating again.
+    r.target_event(&n("b"), &u("db.service"), &state("activating", Reason::Real));
+    let out = r.dep_result(&cmds[0], DepOutcome::Done);
+    assert!(
+        !notices(&out)
+            .iter()
+            .any(|(_, n)| matches!(n, Notice::ProxyError { .. })),
+        "{out:?}"
+    );
+    let out = r.target_event(&n("b"), &u("db.service"), &state("failed", Reason::Real));
+    assert_eq!(
+        notices(&out),
+        [
+            ("a".to_string(), target_notice(1, up)),
+            (
+                "a".to_string(),
+                target_notice(1, state("failed", Reason::Real))
+            ),
+        ]
+    );
+    assert_eq!(ack_all(&mut r), [(false, "db.service".into())]);
+}
+
+/// A target that never came up (a oneshot failing in its start) fails a
+/// `bluechi-proxy@` reference with the reason, as it fails BlueChi's proxy;
+/// so does an `active` B sent before this start was wanted (a stale one).
+#[tokio::test(start_paused = true)]
+async fn a_bluechi_proxy_whose_target_never_ran_fails_with_the_reason() {
+    for before_start in [false, true] {
+        let mut r = setup();
+        if before_start {
+            // An earlier proxy of the same target came and went: its news,
+            // `active` included, is older than the next start.
+            r.proxy_new(&n("c"), S_C, &n("b"), &u("db.service"), 9, now());
+            ack_all(&mut r);
+            r.target_event(&n("b"), &u("db.service"), &state("active", Reason::Real));
+            r.proxy_removed(&n("c"), &n("b"), &u("db.service"), 9, now());
+            ack_all(&mut r);
+        }
+        r.proxy_new_of(
+            ProxyTemplate::Bluechi,
+            &n("a"),
+            S_A,
+            &n("b"),
+            &u("db.service"),
+            1,
+            now(),
+        );
+        let cmds = r.dep_commands();
+        assert_eq!(cmds.len(), 1, "{before_start}");
+        for change in [
+            state("activating", Reason::Real),
+            state("failed", Reason::Real),
+        ] {
+            r.target_event(&n("b"), &u("db.service"), &change);
+        }
+        let out = r.dep_result(&cmds[0], DepOutcome::Done);
+        assert_eq!(
+            notices(&out),
+            [(
+                "a".to_string(),
+                Notice::ProxyError {
+                    proxy_id: 1,
+                    message: "db.service on node b is failed (x)".into()
+                }
+            )],
+            "{before_start}"
+        );
+    }
+}
