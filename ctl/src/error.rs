@@ -60,12 +60,15 @@ pub enum CtlError {
     UnitNotFound { unit: String, node: String },
 
     /// The job ended, but not with `done` (the result line is already on stdout).
-    #[error("{operation} of unit {unit} on node {node} finished with result '{result}'")]
+    #[error("{operation} of unit {unit} on node {node} finished with result '{result}'{why}")]
     JobFailed {
         operation: &'static str,
         unit: String,
         node: String,
         result: String,
+        /// For `dependency`: which dependencies failed, one line each
+        /// (each line starts with a newline); else empty.
+        why: String,
     },
 
     /// `--timeout` ran out before the job's `JobRemoved` arrived (or before the

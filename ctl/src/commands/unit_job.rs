@@ -365,6 +365,14 @@ async fn run_job(op: JobKind, args: JobArgs, ctx: &mut Context) -> Result<(), Ct
         job,
         result,
     };
+    let why = if outcome.result == "dependency" {
+        match client.node(&args.node).await {
+            Ok(node) => failed_dependencies(&node, &args.node, &args.unit).await,
+            Err(_) => String::new(),
+        }
+    } else {
+        String::new()
+    };
     let text = if ctx.json() {
         json(std::slice::from_ref(&outcome))
     } else {
@@ -372,15 +380,74 @@ async fn run_job(op: JobKind, args: JobArgs, ctx: &mut Context) -> Result<(), Ct
     };
     ctx.emit(&text)?;
     if outcome.succeeded() {
-        Ok(())
-    } else {
-        Err(CtlError::JobFailed {
-            operation: outcome.operation,
-            unit: outcome.unit,
-            node: outcome.node,
-            result: outcome.result,
-        })
+        return Ok(());
     }
+    Err(CtlError::JobFailed {
+        operation: outcome.operation,
+        unit: outcome.unit,
+        node: outcome.node,
+        result: outcome.result,
+        why,
+    })
+}
+
+/// The dependency properties whose failure makes a job end `dependency`.
+const HARD_DEPENDENCIES: &[&str] = &["Requires", "Requisite", "BindsTo"];
+
+/// Which of `unit`'s hard dependencies are not active, one line each (each
+/// starting with a newline), and where a drover proxy's reason is. Best
+/// effort: what cannot be read is left out.
+async fn failed_dependencies(
+    node_proxy: &drover_bus::client::NodeProxy<'static>,
+    node: &NodeName,
+    unit: &UnitName,
+) -> String {
+    const UNIT_IFACE: &str = "org.freedesktop.systemd1.Unit";
+    let Ok(props) = node_proxy
+        .get_unit_properties(unit.as_str(), UNIT_IFACE)
+        .await
+    else {
+        return String::new();
+    };
+    let mut lines = String::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for key in HARD_DEPENDENCIES {
+        let Some(value) = props.get(*key) else {
+            continue;
+        };
+        let Ok(deps) = <Vec<String>>::try_from(value.clone()) else {
+            continue;
+        };
+        for dep in deps {
+            if !seen.insert(dep.clone()) {
+                continue;
+            }
+            let Ok(state) = node_proxy.get_unit_properties(&dep, UNIT_IFACE).await else {
+                continue;
+            };
+            let text = |k: &str| {
+                state
+                    .get(k)
+                    .and_then(|v| String::try_from(v.clone()).ok())
+                    .unwrap_or_default()
+            };
+            let (active, sub) = (text("ActiveState"), text("SubState"));
+            if active == "active" || active == "activating" || active == "reloading" {
+                continue;
+            }
+            lines.push_str(&format!(
+                "\n  {key}={dep} on node {node} is {active} ({sub})"
+            ));
+            if let Some(proxy) = drover_protocol::ProxyInstance::from_unit_name(&dep) {
+                lines.push_str(&format!(
+                    " ({} on node {}): why is in journalctl -u {dep} on node {node}",
+                    proxy.unit(),
+                    proxy.node()
+                ));
+            }
+        }
+    }
+    lines
 }
 
 #[cfg(test)]

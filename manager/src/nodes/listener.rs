@@ -243,6 +243,9 @@ pub async fn accept_loop(
         match accepted {
             Ok((stream, peer)) => {
                 backoff = Duration::from_millis(10);
+                // An IPv4 agent on the dual-stack listener is `[::ffff:a.b.c.d]`:
+                // every log line and check sees its plain address instead.
+                let peer = SocketAddr::new(peer.ip().to_canonical(), peer.port());
                 admit_connection(&ctx, slot, stream, peer);
             }
             Err(e) if is_resource_exhaustion(&e) => {
