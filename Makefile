@@ -19,7 +19,7 @@ DESTDIR ?=
 PREFIX ?= /usr
 DBUS_POLICY_DIR ?= /usr/share/dbus-1/system.d
 
-.PHONY: all build build-all demo test check fmt clippy doc pure units deny deny-advisories bench pydeps \
+.PHONY: all build build-all demo test test-machines check fmt clippy doc pure units deny deny-advisories bench pydeps \
 	dist-build install install-bluechi-compat man completions deb deb-check fresh-check
 
 all: build
@@ -47,6 +47,16 @@ test:
 	$(MAKE) build-all
 	$(MAKE) pydeps
 	$(CARGO) test --workspace $(CARGO_TEST_FLAGS)
+
+# README command 3: the operator's suite on booted machines (machines/tests/operator.rs,
+# docs/dev/machines.md). Three Debian 12 machines boot with systemd-nspawn from a base
+# tree built once with debootstrap (cached in /var/cache/drover-machines), the release
+# packages of `make deb` are installed with apt, and the README's path is followed and
+# checked. Minutes; not part of `make test`.
+test-machines:
+	$(HOST_DEPS) machines
+	$(MAKE) deb
+	DROVER_DEB_DIR=$(CURDIR)/target/debian $(CARGO) test -p drover-machines --features suite --test operator
 
 # BlueChi's Python bindings (PyPI `bluechi`, pure Python on the distribution's
 # python3-dasbus), used by tests/tests/python_bindings.rs to prove API compatibility.
