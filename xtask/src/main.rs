@@ -139,6 +139,8 @@ fn main() -> Result<()> {
                 let file = xtask::deb::build_deb(pkg, &inputs, &meta, &out, &compress)?;
                 println!("{}", file.display());
             }
+            // Each package's staging directory is gone; their parent goes too.
+            let _ = std::fs::remove_dir(out.join("stage"));
         }
     }
     Ok(())
