@@ -728,8 +728,7 @@ impl Proxies {
                         }
                         // BlueChi's proxy, having seen its target active,
                         // started and then stopped.
-                        let completes =
-                            was_active && key.template() == ProxyTemplate::Bluechi;
+                        let completes = was_active && key.template() == ProxyTemplate::Bluechi;
                         t.failed_ahead.insert(
                             key,
                             AheadFailure {
@@ -1537,14 +1536,18 @@ mod tests {
         let _rx = session(&outbox, 1);
         let p = Proxies::default();
         let b = p.start_ahead(bluechi_db(), JOB.into(), &outbox).unwrap();
-        let d = p.start_ahead(db(), "/org/freedesktop/systemd1/job/10".into(), &outbox)
+        let d = p
+            .start_ahead(db(), "/org/freedesktop/systemd1/job/10".into(), &outbox)
             .unwrap();
         for id in [b, d] {
             p.on_notice(state(id, "active", "running", Reason::Real), &outbox);
             p.on_notice(state(id, "failed", "failed", Reason::Real), &outbox);
         }
         assert!(p.list().is_empty());
-        assert!(p.pending_stops().is_empty(), "nothing to stop before the helpers ask");
+        assert!(
+            p.pending_stops().is_empty(),
+            "nothing to stop before the helpers ask"
+        );
         let (_, b_reply) = p.create(bluechi_db(), &outbox).unwrap();
         assert_eq!(b_reply.await.unwrap(), Ok(()));
         assert_eq!(p.pending_stops(), vec![bluechi_db().local]);

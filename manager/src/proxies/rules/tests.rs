@@ -1247,10 +1247,7 @@ async fn a_bluechi_proxy_whose_target_ran_then_failed_completes_and_ends() {
     );
     // Neither holds the dep any more; only the failed one is listed.
     assert_eq!(
-        row_states(&r)
-            .iter()
-            .map(|row| row.2)
-            .collect::<Vec<_>>(),
+        row_states(&r).iter().map(|row| row.2).collect::<Vec<_>>(),
         ["failed"]
     );
     assert_eq!(ack_all(&mut r), [(false, "db.service".into())]);
@@ -1275,7 +1272,11 @@ async fn a_bluechi_proxy_waiting_past_the_confirmation_ends_as_bluechis_too() {
     let up = state("active", Reason::Real);
     r.target_event(&n("b"), &u("db.service"), &up);
     // A restart in between: the confirmation finds it activating again.
-    r.target_event(&n("b"), &u("db.service"), &state("activating", Reason::Real));
+    r.target_event(
+        &n("b"),
+        &u("db.service"),
+        &state("activating", Reason::Real),
+    );
     let out = r.dep_result(&cmds[0], DepOutcome::Done);
     assert!(
         !notices(&out)
