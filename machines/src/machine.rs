@@ -308,7 +308,7 @@ impl Machine {
     }
 
     /// `systemctl poweroff` inside, then waits for nspawn to exit; kills
-    /// whatever is left after [`POWEROFF_TIMEOUT`]. The root stays.
+    /// whatever is left after `POWEROFF_TIMEOUT` (60 s). The root stays.
     pub fn poweroff(&mut self) -> Result<()> {
         let Some(mut nspawn) = self.nspawn.take() else {
             return self.kill_leftovers();
