@@ -11,6 +11,8 @@
 //!   the agent link's TCP keys, the TLS file keys ([`tls`]: all-or-nothing,
 //!   absolute paths; the transport rules built on them are in [`manager`]),
 //!   the logging keys.
+//! * [`metrics`] — the Prometheus endpoint's keys (`MetricsListenAddress`,
+//!   `MetricsPerNode`).
 //! * [`logging`] — `LogLevel`/`LogTarget` and the tracing setup they select.
 //! * [`notify`] — what both daemons tell their service manager (`READY=1`,
 //!   `STATUS=`, `RELOADING=1`, `WATCHDOG=1`, `STOPPING=1`).
@@ -32,6 +34,7 @@ pub mod ini;
 pub mod layers;
 pub mod logging;
 pub mod manager;
+pub mod metrics;
 pub mod notify;
 pub mod pattern;
 mod sections;
@@ -47,6 +50,7 @@ pub use error::ConfigError;
 pub use layers::{LoadReport, Sources};
 pub use logging::{LogHandle, LogLevel, LogTarget, LoggingConfig};
 pub use manager::{ManagerConfig, NodeSection};
+pub use metrics::MetricsSettings;
 pub use pattern::NodePattern;
 pub use shared::LinkSettings;
 pub use tls::TlsFiles;

@@ -49,6 +49,7 @@
 
 use crate::ini::Document;
 use crate::layers::{Layered, LoadReport, apply_sources};
+use crate::metrics::{self, MetricsSettings};
 use crate::pattern::{NodePattern, is_pattern};
 use crate::sections::{self, Daemon, Dialect, Kind};
 use crate::shared::{self, LinkSettings};
@@ -73,7 +74,8 @@ pub const BLUECHI_SECTION: &str = sections::MANAGER_BLUECHI;
 /// from overflowing in the daemons.
 pub const MAX_MS: u64 = 86_400_000;
 
-/// The keys of `[drover-manager]` only the manager reads.
+/// The keys of `[drover-manager]` only the manager reads (besides the
+/// metrics keys, [`crate::metrics`]).
 const OWN_KEYS: &[&str] = &[
     "ControllerPort",
     "ListenAddress",
@@ -90,8 +92,9 @@ const OWN_KEYS: &[&str] = &[
 /// Every key of `[drover-manager]`: its own, then those both daemons read
 /// ([`shared::KEYS`]). drover.conf(5) documents each; a test keeps the list
 /// equal to the keys the loader matches.
-pub const KEYS: &[&str] =
-    &shared::key_list::<{ OWN_KEYS.len() + shared::KEYS.len() }>(&[OWN_KEYS, shared::KEYS]);
+pub const KEYS: &[&str] = &shared::key_list::<
+    { OWN_KEYS.len() + metrics::KEYS.len() + shared::KEYS.len() },
+>(&[OWN_KEYS, metrics::KEYS, shared::KEYS]);
 /// Every key of `[node NAME]`.
 pub const NODE_KEYS: &[&str] = &["Allowed", "AllowDependenciesOn", "RequiredSelinuxContext"];
 
@@ -141,6 +144,8 @@ pub struct ManagerConfig {
     pub allow_plaintext: bool,
     /// `LogLevel`, `LogTarget`, `LogIsQuiet`.
     pub logging: LoggingConfig,
+    /// `MetricsListenAddress`, `MetricsPerNode`: the Prometheus endpoint.
+    pub metrics: MetricsSettings,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -169,6 +174,7 @@ impl Default for ManagerConfig {
             allow_certified_nodes: false,
             allow_plaintext: false,
             logging: LoggingConfig::default(),
+            metrics: MetricsSettings::default(),
         }
     }
 }
@@ -334,6 +340,9 @@ impl Builder {
     fn apply_key(&mut self, at: At<'_>, dialect: Dialect) -> Result<(), ConfigError> {
         let cfg = &mut self.cfg;
         if shared::apply(at, &mut cfg.link, &mut self.tls, &mut cfg.logging)? {
+            return Ok(());
+        }
+        if metrics::apply(at, &mut cfg.metrics)? {
             return Ok(());
         }
         let c = &mut self.cfg;
@@ -909,6 +918,16 @@ mod tests {
             ("LogLevel", "debug", "not a log level"),
             ("LogTarget", "syslog", "not a log target"),
             ("LogIsQuiet", "quiet", "not a boolean"),
+            ("MetricsListenAddress", "localhost:9842", "is not PORT"),
+            ("MetricsListenAddress", "0", "port 0"),
+            ("MetricsListenAddress", "65536", "out of range"),
+            ("MetricsListenAddress", "[::1]:0", "port 0"),
+            (
+                "MetricsListenAddress",
+                "9842 # port",
+                "comments must be on their own line",
+            ),
+            ("MetricsPerNode", "sometimes", "not a boolean"),
         ];
         for (key, value, want) in cases {
             let text = format!("# comment\n[drover-manager]\nUseTCP=true\n{key}={value}\n");

@@ -256,6 +256,17 @@ fn check(cli: &Cli) -> anyhow::Result<Vec<String>> {
             config.port
         )),
     }
+    lines.push(match config.metrics.listen {
+        Some(addr) => format!(
+            "metrics: Prometheus endpoint http://{addr}/metrics{}",
+            if config.metrics.per_node {
+                ""
+            } else {
+                " (no per-node series)"
+            }
+        ),
+        None => "metrics: off (MetricsListenAddress unset)".to_string(),
+    });
     lines.push("the configuration is valid".to_string());
     Ok(lines)
 }

@@ -97,7 +97,6 @@ impl JobRunner {
         let id = self
             .table()
             .allocate(node.clone(), unit, kind, session.id());
-        self.metrics.job_started(id);
         let body = make(id);
         match session.request(body, self.request_timeout).await {
             Ok(Response::Empty) => {}
@@ -178,9 +177,10 @@ impl JobRunner {
 
     async fn job_removed(&self, job: &JobInfo, result: &str) {
         let path = job_path(job.id);
-        self.metrics.job_finished(job, self.outbound.get(), || {
-            self.nodes.session_of(&job.node).ok()
-        });
+        self.metrics
+            .job_finished(job, result, self.outbound.get(), || {
+                self.nodes.session_of(&job.node).ok()
+            });
         if let Some(out) = self.outbound.get() {
             out.job_removed(job, &path, result).await;
         }

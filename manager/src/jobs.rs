@@ -39,6 +39,8 @@ pub struct JobInfo {
     pub unit: UnitName,
     pub job_type: JobKind,
     pub session_id: u64,
+    /// When the job was created (its duration is measured from here).
+    pub started: std::time::Instant,
 }
 
 #[derive(Debug)]
@@ -98,6 +100,7 @@ impl Jobs {
             unit,
             job_type,
             session_id,
+            started: std::time::Instant::now(),
         };
         self.table.insert(
             id,

@@ -28,8 +28,9 @@
 //! * [`jobs`] — BlueChi jobs and the ordering rules that make every job end
 //!   with exactly one `JobRemoved` (plain data); [`job_runner`] — what
 //!   `StartUnit` & co do and what a job's events put on the bus;
-//!   [`metrics`] — metrics on/off, job start times, what to measure when a
-//!   job ends.
+//!   [`metrics`] — what the manager measures: BlueChi's D-Bus `Metrics`
+//!   signals, the Prometheus counters kept as things happen, and the
+//!   bounded `/metrics` endpoint (`MetricsListenAddress`).
 //! * [`root`] — the composition root: builds every part above from the
 //!   configuration, hands each what it needs, and says what a node's life
 //!   means for the others (online → subscriptions, proxies, metrics; ended →

@@ -41,7 +41,7 @@ use crate::reload::Reloader;
 use crate::units::hub::Subscriptions;
 use crate::units::monitor::Monitors;
 use drover_config::ManagerConfig;
-use drover_protocol::{Event, NodeName};
+use drover_protocol::{Event, NodeName, RefuseReason};
 use drover_tls::Acceptor;
 use futures::future::BoxFuture;
 use std::sync::Arc;
@@ -189,6 +189,7 @@ impl Followers for Following {
             self.subscriptions.node_online(session);
             self.proxies.node_online(session).await;
             self.metrics.node_online(session);
+            self.metrics.counters().registered();
         })
     }
 
@@ -196,7 +197,12 @@ impl Followers for Following {
         Box::pin(async move {
             self.subscriptions.node_offline(node, session_id);
             self.proxies.node_offline(node, session_id).await;
+            self.metrics.counters().disconnected();
         })
+    }
+
+    fn refused(&self, reason: Option<RefuseReason>) {
+        self.metrics.counters().refused(reason);
     }
 
     fn ended(&self, session_id: u64) -> BoxFuture<'_, ()> {

@@ -13,6 +13,8 @@ use crate::api;
 use crate::api::handles::Handles;
 use crate::job_runner::JobRunner;
 use crate::logs::LogControl;
+use crate::metrics::exposition::{Exposition, Live};
+use crate::metrics::http;
 use crate::nodes::lifecycle::{Lifecycle, Phase};
 use crate::nodes::listener::{Accept, accept_loop};
 use crate::nodes::session::CLOSE_DEADLINE;
@@ -45,6 +47,11 @@ pub enum StartError {
     Listener(std::io::Error),
     #[error("TLS: {0}")]
     Tls(#[from] drover_tls::Error),
+    #[error("cannot listen for metrics on {addr} (MetricsListenAddress): {source}")]
+    Metrics {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 pub use crate::tls::load_tls;
@@ -60,6 +67,7 @@ pub struct Manager {
     stop: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
     local_addr: SocketAddr,
+    metrics_addr: Option<SocketAddr>,
 }
 
 async fn connect(bus: &Bus) -> Result<Connection, StartError> {
@@ -123,11 +131,24 @@ impl Manager {
             churn: parts.churn.clone(),
         });
         let stop = CancellationToken::new();
-        let tasks = vec![
+        let metrics = match parts.config.metrics.listen {
+            Some(addr) => Some(metrics_listener(&parts, addr).await?),
+            None => None,
+        };
+        let metrics_addr = metrics.as_ref().map(|(addr, _, _)| *addr);
+        let mut tasks = vec![
             tokio::spawn(accept_loop(accept, listener, stop.clone())),
             tokio::spawn(parts.lifecycle.clone().heartbeat_loop()),
             tokio::spawn(parts.proxies.clone().timer_loop()),
         ];
+        if let Some((addr, listener, exposition)) = metrics {
+            tracing::info!("serving Prometheus metrics at http://{addr}/metrics");
+            tasks.push(tokio::spawn(http::serve(
+                listener,
+                exposition,
+                stop.clone(),
+            )));
+        }
         tracing::info!(
             "serving {BUS_NAME} with {} allowed node(s); agents connect to {local_addr}{}",
             parts.lifecycle.nodes().registry().total(),
@@ -144,11 +165,17 @@ impl Manager {
             stop,
             tasks,
             local_addr,
+            metrics_addr,
         })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// Where `/metrics` is served (`MetricsListenAddress=`), if it is.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
     }
 
     /// The node lifecycle (the node table, the counts `STATUS=` shows).
@@ -224,6 +251,27 @@ impl Manager {
         }
         tracing::info!("manager stopped");
     }
+}
+
+/// Binds the metrics endpoint at `addr` and builds what it serves.
+async fn metrics_listener(
+    parts: &Parts,
+    addr: SocketAddr,
+) -> Result<(SocketAddr, tokio::net::TcpListener, Arc<Exposition>), StartError> {
+    let failed = |source| StartError::Metrics { addr, source };
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(failed)?;
+    let bound = listener.local_addr().map_err(failed)?;
+    let live = Live {
+        lifecycle: parts.lifecycle.clone(),
+        jobs_in_flight: {
+            let jobs = parts.jobs.clone();
+            Box::new(move || jobs.table().len())
+        },
+        monitors: parts.monitors.clone(),
+        per_node: parts.config.metrics.per_node,
+    };
+    let exposition = Arc::new(Exposition::new(parts.metrics.counters(), live));
+    Ok((bound, listener, exposition))
 }
 
 impl Drop for Manager {

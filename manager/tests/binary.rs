@@ -384,7 +384,23 @@ fn check_flag_validates_the_configuration_and_starts_nothing() {
             && out.contains("nodes allowed: web1, edge-*"),
         "a plaintext manager says agents on other hosts cannot connect: {out}"
     );
+    assert!(
+        out.contains("metrics: off (MetricsListenAddress unset)\n"),
+        "{out}"
+    );
     assert!(out.ends_with("the configuration is valid\n"), "{out}");
+    let metrics = dir.file(
+        "metrics.conf",
+        "[drover-manager]\nMetricsListenAddress=9842\nMetricsPerNode=no\n",
+    );
+    let (ok, out, err) = check(&["--no-default-config", "-c", metrics.to_str().unwrap()]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains(
+            "metrics: Prometheus endpoint http://127.0.0.1:9842/metrics (no per-node series)\n"
+        ),
+        "{out}"
+    );
 
     // Started nothing: the port stays free for a check with -p.
     let port = free_port();
@@ -400,6 +416,10 @@ fn check_flag_validates_the_configuration_and_starts_nothing() {
             "AllowedNodeNames",
         ),
         ("[drover-manager]\nControllerPort=99999\n", "ControllerPort"),
+        (
+            "[drover-manager]\nMetricsListenAddress=metrics.example:9842\n",
+            ":2: key 'MetricsListenAddress': 'metrics.example:9842' is not PORT",
+        ),
         ("\u{0}\u{ff}garbage", "bad.conf"),
         (
             "[drover-manager]\nTLSCertificate=/nonexistent/m.pem\nTLSPrivateKey=/nonexistent/m.key\n\

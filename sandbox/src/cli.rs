@@ -158,7 +158,8 @@ async fn up(opts: ClusterOptions) -> Result<u8> {
         c = Cluster::start(opts) => c?,
         _ = interrupt.recv() => bail!("interrupted; nothing was left running"),
     };
-    let env = files::env_lines(cluster.bus_address(), cluster.dir());
+    let metrics = cluster.metrics_url();
+    let env = files::env_lines(cluster.bus_address(), cluster.dir(), metrics.as_deref());
     let env_file = cluster.dir().join(ENV_FILE);
     // Written while the cluster value still owns the sandbox: a failure here drops it,
     // which tears it down, instead of leaving a sandbox nobody was told about.

@@ -48,6 +48,44 @@ const STOP_GRACE: Duration = Duration::from_secs(5);
 
 static SANDBOX_COUNTER: AtomicU32 = AtomicU32::new(0);
 
+/// A port on 127.0.0.1 for a server that binds it itself (the manager's
+/// metrics; a test's Prometheus): below the kernel's ephemeral range
+/// (`ip_local_port_range`), so no outgoing connection takes it by chance
+/// between this probe and the manager's bind, and free when probed. The
+/// manager binds it itself (a metrics listener is not socket-activated);
+/// the probe picks among thousands, so two sandboxes starting at once
+/// meet on one port about once in that many starts, and then the manager's
+/// start fails naming the address.
+pub fn free_loopback_port() -> Result<u16> {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (from, to) = if low > 12_000 {
+        (10_000, low)
+    } else {
+        (low.max(1024), 65_535)
+    };
+    let span = u32::from(to - from);
+    let mut seed = std::process::id()
+        .wrapping_mul(2_654_435_761)
+        .wrapping_add(SANDBOX_COUNTER.load(Ordering::Relaxed).wrapping_mul(40_503))
+        .wrapping_add(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.subsec_nanos())
+                .unwrap_or(0),
+        );
+    for _ in 0..64 {
+        seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+        let port = from + u16::try_from((seed >> 8) % span).unwrap_or(0);
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    bail!("no free loopback port between {from} and {to}")
+}
+
 /// How to build a [`Cluster`].
 #[derive(Debug, Clone)]
 pub struct ClusterOptions {
@@ -94,6 +132,9 @@ pub struct ClusterOptions {
     /// unprivileged local user of a node or of the manager host
     /// (`drover_testkit::api::connect_as`).
     pub system_bus_policy: bool,
+    /// The manager serves Prometheus metrics on a free loopback port
+    /// (default true; [`Cluster::metrics_url`]).
+    pub metrics: bool,
 }
 
 impl Default for ClusterOptions {
@@ -118,6 +159,7 @@ impl ClusterOptions {
             bluechi_compat: false,
             bin_dir: None,
             system_bus_policy: false,
+            metrics: true,
         }
     }
 
@@ -301,6 +343,11 @@ impl Cluster {
 
         let cgroups = SandboxCgroups::for_id(&layout, &id);
         let mut state = State::new(id, dir.clone(), created_dir, &cgroups, port);
+        state.metrics_port = if opts.metrics {
+            Some(free_loopback_port()?)
+        } else {
+            None
+        };
         state.nodes = opts
             .nodes
             .iter()
@@ -323,6 +370,7 @@ impl Cluster {
             None
         };
         let proxy_bin = binaries::locate_in("drover-proxy", &bin_dirs).ok();
+        let metrics_port = state.metrics_port;
         let mut cluster = Cluster {
             state,
             layout,
@@ -334,6 +382,7 @@ impl Cluster {
                 heartbeat_interval_ms: opts.heartbeat_interval_ms,
                 heartbeat_threshold_ms: opts.heartbeat_threshold_ms,
                 pki,
+                metrics_port,
             },
             node_children: BTreeMap::new(),
             bus_child: None,
@@ -396,6 +445,14 @@ impl Cluster {
     /// The manager's TCP port (stable across manager restarts).
     pub fn manager_port(&self) -> u16 {
         self.state.manager_port
+    }
+
+    /// `http://127.0.0.1:PORT/metrics`, when the manager serves metrics
+    /// ([`ClusterOptions::metrics`]; stable across manager restarts).
+    pub fn metrics_url(&self) -> Option<String> {
+        self.state
+            .metrics_port
+            .map(|p| format!("http://127.0.0.1:{p}/metrics"))
     }
 
     pub fn node_names(&self) -> Vec<String> {

@@ -12,6 +12,9 @@ pub struct DaemonSettings {
     /// The cluster's PKI directory (`drover_tls::pki` layout) when the
     /// daemons speak mutual TLS; `None` for plaintext.
     pub pki: Option<PathBuf>,
+    /// The manager's Prometheus port on 127.0.0.1 (`MetricsListenAddress`),
+    /// if it serves one.
+    pub metrics_port: Option<u16>,
 }
 
 /// The four TLS keys for a daemon whose certificate and key are `cert`, `key`.
@@ -157,6 +160,9 @@ pub fn manager_config(
         allowed.join(","),
         settings.heartbeat_threshold_ms,
     );
+    if let Some(port) = settings.metrics_port {
+        text.push_str(&format!("MetricsListenAddress=127.0.0.1:{port}\n"));
+    }
     if let Some(pki) = &settings.pki {
         text.push_str(&tls_keys(
             pki,
@@ -265,13 +271,18 @@ pub fn agent_config(settings: &DaemonSettings, name: &str) -> String {
     text
 }
 
-/// Shell `export` lines for a sandbox's bus and directory.
-pub fn env_lines(bus_address: &str, dir: &Path) -> String {
-    format!(
+/// Shell `export` lines for a sandbox's bus and directory, and the URL of
+/// its manager's metrics when it serves them.
+pub fn env_lines(bus_address: &str, dir: &Path, metrics_url: Option<&str>) -> String {
+    let mut text = format!(
         "export DROVER_BUS={}\nexport DROVER_SANDBOX_DIR={}\n",
         shell_quote(bus_address),
         shell_quote(&dir.display().to_string())
-    )
+    );
+    if let Some(url) = metrics_url {
+        text.push_str(&format!("export DROVER_METRICS_URL={}\n", shell_quote(url)));
+    }
+    text
 }
 
 /// Single-quotes `s` for a POSIX shell.
@@ -289,6 +300,7 @@ mod tests {
             heartbeat_interval_ms: 500,
             heartbeat_threshold_ms: 2000,
             pki: None,
+            metrics_port: None,
         }
     }
 
@@ -424,7 +436,7 @@ mod tests {
 
     #[test]
     fn env_lines_are_quoted_for_the_shell() {
-        let text = env_lines("unix:path=/tmp/it's/bus", Path::new("/tmp/it's"));
+        let text = env_lines("unix:path=/tmp/it's/bus", Path::new("/tmp/it's"), None);
         assert_eq!(
             text,
             "export DROVER_BUS='unix:path=/tmp/it'\\''s/bus'\nexport DROVER_SANDBOX_DIR='/tmp/it'\\''s'\n"

@@ -36,5 +36,5 @@ pub mod private_bus;
 pub mod process;
 pub mod state;
 
-pub use cluster::{Cluster, ClusterOptions, ExtraAgent};
+pub use cluster::{Cluster, ClusterOptions, ExtraAgent, free_loopback_port};
 pub use private_bus::PrivateBus;

@@ -31,6 +31,9 @@ pub struct State {
     pub cgroup_parents: Vec<PathBuf>,
     pub bus_address: String,
     pub manager_port: u16,
+    /// The manager's Prometheus port on 127.0.0.1, when it serves one.
+    #[serde(default)]
+    pub metrics_port: Option<u16>,
     pub nodes: Vec<NodeState>,
     pub bus_pid: Option<u32>,
     pub manager_pid: Option<u32>,
@@ -61,6 +64,7 @@ impl State {
             creator_pid: std::process::id(),
             cgroup_parents: cgroups.parents.clone(),
             manager_port: port,
+            metrics_port: None,
             nodes: Vec::new(),
             bus_pid: None,
             manager_pid: None,

@@ -167,6 +167,9 @@ pub trait Followers: Send + Sync + 'static {
 
     /// An event from `session`'s agent, in the order the agent sent them.
     fn event<'a>(&'a self, session: &'a Session, event: Event) -> BoxFuture<'a, ()>;
+
+    /// A peer was refused registration (`None`: it sent no valid hello).
+    fn refused(&self, reason: Option<RefuseReason>);
 }
 
 /// The timings and heartbeat settings a node's life follows.
@@ -405,6 +408,7 @@ impl Lifecycle {
         let (pending, hello) = match manager_read_hello(io, left).await {
             Ok(ok) => ok,
             Err(e) => {
+                self.followers.refused(None);
                 self.refusals.warn("hello", || {
                     format!("{peer}: connection dropped before registration: {e}")
                 });
@@ -412,6 +416,7 @@ impl Lifecycle {
             }
         };
         if let Some((reason, message)) = self.nodes.phase().refuses_nodes() {
+            self.followers.refused(Some(reason));
             pending.refuse(reason, message, timeout).await;
             return;
         }
@@ -452,6 +457,7 @@ impl Lifecycle {
             }
             Admission::Refuse(reason, message) => {
                 drop(announced);
+                self.followers.refused(Some(reason));
                 // The log may say more than the peer is told: who holds the name.
                 let holder = NodeName::new(hello.node.as_str())
                     .ok()
@@ -785,6 +791,7 @@ mod tests {
         fn event<'a>(&'a self, _: &'a Session, _: Event) -> BoxFuture<'a, ()> {
             Box::pin(async {})
         }
+        fn refused(&self, _: Option<RefuseReason>) {}
     }
 
     fn lifecycle() -> Arc<Lifecycle> {

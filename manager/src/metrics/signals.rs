@@ -1,6 +1,8 @@
-//! Metrics (`Controller.EnableMetrics`): whether they are on, when each job
-//! started, and what to measure when it ends. Served on D-Bus by
-//! [`crate::api::metrics`]; emitted through [`Outbound`].
+//! BlueChi's D-Bus metrics (`Controller.EnableMetrics`): whether they are
+//! on, and what to measure when a job ends (its start is
+//! [`JobInfo::started`]). Served on D-Bus by [`crate::api::metrics`];
+//! emitted through [`Outbound`]. The same events feed the Prometheus
+//! counters ([`Counters`]), whether the signals are on or not.
 //!
 //! * `StartUnitJobMetrics(node, job path, unit, gross µs, net µs)` after a
 //!   `start` job ends: gross = from job creation to `JobRemoved` as the
@@ -13,34 +15,33 @@
 //! Enabling tells every online agent (and every agent that registers while
 //! enabled) to report; disabling tells them to stop. Both are broadcast
 //! signals, as in BlueChi. Invariants: enable/disable are serialised with
-//! their export and agent requests; at most [`MAX_TRACKED`] start times are
-//! kept (jobs that never end must not grow the map), none while disabled.
+//! their export and agent requests; nothing is kept per job here (the job
+//! table holds its start).
 
 use crate::error::ApiError;
 use crate::escape::job_path;
 use crate::jobs::JobInfo;
+use crate::metrics::counters::Counters;
 use crate::nodes::session::Session;
 use crate::outbound::Outbound;
 use drover_bus::marshal;
 use drover_bus::systemd::UNIT_IFACE;
 use drover_protocol::{JobKind, NodeName, Request, Response, UnitName};
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use zbus::OwnedVariant;
 
 /// Per request to an agent made for metrics.
 const AGENT_TIMEOUT: Duration = Duration::from_secs(30);
-/// Start times kept at most (jobs that never end must not grow the map).
-pub const MAX_TRACKED: usize = 65_536;
 
 #[derive(Default)]
 pub struct Metrics {
     enabled: AtomicBool,
     /// Serialises enable/disable with their export and agent requests.
     toggle: tokio::sync::Mutex<()>,
-    starts: Mutex<HashMap<u32, Instant>>,
+    /// What Prometheus is shown, counted as things happen.
+    counters: Arc<Counters>,
 }
 
 fn tell(session: Arc<Session>, body: Request) {
@@ -84,12 +85,6 @@ impl Metrics {
             }
         }
         self.enabled.store(on, Ordering::SeqCst);
-        if !on {
-            self.starts
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clear();
-        }
         let body = if on {
             Request::EnableMetrics
         } else {
@@ -108,36 +103,28 @@ impl Metrics {
         }
     }
 
-    pub fn job_started(&self, id: u32) {
-        if !self.is_enabled() {
-            return;
-        }
-        let mut starts = self.starts.lock().unwrap_or_else(|p| p.into_inner());
-        if starts.len() >= MAX_TRACKED {
-            starts.clear();
-        }
-        starts.insert(id, Instant::now());
+    /// The Prometheus counters these events feed.
+    pub fn counters(&self) -> &Arc<Counters> {
+        &self.counters
     }
 
-    /// A job ended: for a `start` job with a known start, measure the unit
-    /// on `session()` (the job's node, if online) and emit
-    /// `StartUnitJobMetrics` through `out`, in a task.
+    /// A job ended with `result`: counted for Prometheus; and when the
+    /// signals are on, for a `start` job, measure the unit on `session()`
+    /// (the job's node, if online) and emit `StartUnitJobMetrics` through
+    /// `out`, in a task.
     pub fn job_finished(
         &self,
         job: &JobInfo,
+        result: &str,
         out: Option<&Arc<dyn Outbound>>,
         session: impl FnOnce() -> Option<Arc<Session>>,
     ) {
-        let started = self
-            .starts
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&job.id);
-        let (Some(started), true, JobKind::Start) = (started, self.is_enabled(), job.job_type)
-        else {
+        let took = job.started.elapsed();
+        self.counters.job_done(job.job_type, result, took);
+        let (true, JobKind::Start) = (self.is_enabled(), job.job_type) else {
             return;
         };
-        let gross = started.elapsed().as_micros() as u64;
+        let gross = took.as_micros() as u64;
         let Some(out) = out.cloned() else {
             return;
         };

@@ -1,0 +1,281 @@
+//! The scrape: every figure the manager shows Prometheus, rendered in the
+//! OpenMetrics text format by prometheus-client.
+//!
+//! Kept as things happen ([`Counters`]): jobs, registrations, refusals,
+//! disconnects. Read at scrape time, each in O(1) or one short lock:
+//! nodes by status (the counts the lifecycle already announces, from a
+//! watch channel: no lock), jobs in flight (the job table's length),
+//! monitors (the monitor table's length), the process ([`process`]), build
+//! info. With `MetricsPerNode=true`, one copy of the node table (name,
+//! online, last seen) under its lock, then rendered outside it.
+
+use crate::metrics::counters::Counters;
+use crate::metrics::process;
+use crate::nodes::lifecycle::Lifecycle;
+use crate::units::monitor::Monitors;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+use std::sync::Arc;
+
+/// The figures read at scrape time (see the module docs).
+pub struct Live {
+    pub lifecycle: Arc<Lifecycle>,
+    /// The job table's length (a closure: the job runner itself feeds
+    /// [`Counters`], and imports run one way).
+    pub jobs_in_flight: Box<dyn Fn() -> usize + Send + Sync>,
+    pub monitors: Arc<Monitors>,
+    pub per_node: bool,
+}
+
+impl std::fmt::Debug for Live {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Live")
+            .field("per_node", &self.per_node)
+            .finish()
+    }
+}
+
+/// A registry ready to render.
+pub struct Exposition {
+    registry: Registry,
+}
+
+/// `version` and `commit` of `drover_build_info`.
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+const COMMIT: &str = env!("DROVER_GIT_COMMIT");
+
+/// The content type of [`Exposition::render`]'s text.
+pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// The content type of [`classic`]'s text (Prometheus's text format 0.0.4).
+pub const CLASSIC: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+impl Exposition {
+    pub fn new(counters: &Counters, live: Live) -> Self {
+        let mut registry = Registry::default();
+        counters.register(&mut registry);
+        registry.register_collector(Box::new(live));
+        Self { registry }
+    }
+
+    /// One scrape's text.
+    pub fn render(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::with_capacity(16 * 1024);
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+/// OpenMetrics text in Prometheus's older text format (0.0.4), for a
+/// client that does not ask for OpenMetrics (`curl`, `promtool check
+/// metrics`): a counter family `x` of OpenMetrics is named by its sample
+/// `x_total` there, and there is no `# EOF` or `# UNIT`. Samples are the
+/// same in both formats (no exemplars or `_created` are rendered here).
+pub fn classic(openmetrics: &str) -> String {
+    let mut out = String::with_capacity(openmetrics.len());
+    let mut help: Option<&str> = None;
+    for line in openmetrics.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            // Held until the TYPE line says whether the name changes.
+            if let Some(h) = help.replace(rest) {
+                push_help(&mut out, h, false);
+            }
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let counter = rest.ends_with(" counter");
+            if let Some(h) = help.take() {
+                push_help(&mut out, h, counter);
+            }
+            match rest.split_once(' ') {
+                Some((name, kind)) if counter => {
+                    out.push_str(&format!("# TYPE {name}_total {kind}\n"))
+                }
+                _ => {
+                    out.push_str(line);
+                    out.push('\n');
+                }
+            }
+            continue;
+        }
+        if let Some(h) = help.take() {
+            push_help(&mut out, h, false);
+        }
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    if let Some(h) = help {
+        push_help(&mut out, h, false);
+    }
+    out
+}
+
+fn push_help(out: &mut String, help: &str, counter: bool) {
+    match help.split_once(' ') {
+        Some((name, text)) if counter => out.push_str(&format!("# HELP {name}_total {text}\n")),
+        _ => {
+            out.push_str("# HELP ");
+            out.push_str(help);
+            out.push('\n');
+        }
+    }
+}
+
+fn gauge(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    value: i64,
+) -> Result<(), std::fmt::Error> {
+    let g = ConstGauge::new(value);
+    g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)
+}
+
+fn clamp(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl Collector for Live {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let counts = *self.lifecycle.node_counts().borrow();
+        let mut nodes = encoder.encode_descriptor(
+            "drover_nodes",
+            "Known nodes by status (online, offline)",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for (status, n) in [
+            ("online", counts.online),
+            ("offline", counts.known.saturating_sub(counts.online)),
+        ] {
+            ConstGauge::new(clamp(n)).encode(nodes.encode_family(&vec![("status", status)])?)?;
+        }
+        if self.per_node {
+            self.encode_per_node(&mut encoder)?;
+        }
+        let in_flight = (self.jobs_in_flight)();
+        gauge(
+            &mut encoder,
+            "drover_jobs_in_flight",
+            "Jobs created and not yet ended",
+            clamp(in_flight),
+        )?;
+        gauge(
+            &mut encoder,
+            "drover_monitors",
+            "Open monitors (Controller.CreateMonitor)",
+            clamp(self.monitors.len()),
+        )?;
+        let mut info = encoder.encode_descriptor(
+            "drover_build_info",
+            "The running manager's version and commit (value 1)",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        ConstGauge::new(1)
+            .encode(info.encode_family(&vec![("version", VERSION), ("commit", COMMIT)])?)?;
+        encode_process(&mut encoder, &process::read())
+    }
+}
+
+impl Live {
+    fn encode_per_node(&self, encoder: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        // One copy under the lock, the text outside it.
+        let rows: Vec<(String, bool, u64)> = {
+            let registry = self.lifecycle.nodes().registry();
+            registry
+                .nodes()
+                .iter()
+                .map(|n| {
+                    (
+                        n.name.as_str().to_owned(),
+                        n.session.is_some(),
+                        n.last_seen().0,
+                    )
+                })
+                .collect()
+        };
+        let mut up = encoder.encode_descriptor(
+            "drover_node_up",
+            "1 while the node's agent is registered, else 0",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for (name, online, _) in &rows {
+            ConstGauge::new(i64::from(*online))
+                .encode(up.encode_family(&vec![("node", name.as_str())])?)?;
+        }
+        let mut seen = encoder.encode_descriptor(
+            "drover_node_last_seen_timestamp_seconds",
+            "When the manager last heard from the node (Unix time; absent if never)",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for (name, _, real_us) in rows.iter().filter(|r| r.2 > 0) {
+            ConstGauge::new(*real_us as f64 / 1e6)
+                .encode(seen.encode_family(&vec![("node", name.as_str())])?)?;
+        }
+        Ok(())
+    }
+}
+
+fn encode_process(
+    encoder: &mut DescriptorEncoder<'_>,
+    r: &process::Reading,
+) -> Result<(), std::fmt::Error> {
+    if let Some(cpu) = r.cpu_seconds {
+        let c = ConstCounter::new(cpu);
+        c.encode(encoder.encode_descriptor(
+            "drover_process_cpu_seconds",
+            "User and system CPU time the manager process spent",
+            None,
+            c.metric_type(),
+        )?)?;
+    }
+    let gauges = [
+        (
+            "drover_process_resident_memory_bytes",
+            "Resident memory of the manager process",
+            r.resident_bytes,
+        ),
+        (
+            "drover_process_open_fds",
+            "Open file descriptors of the manager process",
+            r.open_fds,
+        ),
+        (
+            "drover_process_max_fds",
+            "The manager process's limit of open file descriptors (soft)",
+            r.max_fds,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        if let Some(v) = value {
+            gauge(encoder, name, help, i64::try_from(v).unwrap_or(i64::MAX))?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classic_names_counters_by_their_samples() {
+        let om = "# HELP a_seconds Time.\n# TYPE a_seconds histogram\na_seconds_sum 0.0\n\
+                  # HELP b Things done.\n# TYPE b counter\nb_total{x=\"y\"} 2\n\
+                  # HELP c Now.\n# TYPE c gauge\n# UNIT c bytes\nc 1\n# EOF\n";
+        assert_eq!(
+            classic(om),
+            "# HELP a_seconds Time.\n# TYPE a_seconds histogram\na_seconds_sum 0.0\n\
+             # HELP b_total Things done.\n# TYPE b_total counter\nb_total{x=\"y\"} 2\n\
+             # HELP c Now.\n# TYPE c gauge\nc 1\n"
+        );
+    }
+}

@@ -1,0 +1,23 @@
+//! What the manager measures, in one home, and the two ways it is shown:
+//!
+//! * [`signals`] — BlueChi's D-Bus `Metrics` signals (`EnableMetrics`), as
+//!   BlueChi emits them;
+//! * [`counters`] — the Prometheus counters, histograms and gauges kept as
+//!   things happen (a job ends, a node registers or is refused);
+//! * [`exposition`] — the scrape: those counters plus the few figures read at
+//!   scrape time (nodes by status, per node up and last seen, jobs in flight,
+//!   monitors, the process), rendered in the OpenMetrics text format;
+//! * [`process`] — the process's own CPU, memory and descriptors (`/proc`);
+//! * [`http`] — the `/metrics` endpoint (`MetricsListenAddress=`), bounded
+//!   in connections, request size and time.
+//!
+//! Invariant: a scrape never walks units and never holds a lock longer than
+//! one copy of the node table (only with `MetricsPerNode=true`).
+
+pub mod counters;
+pub mod exposition;
+pub mod http;
+pub mod process;
+pub mod signals;
+
+pub use signals::Metrics;

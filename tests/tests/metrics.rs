@@ -1,0 +1,457 @@
+//! The manager's Prometheus endpoint on a real sandbox cluster, checked the
+//! way an operator would: scraped over HTTP, validated by the real
+//! `promtool check metrics`, scraped by a real `prometheus` server whose
+//! query API must count the online nodes; figures that follow the fleet
+//! (an agent stopped, a job run, an intruder refused); and garbage requests
+//! that get clear answers and change nothing.
+
+use drover_testkit::api::job_call;
+use drover_testkit::http::{self, sample};
+use drover_testkit::prelude::*;
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+
+const DETECT: Duration = Duration::from_secs(10);
+
+fn url(c: &TestCluster) -> String {
+    c.metrics_url().expect("the sandbox serves metrics")
+}
+
+/// A scrape as Prometheus asks for it: OpenMetrics.
+async fn scrape_openmetrics(url: &str) -> String {
+    let (host, path) = http::split_url(url).unwrap();
+    let a = http::request(
+        host,
+        &format!(
+            "GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: application/openmetrics-text;version=1.0.0,\
+             text/plain;version=0.0.4;q=0.5\r\nConnection: close\r\n\r\n"
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(a.status, 200, "{a:?}");
+    assert_eq!(
+        a.header("content-type"),
+        Some("application/openmetrics-text; version=1.0.0; charset=utf-8")
+    );
+    a.body
+}
+
+/// Waits until `series` shows `want` in a scrape; returns that scrape.
+async fn until(url: &str, series: &str, want: f64) -> String {
+    let last = std::sync::Mutex::new(String::new());
+    let seen = eventually(DETECT, series, || {
+        let url = url.to_owned();
+        let last = &last;
+        async move {
+            // A connection closed unanswered (the endpoint is full) is retried.
+            let text = match http::get(&url).await {
+                Ok(a) if a.status == 200 => a.body,
+                Ok(a) => panic!("{a:?}"),
+                Err(e) => format!("{e:#}"),
+            };
+            let hit = sample(&text, series) == Some(want);
+            *last.lock().unwrap() = text;
+            hit
+        }
+    })
+    .await;
+    let last = last.into_inner().unwrap();
+    if seen.is_err() {
+        panic!("{series} never became {want}; last scrape:\n{last}");
+    }
+    last
+}
+
+/// `promtool check metrics` on `text`: (exit success, what it printed).
+async fn promtool_check(text: &str) -> (bool, String) {
+    let mut child = tokio::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("promtool (Debian package prometheus) is installed");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(text.as_bytes()).await.unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().await.unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), said)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_endpoint_follows_the_fleet_and_promtool_accepts_it() {
+    let mut c = TestCluster::with_units(3, &[("node1", "once.service", ONESHOT_OK)]).await;
+    let url = url(&c);
+
+    let text = until(&url, r#"drover_nodes{status="online"}"#, 3.0).await;
+    assert_eq!(
+        sample(&text, r#"drover_nodes{status="offline"}"#),
+        Some(0.0)
+    );
+    for n in ["node1", "node2", "node3"] {
+        assert_eq!(
+            sample(&text, &format!("drover_node_up{{node=\"{n}\"}}")),
+            Some(1.0),
+            "{n}"
+        );
+        let seen = sample(
+            &text,
+            &format!("drover_node_last_seen_timestamp_seconds{{node=\"{n}\"}}"),
+        )
+        .unwrap_or_else(|| panic!("{n} last seen in:\n{text}"));
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        assert!(
+            (now - 60.0..=now + 1.0).contains(&seen),
+            "{n}: {seen} vs {now}"
+        );
+    }
+    assert!(
+        sample(&text, "drover_registrations_total").unwrap() >= 3.0,
+        "{text}"
+    );
+    assert!(sample(&text, "drover_process_resident_memory_bytes").unwrap() > 0.0);
+    assert!(sample(&text, "drover_process_open_fds").unwrap() > 0.0);
+    assert!(text.contains("drover_build_info{version=\""), "{text}");
+    assert!(
+        !text.contains("# EOF"),
+        "curl gets the text format 0.0.4:\n{text}"
+    );
+    let om = scrape_openmetrics(&url).await;
+    assert!(
+        om.ends_with("# EOF\n"),
+        "OpenMetrics ends with # EOF:\n{om}"
+    );
+    assert!(om.contains("# TYPE drover_registrations counter\n"), "{om}");
+    let (ok, said) = promtool_check(&text).await;
+    assert!(
+        ok && said.is_empty(),
+        "promtool check metrics said:\n{said}\non:\n{text}"
+    );
+
+    // A job: counted by type and result, timed, and no longer in flight.
+    let api = c.api().await;
+    let node1 = api.node("node1").await;
+    let mut jobs = api.jobs().await;
+    let path = job_call(&node1, "StartUnit", "once.service").await.unwrap();
+    assert_eq!(jobs.removed(&path, DETECT).await.unwrap().result, "done");
+    let text = until(
+        &url,
+        r#"drover_jobs_total{job_type="start",result="done"}"#,
+        1.0,
+    )
+    .await;
+    assert_eq!(
+        sample(&text, "drover_job_duration_seconds_count"),
+        Some(1.0)
+    );
+    assert_eq!(sample(&text, "drover_jobs_in_flight"), Some(0.0));
+
+    // An agent stops: its node goes down in the figures.
+    c.stop_agent("node3").await.unwrap();
+    let text = until(&url, r#"drover_nodes{status="online"}"#, 2.0).await;
+    assert_eq!(
+        sample(&text, r#"drover_nodes{status="offline"}"#),
+        Some(1.0)
+    );
+    assert_eq!(sample(&text, r#"drover_node_up{node="node3"}"#), Some(0.0));
+    assert!(sample(&text, "drover_node_disconnects_total").unwrap() >= 1.0);
+
+    // An intruder on node3's bus: refused, counted by reason.
+    c.start_agent_named("node3", "intruder").await.unwrap();
+    let text = until(
+        &url,
+        r#"drover_registration_refusals_total{reason="unknown_node"}"#,
+        1.0,
+    )
+    .await;
+    assert!(
+        !text.contains("intruder"),
+        "no label names a refused peer:\n{text}"
+    );
+    let (ok, said) = promtool_check(&text).await;
+    assert!(
+        ok && said.is_empty(),
+        "promtool check metrics said:\n{said}"
+    );
+    c.down().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_node_series_can_be_switched_off() {
+    let c = TestCluster::with(drover_sandbox::ClusterOptions {
+        manager_extra_config: "[drover-manager]\nMetricsPerNode=false\n".into(),
+        ..drover_sandbox::ClusterOptions::with_nodes(2)
+    })
+    .await;
+    let text = until(&url(&c), r#"drover_nodes{status="online"}"#, 2.0).await;
+    assert!(!text.contains("drover_node_up"), "{text}");
+    assert!(!text.contains("node1"), "{text}");
+    c.down().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_requests_get_clear_answers_and_change_nothing() {
+    let c = TestCluster::start(1).await;
+    let url = url(&c);
+    let (host, _) = http::split_url(&url).unwrap();
+
+    let post = http::request(
+        host,
+        "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc",
+    )
+    .await
+    .unwrap();
+    assert_eq!(post.status, 405, "{post:?}");
+    assert_eq!(post.header("allow"), Some("GET, HEAD"));
+    let other = http::request(
+        host,
+        "GET /../etc/passwd HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    assert_eq!(other.status, 404, "{other:?}");
+    let head = http::request(
+        host,
+        "HEAD /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    assert_eq!((head.status, head.body.as_str()), (200, ""), "{head:?}");
+    let query = http::get(&format!("{url}?x=%00")).await.unwrap();
+    assert_eq!(query.status, 200);
+
+    // Heads too long or with too many headers: refused, never buffered.
+    // (1 MiB: the server may close while the client still writes, and the
+    // client's socket may then be reset before the answer is read.)
+    let long = format!(
+        "GET /metrics HTTP/1.1\r\nX: {}\r\n\r\n",
+        "a".repeat(1 << 20)
+    );
+    let answer = http::exchange(host, long.as_bytes()).await.unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1 431"),
+        "{answer}"
+    );
+    let many: String = (0..200).map(|i| format!("X-{i}: y\r\n")).collect();
+    let answer = http::exchange(
+        host,
+        format!("GET /metrics HTTP/1.1\r\n{many}\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+    // Bytes that are no HTTP at all.
+    let answer = http::exchange(host, &[0, 159, 146, 150, 13, 10, 13, 10])
+        .await
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+
+    // A head that never ends: closed unanswered by the server within its head timeout
+    // (5 s), well before the client's own (`http::TIMEOUT`, which would fail here).
+    let answer = http::exchange(host, b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    assert!(answer.is_empty(), "{}", String::from_utf8_lossy(&answer));
+
+    // More idle connections than the endpoint serves at once: the extra ones are
+    // closed at once, the others when their head times out; then it serves again.
+    let mut idle = Vec::new();
+    for _ in 0..40 {
+        idle.push(tokio::net::TcpStream::connect(host).await.unwrap());
+    }
+    let mut closed_at_once = 0;
+    for s in &mut idle {
+        let mut b = [0u8; 1];
+        if let Ok(Ok(0)) = tokio::time::timeout(
+            Duration::from_millis(200),
+            tokio::io::AsyncReadExt::read(s, &mut b),
+        )
+        .await
+        {
+            closed_at_once += 1;
+        }
+    }
+    assert!(
+        closed_at_once >= 40 - 16,
+        "{closed_at_once} of 40 closed at once"
+    );
+    drop(idle);
+    let text = until(&url, r#"drover_nodes{status="online"}"#, 1.0).await;
+    let (ok, said) = promtool_check(&text).await;
+    assert!(ok && said.is_empty(), "{said}");
+    c.wait_status("node1", "online", DETECT).await;
+    c.down().await;
+}
+
+/// A `prometheus` server started by the test, stopped when dropped.
+struct Prometheus {
+    child: std::process::Child,
+    dir: std::path::PathBuf,
+    url: String,
+}
+
+impl Prometheus {
+    fn start(target: &str) -> Prometheus {
+        let dir = std::env::temp_dir().join(format!("drover-prometheus-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = format!(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n\
+             scrape_configs:\n  - job_name: drover\n    static_configs:\n      - targets: ['{target}']\n"
+        );
+        std::fs::write(dir.join("prometheus.yml"), config).unwrap();
+        // Prometheus cannot be handed a socket: a port free when probed, outside the
+        // ephemeral range (the sandbox's way for the manager's metrics port).
+        let port = drover_sandbox::free_loopback_port().unwrap();
+        let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
+        let child = std::process::Command::new("prometheus")
+            .arg(format!(
+                "--config.file={}",
+                dir.join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("prometheus (Debian package prometheus) is installed");
+        Prometheus {
+            child,
+            dir,
+            url: format!("http://127.0.0.1:{port}"),
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("prometheus.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        // Killed and reaped before its data directory goes: nothing outlives the test.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_prometheus_scrapes_the_online_nodes() {
+    let mut c = TestCluster::start(3).await;
+    let url = url(&c);
+    let (target, _) = http::split_url(&url).unwrap();
+    let target = target.to_owned();
+    let prometheus = Prometheus::start(&target);
+    let query = |q: &str| {
+        format!(
+            "{}/api/v1/query?query={}",
+            prometheus.url,
+            q.replace('"', "%22")
+                .replace('{', "%7B")
+                .replace('}', "%7D")
+        )
+    };
+    let value = |body: &str| -> Option<f64> {
+        let v: serde_json::Value = serde_json::from_str(body).ok()?;
+        v["data"]["result"][0]["value"][1].as_str()?.parse().ok()
+    };
+    let online = query(r#"drover_nodes{status="online"}"#);
+    let got = eventually(
+        Duration::from_secs(30),
+        "prometheus to see 3 online nodes",
+        || {
+            let online = online.clone();
+            async move {
+                match http::get(&online).await {
+                    Ok(a) => value(&a.body) == Some(3.0),
+                    Err(_) => false,
+                }
+            }
+        },
+    )
+    .await;
+    assert!(got.is_ok(), "prometheus log:\n{}", prometheus.log());
+    // The scrape itself is healthy in Prometheus's eyes.
+    let up = http::get(&query(r#"up{job="drover"}"#)).await.unwrap();
+    assert_eq!(value(&up.body), Some(1.0), "{}", up.body);
+
+    c.stop_agent("node2").await.unwrap();
+    let got = eventually(
+        Duration::from_secs(30),
+        "prometheus to see 2 online nodes",
+        || {
+            let online = online.clone();
+            async move {
+                match http::get(&online).await {
+                    Ok(a) => value(&a.body) == Some(2.0),
+                    Err(_) => false,
+                }
+            }
+        },
+    )
+    .await;
+    assert!(got.is_ok(), "prometheus log:\n{}", prometheus.log());
+    drop(prometheus);
+    c.down().await;
+}
+
+/// The example alerting rules of the monitoring page, as an operator copies
+/// them, pass `promtool check rules`, and every drover series they use is
+/// one the page lists.
+#[test]
+fn the_documented_alerts_pass_promtool() {
+    let page = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/monitoring.md"),
+    )
+    .unwrap();
+    let rules = page
+        .split("```yaml\n")
+        .skip(1)
+        .filter_map(|b| b.split_once("```").map(|(block, _)| block))
+        .find(|b| b.starts_with("groups:"))
+        .expect("a ```yaml block of rules in docs/monitoring.md");
+    let dir = std::env::temp_dir().join(format!("drover-rules-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("drover-alerts.yml");
+    std::fs::write(&file, rules).unwrap();
+    let out = std::process::Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(&file)
+        .output()
+        .expect("promtool (Debian package prometheus) is installed");
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check rules:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = page.split("## Example alerts").next().unwrap();
+    for word in rules.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+        if word.starts_with("drover_") {
+            let family = word.trim_end_matches("_total");
+            assert!(
+                table.contains(&format!("`{family}")),
+                "{word} is not in the series table"
+            );
+        }
+    }
+}
