@@ -142,6 +142,7 @@ pub async fn run(cli: Cli) -> Result<u8> {
             opts.dir = Some(resolve_dir(dir));
             opts.tls = !no_tls;
             opts.bluechi_compat = bluechi_compat;
+            opts.metrics = true;
             up(opts).await
         }
         Command::Exec { dir, node, cmd } => exec(&resolve_dir(dir), &node, &cmd),

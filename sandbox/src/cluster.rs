@@ -133,7 +133,8 @@ pub struct ClusterOptions {
     /// (`drover_testkit::api::connect_as`).
     pub system_bus_policy: bool,
     /// The manager serves Prometheus metrics on a free loopback port
-    /// (default true; [`Cluster::metrics_url`]).
+    /// ([`Cluster::metrics_url`]; default false, `drover-sandbox up` turns
+    /// it on).
     pub metrics: bool,
 }
 
@@ -159,7 +160,7 @@ impl ClusterOptions {
             bluechi_compat: false,
             bin_dir: None,
             system_bus_policy: false,
-            metrics: true,
+            metrics: false,
         }
     }
 

@@ -14,6 +14,14 @@ use tokio::io::AsyncWriteExt;
 
 const DETECT: Duration = Duration::from_secs(10);
 
+/// `n` nodes whose manager serves metrics.
+fn metered(n: usize) -> drover_sandbox::ClusterOptions {
+    drover_sandbox::ClusterOptions {
+        metrics: true,
+        ..drover_sandbox::ClusterOptions::with_nodes(n)
+    }
+}
+
 fn url(c: &TestCluster) -> String {
     c.metrics_url().expect("the sandbox serves metrics")
 }
@@ -88,7 +96,8 @@ async fn promtool_check(text: &str) -> (bool, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_endpoint_follows_the_fleet_and_promtool_accepts_it() {
-    let mut c = TestCluster::with_units(3, &[("node1", "once.service", ONESHOT_OK)]).await;
+    let mut c = TestCluster::with(metered(3)).await;
+    c.install("node1", "once.service", ONESHOT_OK).await;
     let url = url(&c);
 
     let text = until(&url, r#"drover_nodes{status="online"}"#, 3.0).await;
@@ -191,7 +200,7 @@ async fn the_endpoint_follows_the_fleet_and_promtool_accepts_it() {
 async fn per_node_series_can_be_switched_off() {
     let c = TestCluster::with(drover_sandbox::ClusterOptions {
         manager_extra_config: "[drover-manager]\nMetricsPerNode=false\n".into(),
-        ..drover_sandbox::ClusterOptions::with_nodes(2)
+        ..metered(2)
     })
     .await;
     let text = until(&url(&c), r#"drover_nodes{status="online"}"#, 2.0).await;
@@ -202,7 +211,7 @@ async fn per_node_series_can_be_switched_off() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_requests_get_clear_answers_and_change_nothing() {
-    let c = TestCluster::start(1).await;
+    let c = TestCluster::with(metered(1)).await;
     let url = url(&c);
     let (host, _) = http::split_url(&url).unwrap();
 
@@ -355,7 +364,7 @@ impl Drop for Prometheus {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_prometheus_scrapes_the_online_nodes() {
-    let mut c = TestCluster::start(3).await;
+    let mut c = TestCluster::with(metered(3)).await;
     let url = url(&c);
     let (target, _) = http::split_url(&url).unwrap();
     let target = target.to_owned();

@@ -15,6 +15,7 @@ use anyhow::{Context, Result, bail};
 use drover_bus::bluechi::BUS_NAME;
 use drover_sandbox::PrivateBus;
 use nix::sys::resource::{Resource, getrlimit, setrlimit};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -49,6 +50,9 @@ pub struct ManagerSetup<'a> {
     pub nodes: &'a [String],
     /// TLS: the manager's `TLS*` keys (key, value).
     pub tls: Option<Vec<(&'static str, PathBuf)>>,
+    /// The Prometheus endpoint (`MetricsListenAddress`, `MetricsPerNode`);
+    /// `None`: off.
+    pub metrics: Option<(SocketAddr, bool)>,
 }
 
 /// A running manager (see the module docs).
@@ -182,6 +186,11 @@ fn config_text(setup: &ManagerSetup<'_>) -> String {
     if let Some(grace) = setup.proxy_grace_ms {
         conf.push_str(&format!("ProxyGracePeriod={grace}\n"));
     }
+    if let Some((addr, per_node)) = setup.metrics {
+        conf.push_str(&format!(
+            "MetricsListenAddress={addr}\nMetricsPerNode={per_node}\n"
+        ));
+    }
     match &setup.tls {
         None => {
             // Lines are at most 500 characters: the list goes on over
@@ -254,6 +263,7 @@ mod tests {
             proxy_grace_ms: None,
             nodes: &nodes,
             tls: None,
+            metrics: None,
         });
         assert!(plain.contains("AllowedNodeNames=a,b\n"), "{plain}");
         let many: Vec<String> = (0..1000).map(|i| format!("node{i}")).collect();
@@ -264,6 +274,7 @@ mod tests {
             proxy_grace_ms: None,
             nodes: &many,
             tls: None,
+            metrics: None,
         });
         assert!(long.lines().all(|l| l.len() <= 500));
         let parsed = drover_config::ManagerConfig::parse_str(&long).unwrap();
@@ -277,7 +288,13 @@ mod tests {
             proxy_grace_ms: None,
             nodes: &nodes,
             tls: Some(vec![("TLSCertificate", PathBuf::from("/m.pem"))]),
+            metrics: Some((SocketAddr::from(([127, 0, 0, 1], 9842)), false)),
         });
+        assert!(
+            tls.contains("MetricsListenAddress=127.0.0.1:9842\nMetricsPerNode=false\n"),
+            "{tls}"
+        );
+        assert!(!plain.contains("Metrics"), "{plain}");
         assert!(tls.contains("TLSCertificate=/m.pem\nAllowCertifiedNodes=true\n"));
         assert!(plain.contains("HeartbeatInterval=2000\n"), "{plain}");
         let default = config_text(&ManagerSetup {
@@ -287,6 +304,7 @@ mod tests {
             proxy_grace_ms: None,
             nodes: &nodes,
             tls: None,
+            metrics: None,
         });
         assert!(!default.contains("HeartbeatInterval"), "{default}");
         assert!(!tls.contains("AllowedNodeNames"));

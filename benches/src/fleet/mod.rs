@@ -45,6 +45,7 @@ pub mod cli;
 pub mod daemon;
 mod probe;
 pub mod report;
+pub mod scrape;
 
 use crate::procfs;
 use agent::{AgentConfig, Fleet, node_name};
@@ -83,6 +84,9 @@ pub struct Options {
     pub pki_dir: PathBuf,
     /// Phases 8 and 9.
     pub disruptions: bool,
+    /// The manager serves `/metrics` here (`scrape`), with per-node series
+    /// or not; `None`: off, as in a default manager.
+    pub metrics: Option<(SocketAddr, bool)>,
 }
 
 impl Options {
@@ -104,12 +108,13 @@ impl Options {
             online_timeout: Duration::from_secs(300),
             pki_dir: std::env::temp_dir().join("drover-fleet-pki"),
             disruptions: true,
+            metrics: None,
         }
     }
 }
 
 /// A manager and the fleet of agents connected to it.
-struct Rig {
+pub(crate) struct Rig {
     bus: PrivateBus,
     manager: Manager,
     fleet: Arc<Fleet>,
@@ -119,7 +124,11 @@ struct Rig {
 
 impl Rig {
     /// Starts a manager for `nodes` agents of `transport` (agents not started).
-    async fn start(opts: &Options, nodes: usize, pki: Option<&certs::FleetPki>) -> Result<Self> {
+    pub(crate) async fn start(
+        opts: &Options,
+        nodes: usize,
+        pki: Option<&certs::FleetPki>,
+    ) -> Result<Self> {
         let bus = PrivateBus::start("drover-bench-fleet")?;
         let names: Vec<String> = (0..nodes).map(node_name).collect();
         let setup = ManagerSetup {
@@ -129,6 +138,7 @@ impl Rig {
             proxy_grace_ms: opts.proxy_grace_ms,
             nodes: &names,
             tls: pki.map(certs::FleetPki::manager_keys),
+            metrics: opts.metrics,
         };
         let mut manager = Manager::start(&bus, &setup)?;
         let api = zbus::connection::Builder::address(bus.address())
@@ -145,7 +155,12 @@ impl Rig {
     }
 
     /// Starts agents `0..connectors.len()` (or `0..nodes` in plaintext).
-    fn spawn_agents(&mut self, opts: &Options, nodes: usize, tls: Vec<drover_tls::Connector>) {
+    pub(crate) fn spawn_agents(
+        &mut self,
+        opts: &Options,
+        nodes: usize,
+        tls: Vec<drover_tls::Connector>,
+    ) {
         let cfg = Arc::new(AgentConfig {
             manager: SocketAddr::from(([127, 0, 0, 1], self.manager.port)),
             heartbeat_interval: Duration::from_millis(opts.heartbeat_interval_ms),
@@ -167,7 +182,7 @@ impl Rig {
 
     /// Waits until `want` agents are online and at least `sessions` sessions
     /// were accepted in all; the time it took from `since`.
-    async fn wait_online(
+    pub(crate) async fn wait_online(
         &self,
         want: usize,
         sessions: u64,
@@ -193,7 +208,7 @@ impl Rig {
     }
 
     /// Waits until `lists` `ListUnits` requests were answered in all.
-    async fn wait_swept(&self, lists: u64, timeout: Duration) -> Result<()> {
+    pub(crate) async fn wait_swept(&self, lists: u64, timeout: Duration) -> Result<()> {
         use std::sync::atomic::Ordering;
         let since = Instant::now();
         while self.fleet.lists_answered.load(Ordering::Relaxed) < lists {
@@ -208,7 +223,7 @@ impl Rig {
         Ok(())
     }
 
-    async fn stop(self) {
+    pub(crate) async fn stop(self) {
         self.fleet.stop.cancel();
         for a in &self.agents {
             a.abort();
