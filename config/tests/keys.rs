@@ -113,7 +113,17 @@ fn the_lists_hold_every_key_the_loaders_match() {
             .map(|s| s.to_string())
             .collect()
     );
+    // The metrics keys are matched in metrics.rs.
+    let metrics = match_arm_keys(include_str!("../src/metrics.rs"));
+    assert_eq!(
+        metrics,
+        drover_config::metrics::KEYS
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    );
     let mut manager = match_arm_keys(include_str!("../src/manager.rs"));
+    manager.extend(metrics.iter().cloned());
     manager.extend(logging.iter().cloned());
     manager.extend(tls.iter().cloned());
     manager.extend(link.iter().cloned());
