@@ -10,6 +10,11 @@
 //! the systemd bus before readiness, so a proxy unit ordered after the agent
 //! finds it.
 //!
+//! Health (`crate::health`) starts with the local API: the unit stream is
+//! followed from the start (health needs every unit's activity), the node
+//! checks and every loaded unit's declaration are read, all before the link
+//! dials, so the first session's snapshot is complete.
+//!
 //! The agent stops when asked to (shutdown token) or when its systemd
 //! connection is lost (an error: the service manager restarts it). A clean
 //! stop closes the proxies first (see [`crate::proxies::registry`]), then the link.
@@ -20,6 +25,7 @@ use crate::state::Shared;
 use crate::systemd::api::Systemd;
 use crate::systemd::dbus::{ConnectError, ZbusSystemd};
 use drover_bus::Bus;
+use drover_config::health::CheckSpec;
 use drover_config::logging::LoggingConfig;
 use drover_protocol::RemoteError;
 use std::sync::Arc;
@@ -51,15 +57,25 @@ pub async fn run(
     shutdown: CancellationToken,
     on_ready: impl FnOnce(),
 ) -> Result<(), AgentError> {
-    run_configured(bus, link, &LoggingConfig::default(), shutdown, on_ready).await
+    run_configured(
+        bus,
+        link,
+        &LoggingConfig::default(),
+        Vec::new(),
+        shutdown,
+        on_ready,
+    )
+    .await
 }
 
-/// [`run`], with the logging settings the local API shows; the local
-/// `org.eclipse.bluechi.Agent` API is served on `bus` before `on_ready`.
+/// [`run`], with the logging settings the local API shows and the node
+/// checks of `agent.conf`; the local `org.eclipse.bluechi.Agent` API is
+/// served on `bus` before `on_ready`.
 pub async fn run_configured(
     bus: &Bus,
     link: LinkConfig,
     logging: &LoggingConfig,
+    node_checks: Vec<(String, CheckSpec)>,
     shutdown: CancellationToken,
     on_ready: impl FnOnce(),
 ) -> Result<(), AgentError> {
@@ -71,6 +87,7 @@ pub async fn run_configured(
         Some(api_bus.clone()),
         link,
         logging,
+        node_checks,
         shutdown,
         on_ready,
     )
@@ -92,7 +109,16 @@ pub async fn run_with<S: Systemd>(
     on_ready: impl FnOnce(),
 ) -> Result<(), AgentError> {
     let logging = LoggingConfig::default();
-    run_inner(systemd, None, link, &logging, shutdown, on_ready).await
+    run_inner(
+        systemd,
+        None,
+        link,
+        &logging,
+        Vec::new(),
+        shutdown,
+        on_ready,
+    )
+    .await
 }
 
 async fn run_inner<S: Systemd>(
@@ -100,6 +126,7 @@ async fn run_inner<S: Systemd>(
     api_bus: Option<zbus::Connection>,
     link: LinkConfig,
     logging: &LoggingConfig,
+    node_checks: Vec<(String, CheckSpec)>,
     shutdown: CancellationToken,
     on_ready: impl FnOnce(),
 ) -> Result<(), AgentError> {
@@ -115,7 +142,13 @@ async fn run_inner<S: Systemd>(
     shared.status.set_log_target(logging.target.as_str());
     shared.status.set_controller(&link.host, link.port);
     let served = match &api_bus {
-        Some(conn) => Some(crate::api::serve(conn, shared.clone()).await?),
+        Some(conn) => {
+            let served = crate::api::serve(conn, shared.clone()).await?;
+            crate::health::api::serve(conn, shared.clone())
+                .await
+                .map_err(crate::api::ServeError::Export)?;
+            Some(served)
+        }
         None => None,
     };
     // Never headless: losing the local API's name ends the agent.
@@ -125,6 +158,9 @@ async fn run_inner<S: Systemd>(
             None => std::future::pending().await,
         }
     };
+    if let Some(conn) = &api_bus {
+        start_health(&systemd, &shared, conn.clone(), node_checks).await;
+    }
     on_ready();
     adopt_proxies(&*systemd, &shared).await;
     let link = Link::new(link, systemd.clone(), shared.clone());
@@ -150,6 +186,23 @@ async fn run_inner<S: Systemd>(
         served.release().await;
     }
     ended
+}
+
+/// Health needs every unit's activity: the unit stream runs from the start.
+/// Without it (systemd refused the subscription) there is no health; the
+/// agent still works, and says so.
+async fn start_health<S: Systemd>(
+    systemd: &Arc<S>,
+    shared: &Arc<Shared>,
+    conn: zbus::Connection,
+    node_checks: Vec<(String, CheckSpec)>,
+) {
+    if let Err(e) = start_units(systemd, shared).await {
+        tracing::error!("cannot follow systemd's units, so no health checks run: {e}");
+        return;
+    }
+    crate::health::driver::start(shared, conn, node_checks).await;
+    tracing::info!("health: {} unit(s) declare a check", shared.health.len());
 }
 
 /// Proxy units left active by a previous agent process (one that crashed)

@@ -235,11 +235,18 @@ async fn serve(settings: Settings) -> Result<(), crate::agent::AgentError> {
     let endpoint = format!("{}:{}", settings.link.host, settings.link.port);
     let node = settings.link.node.clone();
     let watchdog = tokio::spawn(crate::notify::watchdog());
-    let result =
-        crate::agent::run_configured(&settings.bus, settings.link, logging, shutdown, || {
+    let node_checks = settings.config.node_checks.clone();
+    let result = crate::agent::run_configured(
+        &settings.bus,
+        settings.link,
+        logging,
+        node_checks,
+        shutdown,
+        || {
             crate::notify::ready(&endpoint, node.as_str());
-        })
-        .await;
+        },
+    )
+    .await;
     crate::notify::stopping();
     watchdog.abort();
     result

@@ -14,11 +14,14 @@
 //!   each change; job signals seen on it go to the unit fence
 //!   (`crate::deps::unit_fence`), all under the hub's send order, so the
 //!   fence hears of a job's end only after what systemd said before it has
-//!   gone to the manager.
+//!   gone to the manager. Health (`crate::health::driver`) hears each unit
+//!   signal right after the hub, and the settle of a daemon-reload, under
+//!   the same order.
 //!
 //! Both readers end when their stream does (systemd connection lost); the
 //! unit reader also when the agent's state is gone.
 
+use crate::health::driver::{self as health, Observed};
 use crate::state::Shared;
 use crate::systemd::api::{EventStream, Systemd, UnitSignal, UnitSignalStream};
 use drover_protocol::RemoteError;
@@ -108,6 +111,8 @@ async fn pump_units<S: Systemd>(
                         units
                     });
                     hub.settle(&shared.outbox, listed).await;
+                    // Unit files may have changed: read the declarations again.
+                    health::rescan(&shared).await;
                     continue;
                 }
             },
@@ -154,7 +159,13 @@ async fn pump_units<S: Systemd>(
             } if state == "active" => Some(unit.clone()),
             _ => None,
         };
+        let observed = Observed::of(&signal);
         hub.apply(&shared.outbox, signal, older).await;
+        if let Some(observed) = observed {
+            // After the hub, in its order: health follows the state the
+            // hub just sent (`crate::health::driver`).
+            health::on_unit_signal(&shared, observed).await;
+        }
         if let Some(unit) = active {
             // After it went to the manager: a StartDep reply it releases
             // must not overtake it.

@@ -45,6 +45,11 @@
 //! * [`deps`] — the target side: [`deps::dep_unit`], `drover-dep@` units for
 //!   other nodes' proxies on units here, waiting for job ends through
 //!   [`deps::job_waiters`] and [`deps::unit_fence`].
+//! * [`health`] — the checks units declare in `[X-Drover]` and the node's
+//!   own health: [`health::table`] (state, what the manager was told),
+//!   [`health::machine`] (the pure state machine); its driver,
+//!   [`health::driver`], runs the checks and sends verdicts in the order of
+//!   the unit events, and [`health::api`] takes pushed reports.
 //!
 //! Boundary:
 //! * [`systemd`] — the narrow [`systemd::api::Systemd`] trait the rest is
@@ -68,6 +73,7 @@ pub mod deps;
 pub mod dispatch;
 pub mod early_events;
 pub mod fanout;
+pub mod health;
 pub mod jobs;
 pub mod link;
 pub mod node_api;

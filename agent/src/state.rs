@@ -14,6 +14,7 @@
 
 use crate::deps::dep_unit::Deps;
 use crate::deps::unit_fence::UnitFence;
+use crate::health::table::HealthTable;
 use crate::jobs::{JobTracker, Output};
 use crate::link::outbox::Outbox;
 use crate::link::status::AgentStatus;
@@ -48,6 +49,8 @@ pub struct Shared {
     pub units: UnitHub,
     /// Metrics and log level: `crate::node_api`.
     pub node: NodeState,
+    /// Health of this node's units and of the node: `crate::health`.
+    pub health: HealthTable,
 }
 
 impl Shared {
@@ -90,6 +93,26 @@ impl Shared {
         self.outbox.send(out.epoch, ToManager::Event(out.event));
         if let Some(metrics) = done.and_then(|job_id| self.node.job_done(out.epoch, job_id)) {
             self.outbox.send(out.epoch, ToManager::Event(metrics));
+        }
+    }
+
+    /// News from the manager about one of our proxies. A target of an active
+    /// proxy that turned unhealthy is reported, and stops the proxy only
+    /// where its unit says `StopWhenUnhealthy=yes` (so a flapping check does
+    /// not cascade through `BindsTo=` unless asked to).
+    pub fn on_notice(&self, notice: drover_protocol::Notice) {
+        let Some(key) = self.proxies.on_notice(notice, &self.outbox) else {
+            return;
+        };
+        if self.health.stop_when_unhealthy(&key.local) {
+            self.proxies.stop_unhealthy(&key, &self.outbox);
+        } else {
+            tracing::warn!(
+                "{} on node {} is unhealthy; proxy {} stays active (StopWhenUnhealthy=yes in its [X-Drover] section would stop it)",
+                key.unit,
+                key.node,
+                key.local
+            );
         }
     }
 

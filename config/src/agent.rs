@@ -33,12 +33,14 @@
 //! fallback to downgrade to) and requires the manager's certificate to name
 //! [`AgentConfig::tls_server_name`].
 
+use crate::health::CheckSpec;
 use crate::ini::Document;
 use crate::layers::{Layered, LoadReport, apply_sources};
 use crate::manager::MAX_MS;
 use crate::sections::{self, Daemon, Dialect, Kind};
 use crate::shared::{self, LinkSettings};
 use crate::tls::{Origin, TlsFiles, TlsKeys};
+use crate::unit_file::UnitEntry;
 use crate::value::{self, At};
 use crate::{ConfigError, LoggingConfig, Sources};
 use drover_protocol::NodeName;
@@ -103,6 +105,9 @@ pub struct AgentConfig {
     pub tls_controller_name: Option<String>,
     /// `LogLevel`, `LogTarget`, `LogIsQuiet`.
     pub logging: LoggingConfig,
+    /// `[health NAME]` sections: the node's own checks ([`crate::health`]),
+    /// by name, at most [`drover_protocol::health::NODE_CHECKS_MAX`].
+    pub node_checks: Vec<(String, CheckSpec)>,
 }
 
 impl Default for AgentConfig {
@@ -118,6 +123,7 @@ impl Default for AgentConfig {
             link: LinkSettings::default(),
             tls: None,
             tls_controller_name: None,
+            node_checks: Vec::new(),
             logging: LoggingConfig::default(),
         }
     }
@@ -195,6 +201,9 @@ struct Builder {
     tls: TlsKeys,
     controller_name_at: Option<Origin>,
     warnings: Vec<String>,
+    /// `[health NAME]` entries of every layer, in order, by name (first
+    /// appearance order).
+    node_checks: Vec<(String, Vec<UnitEntry>)>,
 }
 
 impl Builder {
@@ -215,6 +224,17 @@ impl Builder {
         )
         .map_err(ConfigError::Invalid)?;
         cfg.tls = self.tls.finish()?;
+        if self.node_checks.len() > drover_protocol::health::NODE_CHECKS_MAX {
+            return Err(ConfigError::Invalid(format!(
+                "{} [health NAME] sections, at most {} allowed",
+                self.node_checks.len(),
+                drover_protocol::health::NODE_CHECKS_MAX
+            )));
+        }
+        for (name, entries) in &self.node_checks {
+            let spec = crate::health::node_check(name, entries).map_err(ConfigError::Invalid)?;
+            cfg.node_checks.push((name.clone(), spec));
+        }
         if cfg.tls.is_none()
             && cfg.tls_controller_name.is_some()
             && let Some(at) = &self.controller_name_at
@@ -285,12 +305,51 @@ impl Builder {
     }
 }
 
+impl Builder {
+    /// Gathers a `[health NAME]` section's entries (checked once every layer
+    /// is read, so a drop-in may change one key of a check).
+    fn node_check(
+        &mut self,
+        doc: &Document,
+        section: &crate::ini::Section,
+        name: &str,
+    ) -> Result<(), ConfigError> {
+        if !crate::health::valid_node_check_name(name) {
+            return Err(ConfigError::Syntax {
+                path: doc.path.clone(),
+                line: section.line,
+                message: format!(
+                    "section [{}]: a node check's name is 1 to {} of A-Z a-z 0-9 _ . -",
+                    section.name,
+                    drover_protocol::health::NODE_CHECK_NAME_MAX
+                ),
+            });
+        }
+        let entries = section.entries.iter().map(|e| UnitEntry {
+            path: doc.path.clone(),
+            line: e.line,
+            key: e.key.clone(),
+            value: e.value.clone(),
+        });
+        match self.node_checks.iter_mut().find(|(n, _)| n == name) {
+            Some((_, known)) => known.extend(entries),
+            None => self.node_checks.push((name.to_owned(), entries.collect())),
+        }
+        Ok(())
+    }
+}
+
 impl Layered for Builder {
     fn apply(&mut self, doc: &Document) -> Result<(), ConfigError> {
         for section in &doc.sections {
-            // The agent has no `[node NAME]`: `classify` only returns `Main`.
-            let Kind::Main(dialect) = sections::classify(doc, section, Daemon::Agent)? else {
-                continue;
+            // The agent has no `[node NAME]`; `[health NAME]` is a node check.
+            let dialect = match sections::classify(doc, section, Daemon::Agent)? {
+                Kind::Main(dialect) => dialect,
+                Kind::Health(name) => {
+                    self.node_check(doc, section, name)?;
+                    continue;
+                }
+                Kind::Node(_) => continue,
             };
             for entry in &section.entries {
                 self.apply_key(

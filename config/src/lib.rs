@@ -16,6 +16,10 @@
 //! * [`logging`] — `LogLevel`/`LogTarget` and the tracing setup they select.
 //! * [`notify`] — what both daemons tell their service manager (`READY=1`,
 //!   `STATUS=`, `RELOADING=1`, `WATCHDOG=1`, `STOPPING=1`).
+//! * [`health`] — health check declarations: a unit's `[X-Drover]` keys and
+//!   the node checks of `agent.conf` (`[health NAME]`); [`unit_file`] reads
+//!   `[X-Drover]` from unit files by systemd's syntax; [`timespan`] is
+//!   systemd's time span syntax.
 //!
 //! * BlueChi's files and section names (`[bluechi-controller]`,
 //!   `[bluechi-agent]`) are read too, under drover's ([`layers`], `sections`).
@@ -30,6 +34,7 @@
 
 pub mod agent;
 pub mod error;
+pub mod health;
 pub mod ini;
 pub mod layers;
 pub mod logging;
@@ -39,7 +44,9 @@ pub mod notify;
 pub mod pattern;
 mod sections;
 pub mod shared;
+pub mod timespan;
 pub mod tls;
+pub mod unit_file;
 mod value;
 
 #[cfg(test)]

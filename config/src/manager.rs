@@ -291,6 +291,8 @@ impl Layered for Builder {
                         )?;
                     }
                 }
+                // `classify` gives `[health NAME]` to the agent only.
+                Kind::Health(_) => {}
                 Kind::Node(node) => {
                     let name = NodeName::new(node).map_err(|e| ConfigError::Syntax {
                         path: doc.path.clone(),

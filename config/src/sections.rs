@@ -42,6 +42,9 @@ pub(crate) enum Kind<'a> {
     /// `[node NAME]` (manager only); `""` for a bare `[node]`, so that the
     /// loader reports it as a bad node name rather than an unknown section.
     Node(&'a str),
+    /// `[health NAME]` (agent only): a node check (`crate::health`); `""`
+    /// for a bare `[health]`, reported as a bad name by the loader.
+    Health(&'a str),
 }
 
 impl Daemon {
@@ -93,9 +96,14 @@ pub(crate) fn classify<'a>(
         return Ok(Kind::Main(Dialect::BlueChi));
     }
     if daemon == Daemon::Manager
-        && let Some(node) = node_section_name(name)
+        && let Some(node) = named_section(name, "node")
     {
         return Ok(Kind::Node(node));
+    }
+    if daemon == Daemon::Agent
+        && let Some(check) = named_section(name, "health")
+    {
+        return Ok(Kind::Health(check));
     }
     let (o_drover, o_bluechi) = daemon.other().sections();
     let hint = if name == o_drover || name == o_bluechi {
@@ -106,7 +114,7 @@ pub(crate) fn classify<'a>(
     let node = if daemon == Daemon::Manager {
         " or [node NAME]"
     } else {
-        ""
+        " or [health NAME]"
     };
     Err(ConfigError::Syntax {
         path: doc.path.clone(),
@@ -117,9 +125,10 @@ pub(crate) fn classify<'a>(
     })
 }
 
-/// `NAME` of a `node NAME` section header; `Some("")` for a bare `node`.
-fn node_section_name(section: &str) -> Option<&str> {
-    let rest = section.strip_prefix("node")?;
+/// `NAME` of a `WORD NAME` section header (`node NAME`, `health NAME`);
+/// `Some("")` for a bare `WORD`.
+fn named_section<'a>(section: &'a str, word: &str) -> Option<&'a str> {
+    let rest = section.strip_prefix(word)?;
     if rest.is_empty() {
         return Some("");
     }
@@ -158,6 +167,9 @@ mod tests {
         );
         assert_eq!(kind("[node a-1]", Manager), Ok(Kind::Node("a-1")));
         assert_eq!(kind("[node]", Manager), Ok(Kind::Node("")));
+        assert_eq!(kind("[health disk]", Agent), Ok(Kind::Health("disk")));
+        assert_eq!(kind("[health]", Agent), Ok(Kind::Health("")));
+        assert!(kind("[health disk]", Manager).is_err());
     }
 
     #[test]
@@ -174,7 +186,7 @@ mod tests {
         let e = kind("[node a]", Agent).unwrap_err();
         assert_eq!(
             e,
-            "f.conf:1: unknown section [node a]: expected [drover-agent] (or BlueChi's [bluechi-agent])"
+            "f.conf:1: unknown section [node a]: expected [drover-agent] (or BlueChi's [bluechi-agent]) or [health NAME]"
         );
         assert!(kind("[nodes]", Manager).is_err());
         assert!(kind("[Drover-Manager]", Manager).is_err());

@@ -232,6 +232,10 @@ impl Followers for Following {
                         .agent_job(self.outbound.get(), session.node(), &unit, &method, micros)
                         .await
                 }
+                // Health (protocol 7) is not kept by this manager yet.
+                Event::UnitHealth { .. } | Event::HealthSnapshot { .. } | Event::NodeHealth(_) => {
+                    tracing::trace!(node = %session.node(), "health event not kept yet");
+                }
             }
         })
     }

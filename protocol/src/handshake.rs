@@ -22,7 +22,11 @@ use serde::{Deserialize, Serialize};
 /// the manager reads every other heartbeat ([`crate::liveness`]); a protocol
 /// 5 agent sending twice per threshold would be dropped as silent.
 /// 7: `Event::ProxyNew` carries the proxy unit's family (`template`): a
-/// `bluechi-proxy@` proxy ends as BlueChi's does.
+/// `bluechi-proxy@` proxy ends as BlueChi's does. Health (`crate::health`):
+/// `Event::UnitHealth`, `Event::HealthSnapshot`, `Event::NodeHealth`,
+/// `TargetChange::Health`; a protocol 6 manager would fail to decode them, a
+/// protocol 6 agent's targets would never be healthy. (Both came in the same
+/// unreleased version, so they share one number.)
 pub const PROTOCOL_VERSION: u32 = 7;
 
 /// `DRVR`: tells a drover peer from anything else talking to the port.

@@ -30,8 +30,10 @@
 //! * [`dep_unit`] — `drover-dep@UNIT.service`: the agent starts it, the manager
 //!   reads targets back from it.
 //! * [`job`] — the four unit jobs with systemd's and BlueChi's words for them.
-//! * [`verdict`] — what a target's state change means for a proxy (agent and
-//!   manager decide alike without telling each other).
+//! * [`verdict`] — what a target's state and health changes mean for a proxy
+//!   (agent and manager decide alike without telling each other).
+//! * [`health`] — health states, verdicts and the snapshot an agent sends at
+//!   registration, with their bounds.
 //! * [`offline`] — how a proxy that waits for an offline node says so.
 //! * [`error_names`] — the D-Bus error names every process produces or matches.
 //!
@@ -43,6 +45,7 @@ pub mod codec;
 pub mod dep_unit;
 pub mod error_names;
 pub mod handshake;
+pub mod health;
 pub mod job;
 #[cfg(feature = "io")]
 pub mod link;
@@ -60,6 +63,7 @@ pub use codec::{FrameError, MAX_FRAME_LEN};
 pub use handshake::{
     HELLO_MAX_LEN, Hello, PROTOCOL_VERSION, RefuseReason, WELCOME_MAX_LEN, Welcome,
 };
+pub use health::{Health, HealthSnapshot, HealthState, NodeHealth, UnitHealth};
 pub use job::JobKind;
 pub use message::{
     Event, Marshalled, Notice, Reason, RemoteError, Request, Response, TargetChange, ToAgent,

@@ -13,6 +13,7 @@
 //! format (little endian), so postcard needs no knowledge of D-Bus types.
 
 use crate::error_names;
+use crate::health::{Health, HealthSnapshot, NodeHealth};
 use crate::job::JobKind;
 use crate::names::{NodeName, UnitName};
 use crate::proxy_instance::ProxyTemplate;
@@ -83,6 +84,10 @@ pub enum TargetChange {
     Removed {
         reason: Reason,
     },
+    /// The target's health verdict changed (or is replayed, before any
+    /// state of the target: `crate::verdict`). Appended last so the other
+    /// variants keep their wire tags.
+    Health(Health),
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -343,6 +348,20 @@ pub enum Event {
         unit: UnitName,
         proxy_id: u64,
     },
+    /// The health verdict of `unit` changed (`crate::health`). Tagged from
+    /// the same counter as the unit events, so it is ordered among them;
+    /// sent for every unit that declares a check, watched or not.
+    UnitHealth {
+        tag: ModTag,
+        unit: UnitName,
+        health: Health,
+    },
+    /// One part of the health snapshot sent first in every session
+    /// (`crate::health::HealthSnapshot`); every part of one snapshot carries
+    /// the same tag.
+    HealthSnapshot { tag: ModTag, part: HealthSnapshot },
+    /// The node's own health changed.
+    NodeHealth(NodeHealth),
 }
 
 #[cfg(test)]
@@ -375,6 +394,31 @@ mod tests {
 
     fn reason() -> impl Strategy<Value = Reason> {
         prop_oneof![Just(Reason::Real), Just(Reason::Virtual)]
+    }
+
+    fn health() -> impl Strategy<Value = Health> {
+        (
+            proptest::sample::select(crate::health::HealthState::ALL.to_vec()),
+            ".{0,40}",
+            any::<u64>(),
+        )
+            .prop_map(|(state, reason, ago)| Health::new(state, &reason, ago))
+    }
+
+    fn node_health() -> impl Strategy<Value = NodeHealth> {
+        (
+            health(),
+            "[a-z]{0,12}",
+            proptest::collection::vec(("[a-z]{1,10}", health()), 0..3),
+        )
+            .prop_map(|(health, system_state, checks)| NodeHealth {
+                health,
+                system_state,
+                checks: checks
+                    .into_iter()
+                    .map(|(name, health)| crate::health::NodeCheck { name, health })
+                    .collect(),
+            })
     }
 
     fn request() -> impl Strategy<Value = Request> {
@@ -484,6 +528,27 @@ mod tests {
                     },
                 }
             ),
+            (tag(), unit(), health()).prop_map(|(tag, unit, health)| Event::UnitHealth {
+                tag,
+                unit,
+                health
+            }),
+            (
+                tag(),
+                proptest::collection::vec((unit(), health()), 0..4),
+                proptest::option::of(node_health())
+            )
+                .prop_map(|(tag, units, node)| Event::HealthSnapshot {
+                    tag,
+                    part: HealthSnapshot {
+                        units: units
+                            .into_iter()
+                            .map(|(unit, health)| crate::health::UnitHealth { unit, health })
+                            .collect(),
+                        node,
+                    },
+                }),
+            node_health().prop_map(Event::NodeHealth),
         ]
     }
 
@@ -523,6 +588,10 @@ mod tests {
             (any::<u64>(), reason()).prop_map(|(proxy_id, reason)| Notice::ProxyTarget {
                 proxy_id,
                 change: TargetChange::Removed { reason }
+            }),
+            (any::<u64>(), health()).prop_map(|(proxy_id, health)| Notice::ProxyTarget {
+                proxy_id,
+                change: TargetChange::Health(health)
             }),
             (any::<u64>(), any::<Option<u64>>()).prop_map(|(proxy_id, offline_for_ms)| {
                 Notice::TargetNodeOffline {

@@ -546,6 +546,9 @@ impl<S: Systemd> Link<S> {
         let kill = SessionKill::new();
         self.shared().outbox.open(epoch, tx, kill.clone());
         // The outbox routes now: proxies re-announced here cannot be lost.
+        // Health goes first: the manager knows which units have checks
+        // before it hears anything else of this session.
+        crate::health::driver::session_started(self.shared(), epoch).await;
         self.shared().status.connected();
         self.shared()
             .proxies
@@ -620,9 +623,7 @@ impl<S: Systemd> Link<S> {
                 Ok(Some(Err(e))) => return SessionEnd::from_read_error(e),
                 Ok(Some(Ok(ToAgent::Heartbeat))) => continue,
                 Ok(Some(Ok(ToAgent::Notice(notice)))) => {
-                    self.shared()
-                        .proxies
-                        .on_notice(notice, &self.shared().outbox);
+                    self.shared().on_notice(notice);
                     continue;
                 }
                 Ok(Some(Ok(ToAgent::Request { id, body }))) => (id, body),

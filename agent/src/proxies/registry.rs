@@ -65,8 +65,8 @@ use crate::systemd::api::{JobPath, Systemd};
 use drover_protocol::JobKind;
 use drover_protocol::offline::offline_reason;
 use drover_protocol::proxy_instance::{ProxyInstance, ProxyTemplate, proxy_templates_text};
-use drover_protocol::verdict::{Verdict, verdict};
-use drover_protocol::{Event, NodeName, Notice, TargetChange, ToManager, UnitName};
+use drover_protocol::verdict::{TargetView, Verdict};
+use drover_protocol::{Event, HealthState, NodeName, Notice, TargetChange, ToManager, UnitName};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
@@ -203,17 +203,37 @@ struct Proxy {
     /// this moment on our clock (`None`: not connected since the manager
     /// started). What the proxy says if it is stopped while it waits.
     node_offline: Option<Option<SystemTime>>,
+    /// What the manager said of the target: active or not, its health
+    /// (`drover_protocol::verdict`).
+    view: TargetView,
 }
 
 impl Proxy {
-    /// Why it still waits, if known: its target's node is offline.
+    fn new(key: ProxyKey) -> Self {
+        Self {
+            key,
+            reply: None,
+            active: false,
+            ahead: None,
+            announced: None,
+            node_offline: None,
+            view: TargetView::default(),
+        }
+    }
+
+    /// Why it still waits, if known: its target's node is offline, or the
+    /// target is active but not healthy.
     fn waiting_reason(&self) -> Option<String> {
-        let since = self.node_offline?;
-        Some(offline_reason(
-            self.key.node.as_str(),
-            since,
-            SystemTime::now(),
-        ))
+        match self.node_offline {
+            Some(since) => Some(offline_reason(
+                self.key.node.as_str(),
+                since,
+                SystemTime::now(),
+            )),
+            None => self
+                .view
+                .waiting_reason(self.key.unit.as_str(), self.key.node.as_str()),
+        }
     }
 
     fn phase(&self) -> Phase {
@@ -259,6 +279,11 @@ struct Table {
 /// manager applies too ([`drover_protocol::verdict`]), or a refusal.
 enum Fate {
     Active,
+    /// The target's health check turned unhealthy (`why`): a waiting proxy
+    /// keeps waiting; an active one is reported.
+    Unhealthy {
+        why: String,
+    },
     /// `failed`: the target failed (not stopped, unloaded or refused): an
     /// active proxy then ends `failed`, not `inactive`.
     Down {
@@ -268,7 +293,7 @@ enum Fate {
     Ignore,
 }
 
-fn fate(key: &ProxyKey, notice: Notice) -> Fate {
+fn fate(key: &ProxyKey, view: &mut TargetView, notice: Notice) -> Fate {
     let change = match notice {
         // A refusal fails a waiting proxy (its call's answer); an active one
         // (a permission revoked) is stopped, as when its target is stopped.
@@ -283,8 +308,17 @@ fn fate(key: &ProxyKey, notice: Notice) -> Fate {
         Notice::TargetNodeOffline { .. } | Notice::TargetNodeOnline { .. } => return Fate::Ignore,
     };
     let target = format!("{} on node {}", key.unit, key.node);
-    match (verdict(&change), change) {
+    match (view.apply(&change), change) {
         (Verdict::Up, _) => Fate::Active,
+        (Verdict::Unhealthy, TargetChange::Health(health)) => Fate::Unhealthy {
+            why: match drover_protocol::health::one_line(&health.reason) {
+                "" => format!("{target} is unhealthy"),
+                reason => format!("{target} is unhealthy: {}", one_line(reason)),
+            },
+        },
+        (Verdict::Unhealthy, _) => Fate::Unhealthy {
+            why: format!("{target} is unhealthy"),
+        },
         (
             Verdict::RealDown,
             TargetChange::State {
@@ -447,12 +481,8 @@ impl Proxies {
         }
         let (id, p) = t.add(
             Proxy {
-                key,
                 reply: Some(tx),
-                active: false,
-                ahead: None,
-                announced: None,
-                node_offline: None,
+                ..Proxy::new(key)
             },
             outbox,
         );
@@ -483,12 +513,8 @@ impl Proxies {
         }
         let (id, p) = t.add(
             Proxy {
-                key,
-                reply: None,
                 active: true,
-                ahead: None,
-                announced: None,
-                node_offline: None,
+                ..Proxy::new(key)
             },
             outbox,
         );
@@ -515,12 +541,8 @@ impl Proxies {
         }
         let (id, p) = t.add(
             Proxy {
-                key,
-                reply: None,
-                active: false,
                 ahead: Some(job),
-                announced: None,
-                node_offline: None,
+                ..Proxy::new(key)
             },
             outbox,
         );
@@ -660,13 +682,15 @@ impl Proxies {
     }
 
     /// News from the manager about one of our proxies (see the module docs).
-    pub fn on_notice(&self, notice: Notice, outbox: &Outbox) {
+    /// Returns the key of an active proxy whose target just turned unhealthy
+    /// (the caller decides whether it stops: [`Proxies::stop_unhealthy`]).
+    pub fn on_notice(&self, notice: Notice, outbox: &Outbox) -> Option<ProxyKey> {
         let id = notice.proxy_id();
         let mut t = self.lock();
         let Some(proxy) = t.by_id.get_mut(&id) else {
             // Late news about a proxy that is gone: nothing to do.
             tracing::debug!(proxy = id, ?notice, "notice for an unknown proxy ignored");
-            return;
+            return None;
         };
         let key = proxy.key.clone();
         match notice {
@@ -680,22 +704,26 @@ impl Proxies {
                 if let Some(reason) = proxy.waiting_reason() {
                     tracing::info!(proxy = id, "proxy {} waits: {reason}", key.local);
                 }
-                return;
+                return None;
             }
             Notice::TargetNodeOnline { .. } => {
                 proxy.node_offline = None;
-                return;
+                return None;
             }
             Notice::ProxyError { .. } | Notice::ProxyTarget { .. } => {}
         }
-        match fate(&key, notice) {
+        match fate(&key, &mut proxy.view, notice) {
             Fate::Ignore => {}
+            Fate::Unhealthy { why } => {
+                if proxy.active && proxy.reply.is_none() && proxy.ahead.is_none() {
+                    return Some(key);
+                }
+                tracing::info!(proxy = id, "proxy {} waits: {why}", key.local);
+            }
             Fate::Active => {
                 proxy.active = true;
                 proxy.node_offline = None;
-                let Some(reply) = proxy.reply.take() else {
-                    return;
-                };
+                let reply = proxy.reply.take()?;
 
                 if reply.send(Ok(())).is_ok() {
                     tracing::info!(
@@ -740,23 +768,70 @@ impl Proxies {
                     }
                     (None, None) => {
                         tracing::warn!(proxy = id, "stopping proxy {}: {why}", key.local);
-                        if failed && key.template() == ProxyTemplate::Drover {
-                            // The stop's `RemoveProxy` (ExecStop=) gets this
-                            // as its error: the proxy ends `failed`, and its
-                            // journal says why. (BlueChi's `bluechi-proxy@`
-                            // ends `inactive`: its `RemoveProxy` succeeds.)
-                            if t.failed_stops.len() >= AHEAD_FAILURES_CAP {
-                                t.failed_stops.clear();
-                            }
-                            t.failed_stops.insert(key.local.clone(), why);
-                        }
-                        t.stops.push_back(key.local);
-                        drop(t);
-                        self.stop_wake.notify_one();
+                        // A failed `drover-proxy@` stop's `RemoveProxy`
+                        // (ExecStop=) gets `why` as its error: the proxy ends
+                        // `failed`, and its journal says why. (BlueChi's
+                        // `bluechi-proxy@` ends `inactive`: its `RemoveProxy`
+                        // succeeds.)
+                        let failure = (failed && key.template() == ProxyTemplate::Drover)
+                            .then_some(why);
+                        self.stop_local(t, key.local, failure);
                     }
                 }
             }
         }
+        None
+    }
+
+    /// Queues the stop of proxy unit `local` (already forgotten); with
+    /// `failure`, its stop's `RemoveProxy` (ExecStop=) gets that as its
+    /// error: the proxy ends `failed`, and its journal says why.
+    fn stop_local(&self, mut t: MutexGuard<'_, Table>, local: UnitName, failure: Option<String>) {
+        if let Some(why) = failure {
+            if t.failed_stops.len() >= AHEAD_FAILURES_CAP {
+                t.failed_stops.clear();
+            }
+            t.failed_stops.insert(local.clone(), why);
+        }
+        t.stops.push_back(local);
+        drop(t);
+        self.stop_wake.notify_one();
+    }
+
+    /// Stops the active proxy `key` because its target is unhealthy (its
+    /// unit asked for it: `StopWhenUnhealthy=yes`); the proxy unit ends
+    /// `failed` with the reason. False when the proxy is gone, not active,
+    /// or its target is no longer unhealthy.
+    pub fn stop_unhealthy(&self, key: &ProxyKey, outbox: &Outbox) -> bool {
+        let t = self.lock();
+        let Some(&id) = t.by_key.get(key) else {
+            return false;
+        };
+        let why = match t.by_id.get(&id) {
+            Some(p) if p.active && p.view.health().state == HealthState::Unhealthy => {
+                let reason = drover_protocol::health::one_line(&p.view.health().reason);
+                if reason.is_empty() {
+                    format!("{} on node {} is unhealthy", key.unit, key.node)
+                } else {
+                    format!(
+                        "{} on node {} is unhealthy: {}",
+                        key.unit,
+                        key.node,
+                        one_line(reason)
+                    )
+                }
+            }
+            _ => return false,
+        };
+        let mut t = t;
+        t.forget(id, outbox);
+        tracing::warn!(
+            proxy = id,
+            "stopping proxy {} (StopWhenUnhealthy=yes): {why}",
+            key.local
+        );
+        self.stop_local(t, key.local.clone(), Some(why));
+        true
     }
 
     /// Clean shutdown: no new proxies; proxies not yet active end (waiting

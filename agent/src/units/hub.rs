@@ -92,6 +92,18 @@ impl UnitHub {
         self.lock().cached_units()
     }
 
+    /// The loaded units the cache follows, sorted.
+    pub fn cached_names(&self) -> Vec<UnitName> {
+        self.lock().cached_names()
+    }
+
+    /// The next tag of the open session (with its epoch), for events other
+    /// producers send in the hub's order (health verdicts); the caller holds
+    /// [`UnitHub::send_order`] until it has sent the event.
+    pub fn next_tag(&self) -> Option<(u64, drover_protocol::ModTag)> {
+        self.lock().next_tag()
+    }
+
     /// The cached (active, sub) state of a loaded unit.
     pub fn cached_state(&self, unit: &str) -> Option<(String, String)> {
         let unit = UnitName::new(unit).ok()?;

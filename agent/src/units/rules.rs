@@ -196,6 +196,19 @@ impl View {
     }
 
     /// `Reloading(true)` signals not yet matched by a `Reloading(false)`.
+    /// The names of the loaded units the cache follows, sorted.
+    pub fn cached_names(&self) -> Vec<UnitName> {
+        let mut names: Vec<UnitName> = self.cache.keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    /// The next tag of the open session, for an event of another producer
+    /// (health verdicts) in the same order; `None` without a session.
+    pub fn next_tag(&mut self) -> Option<(u64, ModTag)> {
+        self.session.as_mut().map(|s| (s.epoch, s.tags.next_tag()))
+    }
+
     pub fn reloads_open(&self) -> u32 {
         self.reloads_open
     }

@@ -52,6 +52,8 @@ impl References {
                 }
             }
             TargetChange::Removed { .. } => target.known = Known::Removed,
+            // Health is not relayed by this manager yet.
+            TargetChange::Health(_) => return out,
         }
         let acked = target.acked;
         let ran = target.ran.clone();

@@ -1,0 +1,160 @@
+//! What health asks of systemd, over the agent's own bus connection: a
+//! unit's files as systemd itself sees them (`FragmentPath`, `DropInPaths`),
+//! the user its service runs as (`User`, `Group`), the manager's
+//! `SystemState`, and the restart or stop `HealthOnFailure=` asks for.
+//!
+//! A unit's files are read only while it is loaded: its path comes from
+//! `GetUnit` (a property call on a unit's path would load an unloaded unit,
+//! and its garbage collection would unload it again). `User=`/`Group=` are
+//! read on the unit's path while it runs. The property calls of one unit go
+//! out together (the bus keeps them in order, and they are answered in one
+//! round trip).
+//!
+//! Errors are one line of text for a health reason or a log line.
+
+use drover_bus::systemd::{BUS_NAME, MANAGER_IFACE, MANAGER_PATH, SERVICE_IFACE, UNIT_IFACE};
+use drover_config::health::UnitDeclaration;
+use drover_config::unit_file::{UnitEntry, read_x_drover};
+use drover_protocol::UnitName;
+use drover_protocol::error_names::NO_SUCH_UNIT;
+use zbus::{Connection, OwnedObjectPath, OwnedVariant};
+
+const PROPERTIES_IFACE: &str = "org.freedesktop.DBus.Properties";
+
+async fn get(
+    conn: &Connection,
+    path: &str,
+    iface: &str,
+    name: &str,
+) -> Result<OwnedVariant, String> {
+    let path =
+        zbus::ObjectPath::try_from(path).map_err(|e| format!("bad object path {path}: {e}"))?;
+    let reply = conn
+        .call_method(
+            Some(BUS_NAME),
+            &path,
+            Some(PROPERTIES_IFACE),
+            "Get",
+            &(iface, name),
+        )
+        .await
+        .map_err(|e| format!("reading {name}: {e}"))?;
+    reply
+        .body()
+        .deserialize::<OwnedVariant>()
+        .map_err(|e| format!("reading {name}: {e}"))
+}
+
+fn string(value: OwnedVariant, name: &str) -> Result<String, String> {
+    String::try_from(value).map_err(|e| format!("{name} is not a string: {e}"))
+}
+
+/// The object path of a loaded unit (`GetUnit`, which does not load it);
+/// `None` when it is not loaded.
+async fn loaded_path(conn: &Connection, unit: &str) -> Result<Option<String>, String> {
+    match conn
+        .call_method(
+            Some(BUS_NAME),
+            MANAGER_PATH,
+            Some(MANAGER_IFACE),
+            "GetUnit",
+            &(unit,),
+        )
+        .await
+    {
+        Ok(reply) => reply
+            .body()
+            .deserialize::<OwnedObjectPath>()
+            .map(|p| Some(p.as_str().to_owned()))
+            .map_err(|e| format!("GetUnit: unexpected reply: {e}")),
+        Err(zbus::Error::MethodError(name, _, _)) if name.as_str() == NO_SUCH_UNIT => Ok(None),
+        Err(e) => Err(format!("GetUnit: {e}")),
+    }
+}
+
+/// systemd's `FragmentPath` and `DropInPaths` of `unit` (in the order
+/// systemd applies them); `None` when the unit is not loaded (nothing here
+/// loads it).
+pub async fn unit_files(
+    conn: &Connection,
+    unit: &str,
+) -> Result<Option<(String, Vec<String>)>, String> {
+    let Some(path) = loaded_path(conn, unit).await? else {
+        return Ok(None);
+    };
+    let (fragment, dropins) = tokio::join!(
+        get(conn, &path, UNIT_IFACE, "FragmentPath"),
+        get(conn, &path, UNIT_IFACE, "DropInPaths"),
+    );
+    let fragment = string(fragment?, "FragmentPath")?;
+    let dropins = <Vec<String>>::try_from(dropins?)
+        .map_err(|e| format!("DropInPaths is not a string list: {e}"))?;
+    Ok(Some((fragment, dropins)))
+}
+
+/// `unit`'s declaration: its `[X-Drover]` entries from its fragment and its
+/// drop-ins, read as systemd lists them. `Err`: the first problem (a file
+/// that cannot be read, a syntax error, a bad key), naming the file.
+pub async fn declaration(conn: &Connection, unit: &UnitName) -> Result<UnitDeclaration, String> {
+    let Some((fragment, dropins)) = unit_files(conn, unit.as_str()).await? else {
+        return Ok(UnitDeclaration::default());
+    };
+    let files: Vec<String> = std::iter::once(fragment)
+        .filter(|f| !f.is_empty())
+        .chain(dropins)
+        .collect();
+    let entries = tokio::task::spawn_blocking(move || -> Result<Vec<UnitEntry>, String> {
+        let mut all = Vec::new();
+        for file in files {
+            all.extend(read_x_drover(std::path::Path::new(&file))?);
+        }
+        Ok(all)
+    })
+    .await
+    .map_err(|e| format!("reading the unit files: {e}"))??;
+    if entries.is_empty() {
+        return Ok(UnitDeclaration::default());
+    }
+    drover_config::health::unit_declaration(unit, &entries)
+}
+
+/// `User=` and `Group=` of a loaded service (empty when not set); other
+/// unit types have none. An error when the unit is not loaded.
+pub async fn run_as(conn: &Connection, unit: &str) -> Result<(String, String), String> {
+    let Some(path) = loaded_path(conn, unit).await? else {
+        return Err(format!("{unit} is not loaded"));
+    };
+    if !unit.ends_with(".service") {
+        return Ok((String::new(), String::new()));
+    }
+    let (user, group) = tokio::join!(
+        get(conn, &path, SERVICE_IFACE, "User"),
+        get(conn, &path, SERVICE_IFACE, "Group"),
+    );
+    Ok((string(user?, "User")?, string(group?, "Group")?))
+}
+
+/// The manager's `SystemState`.
+pub async fn system_state(conn: &Connection) -> Result<String, String> {
+    string(
+        get(conn, MANAGER_PATH, MANAGER_IFACE, "SystemState").await?,
+        "SystemState",
+    )
+}
+
+/// `RestartUnit` or `StopUnit` (`method`) of `unit`, mode `replace`.
+pub async fn unit_job(conn: &Connection, method: &str, unit: &str) -> Result<(), String> {
+    conn.call_method(
+        Some(BUS_NAME),
+        MANAGER_PATH,
+        Some(MANAGER_IFACE),
+        method,
+        &(unit, "replace"),
+    )
+    .await
+    .map_err(|e| format!("{method}: {e}"))?
+    .body()
+    .deserialize::<OwnedObjectPath>()
+    .map(|_| ())
+    .map_err(|e| format!("{method}: unexpected reply: {e}"))
+}
