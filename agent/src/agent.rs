@@ -10,10 +10,10 @@
 //! the systemd bus before readiness, so a proxy unit ordered after the agent
 //! finds it.
 //!
-//! Health (`crate::health`) starts with the local API: the unit stream is
-//! followed from the start (health needs every unit's activity), the node
-//! checks and every loaded unit's declaration are read, all before the link
-//! dials, so the first session's snapshot is complete.
+//! Health (`crate::health`) starts with the local API, before the link
+//! dials: the node checks, and every running unit's declaration (a unit that
+//! declares health starts the unit stream), so the first session's snapshot
+//! is complete.
 //!
 //! The agent stops when asked to (shutdown token) or when its systemd
 //! connection is lost (an error: the service manager restarts it). A clean
@@ -159,7 +159,7 @@ async fn run_inner<S: Systemd>(
         }
     };
     if let Some(conn) = &api_bus {
-        start_health(&systemd, &shared, conn.clone(), node_checks).await;
+        start_health(&shared, conn.clone(), node_checks).await;
     }
     on_ready();
     adopt_proxies(&*systemd, &shared).await;
@@ -188,21 +188,43 @@ async fn run_inner<S: Systemd>(
     ended
 }
 
-/// Health needs every unit's activity: the unit stream runs from the start.
-/// Without it (systemd refused the subscription) there is no health; the
-/// agent still works, and says so.
-async fn start_health<S: Systemd>(
-    systemd: &Arc<S>,
+/// Health: node checks now; unit health once a unit declares some, on the
+/// unit hub's stream, which it may start (`crate::health::driver::start`).
+async fn start_health(
     shared: &Arc<Shared>,
     conn: zbus::Connection,
     node_checks: Vec<(String, CheckSpec)>,
 ) {
-    if let Err(e) = start_units(systemd, shared).await {
-        tracing::error!("cannot follow systemd's units, so no health checks run: {e}");
-        return;
-    }
-    crate::health::driver::start(shared, conn, node_checks).await;
-    tracing::info!("health: {} unit(s) declare a check", shared.health.len());
+    // The hook health calls once a unit declares something: the unit
+    // stream then follows every unit (a hold of `*`, `crate::units::hub`),
+    // and health sees each unit's activity. Weak: the hook lives in the
+    // agent's state, which the bus's object server holds.
+    let weak = Arc::downgrade(shared);
+    let follow: crate::health::table::Follow = Box::new(move || {
+        let weak = weak.clone();
+        Box::pin(async move {
+            let Some(shared) = weak.upgrade() else {
+                return Err("the agent is stopping".to_owned());
+            };
+            shared
+                .units
+                .hold_caught_up(None)
+                .await
+                .map_err(|e| e.to_string())?;
+            shared.health.set_holding();
+            Ok(())
+        })
+    });
+    crate::health::driver::start(shared, conn, node_checks, follow).await;
+    tracing::info!(
+        "health: {} unit(s) declare a check{}",
+        shared.health.len(),
+        if shared.health.holding() {
+            ""
+        } else {
+            " (units are read as they start)"
+        }
+    );
 }
 
 /// Proxy units left active by a previous agent process (one that crashed)

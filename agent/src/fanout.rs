@@ -40,6 +40,10 @@ pub async fn pump_events<S: Systemd>(
     systemd: Arc<S>,
 ) {
     while let Some(event) = events.recv().await {
+        if let crate::systemd::api::SystemdEvent::JobNew { unit, .. } = &event {
+            // A unit about to change may declare health (see there).
+            health::on_job_new(&shared, unit);
+        }
         if let Some(job) = shared.on_systemd_event(event) {
             let (shared, systemd) = (shared.clone(), systemd.clone());
             tokio::spawn(async move {

@@ -78,6 +78,7 @@ pub mod jobs;
 pub mod link;
 pub mod node_api;
 pub mod notify;
+pub mod own_units;
 pub mod proxies;
 pub mod state;
 pub mod systemd;

@@ -53,7 +53,74 @@ pub struct Shared {
     pub health: HealthTable,
 }
 
+/// Health's view of the agent (`crate::health::driver::Host`): the unit
+/// hub's order, view and tags, and the outbox.
+impl crate::health::driver::Host for Shared {
+    fn health(&self) -> &HealthTable {
+        &self.health
+    }
+
+    fn order(&self) -> impl std::future::Future<Output = tokio::sync::MutexGuard<'_, ()>> + Send {
+        self.units.send_order()
+    }
+
+    fn active_state(&self, unit: &drover_protocol::UnitName) -> Option<String> {
+        self.units
+            .cached_state(unit.as_str())
+            .map(|(active, _)| active)
+    }
+
+    fn loaded_units(&self) -> Vec<drover_protocol::UnitName> {
+        self.units.cached_names()
+    }
+
+    fn reload_open(&self) -> bool {
+        self.units.reload_open()
+    }
+
+    fn streaming(&self) -> bool {
+        self.units.streaming()
+    }
+
+    async fn send_tagged(
+        &self,
+        epoch: Option<u64>,
+        build: impl FnOnce(drover_protocol::ModTag) -> Vec<Event> + Send,
+    ) {
+        let Some((open, tag)) = self.units.next_tag() else {
+            return;
+        };
+        if epoch.is_some_and(|want| want != open) {
+            return;
+        }
+        for event in build(tag) {
+            let sent = self
+                .outbox
+                .send_paced(
+                    open,
+                    ToManager::Event(event),
+                    crate::units::hub::SEND_PATIENCE,
+                )
+                .await;
+            if sent != crate::link::outbox::Sent::Queued {
+                return;
+            }
+        }
+    }
+
+    fn send(&self, event: Event) {
+        if let Some(epoch) = self.outbox.current() {
+            self.outbox.send(epoch, ToManager::Event(event));
+        }
+    }
+}
+
 impl Shared {
+    /// A manager session's outbox is open: health's snapshot goes first.
+    pub async fn session_opened(self: &std::sync::Arc<Self>, epoch: u64) {
+        crate::health::driver::session_started(self, epoch).await;
+    }
+
     /// `SwitchController`: the link dials `address` from now on, and the
     /// local API shows it as `ControllerAddress` (changed before the link
     /// drops its session, as BlueChi orders it).

@@ -32,11 +32,20 @@ struct Rig {
 impl Rig {
     /// Starts a node with `units` installed, the agent, and accepts its session.
     async fn start(tag: &str, units: &[(&str, &str)]) -> Rig {
+        Self::start_running(tag, units, &[]).await
+    }
+
+    /// [`Rig::start`], with the units `running` started before the agent.
+    async fn start_running(tag: &str, units: &[(&str, &str)], running: &[&str]) -> Rig {
         let node = SystemdNode::start(&format!("health-{tag}"), "node").await;
         for (name, text) in units {
             write(&node.unit_dir().join(name), text);
         }
         node.reload().await;
+        for unit in running {
+            let out = node.systemctl(&["start", unit]);
+            assert!(out.status.success(), "start {unit}: {out:?}");
+        }
         let manager = FakeManager::bind().await;
         let agent = InProcessAgent::start(&node, "node", manager.port(), || {});
         let mut session = accept(&manager, 1).await;
@@ -282,10 +291,13 @@ async fn a_hanging_check_times_out_and_leaves_nothing_behind() {
     let h = r.until("app.service", HealthState::Unhealthy).await;
     assert_eq!(
         h.reason,
-        "timed out after 300ms (its process group was killed): waiting"
+        "timed out after 300ms (systemd killed its cgroup): waiting"
     );
     let listed = std::fs::read_to_string(&pids).unwrap();
-    let pids: Vec<i32> = listed.lines().map(|l| l.trim().parse().unwrap()).collect();
+    let pids: Vec<i32> = listed
+        .lines()
+        .map(|l| l.trim().parse().unwrap_or_else(|_| panic!("{listed:?}")))
+        .collect();
     assert!(pids.len() >= 2, "{listed}");
     for pid in &pids[..2] {
         assert!(
@@ -336,9 +348,11 @@ async fn a_check_runs_as_the_units_non_root_user() {
     let groups: Vec<&str> = lines.next().unwrap().split(' ').collect();
     assert!(!groups.contains(&"0"), "{text}");
     assert!(groups.contains(&nobody.gid.to_string().as_str()), "{text}");
-    assert_eq!(
-        lines.next(),
-        Some(format!("{} nobody", nobody.dir.display()).as_str())
+    // systemd sets USER for a service with User= (HOME is the manager's
+    // own in a user manager).
+    assert!(
+        lines.next().is_some_and(|l| l.ends_with(" nobody")),
+        "{text}"
     );
     use std::os::unix::fs::MetadataExt;
     assert_eq!(std::fs::metadata(&out).unwrap().uid(), nobody.uid.as_raw());
@@ -580,4 +594,70 @@ async fn a_new_session_gets_the_snapshot_and_unchanged_results_send_nothing() {
     );
     agent.stop(T).await;
     drop(node);
+}
+
+/// Units that run before the agent starts are read at its start; a check
+/// added to a running unit by a drop-in and a daemon-reload is read then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn running_units_are_read_at_start_and_after_a_reload() {
+    let (a, b) = (free_port(), free_port());
+    let mut r = Rig::start_running(
+        "running",
+        &[
+            (
+                "db.service",
+                &http_server(a, &format!("HealthTCP=127.0.0.1:{a}")),
+            ),
+            (
+                "web.service",
+                &format!(
+                    "[Service]\nExecStart=/usr/bin/python3 -m http.server {b} --bind 127.0.0.1 --directory /\n"
+                ),
+            ),
+        ],
+        &["db.service", "web.service"],
+    )
+    .await;
+    let units = &r.snapshot.last().unwrap().units;
+    assert_eq!(units.len(), 1, "{units:?}");
+    assert_eq!(units[0].unit.as_str(), "db.service");
+    if units[0].health.state != HealthState::Healthy {
+        r.until("db.service", HealthState::Healthy).await;
+    }
+    write(
+        &r.node.unit_dir().join("web.service.d/health.conf"),
+        &format!("[X-Drover]\nHealthHTTP=http://127.0.0.1:{b}/\n"),
+    );
+    r.node.reload().await;
+    r.until("web.service", HealthState::Healthy).await;
+    // And taken away again: none.
+    std::fs::remove_file(r.node.unit_dir().join("web.service.d/health.conf")).unwrap();
+    r.node.reload().await;
+    let h = r.next_health("web.service").await;
+    assert_eq!(h.state, HealthState::None);
+}
+
+/// On a node where nothing declares health the agent does not follow the
+/// units; a daemon-reload that adds a check to a running unit starts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_adds_the_first_check_is_read() {
+    let b = free_port();
+    let mut r = Rig::start_running(
+        "first-check",
+        &[(
+            "web.service",
+            &format!(
+                "[Service]\nExecStart=/usr/bin/python3 -m http.server {b} --bind 127.0.0.1 --directory /\n"
+            ),
+        )],
+        &["web.service"],
+    )
+    .await;
+    assert!(r.snapshot.last().unwrap().units.is_empty());
+    write(
+        &r.node.unit_dir().join("web.service.d/health.conf"),
+        &format!("[X-Drover]\nHealthHTTP=http://127.0.0.1:{b}/\n"),
+    );
+    r.node.reload().await;
+    r.until("web.service", HealthState::Healthy).await;
 }

@@ -4,7 +4,7 @@
 
 use crate::start::{StartPaths, rss_kib};
 use crate::stats::{self, paired_overhead, summarize};
-use crate::{agent_cpu, ctl, events, proxy, tls};
+use crate::{agent_cpu, ctl, events, health, proxy, tls};
 use anyhow::Result;
 use clap::Parser;
 use drover_sandbox::{Cluster, ClusterOptions};
@@ -15,8 +15,9 @@ use std::time::Duration;
 #[derive(Parser)]
 #[command(about = "drover benchmarks (run on an otherwise idle machine)")]
 struct Args {
-    /// Which benchmark: start-unit, proxy, rss, events, tls, ctl, agent-cpu, fleet
-    /// (`fleet --help`), scrape (`scrape --help`) or all (events, tls, ctl, agent-cpu and fleet run alone: they
+    /// Which benchmark: start-unit, proxy, rss, events, tls, ctl, agent-cpu, health,
+    /// fleet (`fleet --help`), scrape (`scrape --help`) or all (events, tls, ctl,
+    /// agent-cpu, health and fleet run alone: they
     /// start their own daemons).
     #[arg(default_value = "all")]
     which: String,
@@ -97,6 +98,10 @@ async fn bench(args: Args) -> Result<()> {
     if args.which == "tls" {
         // Two clusters of its own: TLS and plaintext side by side.
         return tls::main(args.samples).await;
+    }
+    if args.which == "health" {
+        // `--samples` is the number of rounds (pairs of 10 s windows) per kind.
+        return health::main(args.samples.min(50)).await;
     }
     let mut opts = ClusterOptions::with_nodes(2);
     opts.heartbeat_interval_ms = 2000;

@@ -45,7 +45,6 @@ use crate::value::{self, At};
 use crate::{ConfigError, LoggingConfig, Sources};
 use drover_protocol::NodeName;
 use std::ffi::OsString;
-use std::net::IpAddr;
 use std::path::Path;
 
 /// Section of the agent's keys.
@@ -393,32 +392,7 @@ pub fn check_heartbeat(interval_ms: u64, threshold_ms: u64) -> Result<(), String
     Ok(())
 }
 
-/// Accepts an IP literal or a DNS host name (labels of ASCII letters, digits,
-/// `-` and `_`, at most 63 bytes each, 253 in all, an optional final dot).
-/// The name is only checked here; it is resolved on every connection attempt.
-pub fn check_host(host: &str) -> Result<(), String> {
-    if host.parse::<IpAddr>().is_ok() {
-        return Ok(());
-    }
-    let bad = || format!("'{host}' is neither an IP address nor a valid host name");
-    let name = host.strip_suffix('.').unwrap_or(host);
-    if name.is_empty() || name.len() > 253 {
-        return Err(bad());
-    }
-    let label_ok = |l: &str| {
-        !l.is_empty()
-            && l.len() <= 63
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-            && l.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-    };
-    if name.split('.').all(label_ok) {
-        Ok(())
-    } else {
-        Err(bad())
-    }
-}
+pub use crate::host::check_host;
 
 /// Parses a `ControllerAddress`: `tcp:host=H,port=P` (parameters in either
 /// order, both required, nothing else), the only transport drover speaks.

@@ -480,7 +480,7 @@ pub fn host_port(text: &str) -> Result<(String, u16), String> {
     if host.contains(':') && !text.starts_with('[') {
         return Err(format!("'{text}': write an IPv6 address as [ADDRESS]:PORT"));
     }
-    crate::agent::check_host(host).map_err(|m| format!("'{text}': {m}"))?;
+    crate::host::check_host(host).map_err(|m| format!("'{text}': {m}"))?;
     let port = match port.parse::<u16>() {
         Ok(p) if p > 0 => p,
         _ => return Err(format!("'{port}' is not a port (1-65535)")),

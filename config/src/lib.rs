@@ -35,6 +35,7 @@
 pub mod agent;
 pub mod error;
 pub mod health;
+pub mod host;
 pub mod ini;
 pub mod layers;
 pub mod logging;

@@ -22,9 +22,8 @@
 //! Arguments are checked before anything else: a bad unit name, state or
 //! time to live is `InvalidArgs`.
 
-use super::exec::RunAs;
+use super::driver::Host;
 use super::table::PushError;
-use crate::state::Shared;
 use drover_bus::bluechi::AGENT_PATH;
 use drover_protocol::error_names::{ACCESS_DENIED, FAILED, INVALID_ARGS};
 use drover_protocol::{HealthState, UnitName};
@@ -60,9 +59,36 @@ impl HealthError {
     }
 }
 
+/// What the served object asks of health (a [`Host`] behind it).
+trait Reports: Send + Sync + 'static {
+    fn report(
+        &self,
+        report: Report,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), PushError>> + Send + '_>>;
+    fn health(&self, unit: &UnitName) -> drover_protocol::Health;
+}
+
+struct ViaHost<H>(Arc<H>);
+
+impl<H: Host> Reports for ViaHost<H> {
+    fn report(
+        &self,
+        r: Report,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), PushError>> + Send + '_>>
+    {
+        Box::pin(
+            async move { super::driver::push(&self.0, &r.unit, r.state, &r.reason, r.ttl).await },
+        )
+    }
+
+    fn health(&self, unit: &UnitName) -> drover_protocol::Health {
+        self.0.health().get(unit, std::time::Instant::now())
+    }
+}
+
 /// The served object.
 pub struct HealthObject {
-    shared: Arc<Shared>,
+    reports: Arc<dyn Reports>,
 }
 
 /// The checked arguments of `ReportHealth`.
@@ -135,24 +161,42 @@ async fn authorize(
     if uid == 0 {
         return Ok(());
     }
-    let (user, group) = super::systemd::run_as(conn, unit.as_str())
+    let (user, _, _) = super::systemd::run_as(conn, unit.as_str())
         .await
         .map_err(|e| denied(format!("cannot tell which user {unit} runs as: {e}")))?;
-    let owner = tokio::task::spawn_blocking(move || RunAs::resolve(&user, &group))
+    let owner = tokio::task::spawn_blocking(move || uid_of(&user))
         .await
         .map_err(|e| denied(e.to_string()))?
         .map_err(denied)?;
-    let owner_uid = match owner.ids {
-        Some(ids) => ids.uid,
-        None => nix::unistd::Uid::effective().as_raw(),
-    };
-    if uid == owner_uid {
+    let owner_uid = owner.unwrap_or_else(|| nix::unistd::Uid::effective().as_raw());
+    if may_report(uid, owner_uid) {
         Ok(())
     } else {
         Err(denied(format!(
             "the caller {sender} runs as uid {uid}, {unit} as uid {owner_uid}"
         )))
     }
+}
+
+/// The uid of `User=` (a name or a number); `None` when it is empty (the
+/// unit runs as its service manager's user).
+fn uid_of(user: &str) -> Result<Option<u32>, String> {
+    if user.is_empty() {
+        return Ok(None);
+    }
+    if let Ok(uid) = user.parse::<u32>() {
+        return Ok(Some(uid));
+    }
+    match nix::unistd::User::from_name(user) {
+        Ok(Some(u)) => Ok(Some(u.uid.as_raw())),
+        Ok(None) => Err(format!("user {user} does not exist")),
+        Err(e) => Err(format!("cannot look up user {user}: {e}")),
+    }
+}
+
+/// The rule: root, or the uid the unit runs as.
+fn may_report(caller: u32, unit_runs_as: u32) -> bool {
+    caller == 0 || caller == unit_runs_as
 }
 
 #[interface(name = "io.drover.Agent", introspection_docs = false)]
@@ -169,22 +213,17 @@ impl HealthObject {
     ) -> Result<(), HealthError> {
         let report = Report::parse(&unit, &state, &reason, ttl_usec)?;
         authorize(conn, &header, &report.unit).await?;
-        super::driver::push(
-            &self.shared,
-            &report.unit,
-            report.state,
-            &report.reason,
-            report.ttl,
-        )
-        .await
-        .map_err(|e: PushError| HealthError::Failed(e.to_string()))
+        self.reports
+            .report(report)
+            .await
+            .map_err(|e: PushError| HealthError::Failed(e.to_string()))
     }
 
     /// See the module docs.
     async fn get_unit_health(&self, unit: String) -> Result<(String, String, u64), HealthError> {
         let unit = UnitName::new(unit.as_str())
             .map_err(|e| HealthError::InvalidArgs(format!("unit: {e}")))?;
-        let health = self.shared.health.get(&unit, std::time::Instant::now());
+        let health = self.reports.health(&unit);
         let since = SystemTime::now()
             .checked_sub(Duration::from_millis(health.changed_ms_ago))
             .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
@@ -195,9 +234,12 @@ impl HealthObject {
 
 /// Exports the interface on `conn` (the agent's name is owned by
 /// `crate::api::serve`).
-pub async fn serve(conn: &Connection, shared: Arc<Shared>) -> zbus::Result<()> {
+pub async fn serve<H: Host>(conn: &Connection, host: Arc<H>) -> zbus::Result<()> {
+    let object = HealthObject {
+        reports: Arc::new(ViaHost(host)),
+    };
     conn.object_server()
-        .at(AGENT_PATH, HealthObject { shared })
+        .at(AGENT_PATH, object)
         .await
         .map(|_| ())
 }
@@ -205,6 +247,21 @@ pub async fn serve(conn: &Connection, shared: Arc<Shared>) -> zbus::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn root_or_the_units_own_user_may_report() {
+        assert!(may_report(0, 1000));
+        assert!(may_report(1000, 1000));
+        assert!(!may_report(1001, 1000));
+        assert!(!may_report(1000, 0));
+        assert_eq!(uid_of(""), Ok(None));
+        assert_eq!(uid_of("4242"), Ok(Some(4242)));
+        assert_eq!(uid_of("root"), Ok(Some(0)));
+        assert_eq!(
+            uid_of("no-such-user-drover"),
+            Err("user no-such-user-drover does not exist".into())
+        );
+    }
 
     #[test]
     fn garbage_arguments_are_invalid() {

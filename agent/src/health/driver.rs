@@ -10,39 +10,67 @@
 //! health reset to `starting`, and never pairs a new activation with the
 //! verdict of the previous one.
 //!
-//! * **Declarations** are read at start for every loaded unit, for every
-//!   unit systemd loads later (`UnitNew`), and again for all after a
-//!   daemon-reload has settled; a unit systemd unloads has none. Reading one
-//!   holds the unit stream for a moment (two property calls and its files),
-//!   so a unit that is loaded and started at once is known to have a check
-//!   before its `active` can reach the manager.
+//! * **Declarations** are read the first time a unit is seen starting
+//!   since systemd loaded it (inline, holding the unit stream for two
+//!   property calls and its files, so a unit loaded and started at once is
+//!   known to have a check before its `active` can reach the manager), and
+//!   again for every started unit after a daemon-reload has settled; a unit
+//!   systemd unloads has none. The unit stream itself starts only once a
+//!   unit declares something ([`start`]).
 //! * **Runners**: one task per active check, every `HealthInterval=`
 //!   (`HealthStartupInterval=` while `starting`), start to start, the first
-//!   run at activation. Exec checks resolve the unit's `User=`/`Group=` once
-//!   per activation ([`super::exec::RunAs`]).
+//!   run at activation. Exec checks read the unit's `User=`/`Group=` once
+//!   per activation and hand them to systemd ([`super::exec`]).
 //! * **Node**: the node checks of `agent.conf` run the same way; systemd's
-//!   `SystemState` is read at start, after reloads, and whenever a unit
-//!   enters or leaves `failed` (what makes systemd `degraded`), and polled
-//!   every [`SYSTEM_STATE_POLL`] while systemd is still starting.
+//!   `SystemState` is read every [`SYSTEM_STATE_POLL`], and at once when a
+//!   unit enters or leaves `failed` (what makes systemd `degraded`).
 //! * **Sessions**: the first thing a session hears after its handshake is
 //!   the snapshot ([`session_started`]).
 //!
 //! Health needs the systemd bus connection (`HealthTable::set_bus`); an
 //! agent without one (tests on the in-memory systemd) has no health.
 
-use super::exec::RunAs;
+use super::exec::RunFor;
 use super::machine::Outcome;
-use super::table::{Actions, Key, PushError, Start};
-use crate::state::Shared;
-use crate::units::hub::SEND_PATIENCE;
+use super::table::{Actions, Follow, HealthTable, Key, PushError, Start};
 use drover_config::health::{CheckSpec, OnFailure, Probe};
-use drover_protocol::{Event, HealthSnapshot, HealthState, ToManager, UnitName};
+use drover_protocol::{Event, HealthSnapshot, HealthState, ModTag, UnitName};
+use std::future::Future;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 use zbus::Connection;
 
-/// How often `SystemState` is read while systemd is still starting.
-pub const SYSTEM_STATE_POLL: Duration = Duration::from_secs(5);
+/// What health needs of the agent around it (`crate::state::Shared`
+/// implements it): the table, the unit hub's order, view and tags, and the
+/// way to the manager. Defined here, below the agent's state, so health
+/// imports nothing above it.
+pub trait Host: Send + Sync + 'static {
+    fn health(&self) -> &HealthTable;
+    /// The lock of the unit event order, held while tagging and sending.
+    fn order(&self) -> impl Future<Output = tokio::sync::MutexGuard<'_, ()>> + Send;
+    /// A loaded unit's active state as the unit hub knows it.
+    fn active_state(&self, unit: &UnitName) -> Option<String>;
+    /// The loaded units, sorted.
+    fn loaded_units(&self) -> Vec<UnitName>;
+    /// A daemon-reload has not settled yet.
+    fn reload_open(&self) -> bool;
+    /// The unit hub follows systemd's unit signals (health then hears every
+    /// unit's activity through [`on_unit_signal`]).
+    fn streaming(&self) -> bool;
+    /// Sends the events `build` makes with the next unit event tag, in order,
+    /// on the open session (only if it is `epoch`, when given); the caller
+    /// holds [`Host::order`].
+    fn send_tagged(
+        &self,
+        epoch: Option<u64>,
+        build: impl FnOnce(ModTag) -> Vec<Event> + Send,
+    ) -> impl Future<Output = ()> + Send;
+    /// Sends `event` on the open session, if any, untagged.
+    fn send(&self, event: Event);
+}
+
+/// How often `SystemState` is read.
+pub const SYSTEM_STATE_POLL: Duration = Duration::from_secs(10);
 
 /// What one unit signal says that health cares about (taken before the hub
 /// consumes the signal).
@@ -82,26 +110,149 @@ fn is_started(state: &str) -> bool {
 }
 
 /// `unit`'s active state as the unit hub's cache knows it.
-fn cached(shared: &Shared, unit: &UnitName) -> Option<String> {
-    shared
-        .units
-        .cached_state(unit.as_str())
-        .map(|(active, _)| active)
+fn cached<H: Host>(shared: &H, unit: &UnitName) -> Option<String> {
+    shared.active_state(unit)
 }
 
-/// Starts health on `conn`: the node checks, `SystemState`, and the
-/// declaration of every unit that runs. The unit stream must already run
-/// (the hub's cache is the list of loaded units).
-pub async fn start(shared: &Arc<Shared>, conn: Connection, node_checks: Vec<(String, CheckSpec)>) {
-    shared.health.set_bus(conn);
-    let order = shared.units.send_order().await;
+/// How long after a `Reloading(false)` a daemon-reload counts as settled
+/// (while the hub does not follow the units; it has its own settle).
+pub const RELOAD_SETTLE: Duration = Duration::from_millis(500);
+
+/// Starts health on `conn`: the node checks, `SystemState` (read now and
+/// every [`SYSTEM_STATE_POLL`]), and the units.
+///
+/// Unit health needs every unit's activity, so it runs on the unit hub's
+/// stream of systemd's unit signals — but that stream costs the agent a
+/// wake-up for every property change of every unit on the node, which a
+/// node without checks should not pay (a node that loads 20,000 units at
+/// once would feel it). So the stream is started only once a unit that
+/// runs is found to declare something: at start (every running unit is
+/// read), at every job systemd queues (its unit is read), and after every
+/// daemon-reload (running units are read again). A node that a monitor or a
+/// proxy watches follows its units anyway.
+pub async fn start<H: Host>(
+    shared: &Arc<H>,
+    conn: Connection,
+    node_checks: Vec<(String, CheckSpec)>,
+    follow: Follow,
+) {
+    shared.health().set_bus(conn.clone());
+    shared.health().set_follow(follow);
+    let order = shared.order().await;
     let now = Instant::now();
-    let mut actions = shared.health.set_node_checks(node_checks, now);
+    let mut actions = shared.health().set_node_checks(node_checks, now);
     drop(order);
     perform_unordered(shared, &mut actions);
-    refresh_system_state(shared).await;
-    let _order = shared.units.send_order().await;
-    rescan(shared).await;
+    spawn_system_state_poller(shared);
+    spawn_reload_watcher(shared, conn);
+    if shared.streaming() {
+        let _order = shared.order().await;
+        rescan(shared).await;
+    } else {
+        discover(shared).await;
+    }
+}
+
+/// Without the unit stream: reads the declaration of every running unit;
+/// the first that declares something starts the stream.
+async fn discover<H: Host>(shared: &Arc<H>) {
+    let Some(conn) = shared.health().bus() else {
+        return;
+    };
+    let running = match super::systemd::running_units(&conn).await {
+        Ok(units) => units,
+        Err(e) => {
+            tracing::warn!("cannot list the units to look for health checks: {e}");
+            return;
+        }
+    };
+    for unit in running {
+        if declares_something(&conn, &unit).await {
+            follow_units(shared).await;
+            return;
+        }
+    }
+}
+
+/// A job was queued for `unit` (the job stream; every agent follows it):
+/// while the unit hub does not follow the units, the unit is read, and the
+/// stream starts if it declares something.
+pub fn on_job_new<H: Host>(shared: &Arc<H>, unit: &str) {
+    if shared.streaming() || crate::own_units::is_own(unit) {
+        return;
+    }
+    let (Some(conn), Ok(unit)) = (shared.health().bus(), UnitName::new(unit)) else {
+        return;
+    };
+    let weak = Arc::downgrade(shared);
+    tokio::spawn(async move {
+        if declares_something(&conn, &unit).await
+            && let Some(shared) = weak.upgrade()
+        {
+            follow_units(&shared).await;
+        }
+    });
+}
+
+/// Whether `unit` declares a check, a `StopWhenUnhealthy=`, or a bad section.
+async fn declares_something(conn: &Connection, unit: &UnitName) -> bool {
+    match super::systemd::declaration(conn, unit).await {
+        Ok(d) => d.check.is_some() || d.stop_when_unhealthy,
+        Err(_) => true,
+    }
+}
+
+/// Starts the unit hub's stream (once) and reads every running unit under
+/// the unit event order.
+async fn follow_units<H: Host>(shared: &Arc<H>) {
+    if shared.streaming() {
+        return;
+    }
+    let Some(started) = shared.health().follow() else {
+        return;
+    };
+    match started.await {
+        Ok(()) => {
+            tracing::info!("a unit declares health: following systemd's units");
+            let _order = shared.order().await;
+            rescan(shared).await;
+        }
+        Err(e) => tracing::error!("cannot follow systemd's units, so no health checks run: {e}"),
+    }
+}
+
+/// Reads every running unit again after a daemon-reload, while the hub does
+/// not follow the units (it settles reloads itself, then calls [`rescan`]).
+fn spawn_reload_watcher<H: Host>(shared: &Arc<H>, conn: Connection) {
+    let weak = Arc::downgrade(shared);
+    tokio::spawn(async move {
+        let mut reloads = match super::systemd::reload_signals(&conn).await {
+            Ok(stream) => stream,
+            Err(e) => {
+                tracing::warn!("cannot watch systemd's reloads for health declarations: {e}");
+                return;
+            }
+        };
+        use futures::StreamExt;
+        while let Some(done) = reloads.next().await {
+            if done {
+                continue;
+            }
+            // Quiet for a moment: a reload is one signal pair, a burst of
+            // reloads is settled once.
+            loop {
+                match tokio::time::timeout(RELOAD_SETTLE, reloads.next()).await {
+                    Ok(Some(_)) => continue,
+                    Ok(None) => return,
+                    Err(_) => break,
+                }
+            }
+            let Some(shared) = weak.upgrade() else { return };
+            if !shared.streaming() {
+                discover(&shared).await;
+            }
+        }
+    });
 }
 
 /// A unit signal was applied by the hub (the caller holds its send order).
@@ -112,28 +263,28 @@ pub async fn start(shared: &Arc<Shared>, conn: Connection, node_checks: Vec<(Str
 /// when systemd unloads it. Units systemd loads only to answer a query
 /// (`systemctl status`) are never read: reading a unit's properties would
 /// load it again, and its garbage collection would unload it again.
-pub async fn on_unit_signal(shared: &Arc<Shared>, observed: Observed) {
-    let Some(conn) = shared.health.bus() else {
+pub async fn on_unit_signal<H: Host>(shared: &Arc<H>, observed: Observed) {
+    let Some(conn) = shared.health().bus() else {
         return;
     };
     let now = Instant::now();
     let actions = match observed {
         // During a daemon-reload systemd unloads and re-creates every unit;
         // the settle after it reads them all again (`rescan`).
-        Observed::Removed(_) if shared.units.reload_open() => return,
-        Observed::Removed(unit) => shared.health.unloaded(&unit, now),
+        Observed::Removed(_) if shared.reload_open() => return,
+        Observed::Removed(unit) => shared.health().unloaded(&unit, now),
         Observed::State(unit) => {
-            let state = cached(shared, &unit).unwrap_or_default();
-            if shared.health.note_failed(&unit, state == "failed") {
+            let state = cached(&**shared, &unit).unwrap_or_default();
+            if shared.health().note_failed(&unit, state == "failed") {
                 spawn_system_state(shared);
             }
-            if is_started(&state) && shared.health.first_start(&unit) {
+            if is_started(&state) && shared.health().first_start(&unit) {
                 let declared = super::systemd::declaration(&conn, &unit).await;
                 shared
-                    .health
+                    .health()
                     .declare(&unit, declared, is_active(&state), now)
             } else {
-                shared.health.set_active(&unit, is_active(&state), now)
+                shared.health().set_active(&unit, is_active(&state), now)
             }
         }
     };
@@ -143,23 +294,23 @@ pub async fn on_unit_signal(shared: &Arc<Shared>, observed: Observed) {
 /// Reads the declarations again (at start and after a daemon-reload
 /// settled; the caller holds the hub's send order): of every unit read
 /// before that is still loaded, and of every loaded unit that runs.
-pub async fn rescan(shared: &Arc<Shared>) {
-    let Some(conn) = shared.health.bus() else {
+pub async fn rescan<H: Host>(shared: &Arc<H>) {
+    let Some(conn) = shared.health().bus() else {
         return;
     };
-    let loaded = shared.units.cached_names();
+    let loaded = shared.loaded_units();
     let mut actions = Actions::default();
     let mut read = 0usize;
     for unit in &loaded {
-        let state = cached(shared, unit).unwrap_or_default();
-        let known = shared.health.was_read(unit);
+        let state = cached(&**shared, unit).unwrap_or_default();
+        let known = shared.health().was_read(unit);
         if !known && !is_started(&state) {
             continue;
         }
-        shared.health.first_start(unit);
+        shared.health().first_start(unit);
         read += 1;
         let declared = super::systemd::declaration(&conn, unit).await;
-        actions.merge_from(shared.health.declare(
+        actions.merge_from(shared.health().declare(
             unit,
             declared,
             is_active(&state),
@@ -167,9 +318,13 @@ pub async fn rescan(shared: &Arc<Shared>) {
         ));
     }
     let loaded: std::collections::HashSet<&UnitName> = loaded.iter().collect();
-    actions.merge_from(shared.health.retain(|u| loaded.contains(u), Instant::now()));
+    actions.merge_from(
+        shared
+            .health()
+            .retain(|u| loaded.contains(u), Instant::now()),
+    );
     tracing::debug!(
-        checked = shared.health.len(),
+        checked = shared.health().len(),
         "read the health declarations of {read} of {} loaded units",
         loaded.len()
     );
@@ -179,52 +334,41 @@ pub async fn rescan(shared: &Arc<Shared>) {
 
 /// A session began: its first events are the snapshot (every declared
 /// unit's health and the node's), in parts, one tag for all of them.
-pub async fn session_started(shared: &Arc<Shared>, epoch: u64) {
-    if shared.health.bus().is_none() {
+pub async fn session_started<H: Host>(shared: &Arc<H>, epoch: u64) {
+    if shared.health().bus().is_none() {
         // No health on this agent: nothing to tell.
         return;
     }
-    let _order = shared.units.send_order().await;
-    let Some((tag_epoch, tag)) = shared.units.next_tag() else {
-        return;
-    };
-    if tag_epoch != epoch {
-        return;
-    }
-    let (units, node) = shared.health.snapshot(Instant::now());
-    for part in HealthSnapshot::parts(units, node) {
-        let sent = shared
-            .outbox
-            .send_paced(
-                epoch,
-                ToManager::Event(Event::HealthSnapshot { tag, part }),
-                SEND_PATIENCE,
-            )
-            .await;
-        if sent != crate::link::outbox::Sent::Queued {
-            return;
-        }
-    }
+    let _order = shared.order().await;
+    let (units, node) = shared.health().snapshot(Instant::now());
+    shared
+        .send_tagged(Some(epoch), move |tag| {
+            HealthSnapshot::parts(units, node)
+                .into_iter()
+                .map(|part| Event::HealthSnapshot { tag, part })
+                .collect()
+        })
+        .await;
 }
 
 /// `ReportHealth`: a pushed verdict for `unit`.
-pub async fn push(
-    shared: &Arc<Shared>,
+pub async fn push<H: Host>(
+    shared: &Arc<H>,
     unit: &UnitName,
     state: HealthState,
     reason: &str,
     ttl: Duration,
 ) -> Result<(), PushError> {
-    let _order = shared.units.send_order().await;
+    let _order = shared.order().await;
     let actions = shared
-        .health
+        .health()
         .push(unit, state, reason, ttl, Instant::now())?;
     perform(shared, actions).await;
     Ok(())
 }
 
 /// Carries out `actions`; the caller holds the hub's send order.
-async fn perform(shared: &Arc<Shared>, mut actions: Actions) {
+async fn perform<H: Host>(shared: &Arc<H>, mut actions: Actions) {
     for (unit, health) in std::mem::take(&mut actions.units) {
         tracing::info!(
             "{unit} is {}{}",
@@ -235,13 +379,10 @@ async fn perform(shared: &Arc<Shared>, mut actions: Actions) {
                 format!(": {}", drover_protocol::health::one_line(&health.reason))
             }
         );
-        let Some((epoch, tag)) = shared.units.next_tag() else {
-            continue;
-        };
-        let event = Event::UnitHealth { tag, unit, health };
-        let _ = shared
-            .outbox
-            .send_paced(epoch, ToManager::Event(event), SEND_PATIENCE)
+        shared
+            .send_tagged(None, move |tag| {
+                vec![Event::UnitHealth { tag, unit, health }]
+            })
             .await;
     }
     perform_unordered(shared, &mut actions);
@@ -249,7 +390,7 @@ async fn perform(shared: &Arc<Shared>, mut actions: Actions) {
 
 /// The part of [`perform`] that needs no order: node health, runners,
 /// timers, restarts.
-fn perform_unordered(shared: &Arc<Shared>, actions: &mut Actions) {
+fn perform_unordered<H: Host>(shared: &Arc<H>, actions: &mut Actions) {
     if let Some(node) = actions.node.take() {
         tracing::info!(
             "node health: {}{}",
@@ -260,17 +401,13 @@ fn perform_unordered(shared: &Arc<Shared>, actions: &mut Actions) {
                 format!(" ({})", node.health.reason)
             }
         );
-        if let Some(epoch) = shared.outbox.current() {
-            shared
-                .outbox
-                .send(epoch, ToManager::Event(Event::NodeHealth(node)));
-        }
+        shared.send(Event::NodeHealth(node));
     }
     for start in actions.starts.drain(..) {
         let key = start.key.clone();
         let generation = start.generation;
         let task = tokio::spawn(run_check(Arc::downgrade(shared), start));
-        shared.health.attach(&key, generation, task);
+        shared.health().attach(&key, generation, task);
     }
     for (unit, generation, at) in actions.expiries.drain(..) {
         let weak = Arc::downgrade(shared);
@@ -278,15 +415,15 @@ fn perform_unordered(shared: &Arc<Shared>, actions: &mut Actions) {
         let task = tokio::spawn(async move {
             tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await;
             let Some(shared) = weak.upgrade() else { return };
-            let _order = shared.units.send_order().await;
-            let actions = shared.health.push_expired(&u, generation, Instant::now());
+            let _order = shared.order().await;
+            let actions = shared.health().push_expired(&u, generation, Instant::now());
             // Boxed: `perform` may spawn this future's kind again.
             Box::pin(perform(&shared, actions)).await;
         });
-        shared.health.attach(&Key::Unit(unit), generation, task);
+        shared.health().attach(&Key::Unit(unit), generation, task);
     }
     for (unit, what, reason) in actions.on_failure.drain(..) {
-        let Some(conn) = shared.health.bus() else {
+        let Some(conn) = shared.health().bus() else {
             continue;
         };
         let method = match what {
@@ -310,37 +447,41 @@ fn perform_unordered(shared: &Arc<Shared>, actions: &mut Actions) {
 
 /// One check's runner: runs it, feeds the results in, until the table says
 /// this generation is over (or the agent is gone).
-async fn run_check(shared: Weak<Shared>, start: Start) {
+async fn run_check<H: Host>(shared: Weak<H>, start: Start) {
     let Start {
         key,
         generation,
         spec,
     } = start;
-    let run_as = match (&key, &spec.probe) {
-        (Key::Unit(unit), Probe::Cmd(_)) => match shared.upgrade().and_then(|s| s.health.bus()) {
-            Some(conn) => resolve_user(&conn, unit).await,
-            None => return,
-        },
-        _ => Ok(RunAs::own()),
+    let Some(conn) = shared.upgrade().and_then(|s| s.health().bus()) else {
+        return;
     };
-    let unit_name = match &key {
-        Key::Unit(unit) => unit.to_string(),
-        Key::Node(name) => format!("node check {name}"),
+    let run_for = match (&key, &spec.probe) {
+        (Key::Unit(unit), Probe::Cmd(_)) => run_for(&conn, unit).await,
+        (Key::Unit(unit), _) => Ok(RunFor {
+            unit: unit.to_string(),
+            ..RunFor::default()
+        }),
+        (Key::Node(name), _) => Ok(RunFor {
+            unit: format!("node check {name}"),
+            ..RunFor::default()
+        }),
     };
     loop {
         let started = tokio::time::Instant::now();
-        let outcome = match &run_as {
+        let outcome = match &run_for {
             Err(why) => Outcome::Fail(why.clone()),
-            Ok(run_as) => probe(&spec, run_as, &unit_name).await,
+            Ok(what) => probe(&conn, &spec, what).await,
         };
         let Some(shared) = shared.upgrade() else {
             return;
         };
         let pace = {
-            let _order = shared.units.send_order().await;
-            let (actions, pace) = shared
-                .health
-                .result(&key, generation, Instant::now(), &outcome);
+            let _order = shared.order().await;
+            let (actions, pace) =
+                shared
+                    .health()
+                    .result(&key, generation, Instant::now(), &outcome);
             Box::pin(perform(&shared, actions)).await;
             pace
         };
@@ -353,65 +494,67 @@ async fn run_check(shared: Weak<Shared>, start: Start) {
 }
 
 /// One run of `spec`'s probe.
-pub async fn probe(spec: &CheckSpec, run_as: &RunAs, unit: &str) -> Outcome {
+pub async fn probe(conn: &Connection, spec: &CheckSpec, what: &RunFor) -> Outcome {
     match &spec.probe {
-        Probe::Cmd(argv) => super::exec::run(argv, run_as, unit, spec.timeout).await,
+        Probe::Cmd(argv) => super::exec::run(conn, argv, what, spec.timeout).await,
         Probe::Tcp { host, port } => super::probe::tcp(host, *port, spec.timeout).await,
         Probe::Http(url) => super::probe::http(url, spec.timeout).await,
         Probe::Push => Outcome::Fail("a pushed check does not run".into()),
     }
 }
 
-/// The user a unit's exec check runs as (see [`RunAs::resolve`]).
-async fn resolve_user(conn: &Connection, unit: &UnitName) -> Result<RunAs, String> {
-    let (user, group) = super::systemd::run_as(conn, unit.as_str())
+/// Who a unit's exec check runs as: its `User=`, `Group=` and
+/// `SupplementaryGroups=`, read once per activation.
+async fn run_for(conn: &Connection, unit: &UnitName) -> Result<RunFor, String> {
+    let (user, group, groups) = super::systemd::run_as(conn, unit.as_str())
         .await
         .map_err(|e| format!("cannot tell which user {unit} runs as: {e}"))?;
-    tokio::task::spawn_blocking(move || RunAs::resolve(&user, &group))
-        .await
-        .map_err(|e| format!("looking up the user of {unit}: {e}"))?
+    Ok(RunFor {
+        unit: unit.to_string(),
+        user,
+        group,
+        groups,
+    })
 }
 
-fn spawn_system_state(shared: &Arc<Shared>) {
+fn spawn_system_state<H: Host>(shared: &Arc<H>) {
     let weak = Arc::downgrade(shared);
     tokio::spawn(async move {
         if let Some(shared) = weak.upgrade() {
-            refresh_system_state(&shared).await;
+            read_system_state(&shared).await;
         }
     });
 }
 
-/// Reads `SystemState`; while systemd is still starting, a poller (one at a
-/// time) reads it again every [`SYSTEM_STATE_POLL`] until it is not.
-async fn refresh_system_state(shared: &Arc<Shared>) {
-    if read_system_state(shared).await && shared.health.claim_poller() {
-        let weak = Arc::downgrade(shared);
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(SYSTEM_STATE_POLL).await;
-                let Some(shared) = weak.upgrade() else { return };
-                if !read_system_state(&shared).await {
-                    shared.health.release_poller();
-                    return;
-                }
-            }
-        });
-    }
+/// Reads `SystemState` every [`SYSTEM_STATE_POLL`] (and now): a unit that
+/// fails makes systemd `degraded` without a signal of the manager's own.
+/// While the hub follows the units, a unit entering or leaving `failed`
+/// reads it at once too.
+fn spawn_system_state_poller<H: Host>(shared: &Arc<H>) {
+    let weak = Arc::downgrade(shared);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(SYSTEM_STATE_POLL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(shared) = weak.upgrade() else { return };
+            read_system_state(&shared).await;
+        }
+    });
 }
 
-/// Reads `SystemState` into the table; true while systemd is starting.
-async fn read_system_state(shared: &Arc<Shared>) -> bool {
-    let Some(conn) = shared.health.bus() else {
-        return false;
+/// Reads `SystemState` into the table.
+async fn read_system_state<H: Host>(shared: &Arc<H>) {
+    let Some(conn) = shared.health().bus() else {
+        return;
     };
     let state = match super::systemd::system_state(&conn).await {
         Ok(state) => state,
         Err(e) => {
             tracing::debug!("cannot read systemd's SystemState: {e}");
-            return false;
+            return;
         }
     };
-    let mut actions = shared.health.set_system_state(&state, Instant::now());
+    let mut actions = shared.health().set_system_state(&state, Instant::now());
     perform_unordered(shared, &mut actions);
-    matches!(state.as_str(), "initializing" | "starting")
 }

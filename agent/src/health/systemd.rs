@@ -118,20 +118,74 @@ pub async fn declaration(conn: &Connection, unit: &UnitName) -> Result<UnitDecla
     drover_config::health::unit_declaration(unit, &entries)
 }
 
-/// `User=` and `Group=` of a loaded service (empty when not set); other
-/// unit types have none. An error when the unit is not loaded.
-pub async fn run_as(conn: &Connection, unit: &str) -> Result<(String, String), String> {
+/// `User=`, `Group=` and `SupplementaryGroups=` of a loaded service (empty
+/// when not set); other unit types have none. An error when the unit is not
+/// loaded.
+pub async fn run_as(
+    conn: &Connection,
+    unit: &str,
+) -> Result<(String, String, Vec<String>), String> {
     let Some(path) = loaded_path(conn, unit).await? else {
         return Err(format!("{unit} is not loaded"));
     };
     if !unit.ends_with(".service") {
-        return Ok((String::new(), String::new()));
+        return Ok((String::new(), String::new(), Vec::new()));
     }
-    let (user, group) = tokio::join!(
+    let (user, group, groups) = tokio::join!(
         get(conn, &path, SERVICE_IFACE, "User"),
         get(conn, &path, SERVICE_IFACE, "Group"),
+        get(conn, &path, SERVICE_IFACE, "SupplementaryGroups"),
     );
-    Ok((string(user?, "User")?, string(group?, "Group")?))
+    let groups = <Vec<String>>::try_from(groups?)
+        .map_err(|e| format!("SupplementaryGroups is not a string list: {e}"))?;
+    Ok((string(user?, "User")?, string(group?, "Group")?, groups))
+}
+
+/// The names of the loaded units that run or are on their way (not
+/// `inactive` or `failed`), from `ListUnits`.
+pub async fn running_units(conn: &Connection) -> Result<Vec<UnitName>, String> {
+    let reply = conn
+        .call_method(
+            Some(BUS_NAME),
+            MANAGER_PATH,
+            Some(MANAGER_IFACE),
+            "ListUnits",
+            &(),
+        )
+        .await
+        .map_err(|e| format!("ListUnits: {e}"))?;
+    let rows: Vec<drover_bus::systemd::UnitTuple> = reply
+        .body()
+        .deserialize()
+        .map_err(|e| format!("ListUnits: unexpected reply: {e}"))?;
+    Ok(rows
+        .into_iter()
+        .map(drover_bus::systemd::unit_info)
+        .filter(|u| !matches!(u.active_state.as_str(), "inactive" | "failed"))
+        .filter_map(|u| UnitName::new(u.name).ok())
+        .collect())
+}
+
+/// systemd's `Reloading(b)` signals (true as a daemon-reload begins, false
+/// when it ended), from systemd only.
+pub async fn reload_signals(
+    conn: &Connection,
+) -> Result<impl futures::Stream<Item = bool> + Send + Unpin + 'static, String> {
+    use futures::StreamExt;
+    let rule = zbus::MatchRule::builder()
+        .msg_type(zbus::message::Type::Signal)
+        .sender(BUS_NAME)
+        .interface(MANAGER_IFACE)
+        .member("Reloading")
+        .path(MANAGER_PATH)
+        .build()
+        .map_err(|e| format!("building a match rule: {e}"))?;
+    let stream = zbus::MessageStream::for_match_rule(rule, conn, std::num::NonZeroUsize::new(64))
+        .await
+        .map_err(|e| format!("subscribing to Reloading: {e}"))?;
+    Ok(stream
+        .filter_map(|msg| async move { msg.ok().and_then(|m| m.body().deserialize::<bool>().ok()) })
+        .boxed())
 }
 
 /// The manager's `SystemState`.

@@ -29,6 +29,14 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 
+/// How the unit hub starts following systemd's unit signals
+/// (`crate::fanout::follow_units`), handed in by the wiring.
+pub type Follow = Box<dyn Fn() -> Following + Send + Sync>;
+
+/// The start of the unit hub's stream, under way.
+pub type Following =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
+
 /// Most units with a health declaration followed.
 pub const MAX_CHECKED: usize = 16_384;
 
@@ -183,8 +191,8 @@ pub struct HealthTable {
     bus: std::sync::OnceLock<zbus::Connection>,
     /// Units last seen `failed` (their coming and going changes `SystemState`).
     failed: Mutex<HashSet<UnitName>>,
-    /// A `SystemState` poller is waiting.
-    polling: std::sync::atomic::AtomicBool,
+    /// How the unit hub's stream is started (`Follow`).
+    follow: std::sync::OnceLock<Follow>,
     /// Units whose declaration was read since systemd loaded them (at most
     /// [`MAX_READ`]).
     read: Mutex<HashSet<UnitName>>,
@@ -350,14 +358,14 @@ impl HealthTable {
         self.forget(unit, now)
     }
 
-    /// Takes the one `SystemState` poller slot; false when it is taken.
-    pub fn claim_poller(&self) -> bool {
-        !self.polling.swap(true, std::sync::atomic::Ordering::AcqRel)
+    /// How the unit hub's stream starts (set once, by the driver).
+    pub fn set_follow(&self, follow: Follow) {
+        let _ = self.follow.set(follow);
     }
 
-    pub fn release_poller(&self) {
-        self.polling
-            .store(false, std::sync::atomic::Ordering::Release);
+    /// Starts the unit hub's stream, if it can be.
+    pub fn follow(&self) -> Option<Following> {
+        self.follow.get().map(|f| f())
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {

@@ -548,7 +548,7 @@ impl<S: Systemd> Link<S> {
         // The outbox routes now: proxies re-announced here cannot be lost.
         // Health goes first: the manager knows which units have checks
         // before it hears anything else of this session.
-        crate::health::driver::session_started(self.shared(), epoch).await;
+        self.shared().session_opened(epoch).await;
         self.shared().status.connected();
         self.shared()
             .proxies

@@ -48,6 +48,10 @@
 //!   session_id, index }` with `index` rising by one per event from 1 in each
 //!   session; only events of units the session watches are tagged (and sent).
 //!
+//! The agent's own units (`crate::own_units`: the transient services that
+//! run health checks) are skipped everywhere: the manager never hears of
+//! them.
+//!
 //! Invariants: the cache and the watch set are capped ([`MAX_UNITS`],
 //! [`MAX_WATCHED`]); unit names from systemd that are not valid
 //! [`UnitName`]s are logged and skipped; `Subscribe` twice or `Unsubscribe`
@@ -266,6 +270,9 @@ impl View {
         self.cache.clear();
         self.covered = followed;
         for u in units {
+            if crate::own_units::is_own(&u.name) {
+                continue;
+            }
             match UnitName::new(u.name.as_str()) {
                 Ok(name) if self.covered.covers(&name) => self.cache_insert(
                     name,
@@ -388,6 +395,10 @@ impl View {
             | UnitSignal::Removed { unit }
             | UnitSignal::Changed { unit, .. } => unit,
         };
+        if crate::own_units::is_own(raw) {
+            // The agent's own check units are nobody's news.
+            return None;
+        }
         let unit = match UnitName::new(raw.as_str()) {
             Ok(u) => u,
             Err(e) => {
@@ -501,6 +512,9 @@ impl View {
         let mut seen = HashSet::new();
         let mut events = Vec::new();
         for u in listed {
+            if crate::own_units::is_own(&u.name) {
+                continue;
+            }
             let Ok(unit) = UnitName::new(u.name.as_str()) else {
                 continue;
             };
