@@ -12,7 +12,7 @@
 //!   a unit that declares nothing; `since_usec` is the realtime µs of the
 //!   last change.
 //!
-//! Who may report ([`authorize`]): root, or the unit's own user — the uid of
+//! Who may report (`authorize`): root, or the unit's own user — the uid of
 //! its `User=`, or for a unit without `User=` the user of its service
 //! manager (the agent's own user). The caller's uid is the bus's
 //! (`GetConnectionUnixUser`), never a claim of the caller. Anyone else gets
