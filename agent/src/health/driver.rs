@@ -233,15 +233,14 @@ fn spawn_reload_watcher<H: Host>(shared: &Arc<H>, conn: Connection) {
                 return;
             }
         };
-        use futures::StreamExt;
-        while let Some(done) = reloads.next().await {
-            if done {
+        while let Some(active) = reloads.recv().await {
+            if active {
                 continue;
             }
             // Quiet for a moment: a reload is one signal pair, a burst of
             // reloads is settled once.
             loop {
-                match tokio::time::timeout(RELOAD_SETTLE, reloads.next()).await {
+                match tokio::time::timeout(RELOAD_SETTLE, reloads.recv()).await {
                     Ok(Some(_)) => continue,
                     Ok(None) => return,
                     Err(_) => break,

@@ -167,11 +167,19 @@ pub async fn running_units(conn: &Connection) -> Result<Vec<UnitName>, String> {
 }
 
 /// systemd's `Reloading(b)` signals (true as a daemon-reload begins, false
-/// when it ended), from systemd only.
+/// when it ended), as a channel. Only systemd speaks for systemd: a signal
+/// its current unique owner did not send is dropped (`drover_bus::sender`:
+/// anyone may send a signal straight to the agent's name).
 pub async fn reload_signals(
     conn: &Connection,
-) -> Result<impl futures::Stream<Item = bool> + Send + Unpin + 'static, String> {
+) -> Result<tokio::sync::mpsc::Receiver<bool>, String> {
+    use drover_bus::sender::{Dropped, Owner, Verdict};
     use futures::StreamExt;
+    use zbus::export::ordered_stream::{self, OrderedStreamExt};
+    let queue = std::num::NonZeroUsize::new(64);
+    let (mut owner, changes) = Owner::follow(conn, BUS_NAME, queue)
+        .await
+        .map_err(|e| format!("following the owner of {BUS_NAME}: {e}"))?;
     let rule = zbus::MatchRule::builder()
         .msg_type(zbus::message::Type::Signal)
         .sender(BUS_NAME)
@@ -180,12 +188,33 @@ pub async fn reload_signals(
         .path(MANAGER_PATH)
         .build()
         .map_err(|e| format!("building a match rule: {e}"))?;
-    let stream = zbus::MessageStream::for_match_rule(rule, conn, std::num::NonZeroUsize::new(64))
+    let reloads = zbus::MessageStream::for_match_rule(rule, conn, queue)
         .await
         .map_err(|e| format!("subscribing to Reloading: {e}"))?;
-    Ok(stream
-        .filter_map(|msg| async move { msg.ok().and_then(|m| m.body().deserialize::<bool>().ok()) })
-        .boxed())
+    let mut joined = ordered_stream::join(reloads, changes).into_stream();
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    tokio::spawn(async move {
+        let mut dropped = Dropped::new("systemd's Reloading signals (health)");
+        while let Some(msg) = joined.next().await {
+            let Ok(msg) = msg else { continue };
+            match owner.judge(&msg) {
+                Verdict::FromOwner => {}
+                Verdict::OwnerChanged { .. } => continue,
+                Verdict::NotFromOwner { sender } => {
+                    if let Some(line) = dropped.note(&msg, &sender, &owner.describe()) {
+                        tracing::warn!("{line}");
+                    }
+                    continue;
+                }
+            }
+            if let Ok(active) = msg.body().deserialize::<bool>()
+                && tx.send(active).await.is_err()
+            {
+                return;
+            }
+        }
+    });
+    Ok(rx)
 }
 
 /// The manager's `SystemState`.
