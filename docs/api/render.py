@@ -20,6 +20,10 @@ OBJECTS = [
     ("org.eclipse.bluechi.Monitor", "`/org/eclipse/bluechi/monitor/<id>`"),
     ("org.eclipse.bluechi.Metrics", "`/org/eclipse/bluechi/metrics (only while metrics are enabled)`"),
     (
+        "io.drover.Agent",
+        "`/org/eclipse/bluechi` of `org.eclipse.bluechi.Agent`, on each node's own bus (drover-agent)",
+    ),
+    (
         "org.eclipse.bluechi.Agent",
         "`/org/eclipse/bluechi` of `org.eclipse.bluechi.Agent`, on each node's own bus (drover-agent)",
     ),

@@ -230,6 +230,10 @@ pub const PACKAGES: &[Package] = &[
                 "{prefix}/share/dbus-1/interfaces/org.eclipse.bluechi.Agent.xml",
             ),
             dist(
+                "usr/share/dbus-1/interfaces/io.drover.Agent.xml",
+                "{prefix}/share/dbus-1/interfaces/io.drover.Agent.xml",
+            ),
+            dist(
                 "usr/share/drover/agent.conf",
                 "{prefix}/share/drover/agent.conf",
             ),

@@ -220,6 +220,7 @@ impl HealthObject {
     }
 
     /// See the module docs.
+    #[zbus(out_args("state", "reason", "since_usec"))]
     async fn get_unit_health(&self, unit: String) -> Result<(String, String, u64), HealthError> {
         let unit = UnitName::new(unit.as_str())
             .map_err(|e| HealthError::InvalidArgs(format!("unit: {e}")))?;
