@@ -180,6 +180,8 @@ async fn run_inner<S: Systemd>(
         () = close => Ok(()),
         () = name_lost => Err(AgentError::NameLost),
     };
+    // Health's tasks that hold the bus connection end now.
+    shared.health.stop();
     // The next agent (a restart) owns the name at once, not when this
     // process's connection is gone.
     if let Some(served) = &served {

@@ -49,10 +49,18 @@ pub const AGENT_IFACE: &str = "org.eclipse.bluechi.Agent";
 pub const DROVER_CONTROLLER_IFACE: &str = "io.drover.Controller";
 /// drover's extensions of monitor objects (tagged snapshot + stream).
 pub const DROVER_MONITOR_IFACE: &str = "io.drover.Monitor";
+/// drover's extensions of node objects (`GetUnitHealth`, `GetHealth`).
+pub const DROVER_NODE_IFACE: &str = "io.drover.Node";
+/// The interface name of the `UnitPropertiesChanged` a BlueChi monitor gets
+/// when a unit's health changes (properties `State` s, `Reason` s, `Since` t
+/// realtime µs). No object serves it: it only names the properties.
+pub const HEALTH_IFACE: &str = "io.drover.Health";
 
 /// One entry of `io.drover.Monitor.UnitsChanged` `a(sssssstt)`: node, unit,
 /// kind (`new`, `state`, `removed`), active state, sub state, reason, tag
-/// guid, tag index. Borrowed: the manager builds it from its queued events
+/// guid, tag index. Kind `health`: the health state (`none`, `starting`,
+/// `healthy`, `unhealthy`) in place of the active state and the first line of
+/// its reason in place of the sub state. Borrowed: the manager builds it from its queued events
 /// without copying a string, a client reads it out of the message.
 pub type UnitsChangedRow<'a> = (
     &'a str,

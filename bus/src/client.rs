@@ -151,6 +151,40 @@ pub trait Node {
 pub trait DroverController {
     /// `ListProxies() -> a(sssssu)`.
     fn list_proxies(&self) -> zbus::Result<Vec<ProxyTuple>>;
+
+    /// `ListHealth() -> a(sssst)`: node, unit, state, reason, since (realtime µs).
+    fn list_health(&self) -> zbus::Result<Vec<HealthTuple>>;
+
+    /// `ListNodeHealth() -> a(sssts)`: node, state, reason, since, systemd's `SystemState`.
+    fn list_node_health(&self) -> zbus::Result<Vec<NodeHealthTuple>>;
+}
+
+/// One entry of `io.drover.Controller.ListHealth` `a(sssst)`: node, unit, health state
+/// (`starting`, `healthy`, `unhealthy`), reason, since (realtime µs).
+pub type HealthTuple = (String, String, String, String, u64);
+
+/// One entry of `io.drover.Controller.ListNodeHealth` `a(sssts)`: node, health state,
+/// reason, since (realtime µs), systemd's `SystemState`.
+pub type NodeHealthTuple = (String, String, String, u64, String);
+
+/// `io.drover.Node.GetHealth`'s reply: state, reason, since, `SystemState`, and the
+/// node checks as (name, state, reason, since).
+pub type NodeHealthReply = (
+    String,
+    String,
+    u64,
+    String,
+    Vec<(String, String, String, u64)>,
+);
+
+/// drover's extension of a node object (not in BlueChi); the path is the node's.
+#[proxy(interface = "io.drover.Node", default_service = "org.eclipse.bluechi")]
+pub trait DroverNode {
+    /// `GetUnitHealth(s unit) -> (s state, s reason, t since_usec)`.
+    fn get_unit_health(&self, unit: &str) -> zbus::Result<(String, String, u64)>;
+
+    /// `GetHealth() -> (s, s, t, s, a(ssst))`.
+    fn get_health(&self) -> zbus::Result<NodeHealthReply>;
 }
 
 /// A monitor object (`Controller.CreateMonitor`); signals go only to its owner and peers.

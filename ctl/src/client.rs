@@ -20,7 +20,7 @@ use crate::error::CtlError;
 use drover_bus::Bus;
 use drover_bus::bluechi::{BUS_NAME, node_path};
 use drover_bus::client::{
-    ControllerProxy, DroverControllerProxy, MetricsProxy, MonitorProxy, NodeProxy,
+    ControllerProxy, DroverControllerProxy, DroverNodeProxy, MetricsProxy, MonitorProxy, NodeProxy,
 };
 use drover_protocol::error_names::{
     DISCONNECTED, FILE_NOT_FOUND, NAME_HAS_NO_OWNER, NO_REPLY, NO_SUCH_UNIT, OFFLINE,
@@ -140,6 +140,16 @@ impl Client {
             .build()
             .await
             .map_err(|e| self.local_error("creating the node proxy", e))
+    }
+
+    /// drover's extension interface on the object of node `name`.
+    pub async fn drover_node(&self, name: &NodeName) -> Result<DroverNodeProxy<'static>, CtlError> {
+        DroverNodeProxy::builder(&self.conn)
+            .path(node_path(name.as_str()))
+            .cache_properties(CacheProperties::No)
+            .build()
+            .await
+            .map_err(|e| self.local_error("creating the io.drover.Node proxy", e))
     }
 
     /// drover's extension interface on the controller object.

@@ -110,6 +110,15 @@ pub enum CtlError {
         state: String,
     },
 
+    /// `is-healthy`: the state (already printed) is not `healthy`. Only the exit
+    /// status says so.
+    #[error("unit {unit} on node {node} is {state}")]
+    NotHealthy {
+        unit: String,
+        node: String,
+        state: String,
+    },
+
     /// Any other D-Bus error, passed through with its name so nothing is hidden.
     #[error("{what} failed: {name}: {message}")]
     DBus {
@@ -144,7 +153,10 @@ impl CtlError {
     pub fn is_quiet(&self) -> bool {
         matches!(
             self,
-            CtlError::UnitsNotFound { .. } | CtlError::NotEnabled { .. } | CtlError::OutputClosed
+            CtlError::UnitsNotFound { .. }
+                | CtlError::NotEnabled { .. }
+                | CtlError::NotHealthy { .. }
+                | CtlError::OutputClosed
         )
     }
 }

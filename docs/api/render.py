@@ -14,6 +14,7 @@ INTERFACES = HERE.parent.parent / "dist/usr/share/dbus-1/interfaces"
 OBJECTS = [
     ("io.drover.Controller", "`/org/eclipse/bluechi`"),
     ("org.eclipse.bluechi.Controller", "`/org/eclipse/bluechi`"),
+    ("io.drover.Node", "`/org/eclipse/bluechi/node/<escaped name>`"),
     ("org.eclipse.bluechi.Node", "`/org/eclipse/bluechi/node/<escaped name>`"),
     ("org.eclipse.bluechi.Job", "`/org/eclipse/bluechi/job/<id>`"),
     ("io.drover.Monitor", "`/org/eclipse/bluechi/monitor/<id>`"),

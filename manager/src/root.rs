@@ -232,9 +232,19 @@ impl Followers for Following {
                         .agent_job(self.outbound.get(), session.node(), &unit, &method, micros)
                         .await
                 }
-                // Health (protocol 7) is not kept by this manager yet.
-                Event::UnitHealth { .. } | Event::HealthSnapshot { .. } | Event::NodeHealth(_) => {
-                    tracing::trace!(node = %session.node(), "health event not kept yet");
+                event @ (Event::UnitHealth { .. }
+                | Event::HealthSnapshot { .. }
+                | Event::NodeHealth(_)) => {
+                    if let Some(node) = self.subscriptions.on_health(session, event) {
+                        tracing::info!(
+                            node = %session.node(),
+                            "node {} is {}{}{}",
+                            session.node(),
+                            node.state,
+                            if node.reason.is_empty() { "" } else { ": " },
+                            node.reason
+                        );
+                    }
                 }
             }
         })

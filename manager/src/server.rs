@@ -97,6 +97,7 @@ impl Manager {
             outbound: parts.outbound.clone(),
             proxies: parts.proxies.clone(),
             reloader: parts.reloader.clone(),
+            subscriptions: parts.subscriptions.clone(),
             log: parts.log.clone(),
             log_target: parts.config.logging.target.as_str(),
             request: parts.timeouts.request,

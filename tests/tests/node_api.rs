@@ -569,6 +569,7 @@ async fn status_of_units_and_missing_ones() {
             "SUBSTATE",
             "FREEZERSTATE",
             "ENABLED",
+            "HEALTH",
             ""
         ]
     );
@@ -577,6 +578,7 @@ async fn status_of_units_and_missing_ones() {
     assert_eq!(web[..4], ["web.service", "loaded", "active", "running"]);
     assert_eq!(web[4], c.prop("node1", "web.service", "FreezerState").await);
     assert_eq!(web[5], "enabled");
+    assert_eq!(web[6], "none", "no check declared");
     let db = fields(lines[3]);
     assert_eq!(db[..4], ["db.service", "loaded", "inactive", "dead"]);
     assert!(lines[2].contains('\t'), "tab-aligned like bluechictl");

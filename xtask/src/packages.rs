@@ -166,6 +166,10 @@ pub const PACKAGES: &[Package] = &[
                 "{prefix}/share/dbus-1/interfaces/io.drover.Monitor.xml",
             ),
             dist(
+                "usr/share/dbus-1/interfaces/io.drover.Node.xml",
+                "{prefix}/share/dbus-1/interfaces/io.drover.Node.xml",
+            ),
+            dist(
                 "usr/share/drover/manager.conf",
                 "{prefix}/share/drover/manager.conf",
             ),

@@ -193,7 +193,8 @@ const STANDARD: &[(&str, &str)] = &[
 ];
 
 /// Every (interface, method) the manager serves: the interface XML of
-/// `dist/usr/share/dbus-1/interfaces/` but the agent's, and the standard ones.
+/// `dist/usr/share/dbus-1/interfaces/` but the agent's (`org.eclipse.bluechi.Agent`,
+/// `io.drover.Agent`, with a policy of their own), and the standard ones.
 fn exported() -> BTreeSet<Method> {
     let mut methods: BTreeSet<Method> = STANDARD
         .iter()
@@ -205,7 +206,9 @@ fn exported() -> BTreeSet<Method> {
         .flatten()
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|e| e == "xml"))
-        .filter(|p| !p.ends_with("org.eclipse.bluechi.Agent.xml"))
+        .filter(|p| {
+            !p.ends_with("org.eclipse.bluechi.Agent.xml") && !p.ends_with("io.drover.Agent.xml")
+        })
         .collect();
     files.sort();
     assert!(files.len() >= 7, "{files:?}");

@@ -184,12 +184,28 @@ pub fn on_job_new<H: Host>(shared: &Arc<H>, unit: &str) {
     let (Some(conn), Ok(unit)) = (shared.health().bus(), UnitName::new(unit)) else {
         return;
     };
+    if !shared.health().lookups.push(unit) {
+        return;
+    }
+    // One worker, one look at a time (`super::lookups`).
     let weak = Arc::downgrade(shared);
     tokio::spawn(async move {
-        if declares_something(&conn, &unit).await
-            && let Some(shared) = weak.upgrade()
-        {
-            follow_units(&shared).await;
+        loop {
+            let Some(shared) = weak.upgrade() else { return };
+            let Some(unit) = shared.health().lookups.next() else {
+                return;
+            };
+            if shared.streaming() {
+                shared.health().lookups.clear();
+                continue;
+            }
+            drop(shared);
+            if declares_something(&conn, &unit).await
+                && let Some(shared) = weak.upgrade()
+            {
+                shared.health().lookups.clear();
+                follow_units(&shared).await;
+            }
         }
     });
 }
@@ -225,33 +241,40 @@ async fn follow_units<H: Host>(shared: &Arc<H>) {
 /// not follow the units (it settles reloads itself, then calls [`rescan`]).
 fn spawn_reload_watcher<H: Host>(shared: &Arc<H>, conn: Connection) {
     let weak = Arc::downgrade(shared);
+    let stopped = shared.health().stopped();
     tokio::spawn(async move {
-        let mut reloads = match super::systemd::reload_signals(&conn).await {
-            Ok(stream) => stream,
-            Err(e) => {
-                tracing::warn!("cannot watch systemd's reloads for health declarations: {e}");
-                return;
-            }
-        };
-        while let Some(active) = reloads.recv().await {
-            if active {
-                continue;
-            }
-            // Quiet for a moment: a reload is one signal pair, a burst of
-            // reloads is settled once.
-            loop {
-                match tokio::time::timeout(RELOAD_SETTLE, reloads.recv()).await {
-                    Ok(Some(_)) => continue,
-                    Ok(None) => return,
-                    Err(_) => break,
-                }
-            }
-            let Some(shared) = weak.upgrade() else { return };
-            if !shared.streaming() {
-                discover(&shared).await;
+        // The task holds the connection: it ends when the agent stops.
+        stopped.run_until_cancelled(watch_reloads(weak, conn)).await;
+    });
+}
+
+async fn watch_reloads<H: Host>(weak: Weak<H>, conn: Connection) {
+    let mut reloads = match super::systemd::reload_signals(&conn).await {
+        Ok(stream) => stream,
+        Err(e) => {
+            tracing::warn!("cannot watch systemd's reloads for health declarations: {e}");
+            return;
+        }
+    };
+    while let Some(active) = reloads.recv().await {
+        if active {
+            continue;
+        }
+        // Quiet for a moment: a reload is one signal pair, a burst of
+        // reloads is settled once.
+        loop {
+            match tokio::time::timeout(RELOAD_SETTLE, reloads.recv()).await {
+                Ok(Some(_)) => continue,
+                Ok(None) => return,
+                Err(_) => break,
             }
         }
-    });
+        let Some(shared) = weak.upgrade() else { return };
+        if !shared.streaming() {
+            shared.health().lookups.forget_seen();
+            discover(&shared).await;
+        }
+    }
 }
 
 /// A unit signal was applied by the hub (the caller holds its send order).

@@ -12,6 +12,8 @@
 //! * [`systemd`] — what health asks of systemd (unit files, `User=`,
 //!   `SystemState`, restart/stop).
 //! * [`api`] — `io.drover.Agent`: pushed health (`ReportHealth`).
+//! * [`lookups`] — units whose declaration is looked at, one at a time,
+//!   while no unit declares health (the unit stream is off).
 //!
 //! The declarations themselves (keys, defaults, checks) are
 //! `drover_config::health`; states and the wire are `drover_protocol::health`.
@@ -19,6 +21,7 @@
 pub mod api;
 pub mod driver;
 pub mod exec;
+pub mod lookups;
 pub mod machine;
 pub mod probe;
 pub mod systemd;

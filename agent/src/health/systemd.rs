@@ -195,7 +195,14 @@ pub async fn reload_signals(
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     tokio::spawn(async move {
         let mut dropped = Dropped::new("systemd's Reloading signals (health)");
-        while let Some(msg) = joined.next().await {
+        loop {
+            // Ends with its receiver, not only at the next signal: the
+            // stream holds the bus connection.
+            let msg = tokio::select! {
+                () = tx.closed() => return,
+                msg = joined.next() => msg,
+            };
+            let Some(msg) = msg else { return };
             let Ok(msg) = msg else { continue };
             match owner.judge(&msg) {
                 Verdict::FromOwner => {}

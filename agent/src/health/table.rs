@@ -188,7 +188,10 @@ struct Inner {
 pub struct HealthTable {
     inner: Mutex<Inner>,
     /// The systemd bus health works on (unset: no health).
-    bus: std::sync::OnceLock<zbus::Connection>,
+    /// Taken away when the agent stops ([`HealthTable::stop`]): the bus's
+    /// object server holds the agent's state, which holds this, so keeping
+    /// it would keep the connection, and the agent's bus name, forever.
+    bus: Mutex<Option<zbus::Connection>>,
     /// Units last seen `failed` (their coming and going changes `SystemState`).
     failed: Mutex<HashSet<UnitName>>,
     /// How the unit hub's stream is started (`Follow`).
@@ -196,6 +199,12 @@ pub struct HealthTable {
     /// Units whose declaration was read since systemd loaded them (at most
     /// [`MAX_READ`]).
     read: Mutex<HashSet<UnitName>>,
+    /// Cancelled when the agent stops: the tasks that hold the bus
+    /// connection (the reload watcher) end with it, so the connection and
+    /// the agent's bus name go with the agent.
+    stopped: tokio_util::sync::CancellationToken,
+    /// Units to look at while the hub does not follow the units.
+    pub lookups: super::lookups::Lookups,
 }
 
 /// Most units remembered as read (a unit beyond it is read at each start).
@@ -305,14 +314,28 @@ impl Inner {
 }
 
 impl HealthTable {
-    /// Health works on `conn` from now on (set once).
+    /// Health works on `conn` from now on (set once, never after a stop).
     pub fn set_bus(&self, conn: zbus::Connection) {
-        let _ = self.bus.set(conn);
+        let mut bus = self.bus.lock().unwrap_or_else(|p| p.into_inner());
+        if bus.is_none() && !self.stopped.is_cancelled() {
+            *bus = Some(conn);
+        }
+    }
+
+    /// The agent stops: see `stopped`.
+    pub fn stop(&self) {
+        self.stopped.cancel();
+        self.bus.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
+    /// Cancelled once the agent stops.
+    pub fn stopped(&self) -> tokio_util::sync::CancellationToken {
+        self.stopped.clone()
     }
 
     /// The systemd bus, once health runs.
     pub fn bus(&self) -> Option<zbus::Connection> {
-        self.bus.get().cloned()
+        self.bus.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Notes whether `unit` is `failed` now; true when that changed (so

@@ -11,6 +11,7 @@ use crate::error::CtlError;
 
 pub mod daemon_reload;
 pub mod default_target;
+pub mod health;
 pub mod list_unit_files;
 pub mod list_units;
 pub mod loglevel;
@@ -92,6 +93,10 @@ commands! {
     Metrics(metrics::Metrics),
     /// Show cross-node dependencies (proxies): who depends on which unit of which node
     Proxies(proxies::Proxies),
+    /// Show the health of units (checks declared in their [X-Drover] section)
+    Health(health::Health),
+    /// Print a unit's health; exit 0 only if it is healthy
+    IsHealthy(health::IsHealthy),
     /// Print droverctl's version
     Version(version::Version),
 }

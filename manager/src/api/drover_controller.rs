@@ -7,11 +7,16 @@
 //! applied, or fails with the reason and keeps the running one. Root only
 //! on the system bus (the D-Bus policy); the method itself also refuses any
 //! caller that is neither root nor the manager's own user (a session bus).
+//!
+//! `ListHealth()` and `ListNodeHealth()` list the health the agents report
+//! (`crate::units::health`).
 
 use crate::api::handles::Handles;
 use crate::error::ApiError;
 use crate::proxies::driver::Proxies;
 use crate::reload::{ReloadError, Reloader, reload_from_source};
+use crate::units::health::{HealthRow, NodeHealthRow};
+use crate::units::hub::Subscriptions;
 use drover_bus::client::ProxyTuple;
 use drover_protocol::error_names::ACCESS_DENIED;
 use std::sync::Arc;
@@ -22,6 +27,7 @@ use zbus::{Connection, interface};
 pub struct DroverControllerObject {
     proxies: Proxies,
     reloader: Arc<Reloader>,
+    subscriptions: Arc<Subscriptions>,
 }
 
 impl DroverControllerObject {
@@ -29,6 +35,7 @@ impl DroverControllerObject {
         Self {
             proxies: handles.proxies.clone(),
             reloader: handles.reloader.clone(),
+            subscriptions: handles.subscriptions.clone(),
         }
     }
 }
@@ -42,6 +49,22 @@ impl DroverControllerObject {
     #[zbus(out_args("proxies"))]
     async fn list_proxies(&self) -> Vec<ProxyTuple> {
         self.proxies.list().await
+    }
+
+    /// The health of every unit that declares a check, on every online node,
+    /// sorted by (node, unit): (node, unit, state `starting`/`healthy`/
+    /// `unhealthy`, reason, since as realtime µs). From what the manager
+    /// holds: no request to any agent.
+    #[zbus(out_args("units"))]
+    async fn list_health(&self) -> Vec<HealthRow> {
+        self.subscriptions.list_health()
+    }
+
+    /// The health of every online node that reported it, sorted by node:
+    /// (node, state, reason, since as realtime µs, systemd's `SystemState`).
+    #[zbus(out_args("nodes"))]
+    async fn list_node_health(&self) -> Vec<NodeHealthRow> {
+        self.subscriptions.list_node_health()
     }
 
     /// Loads the configuration again, as `SIGHUP` does, and returns once it

@@ -11,6 +11,7 @@ use crate::nodes::lifecycle::Nodes;
 use crate::outbound::Port;
 use crate::proxies::driver::Proxies;
 use crate::reload::Reloader;
+use crate::units::hub::Subscriptions;
 use crate::units::monitor::Monitors;
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,6 +27,8 @@ pub struct Handles {
     pub outbound: Arc<Port>,
     pub proxies: Proxies,
     pub reloader: Arc<Reloader>,
+    /// Unit and node health (`crate::units::hub`, `hub/health.rs`).
+    pub subscriptions: Arc<Subscriptions>,
     pub log: Arc<LogControl>,
     /// `Controller.LogTarget`.
     pub log_target: &'static str,

@@ -18,6 +18,7 @@
 
 pub mod controller;
 pub mod drover_controller;
+pub mod drover_node;
 pub mod handles;
 pub mod job;
 pub mod metrics;

@@ -8,6 +8,7 @@
 //! nothing.
 
 use crate::api::controller::ControllerObject;
+use crate::api::drover_node::DroverNodeObject;
 use crate::api::handles::Handles;
 use crate::api::job::JobObject;
 use crate::api::metrics::MetricsObject;
@@ -105,7 +106,15 @@ impl Outbound for BusOutbound {
             };
             let object = NodeObject::new(&handles, node.clone());
             let server = self.conn.object_server();
-            match server.at(path.as_str(), object).await {
+            let exported = match server.at(path.as_str(), object).await {
+                Ok(_) => {
+                    server
+                        .at(path.as_str(), DroverNodeObject::new(&handles, node.clone()))
+                        .await
+                }
+                Err(e) => Err(e),
+            };
+            match exported {
                 Ok(_) => self.tree.added(server, path.as_str()).await,
                 Err(e) => tracing::error!(%node, "cannot export the object of node {node}: {e}"),
             }

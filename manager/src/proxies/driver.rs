@@ -35,17 +35,19 @@
 
 use crate::nodes::session::Session;
 use crate::proxies::rules::{Action, DepCommand, DepOutcome, Policy, ProxyRow, References};
+use crate::units::health::usec;
 use crate::units::hub::{Delivery, Subscriptions, WatchId, Watcher};
 use crate::units::records::Change;
 use drover_bus::client::ProxyTuple;
 use drover_protocol::dep_unit::dep_target;
 use drover_protocol::error_names::OFFLINE;
+use drover_protocol::health::Health;
 use drover_protocol::{Event, NodeName, Request, Response, TargetChange, UnitName};
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 use tokio::sync::{Mutex, Notify, mpsc};
 use tokio::time::Instant;
 
@@ -325,6 +327,16 @@ impl Proxies {
                         reason: *reason,
                     },
                     Change::Removed { reason } => TargetChange::Removed { reason: *reason },
+                    Change::Health {
+                        state,
+                        reason,
+                        since_usec,
+                        ..
+                    } => TargetChange::Health(Health::new(
+                        *state,
+                        reason,
+                        usec(SystemTime::now()).saturating_sub(*since_usec) / 1000,
+                    )),
                     Change::Properties { .. } => continue,
                 };
                 let mut inner = self.shared.inner.lock().await;

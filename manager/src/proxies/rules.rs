@@ -106,7 +106,8 @@
 
 use drover_config::ManagerConfig;
 use drover_protocol::ProxyTemplate;
-use drover_protocol::verdict::{ACTIVE, Verdict, is_down, verdict};
+use drover_protocol::health::{Health, HealthState};
+use drover_protocol::verdict::{ACTIVE, TargetView, Verdict, is_down, verdict};
 use drover_protocol::{NodeName, Notice, Reason, TargetChange, UnitName};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
@@ -358,6 +359,10 @@ struct Target {
     /// confirmed was wanted, with that want's generation: the target ran
     /// during the start (see [`ran_then_down`]).
     ran: Option<(u64, TargetChange)>,
+    /// The target's last health (`none` until it says otherwise): a
+    /// reference is up once the target is active and its health passes
+    /// ([`drover_protocol::verdict::TargetView`]).
+    health: Health,
 }
 
 impl Target {
@@ -373,6 +378,7 @@ impl Target {
             acked: None,
             in_flight: false,
             ran: None,
+            health: Health::default(),
         }
     }
 
@@ -551,12 +557,17 @@ impl References {
                 sub_state: sub.clone(),
                 reason: Reason::Real,
             };
-            if !ran_then_down(r, target.ran.as_ref(), (a, online), (b, unit), &down, out) {
+            let ran = target.ran.as_ref();
+            if !ran_then_down(r, ran, &target.health, (a, online), (b, unit), &down, out) {
                 fail_waiting(r, a, online, message, out);
             }
             return;
         }
-        let changes = [
+        // Its health first: a target with a check is never taken for one
+        // without (`drover_protocol::verdict`).
+        let health = (target.health.state != HealthState::None)
+            .then(|| TargetChange::Health(target.health.clone()));
+        let changes = health.into_iter().chain([
             TargetChange::New {
                 reason: Reason::Virtual,
             },
@@ -565,13 +576,16 @@ impl References {
                 sub_state: sub.clone(),
                 reason: Reason::Virtual,
             },
-        ];
+        ]);
+        // The view the requester's new proxy builds from these same changes.
+        let mut view = TargetView::default();
         for change in changes {
             out.extend(r.notice(a, online, |proxy_id| Notice::ProxyTarget {
                 proxy_id,
                 change: change.clone(),
             }));
-            apply_rule(r, b, unit, &change);
+            let v = view.apply(&change);
+            apply_rule(r, b, unit, &change, v);
         }
     }
 
@@ -592,6 +606,7 @@ impl References {
         } else if live == 0 && target.watched {
             target.watched = false;
             target.known = Known::Unknown;
+            target.health = Health::default();
             out.push(Action::Unwatch {
                 node: b.clone(),
                 unit: unit.clone(),
@@ -638,9 +653,6 @@ impl References {
     }
 }
 
-/// The agent's rule for one reference and one target change.
-/// The agent's own rule ([`drover_protocol::verdict`]) applied to one
-/// reference, so both sides agree on the proxy's fate.
 /// For a waiting reference whose dep start B confirmed: the reason to fail
 /// it when `change` says the target is down, but is a virtual state the
 /// verdict rule would ignore (a real one fails the reference by that rule).
@@ -667,9 +679,15 @@ fn down_after_start(unit: &UnitName, b: &NodeName, change: &TargetChange) -> Opt
 /// reference: a `drover-proxy@` one, or a target that never came up (a
 /// oneshot failing in its start, which fails BlueChi's proxy too), fails
 /// with the reason.
+///
+/// A target with a check is told its `health` first, as in a replay: both
+/// sides judge the `active` against it ([`TargetView`]), so a target that ran
+/// but never turned healthy fails the reference (health is drover's, and a
+/// proxy waits for it whatever its family).
 fn ran_then_down(
     r: &mut Ref,
     ran: Option<&(u64, TargetChange)>,
+    health: &Health,
     (a, online): (&NodeName, Option<u64>),
     (b, unit): (&NodeName, &UnitName),
     down: &TargetChange,
@@ -684,12 +702,15 @@ fn ran_then_down(
     {
         return false;
     }
-    for change in [up, down] {
+    let health = (health.state != HealthState::None).then(|| TargetChange::Health(health.clone()));
+    let mut view = TargetView::default();
+    for change in health.iter().chain([up, down]) {
         out.extend(r.notice(a, online, |proxy_id| Notice::ProxyTarget {
             proxy_id,
             change: change.clone(),
         }));
-        apply_rule(r, b, unit, change);
+        let v = view.apply(change);
+        apply_rule(r, b, unit, change, v);
     }
     true
 }
@@ -726,8 +747,16 @@ fn fail_waiting(
     r.state = RefState::Failed(message);
 }
 
-fn apply_rule(r: &mut Ref, b: &NodeName, unit: &UnitName, change: &TargetChange) {
-    let v = verdict(change);
+/// The agent's rule for one reference and one target change: the agent's own
+/// rule ([`drover_protocol::verdict`]) applied to one reference, so both
+/// sides agree on the proxy's fate.
+///
+/// `v` is the change's verdict against what is known of the target (its
+/// [`TargetView`]): `Up` only once it is active and its health passes. An
+/// `Unhealthy` verdict changes no reference: a waiting one keeps waiting
+/// (its proxy's start timeout ends it, with the reason), an active one is
+/// the requesting agent's to stop, where its unit asks for that.
+fn apply_rule(r: &mut Ref, b: &NodeName, unit: &UnitName, change: &TargetChange, v: Verdict) {
     match r.state {
         RefState::Waiting if v == Verdict::Up => r.state = RefState::Active,
         RefState::Waiting if v == Verdict::RealDown => {

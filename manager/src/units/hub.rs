@@ -77,6 +77,7 @@
 //! agent is told) is `hub/agents.rs`, on the same state.
 
 use crate::nodes::session::Session;
+use crate::units::health::HealthBook;
 use crate::units::records::{Applied, Change, Record, Records, UnitEvent, WILDCARD};
 use crate::units::replay::{NodeView, Replay, virtual_replay};
 use drover_bus::client::SnapshotRow;
@@ -88,6 +89,8 @@ use tokio::sync::mpsc;
 
 // The nodes' side of the hub (see the module docs).
 mod agents;
+// Health: the book and the fan-out of its changes.
+mod health;
 
 /// Sub state of the virtual `inactive` BlueChi sends when a node goes offline.
 pub const AGENT_OFFLINE: &str = "agent-offline";
@@ -165,6 +168,8 @@ struct State {
     watches: HashMap<WatchId, (SinkId, NodeName, Option<UnitName>)>,
     sinks: HashMap<SinkId, SinkState>,
     next_id: u64,
+    /// Every node's unit and node health (`crate::units::health`).
+    health: HealthBook,
 }
 
 /// Sync tasks to start once the lock is released: (node, session).
@@ -480,6 +485,10 @@ impl Subscriptions {
             Some(u) => {
                 if let Some(rec) = ns.records.get(u).filter(|r| r.loaded) {
                     virtual_events.extend(virtual_replay(node, u, rec));
+                }
+                // Its health before its state (`hub/health.rs`).
+                if let Some(ev) = st.health_replay(node, u) {
+                    virtual_events.insert(0, ev);
                 }
             }
             // `UnitNew("*")` and the loaded units already known here

@@ -3,8 +3,10 @@
 //! what and the fan-out of events to watchers ([`hub`], with the lazy replay
 //! of a new `*` watch in [`replay`]), and the monitors
 //! that turn those events into D-Bus signals ([`monitor`], with the
-//! messages built by [`signals`]).
+//! messages built by [`signals`]). The health of units and nodes as agents
+//! report it is kept in [`health`] and fanned out by the hub.
 
+pub mod health;
 pub mod hub;
 pub mod monitor;
 pub mod records;

@@ -8,6 +8,7 @@
 //! watchers is [`crate::units::hub`]'s job (docs/dev/architecture.md "Unit
 //! subscriptions and modification tags").
 
+use drover_protocol::health::HealthState;
 use drover_protocol::{Marshalled, ModTag, NodeName, Reason, UnitName};
 use std::collections::BTreeMap;
 use std::ops::Bound;
@@ -33,6 +34,16 @@ pub enum Change {
     },
     Removed {
         reason: Reason,
+    },
+    /// The unit's health verdict changed (`crate::units::health`); not a
+    /// record's business: [`Records::apply`] leaves the record as it is.
+    /// `since_usec` is realtime µs (0 for `none`); `origin` is `Virtual`
+    /// for the replay to a new watch.
+    Health {
+        state: HealthState,
+        reason: String,
+        since_usec: u64,
+        origin: Reason,
     },
 }
 
@@ -238,6 +249,8 @@ impl Records {
                 }
                 None => Applied::Changed,
             },
+            // Kept in the health book, not here.
+            Change::Health { .. } => Applied::Same,
         }
     }
 }
@@ -404,7 +417,7 @@ mod tests {
                             prop_assert_eq!(&rec.active_state, active_state);
                             prop_assert_eq!(&rec.sub_state, sub_state);
                         }
-                        Change::Properties { .. } => {}
+                        Change::Properties { .. } | Change::Health { .. } => {}
                     }
                 }
             }

@@ -8,14 +8,18 @@
 //! queue order is kept for every destination; a `UnitsChanged` signal holds
 //! at most [`MAX_ROWS_PER_SIGNAL`] rows and about [`MAX_SIGNAL_BYTES`];
 //! events the tagged stream has no entry for (property changes, the pseudo
-//! unit `*`) are left out of it.
+//! unit `*`) are left out of it. A health change is BlueChi's
+//! `UnitPropertiesChanged` on the interface name `io.drover.Health` (so an
+//! unchanged BlueChi client sees it as a property change), and a `health`
+//! row of `UnitsChanged`.
 
 use crate::units::hub::Delivery;
 use crate::units::records::{Change, UnitEvent};
-use drover_bus::bluechi::{DROVER_MONITOR_IFACE, MONITOR_IFACE};
+use drover_bus::bluechi::{DROVER_MONITOR_IFACE, HEALTH_IFACE, MONITOR_IFACE};
 use drover_bus::marshal::{self, OrderedProperties};
+use drover_protocol::health::{HealthState, one_line};
 use zbus::names::OwnedUniqueName;
-use zbus::{Message, OwnedObjectPath};
+use zbus::{Message, OwnedObjectPath, OwnedVariant, Variant};
 
 /// Rows per `UnitsChanged` signal at most.
 pub const MAX_ROWS_PER_SIGNAL: usize = 4096;
@@ -29,7 +33,24 @@ fn reason_str(change: &Change) -> &'static str {
             reason.as_str()
         }
         Change::Properties { .. } => "real",
+        Change::Health { origin, .. } => origin.as_str(),
     }
+}
+
+/// `UnitPropertiesChanged`'s properties of a health change (see
+/// [`HEALTH_IFACE`]); `None` if a value cannot be made (never for these
+/// types).
+fn health_properties(
+    state: HealthState,
+    reason: &str,
+    since_usec: u64,
+) -> Option<OrderedProperties> {
+    let s = |v: &str| OwnedVariant::try_from(Variant::from(v.to_owned())).ok();
+    Some(OrderedProperties(vec![
+        ("State".to_owned(), s(state.as_str())?),
+        ("Reason".to_owned(), s(reason)?),
+        ("Since".to_owned(), OwnedVariant::from(since_usec)),
+    ]))
 }
 
 /// BlueChi's signal for one event, prepared once and then built for each
@@ -58,6 +79,17 @@ impl<'a> BluechiSignal<'a> {
                 sub_state,
                 ..
             } => Self::State((node, unit, active_state, sub_state, reason)),
+            Change::Health {
+                state,
+                reason,
+                since_usec,
+                ..
+            } => Self::Properties((
+                node,
+                unit,
+                HEALTH_IFACE,
+                health_properties(*state, reason, *since_usec)?,
+            )),
             Change::Properties {
                 interface,
                 properties,
@@ -103,6 +135,7 @@ fn tagged_row(event: &UnitEvent) -> Option<TaggedRow<'_>> {
             ..
         } => ("state", active_state.as_str(), sub_state.as_str()),
         Change::Removed { .. } => ("removed", "", ""),
+        Change::Health { state, reason, .. } => ("health", state.as_str(), one_line(reason)),
         Change::Properties { .. } => return None,
     };
     Some((

@@ -1,11 +1,15 @@
 //! `status [NODE] [-w]`: the nodes drover-manager knows, as bluechictl prints them;
 //! `status NODE UNIT... [-w]`: units of one node (see [`units`]).
 //!
-//! Table `NODE | STATE | IP | LAST SEEN` with bluechictl's column widths (30, 10, 24,
-//! 28). LAST SEEN is `now` for an online node, `never` for an offline node with a zero
-//! `LastSeenTimestamp`, else the local time of the last contact. Data: one
-//! `Controller.ListNodes`, plus `LastSeenTimestamp` of each offline node (online nodes
-//! need none, which keeps a fleet-wide status cheap).
+//! Table `NODE | STATE | IP | LAST SEEN | HEALTH` with bluechictl's column widths (30,
+//! 10, 24, 28) for its four columns, then drover's HEALTH. LAST SEEN is `now` for an
+//! online node, `never` for an offline node with a zero `LastSeenTimestamp`, else the
+//! local time of the last contact. HEALTH is the node's own health (systemd's
+//! `SystemState`, the node checks of its `agent.conf`; `-` while unknown: offline, not
+//! reported, or a manager without `io.drover.Controller.ListNodeHealth`). Data: one
+//! `Controller.ListNodes`, one `io.drover.Controller.ListNodeHealth`, plus
+//! `LastSeenTimestamp` of each offline node (online nodes need none, which keeps a
+//! fleet-wide status cheap).
 //!
 //! `-w` reprints the table whenever a node object emits `PropertiesChanged` (its
 //! `Status` changes), until Ctrl-C; on a terminal the screen is cleared first, into a
@@ -17,7 +21,11 @@ use futures::stream::{self, StreamExt, TryStreamExt};
 use serde::Serialize;
 
 use drover_bus::bluechi::NODE_PATH_PREFIX;
+use drover_protocol::error_names::{UNKNOWN_METHOD, UNKNOWN_OBJECT};
 use drover_protocol::{NodeName, UnitName};
+
+/// What a bus says for an interface an object does not have.
+const UNKNOWN_INTERFACE: &str = "org.freedesktop.DBus.Error.UnknownInterface";
 
 use crate::client::{CallContext, Client};
 use crate::context::{Context, Run};
@@ -80,6 +88,8 @@ pub struct NodeStatus {
     pub state: String,
     pub ip: String,
     pub last_seen: LastSeen,
+    /// The node's health state, `-` while unknown.
+    pub health: String,
 }
 
 /// The JSON form of a row. Keys are a stable interface.
@@ -92,6 +102,8 @@ pub struct NodeStatusJson<'a> {
     pub last_seen: String,
     /// Raw `LastSeenTimestamp` (realtime µs, 0 = never); null while online.
     pub last_seen_usec: Option<u64>,
+    /// The node's health (`starting`, `healthy`, `unhealthy`), `-` while unknown.
+    pub health: &'a str,
 }
 
 pub fn render_table(nodes: &[NodeStatus]) -> String {
@@ -103,6 +115,7 @@ pub fn render_table(nodes: &[NodeStatus]) -> String {
                 n.state.clone(),
                 n.ip.clone(),
                 n.last_seen.text(),
+                n.health.clone(),
             ]
         })
         .collect();
@@ -112,6 +125,7 @@ pub fn render_table(nodes: &[NodeStatus]) -> String {
             ("STATE", Width::Fixed(10)),
             ("IP", Width::Fixed(24)),
             ("LAST SEEN", Width::Fixed(28)),
+            ("HEALTH", Width::Fit),
         ],
         &rows,
     )
@@ -134,6 +148,7 @@ fn json_docs(nodes: &[NodeStatus]) -> Vec<NodeStatusJson<'_>> {
                 LastSeen::Never => Some(0),
                 LastSeen::At(u) => Some(u),
             },
+            health: &n.health,
         })
         .collect()
 }
@@ -149,6 +164,32 @@ async fn last_seen(client: &Client, name: &str, path: String) -> Result<u64, Ctl
                 ..Default::default()
             };
             Err(client.classify(e, ctx).await)
+        }
+    }
+}
+
+/// Every online node's health state (`io.drover.Controller.ListNodeHealth`); none
+/// from a manager that does not serve it.
+async fn node_health(client: &Client) -> Result<Vec<(String, String)>, CtlError> {
+    let drover = client.drover_controller().await?;
+    match drover.list_node_health().await {
+        Ok(rows) => Ok(rows
+            .into_iter()
+            .map(|(node, state, ..)| (node, state))
+            .collect()),
+        Err(e)
+            if crate::client::error_name(&e).is_some_and(|(name, _)| {
+                name == UNKNOWN_METHOD || name == UNKNOWN_INTERFACE || name == UNKNOWN_OBJECT
+            }) =>
+        {
+            Ok(Vec::new())
+        }
+        Err(e) => {
+            let cc = CallContext {
+                what: "io.drover.Controller.ListNodeHealth",
+                ..Default::default()
+            };
+            Err(client.classify(e, cc).await)
         }
     }
 }
@@ -187,7 +228,13 @@ async fn fetch(client: &Client, only: Option<&NodeName>) -> Result<Vec<NodeStatu
             state,
             ip,
             last_seen: LastSeen::Now,
+            health: "-".to_owned(),
         });
+    }
+    for (node, state) in node_health(client).await? {
+        if let Some(n) = nodes.iter_mut().find(|n| n.name == node) {
+            n.health = state;
+        }
     }
     let seen: Vec<(usize, LastSeen)> = stream::iter(offline)
         .map(|(i, name, path)| async move {
@@ -287,18 +334,21 @@ mod tests {
                 state: "online".into(),
                 ip: "127.0.0.1".into(),
                 last_seen: LastSeen::Now,
+                health: "healthy".into(),
             },
             NodeStatus {
                 name: "node-b".into(),
                 state: "offline".into(),
                 ip: String::new(),
                 last_seen: LastSeen::from_timestamp(0),
+                health: "-".into(),
             },
             NodeStatus {
                 name: "node-c".into(),
                 state: "offline".into(),
                 ip: String::new(),
                 last_seen: LastSeen::from_timestamp(1_700_000_000_000_000),
+                health: "-".into(),
             },
         ]
     }
@@ -312,13 +362,14 @@ mod tests {
         assert_eq!(fields[0].len(), 30);
         assert_eq!(fields[1].len(), 10);
         assert_eq!(fields[2].len(), 24);
-        assert_eq!(fields[3], "LAST SEEN");
+        assert_eq!(fields[3].len(), 28);
+        assert_eq!(fields[4], "HEALTH");
         assert!(lines[1].chars().all(|c| c == '='));
-        assert_eq!(lines[1].len(), 30 + 10 + 24 + 28 + 3 * 3);
+        assert_eq!(lines[1].len(), 30 + 10 + 24 + 28 + "HEALTH".len() + 4 * 3);
         let row: Vec<&str> = lines[2].split('|').map(str::trim).collect();
-        assert_eq!(row, ["node-a", "online", "127.0.0.1", "now"]);
+        assert_eq!(row, ["node-a", "online", "127.0.0.1", "now", "healthy"]);
         let row: Vec<&str> = lines[3].split('|').map(str::trim).collect();
-        assert_eq!(row, ["node-b", "offline", "", "never"]);
+        assert_eq!(row, ["node-b", "offline", "", "never", "-"]);
         let row: Vec<&str> = lines[4].split('|').map(str::trim).collect();
         assert_eq!(row[3].len(), "YYYY-MM-DD HH:MM:SS".len());
         // Columns line up: the IP column starts at the same offset in every line.
@@ -334,7 +385,7 @@ mod tests {
         assert_eq!(
             arr[0],
             serde_json::json!({"node": "node-a", "state": "online", "ip": "127.0.0.1",
-                               "last_seen": "now", "last_seen_usec": null})
+                               "last_seen": "now", "last_seen_usec": null, "health": "healthy"})
         );
         assert_eq!(arr[1]["last_seen"], "never");
         assert_eq!(arr[1]["last_seen_usec"], 0);

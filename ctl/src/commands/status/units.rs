@@ -2,13 +2,16 @@
 //! tab-aligned table:
 //!
 //! ```text
-//! UNIT            | LOADED        | ACTIVE        | SUBSTATE      | FREEZERSTATE  | ENABLED       |
-//! ------------------------------------------------------------------------------------------------
-//! web.service     | loaded        | active        | running       | running       | enabled       |
+//! UNIT            | LOADED        | ACTIVE        | SUBSTATE      | FREEZERSTATE  | ENABLED       | HEALTH        |
+//! ----------------------------------------------------------------------------------------------------------------
+//! web.service     | loaded        | active        | running       | running       | enabled       | healthy       |
 //! ```
 //!
 //! (columns are separated by tabs, so they line up on a terminal; scripts split on
-//! `|` and trim). Data: `Node.GetUnitProperties(UNIT, "")` per unit. A unit systemd
+//! `|` and trim). bluechictl's six columns, then drover's HEALTH (`none` for a unit
+//! without a check, `-` from a manager that does not serve `io.drover.Node`). Data:
+//! `Node.GetUnitProperties(UNIT, "")` and `io.drover.Node.GetUnitHealth(UNIT)` per
+//! unit. A unit systemd
 //! does not know (`LoadState=not-found`, or `NoSuchUnit`) is left out of the table
 //! and reported as `Unit X could not be found.` on stderr; the command then exits 1.
 //!
@@ -52,6 +55,8 @@ pub struct UnitStatus {
     pub sub: String,
     pub freezer: String,
     pub enabled: String,
+    /// `none`, `starting`, `healthy`, `unhealthy`; `-` when not known.
+    pub health: String,
 }
 
 fn prop(props: &HashMap<String, OwnedVariant>, key: &str) -> String {
@@ -76,6 +81,7 @@ impl UnitStatus {
             sub: prop(props, "SubState"),
             freezer: prop(props, "FreezerState"),
             enabled: prop(props, "UnitFileState"),
+            health: MISSING.to_owned(),
         }
     }
 
@@ -108,7 +114,7 @@ pub fn render_table(rows: &[UnitStatus], names: &[String]) -> String {
         .max()
         .unwrap_or(0);
     let name_col = (longest / TAB + 1) * TAB;
-    let line = |name: &str, cells: [&str; 5]| -> String {
+    let line = |name: &str, cells: [&str; 6]| -> String {
         let mut l = name.to_owned();
         pad_tabs(&mut l, 0, name_col);
         let mut start = name_col;
@@ -125,14 +131,23 @@ pub fn render_table(rows: &[UnitStatus], names: &[String]) -> String {
     };
     let mut out = line(
         "UNIT",
-        ["LOADED", "ACTIVE", "SUBSTATE", "FREEZERSTATE", "ENABLED"],
+        [
+            "LOADED",
+            "ACTIVE",
+            "SUBSTATE",
+            "FREEZERSTATE",
+            "ENABLED",
+            "HEALTH",
+        ],
     );
-    out.push_str(&"-".repeat(name_col + 5 * CELL + 1));
+    out.push_str(&"-".repeat(name_col + 6 * CELL + 1));
     out.push('\n');
     for r in rows {
         out.push_str(&line(
             &r.unit,
-            [&r.load, &r.active, &r.sub, &r.freezer, &r.enabled],
+            [
+                &r.load, &r.active, &r.sub, &r.freezer, &r.enabled, &r.health,
+            ],
         ));
     }
     out
@@ -157,13 +172,20 @@ struct Fetched {
 
 async fn fetch(client: &Client, node: &NodeName, units: &[UnitName]) -> Result<Fetched, CtlError> {
     let proxy = client.node(node).await?;
+    let drover = client.drover_node(node).await?;
     let mut rows = Vec::new();
     let mut missing = Vec::new();
     for unit in units {
         let what = format!("GetUnitProperties of {unit} on node {node}");
         match proxy.get_unit_properties(unit.as_str(), "").await {
             Ok(props) => {
-                let row = UnitStatus::from_properties(node.as_str(), unit.as_str(), &props);
+                let mut row = UnitStatus::from_properties(node.as_str(), unit.as_str(), &props);
+                row.health = match drover.get_unit_health(unit.as_str()).await {
+                    Ok((state, ..)) => state,
+                    // A manager without drover's node interface (or the node went
+                    // away meanwhile): not known.
+                    Err(_) => MISSING.to_owned(),
+                };
                 if row.not_found() {
                     missing.push(unit.to_string());
                 } else {
@@ -377,6 +399,7 @@ mod tests {
                 "SUBSTATE",
                 "FREEZERSTATE",
                 "ENABLED",
+                "HEALTH",
                 ""
             ]
         );
@@ -390,6 +413,7 @@ mod tests {
                 "running",
                 "running",
                 "enabled",
+                "-",
                 ""
             ]
         );

@@ -52,11 +52,36 @@ impl References {
                 }
             }
             TargetChange::Removed { .. } => target.known = Known::Removed,
-            // Health is not relayed by this manager yet.
-            TargetChange::Health(_) => return out,
+            TargetChange::Health(health) => target.health = health.clone(),
         }
+        // The verdict of this change against what is known of the target.
+        let mut view = TargetView::default();
+        view.apply(&TargetChange::Health(target.health.clone()));
+        if let Known::Loaded {
+            active,
+            sub,
+            reason,
+        } = &target.known
+        {
+            view.apply(&TargetChange::State {
+                active_state: active.clone(),
+                sub_state: sub.clone(),
+                reason: *reason,
+            });
+        }
+        let v = match change {
+            // Health: up when it passes on an active target.
+            TargetChange::Health(_) => view.apply(change),
+            // State: the state's own verdict, held back while the health
+            // does not pass.
+            _ => match drover_protocol::verdict::verdict(change) {
+                Verdict::Up if !target.health.state.passes() => Verdict::Undecided,
+                v => v,
+            },
+        };
         let acked = target.acked;
         let ran = target.ran.clone();
+        let health = target.health.clone();
         for ((a, _), r) in target.refs.iter_mut() {
             if !r.state.is_live() {
                 continue;
@@ -80,14 +105,23 @@ impl References {
                 && let Some(message) = down_after_start(unit, b, change)
             {
                 let real = real_down(change);
-                if !ran_then_down(r, ran.as_ref(), (a, online), (b, unit), &real, &mut out) {
+                let ran = ran.as_ref();
+                if !ran_then_down(r, ran, &health, (a, online), (b, unit), &real, &mut out) {
                     fail_waiting(r, a, online, message, &mut out);
                 }
                 continue;
             }
             if r.state == RefState::Waiting
                 && verdict(change) == Verdict::RealDown
-                && ran_then_down(r, ran.as_ref(), (a, online), (b, unit), change, &mut out)
+                && ran_then_down(
+                    r,
+                    ran.as_ref(),
+                    &health,
+                    (a, online),
+                    (b, unit),
+                    change,
+                    &mut out,
+                )
             {
                 continue;
             }
@@ -97,7 +131,7 @@ impl References {
                     change: change.clone(),
                 }
             }));
-            apply_rule(r, b, unit, change);
+            apply_rule(r, b, unit, change, v);
         }
         self.settle(b, unit, &mut out);
         out

@@ -54,6 +54,10 @@ impl Subscriptions {
         // Tombstones guard against late events of older sessions, which are
         // refused by session from now on.
         ns.records.retain(|_, r| r.loaded);
+        st.health.online(&node, session.id());
+        let Some(ns) = st.nodes.get_mut(&node) else {
+            return;
+        };
         let wildcard = State::sinks_for(ns, &None);
         let event = Arc::new(UnitEvent {
             node: node.clone(),
@@ -84,6 +88,10 @@ impl Subscriptions {
         ns.session = None;
         ns.syncing = None;
         ns.sent.clear();
+        st.health.offline(node, session_id);
+        let Some(ns) = st.nodes.get_mut(node) else {
+            return;
+        };
         self.sync_progress.notify_waiters();
         let mut loaded: Vec<(UnitName, bool)> = ns
             .records
@@ -220,6 +228,7 @@ impl Subscriptions {
                 *reason == Reason::Real
             }
             Change::Properties { .. } => true,
+            Change::Health { .. } => return,
         };
         let Some(unit) = key.as_ref() else { return };
         match ns.records.apply(unit, tag, &change) {

@@ -1,0 +1,626 @@
+//! The health of every node's units and of the nodes themselves, as their
+//! agents report it (`drover_protocol::health`): what
+//! `io.drover.Node.GetUnitHealth`, `io.drover.Controller.ListHealth` and
+//! `ListNodeHealth` answer, and the changes the hub fans out to the watchers
+//! of a unit (`crate::units::hub`, file `hub/health.rs`).
+//!
+//! Pure data, no lock, no task: the hub keeps one [`HealthBook`] under its
+//! own lock, so recording a change and queueing it to the watchers are one
+//! step, in the order of the unit events the agent tagged from the same
+//! counter.
+//!
+//! Rules:
+//!
+//! * Only a node's current session writes its entries (the tag's guid is
+//!   the session id); an event of an older session is dropped.
+//! * A unit's entry is replaced only by a newer tag ([`ModTag::succeeds`]);
+//!   a verdict that says what the entry says (state and reason) is no
+//!   change and goes nowhere. `none` removes the entry.
+//! * A session starts with a snapshot in parts; the parts are gathered
+//!   (at most [`MAX_UNITS_PER_NODE`] units) and applied when the last one
+//!   arrives: every unit it lists is set, and every unit the book held from
+//!   before and the snapshot lacks turns `none` (its check went away while
+//!   the node was offline), unless a later event already spoke for it.
+//! * An offline node keeps its entries, marked offline: the queries say the
+//!   node is offline rather than repeat a verdict nobody checks any more,
+//!   and the next session's snapshot tells what changed meanwhile.
+//! * Bounded: at most [`MAX_UNITS_PER_NODE`] units per node (an agent that
+//!   reports more has the extra ones ignored, logged), reasons at most
+//!   `drover_protocol::health::REASON_MAX` bytes (the decoder's bound).
+
+use drover_protocol::health::{Health, HealthSnapshot, HealthState, NodeHealth};
+use drover_protocol::{ModTag, NodeName, UnitName};
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// A row of `ListHealth`: node, unit, state, reason, since (realtime µs).
+pub type HealthRow = (String, String, String, String, u64);
+/// A row of `ListNodeHealth`: node, state, reason, since, system state.
+pub type NodeHealthRow = (String, String, String, u64, String);
+
+/// Why a unit's health is not known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HealthUnknown {
+    /// The node did not connect since the manager started.
+    NeverConnected,
+    /// The node is offline.
+    Offline,
+}
+
+/// Most units with health one node may have in the book.
+pub const MAX_UNITS_PER_NODE: usize = 65_536;
+
+/// One unit's verdict as the manager keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub state: HealthState,
+    pub reason: String,
+    /// When the state began, on the manager's clock.
+    pub since: SystemTime,
+    /// The tag of the event that set it.
+    pub tag: ModTag,
+}
+
+impl Entry {
+    /// `since` as realtime µs (0 before the epoch).
+    pub fn since_usec(&self) -> u64 {
+        usec(self.since)
+    }
+}
+
+/// Realtime µs of `t` (0 before the epoch), as D-Bus carries times.
+pub fn usec(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// A node's own health as the manager keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeEntry {
+    pub state: HealthState,
+    pub reason: String,
+    pub since: SystemTime,
+    /// systemd's `SystemState` (`running`, `degraded`, ...), empty if unknown.
+    pub system_state: String,
+    /// The node checks of `agent.conf`: (name, state, reason, since).
+    pub checks: Vec<(String, HealthState, String, SystemTime)>,
+}
+
+/// A unit's health changed: what the hub tells the unit's watchers. `entry`
+/// is `None` when the unit has no health any more (`none`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnitChange {
+    pub unit: UnitName,
+    pub tag: ModTag,
+    pub entry: Option<Entry>,
+}
+
+/// What a lookup of one unit found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup<'a> {
+    /// The node never connected since the manager started.
+    UnknownNode,
+    /// The node is offline: its last verdicts are not current.
+    Offline,
+    /// The unit declares no check (or the node did not say so yet).
+    None,
+    Found(&'a Entry),
+}
+
+#[derive(Debug, Default)]
+struct NodeBook {
+    /// The current session, `None` while offline.
+    session: Option<u64>,
+    units: BTreeMap<UnitName, Entry>,
+    node: Option<NodeEntry>,
+    /// Snapshot parts gathered so far in the current session: (tag, units).
+    pending: Option<(ModTag, Vec<(UnitName, Health)>)>,
+    /// Whether the cap was reported for this session (log once).
+    capped: bool,
+}
+
+impl NodeBook {
+    fn writes(&self, session: u64, tag: Option<&ModTag>) -> bool {
+        self.session == Some(session) && tag.is_none_or(|t| t.guid == session)
+    }
+}
+
+/// See the module docs.
+#[derive(Debug, Default)]
+pub struct HealthBook {
+    nodes: HashMap<NodeName, NodeBook>,
+}
+
+fn since(now: SystemTime, ms_ago: u64) -> SystemTime {
+    now.checked_sub(Duration::from_millis(ms_ago))
+        .unwrap_or(UNIX_EPOCH)
+}
+
+impl HealthBook {
+    /// `node` registered with `session`: only that session writes from now.
+    pub fn online(&mut self, node: &NodeName, session: u64) {
+        let book = self.nodes.entry(node.clone()).or_default();
+        book.session = Some(session);
+        book.pending = None;
+        book.capped = false;
+    }
+
+    /// `session` of `node` ended (if it is the current one).
+    pub fn offline(&mut self, node: &NodeName, session: u64) {
+        if let Some(book) = self.nodes.get_mut(node)
+            && book.session == Some(session)
+        {
+            book.session = None;
+            book.pending = None;
+        }
+    }
+
+    /// `Event::UnitHealth`: the change to fan out, if any.
+    pub fn unit(
+        &mut self,
+        node: &NodeName,
+        session: u64,
+        tag: ModTag,
+        unit: &UnitName,
+        health: &Health,
+        now: SystemTime,
+    ) -> Option<UnitChange> {
+        let book = self.nodes.get_mut(node)?;
+        if !book.writes(session, Some(&tag)) {
+            return None;
+        }
+        set(book, node, tag, unit, health, now)
+    }
+
+    /// One part of `Event::HealthSnapshot`: once the last part is in, the
+    /// unit changes to fan out and the node's health if it changed.
+    pub fn snapshot(
+        &mut self,
+        node: &NodeName,
+        session: u64,
+        tag: ModTag,
+        part: HealthSnapshot,
+        now: SystemTime,
+    ) -> (Vec<UnitChange>, Option<NodeEntry>) {
+        let mut changes = Vec::new();
+        let Some(book) = self.nodes.get_mut(node) else {
+            return (changes, None);
+        };
+        if !book.writes(session, Some(&tag)) {
+            return (changes, None);
+        }
+        let gathered = match &mut book.pending {
+            Some((t, units)) if *t == tag => units,
+            pending => &mut pending.insert((tag, Vec::new())).1,
+        };
+        let room = MAX_UNITS_PER_NODE.saturating_sub(gathered.len());
+        if part.units.len() > room && !book.capped {
+            book.capped = true;
+            tracing::warn!(
+                node = %node,
+                "node {node} reports health for more than {MAX_UNITS_PER_NODE} units; the rest is ignored"
+            );
+        }
+        gathered.extend(
+            part.units
+                .into_iter()
+                .take(room)
+                .map(|u| (u.unit, u.health)),
+        );
+        let Some(node_health) = part.node else {
+            return (changes, None);
+        };
+        let Some((_, listed)) = book.pending.take() else {
+            return (changes, None);
+        };
+        let listed: BTreeMap<UnitName, Health> = listed.into_iter().collect();
+        // Units of before that the snapshot lacks: their check went away.
+        let gone: Vec<UnitName> = book
+            .units
+            .iter()
+            .filter(|(u, e)| !listed.contains_key(*u) && tag.succeeds(&e.tag))
+            .map(|(u, _)| u.clone())
+            .collect();
+        for unit in gone {
+            let none = Health::default();
+            changes.extend(set(book, node, tag, &unit, &none, now));
+        }
+        for (unit, health) in &listed {
+            let newer = book.units.get(unit).is_none_or(|e| tag.succeeds(&e.tag));
+            if newer {
+                changes.extend(set(book, node, tag, unit, health, now));
+            }
+        }
+        let node_change = set_node(book, &node_health, now);
+        (changes, node_change)
+    }
+
+    /// `Event::NodeHealth`: the node's new health, if it changed.
+    pub fn node_health(
+        &mut self,
+        node: &NodeName,
+        session: u64,
+        health: &NodeHealth,
+        now: SystemTime,
+    ) -> Option<NodeEntry> {
+        let book = self.nodes.get_mut(node)?;
+        if !book.writes(session, None) {
+            return None;
+        }
+        set_node(book, health, now)
+    }
+
+    /// The health of `unit` on `node`.
+    pub fn get(&self, node: &NodeName, unit: &UnitName) -> Lookup<'_> {
+        match self.nodes.get(node) {
+            None => Lookup::UnknownNode,
+            Some(b) if b.session.is_none() => Lookup::Offline,
+            Some(b) => b.units.get(unit).map_or(Lookup::None, Lookup::Found),
+        }
+    }
+
+    /// The current entry of `unit` on an online `node`, if any.
+    pub fn current(&self, node: &NodeName, unit: &UnitName) -> Option<&Entry> {
+        match self.get(node, unit) {
+            Lookup::Found(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// Every unit with health on every online node, by (node, unit).
+    pub fn rows(&self) -> Vec<(&NodeName, &UnitName, &Entry)> {
+        let mut rows: Vec<_> = self
+            .nodes
+            .iter()
+            .filter(|(_, b)| b.session.is_some())
+            .flat_map(|(n, b)| b.units.iter().map(move |(u, e)| (n, u, e)))
+            .collect();
+        rows.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        rows
+    }
+
+    /// The health of an online node, once its agent said it.
+    pub fn node(&self, node: &NodeName) -> Option<&NodeEntry> {
+        self.nodes
+            .get(node)
+            .filter(|b| b.session.is_some())
+            .and_then(|b| b.node.as_ref())
+    }
+
+    /// Every online node that said its health, by name.
+    pub fn nodes(&self) -> Vec<(&NodeName, &NodeEntry)> {
+        let mut rows: Vec<_> = self
+            .nodes
+            .iter()
+            .filter(|(_, b)| b.session.is_some())
+            .filter_map(|(n, b)| b.node.as_ref().map(|e| (n, e)))
+            .collect();
+        rows.sort_by(|a, b| a.0.cmp(b.0));
+        rows
+    }
+
+    /// Units with health on `node` (any state), for tests and metrics.
+    pub fn unit_count(&self, node: &NodeName) -> usize {
+        self.nodes.get(node).map_or(0, |b| b.units.len())
+    }
+}
+
+/// Sets (or removes, for `none`) one unit's entry; the change, if any.
+fn set(
+    book: &mut NodeBook,
+    node: &NodeName,
+    tag: ModTag,
+    unit: &UnitName,
+    health: &Health,
+    now: SystemTime,
+) -> Option<UnitChange> {
+    if let Some(e) = book.units.get(unit)
+        && !tag.succeeds(&e.tag)
+    {
+        return None;
+    }
+    if health.state == HealthState::None {
+        return book.units.remove(unit).map(|_| UnitChange {
+            unit: unit.clone(),
+            tag,
+            entry: None,
+        });
+    }
+    let entry = Entry {
+        state: health.state,
+        reason: health.reason.clone(),
+        since: since(now, health.changed_ms_ago),
+        tag,
+    };
+    let full = book.units.len() >= MAX_UNITS_PER_NODE;
+    match book.units.get_mut(unit) {
+        Some(e) if e.state == entry.state && e.reason == entry.reason => {
+            e.tag = tag;
+            None
+        }
+        Some(e) => {
+            *e = entry.clone();
+            Some(UnitChange {
+                unit: unit.clone(),
+                tag,
+                entry: Some(entry),
+            })
+        }
+        None if full => {
+            if !book.capped {
+                book.capped = true;
+                tracing::warn!(
+                    node = %node,
+                    "node {node} reports health for more than {MAX_UNITS_PER_NODE} units; {unit} is ignored"
+                );
+            }
+            None
+        }
+        None => {
+            book.units.insert(unit.clone(), entry.clone());
+            Some(UnitChange {
+                unit: unit.clone(),
+                tag,
+                entry: Some(entry),
+            })
+        }
+    }
+}
+
+fn set_node(book: &mut NodeBook, health: &NodeHealth, now: SystemTime) -> Option<NodeEntry> {
+    let entry = NodeEntry {
+        state: health.health.state,
+        reason: health.health.reason.clone(),
+        since: since(now, health.health.changed_ms_ago),
+        system_state: health.system_state.clone(),
+        checks: health
+            .checks
+            .iter()
+            .map(|c| {
+                (
+                    c.name.clone(),
+                    c.health.state,
+                    c.health.reason.clone(),
+                    since(now, c.health.changed_ms_ago),
+                )
+            })
+            .collect(),
+    };
+    let same = book.node.as_ref().is_some_and(|old| {
+        old.state == entry.state
+            && old.reason == entry.reason
+            && old.system_state == entry.system_state
+            && old.checks.len() == entry.checks.len()
+            && old
+                .checks
+                .iter()
+                .zip(&entry.checks)
+                .all(|(a, b)| a.0 == b.0 && a.1 == b.1 && a.2 == b.2)
+    });
+    if same {
+        return None;
+    }
+    book.node = Some(entry.clone());
+    Some(entry)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use HealthState::{Healthy, Starting, Unhealthy};
+    use drover_protocol::health::{NodeCheck, UnitHealth};
+
+    fn n(s: &str) -> NodeName {
+        NodeName::new(s).unwrap()
+    }
+    fn u(s: &str) -> UnitName {
+        UnitName::new(s).unwrap()
+    }
+    fn h(state: HealthState, reason: &str) -> Health {
+        Health::new(state, reason, 0)
+    }
+    fn t(guid: u64, index: u64) -> ModTag {
+        ModTag::new(guid, index)
+    }
+    fn now() -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(1_000_000)
+    }
+    fn state_of(book: &HealthBook, node: &str, unit: &str) -> Option<HealthState> {
+        book.current(&n(node), &u(unit)).map(|e| e.state)
+    }
+
+    #[test]
+    fn only_changes_count_and_only_the_current_session_writes() {
+        let mut b = HealthBook::default();
+        let (a, db) = (n("a"), u("db.service"));
+        // Unknown node: nothing.
+        assert!(
+            b.unit(&a, 1, t(1, 1), &db, &h(Healthy, ""), now())
+                .is_none()
+        );
+        b.online(&a, 5);
+        let c = b
+            .unit(&a, 5, t(5, 1), &db, &h(Starting, ""), now())
+            .unwrap();
+        assert_eq!(c.entry.unwrap().state, Starting);
+        // The same verdict again: no change.
+        assert!(
+            b.unit(&a, 5, t(5, 2), &db, &h(Starting, ""), now())
+                .is_none()
+        );
+        // A foreign guid, an older session, an older tag: dropped.
+        assert!(
+            b.unit(&a, 5, t(4, 9), &db, &h(Healthy, ""), now())
+                .is_none()
+        );
+        assert!(
+            b.unit(&a, 4, t(4, 9), &db, &h(Healthy, ""), now())
+                .is_none()
+        );
+        assert!(
+            b.unit(&a, 5, t(5, 2), &db, &h(Healthy, ""), now())
+                .is_none()
+        );
+        assert_eq!(state_of(&b, "a", "db.service"), Some(Starting));
+        let c = b
+            .unit(
+                &a,
+                5,
+                t(5, 3),
+                &db,
+                &Health::new(Unhealthy, "refused", 1500),
+                now(),
+            )
+            .unwrap();
+        let e = c.entry.unwrap();
+        assert_eq!((e.state, e.reason.as_str()), (Unhealthy, "refused"));
+        assert_eq!(e.since, now() - Duration::from_millis(1500));
+        // A new reason is a change; `none` removes.
+        assert!(
+            b.unit(&a, 5, t(5, 4), &db, &h(Unhealthy, "timeout"), now())
+                .is_some()
+        );
+        let c = b
+            .unit(&a, 5, t(5, 5), &db, &h(HealthState::None, ""), now())
+            .unwrap();
+        assert_eq!(c.entry, None);
+        assert_eq!(b.get(&a, &db), Lookup::None);
+        assert!(
+            b.unit(&a, 5, t(5, 6), &db, &h(HealthState::None, ""), now())
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn offline_nodes_keep_entries_but_answer_offline() {
+        let mut b = HealthBook::default();
+        let (a, db) = (n("a"), u("db.service"));
+        assert_eq!(b.get(&a, &db), Lookup::UnknownNode);
+        b.online(&a, 1);
+        b.unit(&a, 1, t(1, 1), &db, &h(Healthy, ""), now());
+        assert_eq!(b.rows().len(), 1);
+        b.offline(&a, 0); // not the current session: nothing
+        assert!(matches!(b.get(&a, &db), Lookup::Found(_)));
+        b.offline(&a, 1);
+        assert_eq!(b.get(&a, &db), Lookup::Offline);
+        assert!(b.rows().is_empty());
+        assert_eq!(b.unit_count(&a), 1);
+        assert!(
+            b.unit(&a, 1, t(1, 2), &db, &h(Unhealthy, ""), now())
+                .is_none()
+        );
+    }
+
+    fn part(units: &[(&str, HealthState)], node: Option<NodeHealth>) -> HealthSnapshot {
+        HealthSnapshot {
+            units: units
+                .iter()
+                .map(|(name, s)| UnitHealth {
+                    unit: u(name),
+                    health: h(*s, ""),
+                })
+                .collect(),
+            node,
+        }
+    }
+
+    #[test]
+    fn a_snapshot_in_parts_replaces_what_the_last_session_said() {
+        let mut b = HealthBook::default();
+        let a = n("a");
+        b.online(&a, 1);
+        b.unit(&a, 1, t(1, 1), &u("old.service"), &h(Unhealthy, "x"), now());
+        b.unit(&a, 1, t(1, 2), &u("db.service"), &h(Healthy, ""), now());
+        b.offline(&a, 1);
+        b.online(&a, 2);
+        let (c, node) = b.snapshot(
+            &a,
+            2,
+            t(2, 1),
+            part(&[("db.service", Healthy)], None),
+            now(),
+        );
+        assert!(
+            c.is_empty() && node.is_none(),
+            "nothing until the last part"
+        );
+        // An event after the snapshot began speaks for web.service already.
+        b.unit(&a, 2, t(2, 2), &u("web.service"), &h(Starting, ""), now());
+        let nh = NodeHealth {
+            health: h(Healthy, ""),
+            system_state: "running".into(),
+            checks: vec![],
+        };
+        let (c, node) = b.snapshot(
+            &a,
+            2,
+            t(2, 1),
+            part(
+                &[("web.service", Healthy), ("new.service", Starting)],
+                Some(nh),
+            ),
+            now(),
+        );
+        let mut changed: Vec<(String, Option<HealthState>)> = c
+            .iter()
+            .map(|c| (c.unit.to_string(), c.entry.as_ref().map(|e| e.state)))
+            .collect();
+        changed.sort_by(|a, b| a.0.cmp(&b.0));
+        // db unchanged; old gone; web kept from the later event; new added.
+        assert_eq!(
+            changed,
+            [
+                ("new.service".to_owned(), Some(Starting)),
+                ("old.service".to_owned(), None)
+            ]
+        );
+        assert_eq!(state_of(&b, "a", "web.service"), Some(Starting));
+        assert_eq!(node.unwrap().system_state, "running");
+        assert_eq!(b.node(&a).unwrap().state, Healthy);
+    }
+
+    #[test]
+    fn node_health_changes_and_the_cap_holds() {
+        let mut b = HealthBook::default();
+        let a = n("a");
+        b.online(&a, 1);
+        let nh = |state, sys: &str, checks: Vec<NodeCheck>| NodeHealth {
+            health: h(state, ""),
+            system_state: sys.into(),
+            checks,
+        };
+        assert!(
+            b.node_health(&a, 1, &nh(Healthy, "running", vec![]), now())
+                .is_some()
+        );
+        assert!(
+            b.node_health(&a, 1, &nh(Healthy, "running", vec![]), now())
+                .is_none()
+        );
+        assert!(
+            b.node_health(&a, 2, &nh(Unhealthy, "degraded", vec![]), now())
+                .is_none()
+        );
+        let disk = NodeCheck {
+            name: "disk".into(),
+            health: h(Unhealthy, "97%"),
+        };
+        let e = b
+            .node_health(&a, 1, &nh(Unhealthy, "degraded", vec![disk]), now())
+            .unwrap();
+        assert_eq!(e.checks[0].0, "disk");
+        // More units than the cap: the extra ones are ignored.
+        for i in 0..MAX_UNITS_PER_NODE + 3 {
+            b.unit(
+                &a,
+                1,
+                t(1, i as u64 + 1),
+                &u(&format!("u{i}.service")),
+                &h(Healthy, ""),
+                now(),
+            );
+        }
+        assert_eq!(b.unit_count(&a), MAX_UNITS_PER_NODE);
+    }
+}
