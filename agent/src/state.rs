@@ -79,7 +79,7 @@ impl crate::health::driver::Host for Shared {
     }
 
     fn streaming(&self) -> bool {
-        self.units.streaming()
+        self.health.holding()
     }
 
     async fn send_tagged(

@@ -54,8 +54,8 @@ pub trait Host: Send + Sync + 'static {
     fn loaded_units(&self) -> Vec<UnitName>;
     /// A daemon-reload has not settled yet.
     fn reload_open(&self) -> bool;
-    /// The unit hub follows systemd's unit signals (health then hears every
-    /// unit's activity through [`on_unit_signal`]).
+    /// The unit stream follows every unit for health (health then hears
+    /// every unit's activity through [`on_unit_signal`]).
     fn streaming(&self) -> bool;
     /// Sends the events `build` makes with the next unit event tag, in order,
     /// on the open session (only if it is `epoch`, when given); the caller

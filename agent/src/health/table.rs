@@ -29,8 +29,9 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 
-/// How the unit hub starts following systemd's unit signals
-/// (`crate::fanout::follow_units`), handed in by the wiring.
+/// How the unit hub is made to follow every unit's signals for health (a
+/// hold of `*` on the unit stream, `crate::units::hub`), handed in by the
+/// wiring.
 pub type Follow = Box<dyn Fn() -> Following + Send + Sync>;
 
 /// The start of the unit hub's stream, under way.
@@ -205,6 +206,8 @@ pub struct HealthTable {
     stopped: tokio_util::sync::CancellationToken,
     /// Units to look at while the hub does not follow the units.
     pub lookups: super::lookups::Lookups,
+    /// The unit stream follows every unit for health (`Follow` succeeded).
+    holding: std::sync::atomic::AtomicBool,
 }
 
 /// Most units remembered as read (a unit beyond it is read at each start).
@@ -379,6 +382,17 @@ impl HealthTable {
             .unwrap_or_else(|p| p.into_inner())
             .remove(unit);
         self.forget(unit, now)
+    }
+
+    /// `Follow` succeeded: the unit stream follows every unit.
+    pub fn set_holding(&self) {
+        self.holding
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether the unit stream follows every unit for health.
+    pub fn holding(&self) -> bool {
+        self.holding.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// How the unit hub's stream starts (set once, by the driver).

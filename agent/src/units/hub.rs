@@ -150,6 +150,13 @@ impl UnitHub {
         self.following.hold(&unit, || self.watched()).await
     }
 
+    /// [`UnitHub::hold`], then waits until the reader applied that change
+    /// (the cache covers `unit` when this returns).
+    pub async fn hold_caught_up(&self, unit: Option<UnitName>) -> Result<(), RemoteError> {
+        let id = self.hold(unit).await?;
+        self.following.caught_up(id, SEND_PATIENCE).await
+    }
+
     /// Ends one [`UnitHub::hold`] of `unit`; the stream then follows what is
     /// left (a failure is logged, the next change tries again).
     pub async fn release(&self, unit: Option<UnitName>) {

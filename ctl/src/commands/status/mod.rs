@@ -365,7 +365,7 @@ mod tests {
         assert_eq!(fields[3].len(), 28);
         assert_eq!(fields[4], "HEALTH");
         assert!(lines[1].chars().all(|c| c == '='));
-        assert_eq!(lines[1].len(), 30 + 10 + 24 + 28 + "HEALTH".len() + 4 * 3);
+        assert_eq!(lines[1].len(), 30 + 10 + 24 + 28 + "healthy".len() + 4 * 3);
         let row: Vec<&str> = lines[2].split('|').map(str::trim).collect();
         assert_eq!(row, ["node-a", "online", "127.0.0.1", "now", "healthy"]);
         let row: Vec<&str> = lines[3].split('|').map(str::trim).collect();
