@@ -160,7 +160,7 @@ fn node_rows(lines: &[String]) -> Vec<(String, String)> {
         .iter()
         .filter_map(|l| {
             let f: Vec<&str> = l.split('|').map(str::trim).collect();
-            (f.len() == 4 && f[0] != "NODE").then(|| (f[0].to_string(), f[1].to_string()))
+            (f.len() == 5 && f[0] != "NODE").then(|| (f[0].to_string(), f[1].to_string()))
         })
         .collect()
 }

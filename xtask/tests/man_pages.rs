@@ -293,7 +293,15 @@ fn drover_conf_documents_exactly_the_keys_the_parser_knows() {
             set(drover_config::manager::NODE_KEYS),
         ),
         ("drover-agent".to_string(), set(drover_config::agent::KEYS)),
+        // Its keys are [X-Drover]'s (minus three), documented there once.
+        ("health NAME".to_string(), BTreeSet::new()),
+        (
+            "X-Drover".to_string(),
+            set(drover_config::health::UNIT_KEYS),
+        ),
     ];
+    let node_keys = set(drover_config::health::NODE_KEYS);
+    assert!(node_keys.is_subset(&set(drover_config::health::UNIT_KEYS)));
     let documented = documented_keys();
     for ((name, keys), (doc_name, doc_keys)) in expected.iter().zip(&documented) {
         assert_eq!(name, doc_name, "sections of drover.conf(5)");

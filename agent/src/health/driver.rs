@@ -31,6 +31,7 @@
 //! agent without one (tests on the in-memory systemd) has no health.
 
 use super::exec::RunFor;
+use super::lookups::{Next, QUIET};
 use super::machine::Outcome;
 use super::table::{Actions, Follow, HealthTable, Key, PushError, Start};
 use drover_config::health::{CheckSpec, OnFailure, Probe};
@@ -192,8 +193,21 @@ pub fn on_job_new<H: Host>(shared: &Arc<H>, unit: &str) {
     tokio::spawn(async move {
         loop {
             let Some(shared) = weak.upgrade() else { return };
-            let Some(unit) = shared.health().lookups.next() else {
-                return;
+            let unit = match shared.health().lookups.next() {
+                Next::Done => return,
+                Next::Rescan(quiet) if quiet < QUIET => {
+                    drop(shared);
+                    tokio::time::sleep(QUIET - quiet).await;
+                    continue;
+                }
+                // A burst, now quiet: the units that run now.
+                Next::Rescan(_) => {
+                    if !shared.streaming() {
+                        discover(&shared).await;
+                    }
+                    continue;
+                }
+                Next::Unit(unit) => unit,
             };
             if shared.streaming() {
                 shared.health().lookups.clear();

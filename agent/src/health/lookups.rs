@@ -3,19 +3,39 @@
 //! systemd queues names a unit that may declare a check
 //! (`super::driver::on_job_new`).
 //!
-//! One look at a time, from one worker, so a burst of jobs (a target that
-//! starts 20,000 units) costs one D-Bus call after the other instead of
-//! 20,000 tasks at once that would starve the agent's link. A unit is looked
-//! at once until the next daemon-reload ([`Lookups::forget_seen`]); the queue
-//! and the set of units seen are bounded by [`MAX_LOOKUPS`] (a unit beyond it
-//! is not queued: the next daemon-reload's rescan reads every running unit).
+//! One look at a time, from one worker, so jobs cost one D-Bus call after
+//! the other instead of a task each. A unit is looked at once until the next
+//! daemon-reload ([`Lookups::forget_seen`]); the set of units seen is bounded
+//! by [`MAX_LOOKUPS`]. A burst (more than [`BURST`] units waiting: a target
+//! that starts 20,000 units) is not looked at unit by unit, which would keep
+//! the busy systemd answering: the queue is dropped, and once no job came
+//! for [`QUIET`] the worker reads the units that run then
+//! ([`Next::Rescan`]) — a unit with a check started in the burst runs, and
+//! is found.
 
 use drover_protocol::UnitName;
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 /// Most units queued or remembered as seen.
 pub const MAX_LOOKUPS: usize = 65_536;
+/// Units waiting beyond which a burst is read as a whole, later.
+pub const BURST: usize = 64;
+/// How long without a job before a burst's rescan.
+pub const QUIET: Duration = Duration::from_secs(2);
+
+/// What the worker does next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Next {
+    /// Look at this unit.
+    Unit(UnitName),
+    /// A burst: read the running units once no job came for [`QUIET`];
+    /// the last job came this long ago.
+    Rescan(Duration),
+    /// Nothing left: the worker ends.
+    Done,
+}
 
 #[derive(Debug, Default)]
 struct Inner {
@@ -24,6 +44,8 @@ struct Inner {
     seen: HashSet<UnitName>,
     /// A worker takes from the queue.
     working: bool,
+    /// A burst is waiting for its rescan: the time of its last job.
+    burst: Option<Instant>,
 }
 
 /// See the module docs.
@@ -40,28 +62,55 @@ impl Lookups {
     /// Queues `unit` unless it was seen or is queued; true when the caller
     /// must start a worker (none is working).
     pub fn push(&self, unit: UnitName) -> bool {
+        self.push_at(unit, Instant::now())
+    }
+
+    fn push_at(&self, unit: UnitName, now: Instant) -> bool {
         let mut t = self.lock();
+        if t.burst.is_some() {
+            t.burst = Some(now);
+            return false;
+        }
         if t.seen.contains(&unit)
             || t.queued.contains(&unit)
             || t.seen.len() + t.queue.len() >= MAX_LOOKUPS
         {
             return false;
         }
-        t.queued.insert(unit.clone());
-        t.queue.push_back(unit);
+        if t.queue.len() >= BURST {
+            t.queue.clear();
+            t.queued.clear();
+            t.burst = Some(now);
+        } else {
+            t.queued.insert(unit.clone());
+            t.queue.push_back(unit);
+        }
         !std::mem::replace(&mut t.working, true)
     }
 
-    /// The next unit for the worker (now seen); `None` ends the worker.
-    pub fn next(&self) -> Option<UnitName> {
+    /// What the worker does next; a unit it gets is now seen. `Done` ends
+    /// the worker.
+    pub fn next(&self) -> Next {
+        self.next_at(Instant::now())
+    }
+
+    fn next_at(&self, now: Instant) -> Next {
         let mut t = self.lock();
+        if let Some(last) = t.burst {
+            let quiet = now.saturating_duration_since(last);
+            if quiet < QUIET {
+                return Next::Rescan(quiet);
+            }
+            t.burst = None;
+            return Next::Rescan(quiet);
+        }
         let Some(unit) = t.queue.pop_front() else {
             t.working = false;
-            return None;
+            return Next::Done;
         };
         t.queued.remove(&unit);
         t.seen.insert(unit.clone());
-        Some(unit)
+        Next::Unit(unit)
     }
 
     /// Empties the queue (the hub follows the units from now on).
@@ -69,6 +118,7 @@ impl Lookups {
         let mut t = self.lock();
         t.queue.clear();
         t.queued.clear();
+        t.burst = None;
     }
 
     /// A daemon-reload: unit files may have changed, every unit is looked at
@@ -92,23 +142,32 @@ mod tests {
         assert!(l.push(u("a.service")), "the first push starts a worker");
         assert!(!l.push(u("b.service")), "one worker at a time");
         assert!(!l.push(u("a.service")), "queued already");
-        assert_eq!(l.next(), Some(u("a.service")));
+        assert_eq!(l.next(), Next::Unit(u("a.service")));
         assert!(!l.push(u("a.service")), "seen");
-        assert_eq!(l.next(), Some(u("b.service")));
-        assert_eq!(l.next(), None);
+        assert_eq!(l.next(), Next::Unit(u("b.service")));
+        assert_eq!(l.next(), Next::Done);
         assert!(l.push(u("c.service")), "the worker ended: a new one");
         l.clear();
-        assert_eq!(l.next(), None);
+        assert_eq!(l.next(), Next::Done);
         l.forget_seen();
         assert!(l.push(u("a.service")));
     }
 
     #[test]
-    fn bounded() {
+    fn a_burst_is_read_once_it_is_quiet() {
         let l = Lookups::default();
-        for i in 0..MAX_LOOKUPS + 10 {
-            l.push(u(&format!("u{i}.service")));
+        let t0 = Instant::now();
+        for i in 0..BURST + 10 {
+            l.push_at(u(&format!("u{i}.service")), t0);
         }
-        assert_eq!(l.lock().queue.len(), MAX_LOOKUPS);
+        assert!(l.lock().queue.is_empty(), "the burst's queue is dropped");
+        let t1 = t0 + QUIET / 2;
+        assert!(!l.push_at(u("late.service"), t1));
+        assert_eq!(l.next_at(t1 + QUIET / 4), Next::Rescan(QUIET / 4));
+        assert_eq!(l.next_at(t1 + QUIET), Next::Rescan(QUIET));
+        // The rescan is taken: unit by unit again.
+        assert_eq!(l.next_at(t1 + QUIET), Next::Done);
+        assert!(l.push_at(u("after.service"), t1 + QUIET));
+        assert_eq!(l.next(), Next::Unit(u("after.service")));
     }
 }
