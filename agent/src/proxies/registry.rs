@@ -773,8 +773,8 @@ impl Proxies {
                         // `failed`, and its journal says why. (BlueChi's
                         // `bluechi-proxy@` ends `inactive`: its `RemoveProxy`
                         // succeeds.)
-                        let failure = (failed && key.template() == ProxyTemplate::Drover)
-                            .then_some(why);
+                        let failure =
+                            (failed && key.template() == ProxyTemplate::Drover).then_some(why);
                         self.stop_local(t, key.local, failure);
                     }
                 }

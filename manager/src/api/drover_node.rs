@@ -67,8 +67,8 @@ impl DroverNodeObject {
         &self,
     ) -> Result<(String, String, u64, String, Vec<NodeCheckRow>), ApiError> {
         let Some(entry) = self.subscriptions.node_health(&self.name) else {
-            // Online but not said yet (an agent of before protocol 7 never
-            // says): unknown is reported as `starting`, never as healthy.
+            // Online but its agent has not said yet: unknown is reported as
+            // `starting`, never as healthy.
             return if self.subscriptions.is_online(&self.name) {
                 Ok((
                     HealthState::Starting.as_str().to_owned(),
