@@ -1345,3 +1345,82 @@ async fn a_bluechi_proxy_whose_target_never_ran_fails_with_the_reason() {
         );
     }
 }
+
+fn health(state: HealthState, reason: &str) -> TargetChange {
+    TargetChange::Health(Health::new(state, reason, 0))
+}
+
+/// A target with a check: its active completes nothing until the check
+/// passes, and the requester is told the health before the state, in the
+/// order its own view needs to reach the same verdict.
+#[tokio::test(start_paused = true)]
+async fn a_proxy_to_a_checked_target_completes_only_once_it_is_healthy() {
+    let mut r = setup();
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 1, now());
+    let cmds = r.dep_commands();
+    let starting = health(HealthState::Starting, "");
+    r.target_event(&n("b"), &u("db.service"), &starting);
+    r.target_event(&n("b"), &u("db.service"), &state("active", Reason::Real));
+    let out = r.dep_result(&cmds[0], DepOutcome::Done);
+    let told: Vec<_> = notices(&out).into_iter().map(|(_, n)| n).collect();
+    assert_eq!(told.first(), Some(&target_notice(1, starting)));
+    assert_eq!(
+        told.last(),
+        Some(&target_notice(1, state("active", Reason::Virtual)))
+    );
+    assert_eq!(row_states(&r)[0].2, "waiting", "active but not yet healthy");
+    // Unhealthy keeps it waiting (the proxy's timeout ends it, not this).
+    let sick = health(HealthState::Unhealthy, "connection refused");
+    let out = r.target_event(&n("b"), &u("db.service"), &sick);
+    assert_eq!(notices(&out), [("a".to_string(), target_notice(1, sick))]);
+    assert_eq!(row_states(&r)[0].2, "waiting");
+    let well = health(HealthState::Healthy, "");
+    r.target_event(&n("b"), &u("db.service"), &well);
+    assert_eq!(row_states(&r)[0].2, "active");
+    // Turning unhealthy later ends nothing (the requester's unit decides).
+    r.target_event(
+        &n("b"),
+        &u("db.service"),
+        &health(HealthState::Unhealthy, "x"),
+    );
+    assert_eq!(row_states(&r)[0].2, "active");
+}
+
+/// A `bluechi-proxy@` reference whose checked target ran during its start
+/// but never turned healthy, then failed: it is told the health first, so
+/// the `active` completes nothing on either side and the failure fails it
+/// (health is drover's; a proxy waits for it whatever its family).
+#[tokio::test(start_paused = true)]
+async fn a_bluechi_proxy_whose_checked_target_ran_unhealthy_then_failed_fails() {
+    let mut r = setup();
+    r.proxy_new_of(
+        ProxyTemplate::Bluechi,
+        &n("a"),
+        S_A,
+        &n("b"),
+        &u("db.service"),
+        1,
+        now(),
+    );
+    let cmds = r.dep_commands();
+    let starting = health(HealthState::Starting, "");
+    let up = state("active", Reason::Real);
+    let down = state("failed", Reason::Real);
+    for change in [starting.clone(), up.clone(), down.clone()] {
+        let out = r.target_event(&n("b"), &u("db.service"), &change);
+        assert!(notices(&out).is_empty(), "held back: {out:?}");
+    }
+    let out = r.dep_result(&cmds[0], DepOutcome::Done);
+    assert_eq!(
+        notices(&out),
+        [
+            ("a".to_string(), target_notice(1, starting)),
+            ("a".to_string(), target_notice(1, up)),
+            ("a".to_string(), target_notice(1, down)),
+        ]
+    );
+    assert_eq!(
+        row_states(&r).iter().map(|row| row.2).collect::<Vec<_>>(),
+        ["failed"]
+    );
+}
