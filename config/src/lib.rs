@@ -13,6 +13,8 @@
 //!   the logging keys.
 //! * [`metrics`] — the Prometheus endpoint's keys (`MetricsListenAddress`,
 //!   `MetricsPerNode`).
+//! * [`ha`] — leader election on etcd (`EtcdEndpoints`, `EtcdKeyPrefix`,
+//!   `EtcdLeaseTTL`).
 //! * [`logging`] — `LogLevel`/`LogTarget` and the tracing setup they select.
 //! * [`notify`] — what both daemons tell their service manager (`READY=1`,
 //!   `STATUS=`, `RELOADING=1`, `WATCHDOG=1`, `STOPPING=1`).
@@ -34,6 +36,7 @@
 
 pub mod agent;
 pub mod error;
+pub mod ha;
 pub mod health;
 pub mod host;
 pub mod ini;

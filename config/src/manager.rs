@@ -47,6 +47,7 @@
 //!   listener and must not pretend to enforce a security setting;
 //! * millisecond values are capped at one day so timer arithmetic can never overflow.
 
+use crate::ha::{self, HaSettings};
 use crate::ini::Document;
 use crate::layers::{Layered, LoadReport, apply_sources};
 use crate::metrics::{self, MetricsSettings};
@@ -75,7 +76,7 @@ pub const BLUECHI_SECTION: &str = sections::MANAGER_BLUECHI;
 pub const MAX_MS: u64 = 86_400_000;
 
 /// The keys of `[drover-manager]` only the manager reads (besides the
-/// metrics keys, [`crate::metrics`]).
+/// metrics keys, [`crate::metrics`], and the HA keys, [`crate::ha`]).
 const OWN_KEYS: &[&str] = &[
     "ControllerPort",
     "ListenAddress",
@@ -93,8 +94,8 @@ const OWN_KEYS: &[&str] = &[
 /// ([`shared::KEYS`]). drover.conf(5) documents each; a test keeps the list
 /// equal to the keys the loader matches.
 pub const KEYS: &[&str] = &shared::key_list::<
-    { OWN_KEYS.len() + metrics::KEYS.len() + shared::KEYS.len() },
->(&[OWN_KEYS, metrics::KEYS, shared::KEYS]);
+    { OWN_KEYS.len() + metrics::KEYS.len() + ha::KEYS.len() + shared::KEYS.len() },
+>(&[OWN_KEYS, metrics::KEYS, ha::KEYS, shared::KEYS]);
 /// Every key of `[node NAME]`.
 pub const NODE_KEYS: &[&str] = &["Allowed", "AllowDependenciesOn", "RequiredSelinuxContext"];
 
@@ -146,6 +147,9 @@ pub struct ManagerConfig {
     pub logging: LoggingConfig,
     /// `MetricsListenAddress`, `MetricsPerNode`: the Prometheus endpoint.
     pub metrics: MetricsSettings,
+    /// `EtcdEndpoints`, `EtcdKeyPrefix`, `EtcdLeaseTTL`: leader election on
+    /// etcd ([`crate::ha`]); off without endpoints.
+    pub ha: HaSettings,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -175,6 +179,7 @@ impl Default for ManagerConfig {
             allow_plaintext: false,
             logging: LoggingConfig::default(),
             metrics: MetricsSettings::default(),
+            ha: HaSettings::default(),
         }
     }
 }
@@ -345,6 +350,9 @@ impl Builder {
             return Ok(());
         }
         if metrics::apply(at, &mut cfg.metrics)? {
+            return Ok(());
+        }
+        if ha::apply(at, &mut cfg.ha)? {
             return Ok(());
         }
         let c = &mut self.cfg;
@@ -930,6 +938,15 @@ mod tests {
                 "comments must be on their own line",
             ),
             ("MetricsPerNode", "sometimes", "not a boolean"),
+            ("EtcdEndpoints", "127.0.0.1:2379", "not http://HOST:PORT"),
+            ("EtcdEndpoints", "https://e:2379", "not supported yet"),
+            ("EtcdEndpoints", "http://e:0", "port must be"),
+            ("EtcdKeyPrefix", "drover", "must start with '/'"),
+            ("EtcdKeyPrefix", "/drover/", "must not end with '/'"),
+            ("EtcdLeaseTTL", "1", "out of range"),
+            ("EtcdLeaseTTL", "3601", "out of range"),
+            ("EtcdLeaseTTL", "5s", "not a number"),
+            ("EtcdLeaseTTL", "", "not a number"),
         ];
         for (key, value, want) in cases {
             let text = format!("# comment\n[drover-manager]\nUseTCP=true\n{key}={value}\n");
@@ -937,6 +954,28 @@ mod tests {
             let msg = value_err(err, 4, key);
             assert!(msg.contains(want), "{key}={value}: {msg}");
         }
+    }
+
+    #[test]
+    fn ha_keys() {
+        // Off by default: nothing of etcd is touched.
+        let c = ManagerConfig::parse_str("[drover-manager]\n").unwrap();
+        assert!(!c.ha.enabled());
+        let c = ManagerConfig::parse_str(
+            "[drover-manager]\nEtcdEndpoints=http://127.0.0.1:2379,http://[::1]:2379\n\
+             EtcdKeyPrefix=/fleet-a\nEtcdLeaseTTL=2\n",
+        )
+        .unwrap();
+        assert!(c.ha.enabled());
+        assert_eq!(c.ha.endpoints.len(), 2);
+        assert_eq!(c.ha.leader_key(), "/fleet-a/leader");
+        assert_eq!(c.ha.lease_ttl_s, 2);
+        // An empty value switches HA off again (a drop-in over a main file).
+        let c = ManagerConfig::parse_str(
+            "[drover-manager]\nEtcdEndpoints=http://127.0.0.1:2379\nEtcdEndpoints=\n",
+        )
+        .unwrap();
+        assert!(!c.ha.enabled());
     }
 
     #[test]

@@ -122,8 +122,18 @@ fn the_lists_hold_every_key_the_loaders_match() {
             .map(|s| s.to_string())
             .collect()
     );
+    // The HA keys are matched in ha.rs.
+    let ha = match_arm_keys(include_str!("../src/ha.rs"));
+    assert_eq!(
+        ha,
+        drover_config::ha::KEYS
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    );
     let mut manager = match_arm_keys(include_str!("../src/manager.rs"));
     manager.extend(metrics.iter().cloned());
+    manager.extend(ha.iter().cloned());
     manager.extend(logging.iter().cloned());
     manager.extend(tls.iter().cloned());
     manager.extend(link.iter().cloned());

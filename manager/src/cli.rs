@@ -267,6 +267,21 @@ fn check(cli: &Cli) -> anyhow::Result<Vec<String>> {
         ),
         None => "metrics: off (MetricsListenAddress unset)".to_string(),
     });
+    let ha = &config.ha;
+    lines.push(if ha.enabled() {
+        format!(
+            "high availability: campaigns for {} on etcd {}, lease {} s",
+            ha.leader_key(),
+            ha.endpoints
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            ha.lease_ttl_s
+        )
+    } else {
+        "high availability: off (EtcdEndpoints unset): this manager leads alone".to_string()
+    });
     lines.push("the configuration is valid".to_string());
     Ok(lines)
 }

@@ -90,6 +90,7 @@ impl JobRunner {
         kind: JobKind,
         make: impl FnOnce(u32) -> Request,
     ) -> Result<OwnedObjectPath, ApiError> {
+        self.nodes.serving()?;
         if let Some(refusal) = self.nodes.phase().refuses_jobs() {
             return Err(ApiError::failed(refusal));
         }

@@ -91,6 +91,7 @@ pub mod cli;
 pub mod error;
 pub mod escape;
 pub mod fanout;
+pub mod ha;
 pub mod heap;
 pub mod job_runner;
 pub mod jobs;

@@ -26,6 +26,7 @@
 //! the same parts in that order; ended: its jobs end; and every event of its
 //! agent goes to the part it concerns.
 
+use crate::ha::fence::Fence;
 use crate::heap::Churn;
 use crate::job_runner::JobRunner;
 use crate::logs::LogControl;
@@ -115,7 +116,13 @@ impl Parts {
         let config = Arc::new(config);
         let mut registry = Registry::new(&config.allowed_nodes);
         registry.set_policy(AdmitPolicy::from_config(&config));
-        let nodes = Nodes::new(registry);
+        // With etcd keys a manager stands by until its election makes it
+        // lead; without them it leads from the start, as it always has.
+        let nodes = if config.ha.enabled() {
+            Nodes::with_fence(registry, Arc::new(Fence::new()))
+        } else {
+            Nodes::new(registry)
+        };
         let outbound = Port::new();
         let metrics = Arc::new(Metrics::default());
         let subscriptions = Subscriptions::new(timeouts.request);

@@ -8,9 +8,15 @@
 //! reverse: stop accepting, enter the `Stopping` phase, end every job with
 //! `JobRemoved` (while the bus connection is still open), close the
 //! sessions, announce the end state, release the name.
+//!
+//! With etcd keys (high availability, [`crate::ha`]) the manager starts as a
+//! standby and its election runs beside the listener; [`ManagerSeat`] is
+//! what leading and standing by do here. A stop resigns first.
 
 use crate::api;
 use crate::api::handles::Handles;
+use crate::ha::election::{Election, Seat};
+use crate::ha::etcd::Etcd;
 use crate::job_runner::JobRunner;
 use crate::logs::LogControl;
 use crate::metrics::exposition::{Exposition, Live};
@@ -22,8 +28,9 @@ use crate::reload::Reloader;
 use crate::root::{Parts, Timeouts};
 use crate::units::monitor::Monitors;
 use drover_bus::Bus;
-use drover_bus::bluechi::BUS_NAME;
+use drover_bus::bluechi::{BUS_NAME, CONTROLLER_PATH, DROVER_CONTROLLER_IFACE};
 use drover_config::ManagerConfig;
+use futures::future::BoxFuture;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::task::JoinHandle;
@@ -68,6 +75,9 @@ pub struct Manager {
     tasks: Vec<JoinHandle<()>>,
     local_addr: SocketAddr,
     metrics_addr: Option<SocketAddr>,
+    /// The election (HA only); ended and awaited first at shutdown, so
+    /// the leader resigns before anything else stops.
+    election: Option<JoinHandle<()>>,
 }
 
 async fn connect(bus: &Bus) -> Result<Connection, StartError> {
@@ -150,6 +160,12 @@ impl Manager {
                 stop.clone(),
             )));
         }
+        let election = parts
+            .config
+            .ha
+            .enabled()
+            .then(|| start_election(&parts, &conn, local_addr, stop.clone()))
+            .flatten();
         tracing::info!(
             "serving {BUS_NAME} with {} allowed node(s); agents connect to {local_addr}{}",
             parts.lifecycle.nodes().registry().total(),
@@ -167,6 +183,7 @@ impl Manager {
             tasks,
             local_addr,
             metrics_addr,
+            election,
         })
     }
 
@@ -226,6 +243,13 @@ impl Manager {
     /// Orderly stop (SIGTERM): see the module docs for the order.
     pub async fn shutdown(mut self) {
         self.stop.cancel();
+        // A leader resigns first (its election revokes the lease within a
+        // call's deadline), so a standby takes over without waiting a TTL.
+        if let Some(election) = self.election.take()
+            && tokio::time::timeout(RESIGN_WAIT, election).await.is_err()
+        {
+            tracing::warn!("the election did not end within {RESIGN_WAIT:?}");
+        }
         // Ends every job and every session. Jobs get `JobRemoved` with
         // `cancelled due to shutdown` before the bus connection closes; each
         // node's `Status` goes `offline`; `Controller.Status` is announced
@@ -275,9 +299,123 @@ async fn metrics_listener(
     Ok((bound, listener, exposition))
 }
 
+/// How long a stopping manager waits for its election to resign.
+const RESIGN_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Starts the election of an HA manager (`None` when the etcd settings
+/// name nothing to dial, which the config check already refuses).
+fn start_election(
+    parts: &Parts,
+    conn: &Connection,
+    local_addr: SocketAddr,
+    stop: CancellationToken,
+) -> Option<JoinHandle<()>> {
+    let fence = parts.lifecycle.nodes().fence()?.clone();
+    let ha = &parts.config.ha;
+    let seat = Arc::new(ManagerSeat {
+        lifecycle: parts.lifecycle.clone(),
+        conn: conn.clone(),
+    });
+    let election = Election {
+        etcd: Etcd::new(ha.endpoints.clone()),
+        key: ha.leader_key().into_bytes(),
+        me: format!("{}:{}", host_name(), local_addr.port()),
+        ttl_s: ha.lease_ttl_s,
+        fence,
+        seat,
+    };
+    tracing::info!(
+        "campaigning for {} on etcd ({}), lease {} s",
+        ha.leader_key(),
+        ha.endpoints
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
+        ha.lease_ttl_s
+    );
+    Some(tokio::spawn(election.run(stop)))
+}
+
+/// This host's name as the kernel has it (what standbys name as the
+/// leader, with the agent port).
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+/// What leading means for this manager (see [`Seat`]).
+struct ManagerSeat {
+    lifecycle: Arc<Lifecycle>,
+    conn: Connection,
+}
+
+impl ManagerSeat {
+    /// `PropertiesChanged` of `Leading` and `Epoch`.
+    async fn announce(&self) {
+        let nodes = self.lifecycle.nodes();
+        let leading = nodes.phase() == Phase::Leading;
+        let epoch = nodes.fence().map_or(0, |f| f.epoch());
+        let Ok(emitter) = zbus::object_server::SignalEmitter::new(&self.conn, CONTROLLER_PATH)
+        else {
+            return;
+        };
+        let Ok(iface) = zbus::names::InterfaceName::try_from(DROVER_CONTROLLER_IFACE) else {
+            return;
+        };
+        let changed = std::collections::HashMap::from([
+            ("Leading", zbus::Variant::from(leading)),
+            ("Epoch", zbus::Variant::from(epoch)),
+        ]);
+        if let Err(e) = zbus::fdo::Properties::properties_changed(
+            &emitter,
+            iface,
+            changed,
+            std::borrow::Cow::Borrowed(&[]),
+        )
+        .await
+        {
+            tracing::debug!("cannot announce the leadership: {e}");
+        }
+    }
+}
+
+impl Seat for ManagerSeat {
+    fn lead(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            self.lifecycle.enter(Phase::Leading);
+            self.lifecycle.announce_controller().await;
+            self.announce().await;
+        })
+    }
+
+    fn stand_by<'a>(&'a self, why: &'a str) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            self.lifecycle.enter(Phase::Standby);
+            self.announce().await;
+            // Agents reconnect and find the leader; their units keep running.
+            let sessions = self
+                .lifecycle
+                .end_all_sessions(&format!("this manager no longer leads: {why}"))
+                .await;
+            let closing = sessions
+                .iter()
+                .map(|s| tokio::time::timeout(CLOSE_DEADLINE, s.closed()));
+            futures::future::join_all(closing).await;
+            self.lifecycle.announce_controller().await;
+        })
+    }
+}
+
 impl Drop for Manager {
     fn drop(&mut self) {
         self.stop.cancel();
+        if let Some(election) = &self.election {
+            election.abort();
+        }
         for task in &self.tasks {
             task.abort();
         }

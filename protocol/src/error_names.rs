@@ -54,6 +54,12 @@ pub const OFFLINE: &str = "org.eclipse.bluechi.Offline";
 /// A proxy cannot be served: its target is not active and cannot become so.
 pub const ACTIVATION_FAILED: &str = "org.eclipse.bluechi.ActivationFailed";
 
+// ---- drover's --------------------------------------------------------------
+
+/// This manager stands by while another leads (high availability); the
+/// message names the leader.
+pub const NOT_LEADER: &str = "io.drover.NotLeader";
+
 #[cfg(test)]
 mod tests {
     use super::*;

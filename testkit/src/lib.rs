@@ -36,6 +36,7 @@
 //! * [`monitor`]: a monitor followed over D-Bus, with every event ([`monitor::Ev`]) it got;
 //! * [`forge`]: [`forge::Forger`], an unprivileged local user sending signals to one
 //!   connection (the attacks of the signal tests);
+//! * [`etcd`]: [`etcd::Etcd`], a real single-member etcd on loopback ports (HA tests);
 //! * [`http`]: a plain HTTP client for the metrics endpoint and Prometheus's API;
 //! * [`ctl`]: `droverctl` runs and followed runs (`monitor`, `status -w`) read line by line;
 //! * [`agent`]: [`FakeAgent`], a scripted agent that speaks drover's wire protocol to a
@@ -55,6 +56,7 @@ pub mod agent;
 pub mod api;
 pub mod cluster;
 pub mod ctl;
+pub mod etcd;
 pub mod forge;
 pub mod http;
 pub mod manager;

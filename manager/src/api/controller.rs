@@ -83,12 +83,14 @@ impl ControllerObject {
         list: &fanout::FleetList,
         rows: fn(Response) -> Result<Vec<T>, ApiError>,
     ) -> Result<BTreeMap<String, Vec<T>>, ApiError> {
+        self.nodes.serving()?;
         let sessions = self.nodes.sessions();
         fanout::gather(sessions, list, rows, self.fanout, self.fleet_answer).await
     }
 
     /// `EnableMetrics` (`on`) / `DisableMetrics`.
     async fn switch_metrics(&self, on: bool) -> Result<(), ApiError> {
+        self.nodes.serving()?;
         self.metrics
             .switch(on, self.outbound.get(), || self.nodes.sessions())
             .await
@@ -99,8 +101,10 @@ impl ControllerObject {
 impl ControllerObject {
     /// Every configured node in config order: name, object path, status, peer IP.
     #[zbus(out_args("nodes"))]
-    async fn list_nodes(&self) -> Vec<NodeRow> {
-        self.nodes
+    async fn list_nodes(&self) -> Result<Vec<NodeRow>, ApiError> {
+        self.nodes.serving()?;
+        Ok(self
+            .nodes
             .registry()
             .nodes()
             .iter()
@@ -110,11 +114,12 @@ impl ControllerObject {
                 status: n.status(),
                 session: n.session.clone(),
             })
-            .collect()
+            .collect())
     }
 
     #[zbus(out_args("path"))]
     async fn get_node(&self, name: String) -> Result<OwnedObjectPath, ApiError> {
+        self.nodes.serving()?;
         self.nodes
             .registry()
             .get(&name)
@@ -148,6 +153,7 @@ impl ControllerObject {
         #[zbus(header)] header: Header<'_>,
         #[zbus(connection)] conn: &Connection,
     ) -> Result<OwnedObjectPath, ApiError> {
+        self.nodes.serving()?;
         let Some(owner) = header.sender() else {
             return Err(ApiError::failed("the call carries no sender"));
         };

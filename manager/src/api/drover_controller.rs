@@ -13,6 +13,7 @@
 
 use crate::api::handles::Handles;
 use crate::error::ApiError;
+use crate::nodes::lifecycle::{Nodes, Phase};
 use crate::proxies::driver::Proxies;
 use crate::reload::{ReloadError, Reloader, reload_from_source};
 use crate::units::health::{HealthRow, NodeHealthRow};
@@ -28,6 +29,7 @@ pub struct DroverControllerObject {
     proxies: Proxies,
     reloader: Arc<Reloader>,
     subscriptions: Arc<Subscriptions>,
+    nodes: Arc<Nodes>,
 }
 
 impl DroverControllerObject {
@@ -36,6 +38,7 @@ impl DroverControllerObject {
             proxies: handles.proxies.clone(),
             reloader: handles.reloader.clone(),
             subscriptions: handles.subscriptions.clone(),
+            nodes: handles.nodes.clone(),
         }
     }
 }
@@ -81,6 +84,22 @@ impl DroverControllerObject {
                 Err(ApiError::failed(e.to_string()))
             }
         }
+    }
+
+    /// Whether this manager leads: always true for a manager alone; with
+    /// high availability, while its etcd lease is proven (docs/ha.md).
+    /// Read on the clock, so a manager paused past its lease says false at
+    /// once.
+    #[zbus(property)]
+    fn leading(&self) -> bool {
+        self.nodes.phase() == Phase::Leading
+    }
+
+    /// The leadership epoch this manager last won or saw (the etcd leader
+    /// key's creation revision); 0 for a manager alone.
+    #[zbus(property)]
+    fn epoch(&self) -> u64 {
+        self.nodes.fence().map_or(0, |f| f.epoch())
     }
 }
 

@@ -171,6 +171,27 @@ impl Collector for Live {
             "Open monitors (Controller.CreateMonitor)",
             clamp(self.monitors.len()),
         )?;
+        if let Some(fence) = self.lifecycle.nodes().fence() {
+            gauge(
+                &mut encoder,
+                "drover_leader",
+                "1 while this manager leads its HA group (etcd), else 0",
+                i64::from(fence.leading()),
+            )?;
+            gauge(
+                &mut encoder,
+                "drover_leader_epoch",
+                "The leadership epoch this manager last won or saw",
+                i64::try_from(fence.epoch()).unwrap_or(i64::MAX),
+            )?;
+            let c = ConstCounter::new(fence.transitions());
+            c.encode(encoder.encode_descriptor(
+                "drover_leader_transitions",
+                "Times this manager started or stopped leading",
+                None,
+                c.metric_type(),
+            )?)?;
+        }
         let mut info = encoder.encode_descriptor(
             "drover_build_info",
             "The running manager's version and commit (value 1)",

@@ -46,6 +46,7 @@
 //! none of them.
 
 use crate::error::ApiError;
+use crate::ha::fence::Fence;
 use crate::heap::{Churn, TrimState};
 use crate::nodes::frames::MarkSocket;
 use crate::nodes::gate::{LogLimiter, Ticket};
@@ -55,6 +56,7 @@ use crate::notify::NodeCounts;
 use crate::outbound::Port;
 use drover_bus::bluechi::{CONTROLLER_IFACE, CONTROLLER_PATH, NODE_IFACE};
 use drover_bus::timestamp;
+use drover_protocol::error_names::NOT_LEADER;
 use drover_protocol::handshake::Accepted;
 use drover_protocol::link::manager_read_hello;
 use drover_protocol::{Event, NodeName, RefuseReason};
@@ -75,12 +77,18 @@ pub enum Phase {
     /// Shutting down: refuses agents and jobs, ends every session, announces
     /// `Controller.Status` once, at the end.
     Stopping = 1,
+    /// Another manager leads (high availability, `crate::ha`): refuses
+    /// agents, jobs and BlueChi's calls (naming the leader), watches no
+    /// session. Also what `Leading` reads as once the fence's deadline has
+    /// passed ([`Nodes::phase`]).
+    Standby = 2,
 }
 
 impl Phase {
     fn from_u8(v: u8) -> Self {
         match v {
             0 => Phase::Leading,
+            2 => Phase::Standby,
             _ => Phase::Stopping,
         }
     }
@@ -90,6 +98,12 @@ impl Phase {
         match self {
             Phase::Leading => None,
             Phase::Stopping => Some((RefuseReason::ShuttingDown, "the manager is shutting down")),
+            // Transient for the agent: it retries, and finds the leader
+            // once it dials it.
+            Phase::Standby => Some((
+                RefuseReason::ShuttingDown,
+                "this manager stands by while another leads",
+            )),
         }
     }
 
@@ -98,6 +112,7 @@ impl Phase {
         match self {
             Phase::Leading => None,
             Phase::Stopping => Some("Request not allowed: node is in shutdown state"),
+            Phase::Standby => Some("this drover manager stands by while another leads"),
         }
     }
 
@@ -118,14 +133,46 @@ impl Phase {
 pub struct Nodes {
     registry: Mutex<Registry>,
     phase: AtomicU8,
+    /// With high availability: whether this manager may lead now.
+    fence: Option<Arc<Fence>>,
 }
 
 impl Nodes {
+    /// A manager alone: it leads from the start.
     pub fn new(registry: Registry) -> Arc<Self> {
         Arc::new(Self {
             registry: Mutex::new(registry),
             phase: AtomicU8::new(Phase::Leading as u8),
+            fence: None,
         })
+    }
+
+    /// A manager of an HA group: it stands by until its election makes it
+    /// lead, and leads only while `fence` says so.
+    pub fn with_fence(registry: Registry, fence: Arc<Fence>) -> Arc<Self> {
+        Arc::new(Self {
+            registry: Mutex::new(registry),
+            phase: AtomicU8::new(Phase::Standby as u8),
+            fence: Some(fence),
+        })
+    }
+
+    /// The fence of an HA manager (`None` for a manager alone).
+    pub fn fence(&self) -> Option<&Arc<Fence>> {
+        self.fence.as_ref()
+    }
+
+    /// `Ok` while this manager serves BlueChi's API; on a standby the
+    /// error names the leader.
+    pub fn serving(&self) -> Result<(), ApiError> {
+        match (self.phase(), &self.fence) {
+            (Phase::Standby, Some(fence)) => Err(ApiError::new(NOT_LEADER, fence.refusal())),
+            (Phase::Standby, None) => Err(ApiError::new(
+                NOT_LEADER,
+                "this drover manager stands by while another leads",
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// The node table (never held across an await).
@@ -134,12 +181,20 @@ impl Nodes {
         self.registry.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The phase, with the fence's clock read: a leader whose lease
+    /// deadline has passed is a standby from that instant, whatever its
+    /// election task has done yet.
     pub fn phase(&self) -> Phase {
-        Phase::from_u8(self.phase.load(Ordering::SeqCst))
+        let phase = Phase::from_u8(self.phase.load(Ordering::SeqCst));
+        match &self.fence {
+            Some(fence) if phase == Phase::Leading && !fence.leading() => Phase::Standby,
+            _ => phase,
+        }
     }
 
     /// The session of `node`, or `Offline`.
     pub fn session_of(&self, node: &NodeName) -> Result<Arc<Session>, ApiError> {
+        self.serving()?;
         self.registry()
             .session(node.as_str())
             .ok_or_else(ApiError::offline)
@@ -693,8 +748,11 @@ impl Lifecycle {
         let mut trim = TrimState::default();
         loop {
             timer.tick().await;
-            if !self.nodes.phase().watches_sessions() {
-                return;
+            match self.nodes.phase() {
+                Phase::Stopping => return,
+                // A standby has no sessions to watch; it may lead later.
+                phase if !phase.watches_sessions() => continue,
+                _ => {}
             }
             let send = every > 0 && ticks.is_multiple_of(every);
             ticks = ticks.wrapping_add(1);
@@ -835,5 +893,35 @@ mod tests {
         );
         assert!(phase.refuses_jobs().is_some());
         assert!(!phase.announces_controller() && !phase.watches_sessions());
+    }
+
+    /// The fencing rule in one place: a leader whose lease deadline has
+    /// passed is a standby at that instant, before its election task has
+    /// done anything (a process resumed after SIGSTOP).
+    #[tokio::test(start_paused = true)]
+    async fn a_leader_past_its_deadline_is_a_standby_at_once() {
+        use std::time::Duration;
+        use tokio::time::Instant;
+        let fence = Arc::new(Fence::new());
+        let nodes = Nodes::with_fence(Registry::new(&[]), fence.clone());
+        assert_eq!(nodes.phase(), Phase::Standby, "HA starts standing by");
+        assert_eq!(
+            nodes.serving().map_err(|e| e.name().to_string()),
+            Err(NOT_LEADER.to_string())
+        );
+        fence.lead(5, Instant::now() + Duration::from_secs(2), "a:842");
+        nodes.phase.store(Phase::Leading as u8, Ordering::SeqCst);
+        assert_eq!(nodes.phase(), Phase::Leading);
+        assert!(nodes.serving().is_ok());
+        tokio::time::advance(Duration::from_secs(2)).await;
+        // Nothing stored Standby: the clock alone says so.
+        assert_eq!(nodes.phase(), Phase::Standby);
+        assert!(nodes.phase().refuses_jobs().is_some());
+        assert!(nodes.phase().refuses_nodes().is_some());
+        assert!(nodes.serving().is_err());
+        // A manager alone never reads a fence.
+        let alone = Nodes::new(Registry::new(&[]));
+        assert_eq!(alone.phase(), Phase::Leading);
+        assert!(alone.serving().is_ok());
     }
 }

@@ -1,0 +1,259 @@
+//! The election: every manager of an HA group runs [`Election::run`],
+//! campaigns for `PREFIX/leader` and either leads or stands by.
+//!
+//! ```text
+//!  ┌─► grant a lease (TTL) ─► txn: create PREFIX/leader with it if absent
+//!  │        │ won: epoch = the key's create revision                │ held
+//!  │        ▼                                                       ▼
+//!  │   lead: keepalive every TTL/3;          stand by: watch the key until it is
+//!  │   stop at the fence's deadline          deleted (or one TTL passes: look
+//!  │   (send time of the last renewal        again), then campaign
+//!  │   + its TTL − margin)                                          │
+//!  └──────────────── lost: stand by, revoke the old lease ◄─────────┘
+//! ```
+//!
+//! Fencing: the deadline is on the local monotonic clock and earlier than
+//! etcd can expire the lease (etcd counts from when it *receives* a
+//! renewal; we count from when we sent it, minus [`margin`]). The
+//! [`Fence`] is asked by every use, so a paused process that resumes past
+//! its deadline does not act even before this task runs again. A clean
+//! stop revokes the lease: the key goes at once and a standby's watch
+//! fires (the handover takes a round trip, not a TTL).
+//!
+//! What leading means for the manager (phase, sessions, the bus) is the
+//! [`Seat`]'s business: this module imports nothing of the manager beyond
+//! `ha`.
+
+use crate::ha::etcd::Etcd;
+use crate::ha::fence::Fence;
+use crate::ha::wire::{Campaign, Watched};
+use futures::future::BoxFuture;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::{Instant, sleep, sleep_until, timeout};
+use tokio_util::sync::CancellationToken;
+
+/// What leading and standing by do to the manager (implemented by the
+/// server).
+pub trait Seat: Send + Sync + 'static {
+    /// This manager leads from now (the fence already says so).
+    fn lead(&self) -> BoxFuture<'_, ()>;
+    /// This manager no longer leads (the fence already says so): refuse,
+    /// drop the agents' sessions.
+    fn stand_by<'a>(&'a self, why: &'a str) -> BoxFuture<'a, ()>;
+}
+
+/// How much earlier than etcd can expire the lease the leader stops: a
+/// tenth of the TTL, at least 200 ms.
+pub fn margin(ttl: Duration) -> Duration {
+    (ttl / 10).max(Duration::from_millis(200))
+}
+
+/// See the module docs.
+pub struct Election {
+    pub etcd: Etcd,
+    pub key: Vec<u8>,
+    /// What this manager writes as the leader key's value (its host and
+    /// agent port): what standbys name as the leader.
+    pub me: String,
+    pub ttl_s: u64,
+    pub fence: Arc<Fence>,
+    pub seat: Arc<dyn Seat>,
+}
+
+/// Why leading ended.
+enum Ended {
+    Stop,
+    Lost(String),
+}
+
+impl Election {
+    fn ttl(&self) -> Duration {
+        Duration::from_secs(self.ttl_s)
+    }
+
+    /// Each call's deadline: a third of the TTL, at most 2 s.
+    fn call_limit(&self) -> Duration {
+        (self.ttl() / 3).min(Duration::from_secs(2))
+    }
+
+    /// The pause after a failed call: a tenth of the TTL, at most 500 ms.
+    fn retry(&self) -> Duration {
+        (self.ttl() / 10).min(Duration::from_millis(500))
+    }
+
+    /// Runs until `stop`; a leader then resigns (revokes its lease).
+    pub async fn run(self, stop: CancellationToken) {
+        let limit = self.call_limit();
+        // A lease given up while etcd did not answer: revoked as soon as
+        // etcd does, so its key goes without waiting for the TTL.
+        let mut abandoned: Option<i64> = None;
+        while !stop.is_cancelled() {
+            if let Some(id) = abandoned
+                && self.etcd.revoke(id, limit).await.is_ok()
+            {
+                abandoned = None;
+            }
+            let sent = Instant::now();
+            let lease = match self.etcd.grant(self.ttl_s, limit).await {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::warn!("etcd: cannot get a lease: {e}");
+                    self.pause(&stop).await;
+                    continue;
+                }
+            };
+            let lease_ttl = Duration::from_secs(lease.ttl.unsigned_abs());
+            match self
+                .etcd
+                .campaign(&self.key, self.me.as_bytes(), lease.id, limit)
+                .await
+            {
+                Ok(Campaign::Won { epoch }) => {
+                    let until = sent + lease_ttl - margin(lease_ttl);
+                    if Instant::now() >= until {
+                        abandoned = Some(lease.id);
+                        continue;
+                    }
+                    self.fence.lead(epoch.unsigned_abs(), until, &self.me);
+                    tracing::info!(
+                        "leading (epoch {epoch}, {} in etcd, lease {}s)",
+                        String::from_utf8_lossy(&self.key),
+                        lease.ttl
+                    );
+                    self.seat.lead().await;
+                    let ended = self.keep(lease.id, &stop).await;
+                    self.fence.stand_down();
+                    match ended {
+                        Ended::Stop => {
+                            // Resign: the key goes with the lease.
+                            match self.etcd.revoke(lease.id, limit).await {
+                                Ok(()) => tracing::info!("resigned leadership"),
+                                Err(e) => tracing::warn!(
+                                    "cannot resign in etcd ({e}); a standby leads once the \
+                                     lease ends"
+                                ),
+                            }
+                            return;
+                        }
+                        Ended::Lost(why) => {
+                            tracing::warn!("no longer leading: {why}");
+                            self.seat.stand_by(&why).await;
+                            abandoned = Some(lease.id);
+                        }
+                    }
+                }
+                Ok(Campaign::Held { holder, revision }) => {
+                    // Not needed for watching; etcd drops it after its TTL anyway.
+                    let _ = self.etcd.revoke(lease.id, limit).await;
+                    // The key may be our own from before etcd went away (its
+                    // lease restarts with etcd): take it down and campaign
+                    // again rather than wait a TTL for it.
+                    if let Some(id) = abandoned
+                        && holder.as_ref().is_some_and(|kv| kv.lease == id)
+                    {
+                        if self.etcd.revoke(id, limit).await.is_ok() {
+                            abandoned = None;
+                        } else {
+                            self.pause(&stop).await;
+                        }
+                        continue;
+                    }
+                    if let Some(kv) = holder {
+                        let leader = String::from_utf8_lossy(&kv.value).into_owned();
+                        tracing::info!(
+                            "standing by: {leader} leads (epoch {})",
+                            kv.create_revision
+                        );
+                        self.fence
+                            .saw_leader(Some(leader), kv.create_revision.unsigned_abs());
+                        self.watch(revision + 1, &stop).await;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!("etcd: campaign failed: {e}");
+                    abandoned = Some(lease.id);
+                    self.pause(&stop).await;
+                }
+            }
+        }
+    }
+
+    /// Keeps the lease alive while leading; returns why leading ended.
+    async fn keep(&self, id: i64, stop: &CancellationToken) -> Ended {
+        let every = self.ttl() / 3;
+        let mut next = Instant::now() + every;
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return Ended::Stop,
+                _ = sleep_until(next) => {}
+            }
+            if !self.fence.leading() {
+                return Ended::Lost("the lease was not renewed before its deadline".into());
+            }
+            let sent = Instant::now();
+            // Never wait past the point where the fence would expire anyway.
+            let limit = self.call_limit();
+            let answer = tokio::select! {
+                _ = stop.cancelled() => return Ended::Stop,
+                a = timeout(limit, self.etcd.keepalive(id, limit)) => a,
+            };
+            match answer {
+                Ok(Ok(ttl)) if ttl > 0 => {
+                    let ttl = Duration::from_secs(ttl.unsigned_abs());
+                    if !self.fence.extend(sent + ttl - margin(ttl)) {
+                        return Ended::Lost("the lease was renewed too late".into());
+                    }
+                    next = Instant::now() + every;
+                }
+                Ok(Ok(_)) => return Ended::Lost("etcd no longer knows the lease".into()),
+                Ok(Err(e)) => {
+                    tracing::warn!("etcd: cannot renew the lease: {e}");
+                    next = Instant::now() + self.retry();
+                }
+                Err(_) => {
+                    tracing::warn!("etcd: the lease renewal took over {limit:?}");
+                    next = Instant::now() + self.retry();
+                }
+            }
+        }
+    }
+
+    /// Stands by until the leader key is deleted, etcd ends the watch, one
+    /// TTL passes (then the caller looks again, in case a watch went
+    /// silently deaf), or `stop`.
+    async fn watch(&self, from: i64, stop: &CancellationToken) {
+        let watched = tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = sleep(self.ttl()) => return,
+            w = self.etcd.watch(&self.key, from, self.call_limit()) => w,
+        };
+        match watched {
+            Ok(Watched::Deleted) => tracing::info!("the leader key is gone: campaigning"),
+            Ok(Watched::Ended(why)) => tracing::debug!("etcd ended the watch: {why}"),
+            Ok(Watched::Nothing) => {}
+            Err(e) => {
+                tracing::warn!("etcd: watching the leader failed: {e}");
+                self.pause(stop).await;
+            }
+        }
+    }
+
+    async fn pause(&self, stop: &CancellationToken) {
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = sleep(self.retry()) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn margins() {
+        assert_eq!(margin(Duration::from_secs(2)), Duration::from_millis(200));
+        assert_eq!(margin(Duration::from_secs(30)), Duration::from_secs(3));
+    }
+}

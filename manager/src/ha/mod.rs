@@ -1,0 +1,16 @@
+//! High availability on etcd (docs/ha.md): the election and its fence.
+//!
+//! * [`fence`] — whether this manager may lead now, on the local monotonic
+//!   clock; the node lifecycle's phase and the API read it.
+//! * [`election`] — campaign, lead (keep the lease), stand by (watch),
+//!   resign; tells the manager through its [`election::Seat`].
+//! * [`etcd`], [`wire`] — etcd's v3 JSON gateway over HTTP/1.1, and its
+//!   message bodies (pure).
+//!
+//! Imports run one way: `election` → `etcd` → `wire`; `fence` imports
+//! nothing of the manager. Nothing here imports the rest of the manager.
+
+pub mod election;
+pub mod etcd;
+pub mod fence;
+pub mod wire;
