@@ -162,7 +162,7 @@ async fn leading_of(api: &Api) -> zbus::Result<bool> {
             &(DROVER_CONTROLLER_IFACE, "Leading"),
         )
         .await?;
-    bool::try_from(v).map_err(zbus::Error::from)
+    bool::try_from(v)
 }
 
 /// A fresh prefix per test: tests share nothing, not even etcd keys.
