@@ -10,7 +10,7 @@
 //! sessions, announce the end state, release the name.
 //!
 //! With etcd keys (high availability, [`crate::ha`]) the manager starts as a
-//! standby and its election runs beside the listener; [`ManagerSeat`] is
+//! standby and its election runs beside the listener; `ManagerSeat` is
 //! what leading and standing by do here. A stop resigns first.
 
 use crate::api;
