@@ -45,6 +45,11 @@ struct Ha {
 
 impl Ha {
     async fn start(etcd: &Etcd, prefix: &str) -> Ha {
+        Ha::start_at(&etcd.url(), prefix).await
+    }
+
+    /// A manager whose `EtcdEndpoints` is `url`.
+    async fn start_at(url: &str, prefix: &str) -> Ha {
         let bus = test_bus();
         let port = free_port();
         let metrics_port = free_port();
@@ -54,8 +59,7 @@ impl Ha {
             &format!(
                 "[drover-manager]\nAllowedNodeNames=node1\nLogTarget=stderr\nLogLevel=DEBUG\n\
                  MetricsListenAddress={metrics_port}\n\
-                 EtcdEndpoints={}\nEtcdKeyPrefix={prefix}\nEtcdLeaseTTL={}\n",
-                etcd.url(),
+                 EtcdEndpoints={url}\nEtcdKeyPrefix={prefix}\nEtcdLeaseTTL={}\n",
                 TTL.as_secs()
             ),
         );
@@ -398,4 +402,84 @@ async fn a_manager_without_etcd_keys_leads_alone() {
         .await
         .expect("ListNodes");
     assert_eq!(nodes.len(), 1);
+}
+
+/// What answers on the etcd port is hostile too: garbage bytes, an HTTP
+/// answer far over the body cap, a peer that never answers. The manager
+/// stays up, leads nothing, refuses as a standby with no leader known, and
+/// holds no more than a bounded answer per call.
+#[tokio::test]
+async fn garbage_from_the_etcd_port_leaves_the_manager_standing_by() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let server = tokio::spawn(async move {
+        let mut n = 0u32;
+        loop {
+            let Ok((mut sock, _)) = listener.accept().await else {
+                return;
+            };
+            n += 1;
+            let kind = n % 3;
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = sock.read(&mut buf).await;
+                match kind {
+                    0 => {
+                        let _ = sock.write_all(b"\x00\xffnot http at all\r\n\r\n").await;
+                    }
+                    1 => {
+                        let head = "HTTP/1.1 200 OK\r\nContent-Length: 4194304\r\n\r\n";
+                        let _ = sock.write_all(head.as_bytes()).await;
+                        let chunk = vec![b'{'; 65536];
+                        for _ in 0..64 {
+                            if sock.write_all(&chunk).await.is_err() {
+                                break;
+                            }
+                        }
+                    }
+                    _ => {
+                        // Never answers; the manager's deadline ends it.
+                        tokio::time::sleep(Duration::from_secs(30)).await;
+                    }
+                }
+            });
+        }
+    });
+    let fake = FakeEtcd { port };
+    let mut m = Ha::start_at(&fake.url(), &prefix("garbage")).await;
+    // Long enough for every kind of answer several times over.
+    tokio::time::sleep(TTL * 2).await;
+    assert!(
+        m.proc.as_mut().expect("running").try_wait().is_none(),
+        "the manager died\n{}",
+        m.logged()
+    );
+    assert!(!m.leading().await);
+    let (name, message) = error_of(&m.list_nodes().await.unwrap_err());
+    assert_eq!(name, NOT_LEADER);
+    assert!(message.contains("no leader"), "{message}");
+    let logged = m.logged();
+    // Each kind of answer was met and refused for what it is.
+    for said in [
+        "an answer over 65536 bytes",
+        "no etcd endpoint answered within",
+        "HTTP: ",
+    ] {
+        assert!(logged.contains(said), "no '{said}' in:\n{logged}");
+    }
+    server.abort();
+}
+
+/// An etcd endpoint that is only a port (the garbage test's server).
+struct FakeEtcd {
+    port: u16,
+}
+
+impl FakeEtcd {
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
 }
