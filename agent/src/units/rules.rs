@@ -145,6 +145,37 @@ fn failed(message: String) -> RemoteError {
     RemoteError::failed(message)
 }
 
+/// `session` if it is of `epoch` and may subscribe `unit` (`None`: `*`):
+/// the one check [`View::subscribe`] makes and [`View::wanted_with`]
+/// foresees. Errors: the session has ended, already watches `unit`, or
+/// watches [`MAX_WATCHED`] single units.
+fn subscribing<S: std::borrow::Borrow<Session>>(
+    session: Option<S>,
+    epoch: u64,
+    unit: Option<&UnitName>,
+) -> Result<S, RemoteError> {
+    let Some(session) = session.filter(|s| s.borrow().epoch == epoch) else {
+        return Err(failed(
+            "the manager session of this request has ended".into(),
+        ));
+    };
+    let s = session.borrow();
+    let already = match unit {
+        None => s.all,
+        Some(u) => s.watched.contains(u),
+    };
+    if already {
+        return Err(failed(format!("already subscribed to {}", describe(unit))));
+    }
+    if unit.is_some() && s.watched.len() >= MAX_WATCHED {
+        return Err(RemoteError::new(
+            error_names::LIMITS_EXCEEDED,
+            format!("more than {MAX_WATCHED} units subscribed on this node"),
+        ));
+    }
+    Ok(session)
+}
+
 /// `*` for every unit, else the unit's name.
 pub fn describe(unit: Option<&UnitName>) -> &str {
     unit.map_or("*", UnitName::as_str)
@@ -235,18 +266,7 @@ impl View {
         epoch: u64,
         unit: Option<&UnitName>,
     ) -> Result<Followed, RemoteError> {
-        let Some(session) = self.session.as_ref().filter(|s| s.epoch == epoch) else {
-            return Err(failed(
-                "the manager session of this request has ended".into(),
-            ));
-        };
-        let already = match unit {
-            None => session.all,
-            Some(u) => session.watched.contains(u),
-        };
-        if already {
-            return Err(failed(format!("already subscribed to {}", describe(unit))));
-        }
+        let session = subscribing(self.session.as_ref(), epoch, unit)?;
         Ok(match unit {
             None => Followed::Every,
             Some(_) if session.all => Followed::Every,
@@ -300,30 +320,13 @@ impl View {
             reload_removed,
             ..
         } = self;
-        let Some(session) = session.as_mut().filter(|s| s.epoch == epoch) else {
-            return Err(failed(
-                "the manager session of this request has ended".into(),
-            ));
-        };
-        let already = match unit {
-            None => session.all,
-            Some(u) => session.watched.contains(u),
-        };
-        if already {
-            return Err(failed(format!("already subscribed to {}", describe(unit))));
-        }
+        let session = subscribing(session.as_mut(), epoch, unit)?;
         let mut replay: Vec<(&UnitName, &UnitState)> = match unit {
             None => {
                 session.all = true;
                 cache.iter().chain(reload_removed.iter()).collect()
             }
             Some(u) => {
-                if session.watched.len() >= MAX_WATCHED {
-                    return Err(RemoteError::new(
-                        error_names::LIMITS_EXCEEDED,
-                        format!("more than {MAX_WATCHED} units subscribed on this node"),
-                    ));
-                }
                 session.watched.insert(u.clone());
                 cache
                     .get_key_value(u)
@@ -726,5 +729,27 @@ mod tests {
         assert_eq!(view.wanted(), Followed::Units([a].into()));
         view.session_ended(1);
         assert_eq!(view.wanted(), Followed::nothing());
+    }
+
+    /// Past [`MAX_WATCHED`] single units, `Subscribe` is refused, and
+    /// [`View::wanted_with`] says so before anything changes what is
+    /// followed; `*` is still allowed.
+    #[test]
+    fn a_session_watches_at_most_max_watched_single_units() {
+        let mut view = View::default();
+        view.session_started(1, 7);
+        for i in 0..MAX_WATCHED {
+            view.subscribe(1, Some(&unit(&format!("u{i}.service"))))
+                .unwrap();
+        }
+        let one_more = unit("one-more.service");
+        let refused = view.wanted_with(1, Some(&one_more)).unwrap_err();
+        assert_eq!(refused.name, error_names::LIMITS_EXCEEDED, "{refused:?}");
+        let refused = view.subscribe(1, Some(&one_more)).err().unwrap();
+        assert_eq!(refused.name, error_names::LIMITS_EXCEEDED, "{refused:?}");
+        assert_eq!(view.watching(1), Some((false, MAX_WATCHED)));
+        assert_eq!(view.wanted_with(1, None).unwrap(), Followed::Every);
+        view.subscribe(1, None).unwrap();
+        assert_eq!(view.watching(1), Some((true, MAX_WATCHED)));
     }
 }
