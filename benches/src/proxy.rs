@@ -476,13 +476,14 @@ fn report(samples: usize, remote: &[Remote], local: &[Local], alone: &[Duration]
         "  node2 alone: StartUnit(dep) -> db active, no drover process involved  {}",
         ms(summarize(alone).median)
     );
+    let (floor_spread, own_spread) = (Spread::of(&floor), Spread::of(&own));
     println!(
-        "  systemd's share of the overhead (the floor; see proxy.rs)  median {:.3} ms",
-        crate::stats::median_f64(&floor)
+        "  systemd's share of the overhead (the floor; see proxy.rs)  median {:.3} ms  p90 {:.3} ms  p99 {:.3} ms",
+        floor_spread.median, floor_spread.p90, floor_spread.p99
     );
     println!(
-        "  drover's own share (overhead - floor, paired)              median {:.3} ms",
-        crate::stats::median_f64(&own)
+        "  drover's own share (overhead - floor, paired)              median {:.3} ms  p90 {:.3} ms  p99 {:.3} ms",
+        own_spread.median, own_spread.p90, own_spread.p99
     );
     Figures {
         total: remote_totals.iter().map(|d| f(*d)).collect(),
