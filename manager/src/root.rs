@@ -251,6 +251,18 @@ impl Followers for Following {
                             if node.reason.is_empty() { "" } else { ": " },
                             node.reason
                         );
+                        // `io.drover.Node.Health`: what `droverctl status -w`
+                        // refreshes on, as on a `Status` change.
+                        if let Some(out) = self.outbound.get() {
+                            let path = drover_bus::bluechi::node_path(session.node().as_str());
+                            out.property_changed(
+                                &path,
+                                drover_bus::bluechi::DROVER_NODE_IFACE,
+                                "Health",
+                                node.state.as_str(),
+                            )
+                            .await;
+                        }
                     }
                 }
             }

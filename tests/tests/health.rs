@@ -5,8 +5,9 @@
 //! tagged stream (`UnitsChanged` rows of kind `health`), over many down → up
 //! cycles; a cross-node dependency waits until its target is healthy, and a
 //! target that never gets healthy fails the proxy at its timeout with the
-//! reason. What is asserted is what a user checks: `droverctl` output, unit
-//! states on both nodes, what the proxy unit printed.
+//! reason; `droverctl monitor` and `status -w` follow health without being
+//! asked again. What is asserted is what a user checks: `droverctl` output,
+//! unit states on both nodes, what the proxy unit printed.
 
 use drover_testkit::prelude::*;
 use drover_testkit::process::TempDir;
@@ -256,5 +257,85 @@ async fn a_target_that_never_gets_healthy_fails_the_proxy_with_the_reason() {
         log.contains("db.service on node node2 is active but unhealthy: exit status 1: no flag"),
         "{log}"
     );
+    c.down().await;
+}
+
+/// What a user watching the fleet sees without asking again: `droverctl
+/// monitor` on `*` is told the current health of a unit it never saw change
+/// (the replay, as for unit states), `status NODE UNIT -w` reprints when the
+/// unit's health changes, and `status -w` when the node's own health does
+/// (a failed unit makes systemd `degraded`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monitor_and_status_watches_follow_health() {
+    let tmp = TempDir::new("drover-health-watch");
+    let flag = tmp.join("ok");
+    let c = TestCluster::start(2).await;
+    c.install("node2", DB, &db_unit(&flag, 1)).await;
+    c.install(
+        "node2",
+        "broken.service",
+        "[Service]\nType=oneshot\nExecStart=/bin/false\n",
+    )
+    .await;
+    set_flag(&flag, true);
+    c.systemctl_ok("node2", &["start", DB]).await;
+    wait_health(&c, "node2", DB, "healthy").await;
+
+    // Nothing changes from here until the monitor has printed db's health:
+    // what it prints is the replay of `*`.
+    let mut mon = c.follow(&["monitor"]);
+    let i = mon
+        .expect_line("db's health in the replay", T, |l| {
+            l == "\tUnit properties changed (Interface: io.drover.Health)"
+        })
+        .await
+        .unwrap();
+    assert_eq!(mon.seen[i - 1], "[node2] db.service", "{:?}", mon.seen);
+    mon.expect_line("its state", T, |l| l == "\tState: healthy")
+        .await
+        .unwrap();
+    assert!(mon.interrupt(T).await.unwrap().success());
+
+    let health_column = |l: &str, unit: &str, want: &str| {
+        let f: Vec<&str> = l.split('|').map(str::trim).collect();
+        f.first() == Some(&unit) && f.get(6) == Some(&want)
+    };
+    let mut units = c.follow(&["status", "node2", "db", "-w"]);
+    units
+        .expect_line("db healthy", T, |l| health_column(l, DB, "healthy"))
+        .await
+        .unwrap();
+    let node_row = |l: &str, want: &str| {
+        let f: Vec<&str> = l.split('|').map(str::trim).collect();
+        f.first() == Some(&"node2") && f.get(4) == Some(&want)
+    };
+    let mut nodes = c.follow(&["status", "-w"]);
+    nodes
+        .expect_line("node2 healthy", T, |l| node_row(l, "healthy"))
+        .await
+        .unwrap();
+
+    set_flag(&flag, false);
+    units
+        .expect_line("db unhealthy, reprinted", T, |l| {
+            health_column(l, DB, "unhealthy")
+        })
+        .await
+        .unwrap();
+    // The node's own health, from systemd's SystemState.
+    let out = c.systemctl("node2", &["start", "broken.service"]).await;
+    assert!(!out.success(), "{out:?}");
+    nodes
+        .expect_line("node2 degraded: unhealthy", T, |l| node_row(l, "unhealthy"))
+        .await
+        .unwrap();
+    c.systemctl_ok("node2", &["reset-failed", "broken.service"])
+        .await;
+    nodes
+        .expect_line("node2 healthy again", T, |l| node_row(l, "healthy"))
+        .await
+        .unwrap();
+    assert!(units.interrupt(T).await.unwrap().success());
+    assert!(nodes.interrupt(T).await.unwrap().success());
     c.down().await;
 }

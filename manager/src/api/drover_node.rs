@@ -10,7 +10,12 @@
 //!   a(ssst) checks)`: the node's own health (systemd's `SystemState`, the
 //!   node checks of its `agent.conf` as (name, state, reason, since_usec)).
 //!
-//! Both answer from what the manager holds (no request to the agent), and
+//! * `Health` (property, `s`): the node's own health state, as `GetHealth`
+//!   says it (`starting` while online and not said yet), empty while the
+//!   node is offline or unknown. A change is signalled
+//!   (`PropertiesChanged`), which is what `droverctl status -w` refreshes on.
+//!
+//! The calls answer from what the manager holds (no request to the agent), and
 //! fail with `org.eclipse.bluechi.Offline` while the node is offline: a
 //! verdict nobody checks any more is not reported as current. A unit name
 //! that is not one is `InvalidArgs`.
@@ -50,6 +55,18 @@ impl DroverNodeObject {
 
 #[interface(name = "io.drover.Node", introspection_docs = false)]
 impl DroverNodeObject {
+    /// See the module docs.
+    #[zbus(property)]
+    async fn health(&self) -> String {
+        match self.subscriptions.node_health(&self.name) {
+            Some(entry) => entry.state.as_str().to_owned(),
+            None if self.subscriptions.is_online(&self.name) => {
+                HealthState::Starting.as_str().to_owned()
+            }
+            None => String::new(),
+        }
+    }
+
     /// See the module docs.
     #[zbus(out_args("state", "reason", "since_usec"))]
     async fn get_unit_health(&self, unit: String) -> Result<(String, String, u64), ApiError> {

@@ -28,8 +28,9 @@
 //!   reports more has the extra ones ignored, logged), reasons at most
 //!   `drover_protocol::health::REASON_MAX` bytes (the decoder's bound).
 
+use crate::units::records::{Change, UnitEvent};
 use drover_protocol::health::{Health, HealthSnapshot, HealthState, NodeHealth};
-use drover_protocol::{ModTag, NodeName, UnitName};
+use drover_protocol::{ModTag, NodeName, Reason, UnitName};
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -85,6 +86,36 @@ pub struct NodeEntry {
     pub system_state: String,
     /// The node checks of `agent.conf`: (name, state, reason, since).
     pub checks: Vec<(String, HealthState, String, SystemTime)>,
+}
+
+/// The [`Change::Health`] of a unit's entry (`None`: no health any more).
+pub fn health_change(entry: Option<&Entry>, origin: Reason) -> Change {
+    match entry {
+        Some(e) => Change::Health {
+            state: e.state,
+            reason: e.reason.clone(),
+            since_usec: e.since_usec(),
+            origin,
+        },
+        None => Change::Health {
+            state: HealthState::None,
+            reason: String::new(),
+            since_usec: 0,
+            origin,
+        },
+    }
+}
+
+/// The virtual health event a new watch of `unit` on `node` (by name or
+/// through `*`) hears before the unit's state, if the unit has health now.
+pub fn health_replay(book: &HealthBook, node: &NodeName, unit: &UnitName) -> Option<UnitEvent> {
+    let entry = book.current(node, unit)?;
+    Some(UnitEvent {
+        node: node.clone(),
+        unit: Some(unit.clone()),
+        tag: entry.tag,
+        change: health_change(Some(entry), Reason::Virtual),
+    })
 }
 
 /// A unit's health changed: what the hub tells the unit's watchers. `entry`

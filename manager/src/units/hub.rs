@@ -77,7 +77,7 @@
 //! agent is told) is `hub/agents.rs`, on the same state.
 
 use crate::nodes::session::Session;
-use crate::units::health::HealthBook;
+use crate::units::health::{HealthBook, health_replay};
 use crate::units::records::{Applied, Change, Record, Records, UnitEvent, WILDCARD};
 use crate::units::replay::{NodeView, Replay, virtual_replay};
 use drover_bus::client::SnapshotRow;
@@ -219,7 +219,12 @@ impl State {
     /// [`replay_room`] allows (see [`crate::units::replay`]). Never
     /// overflows a queue.
     fn refill(&mut self, id: SinkId) {
-        let State { nodes, sinks, .. } = self;
+        let State {
+            nodes,
+            sinks,
+            health,
+            ..
+        } = self;
         let Some(sink) = sinks.get_mut(&id) else {
             return;
         };
@@ -233,6 +238,7 @@ impl State {
                     star_confirmed: ns.sent.contains(&None),
                     star_tag: ModTag::new(ns.guid, ns.max_index),
                     records: &ns.records,
+                    health,
                 })
         };
         sink.replay.tell(
@@ -487,7 +493,7 @@ impl Subscriptions {
                     virtual_events.extend(virtual_replay(node, u, rec));
                 }
                 // Its health before its state (`hub/health.rs`).
-                if let Some(ev) = st.health_replay(node, u) {
+                if let Some(ev) = health_replay(&st.health, node, u) {
                     virtual_events.insert(0, ev);
                 }
             }

@@ -1,5 +1,6 @@
-//! The replay of a new `*` watch: a virtual `UnitNew("*")`, then `UnitNew` +
-//! `UnitStateChanged` per loaded unit in unit-name order, for each node the
+//! The replay of a new `*` watch: a virtual `UnitNew("*")`, then per loaded
+//! unit in unit-name order its health if it has one (as a watch by name
+//! hears it, `hub/health.rs`), `UnitNew` and `UnitStateChanged`, for each node the
 //! sink watches through `*` ([`crate::units::hub`] owns the sinks and
 //! queues; this module decides what to tell next).
 //!
@@ -22,6 +23,7 @@
 //!   They already changed the record, so the announcement carries their
 //!   outcome and tag; every event after a unit's announcement succeeds it.
 
+use crate::units::health::{HealthBook, health_replay};
 use crate::units::records::{Change, Record, Records, UnitEvent};
 use drover_protocol::{ModTag, NodeName, Reason, UnitName};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -45,6 +47,8 @@ pub struct NodeView<'a> {
     /// The tag of the pseudo unit's virtual `UnitNew("*")`.
     pub star_tag: ModTag,
     pub records: &'a Records,
+    /// Every node's health: a unit's is told with it.
+    pub health: &'a HealthBook,
 }
 
 /// The lazy replay of one sink's `*` watches: nodes in the order they were
@@ -154,7 +158,10 @@ impl Replay {
                 (Some(ns), Some(Cursor::After(last))) => {
                     match ns.records.next_loaded_after(last.as_ref()) {
                         Some((u, rec)) => (
-                            virtual_replay(node, u, rec),
+                            health_replay(ns.health, node, u)
+                                .into_iter()
+                                .chain(virtual_replay(node, u, rec))
+                                .collect(),
                             Some(Cursor::After(Some(u.clone()))),
                         ),
                         None => (Vec::new(), None),

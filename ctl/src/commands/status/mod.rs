@@ -12,7 +12,7 @@
 //! fleet-wide status cheap).
 //!
 //! `-w` reprints the table whenever a node object emits `PropertiesChanged` (its
-//! `Status` changes), until Ctrl-C; on a terminal the screen is cleared first, into a
+//! `Status` changes, or its health: `io.drover.Node`'s `Health`), until Ctrl-C; on a terminal the screen is cleared first, into a
 //! pipe the tables follow one another (with `--json`: one compact array per line).
 
 pub mod units;

@@ -16,7 +16,8 @@
 //! and reported as `Unit X could not be found.` on stderr; the command then exits 1.
 //!
 //! `-w`: one monitor (`CreateMonitor` + `SubscribeList(NODE, UNITS)`), and a reprint
-//! after every `UnitNew`, `UnitStateChanged` or `UnitRemoved` of those units, until
+//! after every `UnitNew`, `UnitStateChanged` or `UnitRemoved` of those units, and
+//! every health change (`UnitPropertiesChanged` of interface `io.drover.Health`), until
 //! Ctrl-C. While watching, a failed refresh (node offline) is reported on stderr and
 //! the watch goes on; the node's return triggers the next reprint.
 
@@ -26,7 +27,7 @@ use futures::{FutureExt, StreamExt};
 use serde::Serialize;
 use zbus::{OwnedVariant, Variant};
 
-use drover_bus::bluechi::MONITOR_IFACE;
+use drover_bus::bluechi::{HEALTH_IFACE, MONITOR_IFACE};
 use drover_protocol::error_names::NO_SUCH_UNIT;
 use drover_protocol::{NodeName, UnitName};
 
@@ -320,12 +321,17 @@ pub async fn run(
     }
 }
 
-/// The monitor signals after which the table may have changed.
+/// The monitor signals after which the table may have changed: a unit's
+/// lifecycle, and its health (a property change of `io.drover.Health`).
 fn is_refresh(msg: &zbus::Message) -> bool {
-    matches!(
-        follow::member(msg).as_str(),
-        "UnitNew" | "UnitStateChanged" | "UnitRemoved"
-    )
+    match follow::member(msg).as_str() {
+        "UnitNew" | "UnitStateChanged" | "UnitRemoved" => true,
+        "UnitPropertiesChanged" => msg
+            .body()
+            .deserialize::<(&str, &str, &str, HashMap<&str, Variant<'_>>)>()
+            .is_ok_and(|(_, _, interface, _)| interface == HEALTH_IFACE),
+        _ => false,
+    }
 }
 
 #[cfg(test)]

@@ -11,28 +11,10 @@
 
 use super::*;
 use crate::units::health::{
-    Entry, HealthRow, HealthUnknown, Lookup, NodeEntry, NodeHealthRow, UnitChange, usec,
+    HealthRow, HealthUnknown, Lookup, NodeEntry, NodeHealthRow, UnitChange, health_change, usec,
 };
 use drover_protocol::health::HealthState;
 use std::time::SystemTime;
-
-/// The [`Change::Health`] of a unit's entry (`None`: no health any more).
-pub(super) fn health_change(entry: Option<&Entry>, reason: Reason) -> Change {
-    match entry {
-        Some(e) => Change::Health {
-            state: e.state,
-            reason: e.reason.clone(),
-            since_usec: e.since_usec(),
-            origin: reason,
-        },
-        None => Change::Health {
-            state: HealthState::None,
-            reason: String::new(),
-            since_usec: 0,
-            origin: reason,
-        },
-    }
-}
 
 impl Subscriptions {
     /// A health event of `session` (`UnitHealth`, `HealthSnapshot`,
@@ -169,17 +151,5 @@ impl State {
             change: health_change(change.entry.as_ref(), Reason::Real),
         });
         self.deliver(&sinks, &event)
-    }
-
-    /// The virtual health event a new watch of `unit` on `node` hears before
-    /// the unit's state, if the unit has health.
-    pub(super) fn health_replay(&self, node: &NodeName, unit: &UnitName) -> Option<UnitEvent> {
-        let entry = self.health.current(node, unit)?;
-        Some(UnitEvent {
-            node: node.clone(),
-            unit: Some(unit.clone()),
-            tag: entry.tag,
-            change: health_change(Some(entry), Reason::Virtual),
-        })
     }
 }
