@@ -36,6 +36,10 @@ pub const REASON_MAX: usize = 4096;
 pub const SNAPSHOT_PART_MAX: usize = 64;
 /// Most node checks `agent.conf` may declare (and a [`NodeHealth`] carry).
 pub const NODE_CHECKS_MAX: usize = 16;
+/// Most units with a check on one node: an agent checks no more, and the
+/// manager keeps no more of one node (what an agent reports beyond it is
+/// ignored).
+pub const UNITS_MAX: usize = 16_384;
 
 /// The four health states. The wire carries the variant index; these are
 /// appended to, never reordered.
@@ -88,10 +92,15 @@ impl std::fmt::Display for HealthState {
 
 /// Cuts `text` to at most [`REASON_MAX`] bytes at a character boundary.
 pub fn cut_reason(text: &str) -> &str {
-    if text.len() <= REASON_MAX {
+    cut_to(text, REASON_MAX)
+}
+
+/// Cuts `text` to at most `max` bytes at a character boundary.
+pub fn cut_to(text: &str, max: usize) -> &str {
+    if text.len() <= max {
         return text;
     }
-    let mut end = REASON_MAX;
+    let mut end = max;
     while !text.is_char_boundary(end) {
         end -= 1;
     }

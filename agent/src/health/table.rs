@@ -39,7 +39,7 @@ pub type Following =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
 
 /// Most units with a health declaration followed.
-pub const MAX_CHECKED: usize = 16_384;
+pub const MAX_CHECKED: usize = drover_protocol::health::UNITS_MAX;
 
 /// Reason while a pushed unit waits for its first report.
 pub const NO_REPORT_YET: &str = "no report yet";

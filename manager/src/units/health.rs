@@ -24,12 +24,18 @@
 //! * An offline node keeps its entries, marked offline: the queries say the
 //!   node is offline rather than repeat a verdict nobody checks any more,
 //!   and the next session's snapshot tells what changed meanwhile.
-//! * Bounded: at most [`MAX_UNITS_PER_NODE`] units per node (an agent that
-//!   reports more has the extra ones ignored, logged), reasons at most
-//!   `drover_protocol::health::REASON_MAX` bytes (the decoder's bound).
+//! * Bounded, whatever an agent sends: at most [`MAX_UNITS_PER_NODE`] units
+//!   per node (the extra ones are ignored), each reason at most
+//!   `drover_protocol::health::REASON_MAX` bytes (the decoder's bound), and
+//!   the reasons of one node's units together at most
+//!   [`REASON_BYTES_PER_NODE`] (a reason that would pass it is cut to what
+//!   is left); a snapshot being gathered is bounded the same way, apart.
+//!   So one node costs at most about [`MAX_UNITS_PER_NODE`] times a unit
+//!   name and an entry, plus [`REASON_BYTES_PER_NODE`], twice while a
+//!   snapshot is gathered. Each bound is logged once per session when an agent hits it.
 
 use crate::units::records::{Change, UnitEvent};
-use drover_protocol::health::{Health, HealthSnapshot, HealthState, NodeHealth};
+use drover_protocol::health::{Health, HealthSnapshot, HealthState, NodeHealth, cut_to};
 use drover_protocol::{ModTag, NodeName, Reason, UnitName};
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -48,8 +54,13 @@ pub enum HealthUnknown {
     Offline,
 }
 
-/// Most units with health one node may have in the book.
-pub const MAX_UNITS_PER_NODE: usize = 65_536;
+/// Most units with health one node may have in the book (the agent's own
+/// bound: it checks no more).
+pub const MAX_UNITS_PER_NODE: usize = drover_protocol::health::UNITS_MAX;
+
+/// Most bytes of reasons the book holds for one node's units (and, apart,
+/// for a snapshot being gathered): 256 full check outputs.
+pub const REASON_BYTES_PER_NODE: usize = 256 * drover_protocol::health::REASON_MAX;
 
 /// One unit's verdict as the manager keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -145,10 +156,16 @@ struct NodeBook {
     session: Option<u64>,
     units: BTreeMap<UnitName, Entry>,
     node: Option<NodeEntry>,
+    /// Bytes of the reasons in `units`.
+    reason_bytes: usize,
     /// Snapshot parts gathered so far in the current session: (tag, units).
     pending: Option<(ModTag, Vec<(UnitName, Health)>)>,
-    /// Whether the cap was reported for this session (log once).
+    /// Bytes of the reasons in `pending`.
+    pending_bytes: usize,
+    /// Whether the cap on units was reported for this session (log once).
     capped: bool,
+    /// Whether the cap on reason bytes was reported for this session.
+    cut: bool,
 }
 
 impl NodeBook {
@@ -174,7 +191,9 @@ impl HealthBook {
         let book = self.nodes.entry(node.clone()).or_default();
         book.session = Some(session);
         book.pending = None;
+        book.pending_bytes = 0;
         book.capped = false;
+        book.cut = false;
     }
 
     /// `session` of `node` ended (if it is the current one).
@@ -184,6 +203,7 @@ impl HealthBook {
         {
             book.session = None;
             book.pending = None;
+            book.pending_bytes = 0;
         }
     }
 
@@ -221,30 +241,45 @@ impl HealthBook {
         if !book.writes(session, Some(&tag)) {
             return (changes, None);
         }
-        let gathered = match &mut book.pending {
-            Some((t, units)) if *t == tag => units,
-            pending => &mut pending.insert((tag, Vec::new())).1,
+        if book.pending.as_ref().is_none_or(|(t, _)| *t != tag) {
+            // A new snapshot (another tag) replaces one never finished.
+            book.pending = Some((tag, Vec::new()));
+            book.pending_bytes = 0;
+        }
+        let NodeBook {
+            pending,
+            pending_bytes,
+            capped,
+            cut,
+            ..
+        } = book;
+        let Some((_, gathered)) = pending else {
+            return (changes, None);
         };
         let room = MAX_UNITS_PER_NODE.saturating_sub(gathered.len());
-        if part.units.len() > room && !book.capped {
-            book.capped = true;
+        if part.units.len() > room && !*capped {
+            *capped = true;
             tracing::warn!(
                 node = %node,
                 "node {node} reports health for more than {MAX_UNITS_PER_NODE} units; the rest is ignored"
             );
         }
-        gathered.extend(
-            part.units
-                .into_iter()
-                .take(room)
-                .map(|u| (u.unit, u.health)),
-        );
+        for mut u in part.units.into_iter().take(room) {
+            let left = REASON_BYTES_PER_NODE.saturating_sub(*pending_bytes);
+            if u.health.reason.len() > left {
+                u.health.reason = cut_to(&u.health.reason, left).to_owned();
+                warn_cut(node, cut);
+            }
+            *pending_bytes += u.health.reason.len();
+            gathered.push((u.unit, u.health));
+        }
         let Some(node_health) = part.node else {
             return (changes, None);
         };
         let Some((_, listed)) = book.pending.take() else {
             return (changes, None);
         };
+        book.pending_bytes = 0;
         let listed: BTreeMap<UnitName, Health> = listed.into_iter().collect();
         // Units of before that the snapshot lacks: their check went away.
         let gone: Vec<UnitName> = book
@@ -335,6 +370,26 @@ impl HealthBook {
     pub fn unit_count(&self, node: &NodeName) -> usize {
         self.nodes.get(node).map_or(0, |b| b.units.len())
     }
+
+    /// Bytes of reasons held for `node`: its units' and a snapshot's being
+    /// gathered (each at most [`REASON_BYTES_PER_NODE`]).
+    pub fn reason_bytes(&self, node: &NodeName) -> (usize, usize) {
+        self.nodes
+            .get(node)
+            .map_or((0, 0), |b| (b.reason_bytes, b.pending_bytes))
+    }
+}
+
+/// Logs once per session that `node`'s reasons are cut to the budget.
+fn warn_cut(node: &NodeName, cut: &mut bool) {
+    if !*cut {
+        *cut = true;
+        tracing::warn!(
+            node = %node,
+            "node {node} reports more than {REASON_BYTES_PER_NODE} bytes of health reasons; \
+             the rest is cut"
+        );
+    }
 }
 
 /// Sets (or removes, for `none`) one unit's entry; the change, if any.
@@ -352,15 +407,24 @@ fn set(
         return None;
     }
     if health.state == HealthState::None {
-        return book.units.remove(unit).map(|_| UnitChange {
-            unit: unit.clone(),
-            tag,
-            entry: None,
+        return book.units.remove(unit).map(|old| {
+            book.reason_bytes -= old.reason.len();
+            UnitChange {
+                unit: unit.clone(),
+                tag,
+                entry: None,
+            }
         });
+    }
+    // What the other units' reasons leave for this one.
+    let old_len = book.units.get(unit).map_or(0, |e| e.reason.len());
+    let left = REASON_BYTES_PER_NODE.saturating_sub(book.reason_bytes - old_len);
+    if health.reason.len() > left {
+        warn_cut(node, &mut book.cut);
     }
     let entry = Entry {
         state: health.state,
-        reason: health.reason.clone(),
+        reason: cut_to(&health.reason, left).to_owned(),
         since: since(now, health.changed_ms_ago),
         tag,
     };
@@ -371,6 +435,7 @@ fn set(
             None
         }
         Some(e) => {
+            book.reason_bytes = book.reason_bytes - e.reason.len() + entry.reason.len();
             *e = entry.clone();
             Some(UnitChange {
                 unit: unit.clone(),
@@ -389,6 +454,7 @@ fn set(
             None
         }
         None => {
+            book.reason_bytes += entry.reason.len();
             book.units.insert(unit.clone(), entry.clone());
             Some(UnitChange {
                 unit: unit.clone(),
@@ -440,7 +506,7 @@ fn set_node(book: &mut NodeBook, health: &NodeHealth, now: SystemTime) -> Option
 mod tests {
     use super::*;
     use HealthState::{Healthy, Starting, Unhealthy};
-    use drover_protocol::health::{NodeCheck, UnitHealth};
+    use drover_protocol::health::{NodeCheck, SNAPSHOT_PART_MAX, UnitHealth};
 
     fn n(s: &str) -> NodeName {
         NodeName::new(s).unwrap()
@@ -653,5 +719,71 @@ mod tests {
             );
         }
         assert_eq!(b.unit_count(&a), MAX_UNITS_PER_NODE);
+    }
+
+    /// Hostile input: what an agent sends may not make the book hold more
+    /// than its bounds, whatever the mix; an honest node beside it keeps
+    /// its full reasons, and the book's byte count stays exact.
+    #[test]
+    fn garbage_from_an_agent_holds_bounded_memory() {
+        use drover_protocol::health::REASON_MAX;
+        let mut b = HealthBook::default();
+        let (bad, good) = (n("bad"), n("good"));
+        b.online(&bad, 1);
+        b.online(&good, 2);
+        let long_name = |i: usize| u(&format!("{i:0>240}.service"));
+        let reason = |i: usize| format!("{i}").repeat(REASON_MAX)[..REASON_MAX].to_owned();
+        let states = [Starting, Healthy, Unhealthy, HealthState::None];
+        let mut index = 0;
+        let mut tag = || {
+            index += 1;
+            t(1, index)
+        };
+        for i in 0..MAX_UNITS_PER_NODE + 500 {
+            let h = Health::new(states[i % 3], &reason(i), i as u64);
+            b.unit(&bad, 1, tag(), &long_name(i), &h, now());
+            // Now and then, a change of an early unit, or its removal.
+            if i % 7 == 0 {
+                let h = Health::new(states[i % 4], &reason(i + 1), 0);
+                b.unit(&bad, 1, tag(), &long_name(i / 2), &h, now());
+            }
+            // Snapshot parts that never end.
+            if i % 64 == 0 {
+                let units = (0..SNAPSHOT_PART_MAX)
+                    .map(|j| UnitHealth {
+                        unit: long_name(i + j),
+                        health: Health::new(Unhealthy, &reason(j), 0),
+                    })
+                    .collect();
+                let part = HealthSnapshot { units, node: None };
+                b.snapshot(&bad, 1, t(1, 1_000_000), part, now());
+            }
+        }
+        let held: usize = b
+            .rows()
+            .iter()
+            .filter(|(n, _, _)| **n == bad)
+            .map(|(_, _, e)| e.reason.len())
+            .sum();
+        let (units, pending) = b.reason_bytes(&bad);
+        assert_eq!(units, held, "the byte count is exact");
+        assert!(units <= REASON_BYTES_PER_NODE, "{units}");
+        assert!(pending <= REASON_BYTES_PER_NODE, "{pending}");
+        assert!(b.unit_count(&bad) <= MAX_UNITS_PER_NODE);
+        // The honest node is not charged for the other's garbage.
+        let full = reason(7);
+        b.unit(
+            &good,
+            2,
+            t(2, 1),
+            &u("db.service"),
+            &h(Unhealthy, &full),
+            now(),
+        );
+        assert_eq!(b.current(&good, &u("db.service")).unwrap().reason, full);
+        // A new session starts with nothing gathered.
+        b.offline(&bad, 1);
+        b.online(&bad, 3);
+        assert_eq!(b.reason_bytes(&bad).1, 0);
     }
 }
