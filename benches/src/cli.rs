@@ -15,13 +15,12 @@ use std::time::Duration;
 #[derive(Parser)]
 #[command(about = "drover benchmarks (run on an otherwise idle machine)")]
 struct Args {
-    /// Which benchmark: start-unit, proxy, rss, events, tls, ctl, agent-cpu, health,
+    /// Which benchmark: start-unit, proxy, rss, events, tls, ctl, agent-cpu, health, flood,
     /// fleet (`fleet --help`), scrape (`scrape --help`) or all (events, tls, ctl,
-    /// agent-cpu, health and fleet run alone: they
-    /// start their own daemons).
+    /// agent-cpu, health, flood and fleet run alone: they start their own daemons).
     #[arg(default_value = "all")]
     which: String,
-    /// Samples per side.
+    /// Samples per side (`flood`: rounds).
     #[arg(long, default_value_t = 300)]
     samples: usize,
     /// `proxy`: a second helper binary, measured against the first in the same run.
@@ -102,6 +101,10 @@ async fn bench(args: Args) -> Result<()> {
     if args.which == "health" {
         // `--samples` is the number of rounds (pairs of 10 s windows) per kind.
         return health::main(args.samples.min(50)).await;
+    }
+    if args.which == "flood" {
+        // A cluster of its own, restarted many times; `--samples` is the rounds.
+        return crate::flood::main(args.samples).await;
     }
     let mut opts = ClusterOptions::with_nodes(2);
     opts.heartbeat_interval_ms = 2000;

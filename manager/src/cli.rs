@@ -290,6 +290,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let (config, report) = cli.load_config().context("configuration")?;
     let log = drover_config::logging::init(&config.logging);
     log_report(&report);
+    raise_nofile();
     let listener = listener::listener_for(&config)?;
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
@@ -357,6 +358,23 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match failed {
         Some(why) => anyhow::bail!("{why}"),
         None => Ok(()),
+    }
+}
+
+/// Raises the soft limit on open descriptors to the hard limit (the shipped
+/// unit says `LimitNOFILE=65536`; systemd starts services with a soft limit
+/// of 1024 otherwise): every agent is a descriptor, and so is every
+/// connection waiting in the lobby (`nodes::listener::LOBBY`).
+fn raise_nofile() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => {
+            if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+                tracing::warn!("cannot raise the descriptor limit from {soft} to {hard}: {e}");
+            }
+        }
+        Ok(_) => {}
+        Err(e) => tracing::debug!("RLIMIT_NOFILE: {e}"),
     }
 }
 

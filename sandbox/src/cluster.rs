@@ -335,6 +335,12 @@ impl Cluster {
 
         let listener =
             TcpListener::bind("127.0.0.1:0").context("binding the manager's TCP port")?;
+        // The backlog the manager's own listener and the shipped drover-manager.socket
+        // have (std binds with 128): a listening socket takes a new backlog from a
+        // second listen().
+        socket2::SockRef::from(&listener)
+            .listen(4096)
+            .context("setting the manager's listen backlog")?;
         let port = listener
             .local_addr()
             .context("reading the manager's port")?

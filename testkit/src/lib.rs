@@ -34,6 +34,8 @@
 //!   properties, introspection, signals, [`api::JobWatch`] (a job's `JobNew` and
 //!   `JobRemoved`), [`api::Inbox`] (a monitor's unicast signals), error names;
 //! * [`monitor`]: a monitor followed over D-Bus, with every event ([`monitor::Ev`]) it got;
+//! * [`flood`]: [`flood::Flood`], thousands of half-open TLS handshakes from many loopback
+//!   addresses, reopened as the manager closes them (the admission tests and `drover-bench flood`);
 //! * [`forge`]: [`forge::Forger`], an unprivileged local user sending signals to one
 //!   connection (the attacks of the signal tests);
 //! * [`etcd`]: [`etcd::Etcd`], a real single-member etcd on loopback ports (HA tests);
@@ -57,6 +59,7 @@ pub mod api;
 pub mod cluster;
 pub mod ctl;
 pub mod etcd;
+pub mod flood;
 pub mod forge;
 pub mod http;
 pub mod manager;

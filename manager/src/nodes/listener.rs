@@ -15,23 +15,27 @@
 //!   bound anywhere).
 //! * The accept loop never gives up: when descriptors run out (EMFILE,
 //!   ENFILE) or memory is short it logs, backs off, and keeps accepting once
-//!   descriptors free up. Before each accept it takes a slot of the
-//!   [`Gate`]: while the total cap is full it
-//!   accepts nothing, and new connections wait in the listen backlog (4096)
-//!   until a place frees. The accepted connection ties the slot to its
-//!   address (over the per-address cap it is closed at once), gets TCP_NODELAY, keepalive per config, IP_RECVERR and TCP_USER_TIMEOUT (`drover_protocol::liveness`), then its
-//!   handshake runs in its own task so a slow or silent peer never stalls
-//!   the loop: the TLS handshake (with TLS) and the hello must both be done
-//!   within `Timeouts::handshake` of the accept. With TLS, not one drover
-//!   byte is read before the client certificate is verified.
+//!   descriptors free up. Accepted connections wait in the [`Lobby`] (up to
+//!   [`LOBBY`]; beyond, in the listen backlog) until the [`Gate`] has a
+//!   place for the one whose turn it is (round robin over source
+//!   addresses): a free place, or that of a connection evicted because it
+//!   waited on its peer too long while the gate was full. The connection
+//!   gets its ticket, TCP_NODELAY, keepalive per config, IP_RECVERR and
+//!   TCP_USER_TIMEOUT (`drover_protocol::liveness`), then its handshake runs
+//!   in its own task, read through the gate's [`Watched`] stream, so a slow
+//!   or silent peer never stalls the loop: the TLS handshake (with TLS) and
+//!   the hello must both be done within `Timeouts::handshake` of the accept.
+//!   With TLS, not one drover byte is read before the client certificate is
+//!   verified.
 //! * The session's reader gets the socket to mark (`nodes/frames.rs`): on
 //!   plaintext as is; on TLS 1.3 with where the ciphertext rustls read ends
 //!   (`drover_tls::records::Records` under rustls from the first byte).
 
 use crate::heap::Churn;
 use crate::nodes::frames::MarkSocket;
-use crate::nodes::gate::{Gate, LogLimiter, Slot, Ticket};
+use crate::nodes::gate::{Eviction, Gate, LogLimiter, Slot, Ticket, Watched};
 use crate::nodes::lifecycle::Lifecycle;
+use crate::nodes::lobby::Lobby;
 use drover_config::ManagerConfig;
 use drover_tls::Acceptor;
 use drover_tls::records::Records;
@@ -207,66 +211,106 @@ pub struct Accept {
     pub churn: Arc<Churn>,
 }
 
-/// Accepts agents until `stop` is cancelled.
+/// Connections parked at most, accepted and waiting for a place (see
+/// [`Lobby`]): the size of the listen backlog, so a flood that fits in the
+/// backlog fits here, where it is let in fairly instead of first come,
+/// first served.
+pub const LOBBY: usize = 4096;
+
+/// Accepts agents until `stop` is cancelled: every connection the kernel has
+/// is taken into the [`Lobby`] at once (until it is full), and the next one
+/// the lobby names is let in whenever the gate has a place for it.
 pub async fn accept_loop(
     ctx: Arc<Accept>,
     listener: tokio::net::TcpListener,
     stop: CancellationToken,
 ) {
+    let mut lobby = Lobby::new(LOBBY);
     let mut backoff = Duration::from_millis(10);
     loop {
-        // Over the total cap, accept nothing: the kernel queues new
-        // connections in the backlog until a place frees (see `gate`).
-        let slot = match ctx.gate.try_slot() {
-            Some(slot) => slot,
-            None => {
-                ctx.refusals.warn("over cap: total", || {
-                    format!(
-                        "{} connections are already authenticating; new ones wait in the \
-                         listen backlog",
-                        ctx.gate.limits().handshakes
-                    )
-                });
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    slot = ctx.gate.slot() => match slot {
-                        Some(slot) => slot,
-                        None => return,
-                    },
-                }
-            }
-        };
-        let accepted = tokio::select! {
+        tokio::select! {
+            biased;
             _ = stop.cancelled() => return,
-            accepted = listener.accept() => accepted,
-        };
-        match accepted {
-            Ok((stream, peer)) => {
-                backoff = Duration::from_millis(10);
-                // An IPv4 agent on the dual-stack listener is `[::ffff:a.b.c.d]`:
-                // every log line and check sees its plain address instead.
-                let peer = SocketAddr::new(peer.ip().to_canonical(), peer.port());
-                admit_connection(&ctx, slot, stream, peer);
-            }
-            Err(e) if is_resource_exhaustion(&e) => {
-                tracing::error!(
-                    "cannot accept agents: {e}; retrying in {} ms",
-                    backoff.as_millis()
-                );
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    _ = tokio::time::sleep(backoff) => {}
+            slot = place(&ctx, &stop), if !lobby.is_empty() => {
+                let Some(slot) = slot else { return };
+                if let Some((_, (stream, peer))) = lobby.pop() {
+                    admit_connection(&ctx, slot, stream, peer);
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(1));
             }
-            // Per-connection failures (the peer reset before we took it, …).
-            Err(e) => tracing::debug!("accept: {e}"),
+            accepted = listener.accept(), if !lobby.is_full() => match accepted {
+                Ok((stream, peer)) => {
+                    backoff = Duration::from_millis(10);
+                    // An IPv4 agent on the dual-stack listener is `[::ffff:a.b.c.d]`:
+                    // every log line and check sees its plain address instead.
+                    let peer = SocketAddr::new(peer.ip().to_canonical(), peer.port());
+                    lobby.push(peer.ip(), (stream, peer));
+                }
+                Err(e) if is_resource_exhaustion(&e) => {
+                    tracing::error!(
+                        "cannot accept agents: {e}; retrying in {} ms",
+                        backoff.as_millis()
+                    );
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
+                // Per-connection failures (the peer reset before we took it, …).
+                Err(e) => tracing::debug!("accept: {e}"),
+            },
         }
     }
 }
 
-/// One accepted connection: the per-address cap, the plaintext rule, then
-/// its own task for TLS, hello and session.
+/// A place in the gate for a connection that waits to be let in: a free
+/// one, or the place of a ripe connection evicted for it (see `gate`).
+/// `None` once `stop` is cancelled.
+async fn place(ctx: &Accept, stop: &CancellationToken) -> Option<Slot> {
+    let gate = &ctx.gate;
+    loop {
+        if let Some(slot) = gate.try_slot() {
+            return Some(slot);
+        }
+        let recheck = match gate.evict_ripest() {
+            Eviction::Evicted { ip, waited } => {
+                ctx.refusals.warn("evicted", || {
+                    format!(
+                        "{ip}: closed a connection that waited {} ms on its peer in its \
+                         handshake, to let a newcomer in ({} connections are authenticating)",
+                        waited.as_millis(),
+                        gate.limits().handshakes
+                    )
+                });
+                // Its task ends at once and frees the place.
+                EVICTION_RECHECK
+            }
+            Eviction::Pending => EVICTION_RECHECK,
+            Eviction::NotYet(first_ripe) => {
+                ctx.refusals.warn("over cap: total", || {
+                    format!(
+                        "{} connections are authenticating and none has waited on its peer for \
+                         {} ms; new ones wait in line",
+                        gate.limits().handshakes,
+                        gate.limits().ripe_after.as_millis()
+                    )
+                });
+                first_ripe.unwrap_or(gate.limits().ripe_after)
+            }
+        };
+        tokio::select! {
+            _ = stop.cancelled() => return None,
+            slot = gate.slot() => return slot,
+            _ = tokio::time::sleep(recheck.max(Duration::from_millis(1))) => {}
+        }
+    }
+}
+
+/// How long to wait for an evicted connection's place before looking again.
+const EVICTION_RECHECK: Duration = Duration::from_millis(50);
+
+/// One accepted connection: its ticket, the plaintext rule, then its own task
+/// for TLS, hello and session.
 fn admit_connection(
     ctx: &Arc<Accept>,
     slot: Slot,
@@ -274,17 +318,7 @@ fn admit_connection(
     peer: SocketAddr,
 ) {
     ctx.churn.note();
-    let Ok(ticket) = ctx.gate.enter(slot, peer.ip()) else {
-        ctx.refusals.warn("over cap: per address", || {
-            format!(
-                "{peer}: closed at once: {} connections from this address are already \
-                 authenticating",
-                ctx.gate.limits().per_ip
-            )
-        });
-        // Dropping the stream closes it; nothing was read.
-        return;
-    };
+    let ticket = ctx.gate.enter(slot, peer.ip(), Some(&stream));
     if ctx.tls.is_none() {
         let local = stream.local_addr().map(|a| a.ip());
         let allowed = local
@@ -307,10 +341,13 @@ fn admit_connection(
 
 async fn serve(ctx: Arc<Accept>, stream: tokio::net::TcpStream, peer: SocketAddr, ticket: Ticket) {
     let deadline = tokio::time::Instant::now() + ctx.handshake;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
+    // Read through the gate's watch until the verdict (see `gate`).
+    let stream = Watched::new(stream, ticket.peer_wait());
     let Some(acceptor) = ctx.tls.clone() else {
         // Plaintext: the reader may mark the socket (nodes/frames.rs); the
         // stream moves into the session, which keeps it open while it reads.
-        let socket = MarkSocket::plain(std::os::fd::AsRawFd::as_raw_fd(&stream));
+        let socket = MarkSocket::plain(fd);
         ctx.lifecycle
             .serve_connection(stream, Some(socket), peer, None, deadline, Some(ticket))
             .await;
@@ -318,7 +355,6 @@ async fn serve(ctx: Arc<Accept>, stream: tokio::net::TcpStream, peer: SocketAddr
     };
     // TLS: rustls reads through `Records`, which tells the reader where the
     // ciphertext it took ends, so the reader may mark the socket too.
-    let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
     let (stream, boundary) = Records::new(stream);
     let tls = match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
         Ok(Ok(tls)) => tls,

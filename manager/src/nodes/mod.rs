@@ -3,13 +3,15 @@
 //! read ([`frames`]) and when its socket last received data ([`arrival`]),
 //! the node table with its admission rules ([`registry`]), and a node's
 //! life from hello to disconnect with its announcements ([`lifecycle`]);
-//! what an unauthenticated connection may cost and how its refusal is
-//! logged ([`gate`]).
+//! what an unauthenticated connection may cost, who gives way when the
+//! manager is full, and how refusals are logged ([`gate`]); in which order
+//! waiting connections are let in ([`lobby`]).
 
 pub mod arrival;
 pub mod frames;
 pub mod gate;
 pub mod lifecycle;
 pub mod listener;
+pub mod lobby;
 pub mod registry;
 pub mod session;
