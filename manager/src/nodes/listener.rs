@@ -18,7 +18,8 @@
 //!   descriptors free up. Accepted connections wait in the [`Lobby`] (up to
 //!   [`LOBBY`]; beyond, in the listen backlog) until the [`Gate`] has a
 //!   place for the one whose turn it is (round robin over source
-//!   addresses): a free place, or that of a connection evicted because it
+//!   addresses; closed ones dropped, silent ones passed, see [`Lobby`]): a
+//!   free place, or that of a connection evicted because it
 //!   waited on its peer too long while the gate was full. The connection
 //!   gets its ticket, TCP_NODELAY, keepalive per config, IP_RECVERR and
 //!   TCP_USER_TIMEOUT (`drover_protocol::liveness`), then its handshake runs
@@ -35,7 +36,7 @@ use crate::heap::Churn;
 use crate::nodes::frames::MarkSocket;
 use crate::nodes::gate::{Eviction, Gate, LogLimiter, Slot, Ticket, Watched};
 use crate::nodes::lifecycle::Lifecycle;
-use crate::nodes::lobby::Lobby;
+use crate::nodes::lobby::{Lobby, Peek};
 use drover_config::ManagerConfig;
 use drover_tls::Acceptor;
 use drover_tls::records::Records;
@@ -233,7 +234,7 @@ pub async fn accept_loop(
             _ = stop.cancelled() => return,
             slot = place(&ctx, &stop), if !lobby.is_empty() => {
                 let Some(slot) = slot else { return };
-                if let Some((_, (stream, peer))) = lobby.pop() {
+                if let Some((_, (stream, peer))) = lobby.pop_with(|(s, _)| peek(s)) {
                     admit_connection(&ctx, slot, stream, peer);
                 }
             }
@@ -260,6 +261,19 @@ pub async fn accept_loop(
                 Err(e) => tracing::debug!("accept: {e}"),
             },
         }
+    }
+}
+
+/// What a parked connection's socket holds, without reading it (one
+/// non-blocking `recv(MSG_PEEK)`; see [`Lobby::pop_with`]).
+fn peek(stream: &tokio::net::TcpStream) -> Peek {
+    let mut byte = [std::mem::MaybeUninit::<u8>::uninit()];
+    match SockRef::from(stream).peek(&mut byte) {
+        Ok(0) => Peek::Gone,
+        Ok(_) => Peek::Spoke,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Peek::Silent,
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Peek::Silent,
+        Err(_) => Peek::Gone,
     }
 }
 

@@ -9,7 +9,14 @@
 //! strictly first come, first served), an agent's connection waits for one
 //! turn of every address that has connections waiting, not for every
 //! connection that came before it. Within one address (agents behind a NAT,
-//! or on the host that floods) it is first come, first served.
+//! or on the host that floods) it is first come, first served, with two
+//! exceptions that [`Lobby::pop_with`] reads off each socket (a peek, one
+//! system call): a connection its peer has closed already is dropped
+//! without a turn, so a flood that stopped leaves nothing to wait behind;
+//! and a connection that has sent nothing yet goes to the back of its
+//! address's line, up to [`SKIP_SILENT`] of them a turn, so one whose first
+//! bytes are there (a real agent speaks at once) passes silent ones from
+//! its own address [`SKIP_SILENT`] at a time instead of one.
 //!
 //! A parked connection costs a descriptor and its kernel socket buffers (as
 //! it did in the backlog), and a few dozen bytes here; the cap bounds both.
@@ -19,6 +26,21 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
+
+/// Silent connections sent to the back of their address's line in one turn,
+/// at most (each costs a peek).
+pub const SKIP_SILENT: usize = 32;
+
+/// What a parked connection's socket says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Peek {
+    /// Bytes are waiting: its peer spoke.
+    Spoke,
+    /// Nothing yet.
+    Silent,
+    /// Its peer closed it or it failed: drop it.
+    Gone,
+}
 
 /// Connections waiting to be let in, per source address (module docs).
 #[derive(Debug)]
@@ -75,16 +97,44 @@ impl<T> Lobby<T> {
     /// The next connection to let in: the oldest of the address whose turn
     /// it is; that address's next turn comes after every other address's.
     pub fn pop(&mut self) -> Option<(IpAddr, T)> {
-        let ip = self.ring.pop_front()?;
-        let queue = self.queues.get_mut(&ip)?;
-        let item = queue.pop_front()?;
-        if queue.is_empty() {
-            self.queues.remove(&ip);
-        } else {
-            self.ring.push_back(ip);
+        self.pop_with(|_| Peek::Spoke)
+    }
+
+    /// As [`Lobby::pop`], reading each candidate with `peek` (module docs):
+    /// the gone are dropped (and the turn goes on), up to [`SKIP_SILENT`]
+    /// silent ones go to the back of their line while others wait behind
+    /// them.
+    pub fn pop_with(&mut self, mut peek: impl FnMut(&T) -> Peek) -> Option<(IpAddr, T)> {
+        loop {
+            let ip = self.ring.pop_front()?;
+            let Some(queue) = self.queues.get_mut(&ip) else {
+                continue;
+            };
+            let mut skipped = 0;
+            let mut found = None;
+            while let Some(item) = queue.pop_front() {
+                match peek(&item) {
+                    Peek::Gone => self.len -= 1,
+                    Peek::Silent if skipped < SKIP_SILENT && skipped < queue.len() => {
+                        queue.push_back(item);
+                        skipped += 1;
+                    }
+                    Peek::Spoke | Peek::Silent => {
+                        found = Some(item);
+                        break;
+                    }
+                }
+            }
+            if queue.is_empty() {
+                self.queues.remove(&ip);
+            } else {
+                self.ring.push_back(ip);
+            }
+            if let Some(item) = found {
+                self.len -= 1;
+                return Some((ip, item));
+            }
         }
-        self.len -= 1;
-        Some((ip, item))
     }
 }
 
@@ -141,6 +191,65 @@ mod tests {
         assert_eq!(l.len(), 2);
         assert_eq!(l.pop(), Some((ip("10.0.0.1"), 1)));
         assert!(l.push(ip("10.0.0.3"), 3));
+    }
+
+    #[test]
+    fn closed_connections_are_dropped_without_a_turn() {
+        // 1,000 connections of a flood that stopped, then an agent, all from
+        // one address; another address waits too.
+        let mut l = Lobby::new(4096);
+        for _ in 0..1000 {
+            l.push(ip("127.0.0.1"), "gone");
+        }
+        l.push(ip("127.0.0.1"), "agent");
+        l.push(ip("10.0.0.2"), "other");
+        let peek = |s: &&str| {
+            if *s == "gone" {
+                Peek::Gone
+            } else {
+                Peek::Spoke
+            }
+        };
+        assert_eq!(l.pop_with(peek), Some((ip("127.0.0.1"), "agent")));
+        assert_eq!(l.len(), 1);
+        assert_eq!(l.pop_with(peek), Some((ip("10.0.0.2"), "other")));
+        assert!(l.is_empty());
+        assert_eq!(l.pop_with(peek), None);
+    }
+
+    #[test]
+    fn one_that_spoke_passes_silent_ones_of_its_address_a_turn_at_a_time() {
+        let mut l = Lobby::new(4096);
+        for n in 0..100 {
+            l.push(ip("127.0.0.1"), n);
+        }
+        l.push(ip("127.0.0.1"), 1000);
+        let peek = |n: &i32| {
+            if *n == 1000 {
+                Peek::Spoke
+            } else {
+                Peek::Silent
+            }
+        };
+        let turns = std::iter::from_fn(|| l.pop_with(peek))
+            .position(|(_, n)| n == 1000)
+            .unwrap();
+        // Each turn sends SKIP_SILENT to the back and lets the next one in.
+        assert_eq!(turns, 100 / (SKIP_SILENT + 1));
+        // Silent ones still get in, none lost.
+        let mut rest: Vec<i32> = std::iter::from_fn(|| l.pop_with(peek))
+            .map(|(_, n)| n)
+            .collect();
+        rest.sort();
+        assert_eq!(rest.len(), 100 - turns);
+        assert!(l.is_empty());
+    }
+
+    #[test]
+    fn a_lone_silent_connection_is_let_in() {
+        let mut l = Lobby::new(10);
+        l.push(ip("10.0.0.1"), 1);
+        assert_eq!(l.pop_with(|_| Peek::Silent), Some((ip("10.0.0.1"), 1)));
     }
 
     #[test]
