@@ -20,7 +20,8 @@
 //!   in force for the next handshakes (healthy sessions stay up: rotating the
 //!   manager's or a node's certificate drops nothing); every online session
 //!   whose certificate the new CRL revokes is dropped. Files that fail to
-//!   load keep the TLS settings in force (logged), the rest of the reload
+//!   load, or a CRL older (lower CRL number) than the one in force for the
+//!   same CA, keep the TLS settings in force (logged), the rest of the reload
 //!   still applies.
 //!
 //! New nodes get their object through the node lifecycle
@@ -47,6 +48,7 @@ use crate::proxies::rules::Policy;
 use drover_config::{ConfigError, ManagerConfig};
 use drover_protocol::NodeName;
 use drover_tls::Acceptor;
+use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 /// What a reload did (logged; returned for tests).
@@ -169,8 +171,19 @@ async fn apply(
     // TLS files first: what the new CRL revokes decides which sessions go.
     let tls = match (&reloader.tls, &new.tls) {
         (Some(acceptor), Some(files)) if old.tls.as_ref() == Some(files) => {
-            match drover_tls::ServerSettings::load(files) {
-                Ok(settings) => {
+            let loaded = drover_tls::ServerSettings::load(files);
+            match loaded.map(|s| (s.crl_rollback_from(&acceptor.settings()), s)) {
+                Ok((Some(older), _)) => {
+                    // An older CRL un-revokes: the one in force stays.
+                    let crl = files.crl.as_deref().unwrap_or(Path::new("?"));
+                    tracing::error!(
+                        "config reload: refusing {}: {older}; keeping the TLS settings in force \
+                         (drover-pki revoke signs each new CRL with a higher number)",
+                        crl.display()
+                    );
+                    Some(acceptor.settings())
+                }
+                Ok((None, settings)) => {
                     tracing::info!(
                         "config reload: TLS files read again (manager certificate serial {}, \
                          {} revoked certificate(s))",

@@ -361,3 +361,112 @@ async fn a_stopping_manager_ends_tls_sessions_cleanly() {
     .expect("the stream ends");
     assert!(end.is_none(), "a clean end of stream, got {end:?}");
 }
+
+/// Issue 25's attack on revocation: node1's certificate is rotated with
+/// `--force` (the documented rotation), then node1 is revoked by name. The
+/// certificate from before the rotation, whose key may be the stolen one,
+/// must not register after the reload; nor the rotated one; a certificate
+/// issued after the revocation does.
+#[tokio::test]
+async fn revoking_a_node_by_name_also_revokes_its_certificate_before_a_rotation() {
+    let tmp = TempDir::new("drover-tls-rotated-revoke");
+    let pki = fleet(&tmp.join("pki"), &["node1"]);
+    let config = tls_config(&pki, &["node1"]);
+    let f = Fixture::start(config.clone()).await;
+    let reloader = f.manager().reloader().clone();
+    // The attacker's copy of node1's first certificate and key.
+    let stolen = tmp.join("stolen");
+    std::fs::create_dir_all(stolen.join("nodes")).unwrap();
+    let node1 = node_name("node1");
+    for file in [pki.node_certificate(&node1), pki.node_key(&node1)] {
+        let to = stolen.join("nodes").join(file.file_name().unwrap());
+        std::fs::copy(&file, &to).unwrap();
+    }
+    let stolen_files = drover_config::TlsFiles {
+        certificate: stolen.join("nodes/node1.pem"),
+        private_key: stolen.join("nodes/node1.key"),
+        ..pki.node_files(&node1)
+    };
+    let stolen_agent = || async {
+        let settings = ClientSettings::load(&stolen_files).unwrap();
+        let opts = AgentOptions {
+            tls: Some(Connector::new(settings, "127.0.0.1").unwrap()),
+            ..AgentOptions::default()
+        };
+        FakeAgent::connect_with(f.addr, "node1", reply_empty(), opts).await
+    };
+    drop(stolen_agent().await.expect("the first certificate works"));
+    drover_testkit::wait::eventually(WAIT, "node1 offline", || async {
+        status(&f, "node1").await == "offline"
+    })
+    .await
+    .unwrap();
+
+    pki.issue_node(&node1, &options(true)).unwrap();
+    let revoked = pki.revoke(&[pki.revoke_target("node1").unwrap()]).unwrap();
+    assert_eq!(
+        revoked.len(),
+        2,
+        "both of node1's certificates: {revoked:?}"
+    );
+    let report = drover_manager::reload::reload(&reloader, Ok(config.clone()))
+        .await
+        .unwrap();
+    assert!(report.tls_reloaded);
+    let refused = stolen_agent().await;
+    assert!(
+        refused.is_err(),
+        "the certificate before the rotation is revoked"
+    );
+    assert!(tls_agent(&f, &pki, "node1", "node1").await.is_err());
+    assert_eq!(status(&f, "node1").await, "offline");
+
+    // A new certificate, issued after the revocation, registers.
+    pki.issue_node(&node1, &options(true)).unwrap();
+    let _a = tls_agent(&f, &pki, "node1", "node1").await.unwrap();
+    assert_eq!(status(&f, "node1").await, "online");
+}
+
+/// Issue 25: a CRL from before a revocation (a lower CRL number), put back
+/// and reloaded, must not un-revoke: the reload keeps the CRL in force.
+#[tokio::test]
+async fn an_older_crl_is_refused_on_reload_and_the_one_in_force_kept() {
+    let tmp = TempDir::new("drover-tls-old-crl");
+    let pki = fleet(&tmp.join("pki"), &["node1", "node2"]);
+    let config = tls_config(&pki, &["node1", "node2"]);
+    let f = Fixture::start(config.clone()).await;
+    let reloader = f.manager().reloader().clone();
+    let before_revocation = std::fs::read(pki.crl()).unwrap();
+    pki.revoke(&[pki.revoke_target("node1").unwrap()]).unwrap();
+    let report = drover_manager::reload::reload(&reloader, Ok(config.clone()))
+        .await
+        .unwrap();
+    assert!(report.tls_reloaded);
+    assert!(tls_agent(&f, &pki, "node1", "node1").await.is_err());
+    let in_force = std::fs::read(pki.crl()).unwrap();
+
+    // The attack: the old file back in place, then a reload.
+    std::fs::write(pki.crl(), &before_revocation).unwrap();
+    let report = drover_manager::reload::reload(&reloader, Ok(config.clone()))
+        .await
+        .unwrap();
+    assert!(!report.tls_reloaded, "the older CRL is refused");
+    assert!(
+        tls_agent(&f, &pki, "node1", "node1").await.is_err(),
+        "node1 is still revoked"
+    );
+    let _a2 = tls_agent(&f, &pki, "node2", "node2").await.unwrap();
+    assert_eq!(status(&f, "node2").await, "online");
+
+    // A newer CRL (another revocation) is taken again.
+    std::fs::write(pki.crl(), &in_force).unwrap();
+    pki.revoke(&[drover_tls::pki::RevokeTarget::Serial(
+        "0a:0b".parse().unwrap(),
+    )])
+    .unwrap();
+    let report = drover_manager::reload::reload(&reloader, Ok(config))
+        .await
+        .unwrap();
+    assert!(report.tls_reloaded);
+    assert!(tls_agent(&f, &pki, "node1", "node1").await.is_err());
+}

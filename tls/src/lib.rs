@@ -110,6 +110,7 @@ pub use connector::Connector;
 pub use drover_config::TlsFiles;
 pub use error::{Error, IdentityError};
 pub use identity::{NodeIdentity, ParseSerialError, Serial};
+pub use revocation::CrlRollback;
 pub use settings::{ClientSettings, ServerSettings};
 pub use utc::format as format_utc;
 

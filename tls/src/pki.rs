@@ -12,6 +12,7 @@
 //! | `crl.pem` | the CA's revocation list (empty at first), for the manager | 0644 |
 //! | `manager.pem`, `manager.key` | the manager's server certificate and key | 0644, 0600 |
 //! | `nodes/NODE.pem`, `nodes/NODE.key` | a node's client certificate and key | 0644, 0600 |
+//! | `issued.tsv` | every certificate the CA issued ([`index`]) | 0644 |
 //!
 //! Keys are ECDSA P-256 (fast handshakes, small certificates). Serials are
 //! 16 random bytes. Validity starts an hour back (clock skew between the
@@ -27,6 +28,10 @@
 //!
 //! Revocation re-signs `crl.pem` with the entries it already holds plus the
 //! new ones, and a CRL number one higher; the manager reads it on reload.
+//! Revoking a node revokes every certificate ever issued for it (the index
+//! knows them, a rotation notwithstanding); a serial is revoked only when
+//! asked for as a serial, so a typo in a node name is an error, not a
+//! revocation of some other number.
 
 use std::fs::{self, File, OpenOptions, Permissions};
 use std::io::{self, Write};
@@ -48,6 +53,9 @@ use x509_parser::revocation_list::CertificateRevocationList;
 
 use crate::files;
 use crate::identity::Serial;
+use index::{Entry, Index, Kind};
+
+pub mod index;
 use crate::utc;
 use drover_config::TlsFiles;
 
@@ -90,8 +98,12 @@ pub enum PkiError {
     #[error("name at least one {0}")]
     NothingToDo(&'static str),
 
-    #[error("'{arg}' is neither a node with a certificate in {} nor a certificate serial (hex)", dir.display())]
-    UnknownRevokeTarget { arg: String, dir: PathBuf },
+    #[error(
+        "'{arg}' is not a node this CA issued a certificate for (see {}); to revoke a \
+         certificate by its serial number, pass --serial",
+        index.display()
+    )]
+    UnknownRevokeTarget { arg: String, index: PathBuf },
 
     #[error("validity must be 1 to {MAX_DAYS} days, not {0}")]
     BadValidity(u32),
@@ -141,7 +153,7 @@ pub struct Issued {
     pub not_after: SystemTime,
 }
 
-/// What to revoke: a node's current certificate, or any serial of the CA.
+/// What to revoke: every certificate issued for a node, or one serial.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RevokeTarget {
     Node(NodeName),
@@ -182,6 +194,11 @@ impl Pki {
 
     pub fn crl(&self) -> PathBuf {
         self.dir.join("crl.pem")
+    }
+
+    /// Every certificate issued ([`index`]).
+    pub fn index_path(&self) -> PathBuf {
+        self.dir.join(index::FILE)
     }
 
     pub fn manager_certificate(&self) -> PathBuf {
@@ -233,9 +250,10 @@ impl Pki {
         let serial = random_serial()?;
         let mut params = CertificateParams::default();
         params.distinguished_name = rcgen::DistinguishedName::new();
+        let ca_name = format!("drover CA {}", random_tag()?);
         params
             .distinguished_name
-            .push(DnType::CommonName, format!("drover CA {}", random_tag()?));
+            .push(DnType::CommonName, ca_name.as_str());
         params
             .distinguished_name
             .push(DnType::OrganizationName, "drover");
@@ -248,6 +266,15 @@ impl Pki {
         ];
         set_validity(&mut params, &options.validity, &serial);
         let cert = params.self_signed(&key)?;
+        // A new CA starts a new index: what the old key issued is not its.
+        let mut index = Index::new();
+        index.push(Entry {
+            serial: serial.clone(),
+            kind: Kind::Ca,
+            name: ca_name,
+            not_after: utc::format(options.validity.not_after),
+        });
+        index.save(&self.index_path())?;
         write_file(&self.ca_key(), key.serialize_pem().as_bytes(), KEY_MODE)?;
         write_file(&self.ca_certificate(), cert.pem().as_bytes(), CERT_MODE)?;
         let issuer = Issuer::new(params, key);
@@ -278,7 +305,7 @@ impl Pki {
         let ca = self.load_ca()?;
         self.issue(
             &ca,
-            first.as_ref(),
+            (Kind::Manager, first.as_ref()),
             sans,
             ExtendedKeyUsagePurpose::ServerAuth,
             options,
@@ -308,7 +335,7 @@ impl Pki {
                 let san = SanType::DnsName(Ia5String::try_from(node.as_str())?);
                 self.issue(
                     &ca,
-                    node.as_str(),
+                    (Kind::Node, node.as_str()),
                     vec![san],
                     ExtendedKeyUsagePurpose::ClientAuth,
                     options,
@@ -324,57 +351,166 @@ impl Pki {
         Ok(issued.remove(0))
     }
 
-    /// Reads a `drover-pki revoke` argument: a node that has a certificate in
-    /// `nodes/` names that certificate; anything else must be a hex serial.
-    /// (A serial written with `:` can never be a node name.)
+    /// Reads a `drover-pki revoke` argument naming a node: one this CA issued
+    /// a certificate for (in the index, or in `nodes/`). Anything else is an
+    /// error, also what looks like a serial: serials are revoked only as
+    /// [`RevokeTarget::Serial`] (`--serial`).
     pub fn revoke_target(&self, arg: &str) -> Result<RevokeTarget, PkiError> {
-        if let Ok(node) = NodeName::new(arg)
-            && self.node_certificate(&node).exists()
-        {
-            return Ok(RevokeTarget::Node(node));
+        let unknown = || PkiError::UnknownRevokeTarget {
+            arg: arg
+                .chars()
+                .take(80)
+                .flat_map(char::escape_default)
+                .collect(),
+            index: self.index_path(),
+        };
+        let node = NodeName::new(arg).map_err(|_| unknown())?;
+        let in_index = Index::load(&self.index_path())?
+            .is_some_and(|index| !index.node_serials(&node).is_empty());
+        if in_index || self.node_certificate(&node).exists() {
+            Ok(RevokeTarget::Node(node))
+        } else {
+            Err(unknown())
         }
-        arg.parse()
-            .map(RevokeTarget::Serial)
-            .map_err(|_| PkiError::UnknownRevokeTarget {
-                arg: arg
-                    .chars()
-                    .take(80)
-                    .flat_map(char::escape_default)
-                    .collect(),
-                dir: self.nodes_dir(),
-            })
     }
 
-    /// Adds the targets to `crl.pem` and signs it anew.
+    /// The index of every certificate issued: the file, or one seeded from
+    /// the certificates present when there is none yet (not written here).
+    pub fn index(&self) -> Result<Index, PkiError> {
+        let ca = self.load_ca()?;
+        self.index_for(&ca)
+    }
+
+    fn index_for(&self, ca: &Ca) -> Result<Index, PkiError> {
+        if let Some(index) = Index::load(&self.index_path())? {
+            return Ok(index);
+        }
+        let mut found = Vec::new();
+        let mut add = |path: PathBuf, kind: Kind, name: Option<String>| {
+            if let Ok(Some(entry)) = self.entry_of(ca, &path, kind, name) {
+                found.push(entry);
+            }
+        };
+        add(self.ca_certificate(), Kind::Ca, None);
+        add(self.manager_certificate(), Kind::Manager, None);
+        if let Ok(dir) = fs::read_dir(self.nodes_dir()) {
+            let mut nodes: Vec<NodeName> = dir
+                .filter_map(|e| e.ok())
+                .filter_map(|e| {
+                    let name = e.file_name().into_string().ok()?;
+                    NodeName::new(name.strip_suffix(".pem")?).ok()
+                })
+                .collect();
+            nodes.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+            for node in nodes {
+                add(
+                    self.node_certificate(&node),
+                    Kind::Node,
+                    Some(node.as_str().to_string()),
+                );
+            }
+        }
+        Ok(Index::seeded(&utc::format(SystemTime::now()), found))
+    }
+
+    /// The index line of the certificate in `path`, if this CA issued it.
+    fn entry_of(
+        &self,
+        ca: &Ca,
+        path: &Path,
+        kind: Kind,
+        name: Option<String>,
+    ) -> Result<Option<Entry>, PkiError> {
+        let bad = |detail: String| PkiError::BadFile {
+            path: path.to_owned(),
+            detail,
+        };
+        let pem = files::read(path).map_err(|e| bad(e.to_string()))?;
+        let der = files::certificates(path, &pem)
+            .map_err(|e| bad(e.to_string()))?
+            .remove(0);
+        let (_, cert) =
+            X509Certificate::from_der(&der).map_err(|e| bad(format!("cannot be parsed: {e}")))?;
+        if cert.issuer().as_raw() != ca.subject.as_slice() {
+            return Ok(None);
+        }
+        let name = name.unwrap_or_else(|| {
+            cert.subject()
+                .iter_common_name()
+                .find_map(|cn| cn.as_str().ok().map(str::to_string))
+                .unwrap_or_else(|| "-".into())
+        });
+        Ok(Some(Entry {
+            serial: Serial::from_bytes(cert.raw_serial()),
+            kind,
+            name,
+            not_after: utc::format(utc::from_unix(cert.validity().not_after.timestamp())),
+        }))
+    }
+
+    /// Adds the targets to `crl.pem` and signs it anew: a node's every
+    /// certificate (the index's, and the one in `nodes/`), or a serial. One
+    /// [`Revoked`] per serial.
     pub fn revoke(&self, targets: &[RevokeTarget]) -> Result<Vec<Revoked>, PkiError> {
         if targets.is_empty() {
             return Err(PkiError::NothingToDo("certificate to revoke"));
         }
         let ca = self.load_ca()?;
+        let index = self.index_for(&ca)?;
         let (mut entries, number) = self.read_crl(&ca)?;
         let now = SystemTime::now();
-        let mut done = Vec::new();
+        let mut done: Vec<Revoked> = Vec::new();
         for target in targets {
-            let (serial, node) = match target {
-                RevokeTarget::Serial(s) => (s.clone(), None),
-                RevokeTarget::Node(n) => (self.node_serial(&ca, n)?, Some(n.clone())),
+            let serials: Vec<(Serial, Option<NodeName>)> = match target {
+                RevokeTarget::Serial(s) => {
+                    let node = index
+                        .find(s)
+                        .filter(|e| e.kind == Kind::Node)
+                        .and_then(|e| NodeName::new(e.name.as_str()).ok());
+                    vec![(s.clone(), node)]
+                }
+                RevokeTarget::Node(n) => {
+                    let mut serials = index.node_serials(n);
+                    if self.node_certificate(n).exists() {
+                        let current = self.node_serial(&ca, n)?;
+                        if !serials.contains(&current) {
+                            serials.push(current);
+                        }
+                    }
+                    if serials.is_empty() {
+                        return Err(PkiError::UnknownRevokeTarget {
+                            arg: n.as_str().to_string(),
+                            index: self.index_path(),
+                        });
+                    }
+                    serials.into_iter().map(|s| (s, Some(n.clone()))).collect()
+                }
             };
-            let already = entries
-                .iter()
-                .any(|e| Serial::from_bytes(e.serial_number.as_ref()) == serial);
-            if !already {
-                entries.push(RevokedCertParams {
-                    serial_number: serial_number(&serial),
-                    revocation_time: now.into(),
-                    reason_code: Some(RevocationReason::Unspecified),
-                    invalidity_date: None,
+            for (serial, node) in serials {
+                if done.iter().any(|d| d.serial == serial) {
+                    continue;
+                }
+                let already = entries
+                    .iter()
+                    .any(|e| Serial::from_bytes(e.serial_number.as_ref()) == serial);
+                if !already {
+                    entries.push(RevokedCertParams {
+                        serial_number: serial_number(&serial),
+                        revocation_time: now.into(),
+                        reason_code: Some(RevocationReason::Unspecified),
+                        invalidity_date: None,
+                    });
+                }
+                done.push(Revoked {
+                    serial,
+                    node,
+                    already,
                 });
             }
-            done.push(Revoked {
-                serial,
-                node,
-                already,
-            });
+        }
+        if !self.index_path().exists() {
+            // Seeded now: kept, so what is issued from here on is known.
+            index.save(&self.index_path())?;
         }
         self.write_crl(&ca.issuer, ca.not_after, entries, &increment(&number))?;
         Ok(done)
@@ -384,7 +520,7 @@ impl Pki {
     fn issue(
         &self,
         ca: &Ca,
-        common_name: &str,
+        (kind, common_name): (Kind, &str),
         sans: Vec<SanType>,
         purpose: ExtendedKeyUsagePurpose,
         options: &Options,
@@ -405,6 +541,15 @@ impl Pki {
         params.use_authority_key_identifier_extension = true;
         set_validity(&mut params, &options.validity, &serial);
         let cert = params.signed_by(&key, &ca.issuer)?;
+        // The index line first: no certificate on disk without one.
+        let mut index = self.index_for(ca)?;
+        index.push(Entry {
+            serial: serial.clone(),
+            kind,
+            name: common_name.to_string(),
+            not_after: utc::format(options.validity.not_after),
+        });
+        index.save(&self.index_path())?;
         write_file(key_path, key.serialize_pem().as_bytes(), KEY_MODE)?;
         write_file(cert_path, cert.pem().as_bytes(), CERT_MODE)?;
         Ok(Issued {

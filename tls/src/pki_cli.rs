@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::pki::{Issued, Options, Pki, Validity};
+use crate::pki::{Issued, Options, Pki, RevokeTarget, Validity};
 use crate::utc;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -18,6 +18,7 @@ Files in DIR:
   crl.pem                     the CA's revocation list, for the manager
   manager.pem, manager.key    the manager's server certificate
   nodes/NODE.pem, NODE.key    a node's client certificate (its SAN is the node name)
+  issued.tsv                  every certificate the CA issued (what `revoke NODE` revokes)
 Keys are written with mode 0600, certificates and the CRL 0644.";
 
 #[derive(Parser)]
@@ -66,11 +67,15 @@ enum Command {
         #[arg(long)]
         force: bool,
     },
-    /// Revoke a node's certificate or a serial (hex, e.g. 4a:0f:…) and re-sign DIR/crl.pem.
+    /// Revoke every certificate ever issued for each NODE (or, with --serial, the
+    /// certificates of these serials) and re-sign DIR/crl.pem.
     Revoke {
         dir: PathBuf,
-        #[arg(required = true, value_name = "SERIAL|NODE")]
+        #[arg(required = true, value_name = "NODE|SERIAL")]
         targets: Vec<String>,
+        /// The arguments are certificate serial numbers (hex, e.g. 4a:0f:…), not node names.
+        #[arg(long)]
+        serial: bool,
     },
 }
 
@@ -124,12 +129,23 @@ fn run(command: Command) -> Result<()> {
                 report(&issued);
             }
         }
-        Command::Revoke { dir, targets } => {
+        Command::Revoke {
+            dir,
+            targets,
+            serial,
+        } => {
             let pki = Pki::new(dir);
             let targets = targets
                 .iter()
-                .map(|t| pki.revoke_target(t))
-                .collect::<Result<Vec<_>, _>>()?;
+                .map(|t| {
+                    if serial {
+                        Ok(RevokeTarget::Serial(t.parse()?))
+                    } else {
+                        Ok(pki.revoke_target(t)?)
+                    }
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let seeded = pki.index()?.seeded_on().map(str::to_string);
             for done in pki.revoke(&targets).context("revoking")? {
                 let what = match &done.node {
                     Some(node) => format!("{} (serial {})", node.as_str(), done.serial),
@@ -141,6 +157,15 @@ fn run(command: Command) -> Result<()> {
                     "revoked"
                 };
                 println!("{what} {state}");
+            }
+            if let Some(date) = seeded
+                && targets.iter().any(|t| matches!(t, RevokeTarget::Node(_)))
+            {
+                println!(
+                    "note: {} was started on {date} from the certificates present then; a \
+                     certificate replaced before that is not known: revoke it with --serial",
+                    pki.index_path().display()
+                );
             }
             println!(
                 "wrote {}; reload the manager (SIGHUP) to apply it",

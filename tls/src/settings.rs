@@ -23,7 +23,7 @@ use x509_parser::prelude::{FromDer, X509Certificate};
 use crate::error::Error;
 use crate::files;
 use crate::identity::{NodeIdentity, Serial};
-use crate::revocation::RevokedSet;
+use crate::revocation::{CrlRollback, RevokedSet};
 use crate::utc;
 use crate::verifier::NodeCertVerifier;
 use drover_config::TlsFiles;
@@ -68,6 +68,13 @@ impl ServerSettings {
     /// the manager drops the sessions for which this is true.
     pub fn is_revoked(&self, identity: &NodeIdentity) -> bool {
         self.revoked.contains(identity.issuer(), identity.serial())
+    }
+
+    /// `Some` when these settings' CRL for some issuer is older (a lower CRL
+    /// number) than the one in `in_force`: a reload must then keep
+    /// `in_force` (an older CRL un-revokes).
+    pub fn crl_rollback_from(&self, in_force: &ServerSettings) -> Option<CrlRollback> {
+        self.revoked.rollback_from(&in_force.revoked)
     }
 
     /// How many certificates the CRL file revokes.

@@ -147,23 +147,100 @@ fn revocation_accumulates_in_the_crl() {
     let done = pki.revoke(&[target]).unwrap();
     assert!(done[0].already);
     let serial: Serial = "0a:0b:0c".parse().unwrap();
-    let by_serial = pki.revoke_target("0a:0b:0c").unwrap();
-    assert_eq!(by_serial, RevokeTarget::Serial(serial.clone()));
-    pki.revoke(&[by_serial]).unwrap();
+    pki.revoke(&[RevokeTarget::Serial(serial.clone())]).unwrap();
     assert_eq!(
         crl(pki),
         (vec![fleet.node1.serial.clone(), serial], vec![4])
     );
     assert_eq!(mode(&pki.crl()), 0o644);
 
-    // Neither a node with a certificate nor hex.
-    let err = pki.revoke_target("nonode").unwrap_err();
-    assert!(matches!(err, PkiError::UnknownRevokeTarget { .. }), "{err}");
-    // A name that looks like hex but has no certificate is read as a serial.
-    assert!(matches!(
-        pki.revoke_target("cafe"),
-        Ok(RevokeTarget::Serial(_))
-    ));
+    // Not a node this CA issued for: an error, whatever it looks like. A
+    // name that reads as hex (db2, cafe) is not taken for a serial.
+    for arg in ["nonode", "cafe", "db2", "0a:0b:0c", "bad name"] {
+        let err = pki.revoke_target(arg).unwrap_err();
+        assert!(matches!(err, PkiError::UnknownRevokeTarget { .. }), "{err}");
+        assert!(err.to_string().contains("--serial"), "{err}");
+    }
+    assert_eq!(crl(pki).1, vec![4], "nothing re-signed");
+}
+
+/// The attack of issue 25: a node's certificate rotated with `--force`, then
+/// the node revoked by name. The old certificate (maybe the stolen key) must
+/// be on the CRL too, and the manager's settings must refuse both.
+#[test]
+fn revoking_a_node_revokes_every_certificate_it_was_issued() {
+    let fleet = Fleet::new();
+    let pki = &fleet.pki;
+    let old = fleet.node1.serial.clone();
+    let old_pem = fs::read(pki.node_certificate(&node("node1"))).unwrap();
+    let new = pki
+        .issue_node(
+            &node("node1"),
+            &Options {
+                force: true,
+                ..days(10)
+            },
+        )
+        .unwrap()
+        .serial;
+    assert_ne!(old, new);
+    let index = pki.index().unwrap();
+    assert_eq!(
+        index.node_serials(&node("node1")),
+        vec![old.clone(), new.clone()]
+    );
+    assert_eq!(index.seeded_on(), None);
+
+    let target = pki.revoke_target("node1").unwrap();
+    let done = pki.revoke(&[target]).unwrap();
+    let serials: Vec<_> = done.iter().map(|d| d.serial.clone()).collect();
+    assert_eq!(serials, [old.clone(), new.clone()]);
+    assert!(
+        done.iter()
+            .all(|d| d.node == Some(node("node1")) && !d.already)
+    );
+    assert_eq!(crl(pki).0, [old.clone(), new.clone()]);
+    // The manager's settings, loaded from the new CRL, refuse both.
+    let settings = fleet.server_settings();
+    let current = fleet.client_settings("node1").identity().clone();
+    assert!(settings.is_revoked(&current));
+    let old_der = rustls::pki_types::CertificateDer::from_pem_slice(&old_pem).unwrap();
+    let old_id = drover_tls::NodeIdentity::from_certificate(&old_der).unwrap();
+    assert_eq!(old_id.serial(), &old);
+    assert!(
+        settings.is_revoked(&old_id),
+        "the certificate before the rotation"
+    );
+    // node2 is untouched.
+    assert!(!settings.is_revoked(fleet.client_settings("node2").identity()));
+
+    // With nodes/node1.pem gone, the index still knows node1.
+    fs::remove_file(pki.node_certificate(&node("node1"))).unwrap();
+    let done = pki.revoke(&[pki.revoke_target("node1").unwrap()]).unwrap();
+    assert_eq!(done.len(), 2);
+    assert!(done.iter().all(|d| d.already));
+}
+
+/// A directory made before the index existed: the index is seeded from the
+/// certificates present, and says so.
+#[test]
+fn a_directory_without_an_index_gets_one_seeded_from_its_files() {
+    let fleet = Fleet::new();
+    let pki = &fleet.pki;
+    fs::remove_file(pki.index_path()).unwrap();
+    let seeded = pki.index().unwrap();
+    assert!(seeded.seeded_on().is_some());
+    assert_eq!(
+        seeded.node_serials(&node("node1")),
+        vec![fleet.node1.serial.clone()]
+    );
+    assert_eq!(seeded.entries().len(), 4, "{:?}", seeded.entries());
+    assert!(!pki.index_path().exists(), "reading writes nothing");
+    pki.issue_node(&node("node3"), &days(1)).unwrap();
+    let index = pki.index().unwrap();
+    assert!(index.seeded_on().is_some());
+    assert_eq!(index.entries().len(), 5);
+    assert_eq!(mode(&pki.index_path()), 0o644);
 }
 
 #[test]
@@ -224,13 +301,33 @@ fn the_binary() {
     let (ok, out, err) = run(&["node", d, "node1", "--force", "--days", "2"]);
     assert!(ok && out.contains("node1.pem"), "{out}{err}");
 
-    let (ok, out, err) = run(&["revoke", d, "node1", "ab:cd"]);
-    assert!(
-        ok && out.contains("node1 (serial") && out.contains("serial ab:cd revoked"),
-        "{out}{err}"
+    // node1 was issued twice (the --force above): both revoked, named.
+    let (ok, out, err) = run(&["revoke", d, "node1"]);
+    assert!(ok, "{out}{err}");
+    assert_eq!(
+        out.lines()
+            .filter(|l| l.starts_with("node1 (serial "))
+            .count(),
+        2,
+        "{out}"
     );
+    let (ok, out, err) = run(&["revoke", d, "--serial", "ab:cd"]);
+    assert!(ok && out.contains("serial ab:cd revoked"), "{out}{err}");
+    // Without --serial, what is not a node of this CA is an error and
+    // changes nothing, even when it reads as hex.
+    let crl_before = fs::read(pki_dir.join("crl.pem")).unwrap();
+    for arg in ["db2", "ab:cd", "what?"] {
+        let (ok, out, err) = run(&["revoke", d, arg]);
+        assert!(
+            !ok && err.contains("not a node this CA issued"),
+            "{out}{err}"
+        );
+    }
+    let (ok, _, err) = run(&["revoke", d, "--serial", "node1"]);
+    assert!(!ok && err.contains("not a certificate serial"), "{err}");
+    assert_eq!(fs::read(pki_dir.join("crl.pem")).unwrap(), crl_before);
     let (ok, _, err) = run(&["revoke", d, "what?"]);
-    assert!(!ok && err.contains("neither a node"), "{err}");
+    assert!(!ok, "{err}");
     // Errors are one line, without a backtrace, even with RUST_BACKTRACE set.
     assert_eq!(err.trim().lines().count(), 1, "{err}");
 
