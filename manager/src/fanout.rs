@@ -19,6 +19,9 @@
 //!   manager holds at most about the limit's worth of rows plus the answers
 //!   in flight, whatever the fleet's size.
 //! * A fleet whose answer fits gets all of it, in node-name order.
+//! * How many fleet-wide lists run or wait at once, per client and in all,
+//!   is bounded ([`limit`]): a client's pending calls cannot make the
+//!   manager hold more than a few answers, nor starve other clients.
 
 use crate::error::ApiError;
 use crate::nodes::session::Session;
@@ -32,6 +35,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 use zbus::wire::serialized::Context;
 use zbus::wire::{LE, Type, serialized_size};
+
+pub mod limit;
 
 /// Nodes asked at the same time.
 pub const IN_FLIGHT: usize = 64;

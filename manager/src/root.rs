@@ -27,6 +27,7 @@
 //! agent goes to the part it concerns.
 
 use crate::ha::fence::Fence;
+use crate::fanout::limit::FleetCallLimits;
 use crate::heap::Churn;
 use crate::job_runner::JobRunner;
 use crate::logs::LogControl;
@@ -64,6 +65,8 @@ pub struct Timeouts {
     pub fleet_answer: usize,
     /// Caps on connections not yet admitted (see [`crate::nodes::gate`]).
     pub pre_auth: Limits,
+    /// Fleet-wide lists at once (see [`crate::fanout::limit`]).
+    pub fleet_calls: FleetCallLimits,
 }
 
 impl Default for Timeouts {
@@ -75,6 +78,7 @@ impl Default for Timeouts {
             fanout: Duration::from_secs(20),
             fleet_answer: drover_bus::limits::MAX_REPLY_BODY,
             pre_auth: Limits::default(),
+            fleet_calls: FleetCallLimits::default(),
         }
     }
 }

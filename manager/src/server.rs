@@ -17,6 +17,7 @@ use crate::api;
 use crate::api::handles::Handles;
 use crate::ha::election::{Election, Seat};
 use crate::ha::etcd::Etcd;
+use crate::fanout::limit::FleetCalls;
 use crate::job_runner::JobRunner;
 use crate::logs::LogControl;
 use crate::metrics::exposition::{Exposition, Live};
@@ -113,6 +114,7 @@ impl Manager {
             request: parts.timeouts.request,
             fanout: parts.timeouts.fanout,
             fleet_answer: parts.timeouts.fleet_answer,
+            fleet_calls: Arc::new(FleetCalls::new(parts.timeouts.fleet_calls)),
         });
         api::export(&handles, &conn)
             .await

@@ -4,6 +4,7 @@ use crate::api::handles::Handles;
 use crate::api::replies::{unit_files, units_of};
 use crate::error::ApiError;
 use crate::fanout;
+use crate::fanout::limit::FleetCalls;
 use crate::logs::LogControl;
 use crate::metrics::Metrics;
 use crate::nodes::lifecycle::Nodes;
@@ -56,6 +57,7 @@ pub struct ControllerObject {
     log_target: &'static str,
     fanout: Duration,
     fleet_answer: usize,
+    fleet_calls: Arc<FleetCalls>,
 }
 
 impl ControllerObject {
@@ -69,6 +71,7 @@ impl ControllerObject {
             log_target: handles.log_target,
             fanout: handles.fanout,
             fleet_answer: handles.fleet_answer,
+            fleet_calls: handles.fleet_calls.clone(),
         }
     }
 
@@ -78,12 +81,18 @@ impl ControllerObject {
     /// (BlueChi fails the whole call instead; one slow or broken node should
     /// not blind an operator to the rest of the fleet). An answer that would
     /// not fit one D-Bus reply is refused early: see [`crate::fanout`].
+    ///
+    /// Each caller waits its turn, and is refused over its share or when
+    /// too many wait ([`crate::fanout::limit`]).
     async fn fleet_list<T: serde::Serialize + zbus::wire::Type>(
         &self,
+        header: &Header<'_>,
         list: &fanout::FleetList,
         rows: fn(Response) -> Result<Vec<T>, ApiError>,
     ) -> Result<BTreeMap<String, Vec<T>>, ApiError> {
         self.nodes.serving()?;
+        let client = header.sender().map(|s| s.as_str()).unwrap_or("");
+        let _turn = self.fleet_calls.turn(client, list.method).await?;
         let sessions = self.nodes.sessions();
         fanout::gather(sessions, list, rows, self.fanout, self.fleet_answer).await
     }
@@ -136,14 +145,22 @@ impl ControllerObject {
     /// `ControllerObject::fleet_list` for nodes left out and answers too
     /// large.
     #[zbus(out_args("units"))]
-    async fn list_units(&self) -> Result<BTreeMap<String, Vec<UnitTuple>>, ApiError> {
-        self.fleet_list(&fanout::LIST_UNITS, units_of).await
+    async fn list_units(
+        &self,
+        #[zbus(header)] header: Header<'_>,
+    ) -> Result<BTreeMap<String, Vec<UnitTuple>>, ApiError> {
+        self.fleet_list(&header, &fanout::LIST_UNITS, units_of)
+            .await
     }
 
     /// Unit files of every online node, keyed by node name (as `ListUnits`).
     #[zbus(out_args("unitfiles"))]
-    async fn list_unit_files(&self) -> Result<BTreeMap<String, Vec<(String, String)>>, ApiError> {
-        self.fleet_list(&fanout::LIST_UNIT_FILES, unit_files).await
+    async fn list_unit_files(
+        &self,
+        #[zbus(header)] header: Header<'_>,
+    ) -> Result<BTreeMap<String, Vec<(String, String)>>, ApiError> {
+        self.fleet_list(&header, &fanout::LIST_UNIT_FILES, unit_files)
+            .await
     }
 
     /// A monitor owned by the caller; it closes when the caller leaves the bus.

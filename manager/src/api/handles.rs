@@ -4,6 +4,7 @@
 //! and [`crate::api::monitor::MonitorExport`] hold the handles weakly to make
 //! the objects that come and go.
 
+use crate::fanout::limit::FleetCalls;
 use crate::job_runner::JobRunner;
 use crate::logs::LogControl;
 use crate::metrics::Metrics;
@@ -38,4 +39,6 @@ pub struct Handles {
     pub fanout: Duration,
     /// The most bytes a fleet-wide answer's body may take.
     pub fleet_answer: usize,
+    /// How many fleet-wide lists run and wait (see [`crate::fanout::limit`]).
+    pub fleet_calls: Arc<FleetCalls>,
 }
