@@ -114,7 +114,11 @@ async fn half_open_handshakes_from_many_addresses_keep_no_agent_out() {
     for name in ["node1", "node2", "node3"] {
         c.wait_status(name, "online", T).await;
     }
-    assert!(flood.open() >= 1900, "still flooding: {} open", flood.open());
+    assert!(
+        flood.open() >= 1900,
+        "still flooding: {} open",
+        flood.open()
+    );
     let peak_kib = status_kib(restarted, "VmHWM:");
     assert!(
         peak_kib < idle_kib + RSS_BOUND_KIB,

@@ -115,11 +115,15 @@ pub enum IdentityError {
     NoDnsName,
 
     #[error(
-        "the certificate has {} DNS names in its subjectAltName ({}); a node certificate names exactly one node",
-        .0.len(),
-        .0.join(", ")
+        "the certificate has {count} DNS names in its subjectAltName ({}); a node certificate names exactly one node",
+        .shown.join(", ")
     )]
-    SeveralDnsNames(Vec<String>),
+    SeveralDnsNames {
+        /// How many DNS names the certificate has.
+        count: usize,
+        /// The first few, escaped and cut, then `…` when there are more.
+        shown: Vec<String>,
+    },
 
     #[error("the certificate's DNS name is not a drover node name: {0}")]
     BadNodeName(NameError),

@@ -195,7 +195,10 @@ fn node_name(cert: &X509Certificate<'_>) -> Result<NodeName, IdentityError> {
             if several.len() > NAMES_SHOWN {
                 shown.push("…".into());
             }
-            Err(IdentityError::SeveralDnsNames(shown))
+            Err(IdentityError::SeveralDnsNames {
+                count: several.len(),
+                shown,
+            })
         }
     }
 }

@@ -132,6 +132,17 @@ async fn client_certificate_with_two_dns_names_is_refused() {
         "{why}"
     );
     assert_ne!(seen, "accepted");
+
+    // 100 names: the refusal counts them all and shows the first few.
+    let many: Vec<_> = (0..100).map(|i| dns(&format!("n{i}"))).collect();
+    let (cert, key) = odd_client_cert(&fleet, "many", many, None);
+    let client = raw_client(&fleet.pki.ca_certificate(), Some((&cert, &key)));
+    raw_attempt(&server, &client).await;
+    let why = server.refused().await;
+    assert!(
+        why.contains("100 DNS names in its subjectAltName (n0, n1, n2, n3, …)"),
+        "{why}"
+    );
 }
 
 #[tokio::test]

@@ -137,22 +137,47 @@ pub fn listener_for(config: &ManagerConfig) -> Result<TcpListener, ListenError> 
 
 /// The start-up warning for a plaintext listener (nothing with TLS).
 pub fn warn_if_plaintext(config: &ManagerConfig, local: SocketAddr) {
-    if config.tls.is_some() {
-        return;
+    match plaintext_warning(config, local) {
+        Some(Plaintext::ServesNobody(line)) => tracing::error!("{line}"),
+        Some(Plaintext::Warn(line)) => tracing::warn!("{line}"),
+        None => {}
     }
-    if config.allow_plaintext {
-        tracing::warn!(
+}
+
+/// What [`warn_if_plaintext`] says.
+#[derive(Debug, PartialEq, Eq)]
+enum Plaintext {
+    Warn(String),
+    /// Bound (socket activation) to one address that is not loopback, with
+    /// plaintext served on loopback only: every connection will be closed.
+    ServesNobody(String),
+}
+
+fn plaintext_warning(config: &ManagerConfig, local: SocketAddr) -> Option<Plaintext> {
+    if config.tls.is_some() {
+        return None;
+    }
+    let ip = local.ip().to_canonical();
+    Some(if config.allow_plaintext {
+        Plaintext::Warn(format!(
             "agents connect to {local} in PLAINTEXT, from any address (AllowPlaintext=true): \
              whoever reaches this port can register as an allowed node; configure \
              TLSCertificate, TLSPrivateKey and TLSCertificateAuthority"
-        );
+        ))
+    } else if !ip.is_loopback() && !ip.is_unspecified() {
+        Plaintext::ServesNobody(format!(
+            "the agents' listener is on {local}, not a loopback address, and without TLS \
+             plaintext is served on loopback only: this manager can serve NO agent, every \
+             connection will be closed; configure TLSCertificate, TLSPrivateKey and \
+             TLSCertificateAuthority, bind the socket to 127.0.0.1, or set AllowPlaintext=true"
+        ))
     } else {
-        tracing::warn!(
+        Plaintext::Warn(format!(
             "agents connect to {local} in plaintext, accepted on loopback addresses only; \
              configure TLSCertificate, TLSPrivateKey and TLSCertificateAuthority for agents \
              on other hosts"
-        );
-    }
+        ))
+    })
 }
 
 /// Socket options for one agent connection. Failures are logged, not fatal:
@@ -462,6 +487,41 @@ mod tests {
         };
         let l = listener_for(&config).unwrap();
         assert!(l.local_addr().unwrap().ip().is_loopback());
+    }
+
+    #[test]
+    fn a_plaintext_listener_on_one_outside_address_says_it_serves_nobody() {
+        let plain = ManagerConfig::default();
+        let at = |s: &str| plaintext_warning(&plain, s.parse().unwrap());
+        match at("192.0.2.10:842") {
+            Some(Plaintext::ServesNobody(line)) => {
+                assert!(line.contains("can serve NO agent"), "{line}");
+                assert!(line.contains("192.0.2.10:842"), "{line}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            at("[2001:db8::1]:842"),
+            Some(Plaintext::ServesNobody(_))
+        ));
+        // Loopback, or every address (loopback among them): served, with a warning.
+        for local in [
+            "127.0.0.1:842",
+            "[::1]:842",
+            "0.0.0.0:842",
+            "[::]:842",
+            "[::ffff:127.0.0.1]:842",
+        ] {
+            assert!(matches!(at(local), Some(Plaintext::Warn(_))), "{local}");
+        }
+        let open = ManagerConfig {
+            allow_plaintext: true,
+            ..ManagerConfig::default()
+        };
+        assert!(matches!(
+            plaintext_warning(&open, "192.0.2.10:842".parse().unwrap()),
+            Some(Plaintext::Warn(line)) if line.contains("PLAINTEXT")
+        ));
     }
 
     #[test]

@@ -118,7 +118,10 @@ fn the_address_with_most_places_gives_way_first_then_the_longest_waiter() {
         }
         other => panic!("{other:?}"),
     }
-    assert!(flood[0].0.wait.evicted(), "the longest waiter of that address");
+    assert!(
+        flood[0].0.wait.evicted(),
+        "the longest waiter of that address"
+    );
     assert!(!agent.wait.evicted());
 }
 
