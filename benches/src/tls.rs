@@ -221,7 +221,7 @@ async fn memory_per_session(cluster: &Cluster, n: usize) -> Result<f64> {
                 Some(drover_tls::Connector::new(settings, "127.0.0.1")?)
             }
         };
-        // The manager lets 16 connections per address authenticate at once.
+        // Eight handshakes at a time: what is measured is the sessions, not admission.
         let permit = handshakes.clone().acquire_owned().await?;
         agents.push(tokio::spawn(fake_agent(addr, name, tls, permit)));
     }

@@ -27,17 +27,18 @@
 //! and is never evicted (a busy manager does not evict the agents it is slow
 //! to serve). Eviction shuts the socket down;
 //! its handshake fails at once and its place frees. While nothing is ripe the
-//! newcomer waits (the listen backlog, 4096 for a bound listener and in the
-//! shipped `drover-manager.socket`, holds the others in the kernel) until a
-//! place frees or the first connection ripens.
+//! newcomer waits (in the listener's lobby, `crate::nodes::lobby`, beyond it
+//! in the listen backlog) until a place frees or the first connection
+//! ripens.
 //!
 //! What this buys, and its bounds:
 //!
 //! * Junk holds a place for about `ripe_after`, not for the handshake
-//!   deadline, however many addresses it comes from. With `J` junk
-//!   connections kept open against the 256 places, a newcomer waits about
-//!   `(J − 256) × ripe_after / 256` in the backlog (2,000 junk: 1.0 s at
-//!   150 ms), then its handshake runs uncontested.
+//!   deadline, however many addresses it comes from: places turn over at
+//!   about 256 / `ripe_after` a second (1,700 at 150 ms). The lobby lets a
+//!   newcomer in after one turn of each address with connections waiting,
+//!   so with `A` flooding addresses it waits about `A × ripe_after / 256`
+//!   (125 addresses: ~75 ms), then its handshake runs uncontested.
 //! * No address is refused for its address: agents behind one NAT, or on the
 //!   host that floods, get in as any other.
 //! * An agent whose round trip to the manager exceeds `ripe_after` can be
