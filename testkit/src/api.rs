@@ -355,8 +355,8 @@ impl JobWatch {
         timeout: Duration,
         quiet: Duration,
     ) -> u32 {
-        let id = self.job_new(path, timeout).await.unwrap();
-        let removed = self.removed(path, timeout).await.unwrap();
+        let id = self.job_new(path, timeout).await.expect("JobNew");
+        let removed = self.removed(path, timeout).await.expect("JobRemoved");
         let path = path.to_owned();
         let (node, unit, result) = (node.into(), unit.into(), result.into());
         let want = JobRemoved {
@@ -367,7 +367,9 @@ impl JobWatch {
             result,
         };
         assert_eq!(removed, want);
-        self.no_more_removed(&path, quiet).await.unwrap();
+        self.no_more_removed(&path, quiet)
+            .await
+            .expect("no second JobRemoved");
         id
     }
 

@@ -33,10 +33,9 @@
 //! asked for as a serial, so a typo in a node name is an error, not a
 //! revocation of some other number.
 
-use std::fs::{self, File, OpenOptions, Permissions};
-use std::io::{self, Write};
+use std::fs;
+use std::io;
 use std::net::IpAddr;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -54,13 +53,13 @@ use x509_parser::revocation_list::CertificateRevocationList;
 use crate::files;
 use crate::identity::Serial;
 use index::{Entry, Index, Kind};
+use write::{CERT_MODE, KEY_MODE};
 
 pub mod index;
+mod write;
 use crate::utc;
 use drover_config::TlsFiles;
 
-const KEY_MODE: u32 = 0o600;
-const CERT_MODE: u32 = 0o644;
 /// Back-dating of notBefore, for clocks that lag the issuer's.
 const BACKDATE: Duration = Duration::from_secs(3600);
 const DAY: Duration = Duration::from_secs(86_400);
@@ -94,6 +93,9 @@ pub enum PkiError {
 
     #[error("{0}")]
     BadNodeName(#[from] drover_protocol::NameError),
+
+    #[error("{0}")]
+    BadIndex(#[from] index::IndexError),
 
     #[error("name at least one {0}")]
     NothingToDo(&'static str),
@@ -781,39 +783,12 @@ fn create_dir(dir: &Path) -> Result<(), PkiError> {
     })
 }
 
-/// Writes `contents` to `path` through a temporary file created with `mode`
-/// in the same directory, then renames it into place. A key is never on
-/// disk with a looser mode, not even for a moment.
+/// [`write::write_file`], its error said with the path.
 fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<(), PkiError> {
-    let io_err = |source| PkiError::Io {
+    write::write_file(path, contents, mode).map_err(|source| PkiError::Io {
         path: path.to_owned(),
         source,
-    };
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path.file_name().unwrap_or_default().to_string_lossy();
-    let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));
-    // A temporary file left by a crash of this same pid is ours to replace.
-    let _ = fs::remove_file(&tmp);
-    let result = (|| {
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(&tmp)?;
-        if mode & 0o077 != 0 {
-            // Public files get their mode whatever the umask; private ones
-            // only ever lose bits to it.
-            file.set_permissions(Permissions::from_mode(mode))?;
-        }
-        file.write_all(contents)?;
-        file.sync_all()?;
-        fs::rename(&tmp, path)?;
-        File::open(dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result.map_err(io_err)
+    })
 }
 
 #[cfg(test)]

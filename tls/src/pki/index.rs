@@ -18,11 +18,11 @@
 //! The file is the operator's and is read as untrusted text: a line that
 //! does not parse is an error naming the file and the line, never skipped.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use drover_protocol::NodeName;
 
-use super::{CERT_MODE, PkiError, write_file};
+use super::write::{CERT_MODE, write_file};
 use crate::files;
 use crate::identity::Serial;
 
@@ -58,6 +58,14 @@ impl Kind {
             _ => None,
         }
     }
+}
+
+/// The index cannot be read or written.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {detail}", path.display())]
+pub struct IndexError {
+    pub path: PathBuf,
+    pub detail: String,
 }
 
 /// One certificate issued.
@@ -117,11 +125,11 @@ impl Index {
     }
 
     /// Reads `path`; `None` when it does not exist.
-    pub fn load(path: &Path) -> Result<Option<Index>, PkiError> {
+    pub fn load(path: &Path) -> Result<Option<Index>, IndexError> {
         if !path.exists() {
             return Ok(None);
         }
-        let bad = |detail: String| PkiError::BadFile {
+        let bad = |detail: String| IndexError {
             path: path.to_owned(),
             detail,
         };
@@ -160,8 +168,11 @@ impl Index {
     }
 
     /// Writes the whole file anew, atomically.
-    pub fn save(&self, path: &Path) -> Result<(), PkiError> {
-        write_file(path, self.text.as_bytes(), CERT_MODE)
+    pub fn save(&self, path: &Path) -> Result<(), IndexError> {
+        write_file(path, self.text.as_bytes(), CERT_MODE).map_err(|e| IndexError {
+            path: path.to_owned(),
+            detail: e.to_string(),
+        })
     }
 
     pub fn entries(&self) -> &[Entry] {
