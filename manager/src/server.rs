@@ -295,6 +295,7 @@ async fn metrics_listener(
             Box::new(move || jobs.table().len())
         },
         monitors: parts.monitors.clone(),
+        gate: parts.gate.clone(),
         per_node: parts.config.metrics.per_node,
     };
     let exposition = Arc::new(Exposition::new(parts.metrics.counters(), live));

@@ -6,7 +6,8 @@
 //!   loopback addresses, 16 each, reopened as soon as the manager closes them: a
 //!   restarted agent registers on its first attempt while they hold the door, the
 //!   other sessions are untouched, every agent is back after a manager restart during
-//!   the flood, and the manager's memory stays bounded.
+//!   the flood, and the manager's memory stays bounded; its metrics endpoint counts
+//!   the connections it evicted (`drover_connections_evicted_total`).
 //! * 1,000 silent connections from the agents' own address: an agent behind that
 //!   address registers on its first attempt (it was refused for its address, again
 //!   and again, before).
@@ -79,7 +80,11 @@ fn registrations(c: &TestCluster, name: &str) -> (usize, bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn half_open_handshakes_from_many_addresses_keep_no_agent_out() {
-    let mut c = TestCluster::start(3).await;
+    let mut c = TestCluster::with(drover_sandbox::ClusterOptions {
+        metrics: true,
+        ..drover_sandbox::ClusterOptions::with_nodes(3)
+    })
+    .await;
     let idle_kib = status_kib(manager_pid(&c), "VmRSS:");
     let flood = Flood::start(manager_addr(&c), &FloodOptions::client_hellos(125, 16));
     // More than the manager's 256 places for unauthenticated connections.
@@ -106,6 +111,15 @@ async fn half_open_handshakes_from_many_addresses_keep_no_agent_out() {
             "{name}'s session is untouched by the flood"
         );
     }
+    // The operator sees the flood: the half-open handshakes were evicted, not
+    // the agents (none was refused).
+    let metrics = c.metrics_url().expect("the sandbox serves metrics");
+    let text = drover_testkit::http::get(&metrics).await.unwrap().body;
+    let evicted = drover_testkit::http::sample(&text, "drover_connections_evicted_total");
+    assert!(
+        evicted.is_some_and(|n| n >= 1.0),
+        "evictions counted: {evicted:?}\n{text}"
+    );
 
     // A manager restart during the flood: every agent comes back.
     c.stop_manager().await.unwrap();

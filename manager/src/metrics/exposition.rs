@@ -5,12 +5,14 @@
 //! disconnects. Read at scrape time, each in O(1) or one short lock:
 //! nodes by status (the counts the lifecycle already announces, from a
 //! watch channel: no lock), jobs in flight (the job table's length),
-//! monitors (the monitor table's length), the process ([`process`]), build
+//! monitors (the monitor table's length), connections evicted before
+//! authentication (the gate's count), the process ([`process`]), build
 //! info. With `MetricsPerNode=true`, one copy of the node table (name,
 //! online, last seen) under its lock, then rendered outside it.
 
 use crate::metrics::counters::Counters;
 use crate::metrics::process;
+use crate::nodes::gate::Gate;
 use crate::nodes::lifecycle::Lifecycle;
 use crate::units::monitor::Monitors;
 use prometheus_client::collector::Collector;
@@ -27,6 +29,8 @@ pub struct Live {
     /// [`Counters`], and imports run one way).
     pub jobs_in_flight: Box<dyn Fn() -> usize + Send + Sync>,
     pub monitors: Arc<Monitors>,
+    /// The agents' gate: connections evicted before authentication.
+    pub gate: Arc<Gate>,
     pub per_node: bool,
 }
 
@@ -192,6 +196,13 @@ impl Collector for Live {
                 c.metric_type(),
             )?)?;
         }
+        let evicted = ConstCounter::new(self.gate.evictions());
+        evicted.encode(encoder.encode_descriptor(
+            "drover_connections_evicted",
+            "Unauthenticated agent-port connections closed to let a newcomer in (they waited on their peer while the gate was full)",
+            None,
+            evicted.metric_type(),
+        )?)?;
         let mut info = encoder.encode_descriptor(
             "drover_build_info",
             "The running manager's version and commit (value 1)",

@@ -100,6 +100,8 @@ pub struct Gate {
     limits: Limits,
     total: Arc<Semaphore>,
     table: Arc<Mutex<Table>>,
+    /// Connections evicted so far (for the metrics endpoint).
+    evictions: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -169,6 +171,7 @@ impl Gate {
             limits,
             total: Arc::new(Semaphore::new(limits.handshakes.max(1))),
             table: Arc::default(),
+            evictions: AtomicU64::new(0),
         }
     }
 
@@ -271,10 +274,16 @@ impl Gate {
             // The handshake's pending read wakes up and fails (see `Watched`).
             let _ = socket2::SockRef::from(socket).shutdown(std::net::Shutdown::Both);
         }
+        self.evictions.fetch_add(1, Ordering::Relaxed);
         Eviction::Evicted {
             ip: entry.ip,
             waited,
         }
+    }
+
+    /// Connections evicted since the gate was made.
+    pub fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
     }
 
     /// Places taken now (tickets and slots not yet tied to a connection).

@@ -79,6 +79,7 @@ fn only_ripe_connections_blocked_on_their_peer_are_evicted() {
     }
     assert!(a.wait.evicted());
     assert!(!b.wait.evicted() && !c.wait.evicted());
+    assert_eq!(g.evictions(), 1, "counted for the metrics endpoint");
     assert_eq!(
         g.evict_ripest_with(t0 + 500 * MS, never),
         Eviction::Pending,
@@ -96,6 +97,7 @@ fn only_ripe_connections_blocked_on_their_peer_are_evicted() {
         g.evict_ripest_with(t0 + 10_000 * MS, never),
         Eviction::NotYet(None)
     );
+    assert_eq!(g.evictions(), 2, "neither Pending nor NotYet counts");
     drop(b);
 }
 
