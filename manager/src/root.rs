@@ -26,8 +26,8 @@
 //! the same parts in that order; ended: its jobs end; and every event of its
 //! agent goes to the part it concerns.
 
-use crate::ha::fence::Fence;
 use crate::fanout::limit::FleetCallLimits;
+use crate::ha::fence::Fence;
 use crate::heap::Churn;
 use crate::job_runner::JobRunner;
 use crate::logs::LogControl;

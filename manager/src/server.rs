@@ -15,9 +15,9 @@
 
 use crate::api;
 use crate::api::handles::Handles;
+use crate::fanout::limit::FleetCalls;
 use crate::ha::election::{Election, Seat};
 use crate::ha::etcd::Etcd;
-use crate::fanout::limit::FleetCalls;
 use crate::job_runner::JobRunner;
 use crate::logs::LogControl;
 use crate::metrics::exposition::{Exposition, Live};
