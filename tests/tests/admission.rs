@@ -32,15 +32,29 @@ fn read(path: &Path) -> String {
 }
 
 /// The agent of `node` registered on its first attempt since its log was `from`
-/// bytes long: no attempt failed (timed out in the backlog, closed for its address).
-fn first_attempt(c: &TestCluster, node: &str, from: usize) {
-    let log = read(&c.log_path(node));
-    let since = log.get(from..).unwrap_or_default();
+/// bytes long: no attempt failed (timed out in the backlog, closed for its address)
+/// before the one that connected. The manager counts the node online as soon as it
+/// sends its answer, a moment before the agent reads it and logs, so this waits for
+/// the agent's line.
+async fn first_attempt(c: &TestCluster, node: &str, from: usize) {
+    const CONNECTED: &str = "connected to the manager";
+    let since = || {
+        read(&c.log_path(node))
+            .get(from..)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    eventually(T, "the agent logs its connection", || async {
+        since().contains(CONNECTED)
+    })
+    .await
+    .unwrap();
+    let log = since();
+    let before = &log[..log.find(CONNECTED).unwrap_or(log.len())];
     assert!(
-        !since.contains("cannot connect to the manager"),
-        "the agent of {node} was kept out at least once:\n{since}"
+        !before.contains("cannot connect to the manager"),
+        "the agent of {node} was kept out at least once:\n{log}"
     );
-    assert!(since.contains("connected to the manager"), "{since}");
 }
 
 fn manager_addr(c: &TestCluster) -> SocketAddr {
@@ -97,7 +111,7 @@ async fn half_open_handshakes_from_many_addresses_keep_no_agent_out() {
     let from = read(&c.log_path("node1")).len();
     c.start_agent("node1").await.unwrap();
     c.wait_status("node1", "online", T).await;
-    first_attempt(&c, "node1", from);
+    first_attempt(&c, "node1", from).await;
     assert!(
         flood.closed_by_peer() > closed_before && flood.open() >= 1900,
         "the flood held on meanwhile ({} open, {} closed by the manager)",
@@ -159,7 +173,7 @@ async fn silent_connections_from_the_agents_own_address_keep_no_agent_out() {
     let from = read(&c.log_path("node1")).len();
     c.start_agent("node1").await.unwrap();
     c.wait_status("node1", "online", T).await;
-    first_attempt(&c, "node1", from);
+    first_attempt(&c, "node1", from).await;
     assert!(flood.open() >= 256, "still flooding: {} open", flood.open());
     drop(flood);
     c.down().await;
