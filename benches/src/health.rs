@@ -15,8 +15,8 @@
 //!
 //! Targets (issue 27): agent CPU per TCP/HTTP check ≤ 0.2 ms, per exec check
 //! ≤ 3 ms. The checks pass all along, so after the first verdicts the agent
-//! sends the manager nothing: the manager's CPU is the `fleet` bench's
-//! business (`--health`).
+//! sends the manager nothing; what health costs the manager at fleet size is
+//! not measured by this benchmark (nor yet by any other).
 
 use crate::procfs::{clk_tck, cpu_ticks};
 use crate::stats;
