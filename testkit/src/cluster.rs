@@ -21,6 +21,23 @@ use crate::wait::eventually;
 pub struct TestCluster(Cluster);
 
 impl TestCluster {
+    /// How many times the manager registered `name` over TLS, and whether it
+    /// ever dropped it (read from the manager's log).
+    pub fn tls_registrations(&self, name: &str) -> (usize, bool) {
+        let log = std::fs::read_to_string(self.log_path("manager")).unwrap_or_default();
+        let registered = log
+            .lines()
+            .filter(|l| {
+                l.contains(&format!("node {name} (certificate serial "))
+                    && l.contains(") registered over TLS from ")
+            })
+            .count();
+        let dropped = log
+            .lines()
+            .any(|l| l.contains(&format!("node {name} disconnected: ")));
+        (registered, dropped)
+    }
+
     /// Nodes `node1..nodeN` with the sandbox defaults (heartbeat 500 ms, threshold 2 s).
     pub async fn start(nodes: usize) -> TestCluster {
         Self::with(ClusterOptions::with_nodes(nodes)).await

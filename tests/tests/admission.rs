@@ -76,22 +76,6 @@ fn status_kib(pid: u32, key: &str) -> u64 {
         .expect("status field")
 }
 
-/// How many times the manager registered `name`, and whether it ever dropped it.
-fn registrations(c: &TestCluster, name: &str) -> (usize, bool) {
-    let log = read(&c.log_path("manager"));
-    let registered = log
-        .lines()
-        .filter(|l| {
-            l.contains(&format!("node {name} (certificate serial "))
-                && l.contains(") registered over TLS from ")
-        })
-        .count();
-    let dropped = log
-        .lines()
-        .any(|l| l.contains(&format!("node {name} disconnected: ")));
-    (registered, dropped)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn half_open_handshakes_from_many_addresses_keep_no_agent_out() {
     let mut c = TestCluster::with(drover_sandbox::ClusterOptions {
@@ -120,7 +104,7 @@ async fn half_open_handshakes_from_many_addresses_keep_no_agent_out() {
     );
     for name in ["node2", "node3"] {
         assert_eq!(
-            registrations(&c, name),
+            c.tls_registrations(name),
             (1, false),
             "{name}'s session is untouched by the flood"
         );

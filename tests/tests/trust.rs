@@ -57,27 +57,10 @@ fn mark(c: &TestCluster) -> usize {
     read(&c.log_path("manager")).len()
 }
 
-/// How many times the manager registered `name` over TLS, and whether it
-/// ever dropped it.
-fn registrations(c: &TestCluster, name: &str) -> (usize, bool) {
-    let log = read(&c.log_path("manager"));
-    let registered = log
-        .lines()
-        .filter(|l| {
-            l.contains(&format!("node {name} (certificate serial "))
-                && l.contains(") registered over TLS from ")
-        })
-        .count();
-    let dropped = log
-        .lines()
-        .any(|l| l.contains(&format!("node {name} disconnected: ")));
-    (registered, dropped)
-}
-
 fn assert_untouched(c: &TestCluster, names: &[&str]) {
     for name in names {
         assert_eq!(
-            registrations(c, name),
+            c.tls_registrations(name),
             (1, false),
             "{name} registered once and was never dropped"
         );
