@@ -177,8 +177,7 @@ async fn apply(
                     // An older CRL un-revokes: the one in force stays.
                     let crl = files.crl.as_deref().unwrap_or(Path::new("?"));
                     tracing::error!(
-                        "config reload: refusing {}: {older}; keeping the TLS settings in force \
-                         (drover-pki revoke signs each new CRL with a higher number)",
+                        "config reload: refusing {}: {older}; keeping the TLS settings in force",
                         crl.display()
                     );
                     Some(acceptor.settings())

@@ -67,6 +67,8 @@ pub struct Timeouts {
     pub pre_auth: Limits,
     /// Fleet-wide lists at once (see [`crate::fanout::limit`]).
     pub fleet_calls: FleetCallLimits,
+    /// One node's lists at once, all nodes together (same module).
+    pub node_lists: FleetCallLimits,
 }
 
 impl Default for Timeouts {
@@ -79,6 +81,7 @@ impl Default for Timeouts {
             fleet_answer: drover_bus::limits::MAX_REPLY_BODY,
             pre_auth: Limits::default(),
             fleet_calls: FleetCallLimits::default(),
+            node_lists: FleetCallLimits::node_lists(),
         }
     }
 }

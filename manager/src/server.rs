@@ -15,7 +15,7 @@
 
 use crate::api;
 use crate::api::handles::Handles;
-use crate::fanout::limit::FleetCalls;
+use crate::fanout::limit::{FleetCalls, ListKind};
 use crate::ha::election::{Election, Seat};
 use crate::ha::etcd::Etcd;
 use crate::job_runner::JobRunner;
@@ -114,7 +114,8 @@ impl Manager {
             request: parts.timeouts.request,
             fanout: parts.timeouts.fanout,
             fleet_answer: parts.timeouts.fleet_answer,
-            fleet_calls: Arc::new(FleetCalls::new(parts.timeouts.fleet_calls)),
+            fleet_calls: Arc::new(FleetCalls::new(ListKind::Fleet, parts.timeouts.fleet_calls)),
+            node_lists: Arc::new(FleetCalls::new(ListKind::Node, parts.timeouts.node_lists)),
         });
         api::export(&handles, &conn)
             .await
@@ -270,8 +271,16 @@ impl Manager {
             .iter()
             .map(|s| tokio::time::timeout(CLOSE_DEADLINE, s.closed()));
         futures::future::join_all(closing).await;
-        for task in self.tasks.drain(..) {
+        let tasks: Vec<_> = self.tasks.drain(..).collect();
+        for task in &tasks {
             task.abort();
+        }
+        // An aborted task lets go of what it owns (the agents' and the
+        // metrics listeners) only once it is dropped, at its next poll: wait
+        // for that, so the ports are free when `shutdown` returns and a
+        // manager started right after (in the same process) can bind them.
+        for task in tasks {
+            let _ = task.await;
         }
         if let Err(e) = self.conn.release_name(BUS_NAME).await {
             tracing::debug!("releasing {BUS_NAME}: {e}");

@@ -647,6 +647,24 @@ async fn shutdown_cancels_jobs_before_leaving_the_bus() {
     assert_eq!((job, result.as_str()), (path, "cancelled due to shutdown"));
 }
 
+/// After `shutdown` returns, the agents' port and the metrics port are free:
+/// a manager started again at once (in the same process) binds them.
+#[tokio::test]
+async fn shutdown_lets_go_of_its_ports_before_it_returns() {
+    let mut cfg = config(&["node1"]);
+    cfg.metrics.listen = Some("127.0.0.1:0".parse().unwrap());
+    let mut f = Fixture::start(cfg).await;
+    let manager = f.manager.take().expect("running");
+    let metrics = manager.metrics_addr().expect("metrics served");
+    let agents = manager.local_addr();
+    manager.shutdown().await;
+    for addr in [agents, metrics] {
+        if let Err(e) = std::net::TcpListener::bind(addr) {
+            panic!("{addr} is still taken after shutdown: {e}");
+        }
+    }
+}
+
 /// On shutdown the controller's `Status` goes from `up` straight to `down`,
 /// as BlueChi signals it (no `degraded` while the nodes are let go one by one).
 #[tokio::test]

@@ -45,7 +45,8 @@ impl std::fmt::Display for CrlRollback {
         write!(
             f,
             "the CRL of {} has CRL number {}, lower than the {} in force: an older CRL would \
-             un-revoke what was revoked since",
+             un-revoke what was revoked since (drover-pki revoke signs each new CRL with a \
+             higher number)",
             self.issuer, self.new, self.in_force
         )
     }

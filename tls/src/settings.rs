@@ -102,6 +102,7 @@ impl ServerSettings {
 pub struct ClientSettings {
     config: Arc<ClientConfig>,
     identity: NodeIdentity,
+    revoked: RevokedSet,
 }
 
 impl ClientSettings {
@@ -117,6 +118,7 @@ impl ClientSettings {
                 }
             })?;
         let trust = Trust::load(files)?;
+        let revoked = trust.revoked;
         let verifier = WebPkiServerVerifier::builder_with_provider(
             Arc::clone(&trust.roots),
             Arc::clone(&provider),
@@ -133,7 +135,19 @@ impl ClientSettings {
         Ok(Self {
             config: Arc::new(config),
             identity,
+            revoked,
         })
+    }
+
+    /// As [`ServerSettings::crl_rollback_from`], for the agent's CRL (which
+    /// can revoke the manager's certificate): the same rule.
+    pub fn crl_rollback_from(&self, in_force: &ClientSettings) -> Option<CrlRollback> {
+        self.revoked.rollback_from(&in_force.revoked)
+    }
+
+    /// How many certificates the CRL file revokes.
+    pub fn revoked_count(&self) -> usize {
+        self.revoked.len()
     }
 
     /// The node this agent's certificate speaks for.

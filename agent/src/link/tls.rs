@@ -12,7 +12,10 @@
 //!   rotating the node's certificate, key, CA bundle or CRL drops nothing.
 //!   The new certificate is what the manager sees at the next reconnect;
 //! * files that fail to load on reload change nothing: the settings in
-//!   force stay, and the error names the file;
+//!   force stay, and the error names the file; so does a CRL older (lower
+//!   CRL number) than the one in force for the same CA, which would
+//!   un-revoke a manager certificate (the manager's rule,
+//!   `ClientSettings::crl_rollback_from`);
 //! * the paths are those of the running configuration: the config files
 //!   themselves are not read again (pointing at other files, or turning TLS
 //!   on or off, needs a restart).
@@ -50,6 +53,10 @@ pub fn connector(
 /// dial. On error nothing changes. Returns the line logged.
 pub fn reload(connector: &Connector, files: &TlsFiles, node: &NodeName) -> Result<String, String> {
     let settings = load(files, node)?;
+    if let Some(older) = settings.crl_rollback_from(&connector.settings()) {
+        let crl = files.crl.as_deref().unwrap_or(std::path::Path::new("?"));
+        return Err(format!("TLS: refusing {}: {older}", crl.display()));
+    }
     let serial = settings.identity().serial().to_string();
     connector.reload(settings);
     Ok(format!(
@@ -144,5 +151,49 @@ mod tests {
         let err = reload(&connector, &theirs, &me).unwrap_err();
         assert!(err.contains("for node 'node2'"), "{err}");
         assert_eq!(connector.settings().identity().serial(), &second.serial);
+    }
+
+    /// Issue 25: a CRL from before a revocation of the manager's certificate,
+    /// put back and reloaded, must not un-revoke it: the one in force stays.
+    #[test]
+    fn an_older_crl_is_refused_on_reload_and_the_one_in_force_kept() {
+        let tmp = drover_testkit::process::TempDir::new("drover-agent-tls-old-crl");
+        let pki = Pki::new(tmp.join("pki"));
+        pki.create_ca(&options(false)).unwrap();
+        let manager = pki.issue_manager(&["127.0.0.1"], &options(false)).unwrap();
+        let me = NodeName::new("node1").unwrap();
+        pki.issue_node(&me, &options(false)).unwrap();
+        let files = files_of(&pki, &me);
+        let before_revocation = std::fs::read(pki.crl()).unwrap();
+        let connector = connector(&files, &me, "127.0.0.1").unwrap();
+        assert_eq!(connector.settings().revoked_count(), 0);
+
+        // The manager's key leaked: its certificate is revoked, the agents reload.
+        pki.revoke(&[drover_tls::pki::RevokeTarget::Serial(manager.serial)])
+            .unwrap();
+        reload(&connector, &files, &me).unwrap();
+        assert_eq!(connector.settings().revoked_count(), 1);
+        let in_force = std::fs::read(pki.crl()).unwrap();
+
+        // The attack: the old file back in place, then a reload.
+        std::fs::write(pki.crl(), &before_revocation).unwrap();
+        let err = reload(&connector, &files, &me).unwrap_err();
+        assert!(err.contains("lower than the"), "{err}");
+        assert!(err.contains(&pki.crl().display().to_string()), "{err}");
+        assert_eq!(
+            connector.settings().revoked_count(),
+            1,
+            "the manager's certificate is still revoked"
+        );
+
+        // The same CRL again, and a newer one, are taken.
+        std::fs::write(pki.crl(), &in_force).unwrap();
+        reload(&connector, &files, &me).unwrap();
+        pki.revoke(&[drover_tls::pki::RevokeTarget::Serial(
+            "0a:0b".parse().unwrap(),
+        )])
+        .unwrap();
+        reload(&connector, &files, &me).unwrap();
+        assert_eq!(connector.settings().revoked_count(), 2);
     }
 }

@@ -41,4 +41,6 @@ pub struct Handles {
     pub fleet_answer: usize,
     /// How many fleet-wide lists run and wait (see [`crate::fanout::limit`]).
     pub fleet_calls: Arc<FleetCalls>,
+    /// How many lists of one node run and wait (same module).
+    pub node_lists: Arc<FleetCalls>,
 }

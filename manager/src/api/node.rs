@@ -8,6 +8,7 @@
 use crate::api::handles::Handles;
 use crate::api::replies::{unit_files, units_of};
 use crate::error::ApiError;
+use crate::fanout::limit::{FleetCalls, Turn};
 use crate::job_runner::JobRunner;
 use crate::nodes::lifecycle::Nodes;
 use crate::nodes::registry::OFFLINE;
@@ -21,6 +22,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use zbus::interface;
+use zbus::message::Header;
 use zbus::{OwnedObjectPath, OwnedVariant};
 
 /// `KillUnit` targets systemd accepts.
@@ -131,6 +133,7 @@ pub struct NodeObject {
     nodes: Arc<Nodes>,
     jobs: Arc<JobRunner>,
     request_timeout: Duration,
+    lists: Arc<FleetCalls>,
     name: NodeName,
 }
 
@@ -140,6 +143,7 @@ impl NodeObject {
             nodes: handles.nodes.clone(),
             jobs: handles.jobs.clone(),
             request_timeout: handles.request,
+            lists: handles.node_lists.clone(),
             name,
         }
     }
@@ -176,8 +180,14 @@ impl NodeObject {
         self.job(&name, &mode, JobKind::Reload).await
     }
 
+    /// Each caller waits its turn, and is refused over its share or when
+    /// too many wait ([`crate::fanout::limit`]): a list holds the node's rows.
     #[zbus(out_args("units"))]
-    async fn list_units(&self) -> Result<Vec<UnitTuple>, ApiError> {
+    async fn list_units(
+        &self,
+        #[zbus(header)] header: Header<'_>,
+    ) -> Result<Vec<UnitTuple>, ApiError> {
+        let _turn = self.list_turn(&header, "ListUnits").await?;
         units_of(self.request(Request::ListUnits).await?)
     }
 
@@ -342,8 +352,13 @@ impl NodeObject {
         Ok(c)
     }
 
+    /// Bounded as `ListUnits`.
     #[zbus(out_args("unitfiles"))]
-    async fn list_unit_files(&self) -> Result<Vec<(String, String)>, ApiError> {
+    async fn list_unit_files(
+        &self,
+        #[zbus(header)] header: Header<'_>,
+    ) -> Result<Vec<(String, String)>, ApiError> {
+        let _turn = self.list_turn(&header, "ListUnitFiles").await?;
         unit_files(self.request(Request::ListUnitFiles).await?)
     }
 
@@ -444,6 +459,12 @@ impl NodeObject {
 
 impl NodeObject {
     /// A request to the node's agent with the standard timeout.
+    /// The caller's turn to list this node's units (see `list_units`).
+    async fn list_turn(&self, header: &Header<'_>, method: &str) -> Result<Turn, ApiError> {
+        let client = header.sender().map(|s| s.as_str()).unwrap_or("");
+        self.lists.turn(client, method).await
+    }
+
     async fn request(&self, body: Request) -> Result<Response, ApiError> {
         let session = self.nodes.session_of(&self.name)?;
         session.request(body, self.request_timeout).await

@@ -1,12 +1,15 @@
-//! How many fleet-wide lists (`Controller.ListUnits`, `ListUnitFiles`) the
-//! manager works on at once, and how many it keeps waiting, per client and
-//! in total.
+//! How many unit lists the manager works on at once, and how many it keeps
+//! waiting, per client and in total: the fleet-wide ones
+//! (`Controller.ListUnits`, `ListUnitFiles`, [`ListKind::Fleet`]) and, with
+//! their own bounds, one node's (`Node.ListUnits`, `ListUnitFiles`,
+//! [`ListKind::Node`]), which `drover-readers` may call too.
 //!
 //! Each fleet-wide list asks every node and holds the answers until the
-//! reply goes out: up to one D-Bus reply's worth of rows. Unbounded, a few
-//! clients with many pending calls (the system bus lets one user keep 128
-//! per connection, and open many connections) made the manager hold
-//! hundreds of MB and starved every other client. So:
+//! reply goes out: up to one D-Bus reply's worth of rows; a node's list
+//! holds that node's rows. Unbounded, a few clients with many pending calls
+//! (the system bus lets one user keep 128 per connection, and open many
+//! connections) made the manager hold hundreds of MB and starved every
+//! other client. So, for each kind:
 //!
 //! * at most [`FleetCallLimits::running`] gather at a time; the others wait
 //!   their turn, first come first served (a waiting call holds its message
@@ -25,6 +28,31 @@ use drover_protocol::error_names::LIMITS_EXCEEDED;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// Which lists a [`FleetCalls`] bounds (the words of its refusals).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListKind {
+    /// `Controller.ListUnits`, `ListUnitFiles`.
+    Fleet,
+    /// `Node.ListUnits`, `ListUnitFiles` (any node).
+    Node,
+}
+
+impl ListKind {
+    fn interface(self) -> &'static str {
+        match self {
+            ListKind::Fleet => "Controller",
+            ListKind::Node => "Node",
+        }
+    }
+
+    fn lists(self) -> &'static str {
+        match self {
+            ListKind::Fleet => "fleet-wide lists",
+            ListKind::Node => "node unit lists",
+        }
+    }
+}
 
 /// The bounds (module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,9 +75,27 @@ impl Default for FleetCallLimits {
     }
 }
 
-/// The counters behind the limits; one per manager.
+impl FleetCallLimits {
+    /// The bounds of one node's lists: `droverctl list-units` asks
+    /// [`NODE_LISTS_PER_CLIENT`] nodes at a time on one connection, and a
+    /// node's list weighs a fleet-wide one divided by the fleet.
+    pub fn node_lists() -> Self {
+        Self {
+            running: NODE_LISTS_PER_CLIENT,
+            waiting: 240,
+            per_client: NODE_LISTS_PER_CLIENT,
+        }
+    }
+}
+
+/// One connection's node lists at a time (running or waiting): what
+/// `droverctl list-units` asks at once (`IN_FLIGHT` in droverctl).
+pub const NODE_LISTS_PER_CLIENT: usize = 16;
+
+/// The counters behind the limits; one per manager and [`ListKind`].
 #[derive(Debug)]
 pub struct FleetCalls {
+    kind: ListKind,
     limits: FleetCallLimits,
     running: Arc<Semaphore>,
     counts: Arc<Mutex<Counts>>,
@@ -91,8 +137,9 @@ pub struct Turn {
 }
 
 impl FleetCalls {
-    pub fn new(limits: FleetCallLimits) -> Self {
+    pub fn new(kind: ListKind, limits: FleetCallLimits) -> Self {
         Self {
+            kind,
             limits,
             running: Arc::new(Semaphore::new(limits.running.max(1))),
             counts: Arc::default(),
@@ -117,29 +164,34 @@ impl FleetCalls {
 
     fn admit(&self, client: &str, method: &str) -> Result<Place, ApiError> {
         let l = self.limits;
+        let (iface, lists) = (self.kind.interface(), self.kind.lists());
         let mut counts = lock(&self.counts);
         let mine = counts.per_client.get(client).copied().unwrap_or(0);
         if mine >= l.per_client {
             return Err(ApiError::new(
                 LIMITS_EXCEEDED,
                 format!(
-                    "Controller.{method} refused: this connection already has {mine} fleet-wide \
-                     lists under way, the most one connection may have; wait for their answers"
+                    "{iface}.{method} refused: this connection already has {mine} {lists} under \
+                     way, the most one connection may have; wait for their answers"
                 ),
             ));
         }
         // Admitted calls beyond the running ones are waiting.
         if counts.admitted >= l.running.max(1) + l.waiting {
             tracing::warn!(
-                "Controller.{method} refused for {client}: {} fleet-wide lists are under way or \
-                 waiting, the most the manager keeps",
+                "{iface}.{method} refused for {client}: {} {lists} are under way or waiting, \
+                 the most the manager keeps",
                 counts.admitted
             );
+            let instead = match self.kind {
+                ListKind::Fleet => format!(", or ask each node with Node.{method}"),
+                ListKind::Node => String::new(),
+            };
             return Err(ApiError::new(
                 LIMITS_EXCEEDED,
                 format!(
-                    "Controller.{method} refused: the manager is already busy with {} fleet-wide \
-                     lists; try again later, or ask each node with Node.{method}",
+                    "{iface}.{method} refused: the manager is already busy with {} {lists}; try \
+                     again later{instead}",
                     counts.admitted
                 ),
             ));
@@ -169,11 +221,14 @@ mod tests {
     use std::time::Duration;
 
     fn calls(running: usize, waiting: usize, per_client: usize) -> FleetCalls {
-        FleetCalls::new(FleetCallLimits {
-            running,
-            waiting,
-            per_client,
-        })
+        FleetCalls::new(
+            ListKind::Fleet,
+            FleetCallLimits {
+                running,
+                waiting,
+                per_client,
+            },
+        )
     }
 
     fn refused(r: Result<Place, ApiError>) -> String {
@@ -208,12 +263,40 @@ mod tests {
         assert_eq!(c.admitted(), 5);
         let why = refused(c.admit(":1.99", "ListUnitFiles"));
         assert!(why.contains("busy with 5"), "{why}");
+        assert!(
+            why.contains("ask each node with Node.ListUnitFiles"),
+            "{why}"
+        );
         drop(held);
         assert_eq!(c.admitted(), 0);
         assert!(
             lock(&c.counts).per_client.is_empty(),
             "nothing kept per client"
         );
+    }
+
+    #[test]
+    fn node_lists_say_so_and_let_droverctl_ask_its_nodes_at_once() {
+        let c = FleetCalls::new(ListKind::Node, FleetCallLimits::node_lists());
+        let held: Vec<_> = (0..NODE_LISTS_PER_CLIENT)
+            .map(|_| c.admit(":1.1", "ListUnits").unwrap())
+            .collect();
+        let why = refused(c.admit(":1.1", "ListUnits"));
+        assert!(why.starts_with("Node.ListUnits refused"), "{why}");
+        assert!(why.contains("16 node unit lists"), "{why}");
+        drop(held);
+        let l = FleetCallLimits::node_lists();
+        let held: Vec<_> = (0..l.running + l.waiting)
+            .map(|i| c.admit(&format!(":1.{i}"), "ListUnitFiles").unwrap())
+            .collect();
+        let why = refused(c.admit(":1.9999", "ListUnitFiles"));
+        assert!(
+            why.contains("busy with 256 node unit lists; try again later"),
+            "{why}"
+        );
+        assert!(!why.contains("ask each node"), "{why}");
+        drop(held);
+        assert_eq!(c.admitted(), 0);
     }
 
     #[tokio::test]
