@@ -62,6 +62,7 @@
 //! the holder); if the bus ever says the agent lost it, [`Served::lost`]
 //! resolves and the agent exits (its unit restarts it).
 
+use crate::caller::{Caller, caller_uid};
 use crate::proxies::registry::{CreateError, ProxyKey};
 use crate::state::Shared;
 use drover_bus::bluechi::{AGENT_BUS_NAME, AGENT_IFACE, AGENT_PATH};
@@ -77,7 +78,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 use zbus::message::{Header, Message};
-use zbus::names::{BusName, ErrorName, InterfaceName, OwnedUniqueName, UniqueName};
+use zbus::names::{BusName, ErrorName, InterfaceName, OwnedUniqueName};
 use zbus::object_server::SignalEmitter;
 use zbus::{Connection, Variant, interface};
 use zbus::{OwnedObjectPath, OwnedVariant};
@@ -143,35 +144,6 @@ fn proxy_key(local: &str, node: &str, unit: &str) -> Result<ProxyKey, LocalError
     ProxyInstance::proxy_of(local, node, unit)
         .map_err(|e| invalid(format!("local_service_name: {e}")))?;
     Ok(key)
-}
-
-/// Who sent a call, as the bus says: its unique name and uid, and the bus
-/// proxy that asked (for further questions about the same sender).
-struct Caller<'h> {
-    sender: &'h UniqueName<'h>,
-    uid: u32,
-    dbus: zbus::fdo::DBusProxy<'static>,
-}
-
-/// The sender of the call `header` and its uid (`GetConnectionUnixUser`),
-/// the first step of both checks below; when the call has no sender or the
-/// bus cannot say, the error is `denied`'s, with the reason.
-async fn caller_uid<'h>(
-    conn: &Connection,
-    header: &'h Header<'_>,
-    denied: &impl Fn(String) -> LocalError,
-) -> Result<Caller<'h>, LocalError> {
-    let Some(sender) = header.sender() else {
-        return Err(denied("the call carries no sender".into()));
-    };
-    let dbus = zbus::fdo::DBusProxy::new(conn)
-        .await
-        .map_err(|e| denied(format!("cannot ask the bus about {sender}: {e}")))?;
-    let uid = dbus
-        .get_connection_unix_user(BusName::from(sender.clone()))
-        .await
-        .map_err(|e| denied(format!("the bus does not know the uid of {sender}: {e}")))?;
-    Ok(Caller { sender, uid, dbus })
 }
 
 /// Lets the call through when its sender is root or a process of the proxy

@@ -68,6 +68,7 @@
 
 pub mod agent;
 pub mod api;
+pub mod caller;
 pub mod cli;
 pub mod deps;
 pub mod dispatch;

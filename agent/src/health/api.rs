@@ -24,13 +24,13 @@
 
 use super::driver::Host;
 use super::table::PushError;
+use crate::caller::{Caller, caller_uid};
 use drover_bus::bluechi::AGENT_PATH;
 use drover_protocol::error_names::{ACCESS_DENIED, FAILED, INVALID_ARGS};
 use drover_protocol::{HealthState, UnitName};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use zbus::message::Header;
-use zbus::names::BusName;
 use zbus::{Connection, interface};
 
 /// The interface name.
@@ -148,16 +148,7 @@ async fn authorize(
         tracing::warn!("refused ReportHealth: {message}");
         HealthError::AccessDenied(message)
     };
-    let sender = header
-        .sender()
-        .ok_or_else(|| denied("the call carries no sender".into()))?;
-    let dbus = zbus::fdo::DBusProxy::new(conn)
-        .await
-        .map_err(|e| denied(format!("cannot ask the bus about {sender}: {e}")))?;
-    let uid = dbus
-        .get_connection_unix_user(BusName::from(sender.clone()))
-        .await
-        .map_err(|e| denied(format!("the bus does not know the uid of {sender}: {e}")))?;
+    let Caller { sender, uid, .. } = caller_uid(conn, header, &denied).await?;
     if uid == 0 {
         return Ok(());
     }
