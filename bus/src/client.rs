@@ -157,6 +157,15 @@ pub trait DroverController {
 
     /// `ListNodeHealth() -> a(sssts)`: node, state, reason, since, systemd's `SystemState`.
     fn list_node_health(&self) -> zbus::Result<Vec<NodeHealthTuple>>;
+
+    /// `Drain(s node, as units)`: empty `units` = the whole node.
+    fn drain(&self, node: &str, units: &[&str]) -> zbus::Result<()>;
+
+    /// `Undrain(s node, as units)`: empty `units` = everything drained on the node.
+    fn undrain(&self, node: &str, units: &[&str]) -> zbus::Result<()>;
+
+    /// `ListDrained() -> a(ss)`: (node, unit), unit `""` for a whole node.
+    fn list_drained(&self) -> zbus::Result<Vec<(String, String)>>;
 }
 
 /// One entry of `io.drover.Controller.ListHealth` `a(sssst)`: node, unit, health state

@@ -60,7 +60,7 @@ use crate::{ConfigError, LoggingConfig, Sources};
 use drover_protocol::NodeName;
 use std::ffi::OsString;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 pub const DEFAULT_PORT: u16 = 842;
 
@@ -88,6 +88,7 @@ const OWN_KEYS: &[&str] = &[
     "ProxyGracePeriod",
     "AllowCertifiedNodes",
     "AllowPlaintext",
+    "StateDirectory",
 ];
 
 /// Every key of `[drover-manager]`: its own, then those both daemons read
@@ -150,6 +151,11 @@ pub struct ManagerConfig {
     /// `EtcdEndpoints`, `EtcdKeyPrefix`, `EtcdLeaseTTL`: leader election on
     /// etcd ([`crate::ha`]); off without endpoints.
     pub ha: HaSettings,
+    /// `StateDirectory` (drover): where the manager keeps what must outlive
+    /// it (the drained nodes and units). `None` (unset or empty): systemd's
+    /// `$STATE_DIRECTORY`, see [`ManagerConfig::state_directory`]. Always an
+    /// absolute path.
+    pub state_directory: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -180,6 +186,7 @@ impl Default for ManagerConfig {
             logging: LoggingConfig::default(),
             metrics: MetricsSettings::default(),
             ha: HaSettings::default(),
+            state_directory: None,
         }
     }
 }
@@ -228,6 +235,22 @@ impl ManagerConfig {
             };
             threshold.saturating_mul(3).min(MAX_MS)
         })
+    }
+
+    /// The directory the manager keeps its state in: `StateDirectory=`, else
+    /// the first path of `state_directory_env` (systemd's `$STATE_DIRECTORY`,
+    /// set by the shipped unit's `StateDirectory=drover`: `/var/lib/drover`)
+    /// when it is absolute, else `None`: nothing is kept across restarts.
+    pub fn state_directory(
+        &self,
+        state_directory_env: Option<&std::ffi::OsStr>,
+    ) -> Option<PathBuf> {
+        if let Some(dir) = &self.state_directory {
+            return Some(dir.clone());
+        }
+        let env = state_directory_env?.to_str()?;
+        let first = PathBuf::from(env.split(':').next()?);
+        first.is_absolute().then_some(first)
     }
 
     /// Whether a pattern of `AllowedNodeNames` matches `name` (whatever its
@@ -406,6 +429,18 @@ impl Builder {
             "AllowPlaintext" => {
                 c.allow_plaintext = at.boolean()?;
                 self.allow_plaintext_at = Some(Origin::of(at));
+            }
+            "StateDirectory" => {
+                c.state_directory = match at.value() {
+                    "" => None,
+                    v if Path::new(v).is_absolute() && !v.contains('\0') => Some(PathBuf::from(v)),
+                    v => {
+                        return Err(at.err(format!(
+                            "'{}' is not an absolute path (e.g. /var/lib/drover)",
+                            v.escape_default()
+                        )));
+                    }
+                }
             }
             _ => {
                 return Err(value::unknown_key(
@@ -642,6 +677,28 @@ mod tests {
             } if l == line => message,
             other => panic!("expected a syntax error at line {line}, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn state_directory_key_then_systemd_then_none() {
+        use std::ffi::OsStr;
+        let set =
+            ManagerConfig::parse_str("[drover-manager]\nStateDirectory=/srv/drover\n").unwrap();
+        assert_eq!(set.state_directory, Some(PathBuf::from("/srv/drover")));
+        // The key wins over systemd's directory.
+        assert_eq!(
+            set.state_directory(Some(OsStr::new("/var/lib/drover"))),
+            Some(PathBuf::from("/srv/drover"))
+        );
+        let unset = ManagerConfig::parse_str("[drover-manager]\nStateDirectory=\n").unwrap();
+        assert_eq!(unset.state_directory, None);
+        assert_eq!(
+            unset.state_directory(Some(OsStr::new("/var/lib/drover:/var/lib/other"))),
+            Some(PathBuf::from("/var/lib/drover"))
+        );
+        assert_eq!(unset.state_directory(Some(OsStr::new("relative"))), None);
+        assert_eq!(unset.state_directory(Some(OsStr::new(""))), None);
+        assert_eq!(unset.state_directory(None), None);
     }
 
     #[test]
@@ -911,6 +968,8 @@ mod tests {
             ("ControllerPort", "84x", "not a number"),
             ("ControllerPort", "", "not a number"),
             ("ListenAddress", "localhost", "not an IP address"),
+            ("StateDirectory", "var/lib/drover", "not an absolute path"),
+            ("StateDirectory", "./state", "not an absolute path"),
             ("UseTCP", "maybe", "not a boolean"),
             ("UseTCP", "", "not a boolean"),
             ("UseUDS", "true", "no Unix-socket listener"),

@@ -269,6 +269,11 @@ mod tests {
             &["metrics", "listen"],
             &["proxies"],
             &["proxies", "n1"],
+            &["drain", "n1"],
+            &["drain", "n1", "web", "db.socket"],
+            &["undrain", "n1"],
+            &["undrain", "n1", "web"],
+            &["drained"],
         ] {
             parse(cmd).unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
         }
@@ -292,6 +297,11 @@ mod tests {
         usage_error(&["set-loglevel", "a", "b", "c"], "Usage");
         usage_error(&["freeze", "n1", "foo@"], "template");
         usage_error(&["list-unit-files", "--filter", "["], "invalid glob");
+        usage_error(&["drain"], "Usage");
+        usage_error(&["drain", "n_1"], "invalid node name");
+        usage_error(&["drain", "n1", "a b"], "invalid unit name");
+        usage_error(&["undrain", "n1", "web.nope"], "invalid unit name");
+        usage_error(&["drained", "n1"], "Usage");
     }
 
     #[test]

@@ -31,6 +31,9 @@
 //!   [`metrics`] — what the manager measures: BlueChi's D-Bus `Metrics`
 //!   signals, the Prometheus counters kept as things happen, and the
 //!   bounded `/metrics` endpoint (`MetricsListenAddress`).
+//! * [`discovery`] — where units run and what is taken out of service:
+//!   [`discovery::drain`] (drained nodes and units, kept in the state
+//!   directory).
 //! * [`root`] — the composition root: builds every part above from the
 //!   configuration, hands each what it needs, and says what a node's life
 //!   means for the others (online → subscriptions, proxies, metrics; ended →
@@ -88,6 +91,7 @@
 
 pub mod api;
 pub mod cli;
+pub mod discovery;
 pub mod error;
 pub mod escape;
 pub mod fanout;

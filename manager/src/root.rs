@@ -26,6 +26,7 @@
 //! the same parts in that order; ended: its jobs end; and every event of its
 //! agent goes to the part it concerns.
 
+use crate::discovery::drain::Drained;
 use crate::fanout::limit::FleetCallLimits;
 use crate::ha::fence::Fence;
 use crate::heap::Churn;
@@ -104,6 +105,8 @@ pub struct Parts {
     pub jobs: Arc<JobRunner>,
     pub lifecycle: Arc<Lifecycle>,
     pub reloader: Arc<Reloader>,
+    /// Drained nodes and units, kept in the state directory.
+    pub drained: Arc<Drained>,
 }
 
 /// The parts that follow a node's life (see the module docs).
@@ -176,8 +179,13 @@ impl Parts {
             lifecycle.clone(),
             proxies.clone(),
         );
+        let state_env = std::env::var_os("STATE_DIRECTORY");
+        let drained = Arc::new(Drained::load(
+            config.state_directory(state_env.as_deref()).as_deref(),
+        ));
         Self {
             gate: Arc::new(Gate::new(timeouts.pre_auth)),
+            drained,
             refusals,
             churn,
             log,

@@ -110,6 +110,7 @@ impl Manager {
             reloader: parts.reloader.clone(),
             subscriptions: parts.subscriptions.clone(),
             log: parts.log.clone(),
+            drained: parts.drained.clone(),
             log_target: parts.config.logging.target.as_str(),
             request: parts.timeouts.request,
             fanout: parts.timeouts.fanout,

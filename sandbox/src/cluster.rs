@@ -378,6 +378,13 @@ impl Cluster {
         };
         let proxy_bin = binaries::locate_in("drover-proxy", &bin_dirs).ok();
         let metrics_port = state.metrics_port;
+        // The manager's own state directory: a new sandbox starts with
+        // nothing drained, even in a directory an older one used.
+        let state_dir = dir.join("manager-state");
+        if state_dir.exists() {
+            std::fs::remove_dir_all(&state_dir)
+                .with_context(|| format!("removing stale {}", state_dir.display()))?;
+        }
         let mut cluster = Cluster {
             state,
             layout,
@@ -390,6 +397,7 @@ impl Cluster {
                 heartbeat_threshold_ms: opts.heartbeat_threshold_ms,
                 pki,
                 metrics_port,
+                state_dir: Some(state_dir),
             },
             node_children: BTreeMap::new(),
             bus_child: None,

@@ -15,6 +15,9 @@ pub struct DaemonSettings {
     /// The manager's Prometheus port on 127.0.0.1 (`MetricsListenAddress`),
     /// if it serves one.
     pub metrics_port: Option<u16>,
+    /// The manager's `StateDirectory` (drained nodes and units), inside the
+    /// sandbox so each manager has its own and teardown removes it.
+    pub state_dir: Option<PathBuf>,
 }
 
 /// The four TLS keys for a daemon whose certificate and key are `cert`, `key`.
@@ -163,6 +166,9 @@ pub fn manager_config(
     if let Some(port) = settings.metrics_port {
         text.push_str(&format!("MetricsListenAddress=127.0.0.1:{port}\n"));
     }
+    if let Some(dir) = &settings.state_dir {
+        text.push_str(&format!("StateDirectory={}\n", dir.display()));
+    }
     if let Some(pki) = &settings.pki {
         text.push_str(&tls_keys(
             pki,
@@ -301,6 +307,7 @@ mod tests {
             heartbeat_threshold_ms: 2000,
             pki: None,
             metrics_port: None,
+            state_dir: Some(PathBuf::from("/tmp/s/manager-state")),
         }
     }
 
@@ -333,6 +340,10 @@ mod tests {
         );
         assert!(
             text.contains("[node node2]\nAllowDependenciesOn=node1,node2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("StateDirectory=/tmp/s/manager-state\n"),
             "{text}"
         );
         assert!(text.ends_with("[node node9]\nAllowed=true\n"), "{text}");

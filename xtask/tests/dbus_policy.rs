@@ -36,6 +36,16 @@ const ROOT_ONLY: &[(&str, &str, &str)] = &[
         "reloads the manager's configuration (ExecReload=)",
     ),
     (
+        "io.drover.Controller",
+        "Drain",
+        "takes nodes and units out of service (Where, DNS)",
+    ),
+    (
+        "io.drover.Controller",
+        "Undrain",
+        "puts nodes and units back in service",
+    ),
+    (
         "org.eclipse.bluechi.Controller",
         "EnableMetrics",
         "changes what the manager emits",

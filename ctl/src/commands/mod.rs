@@ -11,6 +11,7 @@ use crate::error::CtlError;
 
 pub mod daemon_reload;
 pub mod default_target;
+pub mod drain;
 pub mod health;
 pub mod list_unit_files;
 pub mod list_units;
@@ -97,6 +98,12 @@ commands! {
     Health(health::Health),
     /// Print a unit's health; exit 0 only if it is healthy
     IsHealthy(health::IsHealthy),
+    /// Take a node, or units on it, out of service (Where, DNS) without stopping anything
+    Drain(drain::Drain),
+    /// Put a node, or units on it, back in service
+    Undrain(drain::Undrain),
+    /// List the drained nodes and units
+    Drained(drain::Drained),
     /// Print droverctl's version
     Version(version::Version),
 }

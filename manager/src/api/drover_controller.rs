@@ -10,8 +10,18 @@
 //!
 //! `ListHealth()` and `ListNodeHealth()` list the health the agents report
 //! (`crate::units::health`).
+//!
+//! `Drain(node, units)` and `Undrain(node, units)` take a node, or units on
+//! it, out of service and back (`crate::discovery::drain`); like `Reload`
+//! they are root-only by the D-Bus policy and refuse any caller that is
+//! neither root nor the manager's own user. A node may be drained when the
+//! manager knows it or would admit it (`AllowedNodeNames`, its patterns,
+//! `AllowCertifiedNodes`), online or not; any other name is `InvalidArgs`.
+//! `ListDrained()` is open to the readers' group. All three are refused on
+//! a standby (`io.drover.NotLeader`), as BlueChi's calls are.
 
 use crate::api::handles::Handles;
+use crate::discovery::drain::{DrainError, Drained};
 use crate::error::ApiError;
 use crate::nodes::lifecycle::{Nodes, Phase};
 use crate::proxies::driver::Proxies;
@@ -19,7 +29,8 @@ use crate::reload::{ReloadError, Reloader, reload_from_source};
 use crate::units::health::{HealthRow, NodeHealthRow};
 use crate::units::hub::Subscriptions;
 use drover_bus::client::ProxyTuple;
-use drover_protocol::error_names::ACCESS_DENIED;
+use drover_protocol::error_names::{ACCESS_DENIED, LIMITS_EXCEEDED};
+use drover_protocol::{NodeName, UnitName};
 use std::sync::Arc;
 use zbus::message::Header;
 use zbus::names::BusName;
@@ -30,6 +41,7 @@ pub struct DroverControllerObject {
     reloader: Arc<Reloader>,
     subscriptions: Arc<Subscriptions>,
     nodes: Arc<Nodes>,
+    drained: Arc<Drained>,
 }
 
 impl DroverControllerObject {
@@ -39,6 +51,7 @@ impl DroverControllerObject {
             reloader: handles.reloader.clone(),
             subscriptions: handles.subscriptions.clone(),
             nodes: handles.nodes.clone(),
+            drained: handles.drained.clone(),
         }
     }
 }
@@ -77,13 +90,68 @@ impl DroverControllerObject {
         #[zbus(connection)] conn: &Connection,
         #[zbus(header)] header: Header<'_>,
     ) -> Result<(), ApiError> {
-        root_or_self(conn, &header).await?;
+        root_or_self(conn, &header, "Reload").await?;
         match reload_from_source(&self.reloader).await {
             Ok(_) => Ok(()),
             Err(e @ (ReloadError::NoSource | ReloadError::Config(_))) => {
                 Err(ApiError::failed(e.to_string()))
             }
         }
+    }
+
+    /// Takes `node`, or `units` on it (empty: the whole node), out of
+    /// service: left out of `Where` and DNS answers, shown as drained;
+    /// nothing is stopped. Saved before it returns.
+    async fn drain(
+        &self,
+        node: String,
+        units: Vec<String>,
+        #[zbus(connection)] conn: &Connection,
+        #[zbus(header)] header: Header<'_>,
+    ) -> Result<(), ApiError> {
+        self.nodes.serving()?;
+        root_or_self(conn, &header, "Drain").await?;
+        let (node, units) = self.drain_args(&node, &units)?;
+        let added = self
+            .drained
+            .drain(&node, &units)
+            .await
+            .map_err(drain_error)?;
+        tracing::info!("drained {}: {added} new", what(&node, &units));
+        Ok(())
+    }
+
+    /// Puts `units` on `node` back in service, or everything drained on
+    /// the node (itself and its units) when `units` is empty. A unit of a
+    /// node drained as a whole stays drained until the node is undrained.
+    async fn undrain(
+        &self,
+        node: String,
+        units: Vec<String>,
+        #[zbus(connection)] conn: &Connection,
+        #[zbus(header)] header: Header<'_>,
+    ) -> Result<(), ApiError> {
+        self.nodes.serving()?;
+        root_or_self(conn, &header, "Undrain").await?;
+        let (node, units) = self.drain_args(&node, &units)?;
+        let removed = self
+            .drained
+            .undrain(&node, &units)
+            .await
+            .map_err(drain_error)?;
+        tracing::info!(
+            "undrained {}: {removed} entries removed",
+            what(&node, &units)
+        );
+        Ok(())
+    }
+
+    /// Everything drained, sorted: (node, unit), unit `""` for a node
+    /// drained as a whole.
+    #[zbus(out_args("drained"))]
+    async fn list_drained(&self) -> Result<Vec<(String, String)>, ApiError> {
+        self.nodes.serving()?;
+        Ok(self.drained.list())
     }
 
     /// Whether this manager leads: always true for a manager alone; with
@@ -103,9 +171,68 @@ impl DroverControllerObject {
     }
 }
 
+impl DroverControllerObject {
+    /// The arguments of `Drain`/`Undrain`, checked: a node name the
+    /// manager knows or would admit, at most
+    /// [`crate::discovery::drain::MAX_UNITS_PER_CALL`] valid unit names.
+    fn drain_args(
+        &self,
+        node: &str,
+        units: &[String],
+    ) -> Result<(NodeName, Vec<UnitName>), ApiError> {
+        let node = NodeName::new(node).map_err(|e| ApiError::invalid_args(e.to_string()))?;
+        let admitted = {
+            let registry = self.nodes.registry();
+            registry.get(node.as_str()).is_some() || registry.policy().allows(&node, true)
+        };
+        if !admitted {
+            return Err(ApiError::invalid_args(format!(
+                "node '{node}' is not a node this manager admits (AllowedNodeNames)"
+            )));
+        }
+        if units.len() > crate::discovery::drain::MAX_UNITS_PER_CALL {
+            return Err(drain_error(DrainError::Limits(format!(
+                "{} units in one call; at most {}",
+                units.len(),
+                crate::discovery::drain::MAX_UNITS_PER_CALL
+            ))));
+        }
+        let units = units
+            .iter()
+            .map(|u| UnitName::new(u.as_str()).map_err(|e| ApiError::invalid_args(e.to_string())))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((node, units))
+    }
+}
+
+fn drain_error(e: DrainError) -> ApiError {
+    match e {
+        DrainError::Limits(m) => ApiError::new(LIMITS_EXCEEDED, m),
+        DrainError::Save(m) => ApiError::failed(m),
+    }
+}
+
+/// `node` or `node: unit, unit` for a log line.
+fn what(node: &NodeName, units: &[UnitName]) -> String {
+    if units.is_empty() {
+        format!("node {node}")
+    } else {
+        let list: Vec<&str> = units.iter().take(8).map(UnitName::as_str).collect();
+        let more = match units.len() {
+            0..=8 => String::new(),
+            n => format!(" and {} more", n - 8),
+        };
+        format!("{node}: {}{more}", list.join(", "))
+    }
+}
+
 /// Lets a call through from root or from the user the manager runs as.
-async fn root_or_self(conn: &Connection, header: &Header<'_>) -> Result<(), ApiError> {
-    let denied = |why: String| ApiError::new(ACCESS_DENIED, format!("Reload: {why}"));
+async fn root_or_self(
+    conn: &Connection,
+    header: &Header<'_>,
+    method: &str,
+) -> Result<(), ApiError> {
+    let denied = |why: String| ApiError::new(ACCESS_DENIED, format!("{method}: {why}"));
     let Some(sender) = header.sender() else {
         return Err(denied("the call carries no sender".into()));
     };
@@ -129,9 +256,9 @@ async fn root_or_self(conn: &Connection, header: &Header<'_>) -> Result<(), ApiE
     if own == Some(caller) {
         Ok(())
     } else {
-        tracing::info!("refused Reload from {sender} (uid {caller})");
+        tracing::info!("refused {method} from {sender} (uid {caller})");
         Err(denied(format!(
-            "only root or the manager's own user may reload it; {sender} is uid {caller}"
+            "only root or the manager's own user may call it; {sender} is uid {caller}"
         )))
     }
 }

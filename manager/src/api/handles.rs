@@ -4,6 +4,7 @@
 //! and [`crate::api::monitor::MonitorExport`] hold the handles weakly to make
 //! the objects that come and go.
 
+use crate::discovery::drain::Drained;
 use crate::fanout::limit::FleetCalls;
 use crate::job_runner::JobRunner;
 use crate::logs::LogControl;
@@ -31,6 +32,8 @@ pub struct Handles {
     /// Unit and node health (`crate::units::hub`, `hub/health.rs`).
     pub subscriptions: Arc<Subscriptions>,
     pub log: Arc<LogControl>,
+    /// Drained nodes and units (`io.drover.Controller.Drain`).
+    pub drained: Arc<Drained>,
     /// `Controller.LogTarget`.
     pub log_target: &'static str,
     /// Per request to an agent.
