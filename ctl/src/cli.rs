@@ -300,7 +300,7 @@ mod tests {
         usage_error(&["drain"], "Usage");
         usage_error(&["drain", "n_1"], "invalid node name");
         usage_error(&["drain", "n1", "a b"], "invalid unit name");
-        usage_error(&["undrain", "n1", "web.nope"], "invalid unit name");
+        usage_error(&["undrain", "n1", "a/b"], "invalid unit name");
         usage_error(&["drained", "n1"], "Usage");
     }
 
