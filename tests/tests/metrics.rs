@@ -422,45 +422,115 @@ async fn a_real_prometheus_scrapes_the_online_nodes() {
     c.down().await;
 }
 
-/// The example alerting rules of the monitoring page, as an operator copies
-/// them, pass `promtool check rules`, and every drover series they use is
-/// one the page lists.
-#[test]
-fn the_documented_alerts_pass_promtool() {
-    let page = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/monitoring.md"),
-    )
-    .unwrap();
-    let rules = page
-        .split("```yaml\n")
-        .skip(1)
-        .filter_map(|b| b.split_once("```").map(|(block, _)| block))
-        .find(|b| b.starts_with("groups:"))
-        .expect("a ```yaml block of rules in docs/monitoring.md");
-    let dir = std::env::temp_dir().join(format!("drover-rules-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("drover-alerts.yml");
+fn repo_file(path: &str) -> String {
+    let at = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(path);
+    std::fs::read_to_string(&at).unwrap_or_else(|e| panic!("{}: {e}", at.display()))
+}
+
+/// `promtool check rules` of `rules` (YAML), its output on failure.
+fn promtool_check_rules(rules: &str) -> Result<(), String> {
+    let dir = drover_testkit::process::TempDir::new("drover-rules");
+    let file = dir.join("rules.yml");
     std::fs::write(&file, rules).unwrap();
     let out = std::process::Command::new("promtool")
         .args(["check", "rules"])
         .arg(&file)
         .output()
         .expect("promtool (Debian package prometheus) is installed");
-    std::fs::remove_dir_all(&dir).unwrap();
-    assert!(
-        out.status.success(),
-        "promtool check rules:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// Every `drover_` series `text` names is in the monitoring page's table.
+fn assert_listed(text: &str, what: &str) {
+    let page = repo_file("docs/monitoring.md");
     let table = page.split("## Example alerts").next().unwrap();
-    for word in rules.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+    for word in text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
         if word.starts_with("drover_") {
-            let family = word.trim_end_matches("_total");
+            let family = ["_total", "_bucket", "_count", "_sum"]
+                .iter()
+                .fold(word, |w, suffix| w.trim_end_matches(suffix));
             assert!(
                 table.contains(&format!("`{family}")),
-                "{word} is not in the series table"
+                "{what}: {word} is not in the series table of docs/monitoring.md"
             );
         }
+    }
+}
+
+/// The example alerting rules the package ships are the ones the monitoring
+/// page shows, pass `promtool check rules`, and every drover series they use
+/// is one the page lists.
+#[test]
+fn the_shipped_alerts_pass_promtool_and_are_the_documented_ones() {
+    let shipped = repo_file("dist/usr/share/drover/prometheus/drover-alerts.yml");
+    let page = repo_file("docs/monitoring.md");
+    let documented = page
+        .split("```yaml\n")
+        .skip(1)
+        .filter_map(|b| b.split_once("```").map(|(block, _)| block))
+        .find(|b| b.starts_with("groups:"))
+        .expect("a ```yaml block of rules in docs/monitoring.md");
+    let rules = shipped
+        .split_once("groups:")
+        .map(|(_, rest)| format!("groups:{rest}"))
+        .expect("the shipped rules start with groups:");
+    assert_eq!(
+        rules, documented,
+        "the shipped rules differ from the page's"
+    );
+    if let Err(out) = promtool_check_rules(&rules) {
+        panic!("promtool check rules:\n{out}");
+    }
+    assert_listed(&rules, "the alerts");
+}
+
+/// The shipped Grafana dashboard: JSON Grafana imports (a title, a data
+/// source variable every query uses), and each query is PromQL that
+/// `promtool` accepts (checked as a recording rule) over series the
+/// monitoring page lists.
+#[test]
+fn the_shipped_dashboard_queries_pass_promtool() {
+    let text = repo_file("dist/usr/share/drover/grafana/drover-fleet.json");
+    let board: serde_json::Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    assert_eq!(board["uid"], "drover-fleet");
+    assert!(board["title"].is_string());
+    let variables = board["templating"]["list"].as_array().expect("variables");
+    assert!(
+        variables
+            .iter()
+            .any(|v| v["name"] == "datasource" && v["type"] == "datasource"),
+        "a data source variable"
+    );
+    let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
+    let mut queries = 0;
+    for panel in board["panels"].as_array().expect("panels") {
+        assert_eq!(
+            panel["datasource"]["uid"], "${datasource}",
+            "{}",
+            panel["title"]
+        );
+        for target in panel["targets"].as_array().expect("targets") {
+            let expr = target["expr"].as_str().expect("a query");
+            queries += 1;
+            rules.push_str(&format!(
+                "      - record: dashboard:query_{queries}\n        expr: {}\n",
+                serde_json::to_string(expr).unwrap()
+            ));
+            assert_listed(expr, &format!("panel {}", panel["title"]));
+        }
+    }
+    assert!(queries >= 10, "{queries} queries");
+    if let Err(out) = promtool_check_rules(&rules) {
+        panic!("promtool check rules on the dashboard's queries:\n{out}\n{rules}");
     }
 }

@@ -174,6 +174,14 @@ pub const PACKAGES: &[Package] = &[
                 "{prefix}/share/drover/manager.conf",
             ),
             dist("etc/drover/manager.conf", "/etc/drover/manager.conf"),
+            dist(
+                "usr/share/drover/grafana/drover-fleet.json",
+                "{prefix}/share/drover/grafana/drover-fleet.json",
+            ),
+            dist(
+                "usr/share/drover/prometheus/drover-alerts.yml",
+                "{prefix}/share/drover/prometheus/drover-alerts.yml",
+            ),
             man(
                 "drover-manager.8",
                 "{prefix}/share/man/man8/drover-manager.8.gz",
