@@ -118,6 +118,7 @@ pub fn settings(args: &Args) -> Result<Settings, String> {
         count: config.link.keepalive_count,
     });
     link.ip_receive_errors = config.link.ip_receive_errors;
+    link.advertise_address = config.advertise_address;
     if let Some(files) = &config.tls {
         // The name the manager's certificate must carry: TLSControllerName,
         // else the host dialled (flags applied).

@@ -66,6 +66,7 @@ const OWN_KEYS: &[&str] = &[
     "ControllerHeartbeatThreshold",
     "ConnectionRetryCountUntilQuiet",
     "TLSControllerName",
+    "AdvertiseAddress",
 ];
 
 /// Every key of `[drover-agent]`: its own, then those both daemons read
@@ -104,6 +105,12 @@ pub struct AgentConfig {
     pub tls_controller_name: Option<String>,
     /// `LogLevel`, `LogTarget`, `LogIsQuiet`.
     pub logging: LoggingConfig,
+    /// `AdvertiseAddress` (drover): the address other programs should use
+    /// to reach this node's services, told to the manager at registration
+    /// (discovery answers carry it). `None`: the manager uses the address it
+    /// sees the agent's connection come from. Never unspecified
+    /// (`0.0.0.0`, `::`) nor multicast ([`parse_advertise_address`]).
+    pub advertise_address: Option<std::net::IpAddr>,
     /// `[health NAME]` sections: the node's own checks ([`crate::health`]),
     /// by name, at most [`drover_protocol::health::NODE_CHECKS_MAX`].
     pub node_checks: Vec<(String, CheckSpec)>,
@@ -122,6 +129,7 @@ impl Default for AgentConfig {
             link: LinkSettings::default(),
             tls: None,
             tls_controller_name: None,
+            advertise_address: None,
             node_checks: Vec::new(),
             logging: LoggingConfig::default(),
         }
@@ -291,6 +299,10 @@ impl Builder {
                     Some(at.value().to_string())
                 }
             }
+            "AdvertiseAddress" => {
+                this.advertise_address =
+                    parse_advertise_address(at.value()).map_err(|m| at.err(m))?
+            }
             "HeartbeatInterval" => this.heartbeat_interval_ms = at.number(0, MAX_MS)?,
             "ControllerHeartbeatThreshold" => {
                 this.controller_heartbeat_threshold_ms = at.number(0, MAX_MS)?
@@ -302,6 +314,29 @@ impl Builder {
         }
         Ok(())
     }
+}
+
+/// An `AdvertiseAddress` value: an IPv4 or IPv6 literal (no brackets, no
+/// port, no host name) that can reach a host, so neither unspecified nor
+/// multicast; empty = unset.
+pub fn parse_advertise_address(value: &str) -> Result<Option<std::net::IpAddr>, String> {
+    if value.is_empty() {
+        return Ok(None);
+    }
+    let shown: String = value
+        .chars()
+        .take(80)
+        .flat_map(char::escape_default)
+        .collect();
+    let ip = value.parse::<std::net::IpAddr>().map_err(|_| {
+        format!("'{shown}' is not an IPv4 or IPv6 address (e.g. 192.0.2.7, 2001:db8::7)")
+    })?;
+    if ip.is_unspecified() || ip.is_multicast() {
+        return Err(format!(
+            "'{shown}' cannot reach a host: give the node's own address (e.g. 192.0.2.7)"
+        ));
+    }
+    Ok(Some(ip))
 }
 
 impl Builder {
@@ -663,6 +698,16 @@ mod tests {
     }
 
     #[test]
+    fn advertise_address() {
+        let c = parse("[drover-agent]\nAdvertiseAddress=192.0.2.7\n").unwrap();
+        assert_eq!(c.advertise_address, Some("192.0.2.7".parse().unwrap()));
+        let c = parse("[drover-agent]\nAdvertiseAddress=2001:db8::7\n").unwrap();
+        assert_eq!(c.advertise_address, Some("2001:db8::7".parse().unwrap()));
+        let c = parse("[drover-agent]\nAdvertiseAddress=2001:db8::7\nAdvertiseAddress=\n").unwrap();
+        assert_eq!(c.advertise_address, None, "empty resets");
+    }
+
+    #[test]
     fn bad_values_name_line_and_key() {
         let cases: &[(&str, &str, &str)] = &[
             ("NodeName", "has_underscore", "has_underscore"),
@@ -673,6 +718,13 @@ mod tests {
             ("ControllerHost", "a..b", "neither"),
             ("ControllerPort", "0", "out of range"),
             ("ControllerPort", "8 42", "not a number"),
+            ("AdvertiseAddress", "node1.example", "not an IPv4 or IPv6"),
+            ("AdvertiseAddress", "[::1]", "not an IPv4 or IPv6"),
+            ("AdvertiseAddress", "192.0.2.7:80", "not an IPv4 or IPv6"),
+            ("AdvertiseAddress", "192.0.2.256", "not an IPv4 or IPv6"),
+            ("AdvertiseAddress", "0.0.0.0", "cannot reach a host"),
+            ("AdvertiseAddress", "::", "cannot reach a host"),
+            ("AdvertiseAddress", "224.0.0.1", "cannot reach a host"),
             ("HeartbeatInterval", "2s", "not a number"),
             (
                 "ControllerHeartbeatThreshold",

@@ -27,7 +27,9 @@ use serde::{Deserialize, Serialize};
 /// `TargetChange::Health`; a protocol 6 manager would fail to decode them, a
 /// protocol 6 agent's targets would never be healthy. (Both came in the same
 /// unreleased version, so they share one number.)
-pub const PROTOCOL_VERSION: u32 = 7;
+/// 8: discovery: [`Hello::advertise_address`] (the agent's
+/// `AdvertiseAddress=`); a protocol 7 manager would fail to decode the hello.
+pub const PROTOCOL_VERSION: u32 = 8;
 
 /// `DRVR`: tells a drover peer from anything else talking to the port.
 pub const MAGIC: [u8; 4] = *b"DRVR";
@@ -43,8 +45,8 @@ pub const AGENT_VERSION_MAX: usize = 256;
 ///
 /// The largest legal hello is 4 (magic) + 5 (version, varint `u32::MAX`) +
 /// 1 + 64 (node name of [`crate::names::NODE_NAME_MAX`] bytes) + 2 + 256
-/// (agent version of [`AGENT_VERSION_MAX`] bytes) = 332 bytes; a test pins
-/// it. 512 leaves room for a field or two in a later protocol version
+/// (agent version of [`AGENT_VERSION_MAX`] bytes) + 18 (advertise address:
+/// option, variant, 16 bytes of IPv6) = 350 bytes; a test pins it. 512 leaves room for a field or two in a later protocol version
 /// without letting an unauthenticated peer cost more than half a KiB.
 pub const HELLO_MAX_LEN: usize = 512;
 
@@ -121,6 +123,10 @@ pub struct Hello {
     /// Unvalidated on the wire so that a bad name gets a refusal that says so.
     pub node: String,
     pub agent_version: String,
+    /// The agent's `AdvertiseAddress=`: where other programs reach the
+    /// node's services. `None`: the address the manager sees the connection
+    /// come from. A typed address, so a peer cannot send anything else.
+    pub advertise_address: Option<std::net::IpAddr>,
 }
 
 impl Hello {
@@ -130,7 +136,14 @@ impl Hello {
             protocol_version: PROTOCOL_VERSION,
             node: node.into(),
             agent_version: agent_version.into(),
+            advertise_address: None,
         }
+    }
+
+    /// The same hello, advertising `address`.
+    pub fn advertising(mut self, address: Option<std::net::IpAddr>) -> Self {
+        self.advertise_address = address;
+        self
     }
 }
 
@@ -244,8 +257,9 @@ mod tests {
             "v".repeat(AGENT_VERSION_MAX),
         );
         hello.protocol_version = u32::MAX;
+        hello.advertise_address = Some("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff".parse().unwrap());
         let len = encode_body(&hello).unwrap().len();
-        assert_eq!(len, 332, "update the arithmetic in HELLO_MAX_LEN's doc");
+        assert_eq!(len, 350, "update the arithmetic in HELLO_MAX_LEN's doc");
         assert!(len <= HELLO_MAX_LEN);
     }
 

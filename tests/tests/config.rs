@@ -91,6 +91,30 @@ const BAD_CONFIGS: &[(&str, &str, &str, u32)] = &[
         "ControllerPort",
         2,
     ),
+    (
+        "drover-agent",
+        "[drover-agent]\nAdvertiseAddress=node1.example\n",
+        "AdvertiseAddress",
+        2,
+    ),
+    (
+        "drover-agent",
+        "[drover-agent]\nAdvertiseAddress=0.0.0.0\n",
+        "AdvertiseAddress",
+        2,
+    ),
+    (
+        "drover-agent",
+        "[drover-agent]\nAdvertiseAddress=[2001:db8::1]\n",
+        "AdvertiseAddress",
+        2,
+    ),
+    (
+        "drover-manager",
+        "[drover-manager]\nStateDirectory=var/lib/drover\n",
+        "StateDirectory",
+        2,
+    ),
     // BlueChi's agent section is accepted (tests/tests/bluechi_dropin.rs); the
     // manager's is not.
     (

@@ -99,6 +99,9 @@ pub struct LinkConfig {
     /// `TLSControllerName` is unset: the certificate must name the host
     /// dialled, so a switch to another host checks that host's name.
     pub tls_name_follows_host: bool,
+    /// `AdvertiseAddress=`: sent in every hello (`None`: the manager uses
+    /// the address it sees).
+    pub advertise_address: Option<std::net::IpAddr>,
 }
 
 /// What a link runs over: TCP, or TLS on TCP.
@@ -129,6 +132,7 @@ impl LinkConfig {
             tls: None,
             notify: false,
             tls_name_follows_host: false,
+            advertise_address: None,
         }
     }
 
@@ -500,7 +504,8 @@ impl<S: Systemd> Link<S> {
                 }
             }
         };
-        let hello = Hello::new(self.cfg.node.as_str(), AGENT_VERSION);
+        let hello = Hello::new(self.cfg.node.as_str(), AGENT_VERSION)
+            .advertising(self.cfg.advertise_address);
         match agent_handshake(stream, &hello, t).await {
             Err(HandshakeError::Frame(drover_protocol::FrameError::Io(io))) => {
                 match drover_tls::connector::alert_from_manager(&io) {

@@ -537,6 +537,9 @@ impl Lifecycle {
         drop(ticket);
         let id = self.next_session.fetch_add(1, Ordering::Relaxed);
         let (session, rx) = Session::authenticated(id, name, peer_ip, identity);
+        if let Some(address) = hello.advertise_address {
+            session.set_advertise_address(address);
+        }
         if self.nodes.registry().attach(session.clone()).is_err() {
             // Cannot happen: admission and attach run under `announce`.
             drop(announced);
@@ -555,15 +558,17 @@ impl Lifecycle {
                 session = id,
                 %peer,
                 agent_version = %hello.agent_version.escape_default(),
-                "{identity} registered over TLS from {peer}"
+                "{identity} registered over TLS from {peer}{}",
+                advertises(&hello)
             ),
             None => tracing::info!(
                 node = %session.node(),
                 session = id,
                 %peer,
                 agent_version = %hello.agent_version.escape_default(),
-                "node {} registered from {peer}",
-                session.node()
+                "node {} registered from {peer}{}",
+                session.node(),
+                advertises(&hello)
             ),
         }
         self.followers.online(&session).await;
@@ -786,6 +791,14 @@ impl SessionOwner for Lifecycle {
 }
 
 /// The log-limiter bucket of a refusal.
+/// `, advertising ADDRESS` when the hello carries `AdvertiseAddress=`.
+fn advertises(hello: &drover_protocol::handshake::Hello) -> String {
+    hello
+        .advertise_address
+        .map(|a| format!(", advertising {a}"))
+        .unwrap_or_default()
+}
+
 fn refuse_key(reason: RefuseReason) -> &'static str {
     match reason {
         RefuseReason::VersionMismatch => "refused: version",

@@ -46,6 +46,9 @@ pub struct NodeEntry {
     /// Last frame of the previous session (realtime µs, monotonic µs), kept
     /// while offline like BlueChi does.
     last_seen: (u64, u64),
+    /// The address of the previous session ([`Session::address`]), kept
+    /// while offline; `""` before the first.
+    last_address: String,
 }
 
 impl NodeEntry {
@@ -67,6 +70,17 @@ impl NodeEntry {
 
     pub fn peer_ip(&self) -> &str {
         self.session.as_deref().map(Session::peer_ip).unwrap_or("")
+    }
+
+    /// Where other programs reach the node's services: the agent's
+    /// `AdvertiseAddress=`, else the address the manager sees its
+    /// connection come from; while offline, the last session's; `""` if it
+    /// never registered.
+    pub fn address(&self) -> String {
+        match &self.session {
+            Some(s) => s.address(),
+            None => self.last_address.clone(),
+        }
     }
 }
 
@@ -182,6 +196,7 @@ impl Registry {
                 path: node_path(name.as_str()),
                 session: None,
                 last_seen: (0, 0),
+                last_address: String::new(),
             });
         }
         Self {
@@ -316,6 +331,7 @@ impl Registry {
         let entry = &mut self.nodes[i];
         if entry.session.as_ref().is_some_and(|s| s.id() == session_id) {
             entry.last_seen = entry.last_seen();
+            entry.last_address = entry.address();
             entry.session = None;
             self.online -= 1;
             true
@@ -346,6 +362,7 @@ impl Registry {
                 path: path.clone(),
                 session: None,
                 last_seen: (0, 0),
+                last_address: String::new(),
             });
             added.push((name.clone(), path));
         }

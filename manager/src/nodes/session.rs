@@ -103,6 +103,9 @@ pub struct Session {
     id: u64,
     node: NodeName,
     peer_ip: String,
+    /// The agent's `AdvertiseAddress=` from its hello, set once before the
+    /// session is attached ([`Session::set_advertise_address`]).
+    advertise_address: std::sync::OnceLock<std::net::IpAddr>,
     /// What the TLS client certificate proved (`None` on plaintext): a
     /// reload drops the session when its serial is revoked.
     identity: Option<NodeIdentity>,
@@ -193,6 +196,7 @@ impl Session {
             id,
             node,
             peer_ip,
+            advertise_address: std::sync::OnceLock::new(),
             identity,
             outgoing,
             pending: Mutex::new(HashMap::new()),
@@ -226,6 +230,25 @@ impl Session {
 
     pub fn peer_ip(&self) -> &str {
         &self.peer_ip
+    }
+
+    /// Records the agent's `AdvertiseAddress=` (only the first call counts).
+    pub fn set_advertise_address(&self, address: std::net::IpAddr) {
+        let _ = self.advertise_address.set(address);
+    }
+
+    /// The agent's `AdvertiseAddress=`, if it sent one.
+    pub fn advertise_address(&self) -> Option<std::net::IpAddr> {
+        self.advertise_address.get().copied()
+    }
+
+    /// Where other programs reach this node's services: its
+    /// `AdvertiseAddress=`, else the address its connection came from.
+    pub fn address(&self) -> String {
+        match self.advertise_address() {
+            Some(ip) => ip.to_string(),
+            None => self.peer_ip.clone(),
+        }
     }
 
     /// The certificate identity of a TLS session.
