@@ -11,6 +11,9 @@ CARGO_TEST_FLAGS ?= --no-fail-fast
 # would pay for loading it (docs/dev/notes/droverctl-startup.md, run E).
 SHIPPED = -p drover-manager -p drover-agent -p drover-proxy -p drover-tls
 SHIPPED_CTL = -p droverctl
+# drover-dns is built on its own too, so hickory-server's dependencies never
+# change the daemons' feature set.
+SHIPPED_DNS = -p drover-dns
 # Stripped, LTO build of what is installed (see [profile.dist] in Cargo.toml).
 DIST_PROFILE = dist
 DIST_BIN = target/$(DIST_PROFILE)
@@ -20,7 +23,7 @@ PREFIX ?= /usr
 DBUS_POLICY_DIR ?= /usr/share/dbus-1/system.d
 
 .PHONY: all build build-all demo test test-machines check fmt clippy doc pure units deny deny-advisories bench pydeps \
-	dist-build install install-bluechi-compat man completions deb deb-check fresh-check
+	dist-build install install-bluechi-compat install-dns man completions deb deb-check fresh-check
 
 all: build
 
@@ -100,9 +103,10 @@ MANAGER_EXPOSURE_MAX ?= 25
 AGENT_EXPOSURE_MAX ?= 20
 PROXY_EXPOSURE_MAX ?= 10
 DEP_EXPOSURE_MAX ?= 5
+DNS_EXPOSURE_MAX ?= 20
 UNIT_BOUNDS = drover-manager:$(MANAGER_EXPOSURE_MAX) drover-agent:$(AGENT_EXPOSURE_MAX) \
 	drover-proxy@:$(PROXY_EXPOSURE_MAX) bluechi-proxy@:$(PROXY_EXPOSURE_MAX) \
-	drover-dep@:$(DEP_EXPOSURE_MAX) bluechi-dep@:$(DEP_EXPOSURE_MAX)
+	drover-dep@:$(DEP_EXPOSURE_MAX) bluechi-dep@:$(DEP_EXPOSURE_MAX) drover-dns:$(DNS_EXPOSURE_MAX)
 units:
 	@command -v systemd-analyze >/dev/null || { echo "make units: systemd-analyze missing (package systemd; scripts/host-deps demo)"; exit 1; }
 	@for spec in $(UNIT_BOUNDS); do \
@@ -144,6 +148,7 @@ bench:
 dist-build:
 	DROVER_DATADIR=$(PREFIX)/share $(CARGO) build --profile $(DIST_PROFILE) $(SHIPPED) --bins
 	DROVER_DATADIR=$(PREFIX)/share $(CARGO) build --profile $(DIST_PROFILE) $(SHIPPED_CTL) --bins
+	DROVER_DATADIR=$(PREFIX)/share $(CARGO) build --profile $(DIST_PROFILE) $(SHIPPED_DNS) --bins
 
 man:
 	$(CARGO) run -q -p xtask -- man target/man
@@ -167,8 +172,14 @@ install-bluechi-compat:
 	$(CARGO) run -q -p xtask -- install --package drover-bluechi-compat --bin-dir $(DIST_BIN) \
 		--destdir "$(DESTDIR)" --prefix $(PREFIX) --dbus-policy-dir $(DBUS_POLICY_DIR)
 
+# The optional DNS server (package drover-dns): drover-dns, its unit (not enabled),
+# dns.conf, drover-dns(8).
+install-dns:
+	$(CARGO) run -q -p xtask -- install --package drover-dns --bin-dir $(DIST_BIN) \
+		--destdir "$(DESTDIR)" --prefix $(PREFIX) --dbus-policy-dir $(DBUS_POLICY_DIR)
+
 # Debian packages into target/debian/: drover-manager, drover-agent, droverctl, drover-common,
-# drover-bluechi-compat.
+# drover-bluechi-compat, drover-dns.
 deb:
 	$(HOST_DEPS) deb
 	$(MAKE) dist-build PREFIX=/usr

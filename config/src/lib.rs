@@ -13,6 +13,7 @@
 //!   the logging keys.
 //! * [`metrics`] — the Prometheus endpoint's keys (`MetricsListenAddress`,
 //!   `MetricsPerNode`).
+//! * [`dns`] — drover-dns's own file (`/etc/drover/dns.conf`, `[drover-dns]`).
 //! * [`ha`] — leader election on etcd (`EtcdEndpoints`, `EtcdKeyPrefix`,
 //!   `EtcdLeaseTTL`).
 //! * [`logging`] — `LogLevel`/`LogTarget` and the tracing setup they select.
@@ -35,6 +36,7 @@
 //! every key with its default; tests keep them in step with the code.
 
 pub mod agent;
+pub mod dns;
 pub mod error;
 pub mod ha;
 pub mod health;
@@ -57,6 +59,7 @@ mod value;
 pub(crate) mod test_util;
 
 pub use agent::AgentConfig;
+pub use dns::DnsConfig;
 pub use error::ConfigError;
 pub use layers::{LoadReport, Sources};
 pub use logging::{LogHandle, LogLevel, LogTarget, LoggingConfig};

@@ -133,15 +133,22 @@ type Output = Box<
 /// Installs the global tracing subscriber. Falls back to stderr when the
 /// journal is not reachable (e.g. in a sandbox), and says so.
 pub fn init(cfg: &LoggingConfig) -> LogHandle {
+    init_muting(cfg, &[])
+}
+
+/// [`init`], with the events of `muted` targets (by prefix: a library that
+/// logs every request at INFO) kept to WARN and ERROR whatever the level.
+/// Only the first call in a process decides what is muted.
+pub fn init_muting(cfg: &LoggingConfig, muted: &'static [&'static str]) -> LogHandle {
     if cfg.quiet {
         return LogHandle { reload: None };
     }
-    let handle = INSTALLED.get_or_init(|| install(cfg));
+    let handle = INSTALLED.get_or_init(|| install(cfg, muted));
     handle.set_level(cfg.level);
     handle.clone()
 }
 
-fn install(cfg: &LoggingConfig) -> LogHandle {
+fn install(cfg: &LoggingConfig, muted: &'static [&'static str]) -> LogHandle {
     let (filter, reload_handle) = reload::Layer::new(cfg.level.filter());
     let mut fallback_warning = None;
     let output: Output = match cfg.target {
@@ -155,7 +162,12 @@ fn install(cfg: &LoggingConfig) -> LogHandle {
         LogTarget::Stderr => stderr_layer(false),
         LogTarget::StderrFull => stderr_layer(true),
     };
-    let subscriber = Registry::default().with(filter).with(output);
+    let unmuted = tracing_subscriber::filter::filter_fn(move |meta| {
+        *meta.level() <= tracing::Level::WARN || !muted.iter().any(|t| meta.target().starts_with(t))
+    });
+    let subscriber = Registry::default()
+        .with(filter)
+        .with(output.with_filter(unmuted));
     if tracing::subscriber::set_global_default(subscriber).is_err() {
         // Someone else installed a subscriber first: leave it alone.
         return LogHandle { reload: None };

@@ -57,6 +57,10 @@ pub enum Command {
         /// for BlueChi (Wants=bluechi-proxy@node2_db.service) work.
         #[arg(long)]
         bluechi_compat: bool,
+        /// Also run drover-dns beside the manager, answering for the zone
+        /// `drover.` on a free loopback port (DROVER_DNS=HOST:PORT in sandbox.env).
+        #[arg(long)]
+        dns: bool,
     },
     /// Run a command inside a node (its namespaces and environment).
     Exec {
@@ -130,6 +134,7 @@ pub async fn run(cli: Cli) -> Result<u8> {
             dir,
             no_tls,
             bluechi_compat,
+            dns,
         } => {
             let mut opts = if node.is_empty() {
                 ClusterOptions::with_nodes(usize::from(nodes.unwrap_or(3)))
@@ -143,7 +148,7 @@ pub async fn run(cli: Cli) -> Result<u8> {
             opts.tls = !no_tls;
             opts.bluechi_compat = bluechi_compat;
             opts.metrics = true;
-            up(opts).await
+            up(opts, dns).await
         }
         Command::Exec { dir, node, cmd } => exec(&resolve_dir(dir), &node, &cmd),
         Command::Install { dir, node, files } => install(&resolve_dir(dir), &node, &files).await,
@@ -152,15 +157,21 @@ pub async fn run(cli: Cli) -> Result<u8> {
     }
 }
 
-async fn up(opts: ClusterOptions) -> Result<u8> {
+async fn up(opts: ClusterOptions, dns: bool) -> Result<u8> {
     let mut interrupt = interrupt_stream()?;
     // Ctrl-C while starting drops the half-built cluster, whose Drop tears it down.
-    let cluster = tokio::select! {
+    let mut cluster = tokio::select! {
         c = Cluster::start(opts) => c?,
         _ = interrupt.recv() => bail!("interrupted; nothing was left running"),
     };
+    if dns {
+        cluster.start_dns("").await?;
+    }
     let metrics = cluster.metrics_url();
-    let env = files::env_lines(cluster.bus_address(), cluster.dir(), metrics.as_deref());
+    let mut env = files::env_lines(cluster.bus_address(), cluster.dir(), metrics.as_deref());
+    if let Some(address) = cluster.dns_address() {
+        env.push_str(&files::dns_line(address));
+    }
     let env_file = cluster.dir().join(ENV_FILE);
     // Written while the cluster value still owns the sandbox: a failure here drops it,
     // which tears it down, instead of leaving a sandbox nobody was told about.

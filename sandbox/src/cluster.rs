@@ -30,7 +30,7 @@ use drover_protocol::{NodeName, UnitName};
 use nix::sys::signal::Signal;
 use std::collections::BTreeMap;
 use std::io::BufRead;
-use std::net::TcpListener;
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ExitStatus, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -210,6 +210,8 @@ pub struct Cluster {
     node_children: BTreeMap<String, Child>,
     bus_child: Option<Child>,
     manager: Option<Child>,
+    /// `drover-dns`, when [`Cluster::start_dns`] started it.
+    dns: Option<Child>,
     agents: BTreeMap<String, Child>,
     extra_agents: Vec<Child>,
     extra_counter: u32,
@@ -402,6 +404,7 @@ impl Cluster {
             node_children: BTreeMap::new(),
             bus_child: None,
             manager: None,
+            dns: None,
             agents: BTreeMap::new(),
             extra_agents: Vec::new(),
             extra_counter: 0,
@@ -751,6 +754,82 @@ impl Cluster {
         self.spawn_manager(&bin).await
     }
 
+    /// Starts `drover-dns` beside the manager (`drover-sandbox up --dns`): on
+    /// a free loopback port, asking this sandbox's manager on its bus, with
+    /// `DIR/dns.conf` holding the sandbox's `[drover-dns]` settings and
+    /// `extra_config` after them (keys of that section, one per line). It
+    /// lives in the sandbox's process cgroup, so teardown ends it with the
+    /// rest. Returns when it answers (its log says it serves).
+    pub async fn start_dns(&mut self, extra_config: &str) -> Result<SocketAddr> {
+        if let Some(pid) = self.state.dns_pid {
+            bail!("drover-dns (pid {pid}) already runs in this sandbox");
+        }
+        let bin = binaries::locate_in("drover-dns", &self.bin_dirs)?;
+        let port = free_loopback_port()?;
+        let address = SocketAddr::from(([127, 0, 0, 1], port));
+        let conf = self.state.dir.join("dns.conf");
+        write_file(
+            &conf,
+            &format!(
+                "[drover-dns]\nListenAddress={address}\nLogTarget=stderr\nLogLevel=DEBUG\n{extra_config}\n"
+            ),
+        )?;
+        let bus_address = self.state.bus_address.clone();
+        let log = self.log_path("dns");
+        let child = process::spawn(Spawn {
+            program: &bin,
+            args: vec![
+                "--no-default-config".into(),
+                "-c".into(),
+                conf.display().to_string(),
+                "--bus".into(),
+                bus_address,
+            ],
+            env: Vec::new(),
+            clear_env: false,
+            log: log.clone(),
+            cgroup: &self.procs_join,
+            listen_fd: None,
+            stdout_pipe: false,
+        })?;
+        self.state.dns_pid = Some(child.id());
+        self.state.dns_port = Some(port);
+        self.state.save()?;
+        let mut child = child;
+        let deadline = Instant::now() + MANAGER_READY_TIMEOUT;
+        loop {
+            if let Some(status) = child.try_wait().context("checking drover-dns")? {
+                self.state.dns_pid = None;
+                self.state.dns_port = None;
+                self.state.save()?;
+                bail!(
+                    "drover-dns exited during startup ({status})\n{}",
+                    process::log_tail(&log, 30)
+                );
+            }
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if text.contains("serving zone ") {
+                break;
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "drover-dns did not start within {MANAGER_READY_TIMEOUT:?}\n{}",
+                    process::log_tail(&log, 30)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.dns = Some(child);
+        Ok(address)
+    }
+
+    /// Where `drover-dns` answers, when [`Cluster::start_dns`] started it.
+    pub fn dns_address(&self) -> Option<SocketAddr> {
+        self.state
+            .dns_port
+            .map(|port| SocketAddr::from(([127, 0, 0, 1], port)))
+    }
+
     /// Polls `Node.Status` of `node` on the manager's bus until it equals `status`.
     pub async fn wait_node_status(
         &self,
@@ -846,6 +925,7 @@ impl Cluster {
         match what {
             "manager" => self.state.dir.join("manager.log"),
             "bus" => self.state.dir.join("bus.log"),
+            "dns" => self.state.dir.join("dns.log"),
             other if other.starts_with("systemd@") => self.state.dir.join(format!("{other}.log")),
             node => self.state.dir.join(format!("agent@{node}.log")),
         }
@@ -859,6 +939,7 @@ impl Cluster {
         let mut daemons: Vec<Child> = self.extra_agents.drain(..).collect();
         daemons.extend(std::mem::take(&mut self.agents).into_values());
         daemons.extend(self.manager.take());
+        daemons.extend(self.dns.take());
         // Signal all first so the grace periods overlap.
         for child in &mut daemons {
             if let Ok(None) = child.try_wait() {
@@ -1093,7 +1174,7 @@ impl Drop for Cluster {
             return;
         }
         if std::thread::panicking() {
-            let mut logs = vec![self.log_path("manager")];
+            let mut logs = vec![self.log_path("manager"), self.log_path("dns")];
             logs.extend(self.state.nodes.iter().map(|n| self.log_path(&n.name)));
             for log in logs.iter().filter(|l| l.exists()) {
                 eprintln!("{}", process::log_tail(log, 40));

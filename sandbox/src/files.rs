@@ -291,6 +291,12 @@ pub fn env_lines(bus_address: &str, dir: &Path, metrics_url: Option<&str>) -> St
     text
 }
 
+/// The `sandbox.env` line naming where drover-dns answers (`HOST:PORT`, as
+/// `dig @HOST -p PORT` takes it apart).
+pub fn dns_line(address: std::net::SocketAddr) -> String {
+    format!("export DROVER_DNS={}\n", shell_quote(&address.to_string()))
+}
+
 /// Single-quotes `s` for a POSIX shell.
 pub fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))

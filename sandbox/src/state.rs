@@ -35,6 +35,11 @@ pub struct State {
     #[serde(default)]
     pub metrics_port: Option<u16>,
     pub nodes: Vec<NodeState>,
+    /// `drover-dns` (`up --dns`): its pid and loopback port.
+    #[serde(default)]
+    pub dns_pid: Option<u32>,
+    #[serde(default)]
+    pub dns_port: Option<u16>,
     pub bus_pid: Option<u32>,
     pub manager_pid: Option<u32>,
     pub agent_pids: BTreeMap<String, u32>,
@@ -66,6 +71,8 @@ impl State {
             manager_port: port,
             metrics_port: None,
             nodes: Vec::new(),
+            dns_pid: None,
+            dns_port: None,
             bus_pid: None,
             manager_pid: None,
             agent_pids: BTreeMap::new(),

@@ -18,7 +18,9 @@
 //! * `drover-bluechi-compat` (optional, [`OPTIONAL`]: not part of `make
 //!   install`, installed by `make install-bluechi-compat`): Eclipse BlueChi's
 //!   `bluechi-proxy@.service` and `bluechi-dep@.service` templates (system and
-//!   user), so unit files written for BlueChi work with drover's agent.
+//!   user), so unit files written for BlueChi work with drover's agent;
+//! * `drover-dns` (optional too: `make install-dns`): the DNS server fed by
+//!   the manager, its unit (shipped, not enabled), configs and man page.
 //!
 //! Units are enabled on first install, never started by a maintainer script
 //! ([`crate::deb`] for Debian's scripts, the presets elsewhere);
@@ -349,11 +351,40 @@ pub const PACKAGES: &[Package] = &[
         ],
         dirs: &[],
     },
+    Package {
+        name: "drover-dns",
+        summary: "drover DNS: where each unit of a drover fleet runs and is healthy",
+        description: "drover-dns answers DNS queries for the units of a drover fleet (A/AAAA for\n\
+                      the nodes where a unit is active and healthy, SRV for its ports), fed by\n\
+                      the drover manager over D-Bus. Its unit is not enabled by the package.",
+        depends: &[],
+        // It asks the manager on this host's system bus.
+        recommends: &["drover-manager"],
+        siblings: &[],
+        replaces: &[],
+        arch_all: false,
+        // Off unless enabled: no preset, no maintainer scripts.
+        unit: None,
+        items: &[
+            bin("drover-dns", "{prefix}/libexec/drover-dns"),
+            dist(
+                "usr/lib/systemd/system/drover-dns.service",
+                "{prefix}/lib/systemd/system/drover-dns.service",
+            ),
+            dist(
+                "usr/share/drover/dns.conf",
+                "{prefix}/share/drover/dns.conf",
+            ),
+            dist("etc/drover/dns.conf", "/etc/drover/dns.conf"),
+            man("drover-dns.8", "{prefix}/share/man/man8/drover-dns.8.gz"),
+        ],
+        dirs: &["/etc/drover/dns.conf.d"],
+    },
 ];
 
 /// Packages `make install` leaves out; each has its own install goal
-/// (`make install-bluechi-compat`).
-pub const OPTIONAL: &[&str] = &["drover-bluechi-compat"];
+/// (`make install-bluechi-compat`, `make install-dns`).
+pub const OPTIONAL: &[&str] = &["drover-bluechi-compat", "drover-dns"];
 
 /// Where things go.
 #[derive(Debug, Clone)]

@@ -52,6 +52,7 @@ fn every_page_renders_and_man_formats_it_cleanly() {
         "drover-manager.8",
         "drover-agent.8",
         "drover-proxy.8",
+        "drover-dns.8",
         "droverctl.1",
         "drover-pki.1",
         "drover.conf.5",
@@ -227,6 +228,7 @@ fn assert_same_options(page: &str, binary: &str, nested: bool) {
 fn daemon_pages_document_exactly_the_daemons_options() {
     assert_same_options("drover-manager.8", "drover-manager", false);
     assert_same_options("drover-agent.8", "drover-agent", false);
+    assert_same_options("drover-dns.8", "drover-dns", false);
 }
 
 #[test]

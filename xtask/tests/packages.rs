@@ -297,6 +297,7 @@ fn packages_hold_their_files_with_their_modes_and_metadata() {
         "usr/lib/systemd/system/drover-proxy@.service",
         "usr/lib/systemd/user/drover-agent.service",
         "usr/lib/systemd/user/drover-proxy@.service",
+        "usr/lib/systemd/system/drover-dns.service",
     ] {
         let text = std::fs::read_to_string(root.join(unit)).unwrap();
         for line in text
