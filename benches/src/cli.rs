@@ -15,7 +15,7 @@ use std::time::Duration;
 #[derive(Parser)]
 #[command(about = "drover benchmarks (run on an otherwise idle machine)")]
 struct Args {
-    /// Which benchmark: start-unit, proxy, rss, events, tls, ctl, agent-cpu, health, flood,
+    /// Which benchmark: start-unit, proxy, rss, events, tls, ctl, agent-cpu, health, flood, dns,
     /// fleet (`fleet --help`), scrape (`scrape --help`) or all (events, tls, ctl,
     /// agent-cpu, health, flood and fleet run alone: they start their own daemons).
     #[arg(default_value = "all")]
@@ -101,6 +101,10 @@ async fn bench(args: Args) -> Result<()> {
     if args.which == "health" {
         // `--samples` is the number of rounds (pairs of 10 s windows) per kind.
         return health::main(args.samples.min(50)).await;
+    }
+    if args.which == "dns" {
+        // A cluster of its own with drover-dns; `--samples` is the rounds per kind.
+        return crate::dns::main(args.samples.min(20)).await;
     }
     if args.which == "flood" {
         // A cluster of its own, restarted many times; `--samples` is the rounds.

@@ -38,6 +38,9 @@
 //!   restart, under 2,000 half-open TLS handshakes from 125 addresses and under 1,000
 //!   silent connections from the agents' own address, interleaved with the same
 //!   restarts without a flood (see `flood.rs`). Targets: ≤ 2 s and ≤ 5 s.
+//! * `dns`: queries/s and latency of `drover-dns` on loopback (a load
+//!   generator in-process), the zone's SOA as the baseline against a unit's
+//!   A records, rounds interleaved (see `dns.rs`). Target: ≥ 20,000 queries/s.
 //! * also reports the idle RSS of the manager and of each agent.
 //!
 //! Layout: [`cli`] (the command, `start-unit` and `rss`), `proxy`, `events`,
@@ -48,6 +51,7 @@
 mod agent_cpu;
 pub mod cli;
 mod ctl;
+mod dns;
 mod events;
 pub mod fleet;
 mod flood;

@@ -51,7 +51,7 @@ pub struct Cli {
     /// Configuration file, applied after the system files.
     #[arg(short = 'c', long = "config", value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Listen here, UDP and TCP (IPv4:PORT or [IPv6]:PORT; overrides ListenAddress; port 0: any free port).
+    /// Listen here, UDP and TCP: `IPv4:PORT` or `[IPv6]:PORT` (overrides ListenAddress; port 0: any free port).
     #[arg(short = 'l', long = "listen", value_name = "ADDRESS")]
     pub listen: Option<SocketAddr>,
     /// The manager is on the bus at this address.
