@@ -61,6 +61,7 @@ pub fn request_name(req: &Request) -> &'static str {
         Request::StopDep { .. } => "StopDep",
         Request::EnableMetrics => "EnableMetrics",
         Request::DisableMetrics => "DisableMetrics",
+        Request::Resync => "Resync",
     }
 }
 
@@ -190,6 +191,10 @@ impl<S: Systemd> Dispatcher<S> {
             }
             Request::Reload => {
                 let result = self.systemd.reload().await.map(|()| Response::Empty);
+                self.reply(epoch, id, result);
+            }
+            Request::Resync => {
+                let result = crate::resync::snapshot(&self.shared, epoch).await;
                 self.reply(epoch, id, result);
             }
             Request::StartDep { unit } => {

@@ -128,6 +128,7 @@ async fn accept(manager: &FakeManager, session_id: u64) -> ManagerSession {
         heartbeat_interval_ms: 0,
         heartbeat_threshold_ms: 0,
         manager_version: "fake".into(),
+        resync_interval_ms: 0,
     };
     manager.accept_with("node", accepted, T).await
 }

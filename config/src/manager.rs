@@ -86,6 +86,7 @@ const OWN_KEYS: &[&str] = &[
     "HeartbeatInterval",
     "NodeHeartbeatThreshold",
     "ProxyGracePeriod",
+    "ResyncInterval",
     "AllowCertifiedNodes",
     "AllowPlaintext",
     "StateDirectory",
@@ -131,6 +132,10 @@ pub struct ManagerConfig {
     /// stay active. `None` (unset, or `ProxyGracePeriod=`): see
     /// [`ManagerConfig::proxy_grace_ms`].
     pub proxy_grace_period_ms: Option<u64>,
+    /// `ResyncInterval` ms (drover, default 60000; 0 = off): how often each
+    /// agent sends the digest of what the manager holds for it, before the
+    /// growth with the fleet's size (`drover_protocol::resync`).
+    pub resync_interval_ms: u64,
     /// `TCPKeepAliveTime`, `TCPKeepAliveInterval`, `TCPKeepAliveCount`,
     /// `IPReceiveErrors`: the agent link's TCP settings (the same keys on
     /// both ends, [`crate::shared`]).
@@ -179,6 +184,7 @@ impl Default for ManagerConfig {
             heartbeat_interval_ms: 0,
             node_heartbeat_threshold_ms: 6000,
             proxy_grace_period_ms: None,
+            resync_interval_ms: drover_protocol::resync::DEFAULT_INTERVAL_MS,
             link: LinkSettings::default(),
             tls: None,
             allow_certified_nodes: false,
@@ -422,6 +428,7 @@ impl Builder {
                     Some(at.number(0, MAX_MS)?)
                 }
             }
+            "ResyncInterval" => c.resync_interval_ms = at.number(0, MAX_MS)?,
             "AllowCertifiedNodes" => {
                 c.allow_certified_nodes = at.boolean()?;
                 self.allow_certified_at = Some(Origin::of(at));

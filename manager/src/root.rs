@@ -162,6 +162,7 @@ impl Parts {
             heartbeat_threshold_ms: config.node_heartbeat_threshold_ms,
             handshake: timeouts.handshake,
             request: timeouts.request,
+            resync_interval_ms: config.resync_interval_ms,
         };
         let lifecycle = Lifecycle::new(
             nodes,
@@ -253,6 +254,9 @@ impl Followers for Following {
                     self.metrics
                         .agent_job(self.outbound.get(), session.node(), &unit, &method, micros)
                         .await
+                }
+                event @ (Event::ResyncDigest(_) | Event::ResyncSnapshot { .. }) => {
+                    self.subscriptions.on_resync(session, event)
                 }
                 event @ (Event::UnitHealth { .. }
                 | Event::HealthSnapshot { .. }

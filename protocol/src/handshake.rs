@@ -29,6 +29,9 @@ use serde::{Deserialize, Serialize};
 /// unreleased version, so they share one number.)
 /// 8: discovery: [`Hello::advertise_address`] (the agent's
 /// `AdvertiseAddress=`); a protocol 7 manager would fail to decode the hello.
+/// Also 8 (the same unreleased version): resync (`crate::resync`):
+/// `Accepted::resync_interval_ms`, `Event::ResyncDigest`,
+/// `Event::ResyncSnapshot`, `Request::Resync`, `Reason::Resync`.
 pub const PROTOCOL_VERSION: u32 = 8;
 
 /// `DRVR`: tells a drover peer from anything else talking to the port.
@@ -89,17 +92,18 @@ const VARINT_U64_MAX: usize = 10;
 /// manager cannot make an agent buffer more (the normal cap,
 /// [`crate::MAX_FRAME_LEN`], is 1 MiB, and applies only once accepted).
 ///
-/// 4 (magic) + 5 (version) + 1 (outcome) + the larger of *accepted*: 3 × 10
-/// (session id and heartbeat settings, varint `u64::MAX`) + 2 + 256 (manager
-/// version of [`MANAGER_VERSION_MAX`] bytes) = 288, and *refused*: 1 (reason) +
-/// 2 + 1024 (message of [`REFUSAL_MESSAGE_MAX`] bytes) = 1027; 1037 bytes,
+/// 4 (magic) + 5 (version) + 1 (outcome) + the larger of *accepted*: 4 × 10
+/// (session id, heartbeat settings and resync interval, varint `u64::MAX`) +
+/// 2 + 256 (manager version of [`MANAGER_VERSION_MAX`] bytes) = 298, and
+/// *refused*: 1 (reason) + 2 + 1024 (message of [`REFUSAL_MESSAGE_MAX`]
+/// bytes) = 1027; 1037 bytes,
 /// which a test pins. No margin is needed for later protocol versions: a
 /// manager answers a hello of another version with a short refusal.
 pub const WELCOME_MAX_LEN: usize = MAGIC.len()
     + VARINT_U32_MAX
     + 1
     + max_of(
-        3 * VARINT_U64_MAX + string_len(MANAGER_VERSION_MAX),
+        4 * VARINT_U64_MAX + string_len(MANAGER_VERSION_MAX),
         1 + string_len(REFUSAL_MESSAGE_MAX),
     );
 
@@ -201,6 +205,10 @@ pub struct Accepted {
     /// After this long without any frame from the agent, the manager drops it (ms).
     pub heartbeat_threshold_ms: u64,
     pub manager_version: String,
+    /// How often the agent sends its resync digest (ms; 0 = never):
+    /// `crate::resync`. The manager scales it with the fleet's size
+    /// ([`crate::resync::interval_for`]).
+    pub resync_interval_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -272,10 +280,11 @@ mod tests {
                 heartbeat_interval_ms: u64::MAX,
                 heartbeat_threshold_ms: u64::MAX,
                 manager_version: "v".repeat(MANAGER_VERSION_MAX),
+                resync_interval_ms: u64::MAX,
             })
         };
         let accepted = encode_body(&accepted).unwrap().len();
-        assert_eq!(accepted, 298);
+        assert_eq!(accepted, 308);
         let refused = Welcome {
             protocol_version: u32::MAX,
             ..Welcome::refused(
@@ -311,6 +320,7 @@ mod tests {
             heartbeat_interval_ms: 2,
             heartbeat_threshold_ms: 3,
             manager_version: "x".repeat(1 << 16) + "é",
+            resync_interval_ms: 0,
         });
         match &welcome.outcome {
             Outcome::Accepted(a) => assert_eq!(a.manager_version, "x".repeat(MANAGER_VERSION_MAX)),

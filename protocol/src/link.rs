@@ -308,6 +308,7 @@ mod tests {
             heartbeat_interval_ms: 1000,
             heartbeat_threshold_ms: 5000,
             manager_version: "test".into(),
+            resync_interval_ms: 0,
         }
     }
 

@@ -17,6 +17,7 @@ use crate::health::{Health, HealthSnapshot, NodeHealth};
 use crate::job::JobKind;
 use crate::names::{NodeName, UnitName};
 use crate::proxy_instance::ProxyTemplate;
+use crate::resync::{Digest, SnapshotPart};
 use crate::tag::ModTag;
 use serde::{Deserialize, Serialize};
 
@@ -200,6 +201,11 @@ pub enum Request {
     },
     EnableMetrics,
     DisableMetrics,
+    /// The manager's records of this node do not match the agent's last
+    /// `Event::ResyncDigest`: send the state as `Event::ResyncSnapshot`
+    /// parts, then the health snapshot, and reply `Empty` (`crate::resync`).
+    /// Appended last so the other variants keep their wire tags.
+    Resync,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -282,11 +288,16 @@ pub struct Marshalled {
 }
 
 /// `real`: systemd said so. `virtual`: drover inferred it (e.g. node offline,
-/// or replay of a known state for a new subscriber).
+/// or replay of a known state for a new subscriber). `resync`: the manager
+/// found its record wrong when it compared it with the agent's
+/// (`crate::resync`) and corrects it: the state is the node's real one, the
+/// event that said so was lost; it counts as `real` for proxies
+/// (`crate::verdict`). Only the manager makes `resync` events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reason {
     Real,
     Virtual,
+    Resync,
 }
 
 impl Reason {
@@ -294,7 +305,13 @@ impl Reason {
         match self {
             Reason::Real => "real",
             Reason::Virtual => "virtual",
+            Reason::Resync => "resync",
         }
+    }
+
+    /// Whether the state is the node's real one (`real` or `resync`).
+    pub fn is_real(self) -> bool {
+        matches!(self, Reason::Real | Reason::Resync)
     }
 }
 
@@ -362,6 +379,12 @@ pub enum Event {
     HealthSnapshot { tag: ModTag, part: HealthSnapshot },
     /// The node's own health changed.
     NodeHealth(NodeHealth),
+    /// What the agent holds for the manager, at the digest's tag
+    /// (`crate::resync`). Appended after the older variants.
+    ResyncDigest(Digest),
+    /// One part of the answer to `Request::Resync`; every part of one
+    /// snapshot carries the same tag, which reserves `tag` and `tag + 1`.
+    ResyncSnapshot { tag: ModTag, part: SnapshotPart },
 }
 
 #[cfg(test)]
@@ -393,7 +416,11 @@ mod tests {
     }
 
     fn reason() -> impl Strategy<Value = Reason> {
-        prop_oneof![Just(Reason::Real), Just(Reason::Virtual)]
+        prop_oneof![
+            Just(Reason::Real),
+            Just(Reason::Virtual),
+            Just(Reason::Resync)
+        ]
     }
 
     fn health() -> impl Strategy<Value = Health> {
@@ -448,6 +475,7 @@ mod tests {
             }),
             proptest::option::of(unit()).prop_map(|unit| Request::Subscribe { unit }),
             unit().prop_map(|unit| Request::StartDep { unit }),
+            Just(Request::Resync),
             (
                 proptest::collection::vec(".{0,20}", 0..4),
                 any::<bool>(),
@@ -549,6 +577,36 @@ mod tests {
                     },
                 }),
             node_health().prop_map(Event::NodeHealth),
+            (tag(), any::<u64>(), any::<u32>(), any::<u64>()).prop_map(
+                |(tag, watch, count, hash)| {
+                    Event::ResyncDigest(Digest {
+                        tag,
+                        watch,
+                        units: crate::resync::Sum { count, hash },
+                        health: crate::resync::Sum::default(),
+                    })
+                }
+            ),
+            (
+                tag(),
+                proptest::collection::vec((unit(), "[a-z]{0,8}", "[a-z-]{0,12}"), 0..4),
+                any::<bool>()
+            )
+                .prop_map(|(tag, rows, last)| Event::ResyncSnapshot {
+                    tag,
+                    part: SnapshotPart {
+                        watch: 1,
+                        units: rows
+                            .into_iter()
+                            .map(|(unit, active_state, sub_state)| crate::resync::UnitRow {
+                                unit,
+                                active_state,
+                                sub_state
+                            })
+                            .collect(),
+                        last,
+                    },
+                }),
         ]
     }
 

@@ -51,6 +51,11 @@ impl TagCounter {
         Self { guid, index: 0 }
     }
 
+    /// The last tag issued (index 0 before the first).
+    pub fn last(&self) -> ModTag {
+        ModTag::new(self.guid, self.index)
+    }
+
     pub fn next_tag(&mut self) -> ModTag {
         self.index += 1;
         ModTag::new(self.guid, self.index)

@@ -35,7 +35,7 @@
 //! Pure: no I/O; the only state is the view's.
 
 use crate::health::{Health, HealthState};
-use crate::message::{Reason, TargetChange};
+use crate::message::TargetChange;
 
 /// The target's active state that makes a proxy active.
 pub const ACTIVE: &str = "active";
@@ -143,12 +143,10 @@ pub fn verdict(change: &TargetChange) -> Verdict {
         TargetChange::State { active_state, .. } if active_state == ACTIVE => Verdict::Up,
         TargetChange::State {
             active_state,
-            reason: Reason::Real,
+            reason,
             ..
-        } if is_down(active_state) => Verdict::RealDown,
-        TargetChange::Removed {
-            reason: Reason::Real,
-        } => Verdict::RealDown,
+        } if reason.is_real() && is_down(active_state) => Verdict::RealDown,
+        TargetChange::Removed { reason } if reason.is_real() => Verdict::RealDown,
         _ => Verdict::Undecided,
     }
 }
@@ -156,6 +154,7 @@ pub fn verdict(change: &TargetChange) -> Verdict {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::message::Reason;
 
     fn state(active: &str, reason: Reason) -> TargetChange {
         TargetChange::State {
@@ -176,6 +175,11 @@ mod tests {
         for active in ["failed", "inactive"] {
             assert_eq!(verdict(&state(active, Reason::Real)), Verdict::RealDown);
             assert_eq!(verdict(&state(active, Reason::Virtual)), Verdict::Undecided);
+            assert_eq!(
+                verdict(&state(active, Reason::Resync)),
+                Verdict::RealDown,
+                "a repaired state is the node's real one"
+            );
         }
         let removed = |reason| TargetChange::Removed { reason };
         assert_eq!(verdict(&removed(Reason::Real)), Verdict::RealDown);

@@ -136,6 +136,9 @@ pub struct ClusterOptions {
     /// ([`Cluster::metrics_url`]; default false, `drover-sandbox up` turns
     /// it on).
     pub metrics: bool,
+    /// Extra environment of every agent (default none): the test knobs of
+    /// debug builds, such as the resync tests' lost event.
+    pub agent_env: Vec<(String, String)>,
 }
 
 impl Default for ClusterOptions {
@@ -161,6 +164,7 @@ impl ClusterOptions {
             bin_dir: None,
             system_bus_policy: false,
             metrics: false,
+            agent_env: Vec::new(),
         }
     }
 
@@ -227,6 +231,8 @@ pub struct Cluster {
     system_policy: Option<SystemPolicy>,
     /// `AllowedNodeNames` as written into manager.conf (kept for [`Cluster::reconfigure_manager`]).
     allowed: Vec<String>,
+    /// Extra environment of every agent ([`ClusterOptions::agent_env`]).
+    agent_env: Vec<(String, String)>,
     /// Set once torn down or detached: `Drop` then does nothing.
     finished: bool,
 }
@@ -413,6 +419,7 @@ impl Cluster {
             bluechi_compat: opts.bluechi_compat,
             system_policy: None,
             allowed: opts.nodes.clone(),
+            agent_env: opts.agent_env.clone(),
             finished: false,
         };
         // Owned by `cluster` now: its `Drop` tears down.
@@ -1157,7 +1164,10 @@ impl Cluster {
                 "--bus".into(),
                 bus_address,
             ],
-            env: node::env(&self.state.dir, node),
+            env: node::env(&self.state.dir, node)
+                .into_iter()
+                .chain(self.agent_env.iter().cloned())
+                .collect(),
             clear_env: false,
             log,
             cgroup: &self.procs_join,

@@ -38,6 +38,7 @@ impl FakeManager {
             heartbeat_interval_ms: 1000,
             heartbeat_threshold_ms: 0,
             manager_version: "fake".into(),
+            resync_interval_ms: 0,
         };
         self.accept_with(node, accepted, timeout).await
     }

@@ -765,6 +765,17 @@ impl HealthTable {
         (units, node)
     }
 
+    /// Every unit's health state other than `none` (what the manager's
+    /// book holds of this node), for a resync digest.
+    pub fn states(&self) -> Vec<(UnitName, HealthState)> {
+        self.lock()
+            .units
+            .iter()
+            .filter(|(_, e)| e.state != HealthState::None)
+            .map(|(u, e)| (u.clone(), e.state))
+            .collect()
+    }
+
     /// `unit`'s health now (`none` when it declares nothing).
     pub fn get(&self, unit: &UnitName, now: Instant) -> Health {
         self.lock()

@@ -352,8 +352,9 @@ impl<S: Systemd> Link<S> {
                     for note in &beats.notes {
                         tracing::warn!("{note}");
                     }
+                    let resync = Duration::from_millis(accepted.resync_interval_ms);
                     let end = self
-                        .session(epoch, framed, &beats, &shutdown, &mut switched)
+                        .session(epoch, framed, &beats, resync, &shutdown, &mut switched)
                         .await;
                     if end == SessionEnd::Shutdown {
                         break;
@@ -543,6 +544,7 @@ impl<S: Systemd> Link<S> {
         epoch: u64,
         framed: AgentFramed<LinkStream>,
         beats: &heartbeat::Negotiated,
+        resync: Duration,
         shutdown: &CancellationToken,
         switched: &mut watch::Receiver<u64>,
     ) -> SessionEnd {
@@ -574,6 +576,17 @@ impl<S: Systemd> Link<S> {
             })
         });
 
+        // Resync digests (`crate::resync`), when the manager asks for them.
+        let resync = (!resync.is_zero()).then(|| {
+            tokio::spawn(crate::resync::run(
+                self.shared().clone(),
+                epoch,
+                resync,
+                random_u64,
+                kill.token().clone(),
+            ))
+        });
+
         let end = tokio::select! {
             end = self.read_loop(epoch, &mut stream, beats.silence, &kill, shutdown) => end,
             _ = switched.changed() => SessionEnd::Switched,
@@ -584,6 +597,9 @@ impl<S: Systemd> Link<S> {
         self.shared().status.disconnected();
         if let Some(h) = heartbeat {
             h.abort();
+        }
+        if let Some(r) = resync {
+            r.abort();
         }
         if matches!(end, SessionEnd::Shutdown | SessionEnd::Switched) {
             // Polite close: the writer drains what is queued, then shuts the

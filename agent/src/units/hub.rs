@@ -36,7 +36,7 @@
 use crate::link::outbox::{Outbox, Sent};
 use crate::systemd::api::{Followed, Systemd, UnitSignal, UnitSignalStream};
 use crate::units::following::{Follower, Following};
-use crate::units::rules::{Batch, View, describe};
+use crate::units::rules::{Batch, ResyncRows, View, describe};
 use drover_protocol::{RemoteError, Response, ToManager, UnitInfo, UnitName};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -102,6 +102,28 @@ impl UnitHub {
     /// [`UnitHub::send_order`] until it has sent the event.
     pub fn next_tag(&self) -> Option<(u64, drover_protocol::ModTag)> {
         self.lock().next_tag()
+    }
+
+    /// What the manager should hold of this node's units now (see
+    /// [`crate::units::rules::View::resync_rows`]); the caller holds
+    /// [`UnitHub::send_order`], so the tag is the last one sent.
+    pub fn resync_rows(&self) -> Option<ResyncRows> {
+        self.lock().resync_rows()
+    }
+
+    /// Takes the two tags of a resync snapshot of session `epoch` (`T` and
+    /// `T + 1`, `drover_protocol::resync`) and returns `T`; `None` when
+    /// `epoch` is not the open session. The caller holds
+    /// [`UnitHub::send_order`] until the snapshot is sent.
+    pub fn snapshot_tag(&self, epoch: u64) -> Option<drover_protocol::ModTag> {
+        let mut view = self.lock();
+        match view.next_tag() {
+            Some((e, tag)) if e == epoch => {
+                view.next_tag();
+                Some(tag)
+            }
+            _ => None,
+        }
     }
 
     /// The cached (active, sub) state of a loaded unit.
@@ -276,6 +298,9 @@ impl UnitHub {
 
 async fn send(outbox: &Outbox, batch: Batch) {
     for event in batch.events {
+        if crate::units::fault::drops(&event) {
+            continue;
+        }
         let sent = outbox
             .send_paced(batch.epoch, ToManager::Event(event), SEND_PATIENCE)
             .await;

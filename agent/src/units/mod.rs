@@ -2,6 +2,8 @@
 //!
 //! * [`hub`] — the [`hub::UnitHub`]: sessions, the start of the unit
 //!   signal stream, the send order, sending through the outbox.
+//! * [`fault`] — a test knob (debug builds only) that drops one event, for
+//!   the resync tests.
 //! * [`following`] — what the unit stream follows: the watched units and
 //!   those held for a subscription on its way or a dep start; plain
 //!   bookkeeping around one call to systemd per change.
@@ -12,6 +14,7 @@
 //! The unit signal stream itself is read by `crate::fanout`, which hands
 //! each signal to the hub and the job ones to the unit fence.
 
+pub mod fault;
 pub mod following;
 pub mod hub;
 pub mod rules;

@@ -61,6 +61,7 @@
 use crate::systemd::api::{Followed, UnitSignal};
 use drover_bus::systemd::UNIT_IFACE;
 use drover_protocol::error_names;
+use drover_protocol::resync::{UnitRow, watch_hash};
 use drover_protocol::tag::TagCounter;
 use drover_protocol::{Event, ModTag, Reason, RemoteError, UnitInfo, UnitName};
 use std::collections::{HashMap, HashSet};
@@ -101,6 +102,16 @@ impl Session {
     fn watches(&self, unit: &UnitName) -> bool {
         self.all || self.watched.contains(unit)
     }
+}
+
+/// [`View::resync_rows`]: the session, its last tag, the watch set's hash
+/// and the loaded watched units.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResyncRows {
+    pub epoch: u64,
+    pub tag: ModTag,
+    pub watch: u64,
+    pub rows: Vec<UnitRow>,
 }
 
 /// A batch of tagged events for one session, to be sent in order.
@@ -236,6 +247,48 @@ impl View {
         let mut names: Vec<UnitName> = self.cache.keys().cloned().collect();
         names.sort();
         names
+    }
+
+    /// What the manager should hold of this node's units now, for a
+    /// resync (`drover_protocol::resync`): the watched units that are
+    /// loaded, with their states, sorted. `None` while that cannot be
+    /// compared: no session, a daemon-reload not settled yet (its removals
+    /// are held back), a full cache, or a watched unit the stream does not
+    /// follow yet (its state is unknown here).
+    pub fn resync_rows(&self) -> Option<ResyncRows> {
+        let s = self.session.as_ref()?;
+        if self.reloading
+            || self.reloads_open > 0
+            || !self.reload_removed.is_empty()
+            || self.cache.len() >= MAX_UNITS
+        {
+            return None;
+        }
+        let followed = if s.all {
+            matches!(self.covered, Followed::Every)
+        } else {
+            s.watched.iter().all(|u| self.covered.covers(u))
+        };
+        if !followed {
+            return None;
+        }
+        let mut rows: Vec<UnitRow> = self
+            .cache
+            .iter()
+            .filter(|(u, _)| s.watches(u))
+            .map(|(u, st)| UnitRow {
+                unit: u.clone(),
+                active_state: st.active.clone(),
+                sub_state: st.sub.clone(),
+            })
+            .collect();
+        rows.sort_by(|a, b| a.unit.cmp(&b.unit));
+        Some(ResyncRows {
+            epoch: s.epoch,
+            tag: s.tags.last(),
+            watch: watch_hash(s.all, &s.watched),
+            rows,
+        })
     }
 
     /// The next tag of the open session, for an event of another producer

@@ -6,7 +6,8 @@
 //! nodes by status (the counts the lifecycle already announces, from a
 //! watch channel: no lock), jobs in flight (the job table's length),
 //! monitors (the monitor table's length), connections evicted before
-//! authentication (the gate's count), the process ([`process`]), build
+//! authentication (the gate's count), resync's digests, mismatches,
+//! snapshots and repairs (the hub's atomics), the process ([`process`]), build
 //! info. With `MetricsPerNode=true`, one copy of the node table (name,
 //! online, last seen) under its lock, then rendered outside it.
 
@@ -14,6 +15,7 @@ use crate::metrics::counters::Counters;
 use crate::metrics::process;
 use crate::nodes::gate::Gate;
 use crate::nodes::lifecycle::Lifecycle;
+use crate::units::hub::Subscriptions;
 use crate::units::monitor::Monitors;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -31,6 +33,8 @@ pub struct Live {
     pub monitors: Arc<Monitors>,
     /// The agents' gate: connections evicted before authentication.
     pub gate: Arc<Gate>,
+    /// The unit hub: what resync has done (`drover_resync_*`).
+    pub subscriptions: Arc<Subscriptions>,
     pub per_node: bool,
 }
 
@@ -203,6 +207,32 @@ impl Collector for Live {
             None,
             evicted.metric_type(),
         )?)?;
+        let resync = self.subscriptions.resync_stats();
+        for (name, help, value) in [
+            (
+                "drover_resync_digests",
+                "Resync digests of agents compared with the manager's records",
+                resync.digests(),
+            ),
+            (
+                "drover_resync_mismatches",
+                "Resync digests that did not match the manager's records",
+                resync.mismatches(),
+            ),
+            (
+                "drover_resync_snapshots",
+                "Resync snapshots the manager asked of agents (one per mismatch, at most one per node and interval)",
+                resync.snapshots(),
+            ),
+            (
+                "drover_resync_repairs",
+                "Unit records a resync snapshot corrected",
+                resync.repairs(),
+            ),
+        ] {
+            let c = ConstCounter::new(value);
+            c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)?;
+        }
         let mut info = encoder.encode_descriptor(
             "drover_build_info",
             "The running manager's version and commit (value 1)",

@@ -238,6 +238,9 @@ pub struct Timing {
     pub handshake: Duration,
     /// Per request to an agent.
     pub request: Duration,
+    /// `ResyncInterval` (ms; 0: no resync), before its growth with the
+    /// fleet's size.
+    pub resync_interval_ms: u64,
 }
 
 impl Timing {
@@ -571,6 +574,12 @@ impl Lifecycle {
                 advertises(&hello)
             ),
         }
+        // Resync digests come less often as the fleet grows
+        // (`drover_protocol::resync::interval_for`).
+        let online = u64::try_from(self.node_counts.borrow().online).unwrap_or(u64::MAX);
+        let resync_interval_ms =
+            drover_protocol::resync::interval_for(self.timing.resync_interval_ms, online);
+        session.set_resync_interval(Duration::from_millis(resync_interval_ms));
         self.followers.online(&session).await;
         self.announce_node_locked(&mut announced, session.node())
             .await;
@@ -581,6 +590,7 @@ impl Lifecycle {
             heartbeat_interval_ms: self.timing.heartbeat_interval_ms,
             heartbeat_threshold_ms: threshold,
             manager_version: env!("CARGO_PKG_VERSION").to_owned(),
+            resync_interval_ms,
         };
         match pending.accept(accepted, timeout).await {
             Ok(framed) => spawn_io(
@@ -871,6 +881,7 @@ mod tests {
             heartbeat_threshold_ms: 6000,
             handshake: Duration::from_secs(10),
             request: Duration::from_secs(30),
+            resync_interval_ms: 0,
         };
         Lifecycle::new(
             Nodes::new(Registry::new(&[])),

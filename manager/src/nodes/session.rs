@@ -122,6 +122,9 @@ pub struct Session {
     /// When the writer last put a frame on the wire (monotonic µs).
     last_written_mono_us: AtomicU64,
     ended: AtomicBool,
+    /// The resync interval this session's agent was told (ms; 0 = none):
+    /// `drover_protocol::resync`. Set once, before the session is announced.
+    resync_interval_ms: AtomicU64,
     /// Stops the reader and the writer (set at the end, or by the writer).
     stop: EndSignal,
 }
@@ -207,6 +210,7 @@ impl Session {
             arrivals: Arrivals::default(),
             last_written_mono_us: AtomicU64::new(0),
             ended: AtomicBool::new(false),
+            resync_interval_ms: AtomicU64::new(0),
             stop: EndSignal::default(),
         });
         (session, Outbox(rx))
@@ -324,6 +328,17 @@ impl Session {
     /// a heartbeat loses nothing.
     fn try_heartbeat(&self) -> bool {
         self.outgoing.try_send(Outgoing::Heartbeat).is_ok()
+    }
+
+    /// Records the resync interval the agent is told at its registration.
+    pub fn set_resync_interval(&self, interval: Duration) {
+        let ms = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX);
+        self.resync_interval_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// The resync interval the agent was told (zero: it sends no digests).
+    pub fn resync_interval(&self) -> Duration {
+        Duration::from_millis(self.resync_interval_ms.load(Ordering::Relaxed))
     }
 
     /// Sends `body` and waits for the reply, at most `timeout` in all.

@@ -366,6 +366,25 @@ impl HealthBook {
         rows
     }
 
+    /// The state of every unit with health on an online `node`, by unit
+    /// (none while it is offline), for a resync digest.
+    pub fn unit_states<'a>(
+        &'a self,
+        node: &NodeName,
+    ) -> impl Iterator<Item = (&'a UnitName, HealthState)> + 'a {
+        self.nodes
+            .get(node)
+            .filter(|b| b.session.is_some())
+            .into_iter()
+            .flat_map(|b| b.units.iter().map(|(u, e)| (u, e.state)))
+    }
+
+    /// Whether a health snapshot of `node` is being gathered (its parts not
+    /// all in yet).
+    pub fn gathering(&self, node: &NodeName) -> bool {
+        self.nodes.get(node).is_some_and(|b| b.pending.is_some())
+    }
+
     /// Units with health on `node` (any state), for tests and metrics.
     pub fn unit_count(&self, node: &NodeName) -> usize {
         self.nodes.get(node).map_or(0, |b| b.units.len())

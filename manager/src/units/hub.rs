@@ -91,6 +91,10 @@ use tokio::sync::mpsc;
 mod agents;
 // Health: the book and the fan-out of its changes.
 mod health;
+// Resync: digests compared, snapshots asked for and applied.
+mod resync;
+
+pub use resync::ResyncStats;
 
 /// Sub state of the virtual `inactive` BlueChi sends when a node goes offline.
 pub const AGENT_OFFLINE: &str = "agent-offline";
@@ -142,6 +146,8 @@ struct NodeState {
     sent: HashSet<Option<UnitName>>,
     /// Session id whose sync task is running, if any.
     syncing: Option<u64>,
+    /// Digests and snapshots of this node (`hub/resync.rs`).
+    resync: resync::NodeResync,
 }
 
 impl NodeState {
@@ -370,6 +376,8 @@ pub struct Subscriptions {
     /// Woken whenever what an agent was told may have changed (a sync step
     /// done, a session gone): [`Subscriptions::synced`] looks again.
     sync_progress: tokio::sync::Notify,
+    /// What resync has done (`hub/resync.rs`).
+    resync: ResyncStats,
 }
 
 /// A sink handle: watches go through it; dropping it removes them all.
@@ -426,6 +434,7 @@ impl Subscriptions {
             state: Mutex::new(State::default()),
             request_timeout,
             sync_progress: tokio::sync::Notify::new(),
+            resync: ResyncStats::default(),
         })
     }
 

@@ -55,6 +55,7 @@ impl FakeManager {
             heartbeat_interval_ms,
             heartbeat_threshold_ms,
             manager_version: "fake".into(),
+            resync_interval_ms: 0,
         };
         pending.accept(accepted, T).await.unwrap()
     }

@@ -51,6 +51,7 @@ impl Subscriptions {
         ns.guid = session.id();
         ns.max_index = 0;
         ns.sent.clear();
+        ns.resync.online(session.resync_interval());
         // Tombstones guard against late events of older sessions, which are
         // refused by session from now on.
         ns.records.retain(|_, r| r.loaded);
@@ -88,6 +89,7 @@ impl Subscriptions {
         ns.session = None;
         ns.syncing = None;
         ns.sent.clear();
+        ns.resync.offline();
         st.health.offline(node, session_id);
         let Some(ns) = st.nodes.get_mut(node) else {
             return;
