@@ -988,6 +988,9 @@ mod tests {
             ("ProxyGracePeriod", "-5", "not a number"),
             ("ProxyGracePeriod", "86400001", "out of range"),
             ("ProxyGracePeriod", "10s", "not a number"),
+            ("ResyncInterval", "-1", "not a number"),
+            ("ResyncInterval", "60s", "not a number"),
+            ("ResyncInterval", "86400001", "out of range"),
             ("TCPKeepAliveTime", "32768", "out of range"),
             ("TCPKeepAliveCount", "128", "out of range"),
             ("IPReceiveErrors", "2", "not a boolean"),
@@ -1244,6 +1247,18 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.proxy_grace_period_ms, None);
+    }
+
+    #[test]
+    fn resync_interval_defaults_to_a_minute_and_zero_turns_it_off() {
+        let c = ManagerConfig::parse_str("[drover-manager]\n").unwrap();
+        assert_eq!(c.resync_interval_ms, 60_000);
+        for (value, want) in [("0", 0), ("2000", 2000), ("86400000", MAX_MS)] {
+            let c =
+                ManagerConfig::parse_str(&format!("[drover-manager]\nResyncInterval={value}\n"))
+                    .unwrap();
+            assert_eq!(c.resync_interval_ms, want);
+        }
     }
 
     /// Loads `sources` with the given environment.
