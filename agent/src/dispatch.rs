@@ -194,8 +194,13 @@ impl<S: Systemd> Dispatcher<S> {
                 self.reply(epoch, id, result);
             }
             Request::Resync => {
-                let result = crate::resync::snapshot(&self.shared, epoch).await;
-                self.reply(epoch, id, result);
+                let shared = &self.shared;
+                let result =
+                    crate::units::resync::send_snapshot(&shared.units, &shared.outbox, epoch).await;
+                if result.is_ok() {
+                    crate::health::driver::session_started(shared, epoch).await;
+                }
+                self.reply(epoch, id, result.map(|()| Response::Empty));
             }
             Request::StartDep { unit } => {
                 // Decided before the job is queued: only a unit stream that

@@ -27,8 +27,6 @@
 //!   unit hub and the unit fence.
 //! * [`api`] — the local `org.eclipse.bluechi.Agent` D-Bus API the proxy
 //!   helper calls.
-//! * [`resync`] — the periodic digest of what the manager holds for this
-//!   node, and the snapshot the manager asks for when it does not match.
 //!
 //! State: [`state::Shared`] gathers the parts below in one `Arc`.
 //!
@@ -83,7 +81,6 @@ pub mod node_api;
 pub mod notify;
 pub mod own_units;
 pub mod proxies;
-pub mod resync;
 pub mod state;
 pub mod systemd;
 pub mod units;

@@ -576,15 +576,30 @@ impl<S: Systemd> Link<S> {
             })
         });
 
-        // Resync digests (`crate::resync`), when the manager asks for them.
+        // Resync digests (`crate::units::resync`), when the manager asks for them.
         let resync = (!resync.is_zero()).then(|| {
-            tokio::spawn(crate::resync::run(
-                self.shared().clone(),
-                epoch,
-                resync,
-                random_u64,
-                kill.token().clone(),
-            ))
+            let shared = self.shared().clone();
+            let stop = kill.token().clone();
+            tokio::spawn(async move {
+                loop {
+                    let wait = crate::units::resync::jittered(resync, random_u64());
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(wait) => {}
+                    }
+                    let health = || shared.health.states();
+                    if !crate::units::resync::send_digest(
+                        &shared.units,
+                        &shared.outbox,
+                        epoch,
+                        health,
+                    )
+                    .await
+                    {
+                        tracing::debug!("no resync digest this time (units not comparable now)");
+                    }
+                }
+            })
         });
 
         let end = tokio::select! {

@@ -7,6 +7,8 @@
 //! * [`following`] — what the unit stream follows: the watched units and
 //!   those held for a subscription on its way or a dep start; plain
 //!   bookkeeping around one call to systemd per change.
+//! * [`resync`] — the periodic digest of what the manager holds for this
+//!   node, and the snapshot the manager asks for when it does not match.
 //! * [`rules`] — what each systemd unit signal means for the manager: the
 //!   cache of loaded units, virtual replay, real events, daemon-reload
 //!   settling and modification tags; plain data, no I/O.
@@ -17,4 +19,5 @@
 pub mod fault;
 pub mod following;
 pub mod hub;
+pub mod resync;
 pub mod rules;

@@ -80,6 +80,7 @@ use crate::nodes::session::Session;
 use crate::units::health::{HealthBook, health_replay};
 use crate::units::records::{Applied, Change, Record, Records, UnitEvent, WILDCARD};
 use crate::units::replay::{NodeView, Replay, virtual_replay};
+use crate::units::resync::{NodeResync, ResyncStats};
 use drover_bus::client::SnapshotRow;
 use drover_protocol::{Event, ModTag, NodeName, Reason, Request, UnitName};
 use std::collections::{HashMap, HashSet};
@@ -93,8 +94,6 @@ mod agents;
 mod health;
 // Resync: digests compared, snapshots asked for and applied.
 mod resync;
-
-pub use resync::ResyncStats;
 
 /// Sub state of the virtual `inactive` BlueChi sends when a node goes offline.
 pub const AGENT_OFFLINE: &str = "agent-offline";
@@ -147,7 +146,7 @@ struct NodeState {
     /// Session id whose sync task is running, if any.
     syncing: Option<u64>,
     /// Digests and snapshots of this node (`hub/resync.rs`).
-    resync: resync::NodeResync,
+    resync: NodeResync,
 }
 
 impl NodeState {

@@ -4,11 +4,13 @@
 //! of a new `*` watch in [`replay`]), and the monitors
 //! that turn those events into D-Bus signals ([`monitor`], with the
 //! messages built by [`signals`]). The health of units and nodes as agents
-//! report it is kept in [`health`] and fanned out by the hub.
+//! report it is kept in [`health`] and fanned out by the hub; resync's
+//! state and counters are [`resync`]'s, its rules the hub's.
 
 pub mod health;
 pub mod hub;
 pub mod monitor;
 pub mod records;
 pub mod replay;
+pub mod resync;
 pub mod signals;

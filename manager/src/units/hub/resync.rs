@@ -27,74 +27,13 @@
 
 use super::*;
 use crate::units::health::HealthBook;
+use crate::units::resync::ResyncStats;
 use drover_protocol::resync::{
     Digest, SnapshotPart, Sum, UNITS_MAX, UnitRow, health_entry, unit_entry, watch_hash,
 };
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
-
-/// What resync has done, for the metrics (`drover_resync_*_total`).
-#[derive(Debug, Default)]
-pub struct ResyncStats {
-    digests: AtomicU64,
-    mismatches: AtomicU64,
-    snapshots: AtomicU64,
-    repairs: AtomicU64,
-}
-
-impl ResyncStats {
-    /// Digests compared with the records.
-    pub fn digests(&self) -> u64 {
-        self.digests.load(Ordering::Relaxed)
-    }
-
-    /// Digests that did not match.
-    pub fn mismatches(&self) -> u64 {
-        self.mismatches.load(Ordering::Relaxed)
-    }
-
-    /// Snapshots asked of agents.
-    pub fn snapshots(&self) -> u64 {
-        self.snapshots.load(Ordering::Relaxed)
-    }
-
-    /// Unit records a snapshot corrected (each unit once per snapshot).
-    pub fn repairs(&self) -> u64 {
-        self.repairs.load(Ordering::Relaxed)
-    }
-}
-
-/// One node's resync state in the hub.
-#[derive(Debug, Default)]
-pub(super) struct NodeResync {
-    /// The interval the current session's agent was told (zero: none).
-    interval: Duration,
-    /// When a digest of the current session was last compared.
-    last_digest: Option<Instant>,
-    /// When a snapshot was last asked of the node (any session).
-    last_asked: Option<Instant>,
-    /// A snapshot is asked of the current session and not answered yet.
-    asked: bool,
-    /// Parts gathered so far: (tag, rows).
-    pending: Option<(ModTag, Vec<UnitRow>)>,
-}
-
-impl NodeResync {
-    /// A new session, told `interval`.
-    pub(super) fn online(&mut self, interval: Duration) {
-        self.interval = interval;
-        self.last_digest = None;
-        self.asked = false;
-        self.pending = None;
-    }
-
-    /// The session ended.
-    pub(super) fn offline(&mut self) {
-        self.asked = false;
-        self.pending = None;
-    }
-}
 
 /// The manager's side of a digest: (watch hash, units, health).
 fn digest_of(ns: &NodeState, book: &HealthBook, node: &NodeName) -> (u64, Sum, Sum) {
