@@ -8,7 +8,7 @@
 //! * Each unit file there is valid INI, and names its proxies in a form the
 //!   agent accepts (`drover-proxy@NODE_UNIT.service`).
 
-use drover_config::{AgentConfig, ManagerConfig, ini};
+use drover_config::{AgentConfig, DnsConfig, ManagerConfig, ini};
 use std::path::{Path, PathBuf};
 
 fn root() -> PathBuf {
@@ -122,14 +122,20 @@ fn every_documented_ini_block_is_an_example_file() {
 enum Reader {
     Manager,
     Agent,
+    Dns,
 }
 
 fn reader_of(path: &Path, text: &str) -> Reader {
     let doc = ini::parse(path, text).unwrap_or_else(|e| panic!("{e}"));
     let names: Vec<&str> = doc.sections.iter().map(|s| s.name.as_str()).collect();
     // A file whose sections are all commented out says in its header whose it is.
-    if names.contains(&"drover-agent") || (names.is_empty() && text.contains("[drover-agent]")) {
+    let says = |section: &str| {
+        names.contains(&section) || (names.is_empty() && text.contains(&format!("[{section}]")))
+    };
+    if says("drover-agent") {
         Reader::Agent
+    } else if says("drover-dns") {
+        Reader::Dns
     } else {
         Reader::Manager
     }
@@ -139,6 +145,7 @@ fn load(path: &Path, text: &str) -> Result<(), String> {
     match reader_of(path, text) {
         Reader::Manager => ManagerConfig::parse_str(text).map(|_| ()),
         Reader::Agent => AgentConfig::parse_str(text).map(|_| ()),
+        Reader::Dns => DnsConfig::parse_str(text).map(|_| ()),
     }
     .map_err(|e| format!("{}: {e}", path.display()))
 }
@@ -188,6 +195,8 @@ fn every_example_config_loads_as_is_and_uncommented() {
         "dist/usr/share/drover/manager.conf",
         "dist/usr/share/drover/agent.conf",
         "docs/examples/manager.conf",
+        "dist/etc/drover/dns.conf",
+        "dist/usr/share/drover/dns.conf",
     ] {
         assert!(
             names.iter().any(|n| n == expected),
