@@ -164,7 +164,7 @@ async fn run(cluster: &mut Cluster, rounds: usize) -> Result<()> {
             bail!("starting web.service on {node} failed");
         }
     }
-    let server = cluster.start_dns("LogLevel=WARN").await?;
+    let server = cluster.start_dns("").await?;
     let pid = cluster.state().dns_pid.context("drover-dns pid")?;
     let bin = drover_sandbox::binaries::locate_in(
         "drover-dns",
