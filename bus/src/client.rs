@@ -166,7 +166,29 @@ pub trait DroverController {
 
     /// `ListDrained() -> a(ss)`: (node, unit), unit `""` for a whole node.
     fn list_drained(&self) -> zbus::Result<Vec<(String, String)>>;
+    /// `Where(s unit, a{sv} options) -> (a(ssssstbba(sq)) rows, b complete)`.
+    #[zbus(name = "Where")]
+    fn where_(
+        &self,
+        unit: &str,
+        options: HashMap<&str, zbus::Variant<'_>>,
+    ) -> zbus::Result<(Vec<WhereTuple>, bool)>;
 }
+
+/// One row of `io.drover.Controller.Where` `a(ssssstbba(sq))`: node, active state, sub
+/// state, health (`none`, `starting`, `healthy`, `unhealthy`), address, since (realtime
+/// µs), stale, drained, ports as (name, port) (`""` for the unit's `Port=`).
+pub type WhereTuple = (
+    String,
+    String,
+    String,
+    String,
+    String,
+    u64,
+    bool,
+    bool,
+    Vec<(String, u16)>,
+);
 
 /// One entry of `io.drover.Controller.ListHealth` `a(sssst)`: node, unit, health state
 /// (`starting`, `healthy`, `unhealthy`), reason, since (realtime µs).

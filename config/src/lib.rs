@@ -36,6 +36,7 @@
 //! every key with its default; tests keep them in step with the code.
 
 pub mod agent;
+pub mod discovery;
 pub mod dns;
 pub mod error;
 pub mod ha;
@@ -59,6 +60,7 @@ mod value;
 pub(crate) mod test_util;
 
 pub use agent::AgentConfig;
+pub use discovery::DiscoverySettings;
 pub use dns::DnsConfig;
 pub use error::ConfigError;
 pub use layers::{LoadReport, Sources};

@@ -47,6 +47,7 @@
 //!   listener and must not pretend to enforce a security setting;
 //! * millisecond values are capped at one day so timer arithmetic can never overflow.
 
+use crate::discovery::{self, DiscoverySettings};
 use crate::ha::{self, HaSettings};
 use crate::ini::Document;
 use crate::layers::{Layered, LoadReport, apply_sources};
@@ -76,7 +77,8 @@ pub const BLUECHI_SECTION: &str = sections::MANAGER_BLUECHI;
 pub const MAX_MS: u64 = 86_400_000;
 
 /// The keys of `[drover-manager]` only the manager reads (besides the
-/// metrics keys, [`crate::metrics`], and the HA keys, [`crate::ha`]).
+/// metrics keys, [`crate::metrics`], the HA keys, [`crate::ha`], and the
+/// discovery keys, [`crate::discovery`]).
 const OWN_KEYS: &[&str] = &[
     "ControllerPort",
     "ListenAddress",
@@ -96,8 +98,20 @@ const OWN_KEYS: &[&str] = &[
 /// ([`shared::KEYS`]). drover.conf(5) documents each; a test keeps the list
 /// equal to the keys the loader matches.
 pub const KEYS: &[&str] = &shared::key_list::<
-    { OWN_KEYS.len() + metrics::KEYS.len() + ha::KEYS.len() + shared::KEYS.len() },
->(&[OWN_KEYS, metrics::KEYS, ha::KEYS, shared::KEYS]);
+    {
+        OWN_KEYS.len()
+            + metrics::KEYS.len()
+            + ha::KEYS.len()
+            + discovery::KEYS.len()
+            + shared::KEYS.len()
+    },
+>(&[
+    OWN_KEYS,
+    metrics::KEYS,
+    ha::KEYS,
+    discovery::KEYS,
+    shared::KEYS,
+]);
 /// Every key of `[node NAME]`.
 pub const NODE_KEYS: &[&str] = &["Allowed", "AllowDependenciesOn", "RequiredSelinuxContext"];
 
@@ -161,6 +175,9 @@ pub struct ManagerConfig {
     /// `$STATE_DIRECTORY`, see [`ManagerConfig::state_directory`]. Always an
     /// absolute path.
     pub state_directory: Option<PathBuf>,
+    /// `StaleRetention`, `WarmUpTimeout`: the unit index's last-good records
+    /// and warm-up after a start ([`crate::discovery`]).
+    pub discovery: DiscoverySettings,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -193,6 +210,7 @@ impl Default for ManagerConfig {
             metrics: MetricsSettings::default(),
             ha: HaSettings::default(),
             state_directory: None,
+            discovery: DiscoverySettings::default(),
         }
     }
 }
@@ -382,6 +400,9 @@ impl Builder {
             return Ok(());
         }
         if ha::apply(at, &mut cfg.ha)? {
+            return Ok(());
+        }
+        if discovery::apply(at, &mut cfg.discovery)? {
             return Ok(());
         }
         let c = &mut self.cfg;

@@ -131,7 +131,17 @@ fn the_lists_hold_every_key_the_loaders_match() {
             .map(|s| s.to_string())
             .collect()
     );
+    // The discovery keys are matched in discovery.rs.
+    let discovery = match_arm_keys(include_str!("../src/discovery.rs"));
+    assert_eq!(
+        discovery,
+        drover_config::discovery::KEYS
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    );
     let mut manager = match_arm_keys(include_str!("../src/manager.rs"));
+    manager.extend(discovery.iter().cloned());
     manager.extend(metrics.iter().cloned());
     manager.extend(ha.iter().cloned());
     manager.extend(logging.iter().cloned());

@@ -119,6 +119,11 @@ pub enum CtlError {
         state: String,
     },
 
+    /// `where`: no node matches (the empty answer is already printed). Only
+    /// the exit status says so.
+    #[error("unit {unit} runs on no node that matches")]
+    NowhereToBeFound { unit: String },
+
     /// Any other D-Bus error, passed through with its name so nothing is hidden.
     #[error("{what} failed: {name}: {message}")]
     DBus {
@@ -156,6 +161,7 @@ impl CtlError {
             CtlError::UnitsNotFound { .. }
                 | CtlError::NotEnabled { .. }
                 | CtlError::NotHealthy { .. }
+                | CtlError::NowhereToBeFound { .. }
                 | CtlError::OutputClosed
         )
     }

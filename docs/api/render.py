@@ -33,6 +33,7 @@ OBJECTS = [
 MEMBER_NOTES = {
     ("org.eclipse.bluechi.Controller", "ListUnits"): "(see below: one reply, at most 32 MiB)",
     ("org.eclipse.bluechi.Controller", "ListUnitFiles"): "(as `ListUnits`)",
+    ("io.drover.Controller", "Where"): "(rows, options and `complete`: docs/discovery.md)",
 }
 # What the XML cannot say, after an interface's table.
 AFTER = {

@@ -21,11 +21,12 @@
 //! [`crate::reload::Reloader`].
 //!
 //! `Following` is the one implementation of [`Followers`]: what a node's
-//! life means for the rest — online: its unit subscriptions are replayed, its
-//! proxies' references resume, metrics are switched on if enabled; offline:
+//! life means for the rest — online: its unit subscriptions are replayed, the
+//! unit index watches it, its proxies' references resume, metrics are switched on if enabled; offline:
 //! the same parts in that order; ended: its jobs end; and every event of its
 //! agent goes to the part it concerns.
 
+use crate::discovery::Discovery;
 use crate::discovery::drain::Drained;
 use crate::fanout::limit::FleetCallLimits;
 use crate::ha::fence::Fence;
@@ -101,6 +102,8 @@ pub struct Parts {
     pub metrics: Arc<Metrics>,
     pub subscriptions: Arc<Subscriptions>,
     pub monitors: Arc<Monitors>,
+    /// The unit → nodes index behind `Where` ([`crate::discovery`]).
+    pub discovery: Arc<Discovery>,
     pub proxies: Proxies,
     pub jobs: Arc<JobRunner>,
     pub lifecycle: Arc<Lifecycle>,
@@ -113,6 +116,7 @@ pub struct Parts {
 struct Following {
     jobs: Arc<JobRunner>,
     subscriptions: Arc<Subscriptions>,
+    discovery: Arc<Discovery>,
     proxies: Proxies,
     metrics: Arc<Metrics>,
     outbound: Arc<Port>,
@@ -137,6 +141,12 @@ impl Parts {
         let metrics = Arc::new(Metrics::default());
         let subscriptions = Subscriptions::new(timeouts.request);
         let monitors = Monitors::new(subscriptions.clone());
+        let discovery = Discovery::new(
+            subscriptions.clone(),
+            config.discovery,
+            &config.allowed_nodes,
+            crate::discovery::index::DEFAULT_CAP,
+        );
         let proxies = Proxies::new(
             Policy::from_config(&config, config.allowed_nodes.iter().cloned()),
             subscriptions.clone(),
@@ -151,6 +161,7 @@ impl Parts {
         let following = Arc::new(Following {
             jobs: jobs.clone(),
             subscriptions: subscriptions.clone(),
+            discovery: discovery.clone(),
             proxies: proxies.clone(),
             metrics: metrics.clone(),
             outbound: outbound.clone(),
@@ -193,6 +204,7 @@ impl Parts {
             metrics,
             subscriptions,
             monitors,
+            discovery,
             proxies,
             jobs,
             outbound,
@@ -210,6 +222,8 @@ impl Followers for Following {
     fn online<'a>(&'a self, session: &'a Arc<Session>) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             self.subscriptions.node_online(session);
+            self.discovery
+                .node_online(session.node(), session.id(), session.peer_ip());
             self.proxies.node_online(session).await;
             self.metrics.node_online(session);
             self.metrics.counters().registered();
@@ -218,7 +232,11 @@ impl Followers for Following {
 
     fn offline<'a>(&'a self, node: &'a NodeName, session_id: u64) -> BoxFuture<'a, ()> {
         Box::pin(async move {
+            // The index marks the node's rows stale before the hub's
+            // virtual offline events (which it ignores), then lets go.
+            self.discovery.node_offline(node, session_id);
             self.subscriptions.node_offline(node, session_id);
+            self.discovery.forget_watches(node);
             self.proxies.node_offline(node, session_id).await;
             self.metrics.counters().disconnected();
         })

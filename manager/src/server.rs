@@ -109,6 +109,7 @@ impl Manager {
             proxies: parts.proxies.clone(),
             reloader: parts.reloader.clone(),
             subscriptions: parts.subscriptions.clone(),
+            discovery: parts.discovery.clone(),
             log: parts.log.clone(),
             drained: parts.drained.clone(),
             log_target: parts.config.logging.target.as_str(),
@@ -155,6 +156,7 @@ impl Manager {
             tokio::spawn(accept_loop(accept, listener, stop.clone())),
             tokio::spawn(parts.lifecycle.clone().heartbeat_loop()),
             tokio::spawn(parts.proxies.clone().timer_loop()),
+            tokio::spawn(parts.discovery.clone().run()),
         ];
         if let Some((addr, listener, exposition)) = metrics {
             tracing::info!("serving Prometheus metrics at http://{addr}/metrics");

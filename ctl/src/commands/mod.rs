@@ -24,6 +24,7 @@ pub mod unit_files;
 pub mod unit_job;
 pub mod unit_ops;
 pub mod version;
+pub mod where_;
 
 /// Declares the subcommands: `Variant(Type)`, with the doc comment as clap's about
 /// text. Variant names become kebab-case command names (`ListUnits` → `list-units`).
@@ -104,6 +105,8 @@ commands! {
     Undrain(drain::Undrain),
     /// List the drained nodes and units
     Drained(drain::Drained),
+    /// Show where a unit runs (and is healthy); exit 0 only if it runs somewhere
+    Where(where_::Where),
     /// Print droverctl's version
     Version(version::Version),
 }

@@ -9,7 +9,9 @@
 //! caller that is neither root nor the manager's own user (a session bus).
 //!
 //! `ListHealth()` and `ListNodeHealth()` list the health the agents report
-//! (`crate::units::health`).
+//! (`crate::units::health`). `Where(unit, options)` answers from the unit
+//! index (`crate::discovery`): bad arguments are `InvalidArgs` and change
+//! nothing, an answer too large for one message is `LimitsExceeded`.
 //!
 //! `Drain(node, units)` and `Undrain(node, units)` take a node, or units on
 //! it, out of service and back (`crate::discovery::drain`); like `Reload`
@@ -22,6 +24,8 @@
 
 use crate::api::handles::Handles;
 use crate::discovery::drain::{DrainError, Drained};
+use crate::discovery::query::{Options, WhereRow};
+use crate::discovery::{Discovery, WhereError};
 use crate::error::ApiError;
 use crate::nodes::lifecycle::{Nodes, Phase};
 use crate::proxies::driver::Proxies;
@@ -31,6 +35,7 @@ use crate::units::hub::Subscriptions;
 use drover_bus::client::ProxyTuple;
 use drover_protocol::error_names::{ACCESS_DENIED, LIMITS_EXCEEDED};
 use drover_protocol::{NodeName, UnitName};
+use std::collections::HashMap;
 use std::sync::Arc;
 use zbus::message::Header;
 use zbus::names::BusName;
@@ -42,6 +47,9 @@ pub struct DroverControllerObject {
     subscriptions: Arc<Subscriptions>,
     nodes: Arc<Nodes>,
     drained: Arc<Drained>,
+    discovery: Arc<Discovery>,
+    /// The most bytes an answer's body may take.
+    max_body: usize,
 }
 
 impl DroverControllerObject {
@@ -52,6 +60,8 @@ impl DroverControllerObject {
             subscriptions: handles.subscriptions.clone(),
             nodes: handles.nodes.clone(),
             drained: handles.drained.clone(),
+            discovery: handles.discovery.clone(),
+            max_body: handles.fleet_answer,
         }
     }
 }
@@ -81,6 +91,37 @@ impl DroverControllerObject {
     #[zbus(out_args("nodes"))]
     async fn list_node_health(&self) -> Vec<NodeHealthRow> {
         self.subscriptions.list_node_health()
+    }
+
+    /// Where `unit` runs: one row per node (node, active state, sub state,
+    /// health, address, since as realtime µs, stale, drained, ports) and
+    /// whether the answer is complete (false while the manager warms up
+    /// after a start). By default the nodes where the unit is active or
+    /// reloading, not stale, not drained; options (a{sv}): `healthy` (b),
+    /// `stale` (b), `drained` (b), `all` (b), `nodes` (s, a node name or
+    /// pattern). See docs/discovery.md.
+    #[zbus(name = "Where", out_args("rows", "complete"))]
+    async fn where_(
+        &self,
+        unit: String,
+        options: HashMap<String, zbus::OwnedVariant>,
+    ) -> Result<(Vec<WhereRow>, bool), ApiError> {
+        self.nodes.serving()?;
+        let unit =
+            UnitName::new(unit.as_str()).map_err(|e| ApiError::invalid_args(e.to_string()))?;
+        let options = Options::parse(&options).map_err(ApiError::invalid_args)?;
+        self.discovery
+            .find(&unit, &options, self.max_body)
+            .await
+            .map_err(|e| match e {
+                WhereError::TooLarge { rows } => ApiError::new(
+                    LIMITS_EXCEEDED,
+                    format!(
+                        "the answer does not fit in one message (more than {rows} rows); \
+                         narrow it with the 'nodes' option"
+                    ),
+                ),
+            })
     }
 
     /// Loads the configuration again, as `SIGHUP` does, and returns once it

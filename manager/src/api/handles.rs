@@ -4,6 +4,7 @@
 //! and [`crate::api::monitor::MonitorExport`] hold the handles weakly to make
 //! the objects that come and go.
 
+use crate::discovery::Discovery;
 use crate::discovery::drain::Drained;
 use crate::fanout::limit::FleetCalls;
 use crate::job_runner::JobRunner;
@@ -31,6 +32,8 @@ pub struct Handles {
     pub reloader: Arc<Reloader>,
     /// Unit and node health (`crate::units::hub`, `hub/health.rs`).
     pub subscriptions: Arc<Subscriptions>,
+    /// The unit → nodes index (`Where`).
+    pub discovery: Arc<Discovery>,
     pub log: Arc<LogControl>,
     /// Drained nodes and units (`io.drover.Controller.Drain`).
     pub drained: Arc<Drained>,
