@@ -80,14 +80,21 @@ async fn dig_answers_the_healthy_nodes_and_drops_an_unhealthy_one_within_one_ttl
     assert_eq!(all.status, "NOERROR", "{all:?}");
     assert!(all.flags.contains(&"aa".to_string()), "{all:?}");
     assert_eq!(all.answer_data(), ["127.0.0.1"], "{all:?}");
-    assert!(all.answer.iter().all(|r| r.1 <= 2), "TTL at most 2 s: {all:?}");
+    assert!(
+        all.answer.iter().all(|r| r.1 <= 2),
+        "TTL at most 2 s: {all:?}"
+    );
     for node in ["node1", "node2"] {
         let one = dig(dns, &[&format!("web.service.{node}.drover"), "A"]).await;
         assert_eq!(one.answer_data(), ["127.0.0.1"], "{node}: {one:?}");
     }
     // NODATA (no IPv6 address) and NXDOMAIN (a unit that runs nowhere) carry the SOA.
     let aaaa = dig(dns, &["web.service.drover", "AAAA"]).await;
-    assert_eq!((aaaa.status.as_str(), aaaa.answer.len()), ("NOERROR", 0), "{aaaa:?}");
+    assert_eq!(
+        (aaaa.status.as_str(), aaaa.answer.len()),
+        ("NOERROR", 0),
+        "{aaaa:?}"
+    );
     assert_eq!(aaaa.authority_types(), ["SOA"], "{aaaa:?}");
     let none = dig(dns, &["nothing.service.drover", "A"]).await;
     assert_eq!(none.status, "NXDOMAIN", "{none:?}");
@@ -100,12 +107,19 @@ async fn dig_answers_the_healthy_nodes_and_drops_an_unhealthy_one_within_one_ttl
     let known = wait_health(&c, "node2", "unhealthy").await;
     tokio::time::sleep_until((known + TTL).into()).await;
     let gone = dig(dns, &["web.service.node2.drover", "A"]).await;
-    assert_eq!(gone.status, "NXDOMAIN", "node2 still answered a TTL later: {gone:?}");
+    assert_eq!(
+        gone.status, "NXDOMAIN",
+        "node2 still answered a TTL later: {gone:?}"
+    );
     assert_eq!(gone.authority_types(), ["SOA"], "{gone:?}");
     let kept = dig(dns, &["web.service.node1.drover", "A"]).await;
     assert_eq!(kept.answer_data(), ["127.0.0.1"], "{kept:?}");
     let all = dig(dns, &["web.service.drover", "A"]).await;
-    assert_eq!(all.answer_data(), ["127.0.0.1"], "node1 still serves: {all:?}");
+    assert_eq!(
+        all.answer_data(),
+        ["127.0.0.1"],
+        "node1 still serves: {all:?}"
+    );
 
     // Both unhealthy: the unit runs nowhere healthy.
     set_flag(&flags[0], false);
