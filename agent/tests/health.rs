@@ -359,6 +359,46 @@ async fn a_check_runs_as_the_units_non_root_user() {
     assert_eq!(std::fs::metadata(&out).unwrap().uid(), nobody.uid.as_raw());
 }
 
+/// `Port=` and `Ports=` are `[X-Drover]` keys: a unit declaring them is
+/// checked as any other, and garbage in them (reported in the agent's log
+/// and keeping the unit out of port answers) never makes it unhealthy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn port_keys_do_not_touch_health_even_when_garbage() {
+    let (a, b) = (free_port(), free_port());
+    let mut r = Rig::start(
+        "ports",
+        &[
+            (
+                "web.service",
+                &http_server(
+                    a,
+                    &format!("HealthTCP=127.0.0.1:{a}\nHealthInterval=200ms\nPort={a}\nPorts=http:{a},admin:9"),
+                ),
+            ),
+            (
+                "junk.service",
+                &http_server(
+                    b,
+                    &format!("HealthTCP=127.0.0.1:{b}\nHealthInterval=200ms\nPort=http\nPorts=a_b:0,x"),
+                ),
+            ),
+        ],
+    )
+    .await;
+    r.ctl(&["start", "web.service", "junk.service"]);
+    for unit in ["web.service", "junk.service"] {
+        loop {
+            let h = r.next_health(unit).await;
+            // Before the server listens a connect may fail; a section
+            // error (naming a key) would be the bug.
+            assert!(!h.reason.contains("key '"), "{unit}: {h:?}");
+            if h.state == HealthState::Healthy {
+                break;
+            }
+        }
+    }
+}
+
 /// A bad `[X-Drover]` section is the unit's health, naming file, line and
 /// key; fixing it and reloading takes effect.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -20,6 +20,9 @@
 //! | `HealthOnFailure=` | `none`, `restart`, `stop`: what systemd is asked on `unhealthy` | none |
 //! | `StopWhenUnhealthy=` | boolean, proxy units only: stop the proxy when its target turns unhealthy | no |
 //!
+//! The section's discovery keys `Port=` and `Ports=` are known here (one
+//! table, [`UNIT_KEYS`]) and read by [`crate::ports`]; health ignores them.
+//!
 //! Rules: exactly one check kind per unit (two are an error naming both
 //! entries); the other `Health*` keys need a check; every key may be given
 //! again in a later file or line (the last wins) and an empty value resets it
@@ -58,7 +61,9 @@ const START_PERIOD: &str = "HealthStartPeriod";
 const ON_FAILURE: &str = "HealthOnFailure";
 const STOP_WHEN_UNHEALTHY: &str = "StopWhenUnhealthy";
 
-/// Every key of a unit's `[X-Drover]` section.
+/// Every key of a unit's `[X-Drover]` section: the health keys and the
+/// discovery keys ([`crate::ports`], read apart: a bad port never makes a
+/// unit unhealthy).
 pub const UNIT_KEYS: &[&str] = &[
     CMD,
     TCP,
@@ -71,6 +76,8 @@ pub const UNIT_KEYS: &[&str] = &[
     START_PERIOD,
     ON_FAILURE,
     STOP_WHEN_UNHEALTHY,
+    crate::ports::PORT,
+    crate::ports::PORTS,
 ];
 
 /// Every key of a node check (`[health NAME]` in `agent.conf`).
@@ -656,6 +663,27 @@ mod tests {
             .check,
             None
         );
+    }
+
+    /// The discovery keys are `[X-Drover]` keys, and even garbage in them
+    /// leaves the unit's health declaration alone ([`crate::ports`] says
+    /// what is wrong).
+    #[test]
+    fn port_keys_are_known_and_not_health() {
+        for value in ["8080", "garbage", ""] {
+            let d = decl(
+                "db.service",
+                &[
+                    e("/u/db.service", 2, "HealthTCP", "db:5432"),
+                    e("/u/db.service", 3, "Port", value),
+                    e("/u/db.service", 4, "Ports", value),
+                ],
+            )
+            .unwrap();
+            assert!(matches!(d.check.unwrap().probe, Probe::Tcp { .. }));
+            let none = decl("db.service", &one("Port", value)).unwrap();
+            assert_eq!(none, UnitDeclaration::default());
+        }
     }
 
     #[test]

@@ -23,6 +23,7 @@
 //!   the node checks of `agent.conf` (`[health NAME]`); [`unit_file`] reads
 //!   `[X-Drover]` from unit files by systemd's syntax; [`timespan`] is
 //!   systemd's time span syntax.
+//! * [`ports`] — the discovery keys of `[X-Drover]` (`Port=`, `Ports=`).
 //!
 //! * BlueChi's files and section names (`[bluechi-controller]`,
 //!   `[bluechi-agent]`) are read too, under drover's ([`layers`], `sections`).
@@ -49,6 +50,7 @@ pub mod manager;
 pub mod metrics;
 pub mod notify;
 pub mod pattern;
+pub mod ports;
 mod sections;
 pub mod shared;
 pub mod timespan;

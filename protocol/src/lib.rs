@@ -35,6 +35,8 @@
 //! * [`health`] — health states, verdicts and the snapshot an agent sends at
 //!   registration, with their bounds.
 //! * [`offline`] — how a proxy that waits for an offline node says so.
+//! * [`ports`] — the ports a unit declares for discovery (`Port=`, `Ports=`)
+//!   and their bounds.
 //! * [`resync`] — the periodic digest of what the manager holds for a node,
 //!   and the snapshot that repairs it (the hashes both ends compute).
 //! * [`error_names`] — the D-Bus error names every process produces or matches.
@@ -55,6 +57,7 @@ pub mod liveness;
 pub mod message;
 pub mod names;
 pub mod offline;
+pub mod ports;
 pub mod proxy_instance;
 pub mod resync;
 pub mod tag;

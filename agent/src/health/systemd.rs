@@ -115,6 +115,11 @@ pub async fn declaration(conn: &Connection, unit: &UnitName) -> Result<UnitDecla
     if entries.is_empty() {
         return Ok(UnitDeclaration::default());
     }
+    // The discovery keys share the section; a bad one costs the unit its
+    // ports, never its health.
+    if let Err(why) = drover_config::ports::unit_ports(&entries) {
+        tracing::warn!("{unit}: [X-Drover] ports left out: {why}");
+    }
     drover_config::health::unit_declaration(unit, &entries)
 }
 
