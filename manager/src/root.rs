@@ -223,7 +223,7 @@ impl Followers for Following {
         Box::pin(async move {
             self.subscriptions.node_online(session);
             self.discovery
-                .node_online(session.node(), session.id(), session.peer_ip());
+                .node_online(session.node(), session.id(), &session.address());
             self.proxies.node_online(session).await;
             self.metrics.node_online(session);
             self.metrics.counters().registered();

@@ -115,6 +115,84 @@ async fn drained_units_keep_running_and_the_state_survives_restarts() {
     c.down().await;
 }
 
+/// `droverctl --json where web ARGS`: (exit code, (node, drained) rows).
+async fn where_web(c: &TestCluster, args: &[&str]) -> (i32, Vec<(String, bool)>) {
+    let mut argv = vec!["--json", "where", "web"];
+    argv.extend_from_slice(args);
+    let out = c.run(&argv).await;
+    let v: serde_json::Value =
+        serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+    let rows = v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["node"].as_str().unwrap().to_owned(),
+                r["drained"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    (out.code, rows)
+}
+
+fn rows(list: &[(&str, bool)]) -> Vec<(String, bool)> {
+    list.iter().map(|(n, d)| ((*n).to_owned(), *d)).collect()
+}
+
+/// Drained rows leave `where` (and so DNS) while the units run; with
+/// `--drained` they are listed, marked; a drain of another unit or of
+/// nothing leaves them alone; undrain puts them back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drained_rows_leave_where_and_come_back() {
+    let c = TestCluster::with_units(
+        3,
+        &[
+            ("node1", WEB, SLEEPER),
+            ("node2", WEB, SLEEPER),
+            ("node3", WEB, SLEEPER),
+        ],
+    )
+    .await;
+    for n in ["node1", "node2", "node3"] {
+        c.systemctl_ok(n, &["start", WEB]).await;
+    }
+    let all_in = rows(&[("node1", false), ("node2", false), ("node3", false)]);
+    assert_eq!(where_web(&c, &[]).await, (0, all_in.clone()));
+
+    c.ctl_ok(&["drain", "node1"]).await;
+    c.ctl_ok(&["drain", "node2", "web"]).await;
+    c.ctl_ok(&["drain", "node3", "other.service"]).await;
+    assert_eq!(where_web(&c, &[]).await, (0, rows(&[("node3", false)])));
+    assert_eq!(
+        where_web(&c, &["--healthy"]).await,
+        (0, rows(&[("node3", false)]))
+    );
+    assert_eq!(
+        where_web(&c, &["--drained"]).await,
+        (
+            0,
+            rows(&[("node1", true), ("node2", true), ("node3", false)])
+        )
+    );
+    let table = c.ctl_ok(&["where", "web", "--drained"]).await;
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("node2") && l.contains("drained")),
+        "{table}"
+    );
+    // Every instance drained: nowhere in service, exit 1.
+    c.ctl_ok(&["drain", "node3", "web"]).await;
+    assert_eq!(where_web(&c, &[]).await, (1, vec![]));
+    for n in ["node1", "node2", "node3"] {
+        assert_eq!(c.state(n, WEB).await, "active", "{WEB} on {n}");
+        c.ctl_ok(&["undrain", n]).await;
+    }
+    assert_eq!(where_web(&c, &[]).await, (0, all_in));
+    c.down().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_arguments_change_nothing() {
     let c = TestCluster::start(2).await;

@@ -111,7 +111,7 @@ impl DroverControllerObject {
             UnitName::new(unit.as_str()).map_err(|e| ApiError::invalid_args(e.to_string()))?;
         let options = Options::parse(&options).map_err(ApiError::invalid_args)?;
         self.discovery
-            .find(&unit, &options, self.max_body)
+            .find(&unit, &options, self.max_body, &self.drained)
             .await
             .map_err(|e| match e {
                 WhereError::TooLarge { rows } => ApiError::new(

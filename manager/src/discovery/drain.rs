@@ -69,6 +69,19 @@ pub enum DrainError {
     Save(String),
 }
 
+/// The drained set at one moment ([`Drained::snapshot`]).
+pub struct Snapshot(Arc<Entries>);
+
+impl Snapshot {
+    /// Whether `unit` on `node` is out of service: the node or the unit is
+    /// drained. Costs nothing while nothing is drained.
+    pub fn is_drained(&self, node: &str, unit: &str) -> bool {
+        !self.0.is_empty()
+            && (self.0.contains(&(node.to_owned(), String::new()))
+                || self.0.contains(&(node.to_owned(), unit.to_owned())))
+    }
+}
+
 /// See the module docs.
 pub struct Drained {
     /// `None`: in memory only.
@@ -159,6 +172,12 @@ impl Drained {
     /// Whether `node` is drained as a whole.
     pub fn node_drained(&self, node: &str) -> bool {
         self.current().contains(&(node.to_owned(), String::new()))
+    }
+
+    /// The set as it is now, for many lookups without the lock
+    /// ([`Snapshot::is_drained`]).
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot(self.current())
     }
 
     /// Whether `unit` on `node` is out of service: the node or the unit is

@@ -43,6 +43,7 @@ pub mod index;
 pub mod query;
 
 use crate::units::hub::{Delivery, Subscriptions, WatchId, Watcher};
+use drain::Drained;
 use drover_config::DiscoverySettings;
 use drover_protocol::{NodeName, UnitName};
 use index::Index;
@@ -80,7 +81,8 @@ enum Command {
 
 #[derive(Default)]
 struct Nodes {
-    /// Online nodes: session and the address the manager sees.
+    /// Online nodes: session and the node's address (its
+    /// `AdvertiseAddress=`, else the address the manager sees).
     online: HashMap<NodeName, (u64, String)>,
     /// The last address of nodes that went offline (their stale rows).
     last_address: HashMap<NodeName, String>,
@@ -242,12 +244,15 @@ impl Discovery {
     }
 
     /// `Where(unit, options)`: the rows and whether the answer is complete.
-    /// `max_body`: the most bytes the rows may take on the wire.
+    /// `max_body`: the most bytes the rows may take on the wire; `drained`:
+    /// what is out of service (a drained row is left out, or marked with
+    /// the `drained` option).
     pub async fn find(
         &self,
         unit: &UnitName,
         options: &Options,
         max_body: usize,
+        drained: &Drained,
     ) -> Result<(Vec<WhereRow>, bool), WhereError> {
         let mut complete = true;
         if let Some(wait) = self.index_unit(unit) {
@@ -260,14 +265,14 @@ impl Discovery {
         let now = usec(SystemTime::now());
         let retention =
             u64::try_from(self.settings.stale_retention.as_micros()).unwrap_or(u64::MAX);
+        let out_of_service = drained.snapshot();
         let st = self.lock();
         let mut rows = Vec::new();
         let mut bytes = 0usize;
         if let Some(selected) = st.index.select(unit, &options.filter, now, retention) {
             for (node, row) in selected {
                 let address = st.nodes.address(node);
-                // Drain is not known yet: every row is in service.
-                let drained = false;
+                let drained = out_of_service.is_drained(node.as_str(), unit.as_str());
                 if drained && !options.drained {
                     continue;
                 }
@@ -449,8 +454,8 @@ impl Discovery {
 }
 
 impl Nodes {
-    /// The address of `node` as the manager sees it (its last one while
-    /// offline), `""` if unknown.
+    /// The address of `node` (its last one while offline), `""` if
+    /// unknown.
     fn address(&self, node: &NodeName) -> &str {
         self.online
             .get(node)
