@@ -17,6 +17,7 @@
 //! * [`ha`] — leader election on etcd (`EtcdEndpoints`, `EtcdKeyPrefix`,
 //!   `EtcdLeaseTTL`).
 //! * [`logging`] — `LogLevel`/`LogTarget` and the tracing setup they select.
+//! * [`exit`] — how a daemon's process ends: one line on stderr and status 1.
 //! * [`notify`] — what both daemons tell their service manager (`READY=1`,
 //!   `STATUS=`, `RELOADING=1`, `WATCHDOG=1`, `STOPPING=1`).
 //! * [`health`] — health check declarations: a unit's `[X-Drover]` keys and
@@ -40,6 +41,7 @@ pub mod agent;
 pub mod discovery;
 pub mod dns;
 pub mod error;
+pub mod exit;
 pub mod ha;
 pub mod health;
 pub mod host;

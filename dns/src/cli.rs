@@ -20,8 +20,8 @@ use crate::records::Zone;
 use anyhow::Context;
 use clap::Parser;
 use drover_bus::Bus;
-use drover_config::DnsConfig;
-use drover_config::dns::dns_sources;
+use drover_config::exit;
+use drover_config::{DnsConfig, Sources};
 use hickory_server::ServerFuture;
 use hickory_server::proto::rr::Name;
 use std::net::SocketAddr;
@@ -82,9 +82,7 @@ impl Cli {
 
     /// The configuration from every layer, with the flags on top.
     pub fn load(&self) -> anyhow::Result<(DnsConfig, drover_config::LoadReport)> {
-        let sources = dns_sources(self.config.clone(), !self.no_default_config, &|v| {
-            std::env::var_os(v)
-        })?;
+        let sources = Sources::for_flags("dns", self.config.clone(), self.no_default_config)?;
         let (mut config, report) = DnsConfig::load_report(&sources)?;
         if let Some(listen) = self.listen {
             config.listen = listen;
@@ -112,40 +110,13 @@ fn check(cli: &Cli) -> anyhow::Result<Vec<String>> {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     if cli.check {
-        return match check(&cli) {
-            Ok(lines) => {
-                println!("{}", lines.join("\n"));
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!(
-                    "drover-dns --check: {}",
-                    drover_config::logging::error_line(e.as_ref())
-                );
-                ExitCode::FAILURE
-            }
-        };
+        return exit::check_status("drover-dns", check(&cli));
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("drover-dns: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(cli)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!(
-                "drover-dns: {}",
-                drover_config::logging::error_line(e.as_ref())
-            );
-            ExitCode::FAILURE
-        }
-    }
+        .context("cannot start the async runtime");
+    exit::status("drover-dns", runtime.and_then(|rt| rt.block_on(run(cli))))
 }
 
 /// The zone, cache settings and handler a configuration describes.

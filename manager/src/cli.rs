@@ -37,6 +37,7 @@ use crate::server::Manager;
 use anyhow::Context;
 use clap::Parser;
 use drover_bus::Bus;
+use drover_config::exit;
 use drover_config::{ConfigError, LoadReport, ManagerConfig, Sources};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -89,11 +90,7 @@ impl Cli {
     }
 
     pub fn sources(&self) -> Result<Sources, ConfigError> {
-        if self.no_default_config {
-            Ok(Sources::only(self.config.clone()))
-        } else {
-            Sources::from_env("manager", self.config.clone(), &|v| std::env::var_os(v))
-        }
+        Sources::for_flags("manager", self.config.clone(), self.no_default_config)
     }
 
     /// The configuration from every layer, with the flags on top, and what
@@ -119,51 +116,21 @@ pub fn log_report(report: &LoadReport) {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     if cli.check {
-        return match check(&cli) {
-            Ok(lines) => {
-                println!("{}", lines.join("\n"));
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!(
-                    "drover-manager --check: {}",
-                    drover_config::logging::error_line(e.as_ref())
-                );
-                ExitCode::FAILURE
-            }
-        };
+        return exit::check_status("drover-manager", check(&cli));
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
+        .context("cannot start the async runtime")
     {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("drover-manager: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(e) => return exit::status("drover-manager", Err(e)),
     };
     if cli.reload {
-        return match runtime.block_on(ask_reload(&cli.bus())) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("drover-manager --reload: {e:#}");
-                ExitCode::FAILURE
-            }
-        };
+        let asked = runtime.block_on(ask_reload(&cli.bus()));
+        return exit::status("drover-manager --reload", asked);
     }
-    match runtime.block_on(run(cli)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            // stderr only: under systemd it lands in the journal, and logging
-            // may itself point at stderr (one line, not two).
-            eprintln!(
-                "drover-manager: {}",
-                drover_config::logging::error_line(e.as_ref())
-            );
-            ExitCode::FAILURE
-        }
-    }
+    exit::status("drover-manager", runtime.block_on(run(cli)))
 }
 
 /// `--reload`: `io.drover.Controller.Reload` on the manager that owns
