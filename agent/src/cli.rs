@@ -77,12 +77,8 @@ pub struct Settings {
 pub fn settings(args: &Args) -> Result<Settings, String> {
     // BlueChi's /etc/bluechi/agent.conf* are read under drover's files;
     // DROVER_CONFIG_ROOT moves the default search (drover_config::layers).
-    let sources = if args.no_default_config {
-        Sources::only(args.config.clone())
-    } else {
-        Sources::from_env("agent", args.config.clone(), &|v| std::env::var_os(v))
-            .map_err(|e| e.to_string())?
-    };
+    let sources = Sources::for_flags("agent", args.config.clone(), args.no_default_config)
+        .map_err(|e| e.to_string())?;
     let (config, report) = AgentConfig::load_report(&sources).map_err(|e| e.to_string())?;
     let (mut host, mut port) = config.controller_endpoint().map_err(|e| e.to_string())?;
     if let Some(h) = &args.host {

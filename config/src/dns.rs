@@ -3,8 +3,8 @@
 //!
 //! Files, in order: `/usr/share/drover/dns.conf` (vendor defaults),
 //! `/etc/drover/dns.conf`, `/etc/drover/dns.conf.d/*.conf`, the
-//! `DROVER_LOG_*` variables, `-c FILE` ([`dns_sources`]; BlueChi has no DNS
-//! server, so no BlueChi file is read). Same syntax and strictness as the
+//! `DROVER_LOG_*` variables, `-c FILE` (`Sources::for_flags("dns", ..)`;
+//! BlueChi has no DNS server, so no BlueChi file is read). Same syntax and strictness as the
 //! daemons' files: an unknown section or key, or a bad value, is an error
 //! naming file, line and key.
 //!
@@ -15,12 +15,12 @@
 
 use crate::ConfigError;
 use crate::ini::Document;
-use crate::layers::{DATADIR, Layered, LoadReport, ROOT_ENV, Sources, apply_sources};
+use crate::layers::{Layered, LoadReport, Sources, apply_sources};
 use crate::logging::LoggingConfig;
 use crate::value::{At, apply_logging};
 use std::ffi::OsString;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 /// The section.
@@ -79,41 +79,6 @@ impl Default for DnsConfig {
             logging: LoggingConfig::default(),
         }
     }
-}
-
-/// The files drover-dns reads (see the module docs), under
-/// `$DROVER_CONFIG_ROOT` when `env` has it; `default_config` false: only
-/// `-c FILE` (`--no-default-config`).
-pub fn dns_sources(
-    extra: Option<PathBuf>,
-    default_config: bool,
-    env: &dyn Fn(&str) -> Option<OsString>,
-) -> Result<Sources, ConfigError> {
-    if !default_config {
-        return Ok(Sources::only(extra));
-    }
-    let root = match env(ROOT_ENV) {
-        Some(root) if !root.is_empty() => {
-            let root = PathBuf::from(root);
-            if !root.is_absolute() {
-                return Err(ConfigError::Env {
-                    var: ROOT_ENV.into(),
-                    message: format!("'{}' is not an absolute path", root.display()),
-                });
-            }
-            root
-        }
-        _ => PathBuf::from("/"),
-    };
-    let at = |path: String| root.join(path.trim_start_matches('/'));
-    Ok(Sources {
-        vendor: Some(at(format!("{DATADIR}/drover/dns.conf"))),
-        etc: Some(at("/etc/drover/dns.conf".into())),
-        dropins: Some(at("/etc/drover/dns.conf.d".into())),
-        env: true,
-        extra,
-        ..Sources::default()
-    })
 }
 
 /// A `Zone` value: lower-case letters, digits and `-` in dot-separated
@@ -249,6 +214,7 @@ impl Layered for DnsConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layers::ROOT_ENV;
 
     #[test]
     fn defaults_and_every_key() {
@@ -284,19 +250,7 @@ mod tests {
     fn shipped_dns_conf() {
         let text = include_str!("../../dist/usr/share/drover/dns.conf");
         assert_eq!(DnsConfig::parse_str(text).unwrap(), DnsConfig::default());
-        let mut shown = 0;
-        let uncommented: String = text
-            .lines()
-            .map(
-                |line| match line.strip_prefix('#').and_then(|l| l.split_once('=')) {
-                    Some((k, _)) if KEYS.contains(&k) => {
-                        shown += 1;
-                        format!("{}\n", &line[1..])
-                    }
-                    _ => format!("{line}\n"),
-                },
-            )
-            .collect();
+        let (uncommented, shown) = crate::test_util::uncomment_defaults(text, KEYS);
         assert_eq!(
             DnsConfig::parse_str(&uncommented).unwrap(),
             DnsConfig::default()
@@ -360,7 +314,8 @@ mod tests {
         )
         .unwrap();
         let env = |k: &str| (k == ROOT_ENV).then(|| root.clone().into_os_string());
-        let sources = dns_sources(None, true, &env).unwrap();
+        let sources = Sources::from_env("dns", None, &env).unwrap();
+        assert!(sources.bluechi_etc.is_none() && sources.bluechi_dropins.is_none());
         let (c, report) = DnsConfig::load_with_env(&sources, &env).unwrap();
         assert_eq!((c.ttl, c.zone.as_str()), (Duration::from_secs(3), "b"));
         assert_eq!(report.files.len(), 2);
@@ -373,10 +328,8 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("20-bad.conf:2: key 'TTL'"), "{err}");
-        let only = dns_sources(None, false, &env).unwrap();
-        assert!(only.etc.is_none());
         let relative = |k: &str| (k == ROOT_ENV).then(|| OsString::from("rel"));
-        assert!(dns_sources(None, true, &relative).is_err());
+        assert!(Sources::from_env("dns", None, &relative).is_err());
         let _ = std::fs::remove_dir_all(&root);
     }
 }

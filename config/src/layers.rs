@@ -59,28 +59,44 @@ pub const DATADIR: &str = match option_env!("DROVER_DATADIR") {
 pub const ROOT_ENV: &str = "DROVER_CONFIG_ROOT";
 
 impl Sources {
-    /// Installed locations for `name` (`manager` or `agent`), plus `-c FILE`.
+    /// Installed locations for `name` (`manager`, `agent`, `dns`), plus `-c FILE`.
     pub fn system(name: &str, extra: Option<PathBuf>) -> Self {
         Self::under(Path::new("/"), name, extra)
     }
 
     /// The installed locations for `name` with `root` standing in for `/`.
+    /// BlueChi's files are read for the two daemons it has (it calls its
+    /// manager the controller); drover-dns has no BlueChi counterpart.
     pub fn under(root: &Path, name: &str, extra: Option<PathBuf>) -> Self {
         let at = |path: String| root.join(path.trim_start_matches('/'));
-        // BlueChi calls its manager the controller.
-        let bluechi = if name == "manager" {
-            "controller"
-        } else {
-            name
+        let bluechi = match name {
+            "manager" => Some("controller"),
+            "agent" => Some("agent"),
+            _ => None,
         };
         Self {
             vendor: Some(at(format!("{DATADIR}/drover/{name}.conf"))),
-            bluechi_etc: Some(at(format!("/etc/bluechi/{bluechi}.conf"))),
-            bluechi_dropins: Some(at(format!("/etc/bluechi/{bluechi}.conf.d"))),
+            bluechi_etc: bluechi.map(|b| at(format!("/etc/bluechi/{b}.conf"))),
+            bluechi_dropins: bluechi.map(|b| at(format!("/etc/bluechi/{b}.conf.d"))),
             etc: Some(at(format!("/etc/drover/{name}.conf"))),
             dropins: Some(at(format!("/etc/drover/{name}.conf.d"))),
             env: true,
             extra,
+        }
+    }
+
+    /// What a binary's flags ask for: `--no-default-config` reads only
+    /// `-c FILE` ([`Sources::only`]); otherwise [`Sources::from_env`] with the
+    /// process environment.
+    pub fn for_flags(
+        name: &str,
+        extra: Option<PathBuf>,
+        no_default_config: bool,
+    ) -> Result<Self, ConfigError> {
+        if no_default_config {
+            Ok(Self::only(extra))
+        } else {
+            Self::from_env(name, extra, &|v| std::env::var_os(v))
         }
     }
 
