@@ -944,19 +944,7 @@ mod tests {
     fn shipped_agent_conf() {
         let text = include_str!("../../dist/usr/share/drover/agent.conf");
         assert_eq!(parse(text).unwrap(), defaults());
-        let mut shown = 0;
-        let uncommented: String = text
-            .lines()
-            .map(
-                |line| match line.strip_prefix('#').and_then(|l| l.split_once('=')) {
-                    Some((k, _)) if KEYS.contains(&k) => {
-                        shown += 1;
-                        format!("{}\n", &line[1..])
-                    }
-                    _ => format!("{line}\n"),
-                },
-            )
-            .collect();
+        let (uncommented, shown) = crate::test_util::uncomment_defaults(text, KEYS);
         assert_eq!(parse(&uncommented).unwrap(), defaults());
         assert_eq!(shown, KEYS.len(), "every key is documented");
     }

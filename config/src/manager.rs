@@ -1527,23 +1527,7 @@ mod tests {
             ManagerConfig::parse_str(text).unwrap(),
             ManagerConfig::default()
         );
-        let mut shown = 0;
-        let uncommented: String = text
-            .lines()
-            .map(|line| {
-                let key = line
-                    .strip_prefix('#')
-                    .and_then(|l| l.split_once('='))
-                    .map(|(k, _)| k);
-                match key {
-                    Some(k) if KEYS.contains(&k) => {
-                        shown += 1;
-                        format!("{}\n", &line[1..])
-                    }
-                    _ => format!("{line}\n"),
-                }
-            })
-            .collect();
+        let (uncommented, shown) = crate::test_util::uncomment_defaults(text, KEYS);
         assert_eq!(
             ManagerConfig::parse_str(&uncommented).unwrap(),
             ManagerConfig::default()

@@ -47,3 +47,24 @@ impl Drop for TempDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// A shipped vendor file with every commented-out `#Key=default` line of a
+/// key in `keys` made live, and how many such lines there were: the vendor
+/// files show each default in a comment, and tests check that what they show
+/// is the real default.
+pub fn uncomment_defaults(text: &str, keys: &[&str]) -> (String, usize) {
+    let mut shown = 0;
+    let uncommented = text
+        .lines()
+        .map(
+            |line| match line.strip_prefix('#').and_then(|l| l.split_once('=')) {
+                Some((k, _)) if keys.contains(&k) => {
+                    shown += 1;
+                    format!("{}\n", &line[1..])
+                }
+                _ => format!("{line}\n"),
+            },
+        )
+        .collect();
+    (uncommented, shown)
+}
