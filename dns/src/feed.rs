@@ -12,38 +12,11 @@
 
 use crate::source::{Answer, Row, Source, SourceError};
 use drover_bus::bus::Bus;
+use drover_bus::client::{DroverControllerProxy, WhereTuple};
 use std::collections::HashMap;
 use std::time::Duration;
 use tokio::sync::Mutex;
-use zbus::{Connection, proxy};
-
-/// One row of `Where`: `(ssssstbba(sq))`.
-pub type WhereRow = (
-    String,
-    String,
-    String,
-    String,
-    String,
-    u64,
-    bool,
-    bool,
-    Vec<(String, u16)>,
-);
-
-#[proxy(
-    interface = "io.drover.Controller",
-    default_service = "org.eclipse.bluechi",
-    default_path = "/org/eclipse/bluechi"
-)]
-trait Discovery {
-    /// `Where(s unit, a{sv} options) -> (a(ssssstbba(sq)) rows, b complete)`.
-    #[zbus(name = "Where")]
-    fn where_(
-        &self,
-        unit: &str,
-        options: HashMap<&str, zbus::Variant<'_>>,
-    ) -> zbus::Result<(Vec<WhereRow>, bool)>;
-}
+use zbus::Connection;
 
 /// `Where` over D-Bus.
 pub struct Feed {
@@ -84,7 +57,7 @@ impl Feed {
 }
 
 /// Rows as DNS needs them.
-pub fn rows(rows: Vec<WhereRow>) -> Vec<Row> {
+pub fn rows(rows: Vec<WhereTuple>) -> Vec<Row> {
     rows.into_iter()
         .map(|(node, _, _, _, address, _, _, _, ports)| Row {
             node,
@@ -97,7 +70,7 @@ pub fn rows(rows: Vec<WhereRow>) -> Vec<Row> {
 impl Source for Feed {
     async fn lookup(&self, unit: &str) -> Result<Answer, SourceError> {
         let connection = self.connection().await?;
-        let proxy = DiscoveryProxy::new(&connection)
+        let proxy = DroverControllerProxy::new(&connection)
             .await
             .map_err(|e| SourceError(e.to_string()))?;
         let mut options = HashMap::new();
