@@ -41,6 +41,11 @@
 //! * `dns`: queries/s and latency of `drover-dns` on loopback (a load
 //!   generator in-process), the zone's SOA as the baseline against a unit's
 //!   A records, rounds interleaved (see `dns.rs`). Target: ≥ 20,000 queries/s.
+//! * `where`: `io.drover.Controller.Where` on 10,000 simulated nodes × 200
+//!   units: manager memory per index row, latency against `Peer.Ping` and
+//!   `ListNodes` interleaved, and the time from a unit event to `Where`
+//!   showing it against a monitor's signal (see `fleet/discovery.rs`).
+//!   Targets: ≤ 2 ms p99, within 10 ms.
 //! * also reports the idle RSS of the manager and of each agent.
 //!
 //! Layout: [`cli`] (the command, `start-unit` and `rss`), `proxy`, `events`,

@@ -23,7 +23,8 @@
 //! * [`Fleet::online`] counts agents holding an accepted session, raised when
 //!   `Accepted` arrives (the manager has put the node online before it sends
 //!   it) and lowered when the session ends.
-//! * Unit events are `UnitStateChanged` of [`EVENT_UNIT`] and carry their send time in the sub state (`t<µs since the
+//! * Unit events (on the event timer, or one when [`Fleet::nudge`]d) are
+//!   `UnitStateChanged` of [`EVENT_UNIT`] and carry their send time in the sub state (`t<µs since the
 //!   fleet's epoch>`), so a monitor in the same process measures lag without
 //!   any side channel ([`sent_at_us`]).
 
@@ -106,6 +107,10 @@ pub struct Fleet {
     /// Bumped to make the agents with an index below the value's `.1` drop
     /// their link at once (and reconnect after their backoff).
     pub drop_below: watch::Sender<(u64, usize)>,
+    /// Per agent index: notified to make that agent send one unit event now
+    /// (as from the event timer: [`EVENT_UNIT`], its send time in the sub
+    /// state). One `Notify` each, so a nudge wakes one task, not the fleet.
+    nudges: std::sync::Mutex<std::collections::HashMap<usize, Arc<tokio::sync::Notify>>>,
     pub stop: CancellationToken,
     /// The origin of the send times in unit events.
     pub epoch: Instant,
@@ -124,6 +129,7 @@ impl Fleet {
             lists_answered: AtomicU64::new(0),
             event_rate: watch::Sender::new(0),
             drop_below: watch::Sender::new((0, 0)),
+            nudges: Default::default(),
             stop: CancellationToken::new(),
             epoch: Instant::now(),
         })
@@ -155,7 +161,18 @@ impl Fleet {
         });
     }
 
-    fn now_us(&self) -> u64 {
+    /// Makes agent `index` send one unit event now (see [`Fleet::nudge`]).
+    pub fn nudge(&self, index: usize) {
+        self.nudge_of(index).notify_one();
+    }
+
+    fn nudge_of(&self, index: usize) -> Arc<tokio::sync::Notify> {
+        let mut map = self.nudges.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry(index).or_default().clone()
+    }
+
+    /// µs since [`Fleet::epoch`] (the clock of the events' send times).
+    pub fn now_us(&self) -> u64 {
         self.epoch.elapsed().as_micros() as u64
     }
 }
@@ -238,6 +255,7 @@ pub async fn run(
     let mut backoff = Backoff::new(cfg.heartbeat_interval.max(Duration::from_secs(1)));
     let mut drops = fleet.drop_below.subscribe();
     drops.mark_unchanged();
+    let nudge = fleet.nudge_of(index);
     loop {
         if fleet.stop.is_cancelled() {
             return;
@@ -252,7 +270,11 @@ pub async fn run(
                 backoff.reset();
                 fleet.sessions.fetch_add(1, Ordering::Relaxed);
                 fleet.online.fetch_add(1, Ordering::Relaxed);
-                let end = session(index, &cfg, &fleet, framed, &accepted, &mut drops).await;
+                let controls = Controls {
+                    drops: &mut drops,
+                    nudge: &nudge,
+                };
+                let end = session(index, &cfg, &fleet, framed, &accepted, controls).await;
                 fleet.online.fetch_sub(1, Ordering::Relaxed);
                 if let End::Lost(how) = end {
                     fleet.lost[how as usize].fetch_add(1, Ordering::Relaxed);
@@ -325,8 +347,9 @@ async fn session(
     fleet: &Fleet,
     mut framed: Framed,
     accepted: &Accepted,
-    drops: &mut watch::Receiver<(u64, usize)>,
+    controls: Controls<'_>,
 ) -> End {
+    let Controls { drops, nudge } = controls;
     let beats = negotiate(
         cfg.heartbeat_interval,
         cfg.heartbeat_threshold,
@@ -377,7 +400,7 @@ async fn session(
                     return End::Lost(Lost::WriteError);
                 }
             }
-            _ = tick(&mut events) => {
+            _ = events_due(&mut events, nudge) => {
                 let Some(unit) = &unit else { continue };
                 state.index += 1;
                 let active = if state.index.is_multiple_of(2) { "active" } else { "activating" };
@@ -410,6 +433,20 @@ async fn session(
             }
             _ = fleet.stop.cancelled() => return End::Stop,
         }
+    }
+}
+
+/// The fleet's controls one agent follows across its sessions.
+struct Controls<'a> {
+    drops: &'a mut watch::Receiver<(u64, usize)>,
+    nudge: &'a tokio::sync::Notify,
+}
+
+/// Returns when the event timer ticks or the agent is nudged.
+async fn events_due(timer: &mut Option<tokio::time::Interval>, nudge: &tokio::sync::Notify) {
+    tokio::select! {
+        _ = tick(timer) => {}
+        _ = nudge.notified() => {}
     }
 }
 

@@ -38,11 +38,13 @@
 //! Layout: [`agent`] (one simulated agent), `daemon` (the manager process,
 //! descriptor limits), `certs` (the fleet's PKI), `probe` (the API
 //! measurements), [`report`] (the CSV row). The command line is [`cli`].
+//! [`discovery`] is `drover-bench where`, another run on the same rig.
 
 pub mod agent;
 mod certs;
 pub mod cli;
 pub mod daemon;
+pub mod discovery;
 mod probe;
 pub mod report;
 pub mod scrape;

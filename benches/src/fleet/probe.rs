@@ -199,7 +199,7 @@ impl MonitorFigures {
 
 /// A monitor subscribed to `unit` (`*`: every unit) on every node, on a
 /// connection of its own (its signals are unicast to it).
-async fn subscribed(
+pub(crate) async fn subscribed(
     address: &str,
     unit: &str,
 ) -> Result<(zbus::Connection, zbus::MessageStream, zbus::Proxy<'static>)> {
