@@ -4,8 +4,8 @@
 //! [`FEW`] loaded on agents `0..FEW_NODES` only. In order:
 //!
 //! 1. **memory per index row**: the manager's RssAnon and RSS with the
-//!    fleet online and idle (read twice, [`SETTLE`] apart, to show the drift
-//!    when nothing changes), then after each step of indexing more units
+//!    fleet online and idle (once it moves by less than 1% over [`SETTLE`];
+//!    the last drift is printed), then after each step of indexing more units
 //!    (a first `Where` of `fleet-K.service` each: watched on every node, the
 //!    agents' replays applied, N rows), the difference per row added. What
 //!    a row costs here is everything indexing costs the manager: the index
@@ -69,13 +69,13 @@ struct Args {
     #[arg(long, default_value_t = 200)]
     units: usize,
     /// Units indexed for the memory figure (at most 120: the index holds 128).
-    #[arg(long, default_value_t = 40)]
+    #[arg(long, default_value_t = 20)]
     indexed: usize,
     /// Steps the indexed units are added in (one memory reading each).
     #[arg(long, default_value_t = 4)]
     steps: usize,
     /// Latency rounds (the N-row kinds run every 4th).
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = 1200)]
     rounds: usize,
     /// Unit changes timed to `Where`.
     #[arg(long, default_value_t = 300)]
@@ -100,7 +100,10 @@ pub async fn main(argv: Vec<String>) -> Result<()> {
     }
     let (soft, _) = raise_nofile(args.nodes as u64 * 2 + 4096)?;
     if soft < args.nodes as u64 + 1024 {
-        println!("where: warning: {soft} descriptors may not hold {} agents", args.nodes);
+        println!(
+            "where: warning: {soft} descriptors may not hold {} agents",
+            args.nodes
+        );
     }
     let mut opts = Options::new(args.nodes, Transport::Plain);
     opts.units = args.units;
@@ -160,6 +163,25 @@ async fn where_call(
     Ok((t.elapsed(), rows, complete))
 }
 
+/// `Where` until an answer is complete (every agent confirmed the unit:
+/// the calls after a first one wait for the agents it did not), at most 60 s.
+async fn until_complete(
+    c: &DroverControllerProxy<'_>,
+    unit: &str,
+    options: &[(&'static str, Value<'static>)],
+) -> Result<Vec<WhereTuple>> {
+    let t = Instant::now();
+    loop {
+        let (_, rows, complete) = where_call(c, unit, options).await?;
+        if complete {
+            return Ok(rows);
+        }
+        if t.elapsed() > Duration::from_secs(60) {
+            bail!("Where({unit}) still incomplete after 60 s");
+        }
+    }
+}
+
 async fn run(rig: &mut Rig, opts: &Options, args: &Args) -> Result<()> {
     let n = opts.nodes;
     println!(
@@ -174,7 +196,11 @@ async fn run(rig: &mut Rig, opts: &Options, args: &Args) -> Result<()> {
     let took = rig.wait_online(n, n as u64, t, opts.online_timeout).await?;
     // The manager's one-off sweep of every new node, then quiet.
     rig.wait_swept(n as u64, opts.online_timeout).await?;
-    println!("where: all online in {:.1} s, swept; load {}", took.as_secs_f64(), load());
+    println!(
+        "where: all online in {:.1} s, swept; load {}",
+        took.as_secs_f64(),
+        load()
+    );
     let c = DroverControllerProxy::new(&rig.api).await?;
 
     memory(rig, &c, args, n).await?;
@@ -186,15 +212,10 @@ async fn run(rig: &mut Rig, opts: &Options, args: &Args) -> Result<()> {
 
 /// Phase 1 (see the module docs).
 async fn memory(rig: &Rig, c: &DroverControllerProxy<'_>, args: &Args, n: usize) -> Result<()> {
-    tokio::time::sleep(SETTLE).await;
-    let (rss0, anon0, _) = rig.manager.memory_kib()?;
-    tokio::time::sleep(SETTLE).await;
-    let (rss1, anon1, _) = rig.manager.memory_kib()?;
+    let (rss1, anon1, drift) = settled(rig).await?;
     println!(
-        "memory: idle fleet RSS {rss1} KiB, RssAnon {anon1} KiB; drift over {SETTLE:?} with \
-         nothing indexed: RSS {:+} KiB, RssAnon {:+} KiB",
-        rss1 as i64 - rss0 as i64,
-        anon1 as i64 - anon0 as i64
+        "memory: idle fleet RSS {rss1} KiB, RssAnon {anon1} KiB; drift over the last \
+         {SETTLE:?} with nothing indexed: RssAnon {drift:+} KiB"
     );
     let (mut prev_rss, mut prev_anon) = (rss1, anon1);
     let mut firsts = Vec::new();
@@ -210,22 +231,15 @@ async fn memory(rig: &Rig, c: &DroverControllerProxy<'_>, args: &Args, n: usize)
                 // Not every agent confirmed within the manager's wait: the
                 // next calls wait for the rest.
                 incomplete += 1;
-                let t = Instant::now();
-                loop {
-                    let (_, rows, complete) = where_call(c, &unit, &[]).await?;
-                    if rows.len() == n && complete {
-                        break;
-                    }
-                    if t.elapsed() > Duration::from_secs(60) {
-                        bail!("Where({unit}): {} rows (want {n}) after 60 s", rows.len());
-                    }
+                let rows = until_complete(c, &unit, &[]).await?;
+                if rows.len() != n {
+                    bail!("Where({unit}): {} rows, want {n}", rows.len());
                 }
             }
             firsts.push(took);
             next += 1;
         }
-        tokio::time::sleep(SETTLE).await;
-        let (rss, anon, _) = rig.manager.memory_kib()?;
+        let (rss, anon, _) = settled(rig).await?;
         let rows = (added * n) as f64;
         println!(
             "memory: step {}: {added} more units indexed ({until} x {n} = {} rows): RssAnon \
@@ -260,6 +274,25 @@ async fn memory(rig: &Rig, c: &DroverControllerProxy<'_>, args: &Args, n: usize)
     Ok(())
 }
 
+/// The manager's (RSS, RssAnon) once RssAnon moved by less than 1% (and
+/// 4 MiB) over [`SETTLE`] (at most 10 tries: the sweep's and the first
+/// queries' buffers are given back to the system a while after), and the
+/// last drift in KiB.
+async fn settled(rig: &Rig) -> Result<(u64, u64, i64)> {
+    let (mut rss, mut anon, _) = rig.manager.memory_kib()?;
+    let mut drift = 0;
+    for _ in 0..10 {
+        tokio::time::sleep(SETTLE).await;
+        let (r, a, _) = rig.manager.memory_kib()?;
+        drift = a as i64 - anon as i64;
+        (rss, anon) = (r, a);
+        if drift.unsigned_abs() < (a / 100).min(4096) {
+            break;
+        }
+    }
+    Ok((rss, anon, drift))
+}
+
 /// Phase 2 (see the module docs).
 async fn latency(rig: &Rig, c: &DroverControllerProxy<'_>, args: &Args, n: usize) -> Result<()> {
     let peer = zbus::fdo::PeerProxy::builder(&rig.api)
@@ -268,7 +301,7 @@ async fn latency(rig: &Rig, c: &DroverControllerProxy<'_>, args: &Args, n: usize
         .build()
         .await?;
     // Index FEW (the first query waits for the agents).
-    let (_, rows, _) = where_call(c, FEW, &[]).await?;
+    let rows = until_complete(c, FEW, &[]).await?;
     if rows.len() != FEW_NODES {
         bail!("Where({FEW}): {} rows, want {FEW_NODES}", rows.len());
     }
@@ -323,7 +356,11 @@ async fn latency(rig: &Rig, c: &DroverControllerProxy<'_>, args: &Args, n: usize
             }
         }
     }
-    println!("latency: {} rounds, order turned every round; load {}", args.rounds, load());
+    println!(
+        "latency: {} rounds, order turned every round; load {}",
+        args.rounds,
+        load()
+    );
     for (k, name) in kinds.iter().enumerate() {
         println!("  {name:<32} {}", summarize(&samples[k]).line());
     }
@@ -336,17 +373,9 @@ async fn latency(rig: &Rig, c: &DroverControllerProxy<'_>, args: &Args, n: usize
 }
 
 /// Phase 3 (see the module docs).
-async fn visibility(
-    rig: &Rig,
-    c: &DroverControllerProxy<'_>,
-    args: &Args,
-    n: usize,
-) -> Result<()> {
+async fn visibility(rig: &Rig, c: &DroverControllerProxy<'_>, args: &Args, n: usize) -> Result<()> {
     let unit = agent::EVENT_UNIT;
-    let (_, _, complete) = where_call(c, unit, &[("all", Value::from(true))]).await?;
-    if !complete {
-        bail!("Where({unit}) was not complete");
-    }
+    until_complete(c, unit, &[("all", Value::from(true))]).await?;
     let (_conn, mut inbox, _monitor) = super::probe::subscribed(rig.bus.address(), unit).await?;
     let heard: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
     let reader = {
@@ -359,8 +388,7 @@ async fn visibility(
                 }
                 let at = fleet.now_us();
                 let body = msg.body();
-                if let Ok((_, _, _, sub, _)) =
-                    body.deserialize::<(&str, &str, &str, &str, &str)>()
+                if let Ok((_, _, _, sub, _)) = body.deserialize::<(&str, &str, &str, &str, &str)>()
                 {
                     heard
                         .lock()
@@ -426,13 +454,16 @@ async fn visibility(
         calls as f64 / args.changes.max(1) as f64,
         load()
     );
-    println!("  agent send -> Where shows it      {}", summarize(&to_where).line());
-    println!("  agent send -> monitor's signal    {}", summarize(&to_monitor).line());
-    let diff = stats::paired_overhead(&to_where, &to_monitor);
     println!(
-        "  Where - monitor, paired:          {}",
-        spread(&diff)
+        "  agent send -> Where shows it      {}",
+        summarize(&to_where).line()
     );
+    println!(
+        "  agent send -> monitor's signal    {}",
+        summarize(&to_monitor).line()
+    );
+    let diff = stats::paired_overhead(&to_where, &to_monitor);
+    println!("  Where - monitor, paired:          {}", spread(&diff));
     Ok(())
 }
 
