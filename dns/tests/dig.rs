@@ -4,7 +4,9 @@
 //! turns unhealthy (its `HealthCmd=` fails, docs/health.md) is gone from the
 //! answers one TTL after the manager knows, and back once healthy again;
 //! NXDOMAIN and NODATA carry the SOA; with the manager stopped, the last
-//! good answer is served stale with `StaleTTL`.
+//! good answer is served stale with `StaleTTL`. SRV records carry the
+//! ports the unit declares on each node (`[X-Drover]` `Port=`/`Ports=`,
+//! read by the node's agent and sent to the manager).
 //!
 //! Both agents reach the manager from 127.0.0.1, so `web.service.drover`
 //! has one distinct address; each node is told apart by its
@@ -150,5 +152,73 @@ async fn dig_answers_the_healthy_nodes_and_drops_an_unhealthy_one_within_one_ttl
     // A unit never asked before has no last good answer: SERVFAIL.
     let unknown = dig(dns, &["db.service.drover", "A"]).await;
     assert_eq!(unknown.status, "SERVFAIL", "{unknown:?}");
+    c.down().await;
+}
+
+/// `droverctl --json where web`: the ports of `node`'s row.
+async fn ports_of(c: &TestCluster, node: &str) -> serde_json::Value {
+    let out = c.ctl_ok(&["--json", "where", "web"]).await;
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["node"] == node)
+        .map(|r| r["ports"].clone())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dig_srv_gets_each_nodes_declared_ports() {
+    let mut c = TestCluster::start(2).await;
+    let units = [
+        ("node1", "Ports=HTTP:8080\n"),
+        ("node2", "Port=9000\nPorts=http:8081,admin:9090\n"),
+    ];
+    for (node, keys) in units {
+        let text = format!("[Service]\nExecStart=/bin/sleep 600\n[X-Drover]\n{keys}");
+        c.install(node, WEB, &text).await;
+        c.systemctl_ok(node, &["start", WEB]).await;
+    }
+    // The manager has them once where says so.
+    for (node, want) in [
+        ("node1", serde_json::json!([{"name": "http", "port": 8080}])),
+        (
+            "node2",
+            serde_json::json!([
+                {"name": "", "port": 9000},
+                {"name": "admin", "port": 9090},
+                {"name": "http", "port": 8081}
+            ]),
+        ),
+    ] {
+        let what = format!("ports of {WEB} on {node}");
+        if let Err(e) = poll(T, Duration::from_millis(50), &what, || async {
+            ports_of(&c, node).await == want
+        })
+        .await
+        {
+            panic!("{e:#}: {}", ports_of(&c, node).await);
+        }
+    }
+    let dns = c.start_dns("TTL=2s").await.unwrap();
+    let http = dig(dns, &["_http._tcp.web.service.drover", "SRV"]).await;
+    assert_eq!(http.status, "NOERROR", "{http:?}");
+    assert_eq!(
+        http.answer_data(),
+        [
+            "0 0 8080 web.service.node1.drover.",
+            "0 0 8081 web.service.node2.drover."
+        ],
+        "{http:?}"
+    );
+    let unnamed = dig(dns, &["_port._tcp.web.service.drover", "SRV"]).await;
+    assert_eq!(
+        unnamed.answer_data(),
+        ["0 0 9000 web.service.node2.drover."],
+        "{unnamed:?}"
+    );
+    let none = dig(dns, &["_db._tcp.web.service.drover", "SRV"]).await;
+    assert_eq!(none.status, "NXDOMAIN", "{none:?}");
     c.down().await;
 }

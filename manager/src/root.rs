@@ -273,6 +273,10 @@ impl Followers for Following {
                         .agent_job(self.outbound.get(), session.node(), &unit, &method, micros)
                         .await
                 }
+                Event::UnitPorts { unit, ports } => {
+                    self.discovery
+                        .set_ports(session.node(), session.id(), unit, ports)
+                }
                 event @ (Event::ResyncDigest(_) | Event::ResyncSnapshot { .. }) => {
                     self.subscriptions.on_resync(session, event)
                 }

@@ -385,6 +385,12 @@ pub enum Event {
     /// One part of the answer to `Request::Resync`; every part of one
     /// snapshot carries the same tag, which reserves `tag` and `tag + 1`.
     ResyncSnapshot { tag: ModTag, part: SnapshotPart },
+    /// The ports `unit` declares (`crate::ports`) changed; empty: none any
+    /// more. Sent for every unit with ports at the start of a session.
+    UnitPorts {
+        unit: UnitName,
+        ports: crate::ports::Ports,
+    },
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! The ports a unit declares for discovery: `Port=` (one unnamed port) and
 //! `Ports=NAME:PORT,...` (named ports) in its `[X-Drover]` section. The agent
-//! reads them (`drover_config::ports`) and tells the manager; the manager
+//! reads them (`drover_config::ports`) and tells the manager
+//! ([`crate::Event::UnitPorts`]); the manager
 //! serves them in `Where` rows and DNS serves `_NAME._tcp` SRV records from
 //! them.
 //!
@@ -16,6 +17,9 @@ use serde::{Deserialize, Serialize};
 pub const PORTS_MAX: usize = 32;
 /// Longest port name (a DNS label).
 pub const PORT_NAME_MAX: usize = 63;
+/// Most units of one node whose ports are kept (by the agent and by the
+/// manager, per node).
+pub const PORT_UNITS_MAX: usize = 4096;
 
 /// One declared port: `name` `""` for `Port=`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

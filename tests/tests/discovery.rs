@@ -3,7 +3,9 @@
 //! killed is absent by default, shown stale with `--stale`, fresh again
 //! once it registers, and gone from `--stale` once `StaleRetention` ran out
 //! (the manager's log line says when); `io.drover.Controller.Where` refuses
-//! garbage with `InvalidArgs` and keeps answering.
+//! garbage with `InvalidArgs` and keeps answering. Rows carry the ports a
+//! unit declares (`[X-Drover]` `Port=`/`Ports=`), changed by a drop-in and
+//! a daemon-reload, told again after the agent restarts.
 
 use drover_testkit::prelude::*;
 use drover_testkit::wait::poll;
@@ -213,5 +215,65 @@ async fn where_refuses_garbage_and_keeps_answering() {
     // droverctl refuses a bad unit name as a usage error before any call.
     let out = c.run(&["where", "bad/unit"]).await;
     assert_eq!(out.code, 2, "{out:?}");
+    c.down().await;
+}
+
+/// The ports of `node`'s row of `where web`, as (name, port).
+async fn row_ports(c: &TestCluster, node: &str) -> Vec<(String, u64)> {
+    let (_, _, rows) = where_(c, &["web"]).await;
+    rows.iter()
+        .filter(|r| r["node"] == node)
+        .flat_map(|r| r["ports"].as_array().cloned().unwrap_or_default())
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap_or_default().to_owned(),
+                p["port"].as_u64().unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+async fn wait_ports(c: &TestCluster, node: &str, want: &[(&str, u64)]) {
+    let want: Vec<(String, u64)> = want.iter().map(|(n, p)| ((*n).to_owned(), *p)).collect();
+    let what = format!("ports {want:?} on {node}");
+    if let Err(e) = poll(T, EVERY, &what, || async {
+        row_ports(c, node).await == want
+    })
+    .await
+    {
+        panic!("{e:#} (last: {:?})", row_ports(c, node).await);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_carry_the_declared_ports_through_reloads_and_reconnects() {
+    let mut c = TestCluster::start(1).await;
+    c.install(
+        "node1",
+        WEB,
+        "[Service]\nExecStart=/bin/sleep 600\n[X-Drover]\nPort=8080\nPorts=admin:9090\n",
+    )
+    .await;
+    c.systemctl_ok("node1", &["start", WEB]).await;
+    wait_ports(&c, "node1", &[("", 8080), ("admin", 9090)]).await;
+    // Changed in the file (a daemon-reload); garbage takes them away and
+    // leaves health alone.
+    let web = |keys: &str| format!("[Service]\nExecStart=/bin/sleep 600\n[X-Drover]\n{keys}");
+    c.install("node1", WEB, &web("Port=8080\nPorts=http:80\n"))
+        .await;
+    wait_ports(&c, "node1", &[("", 8080), ("http", 80)]).await;
+    c.install("node1", WEB, &web("Port=eighty\n")).await;
+    wait_ports(&c, "node1", &[]).await;
+    let (_, _, rows) = where_(&c, &["web"]).await;
+    assert_eq!(rows[0]["health"], "none", "{rows:?}");
+    c.install("node1", WEB, &web("Port=8081\nPorts=admin:9090\n"))
+        .await;
+    wait_ports(&c, "node1", &[("", 8081), ("admin", 9090)]).await;
+    // A new session of the agent tells them again.
+    c.stop_agent("node1").await.unwrap();
+    c.wait_status("node1", "offline", T).await;
+    c.start_agent("node1").await.unwrap();
+    c.wait_status("node1", "online", T).await;
+    wait_ports(&c, "node1", &[("", 8081), ("admin", 9090)]).await;
     c.down().await;
 }

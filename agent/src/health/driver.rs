@@ -35,6 +35,7 @@ use super::lookups::{Next, QUIET};
 use super::machine::Outcome;
 use super::table::{Actions, Follow, HealthTable, Key, PushError, Start};
 use drover_config::health::{CheckSpec, OnFailure, Probe};
+use drover_protocol::ports::Ports;
 use drover_protocol::{Event, HealthSnapshot, HealthState, ModTag, UnitName};
 use std::future::Future;
 use std::sync::{Arc, Weak};
@@ -224,11 +225,25 @@ pub fn on_job_new<H: Host>(shared: &Arc<H>, unit: &str) {
     });
 }
 
-/// Whether `unit` declares a check, a `StopWhenUnhealthy=`, or a bad section.
+/// Whether `unit` declares a check, a `StopWhenUnhealthy=`, ports, or a
+/// bad section.
 async fn declares_something(conn: &Connection, unit: &UnitName) -> bool {
-    match super::systemd::declaration(conn, unit).await {
-        Ok(d) => d.check.is_some() || d.stop_when_unhealthy,
-        Err(_) => true,
+    let d = super::systemd::declaration(conn, unit).await;
+    !d.ports.is_empty()
+        || match d.health {
+            Ok(d) => d.check.is_some() || d.stop_when_unhealthy,
+            Err(_) => true,
+        }
+}
+
+/// `unit` declares `ports` now: tells the manager if they changed.
+fn set_ports<H: Host>(shared: &Arc<H>, unit: &UnitName, ports: Ports) {
+    if let Some(ports) = shared.health().ports.set(unit, ports) {
+        tracing::debug!("{unit} declares ports {:?}", ports.pairs());
+        shared.send(Event::UnitPorts {
+            unit: unit.clone(),
+            ports,
+        });
     }
 }
 
@@ -308,7 +323,10 @@ pub async fn on_unit_signal<H: Host>(shared: &Arc<H>, observed: Observed) {
         // During a daemon-reload systemd unloads and re-creates every unit;
         // the settle after it reads them all again (`rescan`).
         Observed::Removed(_) if shared.reload_open() => return,
-        Observed::Removed(unit) => shared.health().unloaded(&unit, now),
+        Observed::Removed(unit) => {
+            set_ports(shared, &unit, Ports::default());
+            shared.health().unloaded(&unit, now)
+        }
         Observed::State(unit) => {
             let state = cached(&**shared, &unit).unwrap_or_default();
             if shared.health().note_failed(&unit, state == "failed") {
@@ -316,9 +334,10 @@ pub async fn on_unit_signal<H: Host>(shared: &Arc<H>, observed: Observed) {
             }
             if is_started(&state) && shared.health().first_start(&unit) {
                 let declared = super::systemd::declaration(&conn, &unit).await;
+                set_ports(shared, &unit, declared.ports);
                 shared
                     .health()
-                    .declare(&unit, declared, is_active(&state), now)
+                    .declare(&unit, declared.health, is_active(&state), now)
             } else {
                 shared.health().set_active(&unit, is_active(&state), now)
             }
@@ -346,14 +365,21 @@ pub async fn rescan<H: Host>(shared: &Arc<H>) {
         shared.health().first_start(unit);
         read += 1;
         let declared = super::systemd::declaration(&conn, unit).await;
+        set_ports(shared, unit, declared.ports);
         actions.merge_from(shared.health().declare(
             unit,
-            declared,
+            declared.health,
             is_active(&state),
             Instant::now(),
         ));
     }
     let loaded: std::collections::HashSet<&UnitName> = loaded.iter().collect();
+    for unit in shared.health().ports.retain(|u| loaded.contains(u)) {
+        shared.send(Event::UnitPorts {
+            unit,
+            ports: Ports::default(),
+        });
+    }
     actions.merge_from(
         shared
             .health()
@@ -385,6 +411,10 @@ pub async fn session_started<H: Host>(shared: &Arc<H>, epoch: u64) {
                 .collect()
         })
         .await;
+    // The manager keeps a session's ports only: all of them again.
+    for (unit, ports) in shared.health().ports.all() {
+        shared.send(Event::UnitPorts { unit, ports });
+    }
 }
 
 /// `ReportHealth`: a pushed verdict for `unit`.

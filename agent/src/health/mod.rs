@@ -12,6 +12,7 @@
 //! * [`systemd`] — what health asks of systemd (unit files, `User=`,
 //!   `SystemState`, restart/stop).
 //! * [`api`] — `io.drover.Agent`: pushed health (`ReportHealth`).
+//! * [`ports`] — the ports units declare, as told to the manager.
 //! * [`lookups`] — units whose declaration is looked at, one at a time,
 //!   while no unit declares health (the unit stream is off).
 //!
@@ -23,6 +24,7 @@ pub mod driver;
 pub mod exec;
 pub mod lookups;
 pub mod machine;
+pub mod ports;
 pub mod probe;
 pub mod systemd;
 pub mod table;

@@ -17,6 +17,7 @@ use drover_config::health::UnitDeclaration;
 use drover_config::unit_file::{UnitEntry, read_x_drover};
 use drover_protocol::UnitName;
 use drover_protocol::error_names::NO_SUCH_UNIT;
+use drover_protocol::ports::Ports;
 use zbus::{Connection, OwnedObjectPath, OwnedVariant};
 
 const PROPERTIES_IFACE: &str = "org.freedesktop.DBus.Properties";
@@ -92,12 +93,49 @@ pub async fn unit_files(
     Ok(Some((fragment, dropins)))
 }
 
+/// What `unit`'s `[X-Drover]` sections declare: its health declaration
+/// and its ports.
+pub struct Declaration {
+    /// `Err`: the first problem (a file that cannot be read, a syntax
+    /// error, a bad key), naming the file.
+    pub health: Result<UnitDeclaration, String>,
+    /// Empty when none, or when they are bad (logged, naming file, line
+    /// and key: a bad port never touches health).
+    pub ports: Ports,
+}
+
 /// `unit`'s declaration: its `[X-Drover]` entries from its fragment and its
-/// drop-ins, read as systemd lists them. `Err`: the first problem (a file
-/// that cannot be read, a syntax error, a bad key), naming the file.
-pub async fn declaration(conn: &Connection, unit: &UnitName) -> Result<UnitDeclaration, String> {
+/// drop-ins, read as systemd lists them.
+pub async fn declaration(conn: &Connection, unit: &UnitName) -> Declaration {
+    let entries = match entries(conn, unit).await {
+        Ok(entries) => entries,
+        Err(e) => {
+            return Declaration {
+                health: Err(e),
+                ports: Ports::default(),
+            };
+        }
+    };
+    let ports = if entries.is_empty() {
+        Ports::default()
+    } else {
+        drover_config::ports::unit_ports(&entries).unwrap_or_else(|why| {
+            tracing::warn!("{unit}: [X-Drover] ports left out: {why}");
+            Ports::default()
+        })
+    };
+    let health = if entries.is_empty() {
+        Ok(UnitDeclaration::default())
+    } else {
+        drover_config::health::unit_declaration(unit, &entries)
+    };
+    Declaration { health, ports }
+}
+
+/// `unit`'s `[X-Drover]` entries, fragment first (none when not loaded).
+async fn entries(conn: &Connection, unit: &UnitName) -> Result<Vec<UnitEntry>, String> {
     let Some((fragment, dropins)) = unit_files(conn, unit.as_str()).await? else {
-        return Ok(UnitDeclaration::default());
+        return Ok(Vec::new());
     };
     let files: Vec<String> = std::iter::once(fragment)
         .filter(|f| !f.is_empty())
@@ -112,15 +150,7 @@ pub async fn declaration(conn: &Connection, unit: &UnitName) -> Result<UnitDecla
     })
     .await
     .map_err(|e| format!("reading the unit files: {e}"))??;
-    if entries.is_empty() {
-        return Ok(UnitDeclaration::default());
-    }
-    // The discovery keys share the section; a bad one costs the unit its
-    // ports, never its health.
-    if let Err(why) = drover_config::ports::unit_ports(&entries) {
-        tracing::warn!("{unit}: [X-Drover] ports left out: {why}");
-    }
-    drover_config::health::unit_declaration(unit, &entries)
+    Ok(entries)
 }
 
 /// `User=`, `Group=` and `SupplementaryGroups=` of a loaded service (empty

@@ -206,6 +206,8 @@ pub struct HealthTable {
     stopped: tokio_util::sync::CancellationToken,
     /// Units to look at while the hub does not follow the units.
     pub lookups: super::lookups::Lookups,
+    /// The ports units declare (read with their declarations).
+    pub ports: super::ports::PortsBook,
     /// The unit stream follows every unit for health (`Follow` succeeded).
     holding: std::sync::atomic::AtomicBool,
 }

@@ -45,6 +45,7 @@ pub mod query;
 use crate::units::hub::{Delivery, Subscriptions, WatchId, Watcher};
 use drain::Drained;
 use drover_config::DiscoverySettings;
+use drover_protocol::ports::{PORT_UNITS_MAX, Ports};
 use drover_protocol::{NodeName, UnitName};
 use index::Index;
 use query::{Options, WhereRow, where_row};
@@ -90,6 +91,10 @@ struct Nodes {
     dead: HashMap<NodeName, u64>,
     /// Configured nodes that did not register since the start.
     awaited: HashSet<NodeName>,
+    /// The ports each node's units declare, as its session (the id) told:
+    /// at most [`PORT_UNITS_MAX`] units per node. Kept while the node is
+    /// offline (its stale rows), replaced by its next session's.
+    ports: HashMap<NodeName, (u64, HashMap<UnitName, Ports>)>,
 }
 
 struct State {
@@ -177,6 +182,9 @@ impl Discovery {
             .insert(node.clone(), (session, address.to_owned()));
         st.nodes.dead.remove(node);
         st.nodes.last_address.remove(node);
+        if st.nodes.ports.get(node).is_some_and(|(s, _)| *s != session) {
+            st.nodes.ports.remove(node);
+        }
         if st.nodes.awaited.remove(node) && st.nodes.awaited.is_empty() {
             tracing::info!("discovery: every configured node registered; warm-up over");
         }
@@ -243,6 +251,36 @@ impl Discovery {
         }
     }
 
+    /// `node`'s agent (session `session`) says `unit` declares `ports`
+    /// (empty: none). Ports of an older session are dropped; beyond
+    /// [`PORT_UNITS_MAX`] units a node's new ones are not kept.
+    pub fn set_ports(&self, node: &NodeName, session: u64, unit: UnitName, ports: Ports) {
+        let mut st = self.lock();
+        if st
+            .nodes
+            .online
+            .get(node)
+            .is_some_and(|(s, _)| *s != session)
+        {
+            return; // a late event of an ended session
+        }
+        let book = st
+            .nodes
+            .ports
+            .entry(node.clone())
+            .or_insert_with(|| (session, HashMap::new()));
+        if book.0 != session {
+            *book = (session, HashMap::new());
+        }
+        if ports.is_empty() {
+            book.1.remove(&unit);
+        } else if book.1.len() < PORT_UNITS_MAX || book.1.contains_key(&unit) {
+            book.1.insert(unit, ports);
+        } else {
+            tracing::debug!(node = %node, "node {node}: ports of {unit} not kept ({PORT_UNITS_MAX} units have ports)");
+        }
+    }
+
     /// `Where(unit, options)`: the rows and whether the answer is complete.
     /// `max_body`: the most bytes the rows may take on the wire; `drained`:
     /// what is out of service (a drained row is left out, or marked with
@@ -276,7 +314,14 @@ impl Discovery {
                 if drained && !options.drained {
                     continue;
                 }
-                let r = where_row(node, row, address, drained, &[]);
+                let ports = st
+                    .nodes
+                    .ports
+                    .get(node)
+                    .and_then(|(_, units)| units.get(unit))
+                    .map(Ports::pairs)
+                    .unwrap_or_default();
+                let r = where_row(node, row, address, drained, &ports);
                 bytes += query::wire_size(&r);
                 if bytes > max_body {
                     return Err(WhereError::TooLarge { rows: rows.len() });
