@@ -309,6 +309,7 @@ async fn metrics_listener(
         monitors: parts.monitors.clone(),
         gate: parts.gate.clone(),
         subscriptions: parts.subscriptions.clone(),
+        proxies: parts.proxies.stats(),
         per_node: parts.config.metrics.per_node,
     };
     let exposition = Arc::new(Exposition::new(parts.metrics.counters(), live));

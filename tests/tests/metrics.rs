@@ -48,10 +48,16 @@ async fn scrape_openmetrics(url: &str) -> String {
 
 /// Waits until `series` shows `want` in a scrape; returns that scrape.
 async fn until(url: &str, series: &str, want: f64) -> String {
+    until_with(url, series, |v| v == want).await
+}
+
+/// Waits until `series` shows a value `ok` accepts; returns that scrape.
+async fn until_with(url: &str, series: &str, ok: impl Fn(f64) -> bool) -> String {
     let last = std::sync::Mutex::new(String::new());
     let seen = eventually(DETECT, series, || {
         let url = url.to_owned();
         let last = &last;
+        let ok = &ok;
         async move {
             // A connection closed unanswered (the endpoint is full) is retried.
             let text = match http::get(&url).await {
@@ -59,7 +65,7 @@ async fn until(url: &str, series: &str, want: f64) -> String {
                 Ok(a) => panic!("{a:?}"),
                 Err(e) => format!("{e:#}"),
             };
-            let hit = sample(&text, series) == Some(want);
+            let hit = sample(&text, series).is_some_and(ok);
             *last.lock().unwrap() = text;
             hit
         }
@@ -67,7 +73,7 @@ async fn until(url: &str, series: &str, want: f64) -> String {
     .await;
     let last = last.into_inner().unwrap();
     if seen.is_err() {
-        panic!("{series} never became {want}; last scrape:\n{last}");
+        panic!("{series} never became as wanted; last scrape:\n{last}");
     }
     last
 }
@@ -148,6 +154,38 @@ async fn the_endpoint_follows_the_fleet_and_promtool_accepts_it() {
         "promtool check metrics said:\n{said}\non:\n{text}"
     );
 
+    // The link: every agent's TLS handshake counted ok; bytes that are no TLS
+    // counted as a refusal of class `protocol`; heartbeats timed against
+    // NodeHeartbeatThreshold.
+    assert!(
+        sample(&text, r#"drover_tls_handshakes_total{result="ok"}"#).unwrap() >= 3.0,
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, r#"drover_tls_handshakes_total{result="protocol"}"#),
+        Some(0.0)
+    );
+    let mut garbage = tokio::net::TcpStream::connect(("127.0.0.1", c.manager_port()))
+        .await
+        .unwrap();
+    garbage
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let text = until(
+        &url,
+        r#"drover_tls_handshakes_total{result="protocol"}"#,
+        1.0,
+    )
+    .await;
+    drop(garbage);
+    assert!(!text.contains("GET /"), "{text}");
+    let text = until_with(&url, "drover_heartbeat_lateness_ratio_count", |n| n >= 3.0).await;
+    assert!(
+        sample(&text, "drover_heartbeat_lateness_ratio_sum").unwrap() > 0.0,
+        "{text}"
+    );
+
     // A job: counted by type and result, timed, and no longer in flight.
     let api = c.api().await;
     let node1 = api.node("node1").await;
@@ -165,6 +203,22 @@ async fn the_endpoint_follows_the_fleet_and_promtool_accepts_it() {
         Some(1.0)
     );
     assert_eq!(sample(&text, "drover_jobs_in_flight"), Some(0.0));
+
+    // A monitor whose owner leaves the bus: counted, then dropped as owner_gone.
+    let monitor = c.monitor().await;
+    until(&url, "drover_monitors", 1.0).await;
+    drop(monitor);
+    let text = until(
+        &url,
+        r#"drover_monitor_drops_total{reason="owner_gone"}"#,
+        1.0,
+    )
+    .await;
+    assert_eq!(sample(&text, "drover_monitors"), Some(0.0));
+    assert_eq!(
+        sample(&text, r#"drover_monitor_drops_total{reason="too_slow"}"#),
+        Some(0.0)
+    );
 
     // An agent stops: its node goes down in the figures.
     c.stop_agent("node3").await.unwrap();
@@ -193,6 +247,126 @@ async fn the_endpoint_follows_the_fleet_and_promtool_accepts_it() {
         ok && said.is_empty(),
         "promtool check metrics said:\n{said}"
     );
+    c.down().await;
+}
+
+/// Cross-node dependencies in the figures: a proxy that comes up is counted
+/// active and timed; a failed cross-node start (the target's unit does not
+/// exist, a node that does not exist) counts a proxy error by its reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxies_are_counted_by_state_and_their_failures_by_reason() {
+    const PROXY: &str = "drover-proxy@node2_db.service";
+    let c = TestCluster::with(metered(2)).await;
+    let url = url(&c);
+    until(&url, r#"drover_nodes{status="online"}"#, 2.0).await;
+    c.install("node2", "db.service", SLEEPER).await;
+    c.install("node1", "need-db.service", &requester("Wants", PROXY))
+        .await;
+    let out = c.systemctl("node1", &["start", "need-db.service"]).await;
+    assert!(out.success(), "{out:?}");
+    let text = until(&url, r#"drover_proxies{state="active"}"#, 1.0).await;
+    assert_eq!(
+        sample(&text, r#"drover_proxies{state="waiting"}"#),
+        Some(0.0)
+    );
+    assert_eq!(sample(&text, "drover_proxy_targets"), Some(1.0));
+    assert_eq!(
+        sample(&text, "drover_proxy_activation_seconds_count"),
+        Some(1.0)
+    );
+    assert!(sample(&text, "drover_proxy_activation_seconds_sum").unwrap() > 0.0);
+    for reason in ["unknown_node", "not_allowed", "start_failed", "target_down"] {
+        assert_eq!(
+            sample(
+                &text,
+                &format!("drover_proxy_errors_total{{reason=\"{reason}\"}}")
+            ),
+            Some(0.0),
+            "{reason}"
+        );
+    }
+
+    // A failed cross-node start: node2 has no nope.service.
+    let nope = "drover-proxy@node2_nope.service";
+    c.install("node1", "need-nope.service", &requester("Requires", nope))
+        .await;
+    let out = c.systemctl("node1", &["start", "need-nope.service"]).await;
+    assert!(!out.success(), "need-nope must not start: {out:?}");
+    let text = until(
+        &url,
+        r#"drover_proxy_errors_total{reason="start_failed"}"#,
+        1.0,
+    )
+    .await;
+    assert_eq!(sample(&text, "drover_proxy_targets"), Some(1.0), "db only");
+    // And one on a node that does not exist.
+    let nowhere = "drover-proxy@node9_db.service";
+    c.install(
+        "node1",
+        "need-nowhere.service",
+        &requester("Requires", nowhere),
+    )
+    .await;
+    let out = c
+        .systemctl("node1", &["start", "need-nowhere.service"])
+        .await;
+    assert!(!out.success(), "{out:?}");
+    let text = until(
+        &url,
+        r#"drover_proxy_errors_total{reason="unknown_node"}"#,
+        1.0,
+    )
+    .await;
+    assert!(
+        !text.contains("nope") && !text.contains("node9"),
+        "no label names a unit:\n{text}"
+    );
+    let (ok, said) = promtool_check(&text).await;
+    assert!(
+        ok && said.is_empty(),
+        "promtool check metrics said:\n{said}"
+    );
+
+    // The requester stops: its proxy goes, and the target is no longer wanted.
+    let out = c
+        .systemctl("node1", &["stop", "need-db.service", PROXY])
+        .await;
+    assert!(out.success(), "{out:?}");
+    let text = until(&url, r#"drover_proxies{state="active"}"#, 0.0).await;
+    assert_eq!(sample(&text, "drover_proxy_targets"), Some(0.0));
+    c.down().await;
+}
+
+/// Health in the figures: units with a check on online nodes, by state,
+/// following the check's verdicts; an offline node's units leave them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn units_are_counted_by_health_state() {
+    let tmp = drover_testkit::process::TempDir::new("drover-metrics-health");
+    let flag = tmp.join("ok");
+    std::fs::write(&flag, "").unwrap();
+    let mut c = TestCluster::with(metered(1)).await;
+    let url = url(&c);
+    let db = format!(
+        "[Service]\nExecStart=/bin/sleep 600\n[X-Drover]\n\
+         HealthCmd=/bin/sh -c 'test -e {}'\n\
+         HealthInterval=100ms\nHealthStartupInterval=100ms\nHealthRetries=2\n",
+        flag.display()
+    );
+    c.install("node1", "db.service", &db).await;
+    c.systemctl_ok("node1", &["start", "db.service"]).await;
+    let text = until(&url, r#"drover_units_health{state="healthy"}"#, 1.0).await;
+    assert_eq!(
+        sample(&text, r#"drover_units_health{state="unhealthy"}"#),
+        Some(0.0)
+    );
+    std::fs::remove_file(&flag).unwrap();
+    let text = until(&url, r#"drover_units_health{state="unhealthy"}"#, 1.0).await;
+    assert_eq!(
+        sample(&text, r#"drover_units_health{state="healthy"}"#),
+        Some(0.0)
+    );
+    c.stop_agent("node1").await.unwrap();
+    until(&url, r#"drover_units_health{state="unhealthy"}"#, 0.0).await;
     c.down().await;
 }
 

@@ -98,6 +98,47 @@ fn explain(e: io::Error) -> io::Error {
     }
 }
 
+/// Why a handshake from [`Acceptor::accept`] failed, as one of a fixed set
+/// of classes (for counting; the error itself says more):
+/// `no_certificate` (the client sent none), `revoked` (by the CRL),
+/// `expired` (or not valid yet), `identity` (it does not name one node),
+/// `certificate` (any other certificate fault: an unknown CA, the wrong
+/// purpose, a bad signature), `incompatible` (not TLS 1.3, no common
+/// cipher), `protocol` (any other TLS error: garbage, an alert), `io` (the
+/// connection failed or closed mid-handshake).
+pub fn refusal_class(e: &io::Error) -> &'static str {
+    let inner = e.get_ref();
+    if inner.is_some_and(|i| i.downcast_ref::<CertificateRefused>().is_some()) {
+        return "identity";
+    }
+    match inner.and_then(|i| i.downcast_ref::<rustls::Error>()) {
+        None => "io",
+        Some(rustls::Error::NoCertificatesPresented) => "no_certificate",
+        Some(rustls::Error::InvalidCertificate(c)) => match c {
+            CertificateError::Revoked => "revoked",
+            CertificateError::Expired
+            | CertificateError::ExpiredContext { .. }
+            | CertificateError::NotValidYet
+            | CertificateError::NotValidYetContext { .. } => "expired",
+            _ => "certificate",
+        },
+        Some(rustls::Error::PeerIncompatible(_)) => "incompatible",
+        Some(_) => "protocol",
+    }
+}
+
+/// Every value [`refusal_class`] returns.
+pub const REFUSAL_CLASSES: [&str; 8] = [
+    "no_certificate",
+    "revoked",
+    "expired",
+    "identity",
+    "certificate",
+    "incompatible",
+    "protocol",
+    "io",
+];
+
 /// The node identity of an accepted connection's client certificate.
 ///
 /// The handshake already refused certificates that do not name one node, so

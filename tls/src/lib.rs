@@ -105,7 +105,7 @@ pub mod settings;
 mod utc;
 mod verifier;
 
-pub use acceptor::{Acceptor, CertificateRefused, peer_identity};
+pub use acceptor::{Acceptor, CertificateRefused, REFUSAL_CLASSES, peer_identity, refusal_class};
 pub use connector::Connector;
 pub use drover_config::TlsFiles;
 pub use error::{Error, IdentityError};

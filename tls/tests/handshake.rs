@@ -46,6 +46,7 @@ async fn no_client_certificate_is_refused() {
     let seen = raw_attempt(&server, &client).await;
     let why = server.refused().await;
     assert!(why.contains("no certificates"), "{why}");
+    assert!(why.starts_with("[no_certificate] "), "{why}");
     assert_ne!(seen, "accepted");
 }
 
@@ -67,6 +68,7 @@ async fn client_certificate_from_another_ca_is_refused() {
     };
     let why = server.refused().await;
     assert!(why.contains("UnknownIssuer"), "{why}");
+    assert!(why.starts_with("[certificate] "), "{why}");
     assert!(seen.contains("UnknownCA"), "{seen}");
 }
 
@@ -90,6 +92,7 @@ async fn expired_client_certificate_is_refused() {
     let seen = raw_attempt(&server, &client).await;
     let why = server.refused().await;
     assert!(why.contains("expired"), "{why}");
+    assert!(why.starts_with("[expired] "), "{why}");
     assert!(seen.contains("CertificateExpired"), "{seen}");
 }
 
@@ -154,6 +157,7 @@ async fn client_certificate_with_invalid_node_name_is_refused() {
     raw_attempt(&server, &client).await;
     let why = server.refused().await;
     assert!(why.contains("not a drover node name"), "{why}");
+    assert!(why.starts_with("[identity] "), "{why}");
 }
 
 #[tokio::test]
@@ -175,6 +179,7 @@ async fn revoked_client_certificate_is_refused() {
     };
     let why = server.refused().await;
     assert!(why.contains("Revoked"), "{why}");
+    assert!(why.starts_with("[revoked] "), "{why}");
     assert!(seen.contains("CertificateRevoked"), "{seen}");
 
     // The CRL revokes that certificate, not the node's others nor other nodes.
@@ -239,6 +244,7 @@ async fn plaintext_to_the_acceptor_fails_fast() {
             started.elapsed()
         );
         assert!(!why.contains("timed out"), "{why}");
+        assert!(why.starts_with("[protocol] "), "{why}");
         drop(tcp);
     }
 }

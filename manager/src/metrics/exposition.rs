@@ -5,16 +5,21 @@
 //! disconnects. Read at scrape time, each in O(1) or one short lock:
 //! nodes by status (the counts the lifecycle already announces, from a
 //! watch channel: no lock), jobs in flight (the job table's length),
-//! monitors (the monitor table's length), connections evicted before
+//! monitors (the monitor table's length) and their drops (its atomics), connections evicted before
 //! authentication (the gate's count), resync's digests, mismatches,
-//! snapshots and repairs (the hub's atomics), the process ([`process`]), build
-//! info. With `MetricsPerNode=true`, one copy of the node table (name,
+//! snapshots and repairs (the hub's atomics), cross-node references by
+//! state, their targets, errors, stale collections and activation times
+//! (the reference rules' atomics, [`ProxyStats`]), the process
+//! ([`process`]), build info. With `MetricsPerNode=true`, one copy of the node table (name,
 //! online, last seen) under its lock, then rendered outside it.
 
 use crate::metrics::counters::Counters;
 use crate::metrics::process;
 use crate::nodes::gate::Gate;
 use crate::nodes::lifecycle::Lifecycle;
+use crate::nodes::link_stats::{HANDSHAKE_RESULTS, LinkStats};
+use crate::proxies::stats::{ErrorReason, ProxyStats, Slot};
+use crate::units::health::HealthCounts;
 use crate::units::hub::Subscriptions;
 use crate::units::monitor::Monitors;
 use prometheus_client::collector::Collector;
@@ -35,6 +40,8 @@ pub struct Live {
     pub gate: Arc<Gate>,
     /// The unit hub: what resync has done (`drover_resync_*`).
     pub subscriptions: Arc<Subscriptions>,
+    /// Cross-node references (`drover_proxies`, `drover_proxy_*`).
+    pub proxies: Arc<ProxyStats>,
     pub per_node: bool,
 }
 
@@ -200,6 +207,16 @@ impl Collector for Live {
                 c.metric_type(),
             )?)?;
         }
+        let (slow, gone) = self.monitors.drops();
+        let mut drops = encoder.encode_descriptor(
+            "drover_monitor_drops",
+            "Monitors the manager closed, by reason: too_slow (their receivers did not keep up), owner_gone (their owner left the bus)",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for (reason, n) in [("too_slow", slow), ("owner_gone", gone)] {
+            ConstCounter::new(n).encode(drops.encode_family(&vec![("reason", reason)])?)?;
+        }
         let evicted = ConstCounter::new(self.gate.evictions());
         evicted.encode(encoder.encode_descriptor(
             "drover_connections_evicted",
@@ -207,6 +224,18 @@ impl Collector for Live {
             None,
             evicted.metric_type(),
         )?)?;
+        encode_link(&mut encoder, self.lifecycle.link_stats())?;
+        let mut health = encoder.encode_descriptor(
+            "drover_units_health",
+            "Units with a health check on online nodes, by health state (starting, healthy, unhealthy)",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        let counts = self.subscriptions.health_counts().get();
+        for (state, n) in HealthCounts::STATES.iter().zip(counts) {
+            ConstGauge::new(n.max(0))
+                .encode(health.encode_family(&vec![("state", state.as_str())])?)?;
+        }
         let resync = self.subscriptions.resync_stats();
         for (name, help, value) in [
             (
@@ -233,6 +262,7 @@ impl Collector for Live {
             let c = ConstCounter::new(value);
             c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)?;
         }
+        encode_proxies(&mut encoder, &self.proxies)?;
         let mut info = encoder.encode_descriptor(
             "drover_build_info",
             "The running manager's version and commit (value 1)",
@@ -284,6 +314,72 @@ impl Live {
         }
         Ok(())
     }
+}
+
+fn encode_link(
+    encoder: &mut DescriptorEncoder<'_>,
+    stats: &LinkStats,
+) -> Result<(), std::fmt::Error> {
+    let mut handshakes = encoder.encode_descriptor(
+        "drover_tls_handshakes",
+        "TLS handshakes on the agents' port, by result: ok, timeout, or the class of refusal",
+        None,
+        prometheus_client::metrics::MetricType::Counter,
+    )?;
+    for (result, n) in HANDSHAKE_RESULTS.iter().zip(stats.handshakes()) {
+        ConstCounter::new(n).encode(handshakes.encode_family(&vec![("result", *result)])?)?;
+    }
+    let lateness = stats.lateness();
+    lateness.encode(encoder.encode_descriptor(
+        "drover_heartbeat_lateness_ratio",
+        "Silence before each agent heartbeat read, as a fraction of NodeHeartbeatThreshold (1: the node is dropped)",
+        None,
+        lateness.metric_type(),
+    )?)
+}
+
+fn encode_proxies(
+    encoder: &mut DescriptorEncoder<'_>,
+    stats: &ProxyStats,
+) -> Result<(), std::fmt::Error> {
+    let mut states = encoder.encode_descriptor(
+        "drover_proxies",
+        "Cross-node references (one per proxy) by state: waiting, active, failed and ended (failed and ended ones are kept a while for reporting)",
+        None,
+        prometheus_client::metrics::MetricType::Gauge,
+    )?;
+    for (state, n) in Slot::LABELS.iter().zip(stats.states()) {
+        ConstGauge::new(n.max(0)).encode(states.encode_family(&vec![("state", *state)])?)?;
+    }
+    gauge(
+        encoder,
+        "drover_proxy_targets",
+        "Target units (node, unit) with live references: their drover-dep@ units are wanted",
+        stats.targets().max(0),
+    )?;
+    let mut errors = encoder.encode_descriptor(
+        "drover_proxy_errors",
+        "Proxies failed, by reason: unknown_node, not_allowed, start_failed, target_down",
+        None,
+        prometheus_client::metrics::MetricType::Counter,
+    )?;
+    for (reason, n) in ErrorReason::LABELS.iter().zip(stats.errors()) {
+        ConstCounter::new(n).encode(errors.encode_family(&vec![("reason", *reason)])?)?;
+    }
+    let stale = ConstCounter::new(stats.stale());
+    stale.encode(encoder.encode_descriptor(
+        "drover_proxy_references_stale",
+        "Live references dropped because their requesting node stayed offline past ProxyGracePeriod",
+        None,
+        stale.metric_type(),
+    )?)?;
+    let activation = stats.activation();
+    activation.encode(encoder.encode_descriptor(
+        "drover_proxy_activation_seconds",
+        "From a proxy's announcement to its target being up (the proxy active)",
+        None,
+        activation.metric_type(),
+    )?)
 }
 
 fn encode_process(

@@ -50,6 +50,7 @@ use crate::ha::fence::Fence;
 use crate::heap::{Churn, TrimState};
 use crate::nodes::frames::MarkSocket;
 use crate::nodes::gate::{LogLimiter, Ticket};
+use crate::nodes::link_stats::LinkStats;
 use crate::nodes::registry::{Admission, ControllerStatus, Policy, Registry};
 use crate::nodes::session::{Session, SessionOwner, spawn_io};
 use crate::notify::NodeCounts;
@@ -314,6 +315,8 @@ pub struct Lifecycle {
     /// Nodes online / known, as last announced (the service manager's
     /// `STATUS=`, see [`crate::notify`]).
     node_counts: tokio::sync::watch::Sender<NodeCounts>,
+    /// TLS handshakes and heartbeat lateness, for the metrics.
+    link_stats: LinkStats,
 }
 
 impl Lifecycle {
@@ -341,7 +344,13 @@ impl Lifecycle {
             refusals,
             churn,
             node_counts: tokio::sync::watch::Sender::new(counts),
+            link_stats: LinkStats::default(),
         })
+    }
+
+    /// TLS handshakes and heartbeat lateness (read by the metrics).
+    pub fn link_stats(&self) -> &LinkStats {
+        &self.link_stats
     }
 
     /// The node table and the phase.
@@ -797,6 +806,11 @@ impl SessionOwner for Lifecycle {
 
     fn on_bulk(&self) {
         self.churn.note();
+    }
+
+    fn on_heartbeat(&self, silent_us: u64) {
+        self.link_stats
+            .heartbeat(silent_us, self.timing.heartbeat_threshold_ms);
     }
 }
 

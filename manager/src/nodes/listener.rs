@@ -395,15 +395,18 @@ async fn serve(ctx: Arc<Accept>, stream: tokio::net::TcpStream, peer: SocketAddr
     // TLS: rustls reads through `Records`, which tells the reader where the
     // ciphertext it took ends, so the reader may mark the socket too.
     let (stream, boundary) = Records::new(stream);
+    let stats = ctx.lifecycle.link_stats();
     let tls = match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(e)) => {
+            stats.handshake(drover_tls::refusal_class(&e));
             ctx.refusals.warn("tls handshake", || {
                 format!("{peer}: TLS handshake refused: {e}")
             });
             return;
         }
         Err(_) => {
+            stats.handshake("timeout");
             ctx.refusals.warn("tls timeout", || {
                 format!(
                     "{peer}: TLS handshake not done within {} ms; closed",
@@ -414,8 +417,12 @@ async fn serve(ctx: Arc<Accept>, stream: tokio::net::TcpStream, peer: SocketAddr
         }
     };
     let identity = match drover_tls::peer_identity(&tls) {
-        Ok(identity) => identity,
+        Ok(identity) => {
+            stats.handshake("ok");
+            identity
+        }
         Err(e) => {
+            stats.handshake("identity");
             ctx.refusals.warn("tls identity", || {
                 format!("{peer}: client certificate refused: {e}")
             });

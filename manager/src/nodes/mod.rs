@@ -5,12 +5,14 @@
 //! life from hello to disconnect with its announcements ([`lifecycle`]);
 //! what an unauthenticated connection may cost, who gives way when the
 //! manager is full, and how refusals are logged ([`gate`]); in which order
-//! waiting connections are let in ([`lobby`]).
+//! waiting connections are let in ([`lobby`]); what the links count for
+//! the metrics ([`link_stats`]).
 
 pub mod arrival;
 pub mod frames;
 pub mod gate;
 pub mod lifecycle;
+pub mod link_stats;
 pub mod listener;
 pub mod lobby;
 pub mod registry;

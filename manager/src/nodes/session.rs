@@ -92,6 +92,12 @@ pub trait SessionOwner: Send + Sync + 'static {
     /// A list reply of at least [`BULK_ROWS`] rows came (and is freed once
     /// its caller is done): heap churn, like a connection (`crate::heap`).
     fn on_bulk(&self);
+
+    /// A heartbeat was read after `silent_us` of silence from the agent
+    /// (for the metrics; nothing by default).
+    fn on_heartbeat(&self, silent_us: u64) {
+        let _ = silent_us;
+    }
 }
 
 /// Rows from which a list reply counts as heap churn: the orphan-dep sweep
@@ -692,9 +698,12 @@ where
             None => break "the agent closed the connection".to_owned(),
             Some(Err(e)) => break format!("bad input from the agent: {e}"),
             Some(Ok(msg)) => {
+                let before = session.last_seen_mono_us();
                 session.touch();
                 match msg {
-                    ToManager::Heartbeat => {}
+                    ToManager::Heartbeat => {
+                        owner.on_heartbeat(session.last_seen_mono_us().saturating_sub(before))
+                    }
                     ToManager::Reply { id, result } => {
                         if result.as_ref().is_ok_and(|r| list_rows(r) >= BULK_ROWS) {
                             owner.on_bulk();

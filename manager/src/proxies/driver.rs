@@ -35,6 +35,7 @@
 
 use crate::nodes::session::Session;
 use crate::proxies::rules::{Action, DepCommand, DepOutcome, Policy, ProxyRow, References};
+use crate::proxies::stats::ProxyStats;
 use crate::units::health::usec;
 use crate::units::hub::{Delivery, Subscriptions, WatchId, Watcher};
 use crate::units::records::Change;
@@ -77,6 +78,8 @@ struct Shared {
     subs: Arc<Subscriptions>,
     /// Timeout of `StopDep` and `ListUnits` (the core's request timeout).
     request_timeout: Duration,
+    /// The references' figures, read by a scrape without the lock.
+    stats: Arc<ProxyStats>,
 }
 
 /// Handle to the proxy machinery (cheap to clone).
@@ -89,10 +92,12 @@ type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 impl Proxies {
     pub fn new(policy: Policy, subs: Arc<Subscriptions>, request_timeout: Duration) -> Self {
+        let refs = References::new(policy);
+        let stats = refs.stats();
         Self {
             shared: Arc::new(Shared {
                 inner: Mutex::new(Inner {
-                    refs: References::new(policy),
+                    refs,
                     sessions: HashMap::new(),
                     watcher: None,
                     watches: HashMap::new(),
@@ -101,8 +106,14 @@ impl Proxies {
                 wake: Notify::new(),
                 subs,
                 request_timeout,
+                stats,
             }),
         }
+    }
+
+    /// What the references count as they change (for `/metrics`).
+    pub fn stats(&self) -> Arc<ProxyStats> {
+        self.shared.stats.clone()
     }
 
     // ---- hooks for the core -----------------------------------------------

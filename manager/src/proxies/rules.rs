@@ -104,12 +104,14 @@
 //!   no longer permits are dropped at once, their requesters get
 //!   `ProxyError`; a new grace period applies to disconnects from then on.
 
+use crate::proxies::stats::{ErrorReason, ProxyStats, Slot, Tally};
 use drover_config::ManagerConfig;
 use drover_protocol::ProxyTemplate;
 use drover_protocol::health::{Health, HealthState};
 use drover_protocol::verdict::{ACTIVE, TargetView, Verdict, is_down, verdict};
 use drover_protocol::{NodeName, Notice, Reason, TargetChange, UnitName};
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -300,7 +302,7 @@ impl RefState {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct Ref {
     proxy_id: u64,
     /// The family of A's proxy unit: how the proxy ends when its target
@@ -314,9 +316,26 @@ struct Ref {
     added_gen: u64,
     /// Set while A is offline: dropped at this instant.
     grace_until: Option<Instant>,
+    /// Its count in [`ProxyStats`]: moved by the state changes below.
+    tally: Tally,
 }
 
 impl Ref {
+    fn activate(&mut self) {
+        self.state = RefState::Active;
+        self.tally.set(Slot::Active, None);
+    }
+
+    fn fail(&mut self, message: String, reason: ErrorReason) {
+        self.state = RefState::Failed(message);
+        self.tally.set(Slot::Failed, Some(reason));
+    }
+
+    fn end(&mut self, change: TargetChange) {
+        self.state = RefState::Ended(change);
+        self.tally.set(Slot::Ended, None);
+    }
+
     /// `notice` (given the proxy id) for requester `a`, if `a` is online
     /// (`online`, its current session) in the session that made this
     /// reference: a proxy of an older session is gone.
@@ -449,6 +468,8 @@ pub struct References {
     sweeps: HashMap<NodeName, (u64, Instant)>,
     next_gen: u64,
     next_seq: u64,
+    /// What the metrics endpoint shows, counted as things change.
+    stats: Arc<ProxyStats>,
 }
 
 /// Whether B confirmed a dep start at least as new as `generation`.
@@ -467,11 +488,17 @@ impl References {
             sweeps: HashMap::new(),
             next_gen: 1,
             next_seq: 1,
+            stats: Arc::default(),
         }
     }
 
     pub fn policy(&self) -> &Policy {
         &self.policy
+    }
+
+    /// The figures counted as references change (read without a lock).
+    pub fn stats(&self) -> Arc<ProxyStats> {
+        self.stats.clone()
     }
 
     fn bump(&mut self) -> u64 {
@@ -599,12 +626,14 @@ impl References {
         let live = target.live();
         if live > 0 && !target.watched {
             target.watched = true;
+            self.stats.target_watched(true);
             out.push(Action::Watch {
                 node: b.clone(),
                 unit: unit.clone(),
             });
         } else if live == 0 && target.watched {
             target.watched = false;
+            self.stats.target_watched(false);
             target.known = Known::Unknown;
             target.health = Health::default();
             out.push(Action::Unwatch {
@@ -744,7 +773,7 @@ fn fail_waiting(
         proxy_id,
         message: message.clone(),
     }));
-    r.state = RefState::Failed(message);
+    r.fail(message, ErrorReason::TargetDown);
 }
 
 /// The agent's rule for one reference and one target change: the agent's own
@@ -758,15 +787,18 @@ fn fail_waiting(
 /// the requesting agent's to stop, where its unit asks for that.
 fn apply_rule(r: &mut Ref, b: &NodeName, unit: &UnitName, change: &TargetChange, v: Verdict) {
     match r.state {
-        RefState::Waiting if v == Verdict::Up => r.state = RefState::Active,
+        RefState::Waiting if v == Verdict::Up => r.activate(),
         RefState::Waiting if v == Verdict::RealDown => {
             let what = match change {
                 TargetChange::State { active_state, .. } => active_state.as_str(),
                 _ => "removed",
             };
-            r.state = RefState::Failed(format!("unit {unit} on node {b} is {what}"));
+            r.fail(
+                format!("unit {unit} on node {b} is {what}"),
+                ErrorReason::TargetDown,
+            );
         }
-        RefState::Active if v == Verdict::RealDown => r.state = RefState::Ended(change.clone()),
+        RefState::Active if v == Verdict::RealDown => r.end(change.clone()),
         _ => {}
     }
 }

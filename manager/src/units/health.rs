@@ -21,6 +21,9 @@
 //!   arrives: every unit it lists is set, and every unit the book held from
 //!   before and the snapshot lacks turns `none` (its check went away while
 //!   the node was offline), unless a later event already spoke for it.
+//! * [`HealthCounts`] holds the units by state over the online nodes,
+//!   moved by every change of an entry and by a node going on- or offline
+//!   (for the metrics endpoint, read without the hub's lock).
 //! * An offline node keeps its entries, marked offline: the queries say the
 //!   node is offline rather than repeat a verdict nobody checks any more,
 //!   and the next session's snapshot tells what changed meanwhile.
@@ -38,6 +41,8 @@ use crate::units::records::{Change, UnitEvent};
 use drover_protocol::health::{Health, HealthSnapshot, HealthState, NodeHealth, cut_to};
 use drover_protocol::{ModTag, NodeName, Reason, UnitName};
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// A row of `ListHealth`: node, unit, state, reason, since (realtime µs).
@@ -178,6 +183,31 @@ impl NodeBook {
 #[derive(Debug, Default)]
 pub struct HealthBook {
     nodes: HashMap<NodeName, NodeBook>,
+    counts: Arc<HealthCounts>,
+}
+
+/// Units of online nodes by health state (`starting`, `healthy`,
+/// `unhealthy`: `none` is no entry), kept as entries change.
+#[derive(Debug, Default)]
+pub struct HealthCounts([AtomicI64; 3]);
+
+impl HealthCounts {
+    /// The states counted, in [`HealthCounts::get`]'s order.
+    pub const STATES: [HealthState; 3] = [
+        HealthState::Starting,
+        HealthState::Healthy,
+        HealthState::Unhealthy,
+    ];
+
+    pub fn get(&self) -> [i64; 3] {
+        self.0.each_ref().map(|a| a.load(Ordering::Relaxed))
+    }
+
+    fn add(&self, state: HealthState, by: i64) {
+        if let Some(i) = Self::STATES.iter().position(|s| *s == state) {
+            self.0[i].fetch_add(by, Ordering::Relaxed);
+        }
+    }
 }
 
 fn since(now: SystemTime, ms_ago: u64) -> SystemTime {
@@ -189,6 +219,11 @@ impl HealthBook {
     /// `node` registered with `session`: only that session writes from now.
     pub fn online(&mut self, node: &NodeName, session: u64) {
         let book = self.nodes.entry(node.clone()).or_default();
+        if book.session.is_none() {
+            for e in book.units.values() {
+                self.counts.add(e.state, 1);
+            }
+        }
         book.session = Some(session);
         book.pending = None;
         book.pending_bytes = 0;
@@ -204,7 +239,15 @@ impl HealthBook {
             book.session = None;
             book.pending = None;
             book.pending_bytes = 0;
+            for e in book.units.values() {
+                self.counts.add(e.state, -1);
+            }
         }
+    }
+
+    /// Units of online nodes by health state (see [`HealthCounts`]).
+    pub fn counts(&self) -> Arc<HealthCounts> {
+        self.counts.clone()
     }
 
     /// `Event::UnitHealth`: the change to fan out, if any.
@@ -221,7 +264,7 @@ impl HealthBook {
         if !book.writes(session, Some(&tag)) {
             return None;
         }
-        set(book, node, tag, unit, health, now)
+        set(book, &self.counts, node, tag, unit, health, now)
     }
 
     /// One part of `Event::HealthSnapshot`: once the last part is in, the
@@ -290,12 +333,12 @@ impl HealthBook {
             .collect();
         for unit in gone {
             let none = Health::default();
-            changes.extend(set(book, node, tag, &unit, &none, now));
+            changes.extend(set(book, &self.counts, node, tag, &unit, &none, now));
         }
         for (unit, health) in &listed {
             let newer = book.units.get(unit).is_none_or(|e| tag.succeeds(&e.tag));
             if newer {
-                changes.extend(set(book, node, tag, unit, health, now));
+                changes.extend(set(book, &self.counts, node, tag, unit, health, now));
             }
         }
         let node_change = set_node(book, &node_health, now);
@@ -412,8 +455,10 @@ fn warn_cut(node: &NodeName, cut: &mut bool) {
 }
 
 /// Sets (or removes, for `none`) one unit's entry; the change, if any.
+/// Sets `unit`'s entry in `book` (of an online node), moving `counts`.
 fn set(
     book: &mut NodeBook,
+    counts: &HealthCounts,
     node: &NodeName,
     tag: ModTag,
     unit: &UnitName,
@@ -428,6 +473,7 @@ fn set(
     if health.state == HealthState::None {
         return book.units.remove(unit).map(|old| {
             book.reason_bytes -= old.reason.len();
+            counts.add(old.state, -1);
             UnitChange {
                 unit: unit.clone(),
                 tag,
@@ -455,6 +501,8 @@ fn set(
         }
         Some(e) => {
             book.reason_bytes = book.reason_bytes - e.reason.len() + entry.reason.len();
+            counts.add(e.state, -1);
+            counts.add(entry.state, 1);
             *e = entry.clone();
             Some(UnitChange {
                 unit: unit.clone(),
@@ -474,6 +522,7 @@ fn set(
         }
         None => {
             book.reason_bytes += entry.reason.len();
+            counts.add(entry.state, 1);
             book.units.insert(unit.clone(), entry.clone());
             Some(UnitChange {
                 unit: unit.clone(),
@@ -626,6 +675,45 @@ mod tests {
             b.unit(&a, 1, t(1, 2), &db, &h(Unhealthy, ""), now())
                 .is_none()
         );
+    }
+
+    /// The counts follow every entry change, and count online nodes only.
+    #[test]
+    fn counts_follow_entries_of_online_nodes() {
+        let mut b = HealthBook::default();
+        let counts = b.counts();
+        let (a, c, db, web) = (n("a"), n("c"), u("db.service"), u("web.service"));
+        b.online(&a, 1);
+        b.online(&c, 2);
+        b.unit(&a, 1, t(1, 1), &db, &h(Starting, ""), now());
+        b.unit(&a, 1, t(1, 2), &web, &h(Healthy, ""), now());
+        b.unit(&c, 2, t(2, 1), &db, &h(Unhealthy, "x"), now());
+        assert_eq!(counts.get(), [1, 1, 1]);
+        b.unit(&a, 1, t(1, 3), &db, &h(Healthy, ""), now());
+        assert_eq!(counts.get(), [0, 2, 1]);
+        // The same state with another reason moves nothing.
+        b.unit(&c, 2, t(2, 2), &db, &h(Unhealthy, "y"), now());
+        assert_eq!(counts.get(), [0, 2, 1]);
+        b.unit(&a, 1, t(1, 4), &web, &h(HealthState::None, ""), now());
+        assert_eq!(counts.get(), [0, 1, 1]);
+        // Offline: its units leave the counts; back: they return.
+        b.offline(&c, 2);
+        assert_eq!(counts.get(), [0, 1, 0]);
+        b.online(&c, 3);
+        assert_eq!(counts.get(), [0, 1, 1]);
+        b.online(&c, 4); // a new session without an offline: counted once
+        assert_eq!(counts.get(), [0, 1, 1]);
+        // A snapshot that lacks a unit turns it `none`.
+        b.snapshot(
+            &c,
+            4,
+            t(4, 1),
+            part(&[], Some(NodeHealth::default())),
+            now(),
+        );
+        assert_eq!(counts.get(), [0, 1, 0]);
+        let walked: usize = b.rows().len();
+        assert_eq!(counts.get().iter().sum::<i64>(), walked as i64);
     }
 
     fn part(units: &[(&str, HealthState)], node: Option<NodeHealth>) -> HealthSnapshot {

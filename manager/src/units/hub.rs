@@ -77,7 +77,7 @@
 //! agent is told) is `hub/agents.rs`, on the same state.
 
 use crate::nodes::session::Session;
-use crate::units::health::{HealthBook, health_replay};
+use crate::units::health::{HealthBook, HealthCounts, health_replay};
 use crate::units::records::{Applied, Change, Record, Records, UnitEvent, WILDCARD};
 use crate::units::replay::{NodeView, Replay, virtual_replay};
 use crate::units::resync::{NodeResync, ResyncStats};
@@ -377,6 +377,8 @@ pub struct Subscriptions {
     sync_progress: tokio::sync::Notify,
     /// What resync has done (`hub/resync.rs`).
     resync: ResyncStats,
+    /// Units of online nodes by health state (the health book's counts).
+    health_counts: Arc<HealthCounts>,
 }
 
 /// A sink handle: watches go through it; dropping it removes them all.
@@ -429,12 +431,20 @@ impl Drop for Watcher {
 impl Subscriptions {
     /// `request_timeout` bounds each `Subscribe`/`Unsubscribe` to an agent.
     pub fn new(request_timeout: Duration) -> Arc<Self> {
+        let state = State::default();
+        let health_counts = state.health.counts();
         Arc::new(Self {
-            state: Mutex::new(State::default()),
+            state: Mutex::new(state),
             request_timeout,
             sync_progress: tokio::sync::Notify::new(),
             resync: ResyncStats::default(),
+            health_counts,
         })
+    }
+
+    /// Units of online nodes by health state, read without the lock.
+    pub fn health_counts(&self) -> &HealthCounts {
+        &self.health_counts
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

@@ -54,7 +54,7 @@ use drover_protocol::error_names::LIMITS_EXCEEDED;
 use drover_protocol::{NodeName, UnitName};
 use futures::future::BoxFuture;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use tokio::sync::mpsc;
 use zbus::names::{BusName, OwnedUniqueName, UniqueName};
@@ -230,6 +230,8 @@ pub struct Monitors {
     hub: Arc<Subscriptions>,
     /// Set once, when the API is served.
     objects: OnceLock<Arc<dyn MonitorObjects>>,
+    /// Monitors closed for not keeping up, and because their owner left.
+    drops: [AtomicU64; 2],
 }
 
 impl Monitors {
@@ -241,7 +243,15 @@ impl Monitors {
             next_peer: AtomicU32::new(1),
             hub,
             objects: OnceLock::new(),
+            drops: Default::default(),
         })
+    }
+
+    /// Monitors closed (since the start) because their receivers did not
+    /// keep up, and because their owner left the bus (for the metrics).
+    pub fn drops(&self) -> (u64, u64) {
+        let [slow, gone] = &self.drops;
+        (slow.load(Ordering::Relaxed), gone.load(Ordering::Relaxed))
     }
 
     /// How monitors' objects are exported (set once, when the API is served).
@@ -454,6 +464,11 @@ impl Monitors {
         if monitor.closed.swap(true, Ordering::SeqCst) {
             return;
         }
+        match reason {
+            REASON_TOO_SLOW => self.drops[0].fetch_add(1, Ordering::Relaxed),
+            REASON_OWNER_GONE => self.drops[1].fetch_add(1, Ordering::Relaxed),
+            _ => 0,
+        };
         let watcher = lock(&monitor.watcher).take();
         drop(watcher);
         let peers: Vec<_> = {

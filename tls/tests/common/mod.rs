@@ -152,7 +152,8 @@ impl Server {
                 tokio::spawn(async move {
                     let tls = match tokio::time::timeout(WAIT, acceptor.accept(tcp)).await {
                         Err(_) => Err("handshake timed out".to_string()),
-                        Ok(Err(e)) => Err(e.to_string()),
+                        // The class the manager counts it under, then the error.
+                        Ok(Err(e)) => Err(format!("[{}] {e}", drover_tls::refusal_class(&e))),
                         Ok(Ok(tls)) => Ok(tls),
                     };
                     let mut tls = match tls {

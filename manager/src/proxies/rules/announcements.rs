@@ -35,6 +35,11 @@ impl References {
     ) -> Vec<Action> {
         let mut out = Vec::new();
         if let Err(message) = self.policy.check(a, b) {
+            self.stats.error(if self.policy.known.contains(b) {
+                ErrorReason::NotAllowed
+            } else {
+                ErrorReason::UnknownNode
+            });
             out.push(Action::Notify {
                 to: a.clone(),
                 session,
@@ -62,6 +67,7 @@ impl References {
                         state: RefState::Failed(message),
                         added_gen: 0,
                         grace_until: None,
+                        tally: Tally::new(&self.stats, Slot::Failed, now),
                     },
                 );
                 self.settle(b, unit, &mut out);
@@ -141,6 +147,7 @@ impl References {
                         state: RefState::Waiting,
                         added_gen: generation,
                         grace_until: None,
+                        tally: Tally::new(&self.stats, Slot::Waiting, now),
                     },
                 );
                 target.want = Want {

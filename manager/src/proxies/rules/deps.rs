@@ -80,7 +80,7 @@ impl References {
                                 message: message.clone(),
                             }
                         }));
-                        r.state = RefState::Failed(message.clone());
+                        r.fail(message.clone(), ErrorReason::StartFailed);
                     }
                 }
                 // Not retried: a newer want (a re-add) sends again.

@@ -17,6 +17,7 @@ impl References {
                 if let Err(why) = self.policy.check(a, b) {
                     revoked.push(rk.clone());
                     if r.state.is_live() {
+                        self.stats.error(ErrorReason::NotAllowed);
                         out.extend(r.notice(a, self.online.get(a).copied(), |proxy_id| {
                             Notice::ProxyError {
                                 proxy_id,

@@ -1424,3 +1424,75 @@ async fn a_bluechi_proxy_whose_checked_target_ran_unhealthy_then_failed_fails() 
         ["failed"]
     );
 }
+
+/// The figures the metrics endpoint shows follow the references: by state,
+/// targets, errors by class, stale collections, activation times.
+#[tokio::test(start_paused = true)]
+async fn the_stats_follow_the_references() {
+    let mut r = setup();
+    let stats = r.stats();
+    // Refused: an unknown node, a node a may not depend on.
+    r.proxy_new(&n("a"), S_A, &n("nowhere"), &u("db.service"), 1, now());
+    r.proxy_new(&n("a"), S_A, &n("c"), &u("db.service"), 2, now());
+    assert_eq!(stats.errors(), [1, 1, 0, 0]);
+    assert_eq!(
+        stats.states(),
+        [0, 0, 1, 0],
+        "only the known target is kept"
+    );
+    // A waits 250 ms for its target, then is active.
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 3, now());
+    assert_eq!(stats.states(), [1, 0, 1, 0]);
+    assert_eq!(stats.targets(), 1);
+    ack_all(&mut r);
+    advance(Duration::from_millis(250)).await;
+    r.target_event(&n("b"), &u("db.service"), &state("active", Reason::Real));
+    assert_eq!(stats.states(), [0, 1, 1, 0]);
+    let (count, sum) = crate::nodes::link_stats::totals(stats.activation());
+    assert_eq!(count, 1);
+    assert!((sum - 0.25).abs() < 1e-6, "{sum}");
+    // A dep that cannot start fails its waiting proxy.
+    r.proxy_new(&n("c"), S_C, &n("b"), &u("missing.service"), 4, now());
+    assert_eq!(stats.targets(), 2);
+    let cmds = r.dep_commands();
+    r.dep_result(&cmds[0], DepOutcome::Failed("not found".into()));
+    assert_eq!(stats.errors(), [1, 1, 1, 0]);
+    assert_eq!(stats.states(), [0, 1, 2, 0]);
+    assert_eq!(stats.targets(), 1);
+    // The target stops for real: the active proxy ends.
+    r.target_event(&n("b"), &u("db.service"), &state("failed", Reason::Real));
+    assert_eq!(stats.states(), [0, 0, 2, 1]);
+    // A new one waits, then its target fails before it is up.
+    r.proxy_new(&n("c"), S_C, &n("b"), &u("web.service"), 5, now());
+    ack_all(&mut r);
+    r.target_event(&n("b"), &u("web.service"), &state("failed", Reason::Real));
+    assert_eq!(stats.errors(), [1, 1, 1, 1]);
+    // One more waits; its requester goes away past the grace period.
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("log.service"), 6, now());
+    assert_eq!(stats.states(), [1, 0, 3, 1]);
+    r.node_offline(&n("a"), now());
+    advance(GRACE).await;
+    r.tick(now());
+    assert_eq!(stats.stale(), 1);
+    assert_eq!(stats.targets(), 0);
+    // Every count matches a walk of the references.
+    let mut walked = [0i64; 4];
+    for t in r.targets.values() {
+        for rf in t.refs.values() {
+            let slot = match rf.state {
+                RefState::Waiting => 0,
+                RefState::Active => 1,
+                RefState::Failed(_) => 2,
+                RefState::Ended(_) => 3,
+            };
+            walked[slot] += 1;
+        }
+    }
+    assert_eq!(stats.states(), walked);
+    drop(r);
+    assert_eq!(
+        stats.states(),
+        [0, 0, 0, 0],
+        "dropped references give back their count"
+    );
+}

@@ -23,9 +23,13 @@ impl References {
         let mut touched = Vec::new();
         for (key, target) in self.targets.iter_mut() {
             let before = target.refs.len();
-            target
-                .refs
-                .retain(|_, r| r.grace_until.is_none_or(|until| until > now));
+            target.refs.retain(|_, r| {
+                let keep = r.grace_until.is_none_or(|until| until > now);
+                if !keep && r.state.is_live() {
+                    self.stats.collected_stale();
+                }
+                keep
+            });
             if target.refs.len() != before {
                 touched.push(key.clone());
             }
@@ -58,7 +62,7 @@ impl References {
                             change: change.clone(),
                         }
                     }));
-                    r.state = RefState::Ended(change.clone());
+                    r.end(change.clone());
                 }
                 touched.push(key.clone());
             }
