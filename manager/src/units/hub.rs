@@ -156,6 +156,49 @@ impl NodeState {
         self.watchers.contains_key(&None) || self.watchers.contains_key(key)
     }
 
+    /// Whether the agent reports `key` (`Some(unit)`): it is watched, or the
+    /// agent was told to report it and not told otherwise yet. The records
+    /// of such units are kept and kept current (`on_event`): a unit whose
+    /// last watcher went and which is watched again before the `Unsubscribe`
+    /// went out is never subscribed again, so no replay would restore them.
+    fn reports(&self, key: &Option<UnitName>) -> bool {
+        self.covers(key) || self.sent.contains(&None) || self.sent.contains(key)
+    }
+
+    /// Forgets the records of units the agent no longer reports: `key`'s
+    /// alone, or every one not reported when `key` is `*`.
+    fn forget_unreported(&mut self, key: &Option<UnitName>) {
+        match key {
+            Some(u) => {
+                if !self.reports(key) {
+                    self.records.remove(u);
+                }
+            }
+            None => {
+                if self.reports(&None) {
+                    return;
+                }
+                let (watchers, sent) = (&self.watchers, &self.sent);
+                self.records.retain(|u, _| {
+                    let k = Some(u.clone());
+                    watchers.contains_key(&k) || sent.contains(&k)
+                });
+            }
+        }
+    }
+
+    /// Whether `session` is the node's current session.
+    fn in_session(&self, session: u64) -> bool {
+        self.session.as_ref().map(|s| s.id()) == Some(session)
+    }
+
+    /// Whether an event tagged `tag`, read from `session`, belongs to the
+    /// node's current session (a replaced session's reader may still be
+    /// draining; a tag of another guid is not this session's).
+    fn accepts(&self, session: u64, tag: ModTag) -> bool {
+        self.in_session(session) && tag.guid == session
+    }
+
     fn next_tag(&mut self) -> ModTag {
         self.max_index += 1;
         ModTag::new(self.guid, self.max_index)
@@ -307,16 +350,9 @@ impl State {
                 }
                 if w.is_empty() {
                     ns.watchers.remove(&unit);
-                    // Records nobody covers any more are forgotten.
-                    match &unit {
-                        Some(u) if !ns.watchers.contains_key(&None) => ns.records.remove(u),
-                        Some(_) => {}
-                        None => {
-                            let watchers = &ns.watchers;
-                            ns.records
-                                .retain(|u, _| watchers.contains_key(&Some(u.clone())));
-                        }
-                    }
+                    // Records the agent no longer reports are forgotten (those
+                    // it still reports go once it confirmed the `Unsubscribe`).
+                    ns.forget_unreported(&unit);
                 }
             }
             schedule_sync(&node, ns, syncs);
@@ -786,6 +822,88 @@ mod tests {
             Request::Unsubscribe { unit: None }
         );
         assert!(hub.watched(&n).is_empty());
+    }
+
+    /// The last watcher of a unit goes and a new one comes before the node's
+    /// sync task ran: nothing is sent (the agent was told to report the unit
+    /// and still is), so the manager must keep the unit's record current.
+    /// It used to forget it with the last watcher, and the new watcher, and
+    /// `Where`, missed the unit on that node until the next resync.
+    #[tokio::test]
+    async fn a_unit_watched_again_before_its_unsubscribe_went_out_keeps_its_record() {
+        let hub = Subscriptions::new(Duration::from_secs(5));
+        let (n, a) = (node("n1"), unit("a.service"));
+        let agent = online(&hub, "n1", 10);
+        let (w1, _rx1) = hub.watcher(8);
+        let id1 = w1.watch(&n, Some(&a)).unwrap();
+        hub.synced(&[(n.clone(), Some(a.clone()))]).await;
+        hub.on_event(
+            &agent.session,
+            Event::UnitNew {
+                tag: ModTag::new(10, 1),
+                unit: a.clone(),
+                reason: REAL,
+            },
+        );
+        hub.on_event(
+            &agent.session,
+            ev_state(ModTag::new(10, 2), "a.service", "active", "running"),
+        );
+        // No await between: the sync task the unwatch scheduled has not run.
+        assert!(w1.unwatch(id1));
+        let (w2, mut rx2) = hub.watcher(8);
+        w2.watch(&n, Some(&a)).unwrap();
+        settle().await;
+        assert_eq!(
+            *agent.requests.lock().unwrap(),
+            vec![Request::Subscribe {
+                unit: Some(a.clone())
+            }],
+            "the agent stays subscribed: nothing to send"
+        );
+        let rec = hub.record(&n, &a).expect("the record is kept");
+        assert!(rec.loaded);
+        assert_eq!(rec.active_state, "active");
+        assert_eq!(
+            drain(&mut rx2),
+            vec![
+                (
+                    "a.service".into(),
+                    Change::New {
+                        reason: Reason::Virtual
+                    }
+                ),
+                (
+                    "a.service".into(),
+                    state("active", "running", Reason::Virtual)
+                ),
+            ],
+            "the new watcher is told the unit's state"
+        );
+        // And kept current.
+        hub.on_event(
+            &agent.session,
+            ev_state(ModTag::new(10, 3), "a.service", "failed", "failed"),
+        );
+        assert_eq!(hub.record(&n, &a).unwrap().active_state, "failed");
+        assert_eq!(
+            drain(&mut rx2),
+            vec![("a.service".into(), state("failed", "failed", REAL))]
+        );
+        // Once nobody watches it and the agent confirmed the `Unsubscribe`,
+        // the record goes.
+        drop(w2);
+        settle().await;
+        assert_eq!(
+            agent.requests.lock().unwrap().last(),
+            Some(&Request::Unsubscribe {
+                unit: Some(a.clone())
+            })
+        );
+        assert!(
+            hub.record(&n, &a).is_none(),
+            "forgotten after the Unsubscribe"
+        );
     }
 
     /// Found by the 20-run loop: a monitor subscribed, the test started the

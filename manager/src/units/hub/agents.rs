@@ -83,7 +83,7 @@ impl Subscriptions {
         let Some(ns) = st.nodes.get_mut(node) else {
             return;
         };
-        if ns.session.as_ref().map(|s| s.id()) != Some(session_id) {
+        if !ns.in_session(session_id) {
             return;
         }
         ns.session = None;
@@ -219,7 +219,7 @@ impl Subscriptions {
             return;
         };
         let key = Some(unit);
-        if ns.session.as_ref().map(|s| s.id()) != Some(session.id()) || !ns.covers(&key) {
+        if !ns.in_session(session.id()) || !ns.reports(&key) {
             return;
         }
         if tag.index > ns.max_index {
@@ -332,6 +332,7 @@ impl Subscriptions {
                 ns.sent.insert(key);
             } else {
                 ns.sent.remove(&key);
+                ns.forget_unreported(&key);
             }
             if star {
                 st.release_waiting(&node);

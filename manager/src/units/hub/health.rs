@@ -132,7 +132,7 @@ impl State {
         let Some(ns) = self.nodes.get_mut(node) else {
             return Vec::new();
         };
-        if ns.session.as_ref().map(|s| s.id()) != Some(session) {
+        if !ns.in_session(session) {
             return Vec::new();
         }
         // Virtual events made later (node offline) continue after this tag.

@@ -41,8 +41,8 @@ fn digest_of(ns: &NodeState, book: &HealthBook, node: &NodeName) -> (u64, Sum, S
         ns.watchers.contains_key(&None),
         ns.watchers.keys().flatten(),
     );
-    // Records exist only for units somebody watches (`on_event`,
-    // `remove_watch`).
+    // Records exist only for units the agent reports (`NodeState::reports`:
+    // watched, or not unsubscribed yet).
     let mut units = Sum::default();
     for (u, r) in ns.records.iter().filter(|(_, r)| r.loaded) {
         units.add(unit_entry(u, &r.active_state, &r.sub_state));
@@ -78,9 +78,7 @@ impl Subscriptions {
         let Some(ns) = nodes.get_mut(node) else {
             return;
         };
-        if ns.session.as_ref().map(|s| s.id()) != Some(session.id())
-            || digest.tag.guid != session.id()
-        {
+        if !ns.accepts(session.id(), digest.tag) {
             return;
         }
         let interval = ns.resync.interval;
@@ -144,7 +142,7 @@ impl Subscriptions {
             }
             let mut st = hub.lock();
             if let Some(ns) = st.nodes.get_mut(target.node())
-                && ns.session.as_ref().map(|s| s.id()) == Some(target.id())
+                && ns.in_session(target.id())
             {
                 ns.resync.asked = false;
                 ns.resync.pending = None;
@@ -159,10 +157,7 @@ impl Subscriptions {
         let Some(ns) = nodes.get_mut(node) else {
             return;
         };
-        if ns.session.as_ref().map(|s| s.id()) != Some(session.id())
-            || tag.guid != session.id()
-            || !ns.resync.asked
-        {
+        if !ns.accepts(session.id(), tag) || !ns.resync.asked {
             tracing::debug!(node = %node, "a resync snapshot part node {node} was not asked for: ignored");
             return;
         }
@@ -250,7 +245,7 @@ fn repair(
     }
     for (unit, (active_state, sub_state)) in listed {
         let key = Some(unit);
-        if !ns.covers(&key) {
+        if !ns.reports(&key) {
             continue;
         }
         let Some(unit) = key else { continue };
