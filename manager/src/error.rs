@@ -77,6 +77,7 @@ impl From<RemoteError> for ApiError {
 
 impl zbus::DBusError for ApiError {
     fn create_reply(&self, call: &Header<'_>) -> zbus::Result<Message> {
+        crate::api::counted::answered_error(self.name.as_str());
         Message::error(call, self.name.as_ref()).build(&(self.message.as_str(),))
     }
 

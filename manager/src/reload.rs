@@ -41,6 +41,7 @@
 
 use crate::logs::LogControl;
 use crate::nodes::lifecycle::Lifecycle;
+use crate::nodes::link_stats::Disconnect;
 use crate::nodes::registry::Policy as AdmitPolicy;
 use crate::notify;
 use crate::proxies::driver::Proxies;
@@ -238,7 +239,11 @@ async fn apply(
         );
         reloader
             .nodes
-            .end_session(&session, &format!("config reload: {why}"))
+            .end_session(
+                &session,
+                Disconnect::Reload,
+                &format!("config reload: {why}"),
+            )
             .await;
     }
     for node in &report.added {

@@ -238,7 +238,6 @@ impl Followers for Following {
             self.subscriptions.node_offline(node, session_id);
             self.discovery.forget_watches(node);
             self.proxies.node_offline(node, session_id).await;
-            self.metrics.counters().disconnected();
         })
     }
 

@@ -23,6 +23,7 @@ use crate::logs::LogControl;
 use crate::metrics::exposition::{Exposition, Live};
 use crate::metrics::http;
 use crate::nodes::lifecycle::{Lifecycle, Phase};
+use crate::nodes::link_stats::Disconnect;
 use crate::nodes::listener::{Accept, accept_loop};
 use crate::nodes::session::CLOSE_DEADLINE;
 use crate::reload::Reloader;
@@ -265,7 +266,7 @@ impl Manager {
         lifecycle.enter(Phase::Stopping);
         self.parts.jobs.end_all().await;
         let sessions = lifecycle
-            .end_all_sessions("the manager is shutting down")
+            .end_all_sessions(Disconnect::Shutdown, "the manager is shutting down")
             .await;
         lifecycle.announce_controller().await;
         // Every agent sees its link end cleanly (TLS: `close_notify`), not
@@ -416,7 +417,10 @@ impl Seat for ManagerSeat {
             // Agents reconnect and find the leader; their units keep running.
             let sessions = self
                 .lifecycle
-                .end_all_sessions(&format!("this manager no longer leads: {why}"))
+                .end_all_sessions(
+                    Disconnect::Standby,
+                    &format!("this manager no longer leads: {why}"),
+                )
                 .await;
             let closing = sessions
                 .iter()

@@ -204,6 +204,55 @@ async fn the_endpoint_follows_the_fleet_and_promtool_accepts_it() {
     );
     assert_eq!(sample(&text, "drover_jobs_in_flight"), Some(0.0));
 
+    // D-Bus calls by interface, method and result: the StartUnit just made;
+    // a GetNode of no such node (its error class); a method the controller
+    // does not have and arguments of the wrong type, neither named by what
+    // the caller sent.
+    const CONTROLLER: &str = "org.eclipse.bluechi.Controller";
+    let calls = |text: &str, iface: &str, method: &str, result: &str| {
+        sample(
+            text,
+            &format!(
+                "drover_dbus_calls_total{{interface=\"{iface}\",method=\"{method}\",result=\"{result}\"}}"
+            ),
+        )
+    };
+    assert_eq!(
+        calls(&text, "org.eclipse.bluechi.Node", "StartUnit", "ok"),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(api.get_node("nosuchnode").await.is_err());
+    let evil = api
+        .call::<_, ()>("/org/eclipse/bluechi", CONTROLLER, "EvilMethod", &())
+        .await;
+    assert!(evil.is_err(), "{evil:?}");
+    let bad = api
+        .call::<_, String>("/org/eclipse/bluechi", CONTROLLER, "GetNode", &(7u32,))
+        .await;
+    assert!(bad.is_err(), "{bad:?}");
+    let text = until(
+        &url,
+        r#"drover_dbus_calls_total{interface="org.eclipse.bluechi.Controller",method="unknown",result="UnknownMethod"}"#,
+        1.0,
+    )
+    .await;
+    assert_eq!(
+        calls(&text, CONTROLLER, "GetNode", "ServiceUnknown"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        calls(&text, CONTROLLER, "GetNode", "InvalidArgs"),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(
+        calls(&text, CONTROLLER, "GetNode", "ok").unwrap() >= 1.0,
+        "{text}"
+    );
+    assert!(!text.contains("EvilMethod"), "{text}");
+
     // A monitor whose owner leaves the bus: counted, then dropped as owner_gone.
     let monitor = c.monitor().await;
     until(&url, "drover_monitors", 1.0).await;
@@ -228,7 +277,41 @@ async fn the_endpoint_follows_the_fleet_and_promtool_accepts_it() {
         Some(1.0)
     );
     assert_eq!(sample(&text, r#"drover_node_up{node="node3"}"#), Some(0.0));
-    assert!(sample(&text, "drover_node_disconnects_total").unwrap() >= 1.0);
+    // Counted under why it ended: the agent closed its connection.
+    let disconnects = |text: &str, reason: &str| {
+        sample(
+            text,
+            &format!("drover_node_disconnects_total{{reason=\"{reason}\"}}"),
+        )
+    };
+    assert_eq!(disconnects(&text, "agent_closed"), Some(1.0), "{text}");
+    for reason in [
+        "heartbeat_timeout",
+        "connection_lost",
+        "write_blocked",
+        "protocol_error",
+        "replaced",
+        "reload",
+        "shutdown",
+        "standby",
+    ] {
+        assert_eq!(disconnects(&text, reason), Some(0.0), "{reason}: {text}");
+    }
+    // A frozen agent: dropped when nothing came for the threshold, and
+    // counted as a heartbeat timeout, not as the link it then finds closed.
+    c.signal_agent("node2", nix::sys::signal::Signal::SIGSTOP)
+        .unwrap();
+    let text = until(
+        &url,
+        r#"drover_node_disconnects_total{reason="heartbeat_timeout"}"#,
+        1.0,
+    )
+    .await;
+    c.signal_agent("node2", nix::sys::signal::Signal::SIGCONT)
+        .unwrap();
+    assert_eq!(disconnects(&text, "connection_lost"), Some(0.0), "{text}");
+    assert_eq!(disconnects(&text, "agent_closed"), Some(1.0), "{text}");
+    c.wait_status("node2", "online", DETECT).await;
 
     // An intruder on node3's bus: refused, counted by reason.
     c.start_agent_named("node3", "intruder").await.unwrap();

@@ -17,6 +17,7 @@
 //! the objects sd-bus's flat `Introspect` (children named, not inlined).
 
 pub mod controller;
+pub mod counted;
 pub mod drover_controller;
 pub mod drover_node;
 pub mod handles;
@@ -38,14 +39,21 @@ use zbus::Connection;
 pub async fn export(handles: &Arc<handles::Handles>, conn: &Connection) -> zbus::Result<()> {
     let tree = tree::Tree::new();
     let server = conn.object_server();
+    let calls = handles.metrics.counters().dbus_calls();
     server
-        .at(CONTROLLER_PATH, controller::ControllerObject::new(handles))
+        .at(
+            CONTROLLER_PATH,
+            counted::Counted::new(controller::ControllerObject::new(handles), calls),
+        )
         .await?;
     tree.added(server, CONTROLLER_PATH).await;
     server
         .at(
             CONTROLLER_PATH,
-            drover_controller::DroverControllerObject::new(handles),
+            counted::Counted::new(
+                drover_controller::DroverControllerObject::new(handles),
+                calls,
+            ),
         )
         .await?;
     handles.outbound.set(outbound::BusOutbound::new(

@@ -13,6 +13,7 @@
 //! path cannot close, redirect or follow another client's monitor. Anyone
 //! else gets `AccessDenied` and nothing changes.
 
+use crate::api::counted::Counted;
 use crate::api::handles::Handles;
 use crate::api::tree::Tree;
 use crate::error::ApiError;
@@ -59,11 +60,18 @@ impl MonitorObjects for MonitorExport {
             };
             let server = conn.object_server();
             let path = monitor.path().as_str();
+            let calls = handles.metrics.counters().dbus_calls();
             server
-                .at(path, MonitorObject::new(&handles, monitor.clone()))
+                .at(
+                    path,
+                    Counted::new(MonitorObject::new(&handles, monitor.clone()), calls),
+                )
                 .await?;
             server
-                .at(path, DroverMonitorObject::new(monitor.clone()))
+                .at(
+                    path,
+                    Counted::new(DroverMonitorObject::new(monitor.clone()), calls),
+                )
                 .await?;
             self.tree.added(server, path).await;
             Ok(())
@@ -75,8 +83,8 @@ impl MonitorObjects for MonitorExport {
             let server = conn.object_server();
             let path = monitor.path().as_str();
             self.tree.removed(path);
-            let _ = server.remove::<MonitorObject, _>(path).await;
-            let _ = server.remove::<DroverMonitorObject, _>(path).await;
+            let _ = server.remove::<Counted<MonitorObject>, _>(path).await;
+            let _ = server.remove::<Counted<DroverMonitorObject>, _>(path).await;
         })
     }
 }

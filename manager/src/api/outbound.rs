@@ -8,6 +8,7 @@
 //! nothing.
 
 use crate::api::controller::ControllerObject;
+use crate::api::counted::Counted;
 use crate::api::drover_node::DroverNodeObject;
 use crate::api::handles::Handles;
 use crate::api::job::JobObject;
@@ -104,13 +105,13 @@ impl Outbound for BusOutbound {
             let Some(handles) = self.handles.upgrade() else {
                 return;
             };
-            let object = NodeObject::new(&handles, node.clone());
+            let calls = handles.metrics.counters().dbus_calls();
+            let object = Counted::new(NodeObject::new(&handles, node.clone()), calls);
             let server = self.conn.object_server();
             let exported = match server.at(path.as_str(), object).await {
                 Ok(_) => {
-                    server
-                        .at(path.as_str(), DroverNodeObject::new(&handles, node.clone()))
-                        .await
+                    let drover = DroverNodeObject::new(&handles, node.clone());
+                    server.at(path.as_str(), Counted::new(drover, calls)).await
                 }
                 Err(e) => Err(e),
             };
@@ -126,7 +127,8 @@ impl Outbound for BusOutbound {
             let Some(handles) = self.handles.upgrade() else {
                 return;
             };
-            let object = JobObject::new(&handles, job.clone());
+            let calls = handles.metrics.counters().dbus_calls();
+            let object = Counted::new(JobObject::new(&handles, job.clone()), calls);
             let server = self.conn.object_server();
             match server.at(path.as_str(), object).await {
                 Ok(_) => self.tree.added(server, path.as_str()).await,
@@ -179,7 +181,7 @@ impl Outbound for BusOutbound {
             let _ = self
                 .conn
                 .object_server()
-                .remove::<JobObject, _>(path.as_str())
+                .remove::<Counted<JobObject>, _>(path.as_str())
                 .await;
         })
     }

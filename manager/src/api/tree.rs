@@ -23,6 +23,7 @@
 //! their own zbus code, so the XML stays exact.
 
 use crate::api::controller::ControllerObject;
+use crate::api::counted::Counted;
 use crate::api::drover_controller::DroverControllerObject;
 use drover_bus::bluechi::CONTROLLER_PATH;
 use std::collections::BTreeSet;
@@ -190,13 +191,13 @@ impl FlatIntrospectable {
         xml.push_str(STANDARD_XML);
         if self.path == CONTROLLER_PATH {
             if let Ok(iface) = server
-                .interface::<_, ControllerObject>(CONTROLLER_PATH)
+                .interface::<_, Counted<ControllerObject>>(CONTROLLER_PATH)
                 .await
             {
                 iface.get().await.introspect_to_writer(&mut xml, 2);
             }
             if let Ok(iface) = server
-                .interface::<_, DroverControllerObject>(CONTROLLER_PATH)
+                .interface::<_, Counted<DroverControllerObject>>(CONTROLLER_PATH)
                 .await
             {
                 iface.get().await.introspect_to_writer(&mut xml, 2);

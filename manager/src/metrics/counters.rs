@@ -1,6 +1,6 @@
 //! The Prometheus figures the manager keeps as things happen: jobs by type
-//! and result and their durations, registrations, refusals by reason,
-//! disconnects. Each is an atomic (prometheus-client's types): counting
+//! and result and their durations, registrations, refusals by reason
+//! (disconnects by reason are the link's: `crate::nodes::link_stats`). Each is an atomic (prometheus-client's types): counting
 //! never takes a lock shared with the rest of the manager.
 //!
 //! Labels are bounded: a job's type is one of systemd's verbs, its result
@@ -8,6 +8,7 @@
 //! reason one of [`RefuseReason`]'s, plus `no_hello`. No label names a
 //! unit or a node.
 
+use crate::metrics::dbus_calls::DbusCalls;
 use drover_protocol::{JobKind, RefuseReason};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -49,7 +50,7 @@ pub struct Counters {
     job_duration: Histogram,
     registrations: Counter,
     refusals: Family<ReasonLabel, Counter>,
-    disconnects: Counter,
+    dbus_calls: DbusCalls,
 }
 
 impl Default for Counters {
@@ -60,7 +61,7 @@ impl Default for Counters {
             job_duration: Histogram::new(exponential_buckets(0.005, 2.0, 15)),
             registrations: Counter::default(),
             refusals: Family::default(),
-            disconnects: Counter::default(),
+            dbus_calls: DbusCalls::default(),
         }
     }
 }
@@ -101,6 +102,11 @@ impl Counters {
         self.job_duration.observe(took.as_secs_f64());
     }
 
+    /// D-Bus API calls, counted by `crate::api::counted`.
+    pub fn dbus_calls(&self) -> &DbusCalls {
+        &self.dbus_calls
+    }
+
     pub fn registered(&self) {
         self.registrations.inc();
     }
@@ -109,10 +115,6 @@ impl Counters {
     pub fn refused(&self, reason: Option<RefuseReason>) {
         let reason = reason.map_or("no_hello", refusal_label);
         self.refusals.get_or_create(&ReasonLabel { reason }).inc();
-    }
-
-    pub fn disconnected(&self) {
-        self.disconnects.inc();
     }
 
     /// Registers every figure in `registry` (clones share the atomics).
@@ -137,11 +139,7 @@ impl Counters {
             "Agents refused registration, by reason (no_hello: no valid hello before the deadline)",
             self.refusals.clone(),
         );
-        registry.register(
-            "drover_node_disconnects",
-            "Sessions of online nodes that ended (link lost, heartbeat expired, replaced, shutdown)",
-            self.disconnects.clone(),
-        );
+        registry.register_collector(Box::new(self.dbus_calls.clone()));
     }
 }
 

@@ -1,11 +1,13 @@
 //! The scrape: every figure the manager shows Prometheus, rendered in the
 //! OpenMetrics text format by prometheus-client.
 //!
-//! Kept as things happen ([`Counters`]): jobs, registrations, refusals,
-//! disconnects. Read at scrape time, each in O(1) or one short lock:
+//! Kept as things happen ([`Counters`]): jobs, registrations, refusals.
+//! Read at scrape time, each in O(1) or one short lock:
 //! nodes by status (the counts the lifecycle already announces, from a
 //! watch channel: no lock), jobs in flight (the job table's length),
-//! monitors (the monitor table's length) and their drops (its atomics), connections evicted before
+//! monitors (the monitor table's length) and their drops (its atomics),
+//! TLS handshakes, heartbeat lateness and disconnects by reason (the link's
+//! atomics), connections evicted before
 //! authentication (the gate's count), resync's digests, mismatches,
 //! snapshots and repairs (the hub's atomics), cross-node references by
 //! state, their targets, errors, stale collections and activation times
@@ -17,7 +19,7 @@ use crate::metrics::counters::Counters;
 use crate::metrics::process;
 use crate::nodes::gate::Gate;
 use crate::nodes::lifecycle::Lifecycle;
-use crate::nodes::link_stats::{HANDSHAKE_RESULTS, LinkStats};
+use crate::nodes::link_stats::{Disconnect, HANDSHAKE_RESULTS, LinkStats};
 use crate::proxies::stats::{ErrorReason, ProxyStats, Slot};
 use crate::units::health::HealthCounts;
 use crate::units::hub::Subscriptions;
@@ -328,6 +330,15 @@ fn encode_link(
     )?;
     for (result, n) in HANDSHAKE_RESULTS.iter().zip(stats.handshakes()) {
         ConstCounter::new(n).encode(handshakes.encode_family(&vec![("result", *result)])?)?;
+    }
+    let mut disconnects = encoder.encode_descriptor(
+        "drover_node_disconnects",
+        "Sessions of online nodes that ended, by reason: heartbeat_timeout, agent_closed, connection_lost, write_blocked, protocol_error, replaced, reload, shutdown, standby",
+        None,
+        prometheus_client::metrics::MetricType::Counter,
+    )?;
+    for (reason, n) in Disconnect::LABELS.iter().zip(stats.disconnects()) {
+        ConstCounter::new(n).encode(disconnects.encode_family(&vec![("reason", *reason)])?)?;
     }
     let lateness = stats.lateness();
     lateness.encode(encoder.encode_descriptor(

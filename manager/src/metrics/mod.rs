@@ -4,6 +4,7 @@
 //!   BlueChi emits them;
 //! * [`counters`] — the Prometheus counters, histograms and gauges kept as
 //!   things happen (a job ends, a node registers or is refused);
+//! * [`dbus_calls`] — D-Bus API calls by interface, method and result;
 //! * [`exposition`] — the scrape: those counters plus the few figures read at
 //!   scrape time (nodes by status, per node up and last seen, jobs in flight,
 //!   monitors, the process), rendered in the OpenMetrics text format;
@@ -15,6 +16,7 @@
 //! one copy of the node table (only with `MetricsPerNode=true`).
 
 pub mod counters;
+pub mod dbus_calls;
 pub mod exposition;
 pub mod http;
 pub mod process;

@@ -50,7 +50,7 @@ use crate::ha::fence::Fence;
 use crate::heap::{Churn, TrimState};
 use crate::nodes::frames::MarkSocket;
 use crate::nodes::gate::{LogLimiter, Ticket};
-use crate::nodes::link_stats::LinkStats;
+use crate::nodes::link_stats::{Disconnect, LinkStats};
 use crate::nodes::registry::{Admission, ControllerStatus, Policy, Registry};
 use crate::nodes::session::{Session, SessionOwner, spawn_io};
 use crate::notify::NodeCounts;
@@ -513,6 +513,7 @@ impl Lifecycle {
                     old_session = old.id(),
                     "node {node}: replacing a session that sent nothing for more than {threshold} ms"
                 );
+                old.set_end_cause(Disconnect::Replaced);
                 old.mark_ended();
                 self.detach_locked(
                     &mut announced,
@@ -611,16 +612,22 @@ impl Lifecycle {
                 self.timing.write_deadline(),
             ),
             Err(e) => {
-                self.end_session(&session, &format!("could not send the welcome: {e}"))
-                    .await
+                self.end_session(
+                    &session,
+                    Disconnect::ConnectionLost,
+                    &format!("could not send the welcome: {e}"),
+                )
+                .await
             }
         }
     }
 
     /// Ends a session and applies the disconnect rules: node offline (if it
     /// was the node's current session), pending requests fail with
-    /// `Offline`, its jobs end with `disconnected`. Idempotent.
-    pub async fn end_session(&self, session: &Arc<Session>, why: &str) {
+    /// `Offline`, its jobs end with `disconnected`. Idempotent: the first
+    /// `cause` recorded on the session is the one counted.
+    pub async fn end_session(&self, session: &Arc<Session>, cause: Disconnect, why: &str) {
+        session.set_end_cause(cause);
         if session.mark_ended() {
             self.churn.note();
         }
@@ -628,12 +635,12 @@ impl Lifecycle {
         self.detach_locked(&mut announced, session, why).await;
     }
 
-    /// Ends every online session with `why` (shutdown); returns them, to
-    /// wait for their links to close.
-    pub async fn end_all_sessions(&self, why: &str) -> Vec<Arc<Session>> {
+    /// Ends every online session for `cause` (shutdown, standby) with `why`;
+    /// returns them, to wait for their links to close.
+    pub async fn end_all_sessions(&self, cause: Disconnect, why: &str) -> Vec<Arc<Session>> {
         let sessions = self.nodes.sessions();
         for session in &sessions {
-            self.end_session(session, why).await;
+            self.end_session(session, cause, why).await;
         }
         sessions
     }
@@ -641,6 +648,8 @@ impl Lifecycle {
     async fn detach_locked(&self, announced: &mut Announced, session: &Arc<Session>, why: &str) {
         let was_online = self.nodes.registry().detach(session.node(), session.id());
         if was_online {
+            self.link_stats
+                .disconnected(session.end_cause().unwrap_or(Disconnect::ConnectionLost));
             tracing::info!(
                 node = %session.node(),
                 session = session.id(),
@@ -749,6 +758,7 @@ impl Lifecycle {
         for session in silent {
             self.end_session(
                 &session,
+                Disconnect::HeartbeatTimeout,
                 &format!("nothing received for more than {threshold} ms"),
             )
             .await;
@@ -801,7 +811,8 @@ impl SessionOwner for Lifecycle {
     }
 
     fn on_end<'a>(&'a self, session: &'a Arc<Session>, why: &'a str) -> BoxFuture<'a, ()> {
-        Box::pin(self.end_session(session, why))
+        // The reader recorded the cause; the fallback is never the one counted.
+        Box::pin(self.end_session(session, Disconnect::ConnectionLost, why))
     }
 
     fn on_bulk(&self) {

@@ -1,10 +1,12 @@
 //! What the agents' links count for the metrics endpoint: TLS handshakes by
-//! result, and how late agents' heartbeats come.
+//! result, how late agents' heartbeats come, and why sessions of online
+//! nodes ended ([`Disconnect`]).
 //!
 //! Invariants: atomics only (prometheus-client's histogram is one too):
 //! counting takes no lock and a scrape reads them as they are. The result
 //! label is `ok`, `timeout` or one of [`drover_tls::REFUSAL_CLASSES`]:
-//! a fixed set, whatever a peer sends.
+//! a fixed set, whatever a peer sends; a disconnect's reason is one of
+//! [`Disconnect::LABELS`].
 
 use prometheus_client::metrics::histogram::Histogram;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,11 +25,82 @@ pub const HANDSHAKE_RESULTS: [&str; 10] = [
     "io",
 ];
 
+/// Why a session ended, as the manager tells causes apart. The first cause
+/// recorded on a session is its cause ([`crate::nodes::session::Session::set_end_cause`]):
+/// a heartbeat timeout that wakes the reader is a timeout, not a closed link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Disconnect {
+    /// Nothing received for `NodeHeartbeatThreshold`.
+    HeartbeatTimeout = 1,
+    /// The agent closed the connection between frames (it stopped, or
+    /// restarted).
+    AgentClosed,
+    /// A read or write failed (reset, a TLS error, the end of the stream in
+    /// the middle of a frame), or the welcome could not be sent.
+    ConnectionLost,
+    /// The agent did not read what the manager wrote for the write deadline.
+    WriteBlocked,
+    /// The agent sent a frame that is not the protocol (undecodable, too
+    /// large).
+    ProtocolError,
+    /// A new connection of the node replaced its silent session.
+    Replaced,
+    /// A configuration reload dropped the session (the node was removed, or
+    /// its certificate no longer fits).
+    Reload,
+    /// The manager is shutting down.
+    Shutdown,
+    /// The manager stopped leading its HA group (it becomes a standby).
+    Standby,
+}
+
+impl Disconnect {
+    /// Every cause, in the order of [`Disconnect::LABELS`].
+    pub const ALL: [Disconnect; 9] = [
+        Disconnect::HeartbeatTimeout,
+        Disconnect::AgentClosed,
+        Disconnect::ConnectionLost,
+        Disconnect::WriteBlocked,
+        Disconnect::ProtocolError,
+        Disconnect::Replaced,
+        Disconnect::Reload,
+        Disconnect::Shutdown,
+        Disconnect::Standby,
+    ];
+    /// The `reason` label of each cause.
+    pub const LABELS: [&'static str; 9] = [
+        "heartbeat_timeout",
+        "agent_closed",
+        "connection_lost",
+        "write_blocked",
+        "protocol_error",
+        "replaced",
+        "reload",
+        "shutdown",
+        "standby",
+    ];
+
+    pub fn label(self) -> &'static str {
+        Self::LABELS[self.index()]
+    }
+
+    fn index(self) -> usize {
+        usize::from(self as u8 - 1)
+    }
+
+    /// The cause stored as `v` (0 or unknown: none).
+    pub fn from_u8(v: u8) -> Option<Disconnect> {
+        Self::ALL.into_iter().find(|d| *d as u8 == v)
+    }
+}
+
 /// See the module docs.
 #[derive(Debug)]
 pub struct LinkStats {
     handshakes: [AtomicU64; HANDSHAKE_RESULTS.len()],
     lateness: Histogram,
+    disconnects: [AtomicU64; Disconnect::ALL.len()],
 }
 
 impl Default for LinkStats {
@@ -36,6 +109,7 @@ impl Default for LinkStats {
             handshakes: Default::default(),
             // Fractions of NodeHeartbeatThreshold: 1 is the node dropped.
             lateness: Histogram::new([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.5]),
+            disconnects: Default::default(),
         }
     }
 }
@@ -70,6 +144,18 @@ impl LinkStats {
     /// Heartbeats' lateness, as fractions of the threshold.
     pub fn lateness(&self) -> &Histogram {
         &self.lateness
+    }
+
+    /// A session of an online node ended for `cause`.
+    pub fn disconnected(&self, cause: Disconnect) {
+        self.disconnects[cause.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Disconnects per cause, in [`Disconnect::LABELS`] order.
+    pub fn disconnects(&self) -> [u64; Disconnect::ALL.len()] {
+        self.disconnects
+            .each_ref()
+            .map(|a| a.load(Ordering::Relaxed))
     }
 }
 
@@ -110,5 +196,21 @@ mod tests {
         let (count, sum) = totals(s.lateness());
         assert_eq!(count, 1);
         assert!((sum - 4.0 / 6.0).abs() < 1e-9, "{sum}");
+    }
+
+    #[test]
+    fn disconnect_causes_round_trip_and_count_under_their_label() {
+        for (d, label) in Disconnect::ALL.iter().zip(Disconnect::LABELS) {
+            assert_eq!(Disconnect::from_u8(*d as u8), Some(*d));
+            assert_eq!(d.label(), label);
+        }
+        for v in [0, 10, 200, u8::MAX] {
+            assert_eq!(Disconnect::from_u8(v), None, "{v}");
+        }
+        let s = LinkStats::default();
+        s.disconnected(Disconnect::Replaced);
+        s.disconnected(Disconnect::Replaced);
+        s.disconnected(Disconnect::HeartbeatTimeout);
+        assert_eq!(s.disconnects(), [1, 0, 0, 0, 0, 2, 0, 0, 0]);
     }
 }

@@ -48,6 +48,7 @@
 use crate::error::ApiError;
 use crate::nodes::arrival::Arrivals;
 use crate::nodes::frames::{Frames, MarkSocket};
+use crate::nodes::link_stats::Disconnect;
 use drover_bus::timestamp;
 use drover_protocol::FrameCodec;
 use drover_protocol::codec::oversized;
@@ -61,7 +62,7 @@ use futures::future::BoxFuture;
 use futures::task::AtomicWaker;
 use futures::{SinkExt, StreamExt};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
@@ -85,7 +86,8 @@ pub trait SessionOwner: Send + Sync + 'static {
     /// so events are handled one at a time, in the order they arrived.
     fn on_event<'a>(&'a self, session: &'a Session, event: Event) -> BoxFuture<'a, ()>;
 
-    /// The session ended (`why`): run the disconnect rules. Called once per
+    /// The session ended (`why`; its cause recorded on the session,
+    /// [`Session::end_cause`]): run the disconnect rules. Called once per
     /// reader, after its last event.
     fn on_end<'a>(&'a self, session: &'a Arc<Session>, why: &'a str) -> BoxFuture<'a, ()>;
 
@@ -128,6 +130,9 @@ pub struct Session {
     /// When the writer last put a frame on the wire (monotonic µs).
     last_written_mono_us: AtomicU64,
     ended: AtomicBool,
+    /// Why it ended: a [`Disconnect`] as `u8`, 0 until the first cause is
+    /// recorded ([`Session::set_end_cause`]).
+    end_cause: AtomicU8,
     /// The resync interval this session's agent was told (ms; 0 = none):
     /// `drover_protocol::resync`. Set once, before the session is announced.
     resync_interval_ms: AtomicU64,
@@ -216,6 +221,7 @@ impl Session {
             arrivals: Arrivals::default(),
             last_written_mono_us: AtomicU64::new(0),
             ended: AtomicBool::new(false),
+            end_cause: AtomicU8::new(0),
             resync_interval_ms: AtomicU64::new(0),
             stop: EndSignal::default(),
         });
@@ -478,6 +484,21 @@ impl Session {
         self.parts.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Records why the session ends, unless a cause was recorded before: the
+    /// first one is the cause (a heartbeat timeout ends the reader too, which
+    /// must not count it again as a lost connection). Whoever ends a session
+    /// records its cause before it stops the socket tasks.
+    pub fn set_end_cause(&self, cause: Disconnect) {
+        let _ = self
+            .end_cause
+            .compare_exchange(0, cause as u8, Ordering::SeqCst, Ordering::SeqCst);
+    }
+
+    /// Why the session ended (`None`: it has not, or no cause was recorded).
+    pub fn end_cause(&self) -> Option<Disconnect> {
+        Disconnect::from_u8(self.end_cause.load(Ordering::SeqCst))
+    }
+
     /// Marks the session ended: stops its socket tasks and fails every pending
     /// request (their senders are dropped → `Offline`). Returns true for the
     /// first caller only.
@@ -650,6 +671,7 @@ where
                 }
             }
             Ok(Err(e)) => {
+                session.set_end_cause(Disconnect::ConnectionLost);
                 tracing::info!(
                     node = %session.node,
                     session = session.id,
@@ -660,6 +682,7 @@ where
                 break;
             }
             Err(_) => {
+                session.set_end_cause(Disconnect::WriteBlocked);
                 tracing::warn!(
                     node = %session.node,
                     session = session.id,
@@ -688,15 +711,30 @@ where
 {
     let cancelled = session.stop.wait(&session.stop.reader);
     tokio::pin!(cancelled);
-    let why = loop {
+    let (cause, why) = loop {
         let frame = tokio::select! {
             biased;
-            _ = &mut cancelled => break "session ended".to_owned(),
+            // Whoever ended it recorded why; this is the fallback.
+            _ = &mut cancelled => break (Disconnect::ConnectionLost, "session ended".to_owned()),
             frame = stream.next() => frame,
         };
         match frame {
-            None => break "the agent closed the connection".to_owned(),
-            Some(Err(e)) => break format!("bad input from the agent: {e}"),
+            None => {
+                break (
+                    Disconnect::AgentClosed,
+                    "the agent closed the connection".to_owned(),
+                );
+            }
+            Some(Err(e)) => {
+                let cause = match e {
+                    drover_protocol::FrameError::Io(_) | drover_protocol::FrameError::Truncated => {
+                        Disconnect::ConnectionLost
+                    }
+                    drover_protocol::FrameError::Malformed(_)
+                    | drover_protocol::FrameError::TooLarge { .. } => Disconnect::ProtocolError,
+                };
+                break (cause, format!("bad input from the agent: {e}"));
+            }
             Some(Ok(msg)) => {
                 let before = session.last_seen_mono_us();
                 session.touch();
@@ -725,6 +763,7 @@ where
     // The socket may close once the reader lets go of it.
     session.arrivals.forget();
     drop(stream);
+    session.set_end_cause(cause);
     owner.on_end(&session, &why).await;
 }
 
@@ -902,6 +941,44 @@ mod tests {
             *owner.0.lock().unwrap(),
             ["bulk", "the agent closed the connection"]
         );
+        assert_eq!(s.end_cause(), Some(Disconnect::AgentClosed));
+    }
+
+    /// Why a reader ended is the session's cause: garbage is a protocol
+    /// error, a broken stream a lost connection; a cause recorded first
+    /// (by whoever ended the session) stays.
+    #[tokio::test]
+    async fn the_reader_records_why_the_session_ended() {
+        use drover_protocol::FrameError;
+        for (error, want) in [
+            (
+                FrameError::Malformed("garbage".into()),
+                Disconnect::ProtocolError,
+            ),
+            (
+                FrameError::TooLarge {
+                    len: 1 << 30,
+                    max: 1 << 20,
+                },
+                Disconnect::ProtocolError,
+            ),
+            (FrameError::Truncated, Disconnect::ConnectionLost),
+            (
+                FrameError::Io(std::io::ErrorKind::ConnectionReset.into()),
+                Disconnect::ConnectionLost,
+            ),
+        ] {
+            let (s, _rx) = session();
+            let owner = Arc::new(Ends::default());
+            read_loop(owner, s.clone(), futures::stream::iter([Err(error)])).await;
+            assert_eq!(s.end_cause(), Some(want));
+        }
+        let (s, _rx) = session();
+        s.set_end_cause(Disconnect::HeartbeatTimeout);
+        assert!(s.mark_ended());
+        let owner = Arc::new(Ends::default());
+        read_loop(owner, s.clone(), futures::stream::pending()).await;
+        assert_eq!(s.end_cause(), Some(Disconnect::HeartbeatTimeout));
     }
 
     /// The end of a session stops its writer and its reader, even one whose
@@ -920,6 +997,7 @@ mod tests {
         writer.await.unwrap();
         reader.await.unwrap();
         assert_eq!(*owner.0.lock().unwrap(), ["session ended"]);
+        assert_eq!(s.end_cause(), Some(Disconnect::ConnectionLost));
     }
 
     /// A writer that fails (here: its sink is gone) wakes the reader, which
@@ -942,6 +1020,7 @@ mod tests {
         write_loop(s.clone(), sink, rx, Duration::from_secs(5)).await;
         reader.await.unwrap();
         assert_eq!(*owner.0.lock().unwrap(), ["session ended"]);
+        assert_eq!(s.end_cause(), Some(Disconnect::ConnectionLost));
         // Already set: a new wait resolves at once.
         s.stop.wait(&s.stop.reader).await;
     }
