@@ -283,6 +283,7 @@ impl Followers for Following {
                 | Event::HealthSnapshot { .. }
                 | Event::NodeHealth(_)) => {
                     if let Some(node) = self.subscriptions.on_health(session, event) {
+                        session.set_system_state(&node.system_state);
                         tracing::info!(
                             node = %session.node(),
                             "node {} is {}{}{}",

@@ -53,8 +53,18 @@ async fn until(url: &str, series: &str, want: f64) -> String {
 
 /// Waits until `series` shows a value `ok` accepts; returns that scrape.
 async fn until_with(url: &str, series: &str, ok: impl Fn(f64) -> bool) -> String {
+    until_within(DETECT, url, series, ok).await
+}
+
+/// [`until_with`] with a deadline of `within`.
+async fn until_within(
+    within: Duration,
+    url: &str,
+    series: &str,
+    ok: impl Fn(f64) -> bool,
+) -> String {
     let last = std::sync::Mutex::new(String::new());
-    let seen = eventually(DETECT, series, || {
+    let seen = eventually(within, series, || {
         let url = url.to_owned();
         let last = &last;
         let ok = &ok;
@@ -453,6 +463,71 @@ async fn units_are_counted_by_health_state() {
     c.down().await;
 }
 
+/// systemd's `SystemState` of each node, and the fleet's nodes counted by
+/// it: a failed unit makes its node `degraded`, `reset-failed` makes it
+/// `running` again; a node shows one state at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_are_shown_by_system_state() {
+    let c = TestCluster::with(metered(2)).await;
+    let url = url(&c);
+    let state = |text: &str, node: &str, state: &str| {
+        sample(
+            text,
+            &format!("drover_node_system_state{{node=\"{node}\",state=\"{state}\"}}"),
+        )
+    };
+    // A user manager may still be starting: the agent reads SystemState
+    // again every 10 s.
+    let text = until_within(
+        Duration::from_secs(30),
+        &url,
+        r#"drover_nodes_by_system_state{state="running"}"#,
+        |n| n == 2.0,
+    )
+    .await;
+    for node in ["node1", "node2"] {
+        assert_eq!(state(&text, node, "running"), Some(1.0), "{text}");
+    }
+    c.install(
+        "node2",
+        "broken.service",
+        "[Service]\nType=oneshot\nExecStart=/bin/false\n",
+    )
+    .await;
+    let out = c.systemctl("node2", &["start", "broken.service"]).await;
+    assert!(!out.success(), "{out:?}");
+    let text = until(
+        &url,
+        r#"drover_node_system_state{node="node2",state="degraded"}"#,
+        1.0,
+    )
+    .await;
+    assert_eq!(state(&text, "node2", "running"), None, "{text}");
+    assert_eq!(state(&text, "node1", "running"), Some(1.0), "{text}");
+    assert_eq!(
+        sample(&text, r#"drover_nodes_by_system_state{state="degraded"}"#),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&text, r#"drover_nodes_by_system_state{state="running"}"#),
+        Some(1.0)
+    );
+    let (ok, said) = promtool_check(&text).await;
+    assert!(
+        ok && said.is_empty(),
+        "promtool check metrics said:\n{said}"
+    );
+    c.systemctl_ok("node2", &["reset-failed", "broken.service"])
+        .await;
+    until(
+        &url,
+        r#"drover_nodes_by_system_state{state="running"}"#,
+        2.0,
+    )
+    .await;
+    c.down().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_node_series_can_be_switched_off() {
     let c = TestCluster::with(drover_sandbox::ClusterOptions {
@@ -462,6 +537,11 @@ async fn per_node_series_can_be_switched_off() {
     .await;
     let text = until(&url(&c), r#"drover_nodes{status="online"}"#, 2.0).await;
     assert!(!text.contains("drover_node_up"), "{text}");
+    assert!(!text.contains("drover_node_system_state"), "{text}");
+    assert!(
+        text.contains("drover_nodes_by_system_state{state=\"running\"}"),
+        "the fleet-wide counts stay:\n{text}"
+    );
     assert!(!text.contains("node1"), "{text}");
     c.down().await;
 }

@@ -12,8 +12,10 @@
 //! snapshots and repairs (the hub's atomics), cross-node references by
 //! state, their targets, errors, stale collections and activation times
 //! (the reference rules' atomics, [`ProxyStats`]), the process
-//! ([`process`]), build info. With `MetricsPerNode=true`, one copy of the node table (name,
-//! online, last seen) under its lock, then rendered outside it.
+//! ([`process`]), build info. One pass over the node table under its lock:
+//! online nodes by `SystemState` (an atomic read per node's session) and,
+//! with `MetricsPerNode=true`, a copy of each node's name, status, last
+//! seen and `SystemState`; rendered outside the lock.
 
 use crate::metrics::counters::Counters;
 use crate::metrics::process;
@@ -21,7 +23,7 @@ use crate::nodes::gate::Gate;
 use crate::nodes::lifecycle::Lifecycle;
 use crate::nodes::link_stats::{Disconnect, HANDSHAKE_RESULTS, LinkStats};
 use crate::proxies::stats::{ErrorReason, ProxyStats, Slot};
-use crate::units::health::HealthCounts;
+use crate::units::health::{HealthCounts, SYSTEM_STATES};
 use crate::units::hub::Subscriptions;
 use crate::units::monitor::Monitors;
 use prometheus_client::collector::Collector;
@@ -172,9 +174,7 @@ impl Collector for Live {
         ] {
             ConstGauge::new(clamp(n)).encode(nodes.encode_family(&vec![("status", status)])?)?;
         }
-        if self.per_node {
-            self.encode_per_node(&mut encoder)?;
-        }
+        self.encode_nodes(&mut encoder)?;
         let in_flight = (self.jobs_in_flight)();
         gauge(
             &mut encoder,
@@ -278,29 +278,53 @@ impl Collector for Live {
 }
 
 impl Live {
-    fn encode_per_node(&self, encoder: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
-        // One copy under the lock, the text outside it.
-        let rows: Vec<(String, bool, u64)> = {
+    /// Online nodes by `SystemState` and, with `MetricsPerNode=true`, the
+    /// per-node series: one pass over the node table under its lock (an
+    /// atomic load per node; the per-node copy only when asked), the text
+    /// outside it.
+    fn encode_nodes(&self, encoder: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let mut by_state = [0usize; SYSTEM_STATES.len()];
+        let rows: Vec<(String, bool, u64, Option<usize>)> = {
             let registry = self.lifecycle.nodes().registry();
-            registry
-                .nodes()
-                .iter()
-                .map(|n| {
-                    (
+            let mut rows = Vec::new();
+            if self.per_node {
+                rows.reserve(registry.nodes().len());
+            }
+            for n in registry.nodes() {
+                let state = n.session.as_ref().and_then(|s| s.system_state());
+                if let Some(c) = state.and_then(|i| by_state.get_mut(i)) {
+                    *c += 1;
+                }
+                if self.per_node {
+                    rows.push((
                         n.name.as_str().to_owned(),
                         n.session.is_some(),
                         n.last_seen().0,
-                    )
-                })
-                .collect()
+                        state,
+                    ));
+                }
+            }
+            rows
         };
+        let mut states = encoder.encode_descriptor(
+            "drover_nodes_by_system_state",
+            "Online nodes by systemd's SystemState as their agents said it (running, degraded, starting, ...)",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for (state, n) in SYSTEM_STATES.iter().zip(by_state) {
+            ConstGauge::new(clamp(n)).encode(states.encode_family(&vec![("state", *state)])?)?;
+        }
+        if !self.per_node {
+            return Ok(());
+        }
         let mut up = encoder.encode_descriptor(
             "drover_node_up",
             "1 while the node's agent is registered, else 0",
             None,
             prometheus_client::metrics::MetricType::Gauge,
         )?;
-        for (name, online, _) in &rows {
+        for (name, online, _, _) in &rows {
             ConstGauge::new(i64::from(*online))
                 .encode(up.encode_family(&vec![("node", name.as_str())])?)?;
         }
@@ -310,9 +334,23 @@ impl Live {
             None,
             prometheus_client::metrics::MetricType::Gauge,
         )?;
-        for (name, _, real_us) in rows.iter().filter(|r| r.2 > 0) {
+        for (name, _, real_us, _) in rows.iter().filter(|r| r.2 > 0) {
             ConstGauge::new(*real_us as f64 / 1e6)
                 .encode(seen.encode_family(&vec![("node", name.as_str())])?)?;
+        }
+        drop(seen);
+        let mut system = encoder.encode_descriptor(
+            "drover_node_system_state",
+            "1 for the node's systemd SystemState as its agent last said it (online nodes that said one)",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for (name, _, _, state) in &rows {
+            if let Some(state) = state.and_then(|i| SYSTEM_STATES.get(i)) {
+                ConstGauge::new(1).encode(
+                    system.encode_family(&vec![("node", name.as_str()), ("state", *state)])?,
+                )?;
+            }
         }
         Ok(())
     }

@@ -13,7 +13,8 @@
 //!   in connections, request size and time.
 //!
 //! Invariant: a scrape never walks units and never holds a lock longer than
-//! one copy of the node table (only with `MetricsPerNode=true`).
+//! one pass over the node table (an atomic read per node; a copy of each
+//! row only with `MetricsPerNode=true`).
 
 pub mod counters;
 pub mod dbus_calls;

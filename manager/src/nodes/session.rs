@@ -133,6 +133,9 @@ pub struct Session {
     /// Why it ended: a [`Disconnect`] as `u8`, 0 until the first cause is
     /// recorded ([`Session::set_end_cause`]).
     end_cause: AtomicU8,
+    /// systemd's `SystemState` as the agent last said it: an index in
+    /// [`crate::units::health::SYSTEM_STATES`] plus 1; 0 until said.
+    system_state: AtomicU8,
     /// The resync interval this session's agent was told (ms; 0 = none):
     /// `drover_protocol::resync`. Set once, before the session is announced.
     resync_interval_ms: AtomicU64,
@@ -222,6 +225,7 @@ impl Session {
             last_written_mono_us: AtomicU64::new(0),
             ended: AtomicBool::new(false),
             end_cause: AtomicU8::new(0),
+            system_state: AtomicU8::new(0),
             resync_interval_ms: AtomicU64::new(0),
             stop: EndSignal::default(),
         });
@@ -497,6 +501,20 @@ impl Session {
     /// Why the session ended (`None`: it has not, or no cause was recorded).
     pub fn end_cause(&self) -> Option<Disconnect> {
         Disconnect::from_u8(self.end_cause.load(Ordering::SeqCst))
+    }
+
+    /// Records systemd's `SystemState` the agent said (empty: not known).
+    pub fn set_system_state(&self, state: &str) {
+        let code = crate::units::health::system_state_index(state)
+            .and_then(|i| u8::try_from(i + 1).ok())
+            .unwrap_or(0);
+        self.system_state.store(code, Ordering::Relaxed);
+    }
+
+    /// The index in [`crate::units::health::SYSTEM_STATES`] of the node's
+    /// `SystemState`, once its agent said it.
+    pub fn system_state(&self) -> Option<usize> {
+        usize::from(self.system_state.load(Ordering::Relaxed)).checked_sub(1)
     }
 
     /// Marks the session ended: stops its socket tasks and fails every pending
@@ -936,12 +954,24 @@ mod tests {
             })
         };
         let replies = futures::stream::iter([rows(BULK_ROWS - 1), rows(BULK_ROWS)]);
-        read_loop(owner.clone(), s, replies).await;
+        read_loop(owner.clone(), s.clone(), replies).await;
         assert_eq!(
             *owner.0.lock().unwrap(),
             ["bulk", "the agent closed the connection"]
         );
         assert_eq!(s.end_cause(), Some(Disconnect::AgentClosed));
+    }
+
+    #[test]
+    fn the_system_state_is_one_of_the_known_ones_or_none() {
+        let (s, _rx) = session();
+        assert_eq!(s.system_state(), None);
+        s.set_system_state("degraded");
+        assert_eq!(s.system_state(), Some(3));
+        s.set_system_state("bogus");
+        assert_eq!(s.system_state(), Some(8));
+        s.set_system_state("");
+        assert_eq!(s.system_state(), None);
     }
 
     /// Why a reader ended is the session's cause: garbage is a protocol
