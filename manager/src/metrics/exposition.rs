@@ -338,7 +338,6 @@ impl Live {
             ConstGauge::new(*real_us as f64 / 1e6)
                 .encode(seen.encode_family(&vec![("node", name.as_str())])?)?;
         }
-        drop(seen);
         let mut system = encoder.encode_descriptor(
             "drover_node_system_state",
             "1 for the node's systemd SystemState as its agent last said it (online nodes that said one)",
