@@ -23,7 +23,7 @@ pub struct MetricsSettings {
     /// `MetricsListenAddress`: `None` = no endpoint, no listener.
     pub listen: Option<SocketAddr>,
     /// `MetricsPerNode` (default true): series labelled by node (up, last
-    /// seen). Off for very large fleets, where one series per node is more
+    /// seen, systemd's `SystemState`). Off for very large fleets, where one series per node is more
     /// than a scrape should carry.
     pub per_node: bool,
 }
