@@ -19,8 +19,8 @@
 //! connection is lost (an error: the service manager restarts it). A clean
 //! stop closes the proxies first (see [`crate::proxies::registry`]), then the link.
 
+use crate::connection::{Link, LinkConfig};
 use crate::fanout::{pump_events, start_units};
-use crate::link::connection::{Link, LinkConfig};
 use crate::state::Shared;
 use crate::systemd::api::Systemd;
 use crate::systemd::dbus::{ConnectError, ZbusSystemd};

@@ -15,7 +15,7 @@
 //! found on stdout and exits 0, or 1 with the reason; it dials nothing and
 //! needs no bus.
 
-use crate::link::connection::{Keepalive, LinkConfig};
+use crate::connection::{Keepalive, LinkConfig};
 use clap::Parser;
 use drover_bus::Bus;
 use drover_config::{AgentConfig, LoadReport, Sources};

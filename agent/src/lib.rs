@@ -6,17 +6,17 @@
 //! The agent has two outside worlds — the node's systemd and the manager —
 //! and one rule between them: **local work never waits for the network**.
 //! Imports run one way, from the drivers at the top, through the shared
-//! state, to the parts and the systemd boundary at the bottom.
+//! state, to the parts and the systemd boundary at the bottom. A folder
+//! counts as one unit for this rule: it holds parts or drives them, never
+//! both, so [`link`] holds the link's parts and its driver, [`connection`],
+//! sits at the top beside [`dispatch`] (the house test checks both levels).
 //!
 //! Drivers:
 //! * [`agent`] — wires the rest together; [`cli`] — arguments, config,
 //!   logging, signals for the thin binary; [`notify`] — what systemd hears
 //!   (`READY=1`, `STATUS=` as the link changes, `WATCHDOG=1`, `RELOADING=1`).
-//! * [`link`] — [`link::connection`]: TCP connect, handshake, heartbeats,
-//!   silence threshold, reconnect with jittered backoff; [`link::outbox`]:
-//!   the only way to the manager — bounded, never blocking, drops what
-//!   belongs to a session that is gone, kills a session whose manager
-//!   stopped reading; [`link::status`]: the link as the local API shows it.
+//! * [`connection`] — the link to the manager: TCP connect, handshake,
+//!   heartbeats, silence threshold, reconnect with jittered backoff.
 //! * [`dispatch`] — one manager request → one systemd call → exactly one
 //!   reply; [`node_api`] — the rest of the node API (unit properties, unit
 //!   files, kill, freeze, log level, metrics), validated before systemd sees
@@ -31,6 +31,12 @@
 //! State: [`state::Shared`] gathers the parts below in one `Arc`.
 //!
 //! Parts:
+//! * [`link`] — what the rest holds of the link: [`link::outbox`], the
+//!   only way to the manager — bounded, never blocking, drops what belongs
+//!   to a session that is gone, kills a session whose manager stopped
+//!   reading; [`link::status`], the link as the local API shows it;
+//!   [`link::target`], where it dials; [`link::heartbeat`] and
+//!   [`link::tls`], the settings a session runs with.
 //! * [`jobs`] — systemd job path ↔ manager job id; with [`early_events`],
 //!   the buffering that makes a fast job's removal, arriving before
 //!   `StartUnit` returns, impossible to lose.
@@ -70,6 +76,7 @@ pub mod agent;
 pub mod api;
 pub mod caller;
 pub mod cli;
+pub mod connection;
 pub mod deps;
 pub mod dispatch;
 pub mod early_events;

@@ -1,6 +1,6 @@
 //! When the agent tells its service manager what (the messages themselves:
 //! `drover_config::notify`). Only the binary turns this on
-//! ([`crate::link::connection::LinkConfig::notify`]); an agent run as a
+//! ([`crate::connection::LinkConfig::notify`]); an agent run as a
 //! library (tests, benches) says nothing.
 //!
 //! `STATUS=` follows the link, one line per change a user should see in

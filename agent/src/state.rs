@@ -6,7 +6,7 @@
 //! own lock; this file only gathers them and holds the few steps that touch
 //! several at once (a systemd job event, a finished job, a session starting).
 //! It imports the parts, never the code that drives them (`crate::dispatch`,
-//! `crate::fanout`, `crate::link::connection`, `crate::api`), so those import
+//! `crate::fanout`, `crate::connection`, `crate::api`), so those import
 //! it and the imports run one way.
 //!
 //! Lock order, where two are taken together: the job tracker's lock is taken

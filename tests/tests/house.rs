@@ -452,45 +452,14 @@ fn imports_between_source_files_have_no_circle() {
     );
 }
 
-/// Folder circles that exist and are being removed: (crate, folder, the units that
-/// may still be in it). A circle found there with other units fails, and so does an
-/// entry that finds no circle any more: it is removed with the circle it names.
-const KNOWN_FOLDER_CIRCLES: &[(&str, &str, &[&str])] = &[(
-    // The agent's shared state and its link import each other (issue 26, item 3).
-    "agent",
-    "src",
-    &[
-        "dispatch", "fanout", "link", "node_api", "proxies", "state", "units",
-    ],
-)];
-
 #[test]
 fn imports_between_folders_have_no_circle() {
     let root = workspace_root();
     let mut report = Vec::new();
-    let mut known_seen = vec![false; KNOWN_FOLDER_CIRCLES.len()];
     for dir in crate_dirs(&root) {
         let name = dir.file_name().unwrap().to_string_lossy().into_owned();
         for circle in folder_circles(&crate_graph(&dir.join("src"))) {
-            let known = KNOWN_FOLDER_CIRCLES
-                .iter()
-                .position(|(krate, folder, units)| {
-                    *krate == name
-                        && circle.starts_with(&format!("folder {folder}: "))
-                        && circle_units(&circle).iter().all(|u| units.contains(u))
-                });
-            match known {
-                Some(i) => known_seen[i] = true,
-                None => report.push(format!("{name}: {circle}")),
-            }
-        }
-    }
-    for (seen, (krate, folder, _)) in known_seen.iter().zip(KNOWN_FOLDER_CIRCLES) {
-        if !seen {
-            report.push(format!(
-                "{krate}: folder {folder}: the known circle is gone; remove its entry from \
-                 KNOWN_FOLDER_CIRCLES"
-            ));
+            report.push(format!("{name}: {circle}"));
         }
     }
     assert!(
@@ -498,15 +467,6 @@ fn imports_between_folders_have_no_circle() {
         "folders import each other in circles (see tests/tests/house.rs for the rule):\n{}",
         report.join("\n")
     );
-}
-
-/// The units a `folder_circles` line names.
-fn circle_units(line: &str) -> Vec<&str> {
-    line.split_once("in a circle: ")
-        .map(|(_, rest)| rest.lines().next().unwrap_or(""))
-        .unwrap_or("")
-        .split(", ")
-        .collect()
 }
 
 #[test]

@@ -19,7 +19,7 @@
 //!   interval 0 (it sends no heartbeats, so silence means nothing; the
 //!   manager's default since protocol 5). A dead manager host is then found
 //!   by the kernel: the link's socket has `TCP_USER_TIMEOUT`
-//!   (`drover_protocol::liveness`, set in `link/connection.rs`), so the
+//!   (`drover_protocol::liveness`, set in [`crate::connection`]), so the
 //!   agent's own heartbeats going unacknowledged end the link. Otherwise the
 //!   configured threshold, raised to three announced intervals when it is
 //!   shorter (a threshold below the manager's interval drops the link

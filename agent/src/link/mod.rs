@@ -1,7 +1,11 @@
-//! The link to the manager.
+//! The link to the manager: the parts the rest of the agent holds.
 //!
-//! * [`connection`] — connect, handshake, serve a session (reader, writer,
-//!   heartbeats, one task per request), reconnect with jittered backoff.
+//! The loop that drives the link — connect, handshake, serve a session,
+//! reconnect — is [`crate::connection`], one level up beside the other
+//! drivers: it imports the shared state and the dispatcher, and they import
+//! these parts, so nothing in this folder imports anything outside it but
+//! [`crate::notify`] (imports run one way; the house test checks it).
+//!
 //! * [`heartbeat`] — the heartbeat interval and silence threshold of a
 //!   session, negotiated with what the manager announces.
 //! * [`outbox`] — the only way to the manager: bounded, never blocking,
@@ -14,7 +18,6 @@
 //! * [`tls`] — the agent's TLS settings: loaded and checked at start, read
 //!   again on `SIGHUP` for the next dial.
 
-pub mod connection;
 pub mod heartbeat;
 pub mod outbox;
 pub mod status;

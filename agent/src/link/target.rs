@@ -7,7 +7,7 @@
 //! BlueChi's `tcp:host=H,port=P`), so garbage never reaches the link; a switch
 //! to the address already dialled is refused and changes nothing (as
 //! BlueChi); every accepted switch wakes [`ControllerTarget::watch`]ers once,
-//! and the link ([`crate::link::connection`]) then drops its session or
+//! and the link ([`crate::connection`]) then drops its session or
 //! connection attempt and dials the new target at once, without backoff. A
 //! switch lasts for the life of the process: a restarted agent dials what its
 //! config says, as BlueChi's agent does.

@@ -12,10 +12,10 @@ pub use drover_testkit::node::SystemdNode;
 use drover_testkit::wait::poll;
 
 use drover_agent::agent::AgentError;
+use drover_agent::connection::LinkConfig;
 use drover_agent::deps::dep_unit::unit_status;
 use drover_agent::dispatch::Dispatcher;
 use drover_agent::fanout::pump_events;
-use drover_agent::link::connection::LinkConfig;
 use drover_agent::link::outbox::SessionKill;
 use drover_agent::state::Shared;
 use drover_agent::systemd::api::Systemd;

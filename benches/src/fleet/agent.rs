@@ -28,7 +28,7 @@
 //!   fleet's epoch>`), so a monitor in the same process measures lag without
 //!   any side channel ([`sent_at_us`]).
 
-use drover_agent::link::connection::Backoff;
+use drover_agent::connection::Backoff;
 use drover_agent::link::heartbeat::negotiate;
 use drover_protocol::handshake::Accepted;
 use drover_protocol::link::{HandshakeError, agent_handshake};
