@@ -388,7 +388,7 @@ impl Cluster {
         let metrics_port = state.metrics_port;
         // The manager's own state directory: a new sandbox starts with
         // nothing drained, even in a directory an older one used.
-        let state_dir = dir.join("manager-state");
+        let state_dir = dir.join(crate::state::MANAGER_STATE_DIR);
         if state_dir.exists() {
             std::fs::remove_dir_all(&state_dir)
                 .with_context(|| format!("removing stale {}", state_dir.display()))?;

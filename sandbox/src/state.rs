@@ -16,6 +16,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub const STATE_FILE: &str = "state.json";
+/// The manager's `StateDirectory` inside the sandbox directory (drained nodes and units):
+/// made by `up`, emptied by the next `up` and removed by `down`, also in a directory the
+/// caller gave.
+pub const MANAGER_STATE_DIR: &str = "manager-state";
 pub const ENV_FILE: &str = "sandbox.env";
 const FORMAT_VERSION: u32 = 1;
 
@@ -178,7 +182,7 @@ impl State {
                 .map(|n| node::home(&self.dir, &n.name))
                 .collect();
             paths.extend(
-                ["bus", STATE_FILE, ENV_FILE]
+                ["bus", MANAGER_STATE_DIR, STATE_FILE, ENV_FILE]
                     .iter()
                     .map(|f| self.dir.join(f)),
             );

@@ -132,6 +132,55 @@ fn up_exec_install_down_round_trip() {
     assert_eq!(out.status.code(), Some(0), "down twice is fine");
 }
 
+/// A directory the caller made is theirs: `down` removes what the sandbox made in it (nodes,
+/// bus, state, the manager's state directory with what was drained) and keeps the rest, so a
+/// next `up` there starts with nothing drained and the caller's files are untouched.
+#[test]
+fn down_in_a_given_directory_removes_the_manager_state_and_keeps_the_callers_files() {
+    let dir = format!("/tmp/drover-sb-cli-given-{}", std::process::id());
+    std::fs::create_dir_all(&dir).unwrap();
+    let _down = DownOnDrop(dir.clone());
+    let mine = format!("{dir}/notes.txt");
+    std::fs::write(&mine, "the caller's\n").unwrap();
+    let out = sandbox(&["up", "--nodes", "1", "--dir", &dir]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+
+    // Drain node1 on the manager's bus: the manager writes it into its state directory.
+    let out = Command::new("busctl")
+        .arg(format!("--address=unix:path={dir}/bus"))
+        .args([
+            "call",
+            "org.eclipse.bluechi",
+            "/org/eclipse/bluechi",
+            "io.drover.Controller",
+            "Drain",
+            "sas",
+            "node1",
+            "0",
+        ])
+        .output()
+        .expect("busctl runs");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let state_dir = std::path::Path::new(&dir).join(drover_sandbox::state::MANAGER_STATE_DIR);
+    assert!(
+        std::fs::read_dir(&state_dir).is_ok_and(|mut d| d.next().is_some()),
+        "the drain is kept in {}",
+        state_dir.display()
+    );
+
+    let out = sandbox(&["down", "--dir", &dir]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!state_dir.exists(), "{} removed", state_dir.display());
+    for made in ["node1", "bus", "state.json", "sandbox.env"] {
+        assert!(
+            !std::path::Path::new(&dir).join(made).exists(),
+            "{made} removed"
+        );
+    }
+    assert_eq!(std::fs::read_to_string(&mine).unwrap(), "the caller's\n");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn demo_drives_the_cluster_with_droverctl_and_cleans_up() {
     let out = sandbox(&["demo"]);
