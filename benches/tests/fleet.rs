@@ -22,6 +22,11 @@ fn small(nodes: usize, transport: Transport, pki_dir: &std::path::Path) -> Optio
     // The idle phase waits for the manager's sweep of every new node.
     opts.proxy_grace_ms = Some(1000);
     opts.pki_dir = pki_dir.to_path_buf();
+    // Five checks a node, each flipping once a minute: about one agent in
+    // twelve flips in a one-second window.
+    opts.health_checks = 5;
+    opts.health_flip_percent = 100.0;
+    opts.health_rounds = 1;
     opts
 }
 
@@ -60,6 +65,12 @@ fn check(row: &Row, nodes: usize) {
     assert!(row.monitor_p99_ms.is_some_and(|p| p > 0.0), "{row:?}");
     assert!(row.online_half_s.is_some_and(|t| t > 0.0), "{row:?}");
     assert!(row.online_restart_s.is_some_and(|t| t > 0.0), "{row:?}");
+    // Every declared check reached the manager, and the flips with it (the
+    // run itself fails when the manager's unhealthy units differ from the
+    // agents' last verdicts).
+    assert_eq!(row.health_units, Some(nodes * 5), "{row:?}");
+    assert!(row.health_flips.is_some_and(|f| f > 0), "{row:?}");
+    assert!(row.health_extra_cpu_pct.is_some(), "{row:?}");
     let line = csv_line(row);
     assert_eq!(line.split(',').count(), HEADER.split(',').count(), "{line}");
 }

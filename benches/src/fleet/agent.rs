@@ -27,14 +27,21 @@
 //!   `UnitStateChanged` of [`EVENT_UNIT`] and carry their send time in the sub state (`t<µs since the
 //!   fleet's epoch>`), so a monitor in the same process measures lag without
 //!   any side channel ([`sent_at_us`]).
+//! * Health ([`HealthDecl`]): an agent whose units declare checks sends the
+//!   health snapshot first in every session (every checked unit healthy) and
+//!   then nothing about health until [`Fleet::health_flips`] is on; while it
+//!   is, each agent flips one unit's verdict (healthy ↔ unhealthy, a
+//!   `UnitHealth` event) every [`HealthDecl::flip_every`], the agents'
+//!   phases spread evenly over that period, as a real agent sends a verdict
+//!   only when it changes.
 
 use drover_agent::connection::Backoff;
 use drover_agent::link::heartbeat::negotiate;
 use drover_protocol::handshake::Accepted;
 use drover_protocol::link::{HandshakeError, agent_handshake};
 use drover_protocol::{
-    Event, Hello, ModTag, NodeName, Reason, Request, Response, ToAgent, ToManager, UnitInfo,
-    UnitName,
+    Event, Health, HealthSnapshot, HealthState, Hello, ModTag, NodeHealth, NodeName, Reason,
+    Request, Response, ToAgent, ToManager, UnitHealth, UnitInfo, UnitName,
 };
 use futures::{SinkExt, StreamExt};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -67,6 +74,52 @@ pub struct AgentConfig {
     pub connect_timeout: Duration,
     /// The node's loaded units (what `ListUnits` returns).
     pub units: Arc<Vec<UnitInfo>>,
+    /// The units' health checks (none: the agents say nothing of health).
+    pub health: HealthDecl,
+}
+
+/// The health checks every simulated node declares (see the module docs).
+#[derive(Debug, Clone, Default)]
+pub struct HealthDecl {
+    /// The units with a check: `fleet-0.service` … (loaded units when there
+    /// are at least as many).
+    pub units: Vec<UnitName>,
+    /// While flips are on, one agent flips one verdict this often; `None`:
+    /// never.
+    pub flip_every: Option<Duration>,
+}
+
+impl HealthDecl {
+    /// `checks` units with a check each, `percent_per_minute` of them
+    /// flipping a minute (so one flip every `60 s / (checks × percent / 100)`
+    /// per agent).
+    pub fn new(checks: usize, percent_per_minute: f64) -> Self {
+        let units = (0..checks)
+            .filter_map(|k| UnitName::new(format!("fleet-{k}.service")).ok())
+            .collect();
+        let per_minute = checks as f64 * percent_per_minute / 100.0;
+        let flip_every = (per_minute > 0.0 && per_minute.is_finite())
+            .then(|| Duration::from_secs_f64(60.0 / per_minute));
+        Self { units, flip_every }
+    }
+
+    /// The snapshot a session starts with: every checked unit healthy.
+    fn snapshot(&self) -> Vec<HealthSnapshot> {
+        let units = self
+            .units
+            .iter()
+            .map(|unit| UnitHealth {
+                unit: unit.clone(),
+                health: Health::new(HealthState::Healthy, "", 0),
+            })
+            .collect();
+        let node = NodeHealth {
+            health: Health::new(HealthState::Healthy, "", 0),
+            system_state: "running".into(),
+            checks: Vec::new(),
+        };
+        HealthSnapshot::parts(units, node)
+    }
 }
 
 impl AgentConfig {
@@ -102,6 +155,12 @@ pub struct Fleet {
     /// `ListUnits` requests answered (the manager sends each node one, its
     /// orphan-dep sweep, one grace period after the node registered).
     pub lists_answered: AtomicU64,
+    /// Health verdicts flipped (`UnitHealth` events sent).
+    pub health_flips_sent: AtomicU64,
+    /// Units whose last verdict sent in a session still open is unhealthy.
+    pub unhealthy_now: AtomicUsize,
+    /// Whether the agents flip their units' verdicts now ([`HealthDecl`]).
+    pub health_flips: watch::Sender<bool>,
     /// Unit events per second each agent sends (0 = none).
     pub event_rate: watch::Sender<u32>,
     /// Bumped to make the agents with an index below the value's `.1` drop
@@ -127,6 +186,9 @@ impl Fleet {
             lost: Default::default(),
             events_sent: AtomicU64::new(0),
             lists_answered: AtomicU64::new(0),
+            health_flips_sent: AtomicU64::new(0),
+            unhealthy_now: AtomicUsize::new(0),
+            health_flips: watch::Sender::new(false),
             event_rate: watch::Sender::new(0),
             drop_below: watch::Sender::new((0, 0)),
             nudges: Default::default(),
@@ -368,6 +430,33 @@ async fn session(
     let mut events = event_timer(*rates.borrow_and_update());
     let unit = UnitName::new(EVENT_UNIT).ok();
     let mut out = Vec::new();
+    if !cfg.health.units.is_empty() {
+        let tag = state.tag();
+        for part in cfg.health.snapshot() {
+            if framed
+                .feed(ToManager::Event(Event::HealthSnapshot { tag, part }))
+                .await
+                .is_err()
+            {
+                return End::Lost(Lost::WriteError);
+            }
+        }
+        if framed.flush().await.is_err() {
+            return End::Lost(Lost::WriteError);
+        }
+    }
+    let mut flip_switch = fleet.health_flips.subscribe();
+    let mut flips = flip_timer(
+        *flip_switch.borrow_and_update(),
+        &cfg.health,
+        index,
+        fleet.epoch,
+    );
+    let mut unhealthy = Unhealthy {
+        units: vec![false; cfg.health.units.len()],
+        fleet,
+    };
+    let mut flipped = 0usize;
     loop {
         tokio::select! {
             frame = framed.next() => {
@@ -416,6 +505,33 @@ async fn session(
                 }
                 fleet.events_sent.fetch_add(1, Ordering::Relaxed);
             }
+            _ = tick(&mut flips) => {
+                let k = flipped % unhealthy.units.len().max(1);
+                flipped += 1;
+                let Some(unit) = cfg.health.units.get(k) else {
+                    continue;
+                };
+                let health = if unhealthy.flip(k) {
+                    Health::new(HealthState::Unhealthy, "connection refused", 0)
+                } else {
+                    Health::new(HealthState::Healthy, "", 0)
+                };
+                let msg = ToManager::Event(Event::UnitHealth {
+                    tag: state.tag(),
+                    unit: unit.clone(),
+                    health,
+                });
+                if framed.send(msg).await.is_err() {
+                    return End::Lost(Lost::WriteError);
+                }
+                fleet.health_flips_sent.fetch_add(1, Ordering::Relaxed);
+            }
+            changed = flip_switch.changed() => {
+                if changed.is_err() {
+                    return End::Stop;
+                }
+                flips = flip_timer(*flip_switch.borrow_and_update(), &cfg.health, index, fleet.epoch);
+            }
             changed = rates.changed() => {
                 if changed.is_err() {
                     return End::Stop;
@@ -433,6 +549,36 @@ async fn session(
             }
             _ = fleet.stop.cancelled() => return End::Stop,
         }
+    }
+}
+
+/// One session's unhealthy units, counted in [`Fleet::unhealthy_now`] while
+/// the session lasts (its next session starts with every unit healthy).
+struct Unhealthy<'a> {
+    units: Vec<bool>,
+    fleet: &'a Fleet,
+}
+
+impl Unhealthy<'_> {
+    /// Flips unit `k`; whether it is unhealthy now.
+    fn flip(&mut self, k: usize) -> bool {
+        let Some(bad) = self.units.get_mut(k) else {
+            return false;
+        };
+        *bad = !*bad;
+        if *bad {
+            self.fleet.unhealthy_now.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.fleet.unhealthy_now.fetch_sub(1, Ordering::Relaxed);
+        }
+        *bad
+    }
+}
+
+impl Drop for Unhealthy<'_> {
+    fn drop(&mut self) {
+        let bad = self.units.iter().filter(|b| **b).count();
+        self.fleet.unhealthy_now.fetch_sub(bad, Ordering::Relaxed);
     }
 }
 
@@ -461,6 +607,42 @@ fn event_timer(rate: u32) -> Option<tokio::time::Interval> {
     let mut timer = tokio::time::interval_at(tokio::time::Instant::now() + phase, period);
     timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     Some(timer)
+}
+
+/// The flip timer of agent `index` ([`HealthDecl`]): `None` while flips are
+/// off or never happen. The agents' ticks are spread evenly over the period
+/// (agent `index` at the fraction `index × φ mod 1` of it, counted from
+/// `epoch`), so a fleet flips at a steady rate whenever flips are turned on.
+fn flip_timer(
+    on: bool,
+    decl: &HealthDecl,
+    index: usize,
+    epoch: Instant,
+) -> Option<tokio::time::Interval> {
+    let period = decl.flip_every.filter(|_| on && !decl.units.is_empty())?;
+    let first = first_flip(period, index, epoch, Instant::now());
+    let mut timer = tokio::time::interval_at(first.into(), period);
+    timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    Some(timer)
+}
+
+/// Agent `index`'s first flip at or after `now`: the next moment
+/// `epoch + offset + k × period`, its offset [`spread`] over the period.
+fn first_flip(period: Duration, index: usize, epoch: Instant, now: Instant) -> Instant {
+    let offset = period.mul_f64(spread(index));
+    let since = now.saturating_duration_since(epoch);
+    let ticks = if since > offset {
+        ((since - offset).as_secs_f64() / period.as_secs_f64()).ceil()
+    } else {
+        0.0
+    };
+    epoch + offset + period.mul_f64(ticks)
+}
+
+/// Where agent `index` falls in a period, in [0, 1): the golden-ratio
+/// sequence, which spreads any number of agents evenly.
+fn spread(index: usize) -> f64 {
+    (index as f64 * 0.618_033_988_749_894_8).fract()
 }
 
 async fn tick(timer: &mut Option<tokio::time::Interval>) {
@@ -571,6 +753,56 @@ pub fn node_names(count: usize) -> Vec<NodeName> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn health_declarations_flip_at_the_asked_rate() {
+        let decl = super::HealthDecl::new(20, 1.0);
+        assert_eq!(decl.units.len(), 20);
+        assert_eq!(decl.units[19].as_str(), "fleet-19.service");
+        // 20 checks, 1% a minute: 0.2 flips a minute, one every 300 s.
+        assert_eq!(decl.flip_every, Some(std::time::Duration::from_secs(300)));
+        let parts = decl.snapshot();
+        assert_eq!(parts.iter().map(|p| p.units.len()).sum::<usize>(), 20);
+        assert!(parts.last().is_some_and(|p| p.is_last()));
+        assert!(parts.iter().rev().skip(1).all(|p| !p.is_last()));
+        assert!(
+            parts
+                .iter()
+                .flat_map(|p| &p.units)
+                .all(|u| u.health.state == drover_protocol::HealthState::Healthy)
+        );
+        assert_eq!(super::HealthDecl::new(20, 0.0).flip_every, None);
+        assert!(super::HealthDecl::new(0, 1.0).units.is_empty());
+    }
+
+    #[tokio::test]
+    async fn flips_are_off_until_turned_on_and_spread_over_the_period() {
+        let decl = super::HealthDecl::new(20, 1.0);
+        let epoch = std::time::Instant::now();
+        assert!(super::flip_timer(false, &decl, 0, epoch).is_none());
+        assert!(super::flip_timer(true, &super::HealthDecl::default(), 0, epoch).is_none());
+        // Over 1,000 agents, every tenth of the period holds about a tenth of them.
+        let mut buckets = [0usize; 10];
+        for index in 0..1000 {
+            let f = super::spread(index);
+            assert!((0.0..1.0).contains(&f));
+            buckets[(f * 10.0) as usize] += 1;
+        }
+        assert!(
+            buckets.iter().all(|&b| (90..=110).contains(&b)),
+            "{buckets:?}"
+        );
+        assert!(super::flip_timer(true, &decl, 1, epoch).is_some());
+        // The first flip keeps the agent's place in the period, whenever flips are turned on.
+        let period = std::time::Duration::from_secs(300);
+        let offset = period.mul_f64(super::spread(1));
+        assert_eq!(super::first_flip(period, 1, epoch, epoch), epoch + offset);
+        let later = epoch + offset + period * 2 + std::time::Duration::from_secs(1);
+        assert_eq!(
+            super::first_flip(period, 1, epoch, later),
+            epoch + offset + period * 3
+        );
+    }
+
     use super::*;
 
     #[test]

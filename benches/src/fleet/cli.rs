@@ -64,6 +64,16 @@ struct Args {
     /// The CSV file rows are appended to (header written when it is new).
     #[arg(long, default_value = "fleet.csv")]
     csv: PathBuf,
+    /// Units with a health check per node (0: none declared); adds the
+    /// health windows to the idle phase.
+    #[arg(long, default_value_t = 0)]
+    health_checks: usize,
+    /// Percent of the checks whose verdict flips a minute in a flip window.
+    #[arg(long, default_value_t = 1.0)]
+    health_flip_percent: f64,
+    /// Pairs of idle windows, flips on and off.
+    #[arg(long, default_value_t = 3)]
+    health_rounds: usize,
     /// Where the fleet's certificates are kept between runs.
     #[arg(long)]
     pki_dir: Option<PathBuf>,
@@ -93,6 +103,18 @@ pub async fn main(argv: Vec<String>) -> Result<()> {
         .iter()
         .map(|t| transport(t))
         .collect::<Result<Vec<_>>>()?;
+    if !(0.0..=100.0).contains(&args.health_flip_percent) {
+        bail!(
+            "--health-flip-percent: {} is not a percentage (0 to 100)",
+            args.health_flip_percent
+        );
+    }
+    if args.health_checks > drover_protocol::health::UNITS_MAX {
+        bail!(
+            "--health-checks: at most {} units a node have a check",
+            drover_protocol::health::UNITS_MAX
+        );
+    }
     let largest = args.nodes.iter().copied().max().unwrap_or(0) as u64;
     let (soft, hard) = raise_nofile(largest * 2 + 4096)?;
     println!(
@@ -116,6 +138,9 @@ pub async fn main(argv: Vec<String>) -> Result<()> {
             opts.proxy_grace_ms = args.proxy_grace_ms;
             opts.online_timeout = Duration::from_secs(args.online_timeout);
             opts.disruptions = !args.no_disruptions;
+            opts.health_checks = args.health_checks;
+            opts.health_flip_percent = args.health_flip_percent;
+            opts.health_rounds = args.health_rounds;
             if let Some(dir) = &args.pki_dir {
                 opts.pki_dir = dir.clone();
             }

@@ -131,6 +131,7 @@ fn spawn(rig: &mut Rig, opts: &Options) {
             heartbeat_threshold: Duration::from_millis(opts.heartbeat_threshold_ms),
             connect_timeout: Duration::from_secs(10),
             units: Arc::new(units),
+            health: Default::default(),
         })
     };
     let plain = config(AgentConfig::unit_rows(opts.units));

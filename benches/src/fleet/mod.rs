@@ -13,7 +13,11 @@
 //!    node (the orphan-dep sweep: a `ListUnits` to every node one grace
 //!    period after it registered; the time it took is printed) and 2 s more,
 //!    the manager's CPU over [`Options::idle_seconds`] (only heartbeats
-//!    flow), RSS and RssAnon;
+//!    flow), RSS and RssAnon; with health checks declared
+//!    ([`Options::health_checks`]), then [`Options::health_rounds`] pairs of
+//!    windows of the same length, one with the agents flipping verdicts at
+//!    [`Options::health_flip_percent`] a minute and one without, the order
+//!    turned every round: the manager's CPU in each and the difference;
 //! 4. `ListNodes` and `droverctl status` wall time (median of 5);
 //! 5. `StartUnit` round trip (call → `JobRemoved`) on one node, against the
 //!    same on a second manager with 3 nodes, samples interleaved (medians);
@@ -50,7 +54,7 @@ pub mod report;
 pub mod scrape;
 
 use crate::procfs;
-use agent::{AgentConfig, Fleet, node_name};
+use agent::{AgentConfig, Fleet, HealthDecl, node_name};
 use anyhow::{Context, Result, bail};
 use daemon::{Manager, ManagerSetup, Transport, free_port};
 use drover_sandbox::PrivateBus;
@@ -86,6 +90,12 @@ pub struct Options {
     pub pki_dir: PathBuf,
     /// Phases 8 and 9.
     pub disruptions: bool,
+    /// Units with a health check per node (0: none declared).
+    pub health_checks: usize,
+    /// Percent of the checks whose verdict flips a minute while flips are on.
+    pub health_flip_percent: f64,
+    /// Pairs of idle windows with flips on and off (with checks declared).
+    pub health_rounds: usize,
     /// The manager serves `/metrics` here (`scrape`), with per-node series
     /// or not; `None`: off, as in a default manager.
     pub metrics: Option<(SocketAddr, bool)>,
@@ -110,6 +120,9 @@ impl Options {
             online_timeout: Duration::from_secs(300),
             pki_dir: std::env::temp_dir().join("drover-fleet-pki"),
             disruptions: true,
+            health_checks: 0,
+            health_flip_percent: 1.0,
+            health_rounds: 3,
             metrics: None,
         }
     }
@@ -169,6 +182,7 @@ impl Rig {
             heartbeat_threshold: Duration::from_millis(opts.heartbeat_threshold_ms),
             connect_timeout: Duration::from_secs(10),
             units: Arc::new(AgentConfig::unit_rows(opts.units)),
+            health: HealthDecl::new(opts.health_checks, opts.health_flip_percent),
         });
         let mut tls = tls.into_iter();
         for index in 0..nodes {
@@ -262,6 +276,95 @@ fn load_average() -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Phase 3's health windows (see the module docs): the manager's CPU with
+/// the agents flipping verdicts and without, in pairs, and what flipping
+/// costs it above the same fleet with the same checks declared.
+///
+/// Returns the units with a check the manager lists, the flips sent and the
+/// median difference.
+async fn health_windows(rig: &Rig, opts: &Options) -> Result<(usize, u64, Option<f64>)> {
+    use std::sync::atomic::Ordering;
+    let n = opts.nodes;
+    let hz = procfs::clk_tck();
+    let pid = rig.manager.pid();
+    let window = Duration::from_secs_f64(opts.idle_seconds);
+    let mut extra = Vec::new();
+    let mut flips_sent = 0;
+    for round in 0..opts.health_rounds {
+        let mut pct = [0.0f64; 2];
+        let mut flips = 0;
+        for on in [round % 2 == 0, round % 2 == 1] {
+            rig.fleet.health_flips.send_replace(on);
+            let f0 = rig.fleet.health_flips_sent.load(Ordering::Relaxed);
+            let c0 = procfs::cpu_ticks(pid)?;
+            let t = Instant::now();
+            tokio::time::sleep(window).await;
+            let secs = t.elapsed().as_secs_f64();
+            let c1 = procfs::cpu_ticks(pid)?;
+            let f1 = rig.fleet.health_flips_sent.load(Ordering::Relaxed);
+            let i = usize::from(!on);
+            pct[i] = (c1 - c0) as f64 / hz / secs * 100.0;
+            if on {
+                flips = f1 - f0;
+                flips_sent += flips;
+            }
+        }
+        rig.fleet.health_flips.send_replace(false);
+        extra.push(pct[0] - pct[1]);
+        eprintln!(
+            "fleet {n}: health round {}: manager CPU {:.2}% with {flips} verdict flips              ({:.1}/s), {:.2}% without; {:+.2}% of a core (load {:.1})",
+            round + 1,
+            pct[0],
+            flips as f64 / window.as_secs_f64(),
+            pct[1],
+            pct[0] - pct[1],
+            load_average()
+        );
+    }
+    let units = agree_on_health(rig, n * opts.health_checks, Duration::from_secs(30)).await?;
+    extra.sort_by(f64::total_cmp);
+    let mid = extra.get(extra.len().saturating_sub(1) / 2).copied();
+    if let Some(mid) = mid {
+        eprintln!(
+            "fleet {n}: {} checks a node, {}% flipping a minute: {mid:+.2}% of a core              (median of {} rounds)",
+            opts.health_checks,
+            opts.health_flip_percent,
+            extra.len()
+        );
+    }
+    Ok((units, flips_sent, mid))
+}
+
+/// Waits until the manager's `ListHealth` holds `units` units with a check,
+/// as many of them unhealthy as the agents' last verdicts say: the flips
+/// reached the manager, not only the socket.
+pub(crate) async fn agree_on_health(rig: &Rig, units: usize, timeout: Duration) -> Result<usize> {
+    use std::sync::atomic::Ordering;
+    let c = drover_bus::client::DroverControllerProxy::new(&rig.api).await?;
+    let since = Instant::now();
+    loop {
+        let want = rig.fleet.unhealthy_now.load(Ordering::Relaxed);
+        let rows = c.list_health().await?;
+        let bad = rows.iter().filter(|r| r.2 == "unhealthy").count();
+        if bad == want && rows.len() == units {
+            eprintln!(
+                "fleet: the manager lists {} units with a check, {bad} unhealthy, as the agents \
+                 last said",
+                rows.len()
+            );
+            return Ok(rows.len());
+        }
+        if since.elapsed() > timeout {
+            bail!(
+                "the manager lists {} units with a check, {bad} unhealthy, after {timeout:?}; \
+                 the agents declared {units}, {want} unhealthy",
+                rows.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// One run (see the module docs). Progress goes to stderr.
 pub async fn run(opts: &Options) -> Result<Row> {
     let n = opts.nodes;
@@ -327,6 +430,12 @@ pub async fn run(opts: &Options) -> Result<Row> {
          RssAnon {} KiB; per node {per_rss:.2} KiB RSS, {per_anon:.2} KiB anon",
         row.idle_cpu_pct, row.generator_cpu_pct, row.rss_kib, row.anon_kib
     );
+    if opts.health_checks > 0 {
+        let (units, flips, extra) = health_windows(&rig, opts).await?;
+        row.health_units = Some(units);
+        row.health_flips = Some(flips);
+        row.health_extra_cpu_pct = extra;
+    }
 
     // 4. ListNodes and droverctl status.
     let mut lists = Vec::new();

@@ -53,6 +53,13 @@ pub struct Row {
     pub half_failed: Option<(u64, u64, u64)>,
     pub online_restart_s: Option<f64>,
     pub restart_failed: Option<(u64, u64, u64)>,
+    /// With health checks declared: the units with a check the manager
+    /// listed, the verdict flips sent in the windows with flips, and the
+    /// manager's CPU with flips minus without (median of the pairs, % of a
+    /// core).
+    pub health_units: Option<usize>,
+    pub health_flips: Option<u64>,
+    pub health_extra_cpu_pct: Option<f64>,
 }
 
 impl Row {
@@ -73,7 +80,8 @@ anon_empty_kib,rss_kib,anon_kib,rss_per_node_kib,anon_per_node_kib,list_nodes_ms
 start_ms,start_3_ms,list_units_ms,list_units_rows,list_units_peak_kib,list_units_error,\
 star_replay_heard,star_replay_units,monitor_per_s,monitor_p50_ms,monitor_p99_ms,monitor_sent,monitor_lost,online_half_s,\
 half_failed,online_restart_s,restart_connect_failed,restart_handshake_failed,restart_refused,\
-ctl_list_ms,ctl_list_rows,ctl_list_peak_kib,ctl_list_manager_peak_kib,ctl_list_error";
+ctl_list_ms,ctl_list_rows,ctl_list_peak_kib,ctl_list_manager_peak_kib,ctl_list_error,\
+health_units,health_flips,health_extra_cpu_pct";
 
 fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
     v.as_ref().map(ToString::to_string).unwrap_or_default()
@@ -152,12 +160,15 @@ pub fn csv_line(row: &Row) -> String {
     );
     let _ = write!(
         s,
-        ",{},{},{},{},{}",
+        ",{},{},{},{},{},{},{},{}",
         optf(row.ctl_list_ms, 1),
         opt(&row.ctl_list_rows),
         opt(&row.ctl_list_peak_kib),
         opt(&row.ctl_list_manager_peak_kib),
         field(row.ctl_list_error.as_deref().unwrap_or("")),
+        opt(&row.health_units),
+        opt(&row.health_flips),
+        optf(row.health_extra_cpu_pct, 3),
     );
     s
 }
@@ -188,7 +199,7 @@ mod tests {
         assert_eq!(line.split(',').count(), columns, "{line}");
         assert!(line.starts_with("10,tls,"));
         assert!(line.contains(",20.00,"), "RSS per node: {line}");
-        assert!(line.ends_with(",6,,4,5,6,,7,,,exit 1  7 rows"), "{line}");
+        assert!(line.ends_with(",6,,4,5,6,,7,,,exit 1  7 rows,,,"), "{line}");
         assert!(!line.contains('"') && !line.contains('\n'));
     }
 }
