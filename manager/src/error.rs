@@ -8,8 +8,27 @@
 
 use drover_protocol::error_names::{FAILED, INVALID_ARGS, OFFLINE};
 use drover_protocol::{RemoteError, Response};
+use std::cell::Cell;
 use zbus::message::{Header, Message};
 use zbus::names::{ErrorName, OwnedErrorName};
+
+tokio::task_local! {
+    /// The name of the error the running D-Bus call answered, set when its
+    /// reply is made, for whoever runs the call in [`noting_answer`].
+    static ANSWERED: Cell<Option<OwnedErrorName>>;
+}
+
+/// Runs a D-Bus method call and returns, with its output, the name of the
+/// error an [`ApiError`] reply made during it (the last one), if any: how
+/// the call counter (`crate::api::counted`) learns a call's result.
+pub async fn noting_answer<T>(call: impl Future<Output = T>) -> (T, Option<OwnedErrorName>) {
+    ANSWERED
+        .scope(Cell::new(None), async move {
+            let out = call.await;
+            (out, ANSWERED.with(Cell::take))
+        })
+        .await
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{name}: {message}")]
@@ -77,7 +96,7 @@ impl From<RemoteError> for ApiError {
 
 impl zbus::DBusError for ApiError {
     fn create_reply(&self, call: &Header<'_>) -> zbus::Result<Message> {
-        crate::api::counted::answered_error(self.name.as_str());
+        let _ = ANSWERED.try_with(|a| a.set(Some(self.name.clone())));
         Message::error(call, self.name.as_ref()).build(&(self.message.as_str(),))
     }
 

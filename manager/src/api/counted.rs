@@ -1,8 +1,8 @@
 //! [`Counted`]: a served D-Bus object whose method calls are counted by
 //! method and result (`crate::metrics::dbus_calls`). It forwards everything
-//! to the object it wraps; a method call's future runs with a slot the
-//! error reply fills ([`crate::error::ApiError`]'s `create_reply` calls
-//! [`answered_error`]), read when the call ends.
+//! to the object it wraps; a method call's future runs in
+//! [`crate::error::noting_answer`], which tells the error an
+//! [`ApiError`](crate::error::ApiError) reply made, if any, when the call ends.
 //!
 //! What each call counts as:
 //! * a name the interface does not have: `unknown`, `UnknownMethod`;
@@ -12,7 +12,6 @@
 //! * anything else: `ok`.
 
 use crate::metrics::dbus_calls::{DbusCalls, InterfaceCalls, RESULTS, result_index};
-use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::Arc;
 use zbus::message::Header;
@@ -20,17 +19,6 @@ use zbus::names::{InterfaceName, MemberName};
 use zbus::object_server::{DispatchResult, Interface, ObjectServer, SignalEmitter};
 use zbus::zvariant::{OwnedVariant, Variant};
 use zbus::{Connection, Message};
-
-tokio::task_local! {
-    /// The class of the error a call answered (an index in `RESULTS`).
-    static ANSWERED: Cell<Option<usize>>;
-}
-
-/// Called when an error reply is made: the running call (if any) answered
-/// `name`.
-pub fn answered_error(name: &str) {
-    let _ = ANSWERED.try_with(|a| a.set(Some(result_index(Some(name)))));
-}
 
 /// An object served with its calls counted (see the module docs).
 pub struct Counted<I> {
@@ -75,17 +63,17 @@ impl<I: Interface> Counted<I> {
                 let bad_args = method
                     .is_some_and(|(_, want)| msg.body().signature().to_string_no_parens() != want);
                 let calls = self.calls.clone();
-                DispatchResult::Async(Box::pin(ANSWERED.scope(Cell::new(None), async move {
-                    let done = call.await;
+                DispatchResult::Async(Box::pin(async move {
+                    let (done, answered) = crate::error::noting_answer(call).await;
                     let result = if bad_args {
                         result_index(Some(drover_protocol::error_names::INVALID_ARGS))
                     } else {
-                        ANSWERED.with(Cell::get).unwrap_or(0)
+                        answered.map_or(0, |name| result_index(Some(name.as_str())))
                     };
                     debug_assert!(result < RESULTS.len());
                     calls.count(row, result);
                     done
-                })))
+                }))
             }
         }
     }

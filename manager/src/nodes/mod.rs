@@ -6,7 +6,8 @@
 //! what an unauthenticated connection may cost, who gives way when the
 //! manager is full, and how refusals are logged ([`gate`]); in which order
 //! waiting connections are let in ([`lobby`]); what the links count for
-//! the metrics ([`link_stats`]).
+//! the metrics ([`link_stats`]); systemd's `SystemState` as a fixed set
+//! ([`system_state`]).
 
 pub mod arrival;
 pub mod frames;
@@ -17,3 +18,4 @@ pub mod listener;
 pub mod lobby;
 pub mod registry;
 pub mod session;
+pub mod system_state;

@@ -134,7 +134,7 @@ pub struct Session {
     /// recorded ([`Session::set_end_cause`]).
     end_cause: AtomicU8,
     /// systemd's `SystemState` as the agent last said it: an index in
-    /// [`crate::units::health::SYSTEM_STATES`] plus 1; 0 until said.
+    /// [`crate::nodes::system_state::SYSTEM_STATES`] plus 1; 0 until said.
     system_state: AtomicU8,
     /// The resync interval this session's agent was told (ms; 0 = none):
     /// `drover_protocol::resync`. Set once, before the session is announced.
@@ -505,13 +505,13 @@ impl Session {
 
     /// Records systemd's `SystemState` the agent said (empty: not known).
     pub fn set_system_state(&self, state: &str) {
-        let code = crate::units::health::system_state_index(state)
+        let code = crate::nodes::system_state::system_state_index(state)
             .and_then(|i| u8::try_from(i + 1).ok())
             .unwrap_or(0);
         self.system_state.store(code, Ordering::Relaxed);
     }
 
-    /// The index in [`crate::units::health::SYSTEM_STATES`] of the node's
+    /// The index in [`crate::nodes::system_state::SYSTEM_STATES`] of the node's
     /// `SystemState`, once its agent said it.
     pub fn system_state(&self) -> Option<usize> {
         usize::from(self.system_state.load(Ordering::Relaxed)).checked_sub(1)

@@ -92,33 +92,6 @@ pub fn usec(t: SystemTime) -> u64 {
         .unwrap_or(0)
 }
 
-/// systemd's `SystemState` values as the metrics label them; any other
-/// value an agent sends is `other` (a fixed set, whatever it sends).
-pub const SYSTEM_STATES: [&str; 9] = [
-    "initializing",
-    "starting",
-    "running",
-    "degraded",
-    "maintenance",
-    "stopping",
-    "offline",
-    "unknown",
-    "other",
-];
-
-/// The index in [`SYSTEM_STATES`] of `state` (`None`: empty, not known).
-pub fn system_state_index(state: &str) -> Option<usize> {
-    if state.is_empty() {
-        return None;
-    }
-    Some(
-        SYSTEM_STATES[..SYSTEM_STATES.len() - 1]
-            .iter()
-            .position(|s| *s == state)
-            .unwrap_or(SYSTEM_STATES.len() - 1),
-    )
-}
-
 /// A node's own health as the manager keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeEntry {
@@ -619,17 +592,6 @@ mod tests {
         UNIX_EPOCH + Duration::from_secs(1_000_000)
     }
 
-    #[test]
-    fn system_states_are_a_fixed_set() {
-        assert_eq!(system_state_index(""), None);
-        for (i, state) in SYSTEM_STATES.iter().enumerate() {
-            assert_eq!(system_state_index(state), Some(i));
-        }
-        let other = Some(SYSTEM_STATES.len() - 1);
-        for garbage in ["RUNNING", "running\n", "a\"b", &"x".repeat(64)] {
-            assert_eq!(system_state_index(garbage), other, "{garbage}");
-        }
-    }
     fn state_of(book: &HealthBook, node: &str, unit: &str) -> Option<HealthState> {
         book.current(&n(node), &u(unit)).map(|e| e.state)
     }
