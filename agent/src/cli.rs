@@ -80,7 +80,12 @@ pub fn settings(args: &Args) -> Result<Settings, String> {
     let sources = Sources::for_flags("agent", args.config.clone(), args.no_default_config)
         .map_err(|e| e.to_string())?;
     let (config, report) = AgentConfig::load_report(&sources).map_err(|e| e.to_string())?;
-    let (mut host, mut port) = config.controller_endpoint().map_err(|e| e.to_string())?;
+    let mut managers = config.controller_endpoints().map_err(|e| e.to_string())?;
+    let (mut host, mut port) = managers.remove(0);
+    if args.host.is_some() || args.port.is_some() {
+        // A flag names the one manager to dial.
+        managers.clear();
+    }
     if let Some(h) = &args.host {
         drover_config::agent::check_host(h).map_err(|m| format!("--host: {m}"))?;
         host.clone_from(h);
@@ -104,6 +109,10 @@ pub fn settings(args: &Args) -> Result<Settings, String> {
         .map_err(|m| format!("--interval: {m}"))?;
     }
     let mut link = LinkConfig::new(node, host, port);
+    link.more = managers
+        .into_iter()
+        .map(|(host, port)| crate::link::target::Endpoint { host, port })
+        .collect();
     link.notify = true;
     link.heartbeat_interval = Duration::from_millis(interval_ms);
     link.heartbeat_threshold = Duration::from_millis(config.controller_heartbeat_threshold_ms);
@@ -206,18 +215,32 @@ fn check_lines(settings: &Settings) -> Vec<String> {
     let link = &settings.link;
     let transport = match (&link.tls, &settings.config.tls_controller_name) {
         (Some(_), Some(name)) => format!("mutual TLS, the manager's certificate must name {name}"),
-        (Some(_), None) => format!(
+        (Some(_), None) if link.more.is_empty() => format!(
             "mutual TLS, the manager's certificate must name {}",
             link.host
         ),
+        (Some(_), None) => {
+            "mutual TLS, each manager's certificate must name the host dialled".to_string()
+        }
         (None, _) => {
             "plaintext (a manager on another host refuses it unless it says AllowPlaintext=true)"
                 .to_string()
         }
     };
+    let managers = link.managers();
+    let at = managers
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let whom = if managers.len() == 1 {
+        "the manager"
+    } else {
+        "the managers (following the leader)"
+    };
     lines.push(format!(
-        "node {} connects to the manager at {}:{}, {transport}",
-        link.node, link.host, link.port
+        "node {} connects to {whom} at {at}, {transport}",
+        link.node
     ));
     lines.push("the configuration is valid".to_string());
     lines

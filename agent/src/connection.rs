@@ -36,18 +36,35 @@
 //!    it, the host dialled — after a switch, the new host
 //!    ([`LinkConfig::tls_name_follows_host`]), as at start.
 //!
+//! 5. **Several managers** (a high-availability group: `ControllerHost=`
+//!    lists more than one): one dialer per manager runs steps 1 and 3 on its
+//!    own. A standby answers the hello with *parked* and keeps the link; the
+//!    dialer waits on it, without a deadline (TCP keepalive sees a dead
+//!    peer), for the welcome the standby sends the moment it leads. Every
+//!    welcome goes to [`crate::link::follow::Follow`]: taken (a newer leader
+//!    ends the session in progress politely, as a switch does), kept away
+//!    (the session stays) or refused (an epoch lower than the highest seen).
+//!    So a failover costs the agents no heartbeat threshold and no backoff:
+//!    they hold a parked link to every standby beside their session, and
+//!    also survive the leader's host dying without a TCP reset. A session
+//!    that changes manager is a new session, exactly as after a manager
+//!    restart: the agent resyncs, and stops no unit, proxy or dependency
+//!    unit for it (proxies keep their grace period, `crate::proxies`).
+//!
 //! Invariants: replies and events of a session that ended are dropped (see
 //! [`crate::link::outbox`]); a shutdown closes the connection politely (queued
 //! messages are flushed, then the write side is shut down); nothing sent by
 //! the manager can make the agent panic or grow memory without bound.
 
 use crate::dispatch::Dispatcher;
+use crate::link::follow::{Follow, Verdict};
 use crate::link::heartbeat;
 use crate::link::outbox::SessionKill;
+use crate::link::target::Endpoint;
 use crate::notify;
 use crate::state::Shared;
 use crate::systemd::api::Systemd;
-use drover_protocol::link::{AgentFramed, HandshakeError, agent_handshake};
+use drover_protocol::link::{AgentFramed, Answer, HandshakeError, agent_hello};
 use drover_protocol::{Hello, NodeName, RefuseReason, ToAgent, ToManager};
 use futures::{SinkExt, StreamExt};
 use std::collections::HashSet;
@@ -56,7 +73,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpStream;
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 /// Version sent in the handshake.
@@ -74,8 +91,13 @@ pub struct Keepalive {
 #[derive(Debug, Clone)]
 pub struct LinkConfig {
     pub node: NodeName,
+    /// The first manager.
     pub host: String,
     pub port: u16,
+    /// The other managers of a high-availability group (the rest of the
+    /// `ControllerHost=` / `ControllerAddress=` list): the link holds a
+    /// link to each and follows the leader ([`crate::link::follow`]).
+    pub more: Vec<Endpoint>,
     /// Zero: no heartbeats (unless the manager watches for them, see
     /// [`crate::link::heartbeat`]).
     pub heartbeat_interval: Duration,
@@ -117,6 +139,7 @@ impl LinkConfig {
             node,
             host: host.into(),
             port,
+            more: Vec::new(),
             heartbeat_interval: Duration::from_millis(2000),
             heartbeat_threshold: Duration::from_millis(6000),
             quiet_after: 10,
@@ -134,6 +157,20 @@ impl LinkConfig {
             tls_name_follows_host: false,
             advertise_address: None,
         }
+    }
+
+    /// Every manager the link dials: `host:port`, then [`LinkConfig::more`].
+    pub fn managers(&self) -> Vec<Endpoint> {
+        let mut all = vec![Endpoint {
+            host: self.host.clone(),
+            port: self.port,
+        }];
+        for more in &self.more {
+            if !all.contains(more) {
+                all.push(more.clone());
+            }
+        }
+        all
     }
 
     /// Upper bound of the reconnect backoff.
@@ -229,6 +266,40 @@ impl SessionEnd {
     }
 }
 
+/// A manager's welcome, handed by its dialer to [`Link::run`].
+struct Offer {
+    endpoint: Endpoint,
+    framed: AgentFramed<LinkStream>,
+    accepted: drover_protocol::handshake::Accepted,
+    /// Dropped when the link is done with this manager's link: its dialer
+    /// dials again.
+    done: oneshot::Sender<()>,
+}
+
+/// The session in progress.
+struct Current<'a> {
+    endpoint: Endpoint,
+    session: std::pin::Pin<Box<dyn std::future::Future<Output = SessionEnd> + Send + 'a>>,
+    /// Ends the session politely (a newer leader, a switch).
+    preempt: CancellationToken,
+}
+
+/// What [`Link::run`] does next.
+enum Step {
+    Switched,
+    Ended(SessionEnd),
+    Offer(Offer),
+}
+
+/// `a:1, b:2`, for log lines.
+fn list(endpoints: &[Endpoint]) -> String {
+    endpoints
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Jittered exponential backoff (see the module docs).
 #[derive(Debug, Clone)]
 pub struct Backoff {
@@ -276,7 +347,7 @@ pub struct Link<S> {
 
 impl<S: Systemd> Link<S> {
     pub fn new(cfg: LinkConfig, systemd: Arc<S>, shared: Arc<Shared>) -> Self {
-        shared.controller.init(&cfg.host, cfg.port);
+        shared.controller.init(cfg.managers());
         let slots = Arc::new(Semaphore::new(cfg.max_in_flight.max(1)));
         let (state, _) = watch::channel(LinkState::Connecting { failures: 0 });
         Self {
@@ -296,101 +367,270 @@ impl<S: Systemd> Link<S> {
         self.dispatcher.shared()
     }
 
-    /// Connects and reconnects until `shutdown` is cancelled.
+    /// Connects and reconnects until `shutdown` is cancelled: one dialer per
+    /// manager of the list (see the module docs, step 5), the session with
+    /// the one [`Follow`] takes.
     pub async fn run(&self, shutdown: CancellationToken) {
         let mut epoch = 0u64;
-        let mut failures = 0u32;
-        let mut backoff = Backoff::new(self.cfg.backoff_cap());
+        let mut follow = Follow::default();
         let mut switched = self.shared().controller.watch();
-        loop {
+        'targets: loop {
             // Read after marking the watch seen: a switch from now on is news.
             switched.borrow_and_update();
-            let target = self.shared().controller.get();
-            let endpoint = target.to_string();
-            self.state.send_replace(LinkState::Connecting { failures });
-            let attempt = tokio::select! {
-                _ = shutdown.cancelled() => break,
-                _ = switched.changed() => {
-                    tracing::info!("SwitchController: giving up on {endpoint}, dialling the new manager");
-                    failures = 0;
-                    backoff.reset();
-                    continue;
+            let targets = self.shared().controller.all();
+            let (offers_tx, mut offers) = mpsc::channel::<Offer>(targets.len().max(1));
+            let mut dialers =
+                std::pin::pin!(futures::future::join_all(targets.iter().map(|target| {
+                    self.dial(target, targets.len(), offers_tx.clone(), &shutdown)
+                })));
+            drop(offers_tx);
+            let mut current: Option<Current<'_>> = None;
+            loop {
+                let step = tokio::select! {
+                    biased;
+                    _ = switched.changed() => Step::Switched,
+                    end = async {
+                        match current.as_mut() {
+                            Some(c) => (&mut c.session).await,
+                            None => std::future::pending().await,
+                        }
+                    } => Step::Ended(end),
+                    offer = offers.recv() => match offer {
+                        Some(offer) => Step::Offer(offer),
+                        None => Step::Switched,
+                    },
+                    _ = &mut dialers, if !shutdown.is_cancelled() => Step::Switched,
+                    _ = shutdown.cancelled(), if current.is_none() => break 'targets,
+                };
+                match step {
+                    Step::Switched => {
+                        if let Some(c) = current.take() {
+                            c.preempt.cancel();
+                            c.session.await;
+                            follow.ended();
+                        }
+                        if shutdown.is_cancelled() {
+                            break 'targets;
+                        }
+                        tracing::info!(
+                            "SwitchController: leaving {}, dialling {}",
+                            list(&targets),
+                            list(&self.shared().controller.all())
+                        );
+                        self.state
+                            .send_replace(LinkState::Connecting { failures: 0 });
+                        continue 'targets;
+                    }
+                    Step::Ended(end) => {
+                        let Some(c) = current.take() else { continue };
+                        follow.ended();
+                        self.state
+                            .send_replace(LinkState::Connecting { failures: 0 });
+                        if end == SessionEnd::Shutdown {
+                            break 'targets;
+                        }
+                        tracing::warn!(
+                            "lost the link to the manager at {}: {end}; reconnecting",
+                            c.endpoint
+                        );
+                        if self.cfg.notify {
+                            notify::retrying(
+                                &c.endpoint.to_string(),
+                                &FailureKind::Lost.with(&end.to_string()),
+                                Duration::ZERO,
+                            );
+                        }
+                        // Its dialer (waiting on `c.done`) dials again after its backoff.
+                    }
+                    Step::Offer(offer) => {
+                        let leadership = offer.accepted.epoch;
+                        match follow.offer(leadership) {
+                            Verdict::Take => {}
+                            Verdict::Keep { current: held } => {
+                                tracing::debug!(
+                                    "the manager at {} welcomed this node with epoch \
+                                     {leadership}; staying with the session of epoch {held}",
+                                    offer.endpoint
+                                );
+                                continue;
+                            }
+                            Verdict::Refuse { highest } => {
+                                tracing::warn!(
+                                    "refusing the manager at {}: its leadership epoch \
+                                     {leadership} is lower than {highest}, the highest this \
+                                     agent has seen (a deposed leader is never obeyed)",
+                                    offer.endpoint
+                                );
+                                continue;
+                            }
+                        }
+                        if let Some(c) = current.take() {
+                            tracing::info!(
+                                "the manager at {} leads now (epoch {leadership}); leaving \
+                                 {}",
+                                offer.endpoint,
+                                c.endpoint
+                            );
+                            c.preempt.cancel();
+                            c.session.await;
+                        }
+                        epoch += 1;
+                        current = Some(self.start_session(epoch, offer, &shutdown));
+                    }
                 }
-                attempt = self.connect(&target) => attempt,
+            }
+        }
+        self.state.send_replace(LinkState::Stopped);
+    }
+
+    /// Starts the session of an offer the link took.
+    fn start_session<'a>(
+        &'a self,
+        epoch: u64,
+        offer: Offer,
+        shutdown: &'a CancellationToken,
+    ) -> Current<'a> {
+        let Offer {
+            endpoint,
+            framed,
+            accepted,
+            done,
+        } = offer;
+        self.shared().tracker().new_session(epoch);
+        self.shared().session_started(epoch, accepted.session_id);
+        self.shared()
+            .status
+            .set_controller(&endpoint.host, endpoint.port);
+        tracing::info!(
+            session = accepted.session_id,
+            manager_version = %accepted.manager_version,
+            "connected to the manager at {endpoint} as node '{}' (leadership epoch {})",
+            self.cfg.node.as_str(),
+            accepted.epoch
+        );
+        if self.cfg.notify {
+            notify::connected(&endpoint.to_string(), self.cfg.node.as_str());
+        }
+        self.state.send_replace(LinkState::Connected {
+            epoch,
+            session_id: accepted.session_id,
+        });
+        let beats = heartbeat::negotiate(
+            self.cfg.heartbeat_interval,
+            self.cfg.heartbeat_threshold,
+            accepted.heartbeat_interval_ms,
+            accepted.heartbeat_threshold_ms,
+        );
+        for note in &beats.notes {
+            tracing::warn!("{note}");
+        }
+        let resync = Duration::from_millis(accepted.resync_interval_ms);
+        let preempt = CancellationToken::new();
+        let stop = preempt.clone();
+        let session = Box::pin(async move {
+            let end = self
+                .session(epoch, framed, &beats, resync, shutdown, &stop)
+                .await;
+            // The dialer of this manager dials again once the session is over.
+            drop(done);
+            end
+        });
+        Current {
+            endpoint,
+            session,
+            preempt,
+        }
+    }
+
+    /// One manager's dialer: connects, waits on a parked link for its
+    /// verdict, hands a welcome to [`Link::run`] and waits until the link
+    /// is done with it, then dials again after its backoff. Runs until the
+    /// link stops polling it.
+    async fn dial(
+        &self,
+        target: &Endpoint,
+        managers: usize,
+        offers: mpsc::Sender<Offer>,
+        shutdown: &CancellationToken,
+    ) {
+        let endpoint = target.to_string();
+        let mut failures = 0u32;
+        let mut backoff = Backoff::new(self.cfg.backoff_cap());
+        let mut said_parked: Option<String> = None;
+        while !shutdown.is_cancelled() {
+            let mut answer = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                a = self.connect(target) => a,
             };
-            let (kind, why) = match attempt {
+            // A parked link waits (without a deadline) for its verdict.
+            let accepted = loop {
+                match answer {
+                    Ok(Answer::Accepted(framed, accepted)) => break Ok((framed, accepted)),
+                    Ok(Answer::Parked(link, message)) => {
+                        if said_parked.as_deref() != Some(message.as_str()) {
+                            tracing::info!(
+                                "the manager at {endpoint} stands by ({message}); the link \
+                                 waits there for it to lead"
+                            );
+                            said_parked = Some(message);
+                        }
+                        failures = 0;
+                        backoff.reset();
+                        answer = tokio::select! {
+                            _ = shutdown.cancelled() => return,
+                            v = link.verdict() => v.map_err(ConnectError::from),
+                        };
+                    }
+                    Err(e) => break Err(e),
+                }
+            };
+            match accepted {
                 Ok((framed, accepted)) => {
                     if failures > self.quiet_limit() {
                         tracing::info!(
-                            "reached the manager again after {failures} failed attempts"
+                            "reached the manager at {endpoint} again after {failures} failed \
+                             attempts"
                         );
                     }
                     failures = 0;
                     backoff.reset();
-                    epoch += 1;
-                    self.shared().tracker().new_session(epoch);
-                    self.shared().session_started(epoch, accepted.session_id);
-                    tracing::info!(
-                        session = accepted.session_id,
-                        manager_version = %accepted.manager_version,
-                        "connected to the manager at {endpoint} as node '{}'",
-                        self.cfg.node.as_str()
-                    );
-                    if self.cfg.notify {
-                        notify::connected(&endpoint, self.cfg.node.as_str());
+                    said_parked = None;
+                    let (done, finished) = oneshot::channel::<()>();
+                    let offer = Offer {
+                        endpoint: target.clone(),
+                        framed,
+                        accepted,
+                        done,
+                    };
+                    if offers.send(offer).await.is_err() {
+                        return;
                     }
-                    self.state.send_replace(LinkState::Connected {
-                        epoch,
-                        session_id: accepted.session_id,
-                    });
-                    let beats = heartbeat::negotiate(
-                        self.cfg.heartbeat_interval,
-                        self.cfg.heartbeat_threshold,
-                        accepted.heartbeat_interval_ms,
-                        accepted.heartbeat_threshold_ms,
-                    );
-                    for note in &beats.notes {
-                        tracing::warn!("{note}");
-                    }
-                    let resync = Duration::from_millis(accepted.resync_interval_ms);
-                    let end = self
-                        .session(epoch, framed, &beats, resync, &shutdown, &mut switched)
-                        .await;
-                    if end == SessionEnd::Shutdown {
-                        break;
-                    }
-                    if end == SessionEnd::Switched {
-                        tracing::info!(
-                            "SwitchController: left the manager at {endpoint}, dialling {}",
-                            self.shared().controller.get()
-                        );
-                        continue;
-                    }
-                    tracing::warn!(
-                        "lost the link to the manager at {endpoint}: {end}; reconnecting"
-                    );
-                    (FailureKind::Lost, end.to_string())
+                    // Until the session ends, or the link turned the welcome down.
+                    let _ = finished.await;
                 }
                 Err(err) => {
                     failures = failures.saturating_add(1);
                     self.log_failure(&endpoint, &err, failures);
-                    notify_failure(&err)
+                    // The link's state tells failures while no session runs.
+                    self.state.send_if_modified(|s| match s {
+                        LinkState::Connecting { failures: f } => {
+                            *f = failures;
+                            true
+                        }
+                        _ => false,
+                    });
+                    if self.cfg.notify && managers == 1 {
+                        let (kind, why) = notify_failure(&err);
+                        notify::retrying(&endpoint, &kind.with(&why), Duration::ZERO);
+                    }
                 }
-            };
-            let delay = backoff.next_delay();
-            if self.cfg.notify {
-                notify::retrying(&endpoint, &kind.with(&why), delay);
             }
+            let delay = backoff.next_delay();
             tokio::select! {
-                _ = shutdown.cancelled() => break,
-                _ = switched.changed() => {
-                    failures = 0;
-                    backoff.reset();
-                }
+                _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(delay) => {}
             }
         }
-        self.state.send_replace(LinkState::Stopped);
     }
 
     fn quiet_limit(&self) -> u32 {
@@ -444,16 +684,7 @@ impl<S: Systemd> Link<S> {
         }
     }
 
-    async fn connect(
-        &self,
-        target: &crate::link::target::Endpoint,
-    ) -> Result<
-        (
-            AgentFramed<LinkStream>,
-            drover_protocol::handshake::Accepted,
-        ),
-        ConnectError,
-    > {
+    async fn connect(&self, target: &Endpoint) -> Result<Answer<LinkStream>, ConnectError> {
         let t = self.cfg.connect_timeout;
         let host = target.host.as_str();
         let addrs: Vec<SocketAddr> =
@@ -507,7 +738,7 @@ impl<S: Systemd> Link<S> {
         };
         let hello = Hello::new(self.cfg.node.as_str(), AGENT_VERSION)
             .advertising(self.cfg.advertise_address);
-        match agent_handshake(stream, &hello, t).await {
+        match agent_hello(stream, &hello, t).await {
             Err(HandshakeError::Frame(drover_protocol::FrameError::Io(io))) => {
                 match drover_tls::connector::alert_from_manager(&io) {
                     Some(why) => Err(ConnectError::CertificateRefused { addr: peer, why }),
@@ -546,7 +777,7 @@ impl<S: Systemd> Link<S> {
         beats: &heartbeat::Negotiated,
         resync: Duration,
         shutdown: &CancellationToken,
-        switched: &mut watch::Receiver<u64>,
+        preempt: &CancellationToken,
     ) -> SessionEnd {
         let (sink, mut stream) = framed.split();
         let (tx, rx) = mpsc::channel(self.cfg.outbox_capacity.max(1));
@@ -604,7 +835,7 @@ impl<S: Systemd> Link<S> {
 
         let end = tokio::select! {
             end = self.read_loop(epoch, &mut stream, beats.silence, &kill, shutdown) => end,
-            _ = switched.changed() => SessionEnd::Switched,
+            _ = preempt.cancelled() => SessionEnd::Switched,
         };
 
         self.shared().outbox.close(epoch);

@@ -129,6 +129,7 @@ async fn accept(manager: &FakeManager, session_id: u64) -> ManagerSession {
         heartbeat_threshold_ms: 0,
         manager_version: "fake".into(),
         resync_interval_ms: 0,
+        epoch: 0,
     };
     manager.accept_with("node", accepted, T).await
 }

@@ -45,7 +45,12 @@ async fn rig() -> Rig {
     let bus = PrivateBus::start_open("drover-agent-api-test").unwrap();
     let shared = Arc::new(Shared::default());
     shared.status.set_controller("10.0.0.1", 842);
-    shared.controller.init("10.0.0.1", 842);
+    shared
+        .controller
+        .init(vec![drover_agent::link::target::Endpoint {
+            host: "10.0.0.1".into(),
+            port: 842,
+        }]);
     shared.status.set_log_target("stderr");
     let (tx, manager) = mpsc::channel(64);
     shared.outbox.open(1, tx, SessionKill::new());

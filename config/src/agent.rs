@@ -80,11 +80,18 @@ pub struct AgentConfig {
     /// `NodeName` (default: the host name).
     pub node_name: String,
     /// `ControllerHost` (default `127.0.0.1`): IP literal or host name,
-    /// re-resolved on every connection attempt.
+    /// re-resolved on every connection attempt. The first of the list when
+    /// the key names several managers ([`AgentConfig::more_controller_hosts`]).
     pub controller_host: String,
+    /// The other hosts of a `ControllerHost=` list (the managers of a
+    /// high-availability group, all on `ControllerPort`), in order, without
+    /// duplicates; at most [`MAX_CONTROLLERS`] hosts in all.
+    pub more_controller_hosts: Vec<String>,
     /// `ControllerPort` (default 842).
     pub controller_port: u16,
-    /// `ControllerAddress`: `tcp:host=H,port=P` overrides host and port.
+    /// `ControllerAddress`: `tcp:host=H,port=P` overrides host and port;
+    /// a list of them (separated by spaces, or by commas before `tcp:`)
+    /// names the managers of a high-availability group.
     pub controller_address: Option<String>,
     /// `HeartbeatInterval` ms (default 2000); also the base of the reconnect backoff. 0 disables heartbeats.
     pub heartbeat_interval_ms: u64,
@@ -121,6 +128,7 @@ impl Default for AgentConfig {
         Self {
             node_name: String::new(),
             controller_host: "127.0.0.1".into(),
+            more_controller_hosts: Vec::new(),
             controller_port: crate::manager::DEFAULT_PORT,
             controller_address: None,
             heartbeat_interval_ms: 2000,
@@ -176,12 +184,22 @@ impl AgentConfig {
         b.finish(hostname)
     }
 
-    /// The manager's host and port after `ControllerAddress` is applied.
+    /// The (first) manager's host and port after `ControllerAddress` is applied.
     pub fn controller_endpoint(&self) -> Result<(String, u16), ConfigError> {
+        let mut all = self.controller_endpoints()?;
+        Ok(all.swap_remove(0))
+    }
+
+    /// Every manager's host and port after `ControllerAddress` is applied
+    /// (never empty): one, or the managers of a high-availability group.
+    pub fn controller_endpoints(&self) -> Result<Vec<(String, u16)>, ConfigError> {
         match &self.controller_address {
-            Some(addr) => parse_controller_address(addr)
-                .map_err(|m| ConfigError::Invalid(format!("ControllerAddress '{addr}': {m}"))),
-            None => Ok((self.controller_host.clone(), self.controller_port)),
+            Some(addr) => parse_controller_addresses(addr)
+                .map_err(|m| ConfigError::Invalid(format!("ControllerAddress: {m}"))),
+            None => Ok(std::iter::once(&self.controller_host)
+                .chain(&self.more_controller_hosts)
+                .map(|h| (h.clone(), self.controller_port))
+                .collect()),
         }
     }
 
@@ -279,8 +297,9 @@ impl Builder {
                 }
             }
             "ControllerHost" => {
-                check_host(at.value()).map_err(|m| at.err(m))?;
-                this.controller_host = at.value().to_string();
+                let mut hosts = parse_controller_hosts(at.value()).map_err(|m| at.err(m))?;
+                this.controller_host = hosts.remove(0);
+                this.more_controller_hosts = hosts;
             }
             "ControllerPort" => this.controller_port = at.port()?,
             "ControllerAddress" => {
@@ -295,7 +314,7 @@ impl Builder {
                     )));
                     None
                 } else {
-                    parse_controller_address(at.value()).map_err(|m| at.err(m))?;
+                    parse_controller_addresses(at.value()).map_err(|m| at.err(m))?;
                     Some(at.value().to_string())
                 }
             }
@@ -429,6 +448,66 @@ pub fn check_heartbeat(interval_ms: u64, threshold_ms: u64) -> Result<(), String
 
 pub use crate::host::check_host;
 
+/// Managers an agent follows at most (a `ControllerHost=` or
+/// `ControllerAddress=` list).
+pub const MAX_CONTROLLERS: usize = 16;
+
+/// Parses a `ControllerHost` value: one host, or a list separated by commas
+/// and/or spaces (duplicates dropped, at most [`MAX_CONTROLLERS`]).
+pub fn parse_controller_hosts(value: &str) -> Result<Vec<String>, String> {
+    let mut out: Vec<String> = Vec::new();
+    for item in value.split([',', ' ', '\t']).filter(|s| !s.is_empty()) {
+        check_host(item)?;
+        if !out.iter().any(|h| h == item) {
+            out.push(item.to_string());
+        }
+        if out.len() > MAX_CONTROLLERS {
+            return Err(format!("more than {MAX_CONTROLLERS} managers"));
+        }
+    }
+    if out.is_empty() {
+        return Err("no host given".into());
+    }
+    Ok(out)
+}
+
+/// Parses a `ControllerAddress` value: one `tcp:host=H,port=P`, or a list
+/// of them separated by spaces and/or commas (a new address starts at each
+/// `TRANSPORT:`), duplicates dropped, at most [`MAX_CONTROLLERS`].
+pub fn parse_controller_addresses(value: &str) -> Result<Vec<(String, u16)>, String> {
+    // A piece that starts with `letters:` begins a new address; the others
+    // (`host=…`, `port=…`) belong to the one before.
+    let starts_address = |piece: &str| {
+        piece
+            .split_once(':')
+            .is_some_and(|(t, _)| !t.is_empty() && t.bytes().all(|b| b.is_ascii_alphabetic()))
+    };
+    let mut addresses: Vec<String> = Vec::new();
+    for piece in value.split([',', ' ', '\t']).filter(|s| !s.is_empty()) {
+        match addresses.last_mut() {
+            Some(last) if !starts_address(piece) => {
+                last.push(',');
+                last.push_str(piece);
+            }
+            _ => addresses.push(piece.to_string()),
+        }
+    }
+    let mut out: Vec<(String, u16)> = Vec::new();
+    for address in &addresses {
+        let endpoint = parse_controller_address(address)?;
+        if !out.contains(&endpoint) {
+            out.push(endpoint);
+        }
+        if out.len() > MAX_CONTROLLERS {
+            return Err(format!("more than {MAX_CONTROLLERS} managers"));
+        }
+    }
+    if out.is_empty() {
+        return Err("no address given; expected tcp:host=HOST,port=PORT".into());
+    }
+    Ok(out)
+}
+
 /// Parses a `ControllerAddress`: `tcp:host=H,port=P` (parameters in either
 /// order, both required, nothing else), the only transport drover speaks.
 /// Returns the host and port, or a message saying what is wrong.
@@ -512,6 +591,90 @@ mod tests {
             node_name: "testhost".into(),
             ..AgentConfig::default()
         }
+    }
+
+    #[test]
+    fn controller_lists_name_several_managers_and_one_is_as_before() {
+        let ends = |text: &str| parse(text).unwrap().controller_endpoints().unwrap();
+        let one = |h: &str, p: u16| (h.to_string(), p);
+        // One value: exactly as before.
+        let c = parse("[drover-agent]\nControllerHost=mgr.example\n").unwrap();
+        assert_eq!(c.controller_host, "mgr.example");
+        assert!(c.more_controller_hosts.is_empty());
+        assert_eq!(c.controller_endpoint().unwrap(), one("mgr.example", 842));
+        assert_eq!(ends(""), [one("127.0.0.1", 842)]);
+        // Commas and/or spaces; duplicates dropped; the port applies to all.
+        assert_eq!(
+            ends(
+                "[drover-agent]\nControllerHost=a.example, 10.0.0.2 ,,::1 a.example\nControllerPort=900\n"
+            ),
+            [one("a.example", 900), one("10.0.0.2", 900), one("::1", 900)]
+        );
+        // ControllerAddress: spaces, or commas before a new `tcp:`.
+        let two = [one("127.0.0.1", 8420), one("::1", 8421)];
+        for value in [
+            "tcp:host=127.0.0.1,port=8420 tcp:host=::1,port=8421",
+            "tcp:host=127.0.0.1,port=8420,tcp:host=::1,port=8421",
+            "tcp:host=127.0.0.1,port=8420, tcp:port=8421,host=::1",
+            "  tcp:host=127.0.0.1,port=8420\ttcp:host=::1,port=8421 tcp:host=127.0.0.1,port=8420",
+        ] {
+            assert_eq!(
+                ends(&format!("[drover-agent]\nControllerAddress={value}\n")),
+                two,
+                "{value}"
+            );
+        }
+        assert_eq!(
+            ends("[drover-agent]\nControllerAddress=tcp:host=h,port=1\n"),
+            [one("h", 1)]
+        );
+        // The first host is what the TLS name follows without TLSControllerName.
+        let c = parse("[drover-agent]\nControllerHost=b.example a.example\n").unwrap();
+        assert_eq!(c.tls_server_name(), "b.example");
+    }
+
+    #[test]
+    fn garbage_controller_lists_are_refused_with_what_is_wrong() {
+        for (value, says) in [
+            (",", "no host given"),
+            (" , ", "no host given"),
+            ("a.example,b..example", "'b..example' is neither"),
+            ("a.example;b.example", "'a.example;b.example' is neither"),
+            ("tcp:host=a,port=1", "'tcp:host=a' is neither"),
+        ] {
+            let err = parse(&format!("[drover-agent]\nControllerHost={value}\n")).unwrap_err();
+            let message = value_err(err, 2, "ControllerHost");
+            assert!(message.contains(says), "{value:?}: {message}");
+        }
+        let many: Vec<String> = (0..=MAX_CONTROLLERS).map(|i| format!("h{i}")).collect();
+        let err = parse(&format!(
+            "[drover-agent]\nControllerHost={}\n",
+            many.join(",")
+        ))
+        .unwrap_err();
+        assert!(value_err(err, 2, "ControllerHost").contains("more than 16 managers"));
+        for (value, says) in [
+            (",", "no address given"),
+            ("tcp:host=a,port=1 port=2", "'port' given twice"),
+            ("tcp:host=a,port=1 tcp:host=b", "port= is missing"),
+            ("tcp:host=a,port=1 h:842", "unknown transport 'h'"),
+            ("port=1 tcp:host=a,port=1", "'port=1'"),
+            (
+                "tcp:host=a,port=1 unix:path=/run/x",
+                "unix: addresses are not supported",
+            ),
+            (
+                "tcp:host=a,port=1 tcp:host=a b,port=1",
+                "parameter 'b' is not KEY=VALUE",
+            ),
+        ] {
+            let err = parse(&format!("[drover-agent]\nControllerAddress={value}\n")).unwrap_err();
+            let message = value_err(err, 2, "ControllerAddress");
+            assert!(message.contains(says), "{value:?}: {message}");
+        }
+        // A refused value changes nothing: the layer's earlier value stays.
+        let c = parse("[drover-agent]\nControllerHost=a.example b.example\n").unwrap();
+        assert_eq!(c.more_controller_hosts, ["b.example"]);
     }
 
     #[test]
@@ -682,7 +845,8 @@ mod tests {
             let err = parse_controller_address(bad).unwrap_err();
             assert!(err.contains(want), "{bad:?}: {err}");
             let text = format!("[drover-agent]\nControllerAddress={bad}\n");
-            if !bad.is_empty() {
+            // In a file a trailing comma ends a list item: harmless there.
+            if !bad.is_empty() && !bad.ends_with(',') {
                 value_err(parse(&text).unwrap_err(), 2, "ControllerAddress");
             }
         }
@@ -712,8 +876,8 @@ mod tests {
         let cases: &[(&str, &str, &str)] = &[
             ("NodeName", "has_underscore", "has_underscore"),
             ("NodeName", "-lead", "-lead"),
-            ("ControllerHost", "", "neither"),
-            ("ControllerHost", "a b", "neither"),
+            ("ControllerHost", "", "no host given"),
+            ("ControllerHost", "a b$", "neither"),
             ("ControllerHost", "-x.example", "neither"),
             ("ControllerHost", "a..b", "neither"),
             ("ControllerPort", "0", "out of range"),

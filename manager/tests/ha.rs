@@ -13,8 +13,8 @@ mod common;
 
 use common::*;
 use drover_protocol::RefuseReason;
-use drover_protocol::handshake::Hello;
-use drover_protocol::link::{HandshakeError, agent_handshake};
+use drover_protocol::handshake::{Accepted, Hello};
+use drover_protocol::link::{Answer, HandshakeError, agent_handshake, agent_hello};
 use drover_testkit::etcd::Etcd;
 use drover_testkit::process::{ChildGuard, Signal, TempDir, free_port};
 use drover_testkit::wait::poll;
@@ -30,6 +30,16 @@ const NOT_LEADER: &str = "io.drover.NotLeader";
 const ETCD_EXPIRY_PASS: Duration = Duration::from_millis(500);
 /// How often a test looks at `Leading` while it times a takeover.
 const LOOK: Duration = Duration::from_millis(20);
+
+type Framed = drover_protocol::link::AgentFramed<tokio::net::TcpStream>;
+
+/// This host's name, as a manager writes it into the leader key.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .expect("host name")
+        .trim()
+        .to_string()
+}
 
 /// One manager process on its own bus.
 struct Ha {
@@ -57,7 +67,7 @@ impl Ha {
         let conf = tmp.file(
             "manager.conf",
             &format!(
-                "[drover-manager]\nAllowedNodeNames=node1\nLogTarget=stderr\nLogLevel=DEBUG\n\
+                "[drover-manager]\nAllowedNodeNames=node1,node2\nLogTarget=stderr\nLogLevel=DEBUG\n\
                  MetricsListenAddress={metrics_port}\n\
                  EtcdEndpoints={url}\nEtcdKeyPrefix={prefix}\nEtcdLeaseTTL={}\n",
                 TTL.as_secs()
@@ -145,15 +155,26 @@ impl Ha {
     }
 
     /// A protocol-level agent's hello as `node1`.
-    async fn hello(
+    async fn hello(&self) -> Result<(Framed, Accepted), HandshakeError> {
+        self.hello_as("node1").await
+    }
+
+    /// A hello that waits on a parked link.
+    async fn hello_parked(
         &self,
-    ) -> Result<drover_protocol::link::AgentFramed<tokio::net::TcpStream>, HandshakeError> {
+        node: &str,
+    ) -> Result<Answer<tokio::net::TcpStream>, HandshakeError> {
         let stream = tokio::net::TcpStream::connect(("127.0.0.1", self.port))
             .await
             .expect("connect to the agent port");
-        agent_handshake(stream, &Hello::new("node1", "ha-test"), WAIT)
+        agent_hello(stream, &Hello::new(node, "ha-test"), WAIT).await
+    }
+
+    async fn hello_as(&self, node: &str) -> Result<(Framed, Accepted), HandshakeError> {
+        let stream = tokio::net::TcpStream::connect(("127.0.0.1", self.port))
             .await
-            .map(|(framed, _)| framed)
+            .expect("connect to the agent port");
+        agent_handshake(stream, &Hello::new(node, "ha-test"), WAIT).await
     }
 }
 
@@ -204,7 +225,7 @@ async fn a_standby_refuses_and_names_the_leader_then_takes_over_from_a_killed_le
     // The leader serves; the standby refuses BlueChi's calls naming the leader.
     assert_eq!(
         a.list_nodes().await.expect("ListNodes on the leader").len(),
-        1
+        2
     );
     let (name, message) = error_of(&b.list_nodes().await.unwrap_err());
     assert_eq!(name, NOT_LEADER, "{message}");
@@ -217,14 +238,36 @@ async fn a_standby_refuses_and_names_the_leader_then_takes_over_from_a_killed_le
         .call(CONTROLLER, CONTROLLER_IFACE, "GetNode", &("node1",))
         .await;
     assert_eq!(error_name(res), NOT_LEADER);
-    // An agent is admitted by the leader, refused (transient) by the standby.
-    let _session = a.hello().await.expect("the leader admits node1");
-    match b.hello().await {
-        Err(HandshakeError::Refused { reason, .. }) => {
-            assert_eq!(reason, RefuseReason::ShuttingDown)
+    // An agent is admitted by the leader (its welcome carries the epoch),
+    // parked by the standby, which names the leader.
+    let (_session, accepted) = a.hello().await.expect("the leader admits node1");
+    assert_eq!(accepted.epoch, a_epoch);
+    let parked = match b.hello_parked("node1").await {
+        Ok(Answer::Parked(link, message)) => {
+            assert_eq!(
+                message,
+                format!("parked: {}:{} leads (epoch {a_epoch})", host_name(), a.port)
+            );
+            link
         }
+        Ok(Answer::Accepted(..)) => panic!("the standby admitted an agent"),
+        Err(e) => panic!("the standby refused: {e}"),
+    };
+    match b.hello_as("node2").await {
+        Err(HandshakeError::Parked { message }) => assert_eq!(
+            message,
+            format!("parked: {}:{} leads (epoch {a_epoch})", host_name(), a.port)
+        ),
         Err(e) => panic!("the standby refused oddly: {e}"),
         Ok(_) => panic!("the standby admitted an agent"),
+    }
+    // A name the managers do not allow is refused, not parked.
+    match b.hello_as("intruder").await {
+        Err(HandshakeError::Refused { reason, .. }) => {
+            assert_eq!(reason, RefuseReason::UnknownNode)
+        }
+        Err(e) => panic!("the standby refused oddly: {e}"),
+        Ok(_) => panic!("the standby admitted an intruder"),
     }
 
     // The metrics say the same.
@@ -234,8 +277,14 @@ async fn a_standby_refuses_and_names_the_leader_then_takes_over_from_a_killed_le
     assert_eq!(a.metric("drover_leader_transitions_total").await, Some(1.0));
     assert_eq!(b.metric("drover_leader_transitions_total").await, Some(0.0));
 
-    // SIGKILL: no resign; the standby leads once the lease ends.
+    // SIGKILL: no resign; the standby leads once the lease ends, and
+    // welcomes the parked agent on its link at once.
+    let verdict = tokio::spawn(async move {
+        let answer = parked.verdict().await;
+        (answer, Instant::now())
+    });
     a.proc.as_mut().expect("running").kill();
+    let killed = Instant::now();
     let took = b.until_leading(true, TTL * 3).await;
     eprintln!("takeover after SIGKILL: {took:?}");
     // etcd revokes expired leases in a loop that sleeps 500 ms between
@@ -250,9 +299,24 @@ async fn a_standby_refuses_and_names_the_leader_then_takes_over_from_a_killed_le
     assert!(b_epoch > a_epoch, "epoch {b_epoch} after {a_epoch}");
     assert_eq!(
         b.list_nodes().await.expect("the new leader serves").len(),
-        1
+        2
     );
-    let _session = b.hello().await.expect("the new leader admits node1");
+    let (answer, at) = tokio::time::timeout(WAIT, verdict)
+        .await
+        .expect("a verdict on the parked link")
+        .expect("join");
+    match answer {
+        Ok(Answer::Accepted(_session, accepted)) => assert_eq!(accepted.epoch, b_epoch),
+        Ok(Answer::Parked(_, message)) => panic!("parked again: {message}"),
+        Err(e) => panic!(
+            "the new leader refused the parked agent: {e}\n{}",
+            b.logged()
+        ),
+    }
+    eprintln!(
+        "parked agent welcomed {:?} after the SIGKILL",
+        at.duration_since(killed)
+    );
     assert_eq!(b.metric("drover_leader").await, Some(1.0));
     assert_eq!(b.metric("drover_leader_epoch").await, Some(b_epoch as f64));
 }
@@ -280,7 +344,7 @@ async fn a_leader_paused_past_its_lease_does_not_act_when_resumed() {
     let etcd = Etcd::start().await;
     let (a, b) = pair(&etcd, "pause").await;
     let a_epoch = a.epoch().await;
-    let mut session = a.hello().await.expect("the leader admits node1");
+    let (mut session, _) = a.hello().await.expect("the leader admits node1");
 
     a.signal(Signal::SIGSTOP);
     b.until_leading(true, TTL * 3).await;
@@ -318,7 +382,7 @@ async fn a_leader_paused_past_its_lease_does_not_act_when_resumed() {
         "the resumed manager kept its agent's session"
     );
     assert!(
-        a.hello().await.is_err(),
+        matches!(a.hello().await, Err(HandshakeError::Parked { .. })),
         "the resumed manager admits agents"
     );
 }

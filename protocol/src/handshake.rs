@@ -32,7 +32,11 @@ use serde::{Deserialize, Serialize};
 /// Also 8 (the same unreleased version): resync (`crate::resync`):
 /// `Accepted::resync_interval_ms`, `Event::ResyncDigest`,
 /// `Event::ResyncSnapshot`, `Request::Resync`, `Reason::Resync`.
-pub const PROTOCOL_VERSION: u32 = 8;
+/// 9: high availability: [`Accepted::epoch`] (the leader's epoch, which an
+/// agent never lets fall) and [`Outcome::Parked`] (a standby holds the link
+/// and welcomes the agent on it the moment it leads); a protocol 8 agent
+/// would take a parked answer for garbage.
+pub const PROTOCOL_VERSION: u32 = 9;
 
 /// `DRVR`: tells a drover peer from anything else talking to the port.
 pub const MAGIC: [u8; 4] = *b"DRVR";
@@ -92,18 +96,19 @@ const VARINT_U64_MAX: usize = 10;
 /// manager cannot make an agent buffer more (the normal cap,
 /// [`crate::MAX_FRAME_LEN`], is 1 MiB, and applies only once accepted).
 ///
-/// 4 (magic) + 5 (version) + 1 (outcome) + the larger of *accepted*: 4 × 10
-/// (session id, heartbeat settings and resync interval, varint `u64::MAX`) +
-/// 2 + 256 (manager version of [`MANAGER_VERSION_MAX`] bytes) = 298, and
-/// *refused*: 1 (reason) + 2 + 1024 (message of [`REFUSAL_MESSAGE_MAX`]
-/// bytes) = 1027; 1037 bytes,
+/// 4 (magic) + 5 (version) + 1 (outcome) + the largest of *accepted*: 5 × 10
+/// (session id, heartbeat settings, resync interval and epoch, varint
+/// `u64::MAX`) + 2 + 256 (manager version of [`MANAGER_VERSION_MAX`] bytes)
+/// = 308, *refused*: 1 (reason) + 2 + 1024 (message of
+/// [`REFUSAL_MESSAGE_MAX`] bytes) = 1027, and *parked*: 2 + 1024 (message,
+/// the same budget) = 1026; 1037 bytes,
 /// which a test pins. No margin is needed for later protocol versions: a
 /// manager answers a hello of another version with a short refusal.
 pub const WELCOME_MAX_LEN: usize = MAGIC.len()
     + VARINT_U32_MAX
     + 1
     + max_of(
-        4 * VARINT_U64_MAX + string_len(MANAGER_VERSION_MAX),
+        5 * VARINT_U64_MAX + string_len(MANAGER_VERSION_MAX),
         1 + string_len(REFUSAL_MESSAGE_MAX),
     );
 
@@ -171,6 +176,19 @@ impl Welcome {
         }
     }
 
+    /// A standby's answer: the link stays open, and a later welcome on it
+    /// says the verdict (see [`Outcome::Parked`]). The message is cut to
+    /// [`REFUSAL_MESSAGE_MAX`] bytes.
+    pub fn parked(message: impl Into<String>) -> Self {
+        Self {
+            magic: MAGIC,
+            protocol_version: PROTOCOL_VERSION,
+            outcome: Outcome::Parked {
+                message: clamp(message.into(), REFUSAL_MESSAGE_MAX),
+            },
+        }
+    }
+
     /// The message is cut to [`REFUSAL_MESSAGE_MAX`] bytes, so the welcome
     /// fits [`WELCOME_MAX_LEN`].
     pub fn refused(reason: RefuseReason, message: impl Into<String>) -> Self {
@@ -192,6 +210,14 @@ pub enum Outcome {
         reason: RefuseReason,
         message: String,
     },
+    /// The manager stands by while another leads (high availability): it
+    /// keeps the link open, says who leads (`message`, for the log), and
+    /// sends another welcome on the same link when its verdict changes —
+    /// accepted the moment it wins the election, refused when it stops.
+    /// Nothing else is sent on a parked link, and the agent sends nothing.
+    Parked {
+        message: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -209,6 +235,12 @@ pub struct Accepted {
     /// `crate::resync`. The manager scales it with the fleet's size
     /// ([`crate::resync::interval_for`]).
     pub resync_interval_ms: u64,
+    /// The leadership epoch of this manager (high availability: the leader
+    /// key's creation revision, rising with every new leader; 0 for a
+    /// manager without etcd). An agent remembers the highest it has seen and
+    /// refuses a manager whose epoch is lower: a deposed leader is never
+    /// obeyed again.
+    pub epoch: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -281,10 +313,17 @@ mod tests {
                 heartbeat_threshold_ms: u64::MAX,
                 manager_version: "v".repeat(MANAGER_VERSION_MAX),
                 resync_interval_ms: u64::MAX,
+                epoch: u64::MAX,
             })
         };
         let accepted = encode_body(&accepted).unwrap().len();
-        assert_eq!(accepted, 308);
+        assert_eq!(accepted, 318);
+        let parked = Welcome {
+            protocol_version: u32::MAX,
+            ..Welcome::parked("p".repeat(REFUSAL_MESSAGE_MAX + 10))
+        };
+        let parked = encode_body(&parked).unwrap().len();
+        assert_eq!(parked, 1036);
         let refused = Welcome {
             protocol_version: u32::MAX,
             ..Welcome::refused(
@@ -297,7 +336,7 @@ mod tests {
             refused, 1037,
             "update the arithmetic in WELCOME_MAX_LEN's doc"
         );
-        assert_eq!(WELCOME_MAX_LEN, refused.max(accepted));
+        assert_eq!(WELCOME_MAX_LEN, refused.max(accepted).max(parked));
     }
 
     #[test]
@@ -321,6 +360,7 @@ mod tests {
             heartbeat_threshold_ms: 3,
             manager_version: "x".repeat(1 << 16) + "é",
             resync_interval_ms: 0,
+            epoch: 0,
         });
         match &welcome.outcome {
             Outcome::Accepted(a) => assert_eq!(a.manager_version, "x".repeat(MANAGER_VERSION_MAX)),

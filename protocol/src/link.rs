@@ -46,6 +46,14 @@ pub enum HandshakeError {
         reason: RefuseReason,
         message: String,
     },
+    /// The manager stands by and parked the link ([`Outcome::Parked`]);
+    /// only from [`agent_handshake`], which does not wait on a parked link
+    /// ([`agent_hello`] does).
+    #[error("the manager stands by: {message}")]
+    Parked { message: String },
+    /// A parked peer sent something: nothing may come before the verdict.
+    #[error("the agent sent data on a parked link")]
+    Unexpected,
     /// The manager answered the hello with a TLS record: it runs TLS and this
     /// agent does not (read from the "frame length" a TLS record header makes).
     #[error(
@@ -181,14 +189,66 @@ pub fn decode_hello(body: &[u8]) -> Result<Hello, HandshakeError> {
     Ok(decode_body::<Hello>(body)?)
 }
 
-/// Agent side: send `hello`, wait for the manager's answer. A hello over
-/// [`HELLO_MAX_LEN`] (an absurd agent version) is refused here, before
-/// anything is sent, rather than by the manager.
-pub async fn agent_handshake<IO: AsyncRead + AsyncWrite + Unpin>(
+/// What a manager answered a hello with ([`agent_hello`]).
+pub enum Answer<IO> {
+    /// A session: messages flow from now on.
+    Accepted(AgentFramed<IO>, Accepted),
+    /// The manager stands by: the link stays open, and
+    /// [`ParkedLink::verdict`] waits for what it says next.
+    Parked(ParkedLink<IO>, String),
+}
+
+/// A link a standby holds for the agent ([`Outcome::Parked`]).
+pub struct ParkedLink<IO> {
+    io: IO,
+}
+
+impl<IO: AsyncRead + AsyncWrite + Unpin> ParkedLink<IO> {
+    /// Waits, without a deadline, for the manager's next welcome on this
+    /// link: accepted when it leads, parked again (another leader), or a
+    /// refusal. A dead peer is seen by TCP keepalive, as on a session.
+    pub async fn verdict(mut self) -> Result<Answer<IO>, HandshakeError> {
+        let welcome = read_welcome_body(&mut self.io).await?;
+        answer(self.io, welcome)
+    }
+}
+
+/// Reads and checks one welcome (capped at [`WELCOME_MAX_LEN`]).
+async fn read_welcome_body<IO: AsyncRead + Unpin>(io: &mut IO) -> Result<Welcome, HandshakeError> {
+    let reply = match read_bounded_frame(io, WELCOME_MAX_LEN).await {
+        Err(HandshakeError::Frame(FrameError::TooLarge { len, max })) => {
+            return Err(if is_tls_record_header(len) {
+                HandshakeError::PeerSpeaksTls
+            } else {
+                HandshakeError::WelcomeTooLarge { len, max }
+            });
+        }
+        reply => reply?,
+    };
+    check_prefix(&reply, "manager")?;
+    Ok(decode_body(&reply)?)
+}
+
+fn answer<IO>(io: IO, welcome: Welcome) -> Result<Answer<IO>, HandshakeError> {
+    match welcome.outcome {
+        Outcome::Accepted(accepted) => Ok(Answer::Accepted(
+            Framed::new(io, FrameCodec::default()),
+            accepted,
+        )),
+        Outcome::Parked { message } => Ok(Answer::Parked(ParkedLink { io }, message)),
+        Outcome::Refused { reason, message } => Err(HandshakeError::Refused { reason, message }),
+    }
+}
+
+/// Agent side: send `hello`, read the manager's answer (within `timeout`):
+/// a session, a parked link, or an error. A hello over [`HELLO_MAX_LEN`]
+/// (an absurd agent version) is refused here, before anything is sent,
+/// rather than by the manager.
+pub async fn agent_hello<IO: AsyncRead + AsyncWrite + Unpin>(
     io: IO,
     hello: &Hello,
     timeout: Duration,
-) -> Result<(AgentFramed<IO>, Accepted), HandshakeError> {
+) -> Result<Answer<IO>, HandshakeError> {
     let mut framed = Framed::new(io, RawCodec::default());
     let body = encode_body(hello)?;
     if body.len() > HELLO_MAX_LEN {
@@ -202,24 +262,22 @@ pub async fn agent_handshake<IO: AsyncRead + AsyncWrite + Unpin>(
         .map_err(|_| HandshakeError::Timeout(timeout))??;
     // Nothing was read through `framed`: its read buffer is empty.
     let mut io = framed.into_inner();
-    let read = tokio::time::timeout(timeout, read_bounded_frame(&mut io, WELCOME_MAX_LEN))
+    let welcome = tokio::time::timeout(timeout, read_welcome_body(&mut io))
         .await
-        .map_err(|_| HandshakeError::Timeout(timeout))?;
-    let reply = match read {
-        Err(HandshakeError::Frame(FrameError::TooLarge { len, max })) => {
-            return Err(if is_tls_record_header(len) {
-                HandshakeError::PeerSpeaksTls
-            } else {
-                HandshakeError::WelcomeTooLarge { len, max }
-            });
-        }
-        reply => reply?,
-    };
-    check_prefix(&reply, "manager")?;
-    let welcome: Welcome = decode_body(&reply)?;
-    match welcome.outcome {
-        Outcome::Accepted(accepted) => Ok((Framed::new(io, FrameCodec::default()), accepted)),
-        Outcome::Refused { reason, message } => Err(HandshakeError::Refused { reason, message }),
+        .map_err(|_| HandshakeError::Timeout(timeout))??;
+    answer(io, welcome)
+}
+
+/// [`agent_hello`] for peers that want a session or nothing: a parked
+/// answer is [`HandshakeError::Parked`] (the link is closed).
+pub async fn agent_handshake<IO: AsyncRead + AsyncWrite + Unpin>(
+    io: IO,
+    hello: &Hello,
+    timeout: Duration,
+) -> Result<(AgentFramed<IO>, Accepted), HandshakeError> {
+    match agent_hello(io, hello, timeout).await? {
+        Answer::Accepted(framed, accepted) => Ok((framed, accepted)),
+        Answer::Parked(_, message) => Err(HandshakeError::Parked { message }),
     }
 }
 
@@ -287,6 +345,31 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> PendingAgent<IO> {
         Ok(self.framed.map_codec(|_| FrameCodec::default()))
     }
 
+    /// Manager side, while standing by: tells the agent who leads and keeps
+    /// the link ([`Outcome::Parked`]); the verdict comes later, through
+    /// [`PendingAgent::accept`] or [`PendingAgent::refuse`], or
+    /// [`PendingAgent::park`] again.
+    pub async fn park(&mut self, message: &str, timeout: Duration) -> Result<(), HandshakeError> {
+        let body = encode_body(&Welcome::parked(message))?;
+        tokio::time::timeout(timeout, self.framed.send(body))
+            .await
+            .map_err(|_| HandshakeError::Timeout(timeout))??;
+        Ok(())
+    }
+
+    /// Resolves when a parked peer is gone: it closed the link, the link
+    /// failed, or it sent anything (an agent sends nothing until the
+    /// verdict). Cancel-safe; reads nothing into a buffer that matters, as
+    /// a well-behaved agent sends no byte.
+    pub async fn gone(&mut self) -> HandshakeError {
+        use futures::StreamExt;
+        match self.framed.next().await {
+            None => HandshakeError::Closed,
+            Some(Err(e)) => HandshakeError::Frame(e),
+            Some(Ok(_)) => HandshakeError::Unexpected,
+        }
+    }
+
     /// Manager side, step 2b: refuse with a reason the agent will log.
     pub async fn refuse(mut self, reason: RefuseReason, message: &str, timeout: Duration) {
         if let Ok(body) = encode_body(&Welcome::refused(reason, message)) {
@@ -309,6 +392,7 @@ mod tests {
             heartbeat_threshold_ms: 5000,
             manager_version: "test".into(),
             resync_interval_ms: 0,
+            epoch: 4,
         }
     }
 
@@ -345,6 +429,99 @@ mod tests {
                 assert!(message.contains("not allowed"))
             }
             other => panic!("unexpected {other:?}", other = other.map(|(_, a)| a)),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_parked_link_carries_its_verdict_later() {
+        let (a, m) = tokio::io::duplex(4096);
+        let agent = tokio::spawn(async move { agent_hello(a, &Hello::new("n1", "x"), T).await });
+        let (mut pending, _) = manager_read_hello(m, T).await.unwrap();
+        pending.park("mgr-a:842 leads (epoch 3)", T).await.unwrap();
+        let Ok(Answer::Parked(link, message)) = agent.await.unwrap() else {
+            panic!("not parked");
+        };
+        assert_eq!(message, "mgr-a:842 leads (epoch 3)");
+        // Parked again (another leader), then accepted on the same link.
+        let verdict = tokio::spawn(link.verdict());
+        pending.park("no leader known", T).await.unwrap();
+        let Ok(Answer::Parked(link, message)) = verdict.await.unwrap() else {
+            panic!("not parked again");
+        };
+        assert_eq!(message, "no leader known");
+        let verdict = tokio::spawn(link.verdict());
+        let mut mf = pending.accept(accepted(), T).await.unwrap();
+        let Ok(Answer::Accepted(mut af, acc)) = verdict.await.unwrap() else {
+            panic!("not accepted");
+        };
+        assert_eq!(acc.epoch, 4);
+        af.send(ToManager::Heartbeat).await.unwrap();
+        assert_eq!(mf.next().await.unwrap().unwrap(), ToManager::Heartbeat);
+    }
+
+    #[tokio::test]
+    async fn a_parked_peer_that_speaks_or_leaves_is_gone() {
+        // It leaves.
+        let (a, m) = tokio::io::duplex(4096);
+        let agent = tokio::spawn(async move { agent_hello(a, &Hello::new("n1", "x"), T).await });
+        let (mut pending, _) = manager_read_hello(m, T).await.unwrap();
+        pending.park("standing by", T).await.unwrap();
+        drop(agent.await.unwrap());
+        assert!(matches!(pending.gone().await, HandshakeError::Closed));
+        // It sends garbage instead of waiting.
+        let (a, m) = tokio::io::duplex(4096);
+        let (mut pending, mut agent) = {
+            let hello = frame(&encode_body(&Hello::new("n1", "x")).unwrap());
+            let mut a = a;
+            tokio::io::AsyncWriteExt::write_all(&mut a, &hello)
+                .await
+                .unwrap();
+            let (p, _) = manager_read_hello(m, T).await.unwrap();
+            (p, a)
+        };
+        pending.park("standing by", T).await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut agent, &frame(b"junk"))
+            .await
+            .unwrap();
+        assert!(matches!(pending.gone().await, HandshakeError::Unexpected));
+        // A plain handshake does not wait on a parked link.
+        let (a, m) = tokio::io::duplex(4096);
+        let agent =
+            tokio::spawn(async move { agent_handshake(a, &Hello::new("n1", "x"), T).await });
+        let (mut pending, _) = manager_read_hello(m, T).await.unwrap();
+        pending.park("standing by", T).await.unwrap();
+        match agent.await.unwrap() {
+            Err(HandshakeError::Parked { message }) => assert_eq!(message, "standing by"),
+            other => panic!("unexpected {:?}", other.map(|(_, a)| a)),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_garbage_verdict_on_a_parked_link_is_an_error() {
+        for (body, what) in [
+            (b"DRVR".to_vec(), "a cut prefix"),
+            (
+                encode_body(&(MAGIC, PROTOCOL_VERSION, 9u8)).unwrap(),
+                "an unknown outcome",
+            ),
+            (
+                encode_body(&(MAGIC, PROTOCOL_VERSION - 1, 0u8)).unwrap(),
+                "another version",
+            ),
+        ] {
+            let (a, m) = tokio::io::duplex(4096);
+            let agent =
+                tokio::spawn(async move { agent_hello(a, &Hello::new("n1", "x"), T).await });
+            let (mut pending, _) = manager_read_hello(m, T).await.unwrap();
+            pending.park("standing by", T).await.unwrap();
+            let Ok(Answer::Parked(link, _)) = agent.await.unwrap() else {
+                panic!("not parked");
+            };
+            let mut raw = pending.framed.into_inner();
+            tokio::io::AsyncWriteExt::write_all(&mut raw, &frame(&body))
+                .await
+                .unwrap();
+            assert!(link.verdict().await.is_err(), "{what}");
         }
     }
 

@@ -313,6 +313,7 @@ proptest! {
             heartbeat_threshold_ms: numbers.2,
             manager_version: version.into_iter().collect(),
             resync_interval_ms: 0,
+            epoch: 0,
         };
         let body = encode_body(&Welcome::accepted(accepted.clone())).unwrap();
         prop_assert!(body.len() <= WELCOME_MAX_LEN, "{}", body.len());

@@ -39,6 +39,7 @@ impl FakeManager {
             heartbeat_threshold_ms: 0,
             manager_version: "fake".into(),
             resync_interval_ms: 0,
+            epoch: 0,
         };
         self.accept_with(node, accepted, timeout).await
     }

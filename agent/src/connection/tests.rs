@@ -56,6 +56,7 @@ impl FakeManager {
             heartbeat_threshold_ms,
             manager_version: "fake".into(),
             resync_interval_ms: 0,
+            epoch: 0,
         };
         pending.accept(accepted, T).await.unwrap()
     }

@@ -6,6 +6,8 @@
 //! these parts, so nothing in this folder imports anything outside it but
 //! [`crate::notify`] (imports run one way; the house test checks it).
 //!
+//! * [`follow`] — which manager of a list the agent obeys: the welcome
+//!   with the highest leadership epoch, never a lower one than it has seen.
 //! * [`heartbeat`] — the heartbeat interval and silence threshold of a
 //!   session, negotiated with what the manager announces.
 //! * [`outbox`] — the only way to the manager: bounded, never blocking,
@@ -18,6 +20,7 @@
 //! * [`tls`] — the agent's TLS settings: loaded and checked at start, read
 //!   again on `SIGHUP` for the next dial.
 
+pub mod follow;
 pub mod heartbeat;
 pub mod outbox;
 pub mod status;

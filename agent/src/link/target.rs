@@ -1,6 +1,9 @@
-//! Where the link dials: the manager's host and port, which
+//! Where the link dials: the managers' hosts and ports (one, or the
+//! managers of a high-availability group, `ControllerHost=` /
+//! `ControllerAddress=` lists), which
 //! `org.eclipse.bluechi.Agent.SwitchController` may change while the agent
-//! runs (BlueChi's way to move a node to a standby manager).
+//! runs (BlueChi's way to move a node to a standby manager): a switch
+//! replaces the whole list with the one manager it names.
 //!
 //! Invariants: the target is always a host the config crate accepts
 //! (`drover_config::agent::parse_controller_address` is the one parser of
@@ -40,39 +43,34 @@ impl std::fmt::Display for Endpoint {
     }
 }
 
-/// The endpoint the link dials, and a watch that fires on every switch.
+/// The endpoints the link dials, and a watch that fires on every switch.
 pub struct ControllerTarget {
-    current: Mutex<Endpoint>,
+    current: Mutex<Vec<Endpoint>>,
     switched: watch::Sender<u64>,
 }
 
 impl Default for ControllerTarget {
     fn default() -> Self {
         Self {
-            current: Mutex::new(Endpoint {
-                host: String::new(),
-                port: 0,
-            }),
+            current: Mutex::new(Vec::new()),
             switched: watch::channel(0).0,
         }
     }
 }
 
 impl ControllerTarget {
-    fn lock(&self) -> MutexGuard<'_, Endpoint> {
+    fn lock(&self) -> MutexGuard<'_, Vec<Endpoint>> {
         self.current.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The endpoint from the configuration, set once before the link runs
+    /// The endpoints from the configuration, set once before the link runs
     /// (wakes nobody).
-    pub fn init(&self, host: &str, port: u16) {
-        *self.lock() = Endpoint {
-            host: host.to_owned(),
-            port,
-        };
+    pub fn init(&self, endpoints: Vec<Endpoint>) {
+        *self.lock() = endpoints;
     }
 
-    pub fn get(&self) -> Endpoint {
+    /// Every endpoint the link dials now.
+    pub fn all(&self) -> Vec<Endpoint> {
         self.lock().clone()
     }
 
@@ -83,13 +81,10 @@ impl ControllerTarget {
         let new = Endpoint { host, port };
         {
             let mut current = self.lock();
-            if *current == new {
-                return Err(format!(
-                    "the agent already connects to {}",
-                    current.address()
-                ));
+            if *current == [new.clone()] {
+                return Err(format!("the agent already connects to {}", new.address()));
             }
-            *current = new.clone();
+            *current = vec![new.clone()];
         }
         self.switched.send_modify(|n| *n = n.wrapping_add(1));
         Ok(new)
@@ -108,7 +103,10 @@ mod tests {
     #[test]
     fn switch_parses_refuses_garbage_and_the_same_address() {
         let t = ControllerTarget::default();
-        t.init("127.0.0.1", 842);
+        t.init(vec![Endpoint {
+            host: "127.0.0.1".into(),
+            port: 842,
+        }]);
         let rx = t.watch();
         for bad in [
             "",
@@ -131,12 +129,24 @@ mod tests {
             !rx.has_changed().unwrap(),
             "no refused switch wakes the link"
         );
-        assert_eq!(t.get().port, 842);
+        assert_eq!(t.all()[0].port, 842);
 
         let new = t.switch("tcp:host=::1,port=9000").unwrap();
         assert_eq!(new.to_string(), "[::1]:9000");
         assert_eq!(new.address(), "tcp:host=::1,port=9000");
-        assert_eq!(t.get(), new);
+        assert_eq!(t.all(), [new.clone()]);
         assert!(rx.has_changed().unwrap());
+        // A list is replaced by the one manager named, even one of its own.
+        let a = Endpoint {
+            host: "a".into(),
+            port: 1,
+        };
+        let b = Endpoint {
+            host: "b".into(),
+            port: 1,
+        };
+        t.init(vec![a.clone(), b]);
+        assert_eq!(t.switch("tcp:host=a,port=1").unwrap(), a);
+        assert_eq!(t.all(), [a]);
     }
 }

@@ -120,6 +120,14 @@ impl Fence {
             .clone()
     }
 
+    /// What a standby tells an agent whose link it parks.
+    pub fn parked_message(&self) -> String {
+        match self.leader() {
+            Some(l) => format!("parked: {l} leads (epoch {})", self.epoch()),
+            None => "parked: no leader known".into(),
+        }
+    }
+
     /// Why a call is refused on a manager that does not lead, naming the
     /// leader when one is known.
     pub fn refusal(&self) -> String {
@@ -163,6 +171,7 @@ mod tests {
     async fn refusal_names_the_leader() {
         let f = Fence::new();
         assert!(f.refusal().contains("no leader"));
+        assert_eq!(f.parked_message(), "parked: no leader known");
         f.saw_leader(Some("host-b:842".into()), 12);
         f.saw_leader(Some("host-b:842".into()), 3);
         assert_eq!(f.epoch(), 12);
@@ -171,5 +180,6 @@ mod tests {
             "{}",
             f.refusal()
         );
+        assert_eq!(f.parked_message(), "parked: host-b:842 leads (epoch 12)");
     }
 }

@@ -33,6 +33,16 @@
 //! leads (high availability) is one more phase with its own answers, entered
 //! and left through [`Lifecycle::enter`]; nothing else checks a flag.
 //!
+//! **Parked links.** A standby does not refuse an agent: after TLS and the
+//! hello, and once the node passes the admission rules that do not depend on
+//! sessions ([`Registry::may_register`]), it answers *parked* (who leads)
+//! and keeps the link, at most [`PARKED_MAX`] of them; the link then holds
+//! no pre-authentication place of the gate. Every [`Lifecycle::enter`] wakes
+//! the parked links, which are judged again: a manager that now leads admits
+//! them as any hello (the welcome carries its epoch) without waiting for the
+//! agent to dial again, a stopping one refuses them. A parked peer that
+//! closes, fails or sends anything is dropped.
+//!
 //! Locks: the registry is a plain mutex ([`Nodes`]), held for a few map
 //! operations and never across an await. `announce` is an async mutex that
 //! serialises every online/offline transition *with its D-Bus announcement*
@@ -64,7 +74,7 @@ use drover_protocol::{Event, NodeName, RefuseReason};
 use drover_tls::NodeIdentity;
 use futures::future::BoxFuture;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -78,9 +88,9 @@ pub enum Phase {
     /// Shutting down: refuses agents and jobs, ends every session, announces
     /// `Controller.Status` once, at the end.
     Stopping = 1,
-    /// Another manager leads (high availability, `crate::ha`): refuses
-    /// agents, jobs and BlueChi's calls (naming the leader), watches no
-    /// session. Also what `Leading` reads as once the fence's deadline has
+    /// Another manager leads (high availability, `crate::ha`): parks
+    /// agents (below), refuses jobs and BlueChi's calls (naming the leader),
+    /// watches no session. Also what `Leading` reads as once the fence's deadline has
     /// passed ([`Nodes::phase`]).
     Standby = 2,
 }
@@ -99,8 +109,8 @@ impl Phase {
         match self {
             Phase::Leading => None,
             Phase::Stopping => Some((RefuseReason::ShuttingDown, "the manager is shutting down")),
-            // Transient for the agent: it retries, and finds the leader
-            // once it dials it.
+            // Only when a standby cannot park the link (a manager without
+            // a fence never stands by).
             Phase::Standby => Some((
                 RefuseReason::ShuttingDown,
                 "this manager stands by while another leads",
@@ -128,6 +138,11 @@ impl Phase {
         self == Phase::Leading
     }
 }
+
+/// Links a standby holds at most ([`Lifecycle`], "Parked links"): above the
+/// 10,000 agents a manager is measured with, so a whole fleet parks on a
+/// standby, and a bound on what a flood of allowed names can hold.
+pub const PARKED_MAX: usize = 16_384;
 
 /// The node table and the phase, as every part that asks about nodes reads
 /// them (the D-Bus objects, the job runner, metrics, reloads).
@@ -317,6 +332,30 @@ pub struct Lifecycle {
     node_counts: tokio::sync::watch::Sender<NodeCounts>,
     /// TLS handshakes and heartbeat lateness, for the metrics.
     link_stats: LinkStats,
+    /// Bumped by every [`Lifecycle::enter`]: parked links look again.
+    phase_changed: tokio::sync::watch::Sender<u64>,
+    /// Links parked now (at most [`PARKED_MAX`]).
+    parked: Arc<AtomicUsize>,
+}
+
+/// One parked link's count; given back on drop.
+struct ParkedPlace(Arc<AtomicUsize>);
+
+impl ParkedPlace {
+    fn take(count: &Arc<AtomicUsize>) -> Option<Self> {
+        count
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < PARKED_MAX).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Self(count.clone()))
+    }
+}
+
+impl Drop for ParkedPlace {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Lifecycle {
@@ -345,6 +384,8 @@ impl Lifecycle {
             churn,
             node_counts: tokio::sync::watch::Sender::new(counts),
             link_stats: LinkStats::default(),
+            phase_changed: tokio::sync::watch::Sender::new(0),
+            parked: Arc::default(),
         })
     }
 
@@ -366,8 +407,15 @@ impl Lifecycle {
 
     /// Puts the manager in `phase` (see [`Phase`]); what the phase refuses is
     /// refused from then on.
+    /// Parked links are woken and judged again.
     pub fn enter(&self, phase: Phase) {
         self.nodes.phase.store(phase as u8, Ordering::SeqCst);
+        self.phase_changed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Links parked on this standby now.
+    pub fn parked(&self) -> usize {
+        self.parked.load(Ordering::SeqCst)
     }
 
     // ---- the bus --------------------------------------------------------
@@ -472,7 +520,7 @@ impl Lifecycle {
     {
         let timeout = self.timing.handshake;
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let (pending, hello) = match manager_read_hello(io, left).await {
+        let (mut pending, hello) = match manager_read_hello(io, left).await {
             Ok(ok) => ok,
             Err(e) => {
                 self.followers.refused(None);
@@ -482,6 +530,61 @@ impl Lifecycle {
                 return;
             }
         };
+        let mut ticket = ticket;
+        let mut phase_changed = self.phase_changed.subscribe();
+        let mut place: Option<ParkedPlace> = None;
+        loop {
+            // Marked seen before the phase is read: a change from now on wakes us.
+            phase_changed.borrow_and_update();
+            let fence = match (self.nodes.phase(), self.nodes.fence()) {
+                (Phase::Standby, Some(fence)) => fence.clone(),
+                _ => break,
+            };
+            let certified = identity.as_ref().map(NodeIdentity::node);
+            let checked = self.nodes.registry().may_register(&hello.node, certified);
+            if let Err((reason, message)) = checked {
+                self.followers.refused(Some(reason));
+                self.refusals.warn(refuse_key(reason), || {
+                    format!(
+                        "{peer}: '{}' not parked: {message}",
+                        hello.node.escape_default()
+                    )
+                });
+                pending.refuse(reason, &message, timeout).await;
+                return;
+            }
+            if place.is_none() {
+                place = ParkedPlace::take(&self.parked);
+                if place.is_none() {
+                    self.followers.refused(Some(RefuseReason::ShuttingDown));
+                    self.refusals.warn("parked: full", || {
+                        format!("{peer}: not parked: {PARKED_MAX} links are parked already")
+                    });
+                    let message = format!(
+                        "this manager stands by and holds {PARKED_MAX} parked links already; {}",
+                        fence.parked_message()
+                    );
+                    pending
+                        .refuse(RefuseReason::ShuttingDown, &message, timeout)
+                        .await;
+                    return;
+                }
+            }
+            // Parked: past the gate (TLS and the hello are done).
+            drop(ticket.take());
+            if let Err(e) = pending.park(&fence.parked_message(), timeout).await {
+                tracing::debug!("{peer}: could not park: {e}");
+                return;
+            }
+            tokio::select! {
+                _ = phase_changed.changed() => {}
+                gone = pending.gone() => {
+                    tracing::debug!("{peer}: parked link of '{}' ended: {gone}", hello.node.escape_default());
+                    return;
+                }
+            }
+        }
+        drop(place);
         if let Some((reason, message)) = self.nodes.phase().refuses_nodes() {
             self.followers.refused(Some(reason));
             pending.refuse(reason, message, timeout).await;
@@ -601,6 +704,7 @@ impl Lifecycle {
             heartbeat_threshold_ms: threshold,
             manager_version: env!("CARGO_PKG_VERSION").to_owned(),
             resync_interval_ms,
+            epoch: self.nodes.fence().map_or(0, |f| f.epoch()),
         };
         match pending.accept(accepted, timeout).await {
             Ok(framed) => spawn_io(

@@ -257,29 +257,10 @@ impl Registry {
         now_mono_us: u64,
         threshold_ms: u64,
     ) -> Admission {
-        let name = match NodeName::new(raw_name) {
+        let name = match self.may_register(raw_name, certified) {
             Ok(name) => name,
-            Err(e) => return Admission::Refuse(RefuseReason::InvalidName, e.to_string()),
+            Err((reason, message)) => return Admission::Refuse(reason, message),
         };
-        if let Some(proven) = certified
-            && *proven != name
-        {
-            return Admission::Refuse(
-                RefuseReason::IdentityMismatch,
-                format!(
-                    "this connection's certificate is for node '{proven}', so it cannot \
-                     register as node '{name}'"
-                ),
-            );
-        }
-        if !self.policy.allows(&name, certified.is_some()) {
-            let why = if certified.is_some() && self.policy.certified {
-                "is denied by the manager's configuration (Allowed=false)"
-            } else {
-                "is not in the manager's AllowedNodeNames"
-            };
-            return Admission::Refuse(RefuseReason::UnknownNode, format!("node '{name}' {why}"));
-        }
         let Some(&i) = self.index.get(&name) else {
             return Admission::Accept {
                 node: name,
@@ -306,6 +287,38 @@ impl Registry {
                 ),
             ),
         }
+    }
+
+    /// The rules of [`Registry::admit`] that do not depend on sessions: a
+    /// valid name, the one its certificate proves (if any), allowed by the
+    /// policy. A standby checks them before it parks a link.
+    pub fn may_register(
+        &self,
+        raw_name: &str,
+        certified: Option<&NodeName>,
+    ) -> Result<NodeName, (RefuseReason, String)> {
+        let name =
+            NodeName::new(raw_name).map_err(|e| (RefuseReason::InvalidName, e.to_string()))?;
+        if let Some(proven) = certified
+            && *proven != name
+        {
+            return Err((
+                RefuseReason::IdentityMismatch,
+                format!(
+                    "this connection's certificate is for node '{proven}', so it cannot \
+                     register as node '{name}'"
+                ),
+            ));
+        }
+        if !self.policy.allows(&name, certified.is_some()) {
+            let why = if certified.is_some() && self.policy.certified {
+                "is denied by the manager's configuration (Allowed=false)"
+            } else {
+                "is not in the manager's AllowedNodeNames"
+            };
+            return Err((RefuseReason::UnknownNode, format!("node '{name}' {why}")));
+        }
+        Ok(name)
     }
 
     /// Puts `session` online. Fails (returns it back) if the name is unknown
