@@ -9,7 +9,7 @@
 //!    handshake, which refuses a manager whose certificate does not chain to
 //!    the agent's CA bundle or does not name `TLSControllerName` (else the
 //!    host dialled) — a rogue manager would own the node; then
-//!    [`agent_handshake`] with a timeout. A refusal is logged (at error level
+//!    [`agent_hello`] with a timeout. A refusal is logged (at error level
 //!    for certificate problems) and retried with the backoff below, as any
 //!    failed attempt. In TLS 1.3 the manager judges the agent's own
 //!    certificate after the agent's side of the handshake is done, so a
@@ -288,7 +288,7 @@ struct Current<'a> {
 enum Step {
     Switched,
     Ended(SessionEnd),
-    Offer(Offer),
+    Offer(Box<Offer>),
 }
 
 /// `a:1, b:2`, for log lines.
@@ -396,7 +396,7 @@ impl<S: Systemd> Link<S> {
                         }
                     } => Step::Ended(end),
                     offer = offers.recv() => match offer {
-                        Some(offer) => Step::Offer(offer),
+                        Some(offer) => Step::Offer(Box::new(offer)),
                         None => Step::Switched,
                     },
                     _ = &mut dialers, if !shutdown.is_cancelled() => Step::Switched,
@@ -475,7 +475,7 @@ impl<S: Systemd> Link<S> {
                             c.session.await;
                         }
                         epoch += 1;
-                        current = Some(self.start_session(epoch, offer, &shutdown));
+                        current = Some(self.start_session(epoch, *offer, &shutdown));
                     }
                 }
             }

@@ -216,7 +216,7 @@ async fn pair(etcd: &Etcd, test: &str) -> (Ha, Ha) {
 }
 
 #[tokio::test]
-async fn a_standby_refuses_and_names_the_leader_then_takes_over_from_a_killed_leader() {
+async fn a_standby_parks_agents_naming_the_leader_and_welcomes_them_when_it_takes_over() {
     let etcd = Etcd::start().await;
     let (mut a, b) = pair(&etcd, "kill").await;
     let a_epoch = a.epoch().await;

@@ -190,6 +190,9 @@ pub fn decode_hello(body: &[u8]) -> Result<Hello, HandshakeError> {
 }
 
 /// What a manager answered a hello with ([`agent_hello`]).
+// Made once per connection and taken apart at once: boxing the session
+// would cost an allocation for nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Answer<IO> {
     /// A session: messages flow from now on.
     Accepted(AgentFramed<IO>, Accepted),

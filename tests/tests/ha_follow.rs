@@ -110,7 +110,7 @@ async fn epoch(api: &Api) -> u64 {
 /// Whether every node is online in `api`'s `ListNodes` (false on an error:
 /// a standby refuses it).
 async fn all_online(api: &Api) -> bool {
-    let nodes: zbus::Result<Vec<(String, zbus::zvariant::OwnedObjectPath, String, String)>> = api
+    let nodes: zbus::Result<Vec<(String, zbus::OwnedObjectPath, String, String)>> = api
         .call(CONTROLLER_PATH, CONTROLLER_IFACE, "ListNodes", &())
         .await;
     nodes.is_ok_and(|nodes| {
@@ -178,7 +178,7 @@ async fn agents_follow_a_new_leader_within_seconds_and_never_a_deposed_one() {
         .expect("A leads");
     let a_epoch = epoch(&a_api).await;
     let conf = std::fs::read_to_string(c.dir().join("manager.conf")).expect("manager.conf");
-    let mut b = ManagerB::start(&conf).await;
+    let b = ManagerB::start(&conf).await;
     let b_api = b.api.clone();
     poll(T, LOOK, "B stands by, knowing A's epoch", || {
         let api = b_api.clone();

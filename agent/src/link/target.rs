@@ -81,7 +81,7 @@ impl ControllerTarget {
         let new = Endpoint { host, port };
         {
             let mut current = self.lock();
-            if *current == [new.clone()] {
+            if current.as_slice() == std::slice::from_ref(&new) {
                 return Err(format!("the agent already connects to {}", new.address()));
             }
             *current = vec![new.clone()];
@@ -134,7 +134,7 @@ mod tests {
         let new = t.switch("tcp:host=::1,port=9000").unwrap();
         assert_eq!(new.to_string(), "[::1]:9000");
         assert_eq!(new.address(), "tcp:host=::1,port=9000");
-        assert_eq!(t.all(), [new.clone()]);
+        assert_eq!(t.all(), std::slice::from_ref(&new));
         assert!(rx.has_changed().unwrap());
         // A list is replaced by the one manager named, even one of its own.
         let a = Endpoint {
