@@ -40,6 +40,7 @@
 
 pub mod drain;
 pub mod index;
+pub mod ports;
 pub mod query;
 
 use crate::units::hub::{Delivery, Subscriptions, WatchId, Watcher};
@@ -48,6 +49,7 @@ use drover_config::DiscoverySettings;
 use drover_protocol::ports::{PORT_UNITS_MAX, Ports};
 use drover_protocol::{NodeName, UnitName};
 use index::Index;
+use ports::PortsBook;
 use query::{Options, WhereRow, where_row};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -91,10 +93,9 @@ struct Nodes {
     dead: HashMap<NodeName, u64>,
     /// Configured nodes that did not register since the start.
     awaited: HashSet<NodeName>,
-    /// The ports each node's units declare, as its session (the id) told:
-    /// at most [`PORT_UNITS_MAX`] units per node. Kept while the node is
-    /// offline (its stale rows), replaced by its next session's.
-    ports: HashMap<NodeName, (u64, HashMap<UnitName, Ports>)>,
+    /// The ports each node's units declare (see [`PortsBook`]): kept while
+    /// the node's stale rows are, replaced by its next session's.
+    ports: PortsBook,
 }
 
 struct State {
@@ -182,9 +183,7 @@ impl Discovery {
             .insert(node.clone(), (session, address.to_owned()));
         st.nodes.dead.remove(node);
         st.nodes.last_address.remove(node);
-        if st.nodes.ports.get(node).is_some_and(|(s, _)| *s != session) {
-            st.nodes.ports.remove(node);
-        }
+        st.nodes.ports.node_online(node, session);
         if st.nodes.awaited.remove(node) && st.nodes.awaited.is_empty() {
             tracing::info!("discovery: every configured node registered; warm-up over");
         }
@@ -224,9 +223,10 @@ impl Discovery {
         let n = st
             .index
             .node_offline(node, session, usec(SystemTime::now()));
+        // Also without rows: the node's address and ports go at the deadline.
+        let deadline = Instant::now() + self.settings.stale_retention;
+        st.expiries.push_back((deadline, node.clone(), session));
         if n > 0 {
-            let deadline = Instant::now() + self.settings.stale_retention;
-            st.expiries.push_back((deadline, node.clone(), session));
             tracing::info!(
                 node = %node,
                 "node {node} offline: {n} unit record(s) kept as stale for {}",
@@ -256,27 +256,13 @@ impl Discovery {
     /// [`PORT_UNITS_MAX`] units a node's new ones are not kept.
     pub fn set_ports(&self, node: &NodeName, session: u64, unit: UnitName, ports: Ports) {
         let mut st = self.lock();
-        if st
-            .nodes
-            .online
-            .get(node)
-            .is_some_and(|(s, _)| *s != session)
-        {
-            return; // a late event of an ended session
-        }
-        let book = st
+        let current = st.nodes.online.get(node).map(|(s, _)| *s);
+        if !st
             .nodes
             .ports
-            .entry(node.clone())
-            .or_insert_with(|| (session, HashMap::new()));
-        if book.0 != session {
-            *book = (session, HashMap::new());
-        }
-        if ports.is_empty() {
-            book.1.remove(&unit);
-        } else if book.1.len() < PORT_UNITS_MAX || book.1.contains_key(&unit) {
-            book.1.insert(unit, ports);
-        } else {
+            .set(node, session, current, unit.clone(), ports)
+            && current == Some(session)
+        {
             tracing::debug!(node = %node, "node {node}: ports of {unit} not kept ({PORT_UNITS_MAX} units have ports)");
         }
     }
@@ -314,13 +300,7 @@ impl Discovery {
                 if drained && !options.drained {
                     continue;
                 }
-                let ports = st
-                    .nodes
-                    .ports
-                    .get(node)
-                    .and_then(|(_, units)| units.get(unit))
-                    .map(Ports::pairs)
-                    .unwrap_or_default();
+                let ports = st.nodes.ports.pairs(node, unit);
                 let r = where_row(node, row, address, drained, &ports);
                 bytes += query::wire_size(&r);
                 if bytes > max_body {
@@ -422,6 +402,7 @@ impl Discovery {
             if !st.nodes.online.contains_key(&node) && st.nodes.dead.get(&node) == Some(&session) {
                 st.nodes.last_address.remove(&node);
             }
+            st.nodes.ports.expire(&node, session);
         }
     }
 
