@@ -83,7 +83,7 @@ impl PortsBook {
     }
 
     /// Nodes with a book.
-    pub fn len(&self) -> usize {
+    pub fn nodes(&self) -> usize {
         self.nodes.len()
     }
 }
@@ -121,9 +121,9 @@ mod tests {
         assert_eq!(book.pairs(&n, &db), ports("5432").pairs());
         // Offline: kept for the stale rows; their expiry takes it.
         book.expire(&n, 4);
-        assert_eq!(book.len(), 1, "another session's expiry");
+        assert_eq!(book.nodes(), 1, "another session's expiry");
         book.expire(&n, 5);
-        assert_eq!(book.len(), 0);
+        assert_eq!(book.nodes(), 0);
         assert!(book.pairs(&n, &db).is_empty());
         // A new session starts from nothing.
         book.set(&n, 5, None, db.clone(), ports("5432"));
@@ -150,7 +150,7 @@ mod tests {
             ));
         }
         assert_eq!(
-            book.len(),
+            book.nodes(),
             0,
             "a node whose units declare no port holds nothing"
         );
