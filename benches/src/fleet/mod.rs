@@ -312,7 +312,7 @@ async fn health_windows(rig: &Rig, opts: &Options) -> Result<(usize, u64, Option
         rig.fleet.health_flips.send_replace(false);
         extra.push(pct[0] - pct[1]);
         eprintln!(
-            "fleet {n}: health round {}: manager CPU {:.2}% with {flips} verdict flips              ({:.1}/s), {:.2}% without; {:+.2}% of a core (load {:.1})",
+            "fleet {n}: health round {}: manager CPU {:.2}% with {flips} verdict flips ({:.1}/s), {:.2}% without; {:+.2}% of a core (load {:.1})",
             round + 1,
             pct[0],
             flips as f64 / window.as_secs_f64(),
@@ -326,7 +326,7 @@ async fn health_windows(rig: &Rig, opts: &Options) -> Result<(usize, u64, Option
     let mid = extra.get(extra.len().saturating_sub(1) / 2).copied();
     if let Some(mid) = mid {
         eprintln!(
-            "fleet {n}: {} checks a node, {}% flipping a minute: {mid:+.2}% of a core              (median of {} rounds)",
+            "fleet {n}: {} checks a node, {}% flipping a minute: {mid:+.2}% of a core (median of {} rounds)",
             opts.health_checks,
             opts.health_flip_percent,
             extra.len()
