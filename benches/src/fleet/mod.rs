@@ -276,6 +276,24 @@ fn load_average() -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The CPU each of `pids` used over `window`, in % of a core, and the
+/// window's real length in seconds.
+async fn cpu_over<const N: usize>(pids: [u32; N], window: Duration) -> Result<([f64; N], f64)> {
+    let mut before = [0u64; N];
+    for (b, pid) in before.iter_mut().zip(pids) {
+        *b = procfs::cpu_ticks(pid)?;
+    }
+    let t = Instant::now();
+    tokio::time::sleep(window).await;
+    let secs = t.elapsed().as_secs_f64();
+    let hz = procfs::clk_tck();
+    let mut pct = [0.0f64; N];
+    for ((p, pid), b) in pct.iter_mut().zip(pids).zip(before) {
+        *p = (procfs::cpu_ticks(pid)? - b) as f64 / hz / secs * 100.0;
+    }
+    Ok((pct, secs))
+}
+
 /// Phase 3's health windows (see the module docs): the manager's CPU with
 /// the agents flipping verdicts and without, in pairs, and what flipping
 /// costs it above the same fleet with the same checks declared.
@@ -285,7 +303,6 @@ fn load_average() -> f64 {
 async fn health_windows(rig: &Rig, opts: &Options) -> Result<(usize, u64, Option<f64>)> {
     use std::sync::atomic::Ordering;
     let n = opts.nodes;
-    let hz = procfs::clk_tck();
     let pid = rig.manager.pid();
     let window = Duration::from_secs_f64(opts.idle_seconds);
     let mut extra = Vec::new();
@@ -296,14 +313,9 @@ async fn health_windows(rig: &Rig, opts: &Options) -> Result<(usize, u64, Option
         for on in [round % 2 == 0, round % 2 == 1] {
             rig.fleet.health_flips.send_replace(on);
             let f0 = rig.fleet.health_flips_sent.load(Ordering::Relaxed);
-            let c0 = procfs::cpu_ticks(pid)?;
-            let t = Instant::now();
-            tokio::time::sleep(window).await;
-            let secs = t.elapsed().as_secs_f64();
-            let c1 = procfs::cpu_ticks(pid)?;
+            let ([manager], _) = cpu_over([pid], window).await?;
             let f1 = rig.fleet.health_flips_sent.load(Ordering::Relaxed);
-            let i = usize::from(!on);
-            pct[i] = (c1 - c0) as f64 / hz / secs * 100.0;
+            pct[usize::from(!on)] = manager;
             if on {
                 flips = f1 - f0;
                 flips_sent += flips;
@@ -415,14 +427,10 @@ pub async fn run(opts: &Options) -> Result<Row> {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let pid = rig.manager.pid();
     let me = std::process::id();
-    let (c0, g0) = (procfs::cpu_ticks(pid)?, procfs::cpu_ticks(me)?);
-    let t = Instant::now();
-    tokio::time::sleep(Duration::from_secs_f64(opts.idle_seconds)).await;
-    let secs = t.elapsed().as_secs_f64();
-    let (c1, g1) = (procfs::cpu_ticks(pid)?, procfs::cpu_ticks(me)?);
-    let hz = procfs::clk_tck();
-    row.idle_cpu_pct = (c1 - c0) as f64 / hz / secs * 100.0;
-    row.generator_cpu_pct = (g1 - g0) as f64 / hz / secs * 100.0;
+    let ([manager, generator], secs) =
+        cpu_over([pid, me], Duration::from_secs_f64(opts.idle_seconds)).await?;
+    row.idle_cpu_pct = manager;
+    row.generator_cpu_pct = generator;
     (row.rss_kib, row.anon_kib, _) = rig.manager.memory_kib()?;
     let (per_rss, per_anon) = row.per_node_kib();
     eprintln!(
