@@ -79,6 +79,19 @@ struct Args {
     pki_dir: Option<PathBuf>,
 }
 
+/// A subcommand's arguments; `None` after printing `--help` (or
+/// `--version`), which is not an error.
+pub(crate) fn parse<A: Parser>(argv: Vec<String>) -> Result<Option<A>> {
+    match A::try_parse_from(argv) {
+        Ok(args) => Ok(Some(args)),
+        Err(e) if !e.use_stderr() => {
+            print!("{e}");
+            Ok(None)
+        }
+        Err(e) => bail!("{e}"),
+    }
+}
+
 fn transport(word: &str) -> Result<Transport> {
     match word.trim() {
         "plain" => Ok(Transport::Plain),
@@ -89,14 +102,8 @@ fn transport(word: &str) -> Result<Transport> {
 
 /// The `fleet` command; `argv` starts with the word `fleet`.
 pub async fn main(argv: Vec<String>) -> Result<()> {
-    let args = match Args::try_parse_from(argv) {
-        Ok(args) => args,
-        Err(e) if !e.use_stderr() => {
-            // --help
-            print!("{e}");
-            return Ok(());
-        }
-        Err(e) => bail!("{e}"),
+    let Some(args) = parse::<Args>(argv)? else {
+        return Ok(());
     };
     let transports = args
         .transport

@@ -87,13 +87,8 @@ struct Args {
 
 /// The `where` command; `argv` starts with the word `where`.
 pub async fn main(argv: Vec<String>) -> Result<()> {
-    let args = match Args::try_parse_from(argv) {
-        Ok(args) => args,
-        Err(e) if !e.use_stderr() => {
-            print!("{e}");
-            return Ok(());
-        }
-        Err(e) => bail!("{e}"),
+    let Some(args) = super::cli::parse::<Args>(argv)? else {
+        return Ok(());
     };
     if args.indexed > 120 || args.indexed > args.units || args.steps == 0 {
         bail!("--indexed must be at most 120 and --units, --steps at least 1");
