@@ -67,6 +67,7 @@ const OWN_KEYS: &[&str] = &[
     "ConnectionRetryCountUntilQuiet",
     "TLSControllerName",
     "AdvertiseAddress",
+    "MetricsListenAddress",
 ];
 
 /// Every key of `[drover-agent]`: its own, then those both daemons read
@@ -118,6 +119,11 @@ pub struct AgentConfig {
     /// sees the agent's connection come from. Never unspecified
     /// (`0.0.0.0`, `::`) nor multicast ([`parse_advertise_address`]).
     pub advertise_address: Option<std::net::IpAddr>,
+    /// `MetricsListenAddress` (drover): where the agent serves its own
+    /// Prometheus figures; the manager's key and rules
+    /// ([`crate::metrics::parse_listen`]). `None` (default): no endpoint,
+    /// no listener.
+    pub metrics_listen: Option<std::net::SocketAddr>,
     /// `[health NAME]` sections: the node's own checks ([`crate::health`]),
     /// by name, at most [`drover_protocol::health::NODE_CHECKS_MAX`].
     pub node_checks: Vec<(String, CheckSpec)>,
@@ -138,6 +144,7 @@ impl Default for AgentConfig {
             tls: None,
             tls_controller_name: None,
             advertise_address: None,
+            metrics_listen: None,
             node_checks: Vec::new(),
             logging: LoggingConfig::default(),
         }
@@ -321,6 +328,10 @@ impl Builder {
             "AdvertiseAddress" => {
                 this.advertise_address =
                     parse_advertise_address(at.value()).map_err(|m| at.err(m))?
+            }
+            "MetricsListenAddress" => {
+                this.metrics_listen =
+                    crate::metrics::parse_listen(at.value()).map_err(|m| at.err(m))?
             }
             "HeartbeatInterval" => this.heartbeat_interval_ms = at.number(0, MAX_MS)?,
             "ControllerHeartbeatThreshold" => {
@@ -872,6 +883,24 @@ mod tests {
     }
 
     #[test]
+    fn metrics_listen_address_follows_the_managers_rules() {
+        assert_eq!(defaults().metrics_listen, None, "off by default");
+        let c = parse("[drover-agent]\nMetricsListenAddress=9843\n").unwrap();
+        assert_eq!(c.metrics_listen, Some("127.0.0.1:9843".parse().unwrap()));
+        let c = parse("[drover-agent]\nMetricsListenAddress=[::]:9843\n").unwrap();
+        assert_eq!(c.metrics_listen, Some("[::]:9843".parse().unwrap()));
+        let c =
+            parse("[drover-agent]\nMetricsListenAddress=9843\nMetricsListenAddress=\n").unwrap();
+        assert_eq!(c.metrics_listen, None, "empty switches it off again");
+        // The manager's per-node switch is the manager's alone.
+        value_err(
+            parse("[drover-agent]\nMetricsPerNode=false\n").unwrap_err(),
+            2,
+            "MetricsPerNode",
+        );
+    }
+
+    #[test]
     fn bad_values_name_line_and_key() {
         let cases: &[(&str, &str, &str)] = &[
             ("NodeName", "has_underscore", "has_underscore"),
@@ -889,6 +918,12 @@ mod tests {
             ("AdvertiseAddress", "0.0.0.0", "cannot reach a host"),
             ("AdvertiseAddress", "::", "cannot reach a host"),
             ("AdvertiseAddress", "224.0.0.1", "cannot reach a host"),
+            ("MetricsListenAddress", "localhost:9843", "is not PORT"),
+            ("MetricsListenAddress", "0", "port 0"),
+            ("MetricsListenAddress", "65536", "out of range"),
+            ("MetricsListenAddress", "[::1]:0", "port 0"),
+            ("MetricsListenAddress", "9843 # on", "is not PORT"),
+            ("MetricsListenAddress", "\u{1}", "is not PORT"),
             ("HeartbeatInterval", "2s", "not a number"),
             (
                 "ControllerHeartbeatThreshold",
