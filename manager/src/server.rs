@@ -20,8 +20,8 @@ use crate::ha::election::{Election, Seat};
 use crate::ha::etcd::Etcd;
 use crate::job_runner::JobRunner;
 use crate::logs::LogControl;
-use crate::metrics::exposition::{Exposition, Live};
-use crate::metrics::http;
+use crate::metrics::exposition::Live;
+use drover_metrics::{Exposition, http};
 use crate::nodes::lifecycle::{Lifecycle, Phase};
 use crate::nodes::link_stats::Disconnect;
 use crate::nodes::listener::{Accept, accept_loop};
@@ -313,7 +313,10 @@ async fn metrics_listener(
         proxies: parts.proxies.stats(),
         per_node: parts.config.metrics.per_node,
     };
-    let exposition = Arc::new(Exposition::new(parts.metrics.counters(), live));
+    let exposition = Arc::new(crate::metrics::exposition::exposition(
+        parts.metrics.counters(),
+        live,
+    ));
     Ok((bound, listener, exposition))
 }
 

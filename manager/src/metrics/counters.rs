@@ -4,7 +4,7 @@
 //! never takes a lock shared with the rest of the manager.
 //!
 //! Labels are bounded: a job's type is one of systemd's verbs, its result
-//! one of [`JOB_RESULTS`] (anything else counts as `other`), a refusal's
+//! one of `drover_metrics::jobs::JOB_RESULTS` (anything else counts as `other`), a refusal's
 //! reason one of [`RefuseReason`]'s, plus `no_hello`. No label names a
 //! unit or a node.
 
@@ -16,21 +16,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use std::time::Duration;
-
-/// The job results shown as they are; any other counts as `other`.
-/// systemd's results, then drover's own (`crate::jobs`).
-pub const JOB_RESULTS: &[&str] = &[
-    "done",
-    "canceled",
-    "timeout",
-    "failed",
-    "dependency",
-    "skipped",
-    "invalid",
-    "once",
-    "collected",
-    "disconnected",
-];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct JobLabels {
@@ -66,16 +51,14 @@ impl Default for Counters {
     }
 }
 
-/// The label of a job result (see [`JOB_RESULTS`]).
+/// The label of a job result: drover's `shutdown`, else
+/// `drover_metrics::jobs::result_label` (systemd's results and
+/// `disconnected` as they are, anything else `other`).
 pub fn result_label(result: &str) -> &'static str {
     if result == crate::jobs::RESULT_SHUTDOWN {
         return "shutdown";
     }
-    JOB_RESULTS
-        .iter()
-        .find(|r| **r == result)
-        .copied()
-        .unwrap_or("other")
+    drover_metrics::jobs::result_label(result)
 }
 
 /// The label of a refusal.

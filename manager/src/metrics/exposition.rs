@@ -12,13 +12,12 @@
 //! snapshots and repairs (the hub's atomics), cross-node references by
 //! state, their targets, errors, stale collections and activation times
 //! (the reference rules' atomics, [`ProxyStats`]), the process
-//! ([`process`]), build info. One pass over the node table under its lock:
+//! (`drover_metrics::process`), build info. One pass over the node table under its lock:
 //! online nodes by `SystemState` (an atomic read per node's session) and,
 //! with `MetricsPerNode=true`, a copy of each node's name, status, last
 //! seen and `SystemState`; rendered outside the lock.
 
 use crate::metrics::counters::Counters;
-use crate::metrics::process;
 use crate::nodes::gate::Gate;
 use crate::nodes::lifecycle::Lifecycle;
 use crate::nodes::link_stats::{Disconnect, HANDSHAKE_RESULTS, LinkStats};
@@ -31,6 +30,8 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
+use drover_metrics::text::{clamp, gauge};
+use drover_metrics::{Exposition, process};
 use prometheus_client::registry::Registry;
 use std::sync::Arc;
 
@@ -58,106 +59,17 @@ impl std::fmt::Debug for Live {
     }
 }
 
-/// A registry ready to render.
-pub struct Exposition {
-    registry: Registry,
-}
-
 /// `version` and `commit` of `drover_build_info`.
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 const COMMIT: &str = env!("DROVER_GIT_COMMIT");
 
-/// The content type of [`Exposition::render`]'s text.
-pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-/// The content type of [`classic`]'s text (Prometheus's text format 0.0.4).
-pub const CLASSIC: &str = "text/plain; version=0.0.4; charset=utf-8";
-
-impl Exposition {
-    pub fn new(counters: &Counters, live: Live) -> Self {
-        let mut registry = Registry::default();
-        counters.register(&mut registry);
-        registry.register_collector(Box::new(live));
-        Self { registry }
-    }
-
-    /// One scrape's text.
-    pub fn render(&self) -> Result<String, std::fmt::Error> {
-        let mut out = String::with_capacity(16 * 1024);
-        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
-        Ok(out)
-    }
-}
-
-/// OpenMetrics text in Prometheus's older text format (0.0.4), for a
-/// client that does not ask for OpenMetrics (`curl`, `promtool check
-/// metrics`): a counter family `x` of OpenMetrics is named by its sample
-/// `x_total` there, and there is no `# EOF` or `# UNIT`. Samples are the
-/// same in both formats (no exemplars or `_created` are rendered here).
-pub fn classic(openmetrics: &str) -> String {
-    let mut out = String::with_capacity(openmetrics.len());
-    let mut help: Option<&str> = None;
-    for line in openmetrics.lines() {
-        if let Some(rest) = line.strip_prefix("# HELP ") {
-            // Held until the TYPE line says whether the name changes.
-            if let Some(h) = help.replace(rest) {
-                push_help(&mut out, h, false);
-            }
-            continue;
-        }
-        if let Some(rest) = line.strip_prefix("# TYPE ") {
-            let counter = rest.ends_with(" counter");
-            if let Some(h) = help.take() {
-                push_help(&mut out, h, counter);
-            }
-            match rest.split_once(' ') {
-                Some((name, kind)) if counter => {
-                    out.push_str(&format!("# TYPE {name}_total {kind}\n"))
-                }
-                _ => {
-                    out.push_str(line);
-                    out.push('\n');
-                }
-            }
-            continue;
-        }
-        if let Some(h) = help.take() {
-            push_help(&mut out, h, false);
-        }
-        if line == "# EOF" || line.starts_with("# UNIT ") {
-            continue;
-        }
-        out.push_str(line);
-        out.push('\n');
-    }
-    if let Some(h) = help {
-        push_help(&mut out, h, false);
-    }
-    out
-}
-
-fn push_help(out: &mut String, help: &str, counter: bool) {
-    match help.split_once(' ') {
-        Some((name, text)) if counter => out.push_str(&format!("# HELP {name}_total {text}\n")),
-        _ => {
-            out.push_str("# HELP ");
-            out.push_str(help);
-            out.push('\n');
-        }
-    }
-}
-
-fn gauge(
-    encoder: &mut DescriptorEncoder<'_>,
-    name: &str,
-    help: &str,
-    value: i64,
-) -> Result<(), std::fmt::Error> {
-    let g = ConstGauge::new(value);
-    g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)
-}
-
-fn clamp(n: usize) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
+/// The manager's registry: the counters kept as things happen and `live`,
+/// read at scrape time; served by `drover_metrics::http::serve`.
+pub fn exposition(counters: &Counters, live: Live) -> Exposition {
+    let mut registry = Registry::default();
+    counters.register(&mut registry);
+    registry.register_collector(Box::new(live));
+    Exposition::new(registry)
 }
 
 impl Collector for Live {
@@ -266,15 +178,14 @@ impl Collector for Live {
             c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)?;
         }
         encode_proxies(&mut encoder, &self.proxies)?;
-        let mut info = encoder.encode_descriptor(
+        drover_metrics::text::build_info(
+            &mut encoder,
             "drover_build_info",
             "The running manager's version and commit (value 1)",
-            None,
-            prometheus_client::metrics::MetricType::Gauge,
+            VERSION,
+            COMMIT,
         )?;
-        ConstGauge::new(1)
-            .encode(info.encode_family(&vec![("version", VERSION), ("commit", COMMIT)])?)?;
-        encode_process(&mut encoder, &process::read())
+        process::encode(&mut encoder, "drover_process", "manager", &process::read())
     }
 }
 
@@ -429,60 +340,4 @@ fn encode_proxies(
         None,
         activation.metric_type(),
     )?)
-}
-
-fn encode_process(
-    encoder: &mut DescriptorEncoder<'_>,
-    r: &process::Reading,
-) -> Result<(), std::fmt::Error> {
-    if let Some(cpu) = r.cpu_seconds {
-        let c = ConstCounter::new(cpu);
-        c.encode(encoder.encode_descriptor(
-            "drover_process_cpu_seconds",
-            "User and system CPU time the manager process spent",
-            None,
-            c.metric_type(),
-        )?)?;
-    }
-    let gauges = [
-        (
-            "drover_process_resident_memory_bytes",
-            "Resident memory of the manager process",
-            r.resident_bytes,
-        ),
-        (
-            "drover_process_open_fds",
-            "Open file descriptors of the manager process",
-            r.open_fds,
-        ),
-        (
-            "drover_process_max_fds",
-            "The manager process's limit of open file descriptors (soft)",
-            r.max_fds,
-        ),
-    ];
-    for (name, help, value) in gauges {
-        if let Some(v) = value {
-            gauge(encoder, name, help, i64::try_from(v).unwrap_or(i64::MAX))?;
-        }
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn classic_names_counters_by_their_samples() {
-        let om = "# HELP a_seconds Time.\n# TYPE a_seconds histogram\na_seconds_sum 0.0\n\
-                  # HELP b Things done.\n# TYPE b counter\nb_total{x=\"y\"} 2\n\
-                  # HELP c Now.\n# TYPE c gauge\n# UNIT c bytes\nc 1\n# EOF\n";
-        assert_eq!(
-            classic(om),
-            "# HELP a_seconds Time.\n# TYPE a_seconds histogram\na_seconds_sum 0.0\n\
-             # HELP b_total Things done.\n# TYPE b_total counter\nb_total{x=\"y\"} 2\n\
-             # HELP c Now.\n# TYPE c gauge\nc 1\n"
-        );
-    }
 }

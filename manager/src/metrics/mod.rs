@@ -7,10 +7,9 @@
 //! * [`dbus_calls`] — D-Bus API calls by interface, method and result;
 //! * [`exposition`] — the scrape: those counters plus the few figures read at
 //!   scrape time (nodes by status, per node up and last seen, jobs in flight,
-//!   monitors, the process), rendered in the OpenMetrics text format;
-//! * [`process`] — the process's own CPU, memory and descriptors (`/proc`);
-//! * [`http`] — the `/metrics` endpoint (`MetricsListenAddress=`), bounded
-//!   in connections, request size and time.
+//!   monitors, the process), rendered in the OpenMetrics text format and
+//!   served by `drover_metrics::http` (`MetricsListenAddress=`; the server,
+//!   its bounds and the process's figures are shared with the agent).
 //!
 //! Invariant: a scrape never walks units and never holds a lock longer than
 //! one pass over the node table (an atomic read per node; a copy of each
@@ -19,8 +18,6 @@
 pub mod counters;
 pub mod dbus_calls;
 pub mod exposition;
-pub mod http;
-pub mod process;
 pub mod signals;
 
 pub use signals::Metrics;

@@ -1,4 +1,4 @@
-//! The `/metrics` endpoint: plain HTTP/1.1 on `MetricsListenAddress=`,
+//! A `/metrics` endpoint: plain HTTP/1.1 on `MetricsListenAddress=`,
 //! served by hyper's HTTP/1 server (no client, no HTTP/2: the smallest
 //! well-kept server that speaks HTTP correctly, so no request parser is
 //! written here).
@@ -16,10 +16,13 @@
 //!   OpenMetrics when it names `application/openmetrics-text` (Prometheus
 //!   does), else the older text format 0.0.4 (`curl`, `promtool`).
 //!
-//! A scrape renders in the connection's task; see [`super::exposition`] for
-//! what it costs the rest of the manager.
+//! A scrape renders in the connection's task; what it reads is the
+//! daemon's business (its collectors say what a scrape costs it).
+//!
+//! The manager and the agent serve through [`serve`] alike, so a bound
+//! changed here changes for both.
 
-use crate::metrics::exposition::{CLASSIC, Exposition, OPENMETRICS, classic};
+use crate::text::{CLASSIC, Exposition, OPENMETRICS, classic};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;

@@ -1,11 +1,16 @@
-//! The manager process's own figures, read from `/proc/self` at scrape time:
+//! A daemon process's own figures, read from `/proc/self` at scrape time:
 //! CPU time, resident memory, open descriptors and their limit. A file that
 //! cannot be read leaves its figure out of the scrape, never fails it.
+//! [`encode`] writes them as `PREFIX_cpu_seconds_total`,
+//! `PREFIX_resident_memory_bytes`, `PREFIX_open_fds` and `PREFIX_max_fds`.
 //!
 //! CPU times in `/proc/self/stat` are in clock ticks of `USER_HZ`, which the
 //! kernel fixes at 100 for user space on every architecture Linux runs
 //! drover on (it is what `sysconf(_SC_CLK_TCK)` answers).
 
+use crate::text::gauge;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
 use std::path::Path;
 
 /// `USER_HZ`: clock ticks per second in `/proc/*/stat`.
@@ -36,6 +41,54 @@ pub fn read() -> Reading {
             .ok()
             .and_then(|s| max_fds(&s)),
     }
+}
+
+/// Writes `r` as the series of the module docs: `prefix` is the series'
+/// name up to `_cpu_seconds` & co (`drover_process`), `who` what the help
+/// texts call the process (`manager`).
+pub fn encode(
+    encoder: &mut DescriptorEncoder<'_>,
+    prefix: &str,
+    who: &str,
+    r: &Reading,
+) -> Result<(), std::fmt::Error> {
+    if let Some(cpu) = r.cpu_seconds {
+        let c = ConstCounter::new(cpu);
+        c.encode(encoder.encode_descriptor(
+            &format!("{prefix}_cpu_seconds"),
+            &format!("User and system CPU time the {who} process spent"),
+            None,
+            c.metric_type(),
+        )?)?;
+    }
+    let gauges = [
+        (
+            "resident_memory_bytes",
+            format!("Resident memory of the {who} process"),
+            r.resident_bytes,
+        ),
+        (
+            "open_fds",
+            format!("Open file descriptors of the {who} process"),
+            r.open_fds,
+        ),
+        (
+            "max_fds",
+            format!("The {who} process's limit of open file descriptors (soft)"),
+            r.max_fds,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        if let Some(v) = value {
+            gauge(
+                encoder,
+                &format!("{prefix}_{name}"),
+                &help,
+                i64::try_from(v).unwrap_or(i64::MAX),
+            )?;
+        }
+    }
+    Ok(())
 }
 
 /// utime + stime of a `stat` line, in seconds. The command name in
