@@ -10,6 +10,10 @@
 //! the systemd bus before readiness, so a proxy unit ordered after the agent
 //! finds it.
 //!
+//! The metrics endpoint (`crate::exposition`, when `MetricsListenAddress=`
+//! is set) listens from the start, so a taken port fails the start; it
+//! closes when the agent stops.
+//!
 //! Health (`crate::health`) starts with the local API, before the link
 //! dials: the node checks, and every running unit's declaration (a unit that
 //! declares health starts the unit stream), so the first session's snapshot
@@ -28,6 +32,7 @@ use drover_bus::Bus;
 use drover_config::health::CheckSpec;
 use drover_config::logging::LoggingConfig;
 use drover_protocol::RemoteError;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
@@ -47,6 +52,11 @@ pub enum AgentError {
     NameLost,
     #[error("cannot serve the local API: {0}")]
     Api(#[from] crate::api::ServeError),
+    #[error("cannot listen for metrics on {addr} (MetricsListenAddress): {source}")]
+    Metrics {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 /// Runs the agent against the systemd on `bus` until `shutdown`.
@@ -62,20 +72,24 @@ pub async fn run(
         link,
         &LoggingConfig::default(),
         Vec::new(),
+        None,
         shutdown,
         on_ready,
     )
     .await
 }
 
-/// [`run`], with the logging settings the local API shows and the node
-/// checks of `agent.conf`; the local `org.eclipse.bluechi.Agent` API is
-/// served on `bus` before `on_ready`.
+/// [`run`], with the logging settings the local API shows, the node
+/// checks of `agent.conf` and where to serve metrics
+/// (`MetricsListenAddress=`; `None`: no listener); the local
+/// `org.eclipse.bluechi.Agent` API is served on `bus` before `on_ready`,
+/// and the metrics endpoint listens before it too.
 pub async fn run_configured(
     bus: &Bus,
     link: LinkConfig,
     logging: &LoggingConfig,
     node_checks: Vec<(String, CheckSpec)>,
+    metrics: Option<SocketAddr>,
     shutdown: CancellationToken,
     on_ready: impl FnOnce(),
 ) -> Result<(), AgentError> {
@@ -88,6 +102,7 @@ pub async fn run_configured(
         link,
         logging,
         node_checks,
+        metrics,
         shutdown,
         on_ready,
     )
@@ -115,23 +130,40 @@ pub async fn run_with<S: Systemd>(
         link,
         &logging,
         Vec::new(),
+        None,
         shutdown,
         on_ready,
     )
     .await
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn run_inner<S: Systemd>(
     systemd: Arc<S>,
     api_bus: Option<zbus::Connection>,
     link: LinkConfig,
     logging: &LoggingConfig,
     node_checks: Vec<(String, CheckSpec)>,
+    metrics: Option<SocketAddr>,
     shutdown: CancellationToken,
     on_ready: impl FnOnce(),
 ) -> Result<(), AgentError> {
     let events = systemd.subscribe().await.map_err(AgentError::Subscribe)?;
     let shared = Arc::new(Shared::default());
+    // Bound now, so a port taken fails the start before READY=1.
+    let metrics_stop = CancellationToken::new();
+    let _metrics_stop = metrics_stop.clone().drop_guard();
+    if let Some(addr) = metrics {
+        let failed = |source| AgentError::Metrics { addr, source };
+        let listener = tokio::net::TcpListener::bind(addr).await.map_err(failed)?;
+        let bound = listener.local_addr().map_err(failed)?;
+        tracing::info!("serving Prometheus metrics at http://{bound}/metrics");
+        tokio::spawn(drover_metrics::http::serve(
+            listener,
+            Arc::new(crate::exposition::exposition(&shared)),
+            metrics_stop,
+        ));
+    }
     // From the start, so the fence works for every dep start and a start's
     // cost never depends on whether anything was ever watched.
     start_units(&systemd, &shared)

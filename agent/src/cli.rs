@@ -242,6 +242,10 @@ fn check_lines(settings: &Settings) -> Vec<String> {
         "node {} connects to {whom} at {at}, {transport}",
         link.node
     ));
+    lines.push(match settings.config.metrics_listen {
+        Some(addr) => format!("metrics: Prometheus endpoint http://{addr}/metrics"),
+        None => "metrics: off (MetricsListenAddress unset)".to_string(),
+    });
     lines.push("the configuration is valid".to_string());
     lines
 }
@@ -261,6 +265,7 @@ async fn serve(settings: Settings) -> Result<(), crate::agent::AgentError> {
         settings.link,
         logging,
         node_checks,
+        settings.config.metrics_listen,
         shutdown,
         || {
             crate::notify::ready(&endpoint, node.as_str());

@@ -499,6 +499,9 @@ impl<S: Systemd> Link<S> {
         self.shared().tracker().new_session(epoch);
         self.shared().session_started(epoch, accepted.session_id);
         self.shared()
+            .stats
+            .session_started(endpoint.to_string(), accepted.epoch);
+        self.shared()
             .status
             .set_controller(&endpoint.host, endpoint.port);
         tracing::info!(
@@ -610,6 +613,7 @@ impl<S: Systemd> Link<S> {
                 }
                 Err(err) => {
                     failures = failures.saturating_add(1);
+                    self.shared().stats.connect_failed();
                     self.log_failure(&endpoint, &err, failures);
                     // The link's state tells failures while no session runs.
                     self.state.send_if_modified(|s| match s {
@@ -841,6 +845,7 @@ impl<S: Systemd> Link<S> {
         self.shared().outbox.close(epoch);
         self.shared().session_ended(epoch);
         self.shared().status.disconnected();
+        self.shared().stats.session_ended();
         if let Some(h) = heartbeat {
             h.abort();
         }

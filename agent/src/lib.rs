@@ -27,10 +27,14 @@
 //!   unit hub and the unit fence.
 //! * [`api`] — the local `org.eclipse.bluechi.Agent` D-Bus API the proxy
 //!   helper calls.
+//! * [`exposition`] — the agent's own Prometheus `/metrics`
+//!   (`MetricsListenAddress=`, off by default), served by `drover-metrics`.
 //!
 //! State: [`state::Shared`] gathers the parts below in one `Arc`.
 //!
 //! Parts:
+//! * [`stats`] — the Prometheus figures kept as things happen (health check
+//!   runs, jobs, the link's sessions).
 //! * [`link`] — what the rest holds of the link: [`link::outbox`], the
 //!   only way to the manager — bounded, never blocking, drops what belongs
 //!   to a session that is gone, kills a session whose manager stopped
@@ -80,6 +84,7 @@ pub mod connection;
 pub mod deps;
 pub mod dispatch;
 pub mod early_events;
+pub mod exposition;
 pub mod fanout;
 pub mod health;
 pub mod jobs;
@@ -89,6 +94,7 @@ pub mod notify;
 pub mod own_units;
 pub mod proxies;
 pub mod state;
+pub mod stats;
 pub mod systemd;
 pub mod units;
 

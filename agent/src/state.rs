@@ -22,6 +22,7 @@ use crate::link::target::{ControllerTarget, Endpoint};
 use crate::node_api::NodeState;
 use crate::proxies::early_start::EarlyStart;
 use crate::proxies::registry::Proxies;
+use crate::stats::Stats;
 use crate::systemd::api::{JobPath, SystemdEvent};
 use crate::units::hub::UnitHub;
 use drover_protocol::{Event, ToManager};
@@ -51,6 +52,8 @@ pub struct Shared {
     pub node: NodeState,
     /// Health of this node's units and of the node: `crate::health`.
     pub health: HealthTable,
+    /// Prometheus figures kept as things happen: `crate::stats`.
+    pub stats: Stats,
 }
 
 /// Health's view of the agent (`crate::health::driver::Host`): the unit
@@ -58,6 +61,10 @@ pub struct Shared {
 impl crate::health::driver::Host for Shared {
     fn health(&self) -> &HealthTable {
         &self.health
+    }
+
+    fn stats(&self) -> &Stats {
+        &self.stats
     }
 
     fn order(&self) -> impl std::future::Future<Output = tokio::sync::MutexGuard<'_, ()>> + Send {
@@ -154,7 +161,10 @@ impl Shared {
     /// Sends one job output; a `JobDone` is followed by its metrics, if on.
     pub fn forward_job(&self, out: Output) {
         let done = match &out.event {
-            Event::JobDone { job_id, .. } => Some(*job_id),
+            Event::JobDone { job_id, result } => {
+                self.stats.job_done(result);
+                Some(*job_id)
+            }
             _ => None,
         };
         self.outbox.send(out.epoch, ToManager::Event(out.event));

@@ -36,12 +36,44 @@ fn a_valid_configuration_is_described() {
         "{out}"
     );
     assert!(out.ends_with("the configuration is valid\n"), "{out}");
+    assert!(
+        out.contains("metrics: off (MetricsListenAddress unset)"),
+        "{out}"
+    );
     // Flags are applied as at start.
     let (ok, out, _) = check(&["-c", conf.to_str().unwrap(), "-n", "db1", "-p", "9000"]);
     assert!(
         ok && out.contains("node db1 connects to the manager at 192.0.2.10:9000"),
         "{out}"
     );
+}
+
+#[test]
+fn the_metrics_endpoint_is_described_and_garbage_refused() {
+    let dir = TempDir::new("agent-check-metrics");
+    let conf = dir.file(
+        "a.conf",
+        "[drover-agent]\nNodeName=web1\nMetricsListenAddress=9843\n",
+    );
+    let (ok, out, err) = check(&["-c", conf.to_str().unwrap()]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains("metrics: Prometheus endpoint http://127.0.0.1:9843/metrics"),
+        "{out}"
+    );
+    for bad in ["localhost:9843", "0", "[::1]"] {
+        let conf = dir.file(
+            "b.conf",
+            &format!("[drover-agent]\nNodeName=web1\nMetricsListenAddress={bad}\n"),
+        );
+        let (ok, out, err) = check(&["-c", conf.to_str().unwrap()]);
+        assert!(!ok && out.is_empty(), "{bad}: {out}");
+        assert!(
+            err.starts_with("drover-agent --check: ")
+                && err.contains("b.conf:3: key 'MetricsListenAddress'"),
+            "{bad}: {err}"
+        );
+    }
 }
 
 #[test]

@@ -1,8 +1,10 @@
-//! A plain HTTP/1.1 client for tests of HTTP endpoints (the manager's
-//! `/metrics`, a Prometheus server's API): one request per connection
-//! (`Connection: close`), read to the end, bounded in time. Also raw byte
-//! exchanges for the garbage tests, and the one lookup tests make in a
-//! Prometheus text exposition ([`sample`]).
+//! A plain HTTP/1.1 client for tests of HTTP endpoints (the manager's and
+//! the agent's `/metrics`, a Prometheus server's API): one request per
+//! connection (`Connection: close`), read to the end, bounded in time. Also
+//! raw byte exchanges for the garbage tests (and the garbage both daemons'
+//! endpoints get, [`garbage_is_bounded`]), the one lookup tests make in a
+//! Prometheus text exposition ([`sample`]) and the real `promtool check
+//! metrics` ([`promtool_check`]).
 
 use anyhow::{Context, Result, bail};
 use std::time::Duration;
@@ -90,6 +92,135 @@ pub async fn exchange(host: &str, bytes: &[u8]) -> Result<Vec<u8>> {
     })
     .await
     .with_context(|| format!("{host} did not answer and close within {TIMEOUT:?}"))?
+}
+
+/// Garbage for a `/metrics` endpoint of drover (`drover_metrics::http`), with the
+/// answers and bounds its module docs promise: a wrong method is 405, another path
+/// 404, `HEAD` and a query string are served; a head too long or with too many
+/// headers is refused unbuffered, bytes that are no HTTP get 400; a head that never
+/// ends is closed within the head timeout (5 s, well before [`TIMEOUT`]); of 40 idle
+/// connections, at least 24 are closed at once (16 served at a time). Panics
+/// otherwise. The caller checks that the endpoint still serves afterwards.
+pub async fn garbage_is_bounded(url: &str) {
+    let (host, _) = split_url(url).expect("an http:// URL");
+
+    let post = request(
+        host,
+        "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc",
+    )
+    .await
+    .expect("the endpoint answers");
+    assert_eq!(post.status, 405, "{post:?}");
+    assert_eq!(post.header("allow"), Some("GET, HEAD"));
+    let other = request(
+        host,
+        "GET /../etc/passwd HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .expect("the endpoint answers");
+    assert_eq!(other.status, 404, "{other:?}");
+    let head = request(
+        host,
+        "HEAD /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .expect("the endpoint answers");
+    assert_eq!((head.status, head.body.as_str()), (200, ""), "{head:?}");
+    let query = get(&format!("{url}?x=%00"))
+        .await
+        .expect("the endpoint answers");
+    assert_eq!(query.status, 200);
+
+    // Heads too long or with too many headers: refused, never buffered.
+    // (1 MiB: the server may close while the client still writes, and the
+    // client's socket may then be reset before the answer is read.)
+    let long = format!(
+        "GET /metrics HTTP/1.1\r\nX: {}\r\n\r\n",
+        "a".repeat(1 << 20)
+    );
+    let answer = exchange(host, long.as_bytes())
+        .await
+        .expect("the endpoint answers");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1 431"),
+        "{answer}"
+    );
+    let many: String = (0..200).map(|i| format!("X-{i}: y\r\n")).collect();
+    let answer = exchange(
+        host,
+        format!("GET /metrics HTTP/1.1\r\n{many}\r\n").as_bytes(),
+    )
+    .await
+    .expect("the endpoint answers");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+    // Bytes that are no HTTP at all.
+    let answer = exchange(host, &[0, 159, 146, 150, 13, 10, 13, 10])
+        .await
+        .expect("the endpoint answers");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+
+    // A head that never ends: closed unanswered by the server within its head timeout
+    // (5 s), well before the client's own (`http::TIMEOUT`, which would fail here).
+    let answer = exchange(host, b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .expect("the endpoint answers");
+    assert!(answer.is_empty(), "{}", String::from_utf8_lossy(&answer));
+
+    // More idle connections than the endpoint serves at once: the extra ones are
+    // closed at once, the others when their head times out; then it serves again.
+    let mut idle = Vec::new();
+    for _ in 0..40 {
+        idle.push(
+            tokio::net::TcpStream::connect(host)
+                .await
+                .expect("connecting to the endpoint"),
+        );
+    }
+    let mut closed_at_once = 0;
+    for s in &mut idle {
+        let mut b = [0u8; 1];
+        if let Ok(Ok(0)) = tokio::time::timeout(
+            Duration::from_millis(200),
+            tokio::io::AsyncReadExt::read(s, &mut b),
+        )
+        .await
+        {
+            closed_at_once += 1;
+        }
+    }
+    assert!(
+        closed_at_once >= 40 - 16,
+        "{closed_at_once} of 40 closed at once"
+    );
+    drop(idle);
+}
+
+/// `promtool check metrics` on `text`: (exit success, what it printed).
+pub async fn promtool_check(text: &str) -> (bool, String) {
+    let mut child = tokio::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("promtool (Debian package prometheus) is installed");
+    let mut stdin = child.stdin.take().expect("promtool's stdin");
+    stdin
+        .write_all(text.as_bytes())
+        .await
+        .expect("writing to promtool");
+    drop(stdin);
+    let out = child.wait_with_output().await.expect("promtool ends");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), said)
 }
 
 /// The value of the series `series` (name and labels exactly as exposed,

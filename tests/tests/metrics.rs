@@ -6,9 +6,8 @@
 //! that get clear answers and change nothing.
 
 use drover_testkit::api::job_call;
-use drover_testkit::http::{self, sample};
+use drover_testkit::http::{self, promtool_check, sample};
 use drover_testkit::prelude::*;
-use std::process::Stdio;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 
@@ -86,28 +85,6 @@ async fn until_within(
         panic!("{series} never became as wanted; last scrape:\n{last}");
     }
     last
-}
-
-/// `promtool check metrics` on `text`: (exit success, what it printed).
-async fn promtool_check(text: &str) -> (bool, String) {
-    let mut child = tokio::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("promtool (Debian package prometheus) is installed");
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(text.as_bytes()).await.unwrap();
-    drop(stdin);
-    let out = child.wait_with_output().await.unwrap();
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), said)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -550,92 +527,9 @@ async fn per_node_series_can_be_switched_off() {
 async fn garbage_requests_get_clear_answers_and_change_nothing() {
     let c = TestCluster::with(metered(1)).await;
     let url = url(&c);
-    let (host, _) = http::split_url(&url).unwrap();
-
-    let post = http::request(
-        host,
-        "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc",
-    )
-    .await
-    .unwrap();
-    assert_eq!(post.status, 405, "{post:?}");
-    assert_eq!(post.header("allow"), Some("GET, HEAD"));
-    let other = http::request(
-        host,
-        "GET /../etc/passwd HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
-    )
-    .await
-    .unwrap();
-    assert_eq!(other.status, 404, "{other:?}");
-    let head = http::request(
-        host,
-        "HEAD /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
-    )
-    .await
-    .unwrap();
-    assert_eq!((head.status, head.body.as_str()), (200, ""), "{head:?}");
-    let query = http::get(&format!("{url}?x=%00")).await.unwrap();
-    assert_eq!(query.status, 200);
-
-    // Heads too long or with too many headers: refused, never buffered.
-    // (1 MiB: the server may close while the client still writes, and the
-    // client's socket may then be reset before the answer is read.)
-    let long = format!(
-        "GET /metrics HTTP/1.1\r\nX: {}\r\n\r\n",
-        "a".repeat(1 << 20)
-    );
-    let answer = http::exchange(host, long.as_bytes()).await.unwrap();
-    let answer = String::from_utf8_lossy(&answer);
-    assert!(
-        answer.is_empty() || answer.starts_with("HTTP/1.1 431"),
-        "{answer}"
-    );
-    let many: String = (0..200).map(|i| format!("X-{i}: y\r\n")).collect();
-    let answer = http::exchange(
-        host,
-        format!("GET /metrics HTTP/1.1\r\n{many}\r\n").as_bytes(),
-    )
-    .await
-    .unwrap();
-    let answer = String::from_utf8_lossy(&answer);
-    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
-    // Bytes that are no HTTP at all.
-    let answer = http::exchange(host, &[0, 159, 146, 150, 13, 10, 13, 10])
-        .await
-        .unwrap();
-    let answer = String::from_utf8_lossy(&answer);
-    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
-
-    // A head that never ends: closed unanswered by the server within its head timeout
-    // (5 s), well before the client's own (`http::TIMEOUT`, which would fail here).
-    let answer = http::exchange(host, b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
-        .await
-        .unwrap();
-    assert!(answer.is_empty(), "{}", String::from_utf8_lossy(&answer));
-
-    // More idle connections than the endpoint serves at once: the extra ones are
-    // closed at once, the others when their head times out; then it serves again.
-    let mut idle = Vec::new();
-    for _ in 0..40 {
-        idle.push(tokio::net::TcpStream::connect(host).await.unwrap());
-    }
-    let mut closed_at_once = 0;
-    for s in &mut idle {
-        let mut b = [0u8; 1];
-        if let Ok(Ok(0)) = tokio::time::timeout(
-            Duration::from_millis(200),
-            tokio::io::AsyncReadExt::read(s, &mut b),
-        )
-        .await
-        {
-            closed_at_once += 1;
-        }
-    }
-    assert!(
-        closed_at_once >= 40 - 16,
-        "{closed_at_once} of 40 closed at once"
-    );
-    drop(idle);
+    // Every bound drover_metrics::http sets, with the same requests as the agent's
+    // endpoint gets (tests/tests/agent_metrics.rs).
+    http::garbage_is_bounded(&url).await;
     let text = until(&url, r#"drover_nodes{status="online"}"#, 1.0).await;
     let (ok, said) = promtool_check(&text).await;
     assert!(ok && said.is_empty(), "{said}");

@@ -48,6 +48,8 @@ use zbus::Connection;
 /// imports nothing above it.
 pub trait Host: Send + Sync + 'static {
     fn health(&self) -> &HealthTable;
+    /// Where check runs are counted (`drover_agent_health_checks_total`).
+    fn stats(&self) -> &crate::stats::Stats;
     /// The lock of the unit event order, held while tagging and sending.
     fn order(&self) -> impl Future<Output = tokio::sync::MutexGuard<'_, ()>> + Send;
     /// A loaded unit's active state as the unit hub knows it.
@@ -429,6 +431,7 @@ pub async fn push<H: Host>(
     let actions = shared
         .health()
         .push(unit, state, reason, ttl, Instant::now())?;
+    shared.stats().check_pushed(state);
     perform(shared, actions).await;
     Ok(())
 }
@@ -542,6 +545,11 @@ async fn run_check<H: Host>(shared: Weak<H>, start: Start) {
         let Some(shared) = shared.upgrade() else {
             return;
         };
+        shared.stats().check_ran(
+            crate::stats::kind_label(&spec.probe),
+            outcome.passed(),
+            started.elapsed(),
+        );
         let pace = {
             let _order = shared.order().await;
             let (actions, pace) =

@@ -26,12 +26,12 @@ use crate::proxies::stats::{ErrorReason, ProxyStats, Slot};
 use crate::units::health::HealthCounts;
 use crate::units::hub::Subscriptions;
 use crate::units::monitor::Monitors;
+use drover_metrics::text::{clamp, gauge};
+use drover_metrics::{Exposition, process};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
-use drover_metrics::text::{clamp, gauge};
-use drover_metrics::{Exposition, process};
 use prometheus_client::registry::Registry;
 use std::sync::Arc;
 
