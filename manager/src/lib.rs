@@ -33,7 +33,9 @@
 //!   bounded `/metrics` endpoint (`MetricsListenAddress`).
 //! * [`discovery`] — where units run and what is taken out of service:
 //!   [`discovery::drain`] (drained nodes and units, kept in the state
-//!   directory).
+//!   directory). [`warm_up`] — the window after a start in which a node's
+//!   absence proves nothing (discovery's answers are incomplete, orphan-dep
+//!   sweeps wait).
 //! * [`root`] — the composition root: builds every part above from the
 //!   configuration, hands each what it needs, and says what a node's life
 //!   means for the others (online → subscriptions, proxies, metrics; ended →
@@ -110,6 +112,7 @@ pub mod root;
 pub mod server;
 pub mod tls;
 pub mod units;
+pub mod warm_up;
 
 pub use crate::root::Timeouts;
 pub use drover_bus::Bus;

@@ -151,6 +151,7 @@ impl Parts {
             Policy::from_config(&config, config.allowed_nodes.iter().cloned()),
             subscriptions.clone(),
             timeouts.request,
+            config.discovery.warm_up_timeout,
         );
         let jobs = JobRunner::new(
             nodes.clone(),

@@ -15,6 +15,7 @@
 
 use crate::api;
 use crate::api::handles::Handles;
+use crate::discovery::Discovery;
 use crate::fanout::limit::{FleetCalls, ListKind};
 use crate::ha::election::{Election, Seat};
 use crate::ha::etcd::Etcd;
@@ -25,6 +26,7 @@ use crate::nodes::lifecycle::{Lifecycle, Phase};
 use crate::nodes::link_stats::Disconnect;
 use crate::nodes::listener::{Accept, accept_loop};
 use crate::nodes::session::CLOSE_DEADLINE;
+use crate::proxies::driver::Proxies;
 use crate::reload::Reloader;
 use crate::root::{Parts, Timeouts};
 use crate::units::monitor::Monitors;
@@ -336,6 +338,9 @@ fn start_election(
     let seat = Arc::new(ManagerSeat {
         lifecycle: parts.lifecycle.clone(),
         conn: conn.clone(),
+        proxies: parts.proxies.clone(),
+        discovery: parts.discovery.clone(),
+        warm_up: parts.config.discovery.warm_up_timeout,
     });
     let election = Election {
         etcd: Etcd::new(ha.endpoints.clone()),
@@ -372,6 +377,9 @@ fn host_name() -> String {
 struct ManagerSeat {
     lifecycle: Arc<Lifecycle>,
     conn: Connection,
+    proxies: Proxies,
+    discovery: Arc<Discovery>,
+    warm_up: std::time::Duration,
 }
 
 impl ManagerSeat {
@@ -407,6 +415,10 @@ impl ManagerSeat {
 impl Seat for ManagerSeat {
     fn lead(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
+            // A new leader knows what a restarted manager knows: the
+            // warm-up starts again before the first agent is admitted.
+            self.discovery.restart_warm_up();
+            self.proxies.restart_warm_up(self.warm_up).await;
             self.lifecycle.enter(Phase::Leading);
             self.lifecycle.announce_controller().await;
             self.announce().await;

@@ -909,19 +909,72 @@ async fn manager_restart_rebuilds_references_exactly() {
     c.down().await;
 }
 
+/// A grace period of `grace_ms` and a warm-up of `warm_up_s` after a
+/// manager start.
+fn with_grace_and_warm_up(nodes: usize, grace_ms: u64, warm_up_s: u64) -> ClusterOptions {
+    ClusterOptions {
+        manager_extra_config: format!(
+            "[drover-manager]\nProxyGracePeriod={grace_ms}\nWarmUpTimeout={warm_up_s}s\n"
+        ),
+        ..ClusterOptions::with_nodes(nodes)
+    }
+}
+
 /// A manager restart while the only requester is gone for good: the dep it left
-/// behind is stopped (no leak).
+/// behind is stopped (no leak), once the warm-up gave up waiting for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manager_restart_stops_deps_nobody_reclaims() {
-    let mut c = TestCluster::with(with_grace(2, 2_000)).await;
+    let mut c = TestCluster::with(with_grace_and_warm_up(2, 2_000, 8)).await;
     chain_up(&c, "Wants", SLEEPER).await;
     c.stop_manager().await.unwrap();
     // node1's agent dies with the manager away: nobody will re-announce the proxy.
     c.signal_agent("node1", Signal::SIGKILL).unwrap();
     c.start_manager().await.unwrap();
+    let started = Instant::now();
     c.wait_status("node2", "online", T).await;
+    // Past node2's grace period the dep still runs: node1 may depend on
+    // node2 and has not been back since the start.
+    c.stays("node2", DEP, "active", Duration::from_secs(4))
+        .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "the check above ended inside the warm-up"
+    );
     wait_state(&c, "node2", DEP, "inactive").await;
+    assert!(
+        started.elapsed() >= Duration::from_secs(8),
+        "stopped only once the warm-up ended"
+    );
     assert_eq!(c.state("node2", DB).await, "active");
+    c.down().await;
+}
+
+/// A manager restart while a requester's agent is away longer than the
+/// target's grace period: the dep it needs is not swept meanwhile, and the
+/// requester's proxy finds it running when it comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manager_restart_keeps_the_deps_of_a_requester_that_comes_back_late() {
+    let mut c = TestCluster::with(with_grace_and_warm_up(2, 2_000, 60)).await;
+    chain_up(&c, "Wants", SLEEPER).await;
+    let dep_run = invocation(&c, "node2", DEP).await;
+    let db_run = invocation(&c, "node2", DB).await;
+    c.stop_manager().await.unwrap();
+    c.stop_agent("node1").await.unwrap();
+    c.start_manager().await.unwrap();
+    c.wait_status("node2", "online", T).await;
+    // Twice node2's grace period: a sweep would have stopped the dep.
+    c.stays("node2", DEP, "active", Duration::from_secs(4))
+        .await;
+    c.start_agent("node1").await.unwrap();
+    c.wait_status("node1", "online", T).await;
+    wait_live(&c, vec![row("node1", "node2", DB, "active", 1)]).await;
+    // node1's reference is rebuilt: the sweep now due keeps the dep.
+    c.stays("node2", DEP, "active", Duration::from_secs(3))
+        .await;
+    assert_eq!(invocation(&c, "node2", DEP).await, dep_run);
+    assert_eq!(invocation(&c, "node2", DB).await, db_run);
+    assert_eq!(c.state("node1", PROXY).await, "active");
+    assert_eq!(c.state("node1", NEED_DB).await, "active");
     c.down().await;
 }
 

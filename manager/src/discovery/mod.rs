@@ -44,6 +44,7 @@ pub mod ports;
 pub mod query;
 
 use crate::units::hub::{Delivery, Subscriptions, WatchId, Watcher};
+use crate::warm_up::WarmUp;
 use drain::Drained;
 use drover_config::DiscoverySettings;
 use drover_protocol::ports::{PORT_UNITS_MAX, Ports};
@@ -51,7 +52,7 @@ use drover_protocol::{NodeName, UnitName};
 use index::Index;
 use ports::PortsBook;
 use query::{Options, WhereRow, where_row};
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{mpsc, oneshot};
@@ -82,7 +83,6 @@ enum Command {
     Refreshed(NodeName, u64),
 }
 
-#[derive(Default)]
 struct Nodes {
     /// Online nodes: session and the node's address (its
     /// `AdvertiseAddress=`, else the address the manager sees).
@@ -92,7 +92,7 @@ struct Nodes {
     /// The dead session of an offline node (its events are ignored).
     dead: HashMap<NodeName, u64>,
     /// Configured nodes that did not register since the start.
-    awaited: HashSet<NodeName>,
+    warm_up: WarmUp,
     /// The ports each node's units declare (see [`PortsBook`]): kept while
     /// the node's stale rows are, replaced by its next session's.
     ports: PortsBook,
@@ -114,7 +114,8 @@ pub struct Discovery {
     hub: Arc<Subscriptions>,
     state: Mutex<State>,
     settings: DiscoverySettings,
-    warm_until: Instant,
+    /// The nodes of the configuration (what a warm-up awaits).
+    configured: Vec<NodeName>,
     commands: mpsc::Sender<Command>,
     /// Taken by [`Discovery::run`].
     start: Mutex<Option<(mpsc::Receiver<Delivery>, mpsc::Receiver<Command>)>>,
@@ -136,8 +137,14 @@ impl Discovery {
         let (watcher, rx) = hub.watcher(QUEUE);
         let (commands, cmd_rx) = mpsc::channel(1024);
         let nodes = Nodes {
-            awaited: configured.iter().cloned().collect(),
-            ..Nodes::default()
+            warm_up: WarmUp::new(
+                configured.iter().cloned(),
+                tokio::time::Instant::now() + settings.warm_up_timeout,
+            ),
+            online: HashMap::new(),
+            last_address: HashMap::new(),
+            dead: HashMap::new(),
+            ports: PortsBook::default(),
         };
         Arc::new(Self {
             hub,
@@ -150,7 +157,7 @@ impl Discovery {
                 expiries: VecDeque::new(),
             }),
             settings,
-            warm_until: Instant::now() + settings.warm_up_timeout,
+            configured: configured.to_vec(),
             commands,
             start: Mutex::new(Some((rx, cmd_rx))),
         })
@@ -162,9 +169,26 @@ impl Discovery {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// This manager starts to lead (high availability): answers are
+    /// incomplete again until the configured nodes that are not online
+    /// registered, for the configured `WarmUpTimeout` at most.
+    pub fn restart_warm_up(&self) {
+        let mut st = self.lock();
+        let absent: Vec<NodeName> = self
+            .configured
+            .iter()
+            .filter(|n| !st.nodes.online.contains_key(*n))
+            .cloned()
+            .collect();
+        st.nodes.warm_up = WarmUp::new(
+            absent,
+            tokio::time::Instant::now() + self.settings.warm_up_timeout,
+        );
+    }
+
     /// True while the manager is warming up (see the module docs).
     pub fn warming_up(&self) -> bool {
-        Instant::now() < self.warm_until && !self.lock().nodes.awaited.is_empty()
+        self.lock().nodes.warm_up.is_on(tokio::time::Instant::now())
     }
 
     /// Units indexed now and rows held (stale ones included).
@@ -184,7 +208,7 @@ impl Discovery {
         st.nodes.dead.remove(node);
         st.nodes.last_address.remove(node);
         st.nodes.ports.node_online(node, session);
-        if st.nodes.awaited.remove(node) && st.nodes.awaited.is_empty() {
+        if st.nodes.warm_up.arrived(node) {
             tracing::info!("discovery: every configured node registered; warm-up over");
         }
         let units: Vec<UnitName> = st.index.units().cloned().collect();
@@ -309,12 +333,8 @@ impl Discovery {
                 rows.push(r);
             }
         }
-        let complete = complete && !self.warming_up_locked(&st);
+        let complete = complete && !st.nodes.warm_up.is_on(tokio::time::Instant::now());
         Ok((rows, complete))
-    }
-
-    fn warming_up_locked(&self, st: &State) -> bool {
-        Instant::now() < self.warm_until && !st.nodes.awaited.is_empty()
     }
 
     /// Indexes `unit` if it is not yet (watching it on every online node)

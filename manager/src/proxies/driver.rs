@@ -91,8 +91,15 @@ pub struct Proxies {
 type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 impl Proxies {
-    pub fn new(policy: Policy, subs: Arc<Subscriptions>, request_timeout: Duration) -> Self {
-        let refs = References::new(policy);
+    /// `warm_up`: how long after now orphan-dep sweeps may wait for the
+    /// nodes that may depend on others ([`References::warm_up_until`]).
+    pub fn new(
+        policy: Policy,
+        subs: Arc<Subscriptions>,
+        request_timeout: Duration,
+        warm_up: Duration,
+    ) -> Self {
+        let refs = References::new(policy).warm_up_until(Instant::now() + warm_up);
         let stats = refs.stats();
         Self {
             shared: Arc::new(Shared {
@@ -109,6 +116,15 @@ impl Proxies {
                 stats,
             }),
         }
+    }
+
+    /// This manager starts to lead (high availability): sweeps wait for
+    /// the nodes that may depend on others again, for `warm_up` at most.
+    pub async fn restart_warm_up(&self, warm_up: Duration) {
+        let mut inner = self.shared.inner.lock().await;
+        inner.refs.restart_warm_up(Instant::now() + warm_up);
+        drop(inner);
+        self.shared.wake.notify_one();
     }
 
     /// What the references count as they change (for `/metrics`).

@@ -105,6 +105,7 @@
 //!   `ProxyError`; a new grace period applies to disconnects from then on.
 
 use crate::proxies::stats::{ErrorReason, ProxyStats, Slot, Tally};
+use crate::warm_up::WarmUp;
 use drover_config::ManagerConfig;
 use drover_protocol::ProxyTemplate;
 use drover_protocol::health::{Health, HealthState};
@@ -466,6 +467,9 @@ pub struct References {
     offline_since: HashMap<NodeName, Instant>,
     /// Orphan-dep sweeps due: node → (session, when).
     sweeps: HashMap<NodeName, (u64, Instant)>,
+    /// The nodes that may depend on others, awaited after a start: a
+    /// target's sweep waits while one that may depend on it is awaited.
+    warm_up: WarmUp,
     next_gen: u64,
     next_seq: u64,
     /// What the metrics endpoint shows, counted as things change.
@@ -486,10 +490,32 @@ impl References {
             offline_until: HashMap::new(),
             offline_since: HashMap::new(),
             sweeps: HashMap::new(),
+            warm_up: WarmUp::over(),
             next_gen: 1,
             next_seq: 1,
             stats: Arc::default(),
         }
+    }
+
+    /// After a manager start (or when it starts to lead): until every node
+    /// that may depend on others and is not online registered, or `until`
+    /// passed, no orphan-dep sweep runs on a node that one of the absent
+    /// ones may depend on (its deps may be wanted by references it has not
+    /// re-announced yet).
+    pub fn warm_up_until(mut self, until: Instant) -> Self {
+        self.restart_warm_up(until);
+        self
+    }
+
+    /// See [`References::warm_up_until`].
+    pub fn restart_warm_up(&mut self, until: Instant) {
+        let requesters = self
+            .policy
+            .allow
+            .iter()
+            .filter(|(a, targets)| !targets.is_empty() && !self.online.contains_key(*a))
+            .map(|(a, _)| a.clone());
+        self.warm_up = WarmUp::new(requesters, until);
     }
 
     pub fn policy(&self) -> &Policy {

@@ -1,6 +1,7 @@
 //! The reference rules' input from the node lifecycle: a node registers
 //! (its waiting targets hear it is back, its orphan-dep sweep is due one
-//! grace period later) or its session ends (its references get their grace
+//! grace period later; back for the first time since the start, it gives
+//! the sweeps of the nodes it may depend on one grace period too) or its session ends (its references get their grace
 //! period, its targets' known states become `agent-offline`, waiting proxies
 //! on it are told).
 
@@ -16,6 +17,18 @@ impl References {
     /// the policy was built.
     pub fn node_online(&mut self, node: &NodeName, session: u64, now: Instant) -> Vec<Action> {
         self.policy.known.insert(node.clone());
+        if self.warm_up.awaits(node) {
+            // Back after the start: its proxies re-announce what they need
+            // now, so the sweeps of the nodes it may depend on give them one
+            // grace period, as to every node at the start.
+            let later = now + self.policy.grace;
+            for b in self.policy.allow.get(node).into_iter().flatten() {
+                if let Some((_, at)) = self.sweeps.get_mut(b) {
+                    *at = (*at).max(later);
+                }
+            }
+            self.warm_up.arrived(node);
+        }
         self.online.insert(node.clone(), session);
         self.offline_until.remove(node);
         self.offline_since.remove(node);

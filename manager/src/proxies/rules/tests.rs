@@ -891,6 +891,74 @@ async fn manager_restart_rebuilds_references_and_stops_only_orphans() {
     );
 }
 
+fn sweeps(out: &[Action]) -> Vec<String> {
+    out.iter()
+        .filter_map(|a| match a {
+            Action::Sweep { node, .. } => Some(node.to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_sweep_while_a_node_that_may_depend_on_the_target_is_awaited() {
+    // A fresh manager with a 60 s warm-up: b registers, a (which may
+    // depend on b) is late; d depends on nothing and never comes.
+    let warm = Duration::from_secs(60);
+    let mut r = References::new(policy()).warm_up_until(now() + warm);
+    r.node_online(&n("b"), S_B, now());
+    r.node_online(&n("c"), S_C, now());
+    advance(GRACE).await;
+    assert_eq!(
+        sweeps(&r.tick(now())),
+        ["c"],
+        "c's sweep is due (nobody depends on c); b's waits: a's deps on b may still be re-announced"
+    );
+    assert!(
+        r.next_deadline() > Some(now()),
+        "nothing due while a is awaited"
+    );
+    // a comes back late: b's sweep gives a's re-announcements one grace
+    // period, then stops only the orphan.
+    advance(Duration::from_secs(5)).await;
+    r.node_online(&n("a"), S_A, now());
+    assert_eq!(r.next_deadline(), Some(now() + GRACE));
+    advance(Duration::from_secs(1)).await;
+    r.proxy_new(&n("a"), S_A, &n("b"), &u("db.service"), 4, now());
+    assert_eq!(ack_all(&mut r), [(true, "db.service".into())]);
+    advance(GRACE - Duration::from_secs(1) - Duration::from_millis(1)).await;
+    assert!(sweeps(&r.tick(now())).is_empty());
+    advance(Duration::from_millis(1)).await;
+    let mut due = sweeps(&r.tick(now()));
+    due.sort();
+    assert_eq!(due, ["a", "b"]);
+    r.sweep_result(&n("b"), S_B, &[u("db.service"), u("orphan.service")]);
+    assert_eq!(ack_all(&mut r), [(false, "orphan.service".into())]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_warm_up_deadline_lets_the_sweep_run_without_the_absent_node() {
+    let warm = Duration::from_secs(60);
+    let mut r = References::new(policy()).warm_up_until(now() + warm);
+    // a and c may depend on b; neither comes back.
+    r.node_online(&n("b"), S_B, now());
+    assert_eq!(r.next_deadline(), Some(now() + warm));
+    advance(warm - Duration::from_millis(1)).await;
+    assert!(sweeps(&r.tick(now())).is_empty());
+    advance(Duration::from_millis(1)).await;
+    assert_eq!(sweeps(&r.tick(now())), ["b"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_node_nobody_may_depend_on_is_swept_after_its_grace_period_as_before() {
+    // d may depend on nothing and nobody depends on a: a's sweep does not
+    // wait for d, nor for anyone.
+    let mut r = References::new(policy()).warm_up_until(now() + Duration::from_secs(600));
+    r.node_online(&n("a"), S_A, now());
+    advance(GRACE).await;
+    assert_eq!(sweeps(&r.tick(now())), ["a"]);
+}
+
 #[tokio::test(start_paused = true)]
 async fn failed_proxy_outcome_is_replayed_to_a_returning_requester() {
     let mut r = setup();

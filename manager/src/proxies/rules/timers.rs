@@ -1,5 +1,7 @@
 //! The reference rules' input from the clock: grace periods that end and
-//! orphan-dep sweeps that are due.
+//! orphan-dep sweeps that are due (a sweep of B is due one grace period
+//! after B registered, or at the end of the warm-up if a node that may
+//! depend on B has not registered since the manager started).
 
 use super::*;
 
@@ -12,7 +14,10 @@ impl References {
             .flat_map(|t| t.refs.values())
             .filter_map(|r| r.grace_until);
         let nodes = self.offline_until.values().copied();
-        let sweeps = self.sweeps.values().map(|(_, at)| *at);
+        let sweeps = self
+            .sweeps
+            .iter()
+            .map(|(b, (_, at))| self.sweep_due_at(b, *at));
         refs.chain(nodes).chain(sweeps).min()
     }
 
@@ -73,7 +78,7 @@ impl References {
         let due: Vec<(NodeName, u64)> = self
             .sweeps
             .iter()
-            .filter(|(_, (_, at))| *at <= now)
+            .filter(|(b, (_, at))| self.sweep_due_at(b, *at) <= now)
             .map(|(n, (s, _))| (n.clone(), *s))
             .collect();
         for (node, session) in due {
@@ -81,5 +86,20 @@ impl References {
             out.push(Action::Sweep { node, session });
         }
         out
+    }
+
+    /// When the sweep of `b` planned for `at` may run: not before the
+    /// warm-up ends while a node that may depend on `b` is awaited.
+    fn sweep_due_at(&self, b: &NodeName, at: Instant) -> Instant {
+        let held = self
+            .policy
+            .allow
+            .iter()
+            .any(|(a, targets)| targets.contains(b) && self.warm_up.awaits(a));
+        if held {
+            at.max(self.warm_up.deadline())
+        } else {
+            at
+        }
     }
 }
