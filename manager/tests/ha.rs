@@ -16,9 +16,11 @@ use drover_protocol::RefuseReason;
 use drover_protocol::handshake::{Accepted, Hello};
 use drover_protocol::link::{Answer, HandshakeError, agent_handshake, agent_hello};
 use drover_testkit::etcd::Etcd;
-use drover_testkit::process::{ChildGuard, Signal, TempDir, free_port};
+use drover_testkit::ha::{HaManager, LOOK, leading as leading_of};
+use drover_testkit::process::{ChildGuard, Signal, free_port};
 use drover_testkit::wait::poll;
 use futures::StreamExt;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use zbus::OwnedObjectPath;
@@ -28,8 +30,6 @@ const TTL: Duration = Duration::from_secs(2);
 const NOT_LEADER: &str = "io.drover.NotLeader";
 /// The pause between two passes of etcd's lease expiry loop (etcd 3.4).
 const ETCD_EXPIRY_PASS: Duration = Duration::from_millis(500);
-/// How often a test looks at `Leading` while it times a takeover.
-const LOOK: Duration = Duration::from_millis(20);
 
 type Framed = drover_protocol::link::AgentFramed<tokio::net::TcpStream>;
 
@@ -41,16 +41,24 @@ fn host_name() -> String {
         .to_string()
 }
 
-/// One manager process on its own bus.
+/// One manager process on its own bus (the testkit's [`HaManager`]), with
+/// its metrics port.
 struct Ha {
-    // Field order is drop order: the process, then its API client, then
-    // its bus, then its files.
-    proc: Option<ChildGuard>,
-    api: Api,
-    _bus: drover_sandbox::PrivateBus,
-    port: u16,
+    m: HaManager,
     metrics_port: u16,
-    tmp: TempDir,
+}
+
+impl std::ops::Deref for Ha {
+    type Target = HaManager;
+    fn deref(&self) -> &HaManager {
+        &self.m
+    }
+}
+
+impl std::ops::DerefMut for Ha {
+    fn deref_mut(&mut self) -> &mut HaManager {
+        &mut self.m
+    }
 }
 
 impl Ha {
@@ -60,46 +68,17 @@ impl Ha {
 
     /// A manager whose `EtcdEndpoints` is `url`.
     async fn start_at(url: &str, prefix: &str) -> Ha {
-        let bus = test_bus();
-        let port = free_port();
         let metrics_port = free_port();
-        let tmp = TempDir::new("drover-ha");
-        let conf = tmp.file(
-            "manager.conf",
-            &format!(
+        let m = HaManager::start(Path::new(BIN), |_| {
+            format!(
                 "[drover-manager]\nAllowedNodeNames=node1,node2\nLogTarget=stderr\nLogLevel=DEBUG\n\
                  MetricsListenAddress={metrics_port}\n\
                  EtcdEndpoints={url}\nEtcdKeyPrefix={prefix}\nEtcdLeaseTTL={}\n",
                 TTL.as_secs()
-            ),
-        );
-        let log = std::fs::File::create(tmp.join("manager.log")).expect("log file");
-        let proc = Command::new(BIN)
-            .args(["--no-default-config", "--bus", bus.address()])
-            .args(["-p", &port.to_string(), "-c"])
-            .arg(&conf)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("run drover-manager");
-        let api = Api::connect(bus.address()).await;
-        let ha = Ha {
-            proc: Some(ChildGuard::new(proc)),
-            api,
-            _bus: bus,
-            port,
-            metrics_port,
-            tmp,
-        };
-        // Serving: the name is owned and the property answers.
-        let api = ha.api.clone();
-        poll(WAIT, LOOK, "the manager serves its API", || {
-            let api = api.clone();
-            async move { leading_of(&api).await.is_ok() }
+            )
         })
-        .await
-        .unwrap_or_else(|e| panic!("{e}\n{}", ha.logged()));
-        ha
+        .await;
+        Ha { m, metrics_port }
     }
 
     /// A series of its `/metrics`.
@@ -107,45 +86,6 @@ impl Ha {
         let url = format!("http://127.0.0.1:{}/metrics", self.metrics_port);
         let answer = drover_testkit::http::get(&url).await.expect("GET /metrics");
         drover_testkit::http::sample(&answer.body, series)
-    }
-
-    fn logged(&self) -> String {
-        self.tmp.read("manager.log")
-    }
-
-    fn signal(&self, sig: Signal) {
-        self.proc.as_ref().expect("running").signal(sig);
-    }
-
-    async fn leading(&self) -> bool {
-        leading_of(&self.api)
-            .await
-            .unwrap_or_else(|e| panic!("Leading: {e}\n{}", self.logged()))
-    }
-
-    async fn epoch(&self) -> u64 {
-        self.api
-            .call::<_, zbus::OwnedVariant>(
-                CONTROLLER,
-                PROPERTIES_IFACE,
-                "Get",
-                &(DROVER_CONTROLLER_IFACE, "Epoch"),
-            )
-            .await
-            .ok()
-            .and_then(|v| u64::try_from(v).ok())
-            .expect("Epoch is a u64")
-    }
-
-    /// Waits until `Leading` is `want`; returns how long that took.
-    async fn until_leading(&self, want: bool, limit: Duration) -> Duration {
-        let start = Instant::now();
-        poll(limit, LOOK, &format!("Leading = {want}"), || async move {
-            leading_of(&self.api).await.ok() == Some(want)
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{e}\n{}", self.logged()));
-        start.elapsed()
     }
 
     async fn list_nodes(&self) -> zbus::Result<Vec<(String, OwnedObjectPath, String, String)>> {
@@ -176,18 +116,6 @@ impl Ha {
             .expect("connect to the agent port");
         agent_handshake(stream, &Hello::new(node, "ha-test"), WAIT).await
     }
-}
-
-async fn leading_of(api: &Api) -> zbus::Result<bool> {
-    let v: zbus::OwnedVariant = api
-        .call(
-            CONTROLLER,
-            PROPERTIES_IFACE,
-            "Get",
-            &(DROVER_CONTROLLER_IFACE, "Leading"),
-        )
-        .await?;
-    bool::try_from(v)
 }
 
 /// A fresh prefix per test: tests share nothing, not even etcd keys.
@@ -283,7 +211,7 @@ async fn a_standby_parks_agents_naming_the_leader_and_welcomes_them_when_it_take
         let answer = parked.verdict().await;
         (answer, Instant::now())
     });
-    a.proc.as_mut().expect("running").kill();
+    a.kill();
     let killed = Instant::now();
     let took = b.until_leading(true, TTL * 3).await;
     eprintln!("takeover after SIGKILL: {took:?}");
@@ -334,7 +262,7 @@ async fn a_clean_stop_hands_over_within_a_second() {
         "handover took {took:?} after SIGTERM"
     );
     assert!(b.epoch().await > a_epoch);
-    let status = a.proc.as_mut().expect("running").exited(WAIT).await;
+    let status = a.exited(WAIT).await;
     assert!(status.success(), "{status}\n{}", a.logged());
     assert!(a.logged().contains("resigned leadership"), "{}", a.logged());
 }
@@ -516,11 +444,7 @@ async fn garbage_from_the_etcd_port_leaves_the_manager_standing_by() {
     let mut m = Ha::start_at(&fake.url(), &prefix("garbage")).await;
     // Long enough for every kind of answer several times over.
     tokio::time::sleep(TTL * 2).await;
-    assert!(
-        m.proc.as_mut().expect("running").try_wait().is_none(),
-        "the manager died\n{}",
-        m.logged()
-    );
+    assert!(m.try_wait().is_none(), "the manager died\n{}", m.logged());
     assert!(!m.leading().await);
     let (name, message) = error_of(&m.list_nodes().await.unwrap_err());
     assert_eq!(name, NOT_LEADER);

@@ -39,6 +39,8 @@
 //! * [`forge`]: [`forge::Forger`], an unprivileged local user sending signals to one
 //!   connection (the attacks of the signal tests);
 //! * [`etcd`]: [`etcd::Etcd`], a real single-member etcd on loopback ports (HA tests);
+//! * [`ha`]: [`ha::HaManager`], a real manager of an HA group on its own bus, like
+//!   another host, with what the HA tests read of it (`Leading`, `Epoch`, its log);
 //! * [`http`]: a plain HTTP client for the metrics endpoint and Prometheus's API;
 //! * [`ctl`]: `droverctl` runs and followed runs (`monitor`, `status -w`) read line by line;
 //! * [`agent`]: [`FakeAgent`], a scripted agent that speaks drover's wire protocol to a
@@ -61,6 +63,7 @@ pub mod ctl;
 pub mod etcd;
 pub mod flood;
 pub mod forge;
+pub mod ha;
 pub mod http;
 pub mod manager;
 pub mod monitor;

@@ -11,14 +11,13 @@
 //! units' `InvocationID`: a unit stopped and started again has a new one),
 //! and the agents' logs.
 
-use drover_sandbox::{ClusterOptions, PrivateBus};
-use drover_testkit::api::PROPERTIES_IFACE;
+use drover_sandbox::ClusterOptions;
+use drover_testkit::api::DROVER_CONTROLLER_IFACE;
 use drover_testkit::etcd::Etcd;
+use drover_testkit::ha::{HaManager, LOOK};
 use drover_testkit::prelude::*;
-use drover_testkit::process::{ChildGuard, TempDir, free_port};
 use drover_testkit::wait::poll;
 use nix::sys::signal::Signal;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const DB: &str = "db.service";
@@ -31,75 +30,27 @@ const T: Duration = Duration::from_secs(20);
 /// The target: every agent registered with the new leader within
 /// this long of the leader's death.
 const FOLLOW_LIMIT: Duration = Duration::from_secs(5);
-const LOOK: Duration = Duration::from_millis(20);
-const DROVER_CONTROLLER_IFACE: &str = "io.drover.Controller";
 
 /// Manager B: the sandbox's manager config with its own state directory,
 /// on its own bus and port.
-struct ManagerB {
-    proc: ChildGuard,
-    api: Api,
-    _bus: PrivateBus,
-    port: u16,
-    tmp: TempDir,
-}
-
-impl ManagerB {
-    async fn start(sandbox_conf: &str) -> ManagerB {
-        let bus = PrivateBus::start_open("drover-ha-follow").expect("private dbus-daemon");
-        let port = free_port();
-        let tmp = TempDir::new("drover-ha-follow");
-        let state = tmp.join("state");
-        let conf: String = sandbox_conf
+async fn manager_b(sandbox_conf: &str) -> HaManager {
+    HaManager::start(&drover_testkit::process::bin("drover-manager"), |dir| {
+        sandbox_conf
             .lines()
             .map(|l| {
                 if l.starts_with("StateDirectory=") {
-                    format!("StateDirectory={}\n", state.display())
+                    format!("StateDirectory={}\n", dir.join("state").display())
                 } else {
                     format!("{l}\n")
                 }
             })
-            .collect();
-        let conf = tmp.file("manager.conf", &conf);
-        let log = std::fs::File::create(tmp.join("manager.log")).expect("log file");
-        let proc = Command::new(drover_testkit::process::bin("drover-manager"))
-            .args(["--no-default-config", "--bus", bus.address()])
-            .args(["-p", &port.to_string(), "-c"])
-            .arg(&conf)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("run drover-manager");
-        let api = Api::connect(bus.address()).await;
-        let b = ManagerB {
-            proc: ChildGuard::new(proc),
-            api,
-            _bus: bus,
-            port,
-            tmp,
-        };
-        let api = b.api.clone();
-        poll(T, LOOK, "manager B serves its API", || {
-            let api = api.clone();
-            async move { leading(&api).await.is_some() }
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{e}\n{}", b.tmp.read("manager.log")));
-        b
-    }
+            .collect()
+    })
+    .await
 }
 
 async fn leading(api: &Api) -> Option<bool> {
-    let v: zbus::OwnedVariant = api
-        .call(
-            CONTROLLER_PATH,
-            PROPERTIES_IFACE,
-            "Get",
-            &(DROVER_CONTROLLER_IFACE, "Leading"),
-        )
-        .await
-        .ok()?;
-    bool::try_from(v).ok()
+    drover_testkit::ha::leading(api).await.ok()
 }
 
 async fn epoch(api: &Api) -> u64 {
@@ -178,14 +129,14 @@ async fn agents_follow_a_new_leader_within_seconds_and_never_a_deposed_one() {
         .expect("A leads");
     let a_epoch = epoch(&a_api).await;
     let conf = std::fs::read_to_string(c.dir().join("manager.conf")).expect("manager.conf");
-    let b = ManagerB::start(&conf).await;
+    let b = manager_b(&conf).await;
     let b_api = b.api.clone();
     poll(T, LOOK, "B stands by, knowing A's epoch", || {
         let api = b_api.clone();
         async move { leading(&api).await == Some(false) && epoch(&api).await == a_epoch }
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", b.tmp.read("manager.log")));
+    .unwrap_or_else(|e| panic!("{e}\n{}", b.logged()));
 
     // Agents that know both managers.
     let a_port = c.manager_port();
@@ -202,8 +153,8 @@ async fn agents_follow_a_new_leader_within_seconds_and_never_a_deposed_one() {
                 .log,
         );
     }
-    let logs = |b: &ManagerB, logs: &[std::path::PathBuf]| {
-        let mut text = format!("manager B:\n{}\n", b.tmp.read("manager.log"));
+    let logs = |b: &HaManager, logs: &[std::path::PathBuf]| {
+        let mut text = format!("manager B:\n{}\n", b.logged());
         for l in logs {
             text.push_str(&format!(
                 "{}:\n{}\n",
@@ -288,7 +239,7 @@ async fn agents_follow_a_new_leader_within_seconds_and_never_a_deposed_one() {
     .unwrap_or_else(|e| panic!("{e}\n{}", logs(&b, &agent_logs)));
 
     // B is paused past its lease: A leads, the agents follow it at once.
-    b.proc.signal(Signal::SIGSTOP);
+    b.signal(Signal::SIGSTOP);
     let paused = Instant::now();
     poll(T, LOOK, "A leads again", move || leading_is(a, true))
         .await
@@ -304,7 +255,7 @@ async fn agents_follow_a_new_leader_within_seconds_and_never_a_deposed_one() {
     assert!(a_epoch > b_epoch);
 
     // B resumes: deposed, it does not lead, and no agent obeys it.
-    b.proc.signal(Signal::SIGCONT);
+    b.signal(Signal::SIGCONT);
     poll(T, LOOK, "B answers again", move || leading_is(bb, false))
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", logs(&b, &agent_logs)));

@@ -1,0 +1,169 @@
+//! [`HaManager`]: one real `drover-manager` of a high-availability group
+//! (docs/ha.md), on its own private bus like another host, with its own
+//! agent port, temp dir and log. The HA tests start two (or more) of these
+//! against one [`crate::etcd::Etcd`] and read what a user reads: the
+//! `io.drover.Controller` properties `Leading` and `Epoch` on each bus,
+//! and the manager's log.
+//!
+//! Drop order is the field order: the process, its API client, its bus,
+//! then its files; a failing test leaves nothing behind.
+
+use crate::api::{Api, CONTROLLER_PATH, DROVER_CONTROLLER_IFACE, PROPERTIES_IFACE};
+use crate::process::{ChildGuard, Signal, TempDir, free_port};
+use crate::wait::poll;
+use drover_sandbox::PrivateBus;
+use std::path::Path;
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// How often [`HaManager::until_leading`] looks at `Leading`.
+pub const LOOK: Duration = Duration::from_millis(20);
+/// How long a manager may take to serve its API after it starts (a loaded
+/// test machine).
+pub const UP: Duration = Duration::from_secs(20);
+
+/// See the module docs.
+pub struct HaManager {
+    proc: Option<ChildGuard>,
+    pub api: Api,
+    bus: PrivateBus,
+    /// Its agent port on 127.0.0.1 (`-p`).
+    pub port: u16,
+    dir: TempDir,
+}
+
+impl HaManager {
+    /// Starts `bin` (a `drover-manager`) with the configuration `conf`
+    /// makes, given the manager's own directory (for a `StateDirectory=`
+    /// of its own); it should log to stderr (`LogTarget=stderr`), which
+    /// goes to `manager.log` there. Returns once it serves its API (the
+    /// `Leading` property answers); panics with its log otherwise.
+    pub async fn start(bin: &Path, conf: impl FnOnce(&Path) -> String) -> HaManager {
+        // Tags apart: the bus's directory and ours are counted by two
+        // counters, and one tag would give two of them one directory.
+        let bus = PrivateBus::start_open("drover-ha-bus").expect("private dbus-daemon");
+        let port = free_port();
+        let dir = TempDir::new("drover-ha");
+        let text = conf(dir.path());
+        let conf = dir.file("manager.conf", &text);
+        let log = std::fs::File::create(dir.join("manager.log")).expect("log file");
+        let proc = Command::new(bin)
+            .args(["--no-default-config", "--bus", bus.address()])
+            .args(["-p", &port.to_string(), "-c"])
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("run {}: {e}", bin.display()));
+        let proc = Some(ChildGuard::new(proc));
+        let api = Api::connect(bus.address()).await;
+        let m = HaManager {
+            proc,
+            api,
+            bus,
+            port,
+            dir,
+        };
+        poll(UP, LOOK, "the manager serves its API", || async {
+            m.leading_now().await.is_ok()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", m.logged()));
+        m
+    }
+
+    /// The address of its bus (`DROVER_BUS` / `droverctl --bus`).
+    pub fn bus_address(&self) -> &str {
+        self.bus.address()
+    }
+
+    /// Its directory (config, log).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// What it logged so far.
+    pub fn logged(&self) -> String {
+        self.dir.read("manager.log")
+    }
+
+    fn proc(&mut self) -> &mut ChildGuard {
+        self.proc.as_mut().expect("the manager was started")
+    }
+
+    /// Sends `sig` (SIGTERM, SIGSTOP, SIGCONT...).
+    pub fn signal(&self, sig: Signal) {
+        self.proc
+            .as_ref()
+            .expect("the manager was started")
+            .signal(sig);
+    }
+
+    /// SIGKILL and reap: a crash (no resign).
+    pub fn kill(&mut self) {
+        self.proc().kill();
+    }
+
+    /// Its exit status once it exited by itself; `None` while it runs.
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        self.proc().try_wait()
+    }
+
+    /// Waits up to `limit` for it to exit; panics if it does not.
+    pub async fn exited(&mut self, limit: Duration) -> ExitStatus {
+        self.proc().exited(limit).await
+    }
+
+    /// `io.drover.Controller.Leading` now, or the error of the call.
+    pub async fn leading_now(&self) -> zbus::Result<bool> {
+        leading(&self.api).await
+    }
+
+    /// `Leading`; panics with the log when it cannot be read.
+    pub async fn leading(&self) -> bool {
+        self.leading_now()
+            .await
+            .unwrap_or_else(|e| panic!("Leading: {e}\n{}", self.logged()))
+    }
+
+    /// `io.drover.Controller.Epoch`; panics with the log when it cannot be read.
+    pub async fn epoch(&self) -> u64 {
+        let v: zbus::Result<zbus::OwnedVariant> = self
+            .api
+            .call(
+                CONTROLLER_PATH,
+                PROPERTIES_IFACE,
+                "Get",
+                &(DROVER_CONTROLLER_IFACE, "Epoch"),
+            )
+            .await;
+        v.ok()
+            .and_then(|v| u64::try_from(v).ok())
+            .unwrap_or_else(|| panic!("Epoch is not a u64\n{}", self.logged()))
+    }
+
+    /// Waits until `Leading` is `want`; returns how long that took; panics
+    /// with the log after `limit`.
+    pub async fn until_leading(&self, want: bool, limit: Duration) -> Duration {
+        let start = Instant::now();
+        poll(limit, LOOK, &format!("Leading = {want}"), || async move {
+            self.leading_now().await.ok() == Some(want)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", self.logged()));
+        start.elapsed()
+    }
+}
+
+/// `io.drover.Controller.Leading` of the manager `api` talks to.
+pub async fn leading(api: &Api) -> zbus::Result<bool> {
+    let v: zbus::OwnedVariant = api
+        .call(
+            CONTROLLER_PATH,
+            PROPERTIES_IFACE,
+            "Get",
+            &(DROVER_CONTROLLER_IFACE, "Leading"),
+        )
+        .await?;
+    bool::try_from(v)
+}
