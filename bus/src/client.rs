@@ -166,6 +166,18 @@ pub trait DroverController {
 
     /// `ListDrained() -> a(ss)`: (node, unit), unit `""` for a whole node.
     fn list_drained(&self) -> zbus::Result<Vec<(String, String)>>;
+
+    /// Whether this manager leads (always true without high availability).
+    #[zbus(property)]
+    fn leading(&self) -> zbus::Result<bool>;
+
+    /// The leadership epoch this manager won or saw last; 0 without high availability.
+    #[zbus(property)]
+    fn epoch(&self) -> zbus::Result<u64>;
+
+    /// Who leads as this manager knows it (`HOST:PORT`); `""` when alone or unknown.
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn leader(&self) -> zbus::Result<String>;
     /// `Where(s unit, a{sv} options) -> (a(ssssstbba(sq)) rows, b complete)`.
     #[zbus(name = "Where")]
     fn where_(

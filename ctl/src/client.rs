@@ -23,7 +23,7 @@ use drover_bus::client::{
     ControllerProxy, DroverControllerProxy, DroverNodeProxy, MetricsProxy, MonitorProxy, NodeProxy,
 };
 use drover_protocol::error_names::{
-    DISCONNECTED, FILE_NOT_FOUND, NAME_HAS_NO_OWNER, NO_REPLY, NO_SUCH_UNIT, OFFLINE,
+    DISCONNECTED, FILE_NOT_FOUND, NAME_HAS_NO_OWNER, NO_REPLY, NO_SUCH_UNIT, NOT_LEADER, OFFLINE,
     SERVICE_UNKNOWN, UNKNOWN_OBJECT,
 };
 
@@ -326,6 +326,10 @@ impl Client {
             UNKNOWN_OBJECT if ctx.node.is_some() => CtlError::NodeNotFound(node()),
             DISCONNECTED => CtlError::BusClosed {
                 bus: self.target.to_string(),
+            },
+            NOT_LEADER => CtlError::NotLeader {
+                bus: self.target.to_string(),
+                message,
             },
             _ => passthrough(ctx, name, message),
         }

@@ -124,6 +124,11 @@ pub enum CtlError {
     #[error("unit {unit} runs on no node that matches")]
     NowhereToBeFound { unit: String },
 
+    /// The manager on this bus stands by (high availability): `io.drover.NotLeader`,
+    /// whose message names the leader (docs/ha.md).
+    #[error("{}", not_leader_line(.bus, .message))]
+    NotLeader { bus: String, message: String },
+
     /// Any other D-Bus error, passed through with its name so nothing is hidden.
     #[error("{what} failed: {name}: {message}")]
     DBus {
@@ -167,6 +172,23 @@ impl CtlError {
     }
 }
 
+/// The most characters of a manager's `NotLeader` message droverctl repeats.
+const MAX_NOT_LEADER: usize = 300;
+
+/// One line for [`CtlError::NotLeader`]: which bus, then the manager's words
+/// (bounded, control characters escaped: they come from the other end).
+fn not_leader_line(bus: &str, message: &str) -> String {
+    let said = crate::output::one_line(message, MAX_NOT_LEADER);
+    let said = said
+        .strip_prefix("this drover manager stands by; ")
+        .map(str::to_owned)
+        .unwrap_or(said);
+    format!(
+        "the drover-manager on {bus} stands by and serves no calls; {said}. \
+         Run droverctl against the leader's bus"
+    )
+}
+
 impl From<std::io::Error> for CtlError {
     fn from(e: std::io::Error) -> Self {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
@@ -179,6 +201,30 @@ impl From<std::io::Error> for CtlError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn not_leader_names_the_bus_and_the_leader_on_one_line() {
+        let e = CtlError::NotLeader {
+            bus: "unix:path=/b".into(),
+            message: "this drover manager stands by; the leader is mgr-a:842 (epoch 12)".into(),
+        };
+        assert_eq!(e.exit_code(), EXIT_FAILED);
+        assert!(!e.is_quiet());
+        assert_eq!(
+            e.to_string(),
+            "the drover-manager on unix:path=/b stands by and serves no calls; the leader is \
+             mgr-a:842 (epoch 12). Run droverctl against the leader's bus"
+        );
+        // Whatever the other end says stays one bounded line.
+        let hostile = CtlError::NotLeader {
+            bus: "b".into(),
+            message: format!("x\ny\r{}", "z".repeat(10_000)),
+        };
+        let line = hostile.to_string();
+        assert!(!line.contains(['\n', '\r']), "{line}");
+        assert!(line.contains("x\\ny\\r"), "{line}");
+        assert!(line.len() < 500, "{}", line.len());
+    }
 
     #[test]
     fn a_closed_output_is_quiet_success_other_write_errors_fail() {

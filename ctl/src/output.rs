@@ -153,6 +153,20 @@ pub fn local_time(usec: u64) -> String {
     )
 }
 
+/// Text from the other end (a manager's error message, a name it serves) as one line:
+/// at most `max` characters, control characters escaped.
+pub fn one_line(text: &str, max: usize) -> String {
+    let mut line = String::new();
+    for c in text.chars().take(max) {
+        if c.is_control() {
+            line.extend(c.escape_default());
+        } else {
+            line.push(c);
+        }
+    }
+    line
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -210,6 +210,19 @@ impl DroverControllerObject {
     fn epoch(&self) -> u64 {
         self.nodes.fence().map_or(0, |f| f.epoch())
     }
+
+    /// Who leads as far as this manager knows: the leader key's value in
+    /// etcd (`HOST:PORT`, the leader's host name and agent port; this
+    /// manager's own while it leads); `""` for a manager alone or while no
+    /// leader is known. Not signalled (a standby learns a new leader from
+    /// etcd without announcing it): read it when needed.
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn leader(&self) -> String {
+        self.nodes
+            .fence()
+            .and_then(|f| f.leader())
+            .unwrap_or_default()
+    }
 }
 
 impl DroverControllerObject {

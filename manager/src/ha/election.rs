@@ -160,7 +160,7 @@ impl Election {
                         continue;
                     }
                     if let Some(kv) = holder {
-                        let leader = String::from_utf8_lossy(&kv.value).into_owned();
+                        let leader = shown_leader(&kv.value);
                         tracing::info!(
                             "standing by: {leader} leads (epoch {})",
                             kv.create_revision
@@ -247,9 +247,40 @@ impl Election {
     }
 }
 
+/// The most characters of the leader key's value this manager repeats
+/// (refusals, parked agents, the `Leader` property).
+pub const MAX_LEADER_SHOWN: usize = 256;
+
+/// The leader key's value as this manager shows it: whatever another
+/// writer put there, as text, at most [`MAX_LEADER_SHOWN`] characters,
+/// control characters escaped (it goes into logs, D-Bus errors and
+/// strings, and the agents' wire).
+pub fn shown_leader(value: &[u8]) -> String {
+    let mut shown = String::new();
+    for c in String::from_utf8_lossy(value)
+        .chars()
+        .take(MAX_LEADER_SHOWN)
+    {
+        if c.is_control() {
+            shown.extend(c.escape_default());
+        } else {
+            shown.push(c);
+        }
+    }
+    shown
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hostile_leader_value_is_shown_bounded_and_escaped() {
+        assert_eq!(shown_leader(b"mgr-a:842"), "mgr-a:842");
+        assert_eq!(shown_leader(b"a\0b\nc\xff"), "a\\u{0}b\\nc\u{fffd}");
+        let long = shown_leader(&[b'x'; 100_000]);
+        assert_eq!(long.len(), MAX_LEADER_SHOWN);
+    }
 
     #[test]
     fn margins() {

@@ -11,6 +11,13 @@
 //! `LastSeenTimestamp` of each offline node (online nodes need none, which keeps a
 //! fleet-wide status cheap).
 //!
+//! On a manager of a high-availability group (`io.drover.Controller` `Epoch` above 0)
+//! a line above the table says who leads and the epoch (`Leader: mgr-a:842 (this
+//! manager), epoch 12`, from `Leading`, `Leader` and `Epoch`); a manager alone (epoch 0)
+//! prints the table alone, as always, and `--json` stays the array of nodes. A standby
+//! refuses `ListNodes` with `io.drover.NotLeader`, which droverctl reports naming the
+//! leader (exit 1).
+//!
 //! `-w` reprints the table whenever a node object emits `PropertiesChanged` (its
 //! `Status` changes, or its health: `io.drover.Node`'s `Health`), until Ctrl-C; on a terminal the screen is cleared first, into a
 //! pipe the tables follow one another (with `--json`: one compact array per line).
@@ -26,6 +33,8 @@ use drover_protocol::{NodeName, UnitName};
 
 /// What a bus says for an interface an object does not have.
 const UNKNOWN_INTERFACE: &str = "org.freedesktop.DBus.Error.UnknownInterface";
+/// What a bus says for a property an interface does not have.
+const UNKNOWN_PROPERTY: &str = "org.freedesktop.DBus.Error.UnknownProperty";
 
 use crate::client::{CallContext, Client};
 use crate::context::{Context, Run};
@@ -194,6 +203,63 @@ async fn node_health(client: &Client) -> Result<Vec<(String, String)>, CtlError>
     }
 }
 
+/// The most characters of the manager's `Leader` droverctl prints.
+const MAX_LEADER: usize = 256;
+
+/// The line above the node table on a manager of a high-availability group
+/// (`io.drover.Controller` `Epoch` above 0): who leads and the epoch, e.g.
+/// `Leader: mgr-a:842 (this manager), epoch 12`. `None` from a manager alone
+/// (epoch 0) or one without `io.drover.Controller`, which print exactly the
+/// table they always printed.
+async fn leadership(client: &Client) -> Result<Option<String>, CtlError> {
+    let drover = client.drover_controller().await?;
+    let absent = |e: &zbus::Error| {
+        crate::client::error_name(e).is_some_and(|(name, _)| {
+            name == UNKNOWN_INTERFACE || name == UNKNOWN_PROPERTY || name == UNKNOWN_OBJECT
+        })
+    };
+    let cc = CallContext {
+        what: "reading io.drover.Controller.Epoch",
+        ..Default::default()
+    };
+    let epoch = match drover.epoch().await {
+        Ok(epoch) => epoch,
+        Err(e) if absent(&e) => return Ok(None),
+        Err(e) => return Err(client.classify(e, cc).await),
+    };
+    if epoch == 0 {
+        return Ok(None);
+    }
+    let cc = CallContext {
+        what: "reading io.drover.Controller.Leading",
+        ..Default::default()
+    };
+    let leading = client.check(drover.leading().await, cc).await?;
+    // A manager from before `Leader` existed: the line says less.
+    let leader = match drover.leader().await {
+        Ok(l) => crate::output::one_line(&l, MAX_LEADER),
+        Err(e) if absent(&e) => String::new(),
+        Err(e) => {
+            let cc = CallContext {
+                what: "reading io.drover.Controller.Leader",
+                ..Default::default()
+            };
+            return Err(client.classify(e, cc).await);
+        }
+    };
+    Ok(Some(leader_line(leading, &leader, epoch)))
+}
+
+/// The line `leadership` prints.
+fn leader_line(leading: bool, leader: &str, epoch: u64) -> String {
+    match (leading, leader.is_empty()) {
+        (true, false) => format!("Leader: {leader} (this manager), epoch {epoch}\n"),
+        (true, true) => format!("Leader: this manager, epoch {epoch}\n"),
+        (false, false) => format!("Leader: {leader} (not this manager), epoch {epoch}\n"),
+        (false, true) => format!("Leader: none known (this manager stands by), epoch {epoch}\n"),
+    }
+}
+
 /// The rows for `status [NODE]`.
 async fn fetch(client: &Client, only: Option<&NodeName>) -> Result<Vec<NodeStatus>, CtlError> {
     let controller = client.controller().await?;
@@ -250,6 +316,15 @@ async fn fetch(client: &Client, only: Option<&NodeName>) -> Result<Vec<NodeStatu
     Ok(nodes)
 }
 
+/// What comes above the table: the [`leadership`] line in text mode; nothing
+/// with `--json` (its array of nodes stays as it is).
+async fn header(client: &Client, json_mode: bool) -> Result<String, CtlError> {
+    if json_mode {
+        return Ok(String::new());
+    }
+    Ok(leadership(client).await?.unwrap_or_default())
+}
+
 /// Output for one (re)print. `watch` makes JSON one compact line per table.
 fn render(nodes: &[NodeStatus], json_mode: bool, watch: bool) -> String {
     match (json_mode, watch) {
@@ -274,7 +349,8 @@ impl Run for Status {
         let client = ctx.client().await?.clone();
         if !self.watch {
             let nodes = fetch(&client, self.node.as_ref()).await?;
-            let text = render(&nodes, ctx.json(), false);
+            let mut text = header(&client, ctx.json()).await?;
+            text.push_str(&render(&nodes, ctx.json(), false));
             return ctx.emit(&text);
         }
 
@@ -308,6 +384,7 @@ impl Run for Status {
             } else {
                 String::new()
             };
+            text.push_str(&header(&client, ctx.json()).await?);
             text.push_str(&render(&nodes, ctx.json(), true));
             ctx.emit(&text)?;
             tokio::select! {
@@ -375,6 +452,20 @@ mod tests {
         // Columns line up: the IP column starts at the same offset in every line.
         let col = lines[0].find("IP").unwrap();
         assert_eq!(&lines[2][col..col + 9], "127.0.0.1");
+    }
+
+    #[test]
+    fn leader_lines() {
+        assert_eq!(
+            leader_line(true, "mgr-a:842", 12),
+            "Leader: mgr-a:842 (this manager), epoch 12\n"
+        );
+        assert_eq!(leader_line(true, "", 3), "Leader: this manager, epoch 3\n");
+        assert_eq!(
+            leader_line(false, "mgr-b:842", 4),
+            "Leader: mgr-b:842 (not this manager), epoch 4\n"
+        );
+        assert!(leader_line(false, "", 4).contains("none known"));
     }
 
     #[test]
