@@ -1,5 +1,6 @@
 //! The few D-Bus calls the sandbox makes: "is this node's systemd up", "reload it", "does
-//! the manager own its name", "what is a node's status". Every call is bounded in time.
+//! the manager own its name", "what is a node's status", "does this manager lead". Every
+//! call is bounded in time.
 
 use anyhow::{Context, Result, anyhow};
 use drover_bus::{bluechi, systemd};
@@ -108,4 +109,20 @@ pub async fn node_status(conn: &Connection, node: &str) -> Result<String> {
         .get_property::<String>("Status")
         .await
         .with_context(|| format!("reading Node.Status of {node}"))
+}
+
+/// `io.drover.Controller.Leading` of the manager on `conn`: whether it leads
+/// (always true for a manager without etcd).
+pub async fn leading(conn: &Connection) -> Result<bool> {
+    let controller = proxy(
+        conn,
+        bluechi::BUS_NAME,
+        path(bluechi::CONTROLLER_PATH)?,
+        bluechi::DROVER_CONTROLLER_IFACE,
+    )
+    .await?;
+    controller
+        .get_property::<bool>("Leading")
+        .await
+        .context("reading io.drover.Controller.Leading")
 }

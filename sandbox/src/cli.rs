@@ -9,7 +9,7 @@
 
 use crate::binaries;
 use crate::bus;
-use crate::cluster::{Cluster, ClusterOptions, MAX_NODES};
+use crate::cluster::{Cluster, ClusterOptions, MAX_MANAGERS, MAX_NODES};
 use crate::files;
 use crate::node;
 use crate::process;
@@ -61,6 +61,13 @@ pub enum Command {
         /// `drover.` on a free loopback port (DROVER_DNS=HOST:PORT in sandbox.env).
         #[arg(long)]
         dns: bool,
+        /// Run N managers (1 to 3) that elect their leader on a local etcd (Debian's
+        /// etcd-server), each on its own bus and loopback address like a host of its
+        /// own; sandbox.env gets DROVER_BUS_K and DROVER_MANAGER_PID_K for each manager K
+        /// and DROVER_ETCD (DROVER_BUS stays the first's, which leads at first).
+        #[arg(long, value_name = "N",
+              value_parser = clap::value_parser!(u16).range(1..=MAX_MANAGERS as i64))]
+        managers: Option<u16>,
     },
     /// Run a command inside a node (its namespaces and environment).
     Exec {
@@ -135,6 +142,7 @@ pub async fn run(cli: Cli) -> Result<u8> {
             no_tls,
             bluechi_compat,
             dns,
+            managers,
         } => {
             let mut opts = if node.is_empty() {
                 ClusterOptions::with_nodes(usize::from(nodes.unwrap_or(3)))
@@ -148,6 +156,7 @@ pub async fn run(cli: Cli) -> Result<u8> {
             opts.tls = !no_tls;
             opts.bluechi_compat = bluechi_compat;
             opts.metrics = true;
+            opts.managers = managers.map(usize::from);
             up(opts, dns).await
         }
         Command::Exec { dir, node, cmd } => exec(&resolve_dir(dir), &node, &cmd),
@@ -171,6 +180,9 @@ async fn up(opts: ClusterOptions, dns: bool) -> Result<u8> {
     let mut env = files::env_lines(cluster.bus_address(), cluster.dir(), metrics.as_deref());
     if let Some(address) = cluster.dns_address() {
         env.push_str(&files::dns_line(address));
+    }
+    if let Some(etcd) = cluster.etcd_url() {
+        env.push_str(&files::managers_lines(&cluster.managers(), &etcd));
     }
     let env_file = cluster.dir().join(ENV_FILE);
     // Written while the cluster value still owns the sandbox: a failure here drops it,

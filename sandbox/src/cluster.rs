@@ -36,6 +36,9 @@ use std::process::{Child, ExitStatus, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+mod ha;
+pub use ha::{MAX_MANAGERS, manager_host};
+
 /// Upper bound on nodes per sandbox (each costs a systemd, a dbus-daemon and an agent).
 pub const MAX_NODES: usize = 256;
 /// Longest unix socket path the kernel accepts (`sun_path` minus the NUL).
@@ -139,6 +142,10 @@ pub struct ClusterOptions {
     /// Extra environment of every agent (default none): the test knobs of
     /// debug builds, such as the resync tests' lost event.
     pub agent_env: Vec<(String, String)>,
+    /// `Some(N)` (1..=[`MAX_MANAGERS`]): a high-availability group of N managers
+    /// electing their leader on a real local etcd (`drover-sandbox up --managers N`,
+    /// `ha` below); `None` (default): one manager, no etcd.
+    pub managers: Option<usize>,
 }
 
 impl Default for ClusterOptions {
@@ -165,6 +172,7 @@ impl ClusterOptions {
             system_bus_policy: false,
             metrics: false,
             agent_env: Vec::new(),
+            managers: None,
         }
     }
 
@@ -190,6 +198,11 @@ impl ClusterOptions {
         }
         if self.heartbeat_interval_ms == 0 || self.heartbeat_threshold_ms == 0 {
             bail!("heartbeat interval and threshold must be > 0 ms");
+        }
+        if let Some(n) = self.managers
+            && !(1..=MAX_MANAGERS).contains(&n)
+        {
+            bail!("{n} managers requested; a sandbox has 1 to {MAX_MANAGERS}");
         }
         Ok(())
     }
@@ -233,6 +246,12 @@ pub struct Cluster {
     allowed: Vec<String>,
     /// Extra environment of every agent ([`ClusterOptions::agent_env`]).
     agent_env: Vec<(String, String)>,
+    /// `up --managers N`: the local etcd.
+    etcd: Option<Child>,
+    /// `up --managers N`: managers 2..N.
+    standbys: Vec<ha::Standby>,
+    /// `up --managers N`: the `[drover-manager]` etcd keys every manager's config ends with.
+    ha_keys: String,
     /// Set once torn down or detached: `Drop` then does nothing.
     finished: bool,
 }
@@ -264,8 +283,19 @@ impl Cluster {
             .allowed_nodes
             .clone()
             .unwrap_or_else(|| opts.nodes.clone());
-        self.write_manager_config(opts.allow_all_proxies, &opts.manager_extra_config)?;
-        self.start_manager().await?;
+        if let Some(managers) = opts.managers {
+            self.start_etcd().await?;
+            self.write_manager_config(opts.allow_all_proxies, &opts.manager_extra_config)?;
+            self.start_manager().await?;
+            // The first manager leads before the others campaign: `DROVER_BUS` is the leader's.
+            self.wait_leading(1).await?;
+            for number in 2..=managers {
+                self.start_standby(number, opts).await?;
+            }
+        } else {
+            self.write_manager_config(opts.allow_all_proxies, &opts.manager_extra_config)?;
+            self.start_manager().await?;
+        }
 
         if opts.start_agents {
             for name in &opts.nodes {
@@ -380,7 +410,11 @@ impl Cluster {
         let pki = if opts.tls {
             let mut names: Vec<String> = opts.nodes.clone();
             names.extend(opts.allowed_nodes.iter().flatten().cloned());
-            Some(make_pki(&dir.join("pki"), &names)?)
+            Some(make_pki(
+                &dir.join("pki"),
+                &names,
+                &manager_hosts(opts.managers),
+            )?)
         } else {
             None
         };
@@ -406,6 +440,7 @@ impl Cluster {
                 pki,
                 metrics_port,
                 state_dir: Some(state_dir),
+                controller_hosts: manager_hosts(opts.managers),
             },
             node_children: BTreeMap::new(),
             bus_child: None,
@@ -420,6 +455,9 @@ impl Cluster {
             system_policy: None,
             allowed: opts.nodes.clone(),
             agent_env: opts.agent_env.clone(),
+            etcd: None,
+            standbys: Vec::new(),
+            ha_keys: String::new(),
             finished: false,
         };
         // Owned by `cluster` now: its `Drop` tears down.
@@ -687,7 +725,7 @@ impl Cluster {
             &self.node_names(),
             &self.allowed,
             allow_all_proxies,
-            extra,
+            &format!("{extra}{}", self.ha_keys),
         );
         write_file(&self.dir().join("manager.conf"), &text)
     }
@@ -926,13 +964,15 @@ impl Cluster {
         }
     }
 
-    /// Log file of `what`: `"manager"`, `"bus"`, a node name (its agent), or
-    /// `"systemd@NODE"` (that node's systemd).
+    /// Log file of `what`: `"manager"`, `"bus"`, `"dns"`, `"etcd"`, a node name (its
+    /// agent), or `"systemd@NODE"` (that node's systemd). Managers 2..N of
+    /// `up --managers N` log to `manager-K.log`.
     pub fn log_path(&self, what: &str) -> PathBuf {
         match what {
             "manager" => self.state.dir.join("manager.log"),
             "bus" => self.state.dir.join("bus.log"),
             "dns" => self.state.dir.join("dns.log"),
+            "etcd" => self.state.dir.join("etcd.log"),
             other if other.starts_with("systemd@") => self.state.dir.join(format!("{other}.log")),
             node => self.state.dir.join(format!("agent@{node}.log")),
         }
@@ -946,6 +986,7 @@ impl Cluster {
         let mut daemons: Vec<Child> = self.extra_agents.drain(..).collect();
         daemons.extend(std::mem::take(&mut self.agents).into_values());
         daemons.extend(self.manager.take());
+        daemons.extend(self.standbys.iter_mut().filter_map(|m| m.manager.take()));
         daemons.extend(self.dns.take());
         // Signal all first so the grace periods overlap.
         for child in &mut daemons {
@@ -996,7 +1037,13 @@ impl Cluster {
             .chain(self.agents.values_mut())
             .chain(self.extra_agents.iter_mut())
             .chain(self.manager.iter_mut())
-            .chain(self.bus_child.iter_mut());
+            .chain(self.bus_child.iter_mut())
+            .chain(self.etcd.iter_mut())
+            .chain(
+                self.standbys
+                    .iter_mut()
+                    .flat_map(|m| m.manager.iter_mut().chain(m.bus.iter_mut())),
+            );
         for child in children {
             process::kill_and_reap(child);
         }
@@ -1046,13 +1093,27 @@ impl Cluster {
 
     async fn start_bus(&mut self) -> Result<()> {
         let dir = self.state.dir.clone();
-        let conf = dir.join("bus.conf");
+        let mut child = self.spawn_bus(
+            &dir.join("bus"),
+            &dir.join("bus.conf"),
+            self.log_path("bus"),
+        )?;
+        let stdout = child.stdout.take().context("dbus-daemon stdout")?;
+        self.state.bus_pid = Some(child.id());
+        self.bus_child = Some(child);
+        self.state.save()?;
+        wait_bus_ready(stdout, &self.log_path("bus")).await
+    }
+
+    /// Starts a dbus-daemon listening on `socket` (its config written to `conf`), with
+    /// the sandbox's policy; its stdout is piped ([`wait_bus_ready`] reads it).
+    fn spawn_bus(&self, socket: &Path, conf: &Path, log: PathBuf) -> Result<Child> {
         let text = match &self.system_policy {
-            Some(policy) => policy.config(Some(&dir.join("bus"))),
-            None => files::bus_config(&dir.join("bus")),
+            Some(policy) => policy.config(Some(socket)),
+            None => files::bus_config(socket),
         };
-        write_file(&conf, &text)?;
-        let mut child = process::spawn(Spawn {
+        write_file(conf, &text)?;
+        process::spawn(Spawn {
             program: Path::new("/usr/bin/dbus-daemon"),
             args: vec![
                 "--nofork".into(),
@@ -1061,31 +1122,11 @@ impl Cluster {
             ],
             env: Vec::new(),
             clear_env: false,
-            log: self.log_path("bus"),
+            log,
             cgroup: &self.procs_join,
             listen_fd: None,
             stdout_pipe: true,
-        })?;
-        let pid = child.id();
-        let stdout = child.stdout.take().context("dbus-daemon stdout")?;
-        self.bus_child = Some(child);
-        self.state.bus_pid = Some(pid);
-        self.state.save()?;
-        // The daemon prints its address once it listens; EOF means it died.
-        let line = tokio::task::spawn_blocking(move || {
-            let mut line = String::new();
-            std::io::BufReader::new(stdout)
-                .read_line(&mut line)
-                .map(|_| line)
-        });
-        let line = tokio::time::timeout(BUS_READY_TIMEOUT, line).await;
-        match line {
-            Ok(Ok(Ok(l))) if l.starts_with("unix:") => Ok(()),
-            _ => bail!(
-                "the sandbox's dbus-daemon did not come up within {BUS_READY_TIMEOUT:?}\n{}",
-                process::log_tail(&self.log_path("bus"), 20)
-            ),
-        }
+        })
     }
 
     async fn spawn_manager(&mut self, bin: &Path) -> Result<()> {
@@ -1119,34 +1160,10 @@ impl Cluster {
         self.manager = Some(child);
         self.state.manager_pid = Some(pid);
         self.state.save()?;
-
-        let deadline = Instant::now() + MANAGER_READY_TIMEOUT;
-        let mut last;
-        loop {
-            if let Some(child) = &mut self.manager
-                && let Some(status) = child.try_wait().context("checking the manager")?
-            {
-                bail!(
-                    "drover-manager exited during startup ({status})\n{}",
-                    process::log_tail(&self.log_path("manager"), 30)
-                );
-            }
-            match bus::connect(&bus_address).await {
-                Ok(conn) => match bus::name_has_owner(&conn, bluechi::BUS_NAME).await {
-                    Ok(true) => return Ok(()),
-                    Ok(false) => last = format!("{} has no owner yet", bluechi::BUS_NAME),
-                    Err(e) => last = format!("{e:#}"),
-                },
-                Err(e) => last = format!("{e:#}"),
-            }
-            if Instant::now() >= deadline {
-                bail!(
-                    "drover-manager did not take {} within {MANAGER_READY_TIMEOUT:?} ({last})\n{}",
-                    bluechi::BUS_NAME,
-                    process::log_tail(&self.log_path("manager"), 30)
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        let log = self.log_path("manager");
+        match &mut self.manager {
+            Some(child) => wait_manager_ready(child, &bus_address, &log).await,
+            None => bail!("the manager is gone"),
         }
     }
 
@@ -1184,7 +1201,12 @@ impl Drop for Cluster {
             return;
         }
         if std::thread::panicking() {
-            let mut logs = vec![self.log_path("manager"), self.log_path("dns")];
+            let mut logs = vec![
+                self.log_path("manager"),
+                self.log_path("dns"),
+                self.log_path("etcd"),
+            ];
+            logs.extend(self.standbys.iter().map(|m| m.log(&self.state.dir)));
             logs.extend(self.state.nodes.iter().map(|n| self.log_path(&n.name)));
             for log in logs.iter().filter(|l| l.exists()) {
                 eprintln!("{}", process::log_tail(log, 40));
@@ -1194,6 +1216,56 @@ impl Drop for Cluster {
             eprintln!("drover-sandbox: teardown: {error}");
         }
         self.finished = true;
+    }
+}
+
+/// Waits until the dbus-daemon whose stdout is `stdout` prints its address (it
+/// listens then); EOF means it died.
+async fn wait_bus_ready(stdout: std::process::ChildStdout, log: &Path) -> Result<()> {
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .map(|_| line)
+    });
+    let line = tokio::time::timeout(BUS_READY_TIMEOUT, line).await;
+    match line {
+        Ok(Ok(Ok(l))) if l.starts_with("unix:") => Ok(()),
+        _ => bail!(
+            "the sandbox's dbus-daemon did not come up within {BUS_READY_TIMEOUT:?}\n{}",
+            process::log_tail(log, 20)
+        ),
+    }
+}
+
+/// Waits until the manager `child` owns its name on `bus_address`; fails with the tail
+/// of its `log` when it exits first or takes longer than [`MANAGER_READY_TIMEOUT`].
+async fn wait_manager_ready(child: &mut Child, bus_address: &str, log: &Path) -> Result<()> {
+    let deadline = Instant::now() + MANAGER_READY_TIMEOUT;
+    let mut last;
+    loop {
+        if let Some(status) = child.try_wait().context("checking the manager")? {
+            bail!(
+                "drover-manager exited during startup ({status})\n{}",
+                process::log_tail(log, 30)
+            );
+        }
+        match bus::connect(bus_address).await {
+            Ok(conn) => match bus::name_has_owner(&conn, bluechi::BUS_NAME).await {
+                Ok(true) => return Ok(()),
+                Ok(false) => last = format!("{} has no owner yet", bluechi::BUS_NAME),
+                Err(e) => last = format!("{e:#}"),
+            },
+            Err(e) => last = format!("{e:#}"),
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "drover-manager did not take {} within {MANAGER_READY_TIMEOUT:?} ({last})\n{}",
+                bluechi::BUS_NAME,
+                process::log_tail(log, 30)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -1207,13 +1279,21 @@ fn pki_options() -> Result<drover_tls::pki::Options> {
 
 /// A fresh CA in `dir`, a manager certificate for 127.0.0.1 (what agents
 /// dial), `localhost` and `::1` (so `SwitchController` to the manager by any
-/// loopback name passes the agent's name check), and a certificate for each
-/// of `nodes`. Returns `dir`.
-fn make_pki(dir: &Path, nodes: &[String]) -> Result<PathBuf> {
+/// loopback name passes the agent's name check) and the other `managers`'
+/// addresses (every manager of `up --managers N` uses it), and a certificate
+/// for each of `nodes`. Returns `dir`.
+fn make_pki(dir: &Path, nodes: &[String], managers: &[String]) -> Result<PathBuf> {
     let pki = drover_tls::pki::Pki::new(dir);
     let options = pki_options()?;
     pki.create_ca(&options).context("making the sandbox CA")?;
-    pki.issue_manager(&["127.0.0.1", "localhost", "::1"], &options)
+    let mut names: Vec<&str> = vec!["127.0.0.1", "localhost", "::1"];
+    names.extend(
+        managers
+            .iter()
+            .map(String::as_str)
+            .filter(|h| *h != "127.0.0.1"),
+    );
+    pki.issue_manager(&names, &options)
         .context("issuing the manager's certificate")?;
     let mut names: Vec<NodeName> = Vec::new();
     for n in nodes {
@@ -1225,6 +1305,12 @@ fn make_pki(dir: &Path, nodes: &[String]) -> Result<PathBuf> {
     pki.issue_nodes(&names, &options)
         .context("issuing the nodes' certificates")?;
     Ok(dir.to_path_buf())
+}
+
+/// The addresses the agents list in `ControllerHost=`: each manager's own
+/// ([`manager_host`]), or 127.0.0.1 for a sandbox of one manager.
+fn manager_hosts(managers: Option<usize>) -> Vec<String> {
+    (1..=managers.unwrap_or(1)).map(manager_host).collect()
 }
 
 fn new_id() -> String {

@@ -18,6 +18,10 @@ pub struct DaemonSettings {
     /// The manager's `StateDirectory` (drained nodes and units), inside the
     /// sandbox so each manager has its own and teardown removes it.
     pub state_dir: Option<PathBuf>,
+    /// What the agents' `ControllerHost=` lists: `127.0.0.1`, or with
+    /// several managers (`up --managers N`) each manager's own loopback
+    /// address, all on `port`.
+    pub controller_hosts: Vec<String>,
 }
 
 /// The four TLS keys for a daemon whose certificate and key are `cert`, `key`.
@@ -259,12 +263,15 @@ pub fn agent_config(settings: &DaemonSettings, name: &str) -> String {
     let mut text = format!(
         "[drover-agent]\n\
          NodeName={name}\n\
-         ControllerHost=127.0.0.1\n\
+         ControllerHost={}\n\
          ControllerPort={}\n\
          HeartbeatInterval={}\n\
          ControllerHeartbeatThreshold={}\n\
          LogTarget=stderr\n",
-        settings.port, settings.heartbeat_interval_ms, settings.heartbeat_threshold_ms,
+        settings.controller_hosts.join(","),
+        settings.port,
+        settings.heartbeat_interval_ms,
+        settings.heartbeat_threshold_ms,
     );
     if let Some(pki) = &settings.pki {
         let nodes = pki.join("nodes");
@@ -291,6 +298,22 @@ pub fn env_lines(bus_address: &str, dir: &Path, metrics_url: Option<&str>) -> St
     text
 }
 
+/// The `sandbox.env` lines of a sandbox with several managers (`up --managers N`):
+/// `DROVER_BUS_K` and `DROVER_MANAGER_PID_K` for each manager K (1-based, in the order
+/// given), and `DROVER_ETCD`, the etcd client URL they elect their leader on.
+pub fn managers_lines(managers: &[(String, Option<u32>)], etcd_url: &str) -> String {
+    let mut text = String::new();
+    for (i, (bus, pid)) in managers.iter().enumerate() {
+        let k = i + 1;
+        text.push_str(&format!("export DROVER_BUS_{k}={}\n", shell_quote(bus)));
+        if let Some(pid) = pid {
+            text.push_str(&format!("export DROVER_MANAGER_PID_{k}={pid}\n"));
+        }
+    }
+    text.push_str(&format!("export DROVER_ETCD={}\n", shell_quote(etcd_url)));
+    text
+}
+
 /// The `sandbox.env` line naming where drover-dns answers (`HOST:PORT`, as
 /// `dig @HOST -p PORT` takes it apart).
 pub fn dns_line(address: std::net::SocketAddr) -> String {
@@ -314,6 +337,7 @@ mod tests {
             pki: None,
             metrics_port: None,
             state_dir: Some(PathBuf::from("/tmp/s/manager-state")),
+            controller_hosts: vec!["127.0.0.1".into()],
         }
     }
 
@@ -449,6 +473,30 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line}: {text}");
         }
+    }
+
+    #[test]
+    fn agents_list_every_manager_and_the_env_names_each() {
+        let mut s = settings();
+        s.controller_hosts = vec!["127.0.0.1".into(), "127.0.0.2".into()];
+        let text = agent_config(&s, "node1");
+        assert!(
+            text.lines()
+                .any(|l| l == "ControllerHost=127.0.0.1,127.0.0.2"),
+            "{text}"
+        );
+        assert_eq!(
+            managers_lines(
+                &[
+                    ("unix:path=/sb/bus".into(), Some(10)),
+                    ("unix:path=/sb/bus-2".into(), Some(11))
+                ],
+                "http://127.0.0.1:2379"
+            ),
+            "export DROVER_BUS_1='unix:path=/sb/bus'\nexport DROVER_MANAGER_PID_1=10\n\
+             export DROVER_BUS_2='unix:path=/sb/bus-2'\nexport DROVER_MANAGER_PID_2=11\n\
+             export DROVER_ETCD='http://127.0.0.1:2379'\n"
+        );
     }
 
     #[test]

@@ -21,6 +21,8 @@ pub const STATE_FILE: &str = "state.json";
 /// caller gave.
 pub const MANAGER_STATE_DIR: &str = "manager-state";
 pub const ENV_FILE: &str = "sandbox.env";
+/// etcd's data directory inside the sandbox directory (`up --managers N`).
+pub const ETCD_DIR: &str = "etcd";
 const FORMAT_VERSION: u32 = 1;
 
 /// The persisted description of one sandbox.
@@ -48,6 +50,51 @@ pub struct State {
     pub manager_pid: Option<u32>,
     pub agent_pids: BTreeMap<String, u32>,
     pub extra_agent_pids: Vec<u32>,
+    /// `up --managers N`: the local etcd the managers elect their leader on.
+    #[serde(default)]
+    pub etcd: Option<EtcdState>,
+    /// `up --managers N`: managers 2..N, each on its own bus and loopback
+    /// address (the first is `bus_address`/`manager_pid`).
+    #[serde(default)]
+    pub standby_managers: Vec<ManagerState>,
+}
+
+/// The sandbox's etcd: data in `DIR/`[`ETCD_DIR`], clients on 127.0.0.1.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct EtcdState {
+    pub pid: Option<u32>,
+    pub client_port: u16,
+    pub peer_port: u16,
+}
+
+impl EtcdState {
+    /// The client URL, as `EtcdEndpoints=` takes it.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+}
+
+/// One more manager of the sandbox (2..N): its loopback address (where it
+/// listens on the sandbox's manager port, like another host), its bus.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ManagerState {
+    /// 2..N.
+    pub number: usize,
+    pub host: String,
+    pub bus_address: String,
+    pub bus_pid: Option<u32>,
+    pub pid: Option<u32>,
+}
+
+/// What manager `number` (2..N) keeps in the sandbox directory: its bus
+/// socket and its `StateDirectory` (removed by `down`), its config and
+/// logs (kept in a directory the caller gave).
+pub fn manager_bus(number: usize) -> String {
+    format!("bus-{number}")
+}
+
+pub fn manager_state_dir(number: usize) -> String {
+    format!("{MANAGER_STATE_DIR}-{number}")
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -81,6 +128,8 @@ impl State {
             manager_pid: None,
             agent_pids: BTreeMap::new(),
             extra_agent_pids: Vec::new(),
+            etcd: None,
+            standby_managers: Vec::new(),
         }
     }
 
@@ -182,10 +231,14 @@ impl State {
                 .map(|n| node::home(&self.dir, &n.name))
                 .collect();
             paths.extend(
-                ["bus", MANAGER_STATE_DIR, STATE_FILE, ENV_FILE]
+                ["bus", MANAGER_STATE_DIR, STATE_FILE, ENV_FILE, ETCD_DIR]
                     .iter()
                     .map(|f| self.dir.join(f)),
             );
+            for m in &self.standby_managers {
+                paths.push(self.dir.join(manager_bus(m.number)));
+                paths.push(self.dir.join(manager_state_dir(m.number)));
+            }
             paths.iter().try_for_each(|p| remove_if_exists(p))
         };
         if let Err(e) = result {
