@@ -21,6 +21,15 @@
 //! files give edges between units, and those have no circle either. Two folders
 //! that import each other, or a folder and a file beside it, can only be understood
 //! and changed together, even when no two files form a circle.
+//!
+//! **No room too big.** No source file of a crate that goes into the packages has
+//! more than [`MAX_CODE_LINES`] code lines: lines that are neither blank nor a
+//! comment (`//`, `//!`, `///`), counted up to the file's `#[cfg(test)]` module.
+//! The shipped crates are the packages `make dist-build` builds (the `SHIPPED*`
+//! lists of the Makefile) and every workspace crate they depend on (their
+//! `[dependencies]`, not their dev-dependencies), so a new library the daemons link
+//! is held to the rule without anyone listing it here. Test files (`tests.rs`,
+//! `tests/` folders) are not shipped code.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -466,6 +475,164 @@ fn imports_between_folders_have_no_circle() {
         report.is_empty(),
         "folders import each other in circles (see tests/tests/house.rs for the rule):\n{}",
         report.join("\n")
+    );
+}
+
+/// The most code lines a shipped source file may have (see the module docs).
+const MAX_CODE_LINES: usize = 800;
+
+/// Code lines of a file (see the module docs): not blank, not a comment, before
+/// the first `#[cfg(test)]` line.
+fn code_lines(text: &str) -> usize {
+    text.lines()
+        .map(str::trim_start)
+        .take_while(|t| !t.starts_with("#[cfg(test)]"))
+        .filter(|t| !t.is_empty() && !t.starts_with("//"))
+        .count()
+}
+
+/// The `[dependencies]` of a crate manifest that are workspace crates (`drover-…`
+/// or `droverctl`), by package name.
+fn workspace_dependencies(manifest: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut in_deps = false;
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_deps = line == "[dependencies]";
+            continue;
+        }
+        if !in_deps {
+            continue;
+        }
+        let key = line
+            .split(['=', '.'])
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        if key.starts_with("drover") {
+            out.push(key);
+        }
+    }
+    out
+}
+
+/// The package name of a crate manifest (`[package]`'s `name`).
+fn package_name(manifest: &str) -> Option<String> {
+    let package = &manifest[manifest.find("[package]")?..];
+    let line = package
+        .lines()
+        .find(|l| l.trim_start().starts_with("name"))?;
+    Some(line.split('=').nth(1)?.trim().trim_matches('"').to_string())
+}
+
+/// The crate directories whose sources go into the packages: what the Makefile's
+/// `SHIPPED*` lists name (`-p PACKAGE`), and the workspace crates they depend on.
+fn shipped_crates(root: &Path) -> BTreeMap<String, PathBuf> {
+    let by_name: BTreeMap<String, PathBuf> = crate_dirs(root)
+        .into_iter()
+        .filter_map(|dir| {
+            let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).ok()?;
+            Some((package_name(&manifest)?, dir))
+        })
+        .collect();
+    let makefile = std::fs::read_to_string(root.join("Makefile")).expect("Makefile");
+    let mut todo: Vec<String> = makefile
+        .lines()
+        .filter(|l| l.starts_with("SHIPPED"))
+        .flat_map(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            words
+                .windows(2)
+                .filter(|w| w[0] == "-p")
+                .map(|w| w[1].to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(!todo.is_empty(), "the Makefile names no SHIPPED package");
+    let mut shipped = BTreeMap::new();
+    while let Some(name) = todo.pop() {
+        if shipped.contains_key(&name) {
+            continue;
+        }
+        let dir = by_name
+            .get(&name)
+            .unwrap_or_else(|| panic!("shipped package {name} is no workspace member"));
+        let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).expect("crate manifest");
+        todo.extend(workspace_dependencies(&manifest));
+        shipped.insert(name, dir.clone());
+    }
+    shipped
+}
+
+#[test]
+fn no_shipped_source_file_is_over_the_line_budget() {
+    let root = workspace_root();
+    let shipped = shipped_crates(&root);
+    // What goes into the packages, and what does not (a change to the Makefile
+    // or a manifest that drops one of these is a change to this rule).
+    for name in [
+        "drover-manager",
+        "drover-agent",
+        "drover-proxy",
+        "droverctl",
+        "drover-dns",
+        "drover-tls",
+        "drover-config",
+        "drover-protocol",
+        "drover-bus",
+    ] {
+        assert!(shipped.contains_key(name), "{name} ships: {shipped:?}");
+    }
+    for name in [
+        "drover-testkit",
+        "drover-sandbox",
+        "drover-bench",
+        "drover-tests",
+    ] {
+        assert!(!shipped.contains_key(name), "{name} does not ship");
+    }
+    let mut over = Vec::new();
+    let mut checked = 0;
+    for dir in shipped.values() {
+        let mut files = Vec::new();
+        rust_files(&dir.join("src"), &mut files);
+        for file in files {
+            let rel = file.strip_prefix(&root).unwrap_or(&file).to_path_buf();
+            if rel.file_name().is_some_and(|n| n == "tests.rs") || rel.iter().any(|p| p == "tests")
+            {
+                continue;
+            }
+            let text = std::fs::read_to_string(&file).expect("read source");
+            let n = code_lines(&text);
+            checked += 1;
+            if n > MAX_CODE_LINES {
+                over.push(format!("{}: {n} code lines", rel.display()));
+            }
+        }
+    }
+    over.sort();
+    assert!(
+        over.is_empty(),
+        "shipped files over {MAX_CODE_LINES} code lines (cut them at their seams, see \
+         tests/tests/house.rs):\n{}",
+        over.join("\n")
+    );
+    assert!(checked > 0, "no shipped source found");
+}
+
+#[test]
+fn the_line_counter_skips_blanks_comments_and_tests() {
+    let text = "//! Module doc.\n\nuse std::fmt;\n/// An item.\n    // a note\nfn a() {\n    1;\n}\n\
+                #[cfg(test)]\nmod tests {\n    fn b() {}\n}\n";
+    assert_eq!(code_lines(text), 4);
+    let manifest = "[package]\nname = \"drover-x\"\n[dependencies]\n\
+                    drover-protocol = { workspace = true }\ndrover-config.workspace = true\n\
+                    anyhow = \"1\"\n[dev-dependencies]\ndrover-testkit.workspace = true\n";
+    assert_eq!(package_name(manifest).as_deref(), Some("drover-x"));
+    assert_eq!(
+        workspace_dependencies(manifest),
+        ["drover-protocol", "drover-config"]
     );
 }
 

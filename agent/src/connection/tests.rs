@@ -1,16 +1,30 @@
 //! Link tests against an in-process fake manager on a real TCP loopback
 //! socket, built from the protocol crate's manager-side handshake.
 
+use super::report::notify_failure;
+use super::session::write_loop;
 use super::*;
 use crate::fanout::pump_events;
+use crate::link::outbox::SessionKill;
+use crate::notify;
+use crate::state::Shared;
+use crate::systemd::api::Systemd;
 use crate::systemd::fake::{FakeSystemd, Script};
 use drover_protocol::handshake::Accepted;
 use drover_protocol::link::{ManagerFramed, manager_read_hello};
+use drover_protocol::{Hello, NodeName, RefuseReason, ToAgent, ToManager};
 use drover_protocol::{JobKind, Request, Response};
+use futures::{SinkExt, StreamExt};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
 use std::time::Instant;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 const T: Duration = Duration::from_secs(5);
 
@@ -579,30 +593,6 @@ async fn a_manager_that_stops_reading_is_dropped_not_buffered() {
         .wait_for(|s| matches!(s, LinkState::Connected { epoch: 2, .. }))
         .await;
     agent.stop().await;
-}
-
-#[test]
-fn backoff_starts_small_doubles_and_is_capped() {
-    let mut b = Backoff::new(Duration::from_secs(2));
-    for _ in 0..50 {
-        let mut b1 = b.clone();
-        b1.reset();
-        let first = b1.next_delay();
-        assert!(
-            first >= Duration::from_millis(100) && first <= Duration::from_millis(250),
-            "{first:?}"
-        );
-    }
-    let delays: Vec<_> = (0..10).map(|_| b.next_delay()).collect();
-    assert!(
-        delays
-            .iter()
-            .all(|d| *d >= Duration::from_millis(100) && *d <= Duration::from_secs(2)),
-        "{delays:?}"
-    );
-    // Jitter: not all the same once the window is wide.
-    let later: Vec<_> = (0..20).map(|_| b.next_delay()).collect();
-    assert!(later.iter().any(|d| *d != later[0]), "{later:?}");
 }
 
 /// A TLS "manager" whose certificate the agent must refuse: it only counts
