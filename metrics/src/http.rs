@@ -16,8 +16,12 @@
 //!   OpenMetrics when it names `application/openmetrics-text` (Prometheus
 //!   does), else the older text format 0.0.4 (`curl`, `promtool`).
 //!
-//! A scrape renders in the connection's task; what it reads is the
-//! daemon's business (its collectors say what a scrape costs it).
+//! A scrape renders on tokio's blocking pool (`spawn_blocking`), never on
+//! the runtime's worker threads: the body of a large fleet takes
+//! milliseconds to build, and a worker busy that long delays every other
+//! task queued on it (a `StartUnit` on its way to an agent). What the
+//! render reads is the daemon's business (its collectors say what a scrape
+//! costs it).
 //!
 //! The manager and the agent serve through [`serve`] alike, so a bound
 //! changed here changes for both.
@@ -76,7 +80,7 @@ pub async fn serve(listener: TcpListener, exposition: Arc<Exposition>, stop: Can
             let _slot = slot;
             let service = service_fn(move |req| {
                 let exposition = exposition.clone();
-                async move { Ok::<_, Infallible>(answer(&exposition, &req)) }
+                async move { Ok::<_, Infallible>(answer(exposition, &req).await) }
             });
             let mut builder = http1::Builder::new();
             builder
@@ -108,7 +112,7 @@ fn plain(status: StatusCode, text: &'static str) -> Response<Full<Bytes>> {
 }
 
 /// The answer to one request (see the module docs).
-fn answer(exposition: &Exposition, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+async fn answer(exposition: Arc<Exposition>, req: &Request<Incoming>) -> Response<Full<Bytes>> {
     if req.uri().path() != "/metrics" {
         return plain(
             StatusCode::NOT_FOUND,
@@ -126,13 +130,17 @@ fn answer(exposition: &Exposition, req: &Request<Incoming>) -> Response<Full<Byt
             .windows(20)
             .any(|w| w == b"application/openmetr")
     });
-    match exposition.render() {
-        Ok(text) => {
-            let (text, kind) = if openmetrics {
-                (text, OPENMETRICS)
-            } else {
-                (classic(&text), CLASSIC)
-            };
+    let rendered = tokio::task::spawn_blocking(move || {
+        let text = exposition.render()?;
+        Ok::<_, std::fmt::Error>(if openmetrics {
+            (text, OPENMETRICS)
+        } else {
+            (classic(&text), CLASSIC)
+        })
+    })
+    .await;
+    match rendered {
+        Ok(Ok((text, kind))) => {
             let mut r = Response::new(Full::new(Bytes::from(text)));
             r.headers_mut().insert(
                 CONTENT_TYPE_HEADER,
@@ -140,7 +148,7 @@ fn answer(exposition: &Exposition, req: &Request<Incoming>) -> Response<Full<Byt
             );
             r
         }
-        Err(_) => plain(
+        Ok(Err(_)) | Err(_) => plain(
             StatusCode::INTERNAL_SERVER_ERROR,
             "cannot render the metrics\n",
         ),
