@@ -9,7 +9,10 @@
 use drover_bench::fleet::daemon::{Transport, raise_nofile};
 use drover_bench::fleet::report::{HEADER, Row, csv_line};
 use drover_bench::fleet::{Options, run};
+use drover_testkit::process::{GroupGuard, live_in_group};
 use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::ChildStderr;
 
 fn small(nodes: usize, transport: Transport, pki_dir: &std::path::Path) -> Options {
     let mut opts = Options::new(nodes, transport);
@@ -103,84 +106,170 @@ async fn a_small_fleet_comes_online_in_every_phase_and_is_measured() {
     );
 }
 
-/// Stopped mid-run (SIGTERM, as `timeout` or systemd stops it), `drover-bench`
-/// tears down what it started, as on any failure: no temporary directory of
-/// its own left, no process still naming one, and a run that fails saying why.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_run_stopped_by_sigterm_leaves_nothing_behind() {
-    use tokio::io::{AsyncBufReadExt, BufReader};
-    let csv = std::env::temp_dir().join(format!("drover-fleet-sig-{}.csv", std::process::id()));
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_drover-bench"))
-        .args([
-            "fleet",
-            "--nodes",
-            "20",
-            "--transport",
-            "plain",
-            "--units",
-            "0",
-        ])
-        .args([
-            "--event-rate",
-            "0",
-            "--idle-seconds",
-            "600",
-            "--start-samples",
-            "0",
-        ])
-        .args(["--no-disruptions", "--proxy-grace-ms", "1000", "--csv"])
-        .arg(&csv)
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let pid = child.id().unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let mut seen = String::new();
-    // The 600 s idle window starts after the sweep: the run is mid-way then.
-    let swept = tokio::time::timeout(Duration::from_secs(60), async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            seen.push_str(&line);
-            seen.push('\n');
-            if line.contains("every node swept") {
-                return true;
+/// `drover-bench fleet` (20 agents) stopped mid-way: in its 600 s idle window,
+/// after every node was swept, its manager and dbus-daemon up. It runs in a
+/// process group of its own, and dropping this (as a failing test does) kills
+/// the whole group: the bench and what it started, which a kill of the bench
+/// alone would orphan. What a killed bench could not remove (its bus
+/// directory, the CSV) goes too.
+struct MidRun {
+    group: GroupGuard,
+    child: tokio::process::Child,
+    lines: Lines<BufReader<ChildStderr>>,
+    /// Its stderr so far.
+    seen: String,
+    csv: std::path::PathBuf,
+}
+
+impl MidRun {
+    async fn start() -> MidRun {
+        let csv = std::env::temp_dir().join(format!("drover-fleet-sig-{}.csv", std::process::id()));
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_drover-bench"))
+            .args([
+                "fleet",
+                "--nodes",
+                "20",
+                "--transport",
+                "plain",
+                "--units",
+                "0",
+            ])
+            .args([
+                "--event-rate",
+                "0",
+                "--idle-seconds",
+                "600",
+                "--start-samples",
+                "0",
+            ])
+            .args(["--no-disruptions", "--proxy-grace-ms", "1000", "--csv"])
+            .arg(&csv)
+            .stderr(std::process::Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let group = GroupGuard::new(child.id().unwrap());
+        let lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let mut run = MidRun {
+            group,
+            child,
+            lines,
+            seen: String::new(),
+            csv,
+        };
+        // The 600 s idle window starts after the sweep: the run is mid-way then.
+        let swept = tokio::time::timeout(Duration::from_secs(60), async {
+            while let Some(line) = run.lines.next_line().await.unwrap() {
+                run.seen.push_str(&line);
+                run.seen.push('\n');
+                if line.contains("every node swept") {
+                    return true;
+                }
             }
-        }
-        false
-    })
-    .await;
-    assert_eq!(swept, Ok(true), "{seen}");
-    let prefix = format!("drover-bench-fleet-{pid}-");
-    let ours = || -> Vec<String> {
+            false
+        })
+        .await;
+        assert_eq!(swept, Ok(true), "{}", run.seen);
+        run
+    }
+
+    fn pid(&self) -> u32 {
+        self.group.id()
+    }
+
+    /// What the run's temporary directories and processes are named after.
+    fn prefix(&self) -> String {
+        format!("drover-bench-fleet-{}-", self.pid())
+    }
+
+    /// The run's own temporary directories.
+    fn dirs(&self) -> Vec<String> {
+        let prefix = self.prefix();
         std::fs::read_dir(std::env::temp_dir())
             .unwrap()
             .filter_map(|e| e.ok()?.file_name().into_string().ok())
             .filter(|n| n.starts_with(&prefix))
             .collect()
-    };
-    assert_eq!(ours().len(), 1, "the run's own bus directory");
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap()),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
-        .await
-        .expect("drover-bench did not stop on SIGTERM")
-        .unwrap();
-    while let Some(line) = lines.next_line().await.unwrap() {
-        seen.push_str(&line);
-        seen.push('\n');
     }
-    assert_eq!(status.code(), Some(1), "{seen}");
-    assert!(seen.contains("stopped by SIGTERM"), "{seen}");
-    assert_eq!(ours(), Vec::<String>::new(), "left behind");
-    let named: Vec<String> = std::fs::read_dir("/proc")
+}
+
+impl Drop for MidRun {
+    fn drop(&mut self) {
+        // `group` is dropped after this: its SIGKILL reaches every process of
+        // the run. The files a killed bench leaves are removed here.
+        for dir in self.dirs() {
+            let _ = std::fs::remove_dir_all(std::env::temp_dir().join(dir));
+        }
+        let _ = std::fs::remove_file(&self.csv);
+    }
+}
+
+/// Live processes whose command line names `prefix` (the run's manager and
+/// dbus-daemon name its bus directory).
+fn named(prefix: &str) -> Vec<String> {
+    std::fs::read_dir("/proc")
         .unwrap()
         .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
         .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
-        .filter(|c| c.contains(&prefix))
-        .collect();
-    assert_eq!(named, Vec::<String>::new(), "processes of the run still up");
-    let _ = std::fs::remove_file(&csv);
+        .filter(|c| c.contains(prefix))
+        .collect()
+}
+
+/// Stopped mid-run (SIGTERM, as `timeout` or systemd stops it), `drover-bench`
+/// tears down what it started, as on any failure: no temporary directory of
+/// its own left, no process still naming one, and a run that fails saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_stopped_by_sigterm_leaves_nothing_behind() {
+    let mut run = MidRun::start().await;
+    assert_eq!(run.dirs().len(), 1, "the run's own bus directory");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(run.pid()).unwrap()),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(30), run.child.wait())
+        .await
+        .expect("drover-bench did not stop on SIGTERM")
+        .unwrap();
+    while let Some(line) = run.lines.next_line().await.unwrap() {
+        run.seen.push_str(&line);
+        run.seen.push('\n');
+    }
+    assert_eq!(status.code(), Some(1), "{}", run.seen);
+    assert!(run.seen.contains("stopped by SIGTERM"), "{}", run.seen);
+    assert_eq!(run.dirs(), Vec::<String>::new(), "left behind");
+    assert_eq!(
+        named(&run.prefix()),
+        Vec::<String>::new(),
+        "processes of the run still up"
+    );
+}
+
+/// The teardown of a test that fails while `drover-bench` runs (here: the
+/// guard dropped mid-run, as a panic drops it) kills the bench and everything
+/// it started: its manager and dbus-daemon, which SIGKILL to the bench alone
+/// leaves running, orphaned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_run_leaves_no_process_behind() {
+    let run = MidRun::start().await;
+    let prefix = run.prefix();
+    let group = run.group.id();
+    let started = named(&prefix);
+    assert!(
+        started.iter().any(|c| c.contains("drover-manager"))
+            && started.iter().any(|c| c.contains("dbus-daemon")),
+        "the run's manager and bus are up: {started:?}"
+    );
+    assert!(
+        live_in_group(group).len() >= 3,
+        "the bench, its manager and its bus"
+    );
+    drop(run);
+    drover_testkit::wait::eventually(Duration::from_secs(10), "nothing of the run left", || {
+        let prefix = prefix.clone();
+        async move { named(&prefix).is_empty() && live_in_group(group).is_empty() }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {:?} {:?}", named(&prefix), live_in_group(group)));
 }

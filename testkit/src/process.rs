@@ -1,5 +1,6 @@
 //! Things a test starts or makes outside a cluster, each undone in `Drop`: a child
-//! process ([`ChildGuard`]), a temp directory ([`TempDir`]); what a finished process
+//! process ([`ChildGuard`]), a child with all it started ([`GroupGuard`]), a temp
+//! directory ([`TempDir`]); what a finished process
 //! printed ([`Run`]); where the workspace's binaries are ([`bin`]); a free loopback port
 //! ([`free_port`]).
 
@@ -183,4 +184,71 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// A process group a test started a child in (its command's `process_group(0)`, so the
+/// group's id is the child's pid), killed whole on drop, also when the test fails: the
+/// child and every process it started that stayed in its group. A kill of the child
+/// alone (`ChildGuard`, tokio's `kill_on_drop`) would leave those running, orphaned.
+pub struct GroupGuard(nix::unistd::Pid);
+
+impl GroupGuard {
+    /// Guards the group that `pid` leads; panics when `pid` leads no group (its command
+    /// lacked `process_group(0)`), since killing the group would then reach nothing of it.
+    pub fn new(pid: u32) -> GroupGuard {
+        let raw = i32::try_from(pid).expect("pid fits");
+        assert_eq!(
+            group_of(raw),
+            Some(raw),
+            "pid {pid} leads no process group: start it with process_group(0)"
+        );
+        GroupGuard(nix::unistd::Pid::from_raw(raw))
+    }
+
+    /// The group's id (its leader's pid).
+    pub fn id(&self) -> u32 {
+        self.0.as_raw().unsigned_abs()
+    }
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        // ESRCH (the group is gone already) is the outcome wanted.
+        let _ = nix::sys::signal::killpg(self.0, Signal::SIGKILL);
+    }
+}
+
+/// The processes of the group `pgid` that are still alive (a zombie is dead: it only
+/// waits to be reaped).
+pub fn live_in_group(pgid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            stat_fields(&stat).is_some_and(|(state, pgrp)| {
+                i64::from(pgrp) == i64::from(pgid) && state != 'Z' && state != 'X'
+            })
+        })
+        .map(i32::unsigned_abs)
+        .collect()
+}
+
+/// The process group of `pid`, from `/proc/PID/stat`.
+fn group_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_fields(&stat).map(|(_, pgrp)| pgrp)
+}
+
+/// State and process group from `/proc/PID/stat` text (the fields after the `)` that
+/// closes the command name: state, ppid, pgrp, ...).
+fn stat_fields(stat: &str) -> Option<(char, i32)> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let pgrp = fields.nth(1)?.parse().ok()?;
+    Some((state, pgrp))
 }
