@@ -1,14 +1,23 @@
 //! The high-availability keys of `[drover-manager]`: `EtcdEndpoints`,
-//! `EtcdKeyPrefix`, `EtcdLeaseTTL` (docs/ha.md).
+//! `EtcdKeyPrefix`, `EtcdLeaseTTL`, and etcd's mutual TLS,
+//! `EtcdTLSCertificate`, `EtcdTLSPrivateKey`, `EtcdTLSCertificateAuthority`
+//! (docs/ha.md).
 //!
 //! Without `EtcdEndpoints` (unset or empty) the manager is alone, as it has
 //! always been: nothing of etcd is touched. With it, every manager that
 //! names the same endpoints and prefix campaigns for `PREFIX/leader`.
 //!
-//! * `EtcdEndpoints`: `http://HOST:PORT` items, separated by commas or
-//!   spaces, at most [`MAX_ENDPOINTS`]; HOST is an IP address (`[v6]` in
-//!   brackets) or a DNS name. No path, no user, no `https` yet (TLS to etcd
-//!   is not built: an `https` endpoint is an error, not a silent plaintext).
+//! * `EtcdEndpoints`: `http://HOST:PORT` or `https://HOST:PORT` items,
+//!   separated by commas or spaces, at most [`MAX_ENDPOINTS`], all of one
+//!   scheme; HOST is an IP address (`[v6]` in brackets) or a DNS name. No
+//!   path, no user.
+//! * `EtcdTLSCertificate`, `EtcdTLSPrivateKey`, `EtcdTLSCertificateAuthority`
+//!   ([`TLS_KEYS`]): the manager's client certificate and key for etcd, and
+//!   the CA bundle etcd's certificate must chain to; the rules of the
+//!   manager's own TLS keys ([`crate::tls`]: absolute paths, all three or
+//!   none, an empty value unsets). `https://` endpoints need them (etcd's
+//!   mutual TLS), and they need `https://` endpoints: TLS is never
+//!   half-configured, and never silently plaintext.
 //! * `EtcdKeyPrefix` (default `/drover`): starts with `/`, does not end with
 //!   one, printable ASCII without spaces, at most [`MAX_PREFIX`] bytes. Two
 //!   fleets on one etcd differ by prefix.
@@ -17,10 +26,25 @@
 //!   keeps the key; a leader steps down on its own clock before that.
 
 use crate::ConfigError;
+use crate::tls::{Origin, TlsFiles, TlsKeys};
 use crate::value::At;
 
 /// The HA keys, in the order drover.conf(5) lists them.
-pub const KEYS: &[&str] = &["EtcdEndpoints", "EtcdKeyPrefix", "EtcdLeaseTTL"];
+pub const KEYS: &[&str] = &[
+    "EtcdEndpoints",
+    "EtcdKeyPrefix",
+    "EtcdLeaseTTL",
+    "EtcdTLSCertificate",
+    "EtcdTLSPrivateKey",
+    "EtcdTLSCertificateAuthority",
+];
+
+/// The keys of etcd's mutual TLS: certificate, private key, CA bundle.
+pub const TLS_KEYS: &[&str] = &[
+    "EtcdTLSCertificate",
+    "EtcdTLSPrivateKey",
+    "EtcdTLSCertificateAuthority",
+];
 
 pub const DEFAULT_PREFIX: &str = "/drover";
 pub const DEFAULT_TTL_S: u64 = 5;
@@ -31,13 +55,15 @@ pub const MAX_TTL_S: u64 = 3600;
 pub const MAX_ENDPOINTS: usize = 16;
 pub const MAX_PREFIX: usize = 200;
 
-/// One etcd client URL (`http://HOST:PORT`).
+/// One etcd client URL (`http://HOST:PORT` or `https://HOST:PORT`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EtcdEndpoint {
     /// As written, without brackets for IPv6 (what a socket address wants
-    /// is [`EtcdEndpoint::authority`]).
+    /// is [`EtcdEndpoint::authority`]; what etcd's certificate must name).
     pub host: String,
     pub port: u16,
+    /// `https://`: TLS with [`HaSettings::tls`].
+    pub tls: bool,
 }
 
 impl EtcdEndpoint {
@@ -53,7 +79,8 @@ impl EtcdEndpoint {
 
 impl std::fmt::Display for EtcdEndpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "http://{}", self.authority())
+        let scheme = if self.tls { "https" } else { "http" };
+        write!(f, "{scheme}://{}", self.authority())
     }
 }
 
@@ -63,6 +90,9 @@ pub struct HaSettings {
     pub endpoints: Vec<EtcdEndpoint>,
     pub key_prefix: String,
     pub lease_ttl_s: u64,
+    /// etcd's mutual TLS (`EtcdTLS…`): set exactly when the endpoints are
+    /// `https://`.
+    pub tls: Option<TlsFiles>,
 }
 
 impl Default for HaSettings {
@@ -71,6 +101,7 @@ impl Default for HaSettings {
             endpoints: Vec::new(),
             key_prefix: DEFAULT_PREFIX.to_string(),
             lease_ttl_s: DEFAULT_TTL_S,
+            tls: None,
         }
     }
 }
@@ -92,6 +123,11 @@ pub fn parse_endpoints(value: &str) -> Result<Vec<EtcdEndpoint>, String> {
     let mut out: Vec<EtcdEndpoint> = Vec::new();
     for item in value.split([',', ' ', '\t']).filter(|s| !s.is_empty()) {
         let endpoint = parse_endpoint(item)?;
+        if out.first().is_some_and(|first| first.tls != endpoint.tls) {
+            return Err(
+                "mixes http:// and https:// endpoints; one etcd cluster speaks one of them".into(),
+            );
+        }
         if !out.contains(&endpoint) {
             out.push(endpoint);
         }
@@ -108,21 +144,19 @@ fn parse_endpoint(item: &str) -> Result<EtcdEndpoint, String> {
         .take(80)
         .flat_map(char::escape_default)
         .collect();
-    let example = "(e.g. http://192.0.2.10:2379, http://etcd1.example:2379)";
-    if item.starts_with("https://") {
-        return Err(format!(
-            "'{shown}': TLS to etcd is not supported yet; use http:// on a trusted network \
-             (docs/ha.md)"
-        ));
-    }
-    let Some(rest) = item.strip_prefix("http://") else {
-        return Err(format!("'{shown}' is not http://HOST:PORT {example}"));
+    let example = "(e.g. https://192.0.2.10:2379, http://etcd1.example:2379)";
+    let (tls, rest) = if let Some(rest) = item.strip_prefix("https://") {
+        (true, rest)
+    } else if let Some(rest) = item.strip_prefix("http://") {
+        (false, rest)
+    } else {
+        return Err(format!("'{shown}' is not http(s)://HOST:PORT {example}"));
     };
     let rest = rest.strip_suffix('/').unwrap_or(rest);
     let (host, port) = if let Some(v6) = rest.strip_prefix('[') {
         let (host, port) = v6
             .split_once("]:")
-            .ok_or_else(|| format!("'{shown}' is not http://HOST:PORT {example}"))?;
+            .ok_or_else(|| format!("'{shown}' is not http(s)://HOST:PORT {example}"))?;
         host.parse::<std::net::Ipv6Addr>()
             .map_err(|_| format!("'{shown}': '{host}' is not an IPv6 address"))?;
         (host, port)
@@ -142,6 +176,7 @@ fn parse_endpoint(item: &str) -> Result<EtcdEndpoint, String> {
     Ok(EtcdEndpoint {
         host: host.to_string(),
         port,
+        tls,
     })
 }
 
@@ -189,11 +224,36 @@ pub fn parse_prefix(value: &str) -> Result<String, String> {
     Ok(value.to_string())
 }
 
+/// The HA keys as the layers set them, for the rules [`finish`] applies
+/// after the last layer.
+#[derive(Debug, Clone)]
+pub(crate) struct HaKeys {
+    tls: TlsKeys,
+    endpoints_at: Option<Origin>,
+}
+
+impl Default for HaKeys {
+    fn default() -> Self {
+        Self {
+            tls: TlsKeys::named(TLS_KEYS),
+            endpoints_at: None,
+        }
+    }
+}
+
 /// Applies `at` if it is an HA key; `Ok(false)` when it is not one.
-pub(crate) fn apply(at: At<'_>, settings: &mut HaSettings) -> Result<bool, ConfigError> {
+pub(crate) fn apply(
+    at: At<'_>,
+    settings: &mut HaSettings,
+    keys: &mut HaKeys,
+) -> Result<bool, ConfigError> {
+    if keys.tls.apply(at)? {
+        return Ok(true);
+    }
     match at.entry.key.as_str() {
         "EtcdEndpoints" => {
-            settings.endpoints = parse_endpoints(at.value()).map_err(|m| at.err(m))?
+            settings.endpoints = parse_endpoints(at.value()).map_err(|m| at.err(m))?;
+            keys.endpoints_at = Some(Origin::of(at));
         }
         "EtcdKeyPrefix" => {
             settings.key_prefix = if at.value().is_empty() {
@@ -206,6 +266,33 @@ pub(crate) fn apply(at: At<'_>, settings: &mut HaSettings) -> Result<bool, Confi
         _ => return Ok(false),
     }
     Ok(true)
+}
+
+/// After the last layer: the TLS keys all or none, and set exactly when
+/// the endpoints are `https://`. Each error names the key, file and line
+/// that contradicts the others.
+pub(crate) fn finish(settings: &mut HaSettings, keys: &HaKeys) -> Result<(), ConfigError> {
+    settings.tls = keys.tls.finish()?;
+    let https = settings.endpoints.iter().any(|e| e.tls);
+    match (&settings.tls, https, &keys.endpoints_at) {
+        (None, true, Some(at)) => Err(at.err(format!(
+            "https:// endpoints need etcd's mutual TLS: set {}, {} and {} (docs/ha.md)",
+            TLS_KEYS[0], TLS_KEYS[1], TLS_KEYS[2]
+        ))),
+        (Some(_), false, _) => {
+            let why = if settings.endpoints.is_empty() {
+                "EtcdEndpoints is not set"
+            } else {
+                "EtcdEndpoints lists http:// endpoints (use https://)"
+            };
+            Err(keys
+                .tls
+                .first_origin()
+                .map(|o| o.err(format!("etcd's TLS keys are for https:// endpoints; {why}")))
+                .unwrap_or_else(|| ConfigError::Invalid(why.into())))
+        }
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]
@@ -239,7 +326,9 @@ mod tests {
             "http://[::1:1",
             "http://[zz]:1",
             "http://h\r\nX-Evil: 1:1",
-            "https://127.0.0.1:2379",
+            "https://h:1/x",
+            "https://user@h:1",
+            "http://a:1,https://b:1",
             "unix:///run/etcd.sock",
             "http://\u{0}:1",
             "http://ä:1",
@@ -249,8 +338,12 @@ mod tests {
         let many: Vec<String> = (1..=17).map(|p| format!("http://h:{p}")).collect();
         assert!(parse_endpoints(&many.join(",")).is_err());
         assert!(parse_endpoints(&many[..16].join(",")).is_ok());
-        let err = parse_endpoints("https://e:2379").unwrap_err();
-        assert!(err.contains("not supported yet"), "{err}");
+        let e = parse_endpoints("https://e:2379, https://[::1]:2379").unwrap();
+        assert!(e.iter().all(|e| e.tls));
+        assert_eq!(e[0].to_string(), "https://e:2379");
+        assert_eq!(e[1].to_string(), "https://[::1]:2379");
+        let err = parse_endpoints("https://e:2379 http://f:2379").unwrap_err();
+        assert!(err.contains("mixes"), "{err}");
     }
 
     #[test]

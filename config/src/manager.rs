@@ -318,6 +318,8 @@ struct Builder {
     /// Where `AllowedNodeNames` was last set, for the warning about `*`.
     allowed_at: Option<Origin>,
     tls: TlsKeys,
+    /// The HA keys' builder state (etcd's TLS keys, where the endpoints were set).
+    ha: ha::HaKeys,
     /// Where the transport keys were last set, for errors after the last layer.
     listen_at: Option<Origin>,
     allow_plaintext_at: Option<Origin>,
@@ -399,7 +401,7 @@ impl Builder {
         if metrics::apply(at, &mut cfg.metrics)? {
             return Ok(());
         }
-        if ha::apply(at, &mut cfg.ha)? {
+        if ha::apply(at, &mut cfg.ha, &mut self.ha)? {
             return Ok(());
         }
         if discovery::apply(at, &mut cfg.discovery)? {
@@ -557,6 +559,7 @@ impl Builder {
             )));
         }
         cfg.tls = self.tls.finish()?;
+        ha::finish(&mut cfg.ha, &self.ha)?;
         check_transport(
             &cfg,
             &self.tls,
@@ -1028,8 +1031,8 @@ mod tests {
                 "comments must be on their own line",
             ),
             ("MetricsPerNode", "sometimes", "not a boolean"),
-            ("EtcdEndpoints", "127.0.0.1:2379", "not http://HOST:PORT"),
-            ("EtcdEndpoints", "https://e:2379", "not supported yet"),
+            ("EtcdEndpoints", "127.0.0.1:2379", "not http(s)://HOST:PORT"),
+            ("EtcdEndpoints", "https://e:2379", "need etcd's mutual TLS"),
             ("EtcdEndpoints", "http://e:0", "port must be"),
             ("EtcdKeyPrefix", "drover", "must start with '/'"),
             ("EtcdKeyPrefix", "/drover/", "must not end with '/'"),
@@ -1066,6 +1069,88 @@ mod tests {
         )
         .unwrap();
         assert!(!c.ha.enabled());
+    }
+
+    #[test]
+    fn etcd_tls_keys_and_their_rules() {
+        const KEYS: &str = "EtcdTLSCertificate=/etc/drover/etcd/client.pem\n\
+                            EtcdTLSPrivateKey=/etc/drover/etcd/client.key\n\
+                            EtcdTLSCertificateAuthority=/etc/drover/etcd/ca.pem\n";
+        let c = ManagerConfig::parse_str(&format!(
+            "[drover-manager]\nEtcdEndpoints=https://10.0.0.1:2379\n{KEYS}"
+        ))
+        .unwrap();
+        let tls = c.ha.tls.clone().unwrap();
+        assert_eq!(tls.certificate, Path::new("/etc/drover/etcd/client.pem"));
+        assert_eq!(tls.private_key, Path::new("/etc/drover/etcd/client.key"));
+        assert_eq!(tls.ca_bundle, Path::new("/etc/drover/etcd/ca.pem"));
+        assert!(c.ha.endpoints[0].tls);
+        // The agents' TLS is another thing: none here.
+        assert_eq!(c.tls, None);
+        // https:// without the keys, named at EtcdEndpoints.
+        let msg = value_err(
+            ManagerConfig::parse_str("[drover-manager]\nEtcdEndpoints=https://e:2379\n")
+                .unwrap_err(),
+            2,
+            "EtcdEndpoints",
+        );
+        assert!(msg.contains("need etcd's mutual TLS"), "{msg}");
+        // The keys without https://, named at the first key.
+        let msg = value_err(
+            ManagerConfig::parse_str(&format!(
+                "[drover-manager]\nEtcdEndpoints=http://e:2379\n{KEYS}"
+            ))
+            .unwrap_err(),
+            3,
+            "EtcdTLSCertificate",
+        );
+        assert!(msg.contains("for https:// endpoints"), "{msg}");
+        let msg = value_err(
+            ManagerConfig::parse_str(&format!("[drover-manager]\n{KEYS}")).unwrap_err(),
+            2,
+            "EtcdTLSCertificate",
+        );
+        assert!(msg.contains("EtcdEndpoints is not set"), "{msg}");
+        // All or nothing.
+        let msg = value_err(
+            ManagerConfig::parse_str(
+                "[drover-manager]\nEtcdEndpoints=https://e:2379\n\
+                 EtcdTLSPrivateKey=/k.key\n",
+            )
+            .unwrap_err(),
+            3,
+            "EtcdTLSPrivateKey",
+        );
+        assert!(
+            msg.ends_with("EtcdTLSCertificate and EtcdTLSCertificateAuthority are not set"),
+            "{msg}"
+        );
+        // Garbage in a key: file, line, key.
+        for (key, value, want) in [
+            ("EtcdTLSCertificate", "client.pem", "not an absolute path"),
+            ("EtcdTLSPrivateKey", "/etc/drover/", "names a directory"),
+            (
+                "EtcdTLSCertificateAuthority",
+                "/ca\u{7}.pem",
+                "control characters",
+            ),
+        ] {
+            let msg = value_err(
+                ManagerConfig::parse_str(&format!("[drover-manager]\n{key}={value}\n"))
+                    .unwrap_err(),
+                2,
+                key,
+            );
+            assert!(msg.contains(want), "{key}={value}: {msg}");
+        }
+        // An empty value unsets a key (a drop-in turning etcd's TLS off).
+        let c = ManagerConfig::parse_str(&format!(
+            "[drover-manager]\nEtcdEndpoints=https://e:2379\n{KEYS}\
+             EtcdEndpoints=http://e:2379\nEtcdTLSCertificate=\nEtcdTLSPrivateKey=\n\
+             EtcdTLSCertificateAuthority=\n"
+        ))
+        .unwrap();
+        assert_eq!(c.ha.tls, None);
     }
 
     #[test]

@@ -72,16 +72,35 @@ impl Origin {
 }
 
 /// The four keys as the layers set them; [`TlsKeys::finish`] applies the
-/// all-or-nothing rule after the last layer.
-#[derive(Debug, Clone, Default)]
+/// all-or-nothing rule after the last layer. The keys are [`KEYS`] by
+/// default; [`TlsKeys::named`] takes another set of the same meaning (the
+/// manager's TLS to etcd, [`crate::ha`]).
+#[derive(Debug, Clone)]
 pub(crate) struct TlsKeys {
-    set: [Option<(PathBuf, Origin)>; 4],
+    /// Certificate, private key, CA bundle, then optionally the CRL.
+    names: &'static [&'static str],
+    set: Vec<Option<(PathBuf, Origin)>>,
+}
+
+impl Default for TlsKeys {
+    fn default() -> Self {
+        Self::named(KEYS)
+    }
 }
 
 impl TlsKeys {
-    /// Applies `at` if it is one of [`KEYS`]; returns false for any other key.
+    /// The keys `names`: certificate, private key, CA bundle (required
+    /// together), and optionally a fourth, the CRL.
+    pub fn named(names: &'static [&'static str]) -> Self {
+        Self {
+            names,
+            set: vec![None; names.len()],
+        }
+    }
+
+    /// Applies `at` if it is one of the keys; returns false for any other key.
     pub fn apply(&mut self, at: At<'_>) -> Result<bool, ConfigError> {
-        let Some(i) = KEYS.iter().position(|k| *k == at.entry.key) else {
+        let Some(i) = self.names.iter().position(|k| *k == at.entry.key) else {
             return Ok(false);
         };
         self.set[i] = if at.value().is_empty() {
@@ -104,7 +123,7 @@ impl TlsKeys {
         let Some(origin) = self.first_origin() else {
             return Ok(None);
         };
-        let missing: Vec<&str> = KEYS[..3]
+        let missing: Vec<&str> = self.names[..3]
             .iter()
             .zip(&self.set)
             .filter(|(_, v)| v.is_none())
@@ -112,13 +131,20 @@ impl TlsKeys {
             .collect();
         if !missing.is_empty() {
             return Err(origin.err(format!(
-                "TLS needs TLSCertificate, TLSPrivateKey and TLSCertificateAuthority \
-                 together; {} {} not set",
+                "TLS needs {}, {} and {} together; {} {} not set",
+                self.names[0],
+                self.names[1],
+                self.names[2],
                 missing.join(" and "),
                 if missing.len() == 1 { "is" } else { "are" }
             )));
         }
-        let path = |i: usize| self.set[i].as_ref().map(|(p, _)| p.clone());
+        let path = |i: usize| {
+            self.set
+                .get(i)
+                .and_then(|v| v.as_ref())
+                .map(|(p, _)| p.clone())
+        };
         Ok(Some(TlsFiles {
             certificate: path(0).unwrap_or_default(),
             private_key: path(1).unwrap_or_default(),

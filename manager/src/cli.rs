@@ -235,16 +235,23 @@ fn check(cli: &Cli) -> anyhow::Result<Vec<String>> {
         None => "metrics: off (MetricsListenAddress unset)".to_string(),
     });
     let ha = &config.ha;
+    if let Some(files) = &ha.tls {
+        drover_tls::settings::service_client_config(files).context("etcd's TLS")?;
+    }
     lines.push(if ha.enabled() {
         format!(
-            "high availability: campaigns for {} on etcd {}, lease {} s",
+            "high availability: campaigns for {} on etcd {}, lease {} s{}",
             ha.leader_key(),
             ha.endpoints
                 .iter()
                 .map(ToString::to_string)
                 .collect::<Vec<_>>()
                 .join(", "),
-            ha.lease_ttl_s
+            ha.lease_ttl_s,
+            ha.tls.as_ref().map_or(String::new(), |f| format!(
+                ", mutual TLS with {}",
+                f.certificate.display()
+            ))
         )
     } else {
         "high availability: off (EtcdEndpoints unset): this manager leads alone".to_string()

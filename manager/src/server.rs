@@ -58,6 +58,8 @@ pub enum StartError {
     Listener(std::io::Error),
     #[error("TLS: {0}")]
     Tls(#[from] drover_tls::Error),
+    #[error("etcd's TLS (EtcdTLSCertificate, EtcdTLSPrivateKey, EtcdTLSCertificateAuthority): {0}")]
+    EtcdTls(drover_tls::Error),
     #[error("cannot listen for metrics on {addr} (MetricsListenAddress): {source}")]
     Metrics {
         addr: SocketAddr,
@@ -101,6 +103,13 @@ impl Manager {
         timeouts: Timeouts,
     ) -> Result<Self, StartError> {
         let tls = load_tls(&config)?;
+        let etcd_tls = config
+            .ha
+            .tls
+            .as_ref()
+            .map(drover_tls::settings::service_client_config)
+            .transpose()
+            .map_err(StartError::EtcdTls)?;
         let parts = Parts::build(config, timeouts, tls);
         let conn = connect(bus).await?;
         let handles = Arc::new(Handles {
@@ -173,7 +182,7 @@ impl Manager {
             .config
             .ha
             .enabled()
-            .then(|| start_election(&parts, &conn, local_addr, stop.clone()))
+            .then(|| start_election(&parts, &conn, local_addr, etcd_tls, stop.clone()))
             .flatten();
         tracing::info!(
             "serving {BUS_NAME} with {} allowed node(s); agents connect to {local_addr}{}",
@@ -331,6 +340,7 @@ fn start_election(
     parts: &Parts,
     conn: &Connection,
     local_addr: SocketAddr,
+    etcd_tls: Option<Arc<rustls::ClientConfig>>,
     stop: CancellationToken,
 ) -> Option<JoinHandle<()>> {
     let fence = parts.lifecycle.nodes().fence()?.clone();
@@ -343,7 +353,7 @@ fn start_election(
         warm_up: parts.config.discovery.warm_up_timeout,
     });
     let election = Election {
-        etcd: Etcd::new(ha.endpoints.clone()),
+        etcd: Etcd::new(ha.endpoints.clone(), etcd_tls),
         key: ha.leader_key().into_bytes(),
         me: format!("{}:{}", host_name(), local_addr.port()),
         ttl_s: ha.lease_ttl_s,

@@ -63,17 +63,17 @@ impl std::ops::DerefMut for Ha {
 
 impl Ha {
     async fn start(etcd: &Etcd, prefix: &str) -> Ha {
-        Ha::start_at(&etcd.url(), prefix).await
+        Ha::start_at(&etcd.url(), prefix, "").await
     }
 
-    /// A manager whose `EtcdEndpoints` is `url`.
-    async fn start_at(url: &str, prefix: &str) -> Ha {
+    /// A manager whose `EtcdEndpoints` is `url`, with `extra` keys.
+    async fn start_at(url: &str, prefix: &str, extra: &str) -> Ha {
         let metrics_port = free_port();
         let m = HaManager::start(Path::new(BIN), |_| {
             format!(
                 "[drover-manager]\nAllowedNodeNames=node1,node2\nLogTarget=stderr\nLogLevel=DEBUG\n\
                  MetricsListenAddress={metrics_port}\n\
-                 EtcdEndpoints={url}\nEtcdKeyPrefix={prefix}\nEtcdLeaseTTL={}\n",
+                 EtcdEndpoints={url}\nEtcdKeyPrefix={prefix}\nEtcdLeaseTTL={}\n{extra}",
                 TTL.as_secs()
             )
         })
@@ -441,7 +441,7 @@ async fn garbage_from_the_etcd_port_leaves_the_manager_standing_by() {
         }
     });
     let fake = FakeEtcd { port };
-    let mut m = Ha::start_at(&fake.url(), &prefix("garbage")).await;
+    let mut m = Ha::start_at(&fake.url(), &prefix("garbage"), "").await;
     // Long enough for every kind of answer several times over.
     tokio::time::sleep(TTL * 2).await;
     assert!(m.try_wait().is_none(), "the manager died\n{}", m.logged());
@@ -470,4 +470,90 @@ impl FakeEtcd {
     fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
+}
+
+/// The `EtcdTLS…` keys for a client certificate and key, and a CA bundle.
+fn etcd_tls_keys(cert: &Path, key: &Path, ca: &Path) -> String {
+    format!(
+        "EtcdTLSCertificate={}\nEtcdTLSPrivateKey={}\nEtcdTLSCertificateAuthority={}\n",
+        cert.display(),
+        key.display(),
+        ca.display()
+    )
+}
+
+/// etcd's mutual TLS with certificates from drover's PKI: managers with a
+/// client certificate of etcd's CA elect a leader over TLS; a manager
+/// whose certificate comes from another CA is refused by etcd and never
+/// leads; one that speaks plaintext to the TLS port never leads and says
+/// why.
+#[tokio::test]
+async fn over_etcd_tls_only_managers_certified_by_its_ca_lead() {
+    use drover_protocol::NodeName;
+    use drover_tls::pki::{Options, Pki, Validity};
+    let dir = drover_testkit::process::TempDir::new("drover-etcd-pki");
+    let options = Options {
+        validity: Validity::days(2).expect("validity"),
+        force: false,
+    };
+    let name = |n: &str| NodeName::new(n).expect("name");
+    let pki = Pki::new(dir.join("ca"));
+    pki.create_ca(&options).expect("CA");
+    pki.issue_etcd(&["127.0.0.1"], &options)
+        .expect("etcd's certificate");
+    for m in ["mgr-a", "mgr-b"] {
+        pki.issue_node(&name(m), &options)
+            .expect("a client certificate");
+    }
+    let other = Pki::new(dir.join("other"));
+    other.create_ca(&options).expect("another CA");
+    other
+        .issue_node(&name("mgr-x"), &options)
+        .expect("a certificate of another CA");
+    let etcd = Etcd::start_tls(pki.etcd_certificate(), pki.etcd_key(), pki.ca_certificate()).await;
+    assert!(etcd.url().starts_with("https://"), "{}", etcd.url());
+    let keys = |p: &Pki, m: &str| {
+        etcd_tls_keys(
+            &p.node_certificate(&name(m)),
+            &p.node_key(&name(m)),
+            &pki.ca_certificate(),
+        )
+    };
+
+    // Over TLS: A leads, B stands by knowing A's epoch.
+    let a = Ha::start_at(&etcd.url(), &prefix("tls"), &keys(&pki, "mgr-a")).await;
+    a.until_leading(true, TTL * 3).await;
+    let a_epoch = a.epoch().await;
+    let b = Ha::start_at(&etcd.url(), &prefix("tls"), &keys(&pki, "mgr-b")).await;
+    let standby = &b;
+    poll(WAIT, LOOK, "B knows A's epoch over TLS", || async move {
+        standby.epoch().await == a_epoch
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", b.logged()));
+    assert!(!b.leading().await, "two leaders");
+
+    // Another CA's certificate (trusting etcd's CA): etcd refuses it.
+    let x = Ha::start_at(&etcd.url(), &prefix("tls-x"), &keys(&other, "mgr-x")).await;
+    // Plaintext to the TLS port.
+    let plain_url = etcd.url().replacen("https://", "http://", 1);
+    let p = Ha::start_at(&plain_url, &prefix("tls-plain"), "").await;
+    let (rx, rp) = (&x, &p);
+    poll(WAIT, LOOK, "both refused twice", || async move {
+        rx.logged().matches("etcd: cannot get a lease").count() >= 2
+            && rp.logged().matches("etcd: cannot get a lease").count() >= 2
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nX:\n{}\nP:\n{}", x.logged(), p.logged()));
+    assert!(!x.leading().await, "a manager of another CA leads");
+    assert!(!p.leading().await, "a plaintext manager leads");
+    assert_eq!(x.epoch().await, 0);
+    assert!(
+        p.logged()
+            .contains("as an etcd that serves TLS does to plaintext"),
+        "{}",
+        p.logged()
+    );
+    // A still leads, untroubled.
+    assert!(a.leading().await);
 }

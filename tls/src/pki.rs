@@ -211,6 +211,15 @@ impl Pki {
         self.dir.join("manager.key")
     }
 
+    /// etcd's server certificate ([`Pki::issue_etcd`]).
+    pub fn etcd_certificate(&self) -> PathBuf {
+        self.dir.join("etcd.pem")
+    }
+
+    pub fn etcd_key(&self) -> PathBuf {
+        self.dir.join("etcd.key")
+    }
+
     pub fn nodes_dir(&self) -> PathBuf {
         self.dir.join("nodes")
     }
@@ -309,10 +318,45 @@ impl Pki {
             &ca,
             (Kind::Manager, first.as_ref()),
             sans,
-            ExtendedKeyUsagePurpose::ServerAuth,
+            &[ExtendedKeyUsagePurpose::ServerAuth],
             options,
             &self.manager_certificate(),
             &self.manager_key(),
+        )
+    }
+
+    /// Issues etcd's server certificate (`etcd.pem`, `etcd.key`) for the
+    /// names the managers dial (`EtcdEndpoints=`, docs/ha.md): like the
+    /// manager's, plus client authentication, because etcd's JSON gateway
+    /// dials etcd itself with this certificate when etcd asks its clients
+    /// for one (`--client-cert-auth`). The managers' own client
+    /// certificates for etcd are node certificates of this CA
+    /// ([`Pki::issue_node`]).
+    pub fn issue_etcd(
+        &self,
+        names: &[impl AsRef<str>],
+        options: &Options,
+    ) -> Result<Issued, PkiError> {
+        let Some(first) = names.first() else {
+            return Err(PkiError::NothingToDo("name managers dial etcd by"));
+        };
+        let sans = names
+            .iter()
+            .map(|n| server_san(n.as_ref()))
+            .collect::<Result<Vec<_>, _>>()?;
+        refuse_existing(&[self.etcd_key()], options.force)?;
+        let ca = self.load_ca()?;
+        self.issue(
+            &ca,
+            (Kind::Etcd, first.as_ref()),
+            sans,
+            &[
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
+            options,
+            &self.etcd_certificate(),
+            &self.etcd_key(),
         )
     }
 
@@ -339,7 +383,7 @@ impl Pki {
                     &ca,
                     (Kind::Node, node.as_str()),
                     vec![san],
-                    ExtendedKeyUsagePurpose::ClientAuth,
+                    &[ExtendedKeyUsagePurpose::ClientAuth],
                     options,
                     &self.node_certificate(node),
                     &self.node_key(node),
@@ -524,7 +568,7 @@ impl Pki {
         ca: &Ca,
         (kind, common_name): (Kind, &str),
         sans: Vec<SanType>,
-        purpose: ExtendedKeyUsagePurpose,
+        purposes: &[ExtendedKeyUsagePurpose],
         options: &Options,
         cert_path: &Path,
         key_path: &Path,
@@ -539,7 +583,7 @@ impl Pki {
         params.subject_alt_names = sans;
         params.is_ca = IsCa::ExplicitNoCa;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![purpose];
+        params.extended_key_usages = purposes.to_vec();
         params.use_authority_key_identifier_extension = true;
         set_validity(&mut params, &options.validity, &serial);
         let cert = params.signed_by(&key, &ca.issuer)?;

@@ -1,5 +1,6 @@
 //! From files to immutable rustls configurations: [`ServerSettings`] for the
-//! manager, [`ClientSettings`] for an agent.
+//! manager, [`ClientSettings`] for an agent, [`service_client_config`] for
+//! the manager as a client of etcd.
 //!
 //! Loading checks everything it can before any peer shows up: each file
 //! readable and holding what it should, the key private (mode) and matching
@@ -158,6 +159,32 @@ impl ClientSettings {
     pub(crate) fn config(&self) -> Arc<ClientConfig> {
         Arc::clone(&self.config)
     }
+}
+
+/// A client of a service that is not drover (etcd, for the managers'
+/// election, docs/ha.md): one's own certificate chain and key (any name;
+/// its extended key usage must allow client authentication), and the CA
+/// bundle (and CRL) the service's certificate must chain to and be valid
+/// for the name dialled. Checked at load as [`ClientSettings::load`]
+/// checks, without asking the certificate to name a node. TLS 1.3, as
+/// everywhere in drover (etcd 3.4 speaks it).
+pub fn service_client_config(files: &TlsFiles) -> Result<Arc<ClientConfig>, Error> {
+    let provider = provider();
+    let own = Own::load(files, &provider, Purpose::Client)?;
+    let trust = Trust::load(files)?;
+    let verifier = WebPkiServerVerifier::builder_with_provider(
+        Arc::clone(&trust.roots),
+        Arc::clone(&provider),
+    )
+    .with_crls(trust.crls)
+    .allow_unknown_revocation_status()
+    .build()
+    .map_err(|e| crl_error(files, e))?;
+    let config = ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_webpki_verifier(verifier)
+        .with_client_cert_resolver(Arc::new(SingleCertAndKey::from(own.key)));
+    Ok(Arc::new(config))
 }
 
 fn provider() -> Arc<CryptoProvider> {

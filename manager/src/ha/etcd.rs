@@ -9,6 +9,12 @@
 //! (already linked for the metrics endpoint, plus its client half),
 //! serde_json and base64, and speaks the same API (docs/dev/ha.md).
 //!
+//! TLS: `https://` endpoints are dialled with etcd's mutual TLS (rustls,
+//! the manager's client certificate from `EtcdTLS…`, etcd's certificate
+//! checked against that CA bundle and the endpoint's host). An `http://`
+//! endpoint that answers with TLS's "HTTP request to an HTTPS server" is
+//! reported as such, not as garbage.
+//!
 //! Bounds: every call has a deadline (the caller's), an answer body is
 //! read up to [`MAX_BODY`] bytes, a watch message up to [`MAX_BODY`] too;
 //! more is an error, never a growing buffer. Endpoints are tried in turn
@@ -20,10 +26,13 @@ use drover_config::ha::EtcdEndpoint;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use rustls::pki_types::ServerName;
 use serde_json::Value;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
 
 /// The most bytes one answer (or one watch message) may take.
 pub const MAX_BODY: usize = 64 * 1024;
@@ -41,14 +50,19 @@ pub enum EtcdError {
 /// See the module docs.
 pub struct Etcd {
     endpoints: Vec<EtcdEndpoint>,
+    /// For `https://` endpoints (`drover_tls::settings::service_client_config`).
+    tls: Option<TlsConnector>,
     /// Where the next call starts.
     current: AtomicUsize,
 }
 
 impl Etcd {
-    pub fn new(endpoints: Vec<EtcdEndpoint>) -> Self {
+    /// `tls` is etcd's mutual TLS, loaded from the `EtcdTLS…` keys: needed by
+    /// `https://` endpoints (the config allows them only with it).
+    pub fn new(endpoints: Vec<EtcdEndpoint>, tls: Option<Arc<rustls::ClientConfig>>) -> Self {
         Self {
             endpoints,
+            tls: tls.map(TlsConnector::from),
             current: AtomicUsize::new(0),
         }
     }
@@ -162,6 +176,15 @@ impl Etcd {
                     detail,
                 }
             })?;
+            if status == hyper::StatusCode::BAD_REQUEST && speaks_tls(&bytes) {
+                return Err(EtcdError::Transport {
+                    endpoint,
+                    detail: "etcd answered that it speaks TLS: list it as https:// and set \
+                             EtcdTLSCertificate, EtcdTLSPrivateKey and \
+                             EtcdTLSCertificateAuthority (docs/ha.md)"
+                        .into(),
+                });
+            }
             serde_json::from_slice::<Value>(&bytes).map_err(|_| {
                 EtcdError::Wire(WireError::Garbage(format!(
                     "{endpoint} answered HTTP {status} without JSON"
@@ -185,7 +208,7 @@ impl Etcd {
         for i in 0..self.endpoints.len() {
             let at = (start + i) % self.endpoints.len();
             let endpoint = &self.endpoints[at];
-            match post(endpoint, path, body.clone()).await {
+            match self.post(endpoint, path, body.clone()).await {
                 Ok(r) => {
                     self.current.store(at, Ordering::Relaxed);
                     return Ok((endpoint.to_string(), r));
@@ -205,17 +228,57 @@ impl Etcd {
     }
 }
 
-async fn post(
-    endpoint: &EtcdEndpoint,
+impl Etcd {
+    /// One request on a new connection to `endpoint` (TLS for `https://`).
+    async fn post(
+        &self,
+        endpoint: &EtcdEndpoint,
+        path: &str,
+        body: Bytes,
+    ) -> Result<hyper::Response<Incoming>, String> {
+        let authority = endpoint.authority();
+        let stream = TcpStream::connect(&authority)
+            .await
+            .map_err(|e| format!("cannot connect: {e}"))?;
+        let _ = stream.set_nodelay(true);
+        if !endpoint.tls {
+            return send(stream, &authority, path, body).await.map_err(|e| {
+                if e.contains("connection closed before message completed") {
+                    format!(
+                        "{e}: etcd closed the connection without an answer, as an etcd that \
+                         serves TLS does to plaintext; if it does, list it as https:// and set \
+                         EtcdTLSCertificate, EtcdTLSPrivateKey and EtcdTLSCertificateAuthority \
+                         (docs/ha.md)"
+                    )
+                } else {
+                    e
+                }
+            });
+        }
+        let Some(tls) = &self.tls else {
+            return Err("an https:// endpoint without etcd's TLS keys".into());
+        };
+        let name = ServerName::try_from(endpoint.host.clone())
+            .map_err(|e| format!("'{}' cannot be checked as TLS: {e}", endpoint.host))?;
+        let stream = tls
+            .connect(name, stream)
+            .await
+            .map_err(|e| format!("TLS: {e}"))?;
+        send(stream, &authority, path, body).await
+    }
+}
+
+/// `POST path` with `body` over `io` (HTTP/1.1, one request).
+async fn send<IO>(
+    io: IO,
+    authority: &str,
     path: &str,
     body: Bytes,
-) -> Result<hyper::Response<Incoming>, String> {
-    let authority = endpoint.authority();
-    let stream = TcpStream::connect(&authority)
-        .await
-        .map_err(|e| format!("cannot connect: {e}"))?;
-    let _ = stream.set_nodelay(true);
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+) -> Result<hyper::Response<Incoming>, String>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
         .await
         .map_err(|e| format!("HTTP: {e}"))?;
     // Ends when the response is read (or dropped) and the sender is gone.
@@ -233,6 +296,13 @@ async fn post(
         .send_request(request)
         .await
         .map_err(|e| format!("HTTP: {e}"))
+}
+
+/// Whether an answer is a TLS server's to a plaintext request (Go's
+/// `Client sent an HTTP request to an HTTPS server.`).
+fn speaks_tls(body: &[u8]) -> bool {
+    body.windows(b"HTTPS server".len())
+        .any(|w| w == b"HTTPS server")
 }
 
 async fn read_bounded(mut body: Incoming) -> Result<Vec<u8>, String> {

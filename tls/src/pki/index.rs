@@ -39,6 +39,8 @@ pub enum Kind {
     Ca,
     Manager,
     Node,
+    /// etcd's server certificate (`Pki::issue_etcd`).
+    Etcd,
 }
 
 impl Kind {
@@ -47,6 +49,7 @@ impl Kind {
             Kind::Ca => "ca",
             Kind::Manager => "manager",
             Kind::Node => "node",
+            Kind::Etcd => "etcd",
         }
     }
 
@@ -55,6 +58,7 @@ impl Kind {
             "ca" => Some(Kind::Ca),
             "manager" => Some(Kind::Manager),
             "node" => Some(Kind::Node),
+            "etcd" => Some(Kind::Etcd),
             _ => None,
         }
     }
