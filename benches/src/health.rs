@@ -19,8 +19,13 @@
 //! systemd's CPU time per exec run is reported the same way, next to the
 //! agent's.
 //!
+//! Beside the CPU, each window reads the bytes the agent's connection to
+//! the manager sent (`bytes_sent` of `ss -ti`): with checks that keep
+//! passing, a window must carry what one without them carries (the
+//! heartbeats), since an unchanged result sends the manager nothing.
+//!
 //! Targets (issue 27): agent CPU per TCP/HTTP check ≤ 0.2 ms, per exec check
-//! ≤ 3 ms. The checks pass all along, so after the first verdicts the agent
+//! ≤ 3 ms; no frame to the manager while results are unchanged. The checks pass all along, so after the first verdicts the agent
 //! sends the manager nothing; what health costs the manager at fleet size is
 //! not measured by this benchmark (nor yet by any other).
 
@@ -148,6 +153,7 @@ async fn run(cluster: &Cluster, rounds: usize) -> Result<()> {
         let mut agent_ms = Vec::new();
         let mut systemd_ms = Vec::new();
         let mut runs_seen = Vec::new();
+        let mut sent = (Vec::new(), Vec::new());
         for round in 0..rounds {
             let mut with = (0.0, 0.0);
             let mut without = (0.0, 0.0);
@@ -161,9 +167,17 @@ async fn run(cluster: &Cluster, rounds: usize) -> Result<()> {
                 declare(cluster, &node, checks.then_some(&kind)).await?;
                 tokio::time::sleep(SETTLE).await;
                 let before = kind.counter.as_deref().map(counted).transpose()?;
+                let b0 = bytes_to_manager(agent, cluster.manager_port())?;
                 let (a0, s0) = (cpu_ticks(agent)?, cpu_ticks(systemd)?);
                 tokio::time::sleep(WINDOW).await;
                 let (a1, s1) = (cpu_ticks(agent)?, cpu_ticks(systemd)?);
+                let b1 = bytes_to_manager(agent, cluster.manager_port())?;
+                let bytes = b1.saturating_sub(b0) as f64;
+                if checks {
+                    sent.0.push(bytes);
+                } else {
+                    sent.1.push(bytes);
+                }
                 let after = kind.counter.as_deref().map(counted).transpose()?;
                 let spent = (
                     (a1 - a0) as f64 * 1000.0 / tck,
@@ -207,6 +221,13 @@ async fn run(cluster: &Cluster, rounds: usize) -> Result<()> {
                 " (as scheduled)"
             },
         );
+        println!(
+            "       bytes the agent sent the manager per window: with checks median {:.0} (max {:.0}), without {:.0} (max {:.0})",
+            stats::Spread::of(&sent.0).median,
+            sent.0.iter().copied().fold(0.0, f64::max),
+            stats::Spread::of(&sent.1).median,
+            sent.1.iter().copied().fold(0.0, f64::max),
+        );
         if kind.counter.is_some() {
             println!(
                 "       the node's systemd per check: median {:.3} ms, p90 {:.3} ms (starting the transient service)",
@@ -247,6 +268,50 @@ fn ok(out: std::process::Output, what: &str) -> Result<()> {
     } else {
         bail!("{what}: {}", String::from_utf8_lossy(&out.stderr))
     }
+}
+
+/// Bytes sent so far on `pid`'s established TCP connections to `port`
+/// (`bytes_sent` of `ss -tip`).
+fn bytes_to_manager(pid: u32, port: u16) -> Result<u64> {
+    let out = std::process::Command::new("ss")
+        .args([
+            "-tinpH",
+            "state",
+            "established",
+            "dport",
+            "=",
+            &format!(":{port}"),
+        ])
+        .output()
+        .context("running ss")?;
+    if !out.status.success() {
+        bail!("ss: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let ours = format!("pid={pid},");
+    let mut total = 0;
+    let mut found = false;
+    let mut mine = false;
+    for line in text.lines() {
+        if line.contains("users:(") {
+            mine = line.contains(&ours);
+            continue;
+        }
+        if !mine {
+            continue;
+        }
+        if let Some(n) = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("bytes_sent:"))
+        {
+            total += n.parse::<u64>().context("bytes_sent of ss")?;
+            found = true;
+        }
+    }
+    if !found {
+        bail!("no connection of the agent (pid {pid}) to port {port} in ss's list");
+    }
+    Ok(total)
 }
 
 fn free_port() -> Result<u16> {
