@@ -36,8 +36,35 @@ use std::process::{Child, ExitStatus, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+// `ha` adds the high-availability group's methods to [`Cluster`]; what
+// both sides need is defined here, so this file imports nothing of it.
 mod ha;
-pub use ha::{MAX_MANAGERS, manager_host};
+
+/// The most managers a sandbox runs.
+pub const MAX_MANAGERS: usize = 3;
+/// The managers' lease: the manager's minimum, so a failover takes about 2 s.
+pub const LEASE_TTL_S: u64 = 2;
+/// The etcd key prefix of the sandbox's group.
+pub const KEY_PREFIX: &str = "/drover-sandbox";
+/// Manager `number`'s address (1-based): 127.0.0.N, a host of its own on loopback.
+pub fn manager_host(number: usize) -> String {
+    format!("127.0.0.{number}")
+}
+
+/// Manager 2..N as the cluster holds it.
+struct Standby {
+    number: usize,
+    /// Its agent port (the sandbox's port on its own address), passed as fd 3.
+    listener: TcpListener,
+    bus: Option<Child>,
+    manager: Option<Child>,
+}
+
+impl Standby {
+    fn log(&self, dir: &Path) -> PathBuf {
+        dir.join(format!("manager-{}.log", self.number))
+    }
+}
 
 /// Upper bound on nodes per sandbox (each costs a systemd, a dbus-daemon and an agent).
 pub const MAX_NODES: usize = 256;
@@ -249,7 +276,7 @@ pub struct Cluster {
     /// `up --managers N`: the local etcd.
     etcd: Option<Child>,
     /// `up --managers N`: managers 2..N.
-    standbys: Vec<ha::Standby>,
+    standbys: Vec<Standby>,
     /// `up --managers N`: the `[drover-manager]` etcd keys every manager's config ends with.
     ha_keys: String,
     /// Set once torn down or detached: `Drop` then does nothing.

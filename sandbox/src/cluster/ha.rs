@@ -17,46 +17,21 @@
 //!   start, so `DROVER_BUS` is the leader's at first.
 
 use super::{
-    Cluster, ClusterOptions, MANAGER_READY_TIMEOUT, free_loopback_port, wait_bus_ready,
-    wait_manager_ready, write_file,
+    Cluster, ClusterOptions, KEY_PREFIX, LEASE_TTL_S, MANAGER_READY_TIMEOUT, Standby,
+    free_loopback_port, manager_host, wait_bus_ready, wait_manager_ready, write_file,
 };
+use crate::binaries;
+use crate::bus;
+use crate::files;
 use crate::process::{self, Spawn};
 use crate::state::{ETCD_DIR, EtcdState, ManagerState, manager_bus, manager_state_dir};
-use crate::{binaries, bus, files};
 use anyhow::{Context, Result, bail};
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::Child;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// The most managers a sandbox runs.
-pub const MAX_MANAGERS: usize = 3;
-/// The managers' lease: the manager's minimum, so a failover takes about 2 s.
-pub const LEASE_TTL_S: u64 = 2;
-/// The etcd key prefix of the sandbox's group.
-pub const KEY_PREFIX: &str = "/drover-sandbox";
 const ETCD_READY_TIMEOUT: Duration = Duration::from_secs(15);
-
-/// Manager `number`'s address (1-based): 127.0.0.N, a host of its own on loopback.
-pub fn manager_host(number: usize) -> String {
-    format!("127.0.0.{number}")
-}
-
-/// Manager 2..N as the cluster holds it.
-pub(super) struct Standby {
-    pub(super) number: usize,
-    /// Its agent port (the sandbox's port on its own address), passed as fd 3.
-    listener: TcpListener,
-    pub(super) bus: Option<Child>,
-    pub(super) manager: Option<Child>,
-}
-
-impl Standby {
-    pub(super) fn log(&self, dir: &Path) -> PathBuf {
-        dir.join(format!("manager-{}.log", self.number))
-    }
-}
 
 impl Cluster {
     /// Starts etcd and waits until it answers `/health`; sets the etcd keys every
