@@ -924,26 +924,33 @@ fn with_grace_and_warm_up(nodes: usize, grace_ms: u64, warm_up_s: u64) -> Cluste
 /// behind is stopped (no leak), once the warm-up gave up waiting for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manager_restart_stops_deps_nobody_reclaims() {
-    let mut c = TestCluster::with(with_grace_and_warm_up(2, 2_000, 8)).await;
+    // Long enough that a slow manager start plus the 4 s check below end
+    // inside it.
+    let warm_up = Duration::from_secs(15);
+    let mut c = TestCluster::with(with_grace_and_warm_up(2, 2_000, warm_up.as_secs())).await;
     chain_up(&c, "Wants", SLEEPER).await;
     c.stop_manager().await.unwrap();
     // node1's agent dies with the manager away: nobody will re-announce the proxy.
     c.signal_agent("node1", Signal::SIGKILL).unwrap();
+    // Taken before the start: the warm-up begins inside it, so it ends
+    // later than `asked + warm_up`.
+    let asked = Instant::now();
     c.start_manager().await.unwrap();
-    let started = Instant::now();
     c.wait_status("node2", "online", T).await;
     // Past node2's grace period the dep still runs: node1 may depend on
     // node2 and has not been back since the start.
     c.stays("node2", DEP, "active", Duration::from_secs(4))
         .await;
     assert!(
-        started.elapsed() < Duration::from_secs(8),
-        "the check above ended inside the warm-up"
+        asked.elapsed() < warm_up,
+        "the check above ended inside the warm-up ({:?} after the start was asked)",
+        asked.elapsed()
     );
     wait_state(&c, "node2", DEP, "inactive").await;
     assert!(
-        started.elapsed() >= Duration::from_secs(8),
-        "stopped only once the warm-up ended"
+        asked.elapsed() >= warm_up,
+        "stopped only once the warm-up ended ({:?} after the start was asked)",
+        asked.elapsed()
     );
     assert_eq!(c.state("node2", DB).await, "active");
     c.down().await;

@@ -367,10 +367,17 @@ impl Run for Status {
         let clear = follow::stdout_is_tty();
         let interrupted = follow::interrupted();
         tokio::pin!(interrupted);
+        let json = ctx.json();
         loop {
-            let nodes = match fetch(&client, self.node.as_ref()).await {
+            let fetched = async {
+                let nodes = fetch(&client, self.node.as_ref()).await?;
+                let head = header(&client, json).await?;
+                Ok::<_, CtlError>((nodes, head))
+            };
+            let (nodes, head) = match fetched.await {
                 Ok(n) => n,
-                // A change signal can beat the owner change when the manager exits.
+                // A change signal can beat the owner change when the manager
+                // exits, for the table's calls and the leader line's alike.
                 Err(CtlError::ManagerUnreachable { bus }) => {
                     return Err(CtlError::ManagerLeft {
                         bus,
@@ -384,8 +391,8 @@ impl Run for Status {
             } else {
                 String::new()
             };
-            text.push_str(&header(&client, ctx.json()).await?);
-            text.push_str(&render(&nodes, ctx.json(), true));
+            text.push_str(&head);
+            text.push_str(&render(&nodes, json, true));
             ctx.emit(&text)?;
             tokio::select! {
                 msg = follow::next_signal(&mut changes, &client) => { msg?; }
