@@ -1,29 +1,10 @@
 //! The `drover-sandbox` binary's argument handling: usage errors are clap's (exit 2),
 //! and commands that find no sandbox say so without touching anything.
 
-use std::process::{Command, Output};
+mod common;
 
-fn sandbox(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_drover-sandbox"))
-        .args(args)
-        .env_remove("DROVER_SANDBOX_DIR")
-        .output()
-        .expect("drover-sandbox runs")
-}
-
-/// `drover-sandbox down --dir DIR` when dropped: a test that fails after `up` leaves no
-/// sandbox running (`down` of a sandbox that is gone is a no-op).
-struct DownOnDrop(String);
-
-impl Drop for DownOnDrop {
-    fn drop(&mut self) {
-        let _ = sandbox(&["down", "--dir", &self.0]);
-    }
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
+use common::{DownOnDrop, sandbox, stderr};
+use std::process::Command;
 
 #[test]
 fn bad_arguments_are_usage_errors_with_exit_2() {

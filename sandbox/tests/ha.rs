@@ -3,38 +3,19 @@
 //! read `sandbox.env`, kill the leader (SIGKILL), see the other lead with every node
 //! online, and `down` leaving no process, cgroup or etcd data.
 
+mod common;
+
+use common::{DownOnDrop, sandbox, stderr};
 use drover_sandbox::bus;
 use drover_sandbox::process::{alive, signal};
 use drover_sandbox::state::State;
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 const NODES: [&str; 2] = ["node1", "node2"];
 /// The lease is 2 s: a takeover is due within about 2.5 s; this bounds a loaded machine.
 const TAKEOVER: Duration = Duration::from_secs(10);
-
-fn sandbox(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_drover-sandbox"))
-        .args(args)
-        .env_remove("DROVER_SANDBOX_DIR")
-        .output()
-        .expect("drover-sandbox runs")
-}
-
-/// `drover-sandbox down --dir DIR` when dropped: a failing test leaves nothing running.
-struct DownOnDrop(String);
-
-impl Drop for DownOnDrop {
-    fn drop(&mut self) {
-        let _ = sandbox(&["down", "--dir", &self.0]);
-    }
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
 
 /// The `export NAME='VALUE'` lines of `sandbox.env`.
 fn exports(text: &str) -> BTreeMap<String, String> {
