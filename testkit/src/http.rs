@@ -3,7 +3,8 @@
 //! connection (`Connection: close`), read to the end, bounded in time. Also
 //! raw byte exchanges for the garbage tests (and the garbage both daemons'
 //! endpoints get, [`garbage_is_bounded`]), the one lookup tests make in a
-//! Prometheus text exposition ([`sample`]) and the real `promtool check
+//! Prometheus text exposition ([`sample`]), scraping until a series shows
+//! what a test waits for ([`scrape_until`]) and the real `promtool check
 //! metrics` ([`promtool_check`]).
 
 use anyhow::{Context, Result, bail};
@@ -221,6 +222,39 @@ pub async fn promtool_check(text: &str) -> (bool, String) {
         String::from_utf8_lossy(&out.stderr)
     );
     (out.status.success(), said)
+}
+
+/// Scrapes `url` until `series` shows a value `ok` accepts, within
+/// `within`; returns that scrape, or panics with the last one. A
+/// connection closed unanswered (an endpoint that is full) is retried; an
+/// answer other than 200 panics.
+pub async fn scrape_until(
+    within: Duration,
+    url: &str,
+    series: &str,
+    ok: impl Fn(f64) -> bool,
+) -> String {
+    let last = std::sync::Mutex::new(String::new());
+    let seen = crate::wait::eventually(within, series, || {
+        let (url, last, ok) = (url.to_owned(), &last, &ok);
+        async move {
+            let text = match get(&url).await {
+                Ok(a) if a.status == 200 => a.body,
+                Ok(a) => panic!("{a:?}"),
+                Err(e) => format!("{e:#}"),
+            };
+            let hit = sample(&text, series).is_some_and(ok);
+            *last.lock().unwrap() = text;
+            hit
+        }
+    })
+    .await;
+    let last = last.into_inner().unwrap();
+    assert!(
+        seen.is_ok(),
+        "{series} never became as wanted; last scrape:\n{last}"
+    );
+    last
 }
 
 /// The value of the series `series` (name and labels exactly as exposed,

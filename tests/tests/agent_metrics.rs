@@ -78,27 +78,7 @@ async fn metered_agent(c: &mut TestCluster, node: &str, check_port: u16) -> (u32
 
 /// Waits until `series` shows a value `ok` accepts; returns that scrape.
 async fn until(url: &str, series: &str, ok: impl Fn(f64) -> bool) -> String {
-    let last = std::sync::Mutex::new(String::new());
-    let seen = eventually(DETECT, series, || {
-        let (url, last, ok) = (url.to_owned(), &last, &ok);
-        async move {
-            let text = match http::get(&url).await {
-                Ok(a) if a.status == 200 => a.body,
-                Ok(a) => panic!("{a:?}"),
-                Err(e) => format!("{e:#}"),
-            };
-            let hit = sample(&text, series).is_some_and(ok);
-            *last.lock().unwrap() = text;
-            hit
-        }
-    })
-    .await;
-    let last = last.into_inner().unwrap();
-    assert!(
-        seen.is_ok(),
-        "{series} never became as wanted; last scrape:\n{last}"
-    );
-    last
+    http::scrape_until(DETECT, url, series, ok).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

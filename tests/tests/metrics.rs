@@ -62,29 +62,7 @@ async fn until_within(
     series: &str,
     ok: impl Fn(f64) -> bool,
 ) -> String {
-    let last = std::sync::Mutex::new(String::new());
-    let seen = eventually(within, series, || {
-        let url = url.to_owned();
-        let last = &last;
-        let ok = &ok;
-        async move {
-            // A connection closed unanswered (the endpoint is full) is retried.
-            let text = match http::get(&url).await {
-                Ok(a) if a.status == 200 => a.body,
-                Ok(a) => panic!("{a:?}"),
-                Err(e) => format!("{e:#}"),
-            };
-            let hit = sample(&text, series).is_some_and(ok);
-            *last.lock().unwrap() = text;
-            hit
-        }
-    })
-    .await;
-    let last = last.into_inner().unwrap();
-    if seen.is_err() {
-        panic!("{series} never became as wanted; last scrape:\n{last}");
-    }
-    last
+    http::scrape_until(within, url, series, ok).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
