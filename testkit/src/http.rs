@@ -244,12 +244,12 @@ pub async fn scrape_until(
                 Err(e) => format!("{e:#}"),
             };
             let hit = sample(&text, series).is_some_and(ok);
-            *last.lock().unwrap() = text;
+            *last.lock().unwrap_or_else(|p| p.into_inner()) = text;
             hit
         }
     })
     .await;
-    let last = last.into_inner().unwrap();
+    let last = last.into_inner().unwrap_or_else(|p| p.into_inner());
     assert!(
         seen.is_ok(),
         "{series} never became as wanted; last scrape:\n{last}"
