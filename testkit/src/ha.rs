@@ -29,6 +29,8 @@ pub struct HaManager {
     bus: PrivateBus,
     /// Its agent port on 127.0.0.1 (`-p`).
     pub port: u16,
+    /// The binary, for [`HaManager::start_again`].
+    bin: std::path::PathBuf,
     dir: TempDir,
 }
 
@@ -45,31 +47,52 @@ impl HaManager {
         let port = free_port();
         let dir = TempDir::new("drover-ha");
         let text = conf(dir.path());
-        let conf = dir.file("manager.conf", &text);
-        let log = std::fs::File::create(dir.join("manager.log")).expect("log file");
-        let proc = Command::new(bin)
-            .args(["--no-default-config", "--bus", bus.address()])
-            .args(["-p", &port.to_string(), "-c"])
-            .arg(&conf)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("run {}: {e}", bin.display()));
-        let proc = Some(ChildGuard::new(proc));
+        dir.file("manager.conf", &text);
         let api = Api::connect(bus.address()).await;
-        let m = HaManager {
-            proc,
+        let mut m = HaManager {
+            proc: None,
             api,
             bus,
             port,
+            bin: bin.to_owned(),
             dir,
         };
+        m.spawn().await;
+        m
+    }
+
+    /// Starts the manager again, on the same bus, port, configuration and
+    /// state directory, after it exited or was killed (and reaped): a
+    /// restarted manager host. Its log goes on in `manager.log`. Returns once
+    /// it serves its API; panics if the previous process still runs.
+    pub async fn start_again(&mut self) {
+        assert!(
+            self.try_wait().is_some(),
+            "the manager still runs; kill it or wait for it first"
+        );
+        self.spawn().await;
+    }
+
+    async fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("manager.log"))
+            .expect("log file");
+        let proc = Command::new(&self.bin)
+            .args(["--no-default-config", "--bus", self.bus.address()])
+            .args(["-p", &self.port.to_string(), "-c"])
+            .arg(self.dir.join("manager.conf"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("run {}: {e}", self.bin.display()));
+        self.proc = Some(ChildGuard::new(proc));
         poll(UP, LOOK, "the manager serves its API", || async {
-            m.leading_now().await.is_ok()
+            self.leading_now().await.is_ok()
         })
         .await
-        .unwrap_or_else(|e| panic!("{e}\n{}", m.logged()));
-        m
+        .unwrap_or_else(|e| panic!("{e}\n{}", self.logged()));
     }
 
     /// The address of its bus (`DROVER_BUS` / `droverctl --bus`).
