@@ -355,7 +355,7 @@ fn start_election(
     let election = Election {
         etcd: Etcd::new(ha.endpoints.clone(), etcd_tls),
         key: ha.leader_key().into_bytes(),
-        me: format!("{}:{}", host_name(), local_addr.port()),
+        me: leader_name(&host_name(), local_addr),
         ttl_s: ha.lease_ttl_s,
         fence,
         seat,
@@ -373,8 +373,19 @@ fn start_election(
     Some(tokio::spawn(election.run(stop)))
 }
 
-/// This host's name as the kernel has it (what standbys name as the
-/// leader, with the agent port).
+/// What this manager is called in the leader key, which standbys and
+/// `droverctl` show: the address it listens on when that is one address
+/// (what the agents' `ControllerHost=` lists name, and distinct for two
+/// managers on one host), else this host's name; with the agent port.
+fn leader_name(host: &str, local_addr: SocketAddr) -> String {
+    if local_addr.ip().is_unspecified() {
+        format!("{host}:{}", local_addr.port())
+    } else {
+        local_addr.to_string()
+    }
+}
+
+/// This host's name as the kernel has it.
 fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
@@ -465,5 +476,19 @@ impl Drop for Manager {
         for task in &self.tasks {
             task.abort();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::leader_name;
+
+    #[test]
+    fn a_manager_on_one_address_is_named_by_it_else_by_its_host() {
+        let named = |addr: &str| leader_name("mgr-a", addr.parse().expect("an address"));
+        assert_eq!(named("0.0.0.0:842"), "mgr-a:842");
+        assert_eq!(named("[::]:842"), "mgr-a:842");
+        assert_eq!(named("127.0.0.2:842"), "127.0.0.2:842");
+        assert_eq!(named("[fd00::7]:842"), "[fd00::7]:842");
     }
 }

@@ -32,6 +32,21 @@ async fn leading(address: &str) -> Option<bool> {
     bus::leading(&conn).await.ok()
 }
 
+/// `io.drover.Controller.Leader` of the manager at `address`: who it says
+/// leads; `None` while it does not answer.
+async fn leader(address: &str) -> Option<String> {
+    let conn = bus::connect(address).await.ok()?;
+    let controller = zbus::Proxy::new(
+        &conn,
+        "org.eclipse.bluechi",
+        "/org/eclipse/bluechi",
+        "io.drover.Controller",
+    )
+    .await
+    .ok()?;
+    controller.get_property::<String>("Leader").await.ok()
+}
+
 /// Whether every node is online on the manager at `address`.
 async fn all_online(address: &str) -> bool {
     let Ok(conn) = bus::connect(address).await else {
@@ -97,6 +112,12 @@ async fn up_with_two_managers_survives_the_leaders_death_and_down_leaves_nothing
         );
     }
 
+    // Each manager is named by its own address, so who leads is plain.
+    let port = |name: &str| name.rsplit_once(':').map(|(_, p)| p.to_string());
+    let first = leader(&bus1).await.expect("the leader's Leader");
+    assert!(first.starts_with("127.0.0.1:"), "{first}");
+    assert_eq!(leader(&bus2).await.as_deref(), Some(first.as_str()));
+
     // The leader dies: the other leads, every node online with it.
     signal(pid1, nix::sys::signal::Signal::SIGKILL).expect("SIGKILL the leader");
     let killed = Instant::now();
@@ -112,6 +133,9 @@ async fn up_with_two_managers_survives_the_leaders_death_and_down_leaves_nothing
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let second = leader(&bus2).await.expect("the new leader's Leader");
+    assert!(second.starts_with("127.0.0.2:"), "{second}");
+    assert_eq!(port(&second), port(&first), "one agent port, two addresses");
     eprintln!(
         "manager 2 leads with every node online {:?} after the SIGKILL",
         killed.elapsed()
