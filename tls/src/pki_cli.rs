@@ -17,6 +17,7 @@ Files in DIR:
   ca.pem, ca.key              the CA (ca.pem is the CA bundle of the manager and agents)
   crl.pem                     the CA's revocation list, for the manager
   manager.pem, manager.key    the manager's server certificate
+  etcd.pem, etcd.key          etcd's certificate, for managers that elect a leader on it
   nodes/NODE.pem, NODE.key    a node's client certificate (its SAN is the node name)
   issued.tsv                  every certificate the CA issued (what `revoke NODE` revokes)
 Keys are written with mode 0600, certificates and the CRL 0644.";
@@ -53,6 +54,18 @@ enum Command {
         #[arg(long, default_value_t = 365)]
         days: u32,
         /// Replace an existing manager key.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Issue etcd's certificate for the names managers dial it by (EtcdEndpoints=;
+    /// server and client authentication). Use a CA of its own for etcd.
+    Etcd {
+        dir: PathBuf,
+        #[arg(required = true, value_name = "NAME")]
+        names: Vec<String>,
+        #[arg(long, default_value_t = 365)]
+        days: u32,
+        /// Replace an existing etcd key.
         #[arg(long)]
         force: bool,
     },
@@ -110,6 +123,17 @@ fn run(command: Command) -> Result<()> {
             let issued = Pki::new(dir)
                 .issue_manager(&names, &options(days, force)?)
                 .context("issuing the manager certificate")?;
+            report(&issued);
+        }
+        Command::Etcd {
+            dir,
+            names,
+            days,
+            force,
+        } => {
+            let issued = Pki::new(dir)
+                .issue_etcd(&names, &options(days, force)?)
+                .context("issuing etcd's certificate")?;
             report(&issued);
         }
         Command::Node {

@@ -336,3 +336,98 @@ fn the_binary() {
     let settings = drover_tls::ClientSettings::load(&pki.node_files(&node("node2"))).unwrap();
     assert_eq!(settings.identity().node().as_str(), "node2");
 }
+
+/// `drover-pki etcd`: etcd's certificate for the names managers dial,
+/// with server and client authentication (etcd's gateway dials etcd with
+/// it), recorded in issued.tsv; garbage arguments are refused with one
+/// line and change nothing.
+#[test]
+fn the_binary_issues_etcds_certificate() {
+    let dir = TempDir::new();
+    let pki_dir = dir.path().join("etcd-ca");
+    let d = pki_dir.to_str().unwrap();
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_drover-pki"))
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // No CA yet: refused, nothing written.
+    let (code, _, err) = run(&["etcd", d, "etcd1.example"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(!pki_dir.join("etcd.pem").exists());
+    let (code, _, err) = run(&["ca", d]);
+    assert_eq!(code, Some(0), "{err}");
+
+    let (code, out, err) = run(&["etcd", d, "etcd1.example", "127.0.0.1", "--days", "30"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        out.contains("etcd.pem") && out.contains("etcd.key"),
+        "{out}"
+    );
+    let pki = Pki::new(&pki_dir);
+    assert_eq!(mode(&pki.etcd_key()), 0o600);
+    let pem = fs::read(pki.etcd_certificate()).unwrap();
+    let der = rustls::pki_types::CertificateDer::from_pem_slice(&pem).unwrap();
+    let (_, cert) = x509_parser::certificate::X509Certificate::from_der(&der).unwrap();
+    let eku = cert.extended_key_usage().unwrap().unwrap().value;
+    assert!(eku.server_auth && eku.client_auth, "{eku:?}");
+    let san = cert.subject_alternative_name().unwrap().unwrap().value;
+    let names: Vec<String> = san.general_names.iter().map(|n| n.to_string()).collect();
+    assert_eq!(
+        names,
+        ["DNSName(etcd1.example)", "IPAddress(7f:00:00:01)"],
+        "etcd's subjectAltNames"
+    );
+    let index = fs::read_to_string(pki.index_path()).unwrap();
+    assert!(
+        index.lines().any(|l| l.contains("\tetcd\tetcd1.example\t")),
+        "{index}"
+    );
+
+    // Garbage: each refused, etcd's files untouched.
+    let key = fs::read(pki.etcd_key()).unwrap();
+    for (args, code_wanted, said) in [
+        (vec!["etcd", d], 2, "required"),
+        (
+            vec!["etcd", d, "bad name"],
+            1,
+            "neither a DNS name nor an IP address",
+        ),
+        (vec!["etcd", d, "x/y", "--force"], 1, "neither a DNS name"),
+        (vec!["etcd", d, "etcd1.example"], 1, "--force"),
+        (
+            vec!["etcd", d, "etcd1.example", "--force", "--days", "0"],
+            1,
+            "1 to 36500 days",
+        ),
+        (
+            vec!["etcd", d, "etcd1.example", "--days", "x"],
+            2,
+            "invalid value",
+        ),
+        (
+            vec!["etcd", d, "etcd1.example", "--bogus"],
+            2,
+            "unexpected argument",
+        ),
+    ] {
+        let (code, out, err) = run(&args);
+        assert_eq!(code, Some(code_wanted), "{args:?}: {out}{err}");
+        assert!(err.contains(said), "{args:?}: {err}");
+        if code_wanted == 1 {
+            assert_eq!(err.trim().lines().count(), 1, "{err}");
+        }
+        assert_eq!(fs::read(pki.etcd_certificate()).unwrap(), pem, "{args:?}");
+        assert_eq!(fs::read(pki.etcd_key()).unwrap(), key, "{args:?}");
+    }
+    // --force replaces it.
+    let (code, out, err) = run(&["etcd", d, "etcd2.example", "--force"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert_ne!(fs::read(pki.etcd_key()).unwrap(), key);
+}
