@@ -404,11 +404,12 @@ struct ManagerSeat {
 }
 
 impl ManagerSeat {
-    /// `PropertiesChanged` of `Leading` and `Epoch`.
+    /// `PropertiesChanged` of `Leading`, `Epoch` and `Leader`.
     async fn announce(&self) {
         let nodes = self.lifecycle.nodes();
         let leading = nodes.phase() == Phase::Leading;
         let epoch = nodes.fence().map_or(0, |f| f.epoch());
+        let leader = nodes.fence().and_then(|f| f.leader()).unwrap_or_default();
         let Ok(emitter) = zbus::object_server::SignalEmitter::new(&self.conn, CONTROLLER_PATH)
         else {
             return;
@@ -419,6 +420,7 @@ impl ManagerSeat {
         let changed = std::collections::HashMap::from([
             ("Leading", zbus::Variant::from(leading)),
             ("Epoch", zbus::Variant::from(epoch)),
+            ("Leader", zbus::Variant::from(leader)),
         ]);
         if let Err(e) = zbus::fdo::Properties::properties_changed(
             &emitter,
@@ -464,6 +466,10 @@ impl Seat for ManagerSeat {
             futures::future::join_all(closing).await;
             self.lifecycle.announce_controller().await;
         })
+    }
+
+    fn saw_leader(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.announce())
     }
 }
 

@@ -39,6 +39,7 @@
 //! * [`forge`]: [`forge::Forger`], an unprivileged local user sending signals to one
 //!   connection (the attacks of the signal tests);
 //! * [`etcd`]: [`etcd::Etcd`], a real single-member etcd on loopback ports (HA tests);
+//! * [`relay`]: [`relay::Relay`], a TCP relay whose path can be cut (a partition of one client);
 //! * [`ha`]: [`ha::HaManager`], a real manager of an HA group on its own bus, like
 //!   another host, with what the HA tests read of it (`Leading`, `Epoch`, its log);
 //! * [`http`]: a plain HTTP client for the metrics endpoint and Prometheus's API;
@@ -69,6 +70,7 @@ pub mod manager;
 pub mod monitor;
 pub mod node;
 pub mod process;
+pub mod relay;
 pub mod standin;
 pub mod tls;
 pub mod units;

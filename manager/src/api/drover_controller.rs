@@ -214,9 +214,9 @@ impl DroverControllerObject {
     /// Who leads as far as this manager knows: the leader key's value in
     /// etcd (`HOST:PORT`, the leader's host name and agent port; this
     /// manager's own while it leads); `""` for a manager alone or while no
-    /// leader is known. Not signalled (a standby learns a new leader from
-    /// etcd without announcing it): read it when needed.
-    #[zbus(property(emits_changed_signal = "false"))]
+    /// leader is known. Signalled with `Leading` and `Epoch` when any of
+    /// them changes.
+    #[zbus(property)]
     fn leader(&self) -> String {
         self.nodes
             .fence()

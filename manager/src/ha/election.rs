@@ -41,6 +41,8 @@ pub trait Seat: Send + Sync + 'static {
     /// This manager no longer leads (the fence already says so): refuse,
     /// drop the agents' sessions.
     fn stand_by<'a>(&'a self, why: &'a str) -> BoxFuture<'a, ()>;
+    /// A standby learned who leads (the fence's leader and epoch).
+    fn saw_leader(&self) -> BoxFuture<'_, ()>;
 }
 
 /// How much earlier than etcd can expire the lease the leader stops: a
@@ -88,11 +90,18 @@ impl Election {
         // A lease given up while etcd did not answer: revoked as soon as
         // etcd does, so its key goes without waiting for the TTL.
         let mut abandoned: Option<i64> = None;
+        // The lease of the leader key's holder, once its key was seen
+        // deleted: that holder may still lead until the lease ends.
+        let mut deleted_holder: Option<i64> = None;
         while !stop.is_cancelled() {
             if let Some(id) = abandoned
                 && self.etcd.revoke(id, limit).await.is_ok()
             {
                 abandoned = None;
+            }
+            if let Some(lease) = deleted_holder.take() {
+                self.depose(lease, &stop).await;
+                continue;
             }
             let sent = Instant::now();
             let lease = match self.etcd.grant(self.ttl_s, limit).await {
@@ -122,7 +131,7 @@ impl Election {
                         lease.ttl
                     );
                     self.seat.lead().await;
-                    let ended = self.keep(lease.id, &stop).await;
+                    let ended = self.keep(lease.id, epoch, &stop).await;
                     self.fence.stand_down();
                     match ended {
                         Ended::Stop => {
@@ -165,9 +174,15 @@ impl Election {
                             "standing by: {leader} leads (epoch {})",
                             kv.create_revision
                         );
-                        self.fence
-                            .saw_leader(Some(leader), kv.create_revision.unsigned_abs());
-                        self.watch(revision + 1, &stop).await;
+                        if self
+                            .fence
+                            .saw_leader(Some(leader), kv.create_revision.unsigned_abs())
+                        {
+                            self.seat.saw_leader().await;
+                        }
+                        if self.watch(revision + 1, &stop).await && kv.lease != 0 {
+                            deleted_holder = Some(kv.lease);
+                        }
                     }
                 }
                 Err(e) => {
@@ -179,23 +194,34 @@ impl Election {
         }
     }
 
-    /// Keeps the lease alive while leading; returns why leading ended.
-    async fn keep(&self, id: i64, stop: &CancellationToken) -> Ended {
+    /// Keeps the lease alive while leading, and watches the leader key
+    /// (deleted by hand, it is no longer ours: [`Election::guard`]);
+    /// returns why leading ended, at the fence's deadline at the latest.
+    async fn keep(&self, id: i64, epoch: i64, stop: &CancellationToken) -> Ended {
         let every = self.ttl() / 3;
         let mut next = Instant::now() + every;
+        let guard = self.guard(epoch);
+        tokio::pin!(guard);
         loop {
+            let Some(deadline) = self.fence.deadline() else {
+                return Ended::Lost("stood down".into());
+            };
             tokio::select! {
                 _ = stop.cancelled() => return Ended::Stop,
-                _ = sleep_until(next) => {}
+                why = &mut guard => return Ended::Lost(why),
+                _ = sleep_until(next.min(deadline)) => {}
             }
             if !self.fence.leading() {
                 return Ended::Lost("the lease was not renewed before its deadline".into());
             }
             let sent = Instant::now();
-            // Never wait past the point where the fence would expire anyway.
-            let limit = self.call_limit();
+            // Never wait past the point where the fence expires anyway.
+            let limit = self
+                .call_limit()
+                .min(deadline.saturating_duration_since(sent));
             let answer = tokio::select! {
                 _ = stop.cancelled() => return Ended::Stop,
+                why = &mut guard => return Ended::Lost(why),
                 a = timeout(limit, self.etcd.keepalive(id, limit)) => a,
             };
             match answer {
@@ -219,22 +245,91 @@ impl Election {
         }
     }
 
-    /// Stands by until the leader key is deleted, etcd ends the watch, one
-    /// TTL passes (then the caller looks again, in case a watch went
-    /// silently deaf), or `stop`.
-    async fn watch(&self, from: i64, stop: &CancellationToken) {
+    /// Stands by until the leader key is deleted (returns true), etcd ends
+    /// the watch, one TTL passes (then the caller looks again, in case a
+    /// watch went silently deaf), or `stop`.
+    async fn watch(&self, from: i64, stop: &CancellationToken) -> bool {
         let watched = tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = sleep(self.ttl()) => return,
+            _ = stop.cancelled() => return false,
+            _ = sleep(self.ttl()) => return false,
             w = self.etcd.watch(&self.key, from, self.call_limit()) => w,
         };
         match watched {
-            Ok(Watched::Deleted) => tracing::info!("the leader key is gone: campaigning"),
+            Ok(Watched::Deleted) => return true,
             Ok(Watched::Ended(why)) => tracing::debug!("etcd ended the watch: {why}"),
             Ok(Watched::Nothing) => {}
             Err(e) => {
                 tracing::warn!("etcd: watching the leader failed: {e}");
                 self.pause(stop).await;
+            }
+        }
+        false
+    }
+
+    /// While leading: returns once the leader key is no longer the one
+    /// this manager created at `epoch` (deleted by hand, `etcdctl del`),
+    /// which its lease alone would never tell. A watch from the next
+    /// revision, and when a watch ends or fails, a look at the key itself
+    /// before watching again. Pending forever while etcd cannot be asked:
+    /// the lease renewal decides then.
+    async fn guard(&self, epoch: i64) -> String {
+        let limit = self.call_limit();
+        let mut from = epoch + 1;
+        loop {
+            match self.etcd.watch(&self.key, from, limit).await {
+                Ok(Watched::Deleted) => return "the leader key was deleted in etcd".into(),
+                Ok(Watched::Ended(why)) => tracing::debug!("etcd ended the leader's watch: {why}"),
+                Ok(Watched::Nothing) => {}
+                Err(e) => tracing::debug!("etcd: watching the leader key failed: {e}"),
+            }
+            sleep(self.retry()).await;
+            match self.etcd.get(&self.key, limit).await {
+                Ok((None, _)) => return "the leader key is gone from etcd".into(),
+                Ok((Some(kv), _)) if kv.create_revision != epoch => {
+                    return format!("the leader key is another's (epoch {})", kv.create_revision);
+                }
+                Ok((Some(_), revision)) => from = revision + 1,
+                Err(e) => tracing::debug!("etcd: reading the leader key failed: {e}"),
+            }
+        }
+    }
+
+    /// The leader key was deleted while its holder may still lead: its
+    /// lease lives on (deleted by hand, not expired nor revoked). That
+    /// holder stops at its fence's deadline, at most the lease's TTL after
+    /// its last renewal, and it renews no more once the lease is revoked.
+    /// So: revoke it, then wait its granted TTL before campaigning. A lease
+    /// already gone (the holder died, resigned or noticed the deletion and
+    /// stood down) costs one round trip. Until etcd answers, nothing is
+    /// campaigned for.
+    async fn depose(&self, lease: i64, stop: &CancellationToken) {
+        let limit = self.call_limit();
+        while !stop.is_cancelled() {
+            match self.etcd.time_to_live(lease, limit).await {
+                Ok(None) => {
+                    tracing::info!("the leader key is gone: campaigning");
+                    return;
+                }
+                Ok(Some(granted)) => {
+                    if let Err(e) = self.etcd.revoke(lease, limit).await {
+                        tracing::warn!("etcd: cannot revoke the old leader's lease: {e}");
+                        self.pause(stop).await;
+                        continue;
+                    }
+                    tracing::warn!(
+                        "the leader key was deleted while its leader's lease lives: revoked \
+                         the lease; campaigning in {granted} s, when that leader has stopped"
+                    );
+                    tokio::select! {
+                        _ = stop.cancelled() => {}
+                        _ = sleep(Duration::from_secs(granted)) => {}
+                    }
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!("etcd: cannot ask about the old leader's lease: {e}");
+                    self.pause(stop).await;
+                }
             }
         }
     }

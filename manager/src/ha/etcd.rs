@@ -1,5 +1,6 @@
 //! [`Etcd`]: the few calls of etcd's v3 JSON gateway the election makes
-//! (lease grant, keepalive and revoke, the campaign transaction, a watch),
+//! (lease grant, keepalive, time-to-live and revoke, the campaign
+//! transaction, a read of the leader key, a watch),
 //! as HTTP/1.1 `POST`s over hyper's client connection, one connection per
 //! call (a few calls per lease period; no pool to go stale across an etcd
 //! restart).
@@ -93,6 +94,27 @@ impl Etcd {
             Err(EtcdError::Wire(WireError::Etcd(m))) if m.contains("lease not found") => Ok(()),
             Err(e) => Err(e),
         }
+    }
+
+    /// Whether the lease lives: its granted TTL in seconds, or `None` when
+    /// etcd no longer knows it.
+    pub async fn time_to_live(&self, id: i64, limit: Duration) -> Result<Option<u64>, EtcdError> {
+        let v = self
+            .call("/v3/lease/timetolive", wire::lease_body(id), limit)
+            .await?;
+        Ok(wire::parse_time_to_live(v)?)
+    }
+
+    /// The key now (`None`: absent) and the store's revision.
+    pub async fn get(
+        &self,
+        key: &[u8],
+        limit: Duration,
+    ) -> Result<(Option<wire::KeyValue>, i64), EtcdError> {
+        let v = self
+            .call("/v3/kv/range", wire::range_body(key), limit)
+            .await?;
+        Ok(wire::parse_range(v)?)
     }
 
     pub async fn campaign(

@@ -59,6 +59,14 @@ impl Fence {
         until != 0 && self.nanos(Instant::now()) < until
     }
 
+    /// When leading ends unless renewed; `None` while not leading.
+    pub fn deadline(&self) -> Option<Instant> {
+        match self.until.load(Ordering::SeqCst) {
+            0 => None,
+            until => Some(self.base + std::time::Duration::from_nanos(until)),
+        }
+    }
+
     /// Starts leading with `epoch` until `until`.
     pub fn lead(&self, epoch: u64, until: Instant, me: &str) {
         self.epoch.store(epoch, Ordering::SeqCst);
@@ -93,16 +101,19 @@ impl Fence {
         was
     }
 
-    /// A leader elsewhere, as seen in etcd.
-    pub fn saw_leader(&self, leader: Option<String>, epoch: u64) {
-        if epoch > 0 {
-            self.epoch.fetch_max(epoch, Ordering::SeqCst);
-        }
-        self.set_leader(leader);
+    /// A leader elsewhere, as seen in etcd. Returns whether the epoch or
+    /// the leader changed (what the bus announces).
+    pub fn saw_leader(&self, leader: Option<String>, epoch: u64) -> bool {
+        let raised = epoch > 0 && self.epoch.fetch_max(epoch, Ordering::SeqCst) < epoch;
+        self.set_leader(leader) || raised
     }
 
-    fn set_leader(&self, leader: Option<String>) {
-        *self.leader.lock().unwrap_or_else(|p| p.into_inner()) = leader;
+    /// Returns whether the leader changed.
+    fn set_leader(&self, leader: Option<String>) -> bool {
+        let mut held = self.leader.lock().unwrap_or_else(|p| p.into_inner());
+        let changed = *held != leader;
+        *held = leader;
+        changed
     }
 
     pub fn epoch(&self) -> u64 {
@@ -172,8 +183,9 @@ mod tests {
         let f = Fence::new();
         assert!(f.refusal().contains("no leader"));
         assert_eq!(f.parked_message(), "parked: no leader known");
-        f.saw_leader(Some("host-b:842".into()), 12);
-        f.saw_leader(Some("host-b:842".into()), 3);
+        assert!(f.saw_leader(Some("host-b:842".into()), 12));
+        assert!(!f.saw_leader(Some("host-b:842".into()), 3));
+        assert!(!f.saw_leader(Some("host-b:842".into()), 12));
         assert_eq!(f.epoch(), 12);
         assert!(
             f.refusal().contains("host-b:842 (epoch 12)"),

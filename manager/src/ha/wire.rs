@@ -145,6 +145,55 @@ pub fn parse_campaign(v: Value) -> Result<Campaign, WireError> {
     })
 }
 
+/// `/v3/kv/range` of one key.
+pub fn range_body(key: &[u8]) -> Value {
+    json!({ "key": encode(key) })
+}
+
+/// A range's answer: the key (`None`: absent) and the store's revision.
+pub fn parse_range(v: Value) -> Result<(Option<KeyValue>, i64), WireError> {
+    let r: RangeAnswer = parse(v)?;
+    if r.header.revision <= 0 {
+        return Err(WireError::Garbage("a range without a revision".into()));
+    }
+    Ok((r.kvs.into_iter().next(), r.header.revision))
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct RangeAnswer {
+    #[serde(default)]
+    header: Header,
+    #[serde(default)]
+    kvs: Vec<KeyValue>,
+}
+
+/// `/v3/lease/timetolive`'s answer.
+#[derive(Debug, Default, Deserialize)]
+struct TimeToLive {
+    /// Seconds left; -1 when etcd does not know the lease.
+    #[serde(default, rename = "TTL", deserialize_with = "num")]
+    ttl: i64,
+    #[serde(default, rename = "grantedTTL", deserialize_with = "num")]
+    granted: i64,
+}
+
+/// Whether a lease lives: `Some(granted TTL in seconds)` while it does
+/// (at least 1, at most [`MAX_GRANTED_S`]), `None` once etcd no longer
+/// knows it (expired or revoked).
+pub fn parse_time_to_live(v: Value) -> Result<Option<u64>, WireError> {
+    let t: TimeToLive = parse(v)?;
+    if t.ttl < 0 {
+        return Ok(None);
+    }
+    Ok(Some(
+        t.granted.max(t.ttl).clamp(1, MAX_GRANTED_S).unsigned_abs(),
+    ))
+}
+
+/// The longest lease TTL a manager trusts from etcd's answer (the config's
+/// largest `EtcdLeaseTTL`): a hostile answer cannot make it wait longer.
+pub const MAX_GRANTED_S: i64 = 3600;
+
 pub fn grant_body(ttl_s: u64) -> Value {
     json!({ "TTL": ttl_s.to_string() })
 }
@@ -316,6 +365,25 @@ mod tests {
             "kv":{"key":"L2Q=","mod_revision":"3"}}]}}"#,
         );
         assert_eq!(parse_watch(deleted), Ok(Watched::Deleted));
+        let alive = j(r#"{"header":{"revision":"1"},"ID":"27","TTL":"5","grantedTTL":"7"}"#);
+        assert_eq!(parse_time_to_live(alive), Ok(Some(7)));
+        let gone = j(r#"{"header":{"revision":"1"},"ID":"27","TTL":"-1"}"#);
+        assert_eq!(parse_time_to_live(gone), Ok(None));
+        let huge = j(r#"{"ID":"27","TTL":"5","grantedTTL":"99999999"}"#);
+        assert_eq!(parse_time_to_live(huge), Ok(Some(MAX_GRANTED_S as u64)));
+        let absent = j(r#"{"header":{"revision":"1"}}"#);
+        assert_eq!(parse_range(absent), Ok((None, 1)));
+        let present = j(
+            r#"{"header":{"revision":"2"},"kvs":[{"key":"L3gvbGVhZGVy","create_revision":"2",
+            "mod_revision":"2","version":"1","value":"eA==","lease":"9"}],"count":"1"}"#,
+        );
+        let Ok((Some(kv), 2)) = parse_range(present) else {
+            panic!("no key");
+        };
+        assert_eq!(
+            (kv.create_revision, kv.lease, kv.value),
+            (2, 9, b"x".to_vec())
+        );
         let compacted = j(r#"{"result":{"header":{"revision":"9"},"compact_revision":"5"}}"#);
         assert!(matches!(parse_watch(compacted), Ok(Watched::Ended(_))));
     }
@@ -355,11 +423,48 @@ mod tests {
         ] {
             assert!(parse_watch(j(bad)).is_err(), "{bad}");
         }
+        for bad in [
+            "{}",
+            "[]",
+            r#"{"kvs":[]}"#,
+            r#"{"header":{"revision":"1"},"kvs":"z"}"#,
+        ] {
+            assert!(parse_range(j(bad)).is_err(), "{bad}");
+        }
+        for bad in [
+            "[]",
+            r#"{"TTL":"z"}"#,
+            r#"{"error":"etcdserver: no leader"}"#,
+        ] {
+            assert!(parse_time_to_live(j(bad)).is_err(), "{bad}");
+        }
         let long = format!(r#"{{"error":"{}"}}"#, "x".repeat(10_000));
         let Err(WireError::Etcd(msg)) = parse_keepalive(j(&long)) else {
             panic!("not an etcd error");
         };
         assert!(msg.len() <= 200);
+    }
+
+    /// The campaign is the only write the election makes to etcd's keys
+    /// (docs/dev/ha.md, "Writes"): its whole shape is pinned here. Create
+    /// `key` with our lease only if it does not exist (`create_revision ==
+    /// 0`, the one compare), else read it; no other operation, no delete,
+    /// no put without the compare.
+    #[test]
+    fn the_campaign_transaction_is_exactly_create_if_absent() {
+        let k = encode(b"/drover/prod/leader");
+        assert_eq!(
+            campaign_body(b"/drover/prod/leader", b"mgr-a:842", 7_000_000_000),
+            json!({
+                "compare": [{
+                    "key": k, "target": "CREATE", "result": "EQUAL", "create_revision": "0"
+                }],
+                "success": [{"request_put": {
+                    "key": k, "value": encode(b"mgr-a:842"), "lease": "7000000000"
+                }}],
+                "failure": [{"request_range": {"key": k}}],
+            })
+        );
     }
 
     #[test]
