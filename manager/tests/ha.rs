@@ -33,12 +33,15 @@ const ETCD_EXPIRY_PASS: Duration = Duration::from_millis(500);
 
 type Framed = drover_protocol::link::AgentFramed<tokio::net::TcpStream>;
 
-/// This host's name, as a manager writes it into the leader key.
-fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .expect("host name")
-        .trim()
-        .to_string()
+/// What a leading manager calls itself in the leader key (its address,
+/// or its host name, and its agent port): its own `Leader`.
+async fn own_name(m: &HaManager) -> String {
+    let name: String = m
+        .api
+        .get_property(CONTROLLER, DROVER_CONTROLLER_IFACE, "Leader")
+        .await;
+    assert!(name.ends_with(&format!(":{}", m.port)), "{name}");
+    name
 }
 
 /// One manager process on its own bus (the testkit's [`HaManager`]), with
@@ -170,22 +173,19 @@ async fn a_standby_parks_agents_naming_the_leader_and_welcomes_them_when_it_take
     // parked by the standby, which names the leader.
     let (_session, accepted) = a.hello().await.expect("the leader admits node1");
     assert_eq!(accepted.epoch, a_epoch);
+    let leader = own_name(&a).await;
     let parked = match b.hello_parked("node1").await {
         Ok(Answer::Parked(link, message)) => {
-            assert_eq!(
-                message,
-                format!("parked: {}:{} leads (epoch {a_epoch})", host_name(), a.port)
-            );
+            assert_eq!(message, format!("parked: {leader} leads (epoch {a_epoch})"));
             link
         }
         Ok(Answer::Accepted(..)) => panic!("the standby admitted an agent"),
         Err(e) => panic!("the standby refused: {e}"),
     };
     match b.hello_as("node2").await {
-        Err(HandshakeError::Parked { message }) => assert_eq!(
-            message,
-            format!("parked: {}:{} leads (epoch {a_epoch})", host_name(), a.port)
-        ),
+        Err(HandshakeError::Parked { message }) => {
+            assert_eq!(message, format!("parked: {leader} leads (epoch {a_epoch})"))
+        }
         Err(e) => panic!("the standby refused oddly: {e}"),
         Ok(_) => panic!("the standby admitted an agent"),
     }

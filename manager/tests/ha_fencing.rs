@@ -38,11 +38,15 @@ const ETCD_EXPIRY_PASS: Duration = Duration::from_millis(500);
 /// How often [`Overlap`] reads both managers' `Leading`.
 const SAMPLE: Duration = Duration::from_millis(5);
 
-fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .expect("host name")
-        .trim()
-        .to_string()
+/// What a leading manager calls itself in the leader key (its address,
+/// or its host name, and its agent port): its own `Leader`.
+async fn own_name(m: &HaManager) -> String {
+    let name: String = m
+        .api
+        .get_property(CONTROLLER_PATH, DROVER_CONTROLLER_IFACE, "Leader")
+        .await;
+    assert!(name.ends_with(&format!(":{}", m.port)), "{name}");
+    name
 }
 
 /// A manager of group `prefix` whose `EtcdEndpoints` is `url`.
@@ -362,7 +366,7 @@ async fn standbys_signal_leading_epoch_and_leader_when_the_leader_dies() {
     let c = manager(&etcd.url(), prefix).await;
     until_epoch(&b, old).await;
     until_epoch(&c, old).await;
-    let leader_a = format!("{}:{}", host_name(), a.port);
+    let leader_a = own_name(&a).await;
     assert_eq!(
         b.api
             .get_property::<String>(CONTROLLER_PATH, DROVER_CONTROLLER_IFACE, "Leader")
@@ -395,7 +399,7 @@ async fn standbys_signal_leading_epoch_and_leader_when_the_leader_dies() {
     };
     let new = winner.epoch().await;
     assert!(new > old);
-    let name = format!("{}:{}", host_name(), winner.port);
+    let name = own_name(winner).await;
     // The winner: Leading true, the new epoch, itself as the leader.
     let props = until_signalled(&mut on_winner, "the winner leads", |p| {
         prop::<bool>(p, "Leading") == Some(true)
