@@ -16,7 +16,8 @@ use std::time::Duration;
 #[command(about = "drover benchmarks (run on an otherwise idle machine)")]
 struct Args {
     /// Which benchmark: start-unit, proxy, rss, events, tls, ctl, agent-cpu, health, flood, dns,
-    /// fleet (`fleet --help`), scrape (`scrape --help`), where (`where --help`) or all (events, tls, ctl,
+    /// fleet (`fleet --help`), scrape (`scrape --help`), where (`where --help`), failover
+    /// (`failover --help`) or all (events, tls, ctl,
     /// agent-cpu, health, flood and fleet run alone: they start their own daemons).
     #[arg(default_value = "all")]
     which: String,
@@ -42,9 +43,9 @@ struct Args {
 pub fn main() -> ExitCode {
     // `fleet` has options of its own (`fleet/cli.rs`).
     let argv: Vec<String> = std::env::args().collect();
-    let fleet = argv
-        .get(1)
-        .is_some_and(|w| w == "fleet" || w == "scrape" || w == "where");
+    let fleet = argv.get(1).is_some_and(|w| {
+        w == "fleet" || w == "scrape" || w == "where" || w == "failover" || w == "failover-agents"
+    });
     let args = if fleet { None } else { Some(Args::parse()) };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -60,6 +61,12 @@ pub fn main() -> ExitCode {
         Some(args) => runtime.block_on(until_signalled(bench(args))),
         None if argv[1] == "scrape" => runtime.block_on(until_signalled(
             crate::fleet::scrape::main(argv[1..].to_vec()),
+        )),
+        None if argv[1] == "failover-agents" => runtime.block_on(until_signalled(
+            crate::fleet::follower::agents_main(argv[1..].to_vec()),
+        )),
+        None if argv[1] == "failover" => runtime.block_on(until_signalled(
+            crate::fleet::failover::main(argv[1..].to_vec()),
         )),
         None if argv[1] == "where" => runtime.block_on(until_signalled(
             crate::fleet::discovery::main(argv[1..].to_vec()),

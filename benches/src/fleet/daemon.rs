@@ -53,6 +53,9 @@ pub struct ManagerSetup<'a> {
     /// The Prometheus endpoint (`MetricsListenAddress`, `MetricsPerNode`);
     /// `None`: off.
     pub metrics: Option<(SocketAddr, bool)>,
+    /// More `[drover-manager]` lines (`failover`: the etcd keys and a
+    /// `StateDirectory` of its own); empty: none.
+    pub extra: String,
 }
 
 /// A running manager (see the module docs).
@@ -127,6 +130,33 @@ impl Manager {
         self.spawn()
     }
 
+    /// Sends `sig` (SIGTERM: a clean stop).
+    pub fn signal(&self, sig: nix::sys::signal::Signal) -> Result<()> {
+        let pid = i32::try_from(self.pid()).context("pid")?;
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig)
+            .with_context(|| format!("kill -{sig} {pid}"))
+    }
+
+    /// Waits up to `timeout` for the process to exit by itself and reaps it.
+    pub async fn exited(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
+        let started = Instant::now();
+        loop {
+            if let Some(child) = self.child.as_mut()
+                && let Some(status) = child.try_wait()?
+            {
+                self.child = None;
+                return Ok(status);
+            }
+            if self.child.is_none() {
+                bail!("drover-manager is not running");
+            }
+            if started.elapsed() > timeout {
+                bail!("drover-manager did not exit within {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     /// Waits until the manager owns its bus name (it then also listens).
     pub async fn wait_serving(&mut self, conn: &zbus::Connection, timeout: Duration) -> Result<()> {
         let dbus = zbus::fdo::DBusProxy::new(conn).await?;
@@ -191,6 +221,7 @@ fn config_text(setup: &ManagerSetup<'_>) -> String {
             "MetricsListenAddress={addr}\nMetricsPerNode={per_node}\n"
         ));
     }
+    conf.push_str(&setup.extra);
     match &setup.tls {
         None => {
             // Lines are at most 500 characters: the list goes on over
@@ -264,6 +295,7 @@ mod tests {
             nodes: &nodes,
             tls: None,
             metrics: None,
+            extra: String::new(),
         });
         assert!(plain.contains("AllowedNodeNames=a,b\n"), "{plain}");
         let many: Vec<String> = (0..1000).map(|i| format!("node{i}")).collect();
@@ -275,6 +307,7 @@ mod tests {
             nodes: &many,
             tls: None,
             metrics: None,
+            extra: String::new(),
         });
         assert!(long.lines().all(|l| l.len() <= 500));
         let parsed = drover_config::ManagerConfig::parse_str(&long).unwrap();
@@ -289,6 +322,7 @@ mod tests {
             nodes: &nodes,
             tls: Some(vec![("TLSCertificate", PathBuf::from("/m.pem"))]),
             metrics: Some((SocketAddr::from(([127, 0, 0, 1], 9842)), false)),
+            extra: String::new(),
         });
         assert!(
             tls.contains("MetricsListenAddress=127.0.0.1:9842\nMetricsPerNode=false\n"),
@@ -305,6 +339,7 @@ mod tests {
             nodes: &nodes,
             tls: None,
             metrics: None,
+            extra: String::new(),
         });
         assert!(!default.contains("HeartbeatInterval"), "{default}");
         assert!(!tls.contains("AllowedNodeNames"));

@@ -49,6 +49,8 @@ mod certs;
 pub mod cli;
 pub mod daemon;
 pub mod discovery;
+pub mod failover;
+pub mod follower;
 mod probe;
 pub mod report;
 pub mod scrape;
@@ -154,6 +156,7 @@ impl Rig {
             nodes: &names,
             tls: pki.map(certs::FleetPki::manager_keys),
             metrics: opts.metrics,
+            extra: String::new(),
         };
         let mut manager = Manager::start(&bus, &setup)?;
         let api = zbus::connection::Builder::address(bus.address())
