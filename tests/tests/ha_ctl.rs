@@ -16,11 +16,11 @@ use std::time::Duration;
 const TTL_S: u64 = 2;
 const T: Duration = Duration::from_secs(20);
 
-fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .expect("host name")
-        .trim()
-        .to_string()
+/// How a manager of these tests is named as leader: by the one address it
+/// listens on (plaintext without `ListenAddress=` binds loopback) and its
+/// agent port.
+fn name_of(m: &HaManager) -> String {
+    format!("127.0.0.1:{}", m.port)
 }
 
 async fn manager(extra: &str) -> HaManager {
@@ -90,7 +90,7 @@ async fn status_names_the_leader_and_a_standby_refuses_every_command_naming_it()
     assert!(!b.leading().await, "two leaders");
 
     // On the leader: who leads and the epoch, then the table as always.
-    let a_name = format!("{}:{}", host_name(), a.port);
+    let a_name = name_of(&a);
     let on_a = Ctl::flag(bin("droverctl"), a.bus_address());
     let out = on_a.ok(&["status"]).await;
     assert_eq!(
@@ -130,9 +130,8 @@ async fn status_names_the_leader_and_a_standby_refuses_every_command_naming_it()
     assert_eq!(
         out,
         format!(
-            "Leader: {}:{} (this manager), epoch {b_epoch}\n{}",
-            host_name(),
-            b.port,
+            "Leader: {} (this manager), epoch {b_epoch}\n{}",
+            name_of(&b),
             offline_table()
         )
     );
