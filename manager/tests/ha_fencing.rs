@@ -1,8 +1,8 @@
 //! High availability where the leader could be fooled into leading beside
 //! another (docs/ha.md, "Fencing"): its key deleted by hand while its lease
-//! lives, and its own path to etcd cut while the standby still reaches
-//! etcd. And what a client sees on the bus: `PropertiesChanged` of
-//! `Leading`, `Epoch` and `Leader`.
+//! lives, its own path to etcd cut while the standby still reaches etcd,
+//! one member of a 3-member etcd killed. And what a client sees on the
+//! bus: `PropertiesChanged` of `Leading`, `Epoch` and `Leader`.
 //!
 //! Real parts: Debian's etcd (`drover_testkit::etcd`), real
 //! `drover-manager` processes each on its own bus
@@ -19,6 +19,7 @@ use drover_protocol::handshake::Hello;
 use drover_protocol::link::{Answer, agent_handshake, agent_hello};
 use drover_testkit::api::{Api, CONTROLLER_PATH};
 use drover_testkit::etcd::Etcd;
+use drover_testkit::etcd_cluster::EtcdCluster;
 use drover_testkit::ha::{HaManager, LOOK, leading};
 use drover_testkit::relay::Relay;
 use drover_testkit::wait::poll;
@@ -415,4 +416,58 @@ async fn standbys_signal_leading_epoch_and_leader_when_the_leader_dies() {
     assert_eq!(prop::<bool>(&props, "Leading"), Some(false), "{props:?}");
     assert_eq!(prop::<String>(&props, "Leader"), Some(name), "{props:?}");
     assert!(!loser.leading().await);
+}
+
+/// A 3-member etcd, each member killed in turn (the first is the one both
+/// managers talk to: they try endpoints in order from the last that
+/// answered) and started again: leadership stays, or changes once, and
+/// the two managers never lead together.
+#[tokio::test]
+async fn killing_one_of_three_etcd_members_never_makes_two_leaders() {
+    let mut etcd = EtcdCluster::start(3).await;
+    let prefix = "/drover-test/members";
+    let a = manager(&etcd.urls(), prefix).await;
+    a.until_leading(true, TTL * 3).await;
+    let b = manager(&etcd.urls(), prefix).await;
+    until_epoch(&b, a.epoch().await).await;
+    let overlap = Overlap::watch(&a, &b);
+    for i in 0..etcd.len() {
+        let raft_leader = etcd.raft_leader().await;
+        let (leader, _) = one_leader(&a, &b, 0, WAIT).await;
+        let before = leader.epoch().await;
+        etcd.kill(i);
+        let killed = Instant::now();
+        // Three leases: every epoch a leader shows meanwhile.
+        let mut epochs = vec![before];
+        while killed.elapsed() < TTL * 3 {
+            for m in [&a, &b] {
+                if m.leading().await {
+                    let e = m.epoch().await;
+                    if !epochs.contains(&e) {
+                        epochs.push(e);
+                        eprintln!(
+                            "  epoch {e} led {:?} after member {i} died",
+                            killed.elapsed()
+                        );
+                    }
+                }
+            }
+            tokio::time::sleep(LOOK).await;
+        }
+        let (leader, _) = one_leader(&a, &b, before - 1, WAIT).await;
+        let after = leader.epoch().await;
+        eprintln!(
+            "member {i} killed (raft leader: {raft_leader:?}): epochs led {epochs:?}, {} leads \
+             at epoch {after}",
+            if std::ptr::eq(leader, &a) { "A" } else { "B" },
+        );
+        assert!(
+            epochs.len() <= 2,
+            "leadership changed more than once when member {i} died: {epochs:?}\nA:\n{}\nB:\n{}",
+            a.logged(),
+            b.logged()
+        );
+        etcd.resume(i).await;
+    }
+    overlap.finish("one etcd member killed in turn").await;
 }

@@ -39,6 +39,7 @@
 //! * [`forge`]: [`forge::Forger`], an unprivileged local user sending signals to one
 //!   connection (the attacks of the signal tests);
 //! * [`etcd`]: [`etcd::Etcd`], a real single-member etcd on loopback ports (HA tests);
+//! * [`etcd_cluster`]: [`etcd_cluster::EtcdCluster`], a real etcd of several members on loopback;
 //! * [`relay`]: [`relay::Relay`], a TCP relay whose path can be cut (a partition of one client);
 //! * [`ha`]: [`ha::HaManager`], a real manager of an HA group on its own bus, like
 //!   another host, with what the HA tests read of it (`Leading`, `Epoch`, its log);
@@ -62,6 +63,7 @@ pub mod api;
 pub mod cluster;
 pub mod ctl;
 pub mod etcd;
+pub mod etcd_cluster;
 pub mod flood;
 pub mod forge;
 pub mod ha;
