@@ -231,7 +231,7 @@ fn memory_per_connection(pki: &Pki, n: usize, tls: bool) {
     println!(
         "{n} established {} connections held by the accepting process:",
         if tls {
-            "TLS (tokio_rustls server stream + NodeIdentity)"
+            "TLS (drover_tls::ServerStream + NodeIdentity)"
         } else {
             "plain TCP (tokio TcpStream)"
         }

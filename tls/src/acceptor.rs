@@ -6,21 +6,22 @@
 //! revoked by the CRL, lacks the clientAuth purpose, or does not name exactly
 //! one node; and on anything that is not TLS 1.3. The caller bounds the time
 //! (`tokio::time::timeout`) and the number of handshakes in flight: before
-//! the client is authenticated rustls buffers at most one handshake message
-//! (under 64 KiB) per connection, so that cap bounds pre-authentication
-//! memory.
+//! the client is authenticated a connection buffers at most one handshake
+//! message (under 64 KiB) and one record
+//! ([`crate::server_stream::MAX_INCOMING`]), so that cap bounds
+//! pre-authentication memory. The established link is a [`ServerStream`]
+//! (rustls's unbuffered API: an idle link holds no buffer).
 
 use std::fmt;
 use std::io;
 
 use rustls::CertificateError;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio_rustls::TlsAcceptor;
-use tokio_rustls::server::TlsStream;
 
 use crate::current::Current;
 use crate::error::IdentityError;
 use crate::identity::NodeIdentity;
+use crate::server_stream::ServerStream;
 use crate::settings::ServerSettings;
 
 /// The manager's TLS acceptor: a handle on the [`ServerSettings`] in force.
@@ -52,12 +53,11 @@ impl Acceptor {
 
     /// Runs the TLS handshake on `stream`. Takes as long as the peer does:
     /// wrap it in a timeout.
-    pub async fn accept<S>(&self, stream: S) -> io::Result<TlsStream<S>>
+    pub async fn accept<S>(&self, stream: S) -> io::Result<ServerStream<S>>
     where
         S: AsyncRead + AsyncWrite + Unpin,
     {
-        TlsAcceptor::from(self.settings.get().config())
-            .accept(stream)
+        ServerStream::accept(stream, self.settings.get().config())
             .await
             .map_err(explain)
     }
@@ -144,10 +144,9 @@ pub const REFUSAL_CLASSES: [&str; 8] = [
 /// The handshake already refused certificates that do not name one node, so
 /// on a stream from [`Acceptor::accept`] this fails only if that rule was
 /// somehow bypassed.
-pub fn peer_identity<S>(conn: &TlsStream<S>) -> Result<NodeIdentity, IdentityError> {
+pub fn peer_identity<S>(conn: &ServerStream<S>) -> Result<NodeIdentity, IdentityError> {
     let leaf = conn
-        .get_ref()
-        .1
+        .state()
         .peer_certificates()
         .and_then(|chain| chain.first())
         .ok_or(IdentityError::NoCertificate)?;

@@ -83,7 +83,9 @@
 //! * `verifier` — the manager's client-certificate verifier: webpki + identity.
 //! * [`settings`] — [`TlsFiles`] → [`ServerSettings`] / [`ClientSettings`].
 //! * `current` — the swappable `Arc` behind the reload handles.
-//! * [`acceptor`] / [`connector`] — the manager's and the agent's side.
+//! * [`acceptor`] / [`connector`] — the manager's and the agent's side;
+//!   [`server_stream`] — the manager's established link, holding no buffer
+//!   while idle.
 //! * [`records`] — record boundaries of the bytes read, and the exact size
 //!   of a sealed record (the manager's reader marks its socket with them).
 //! * [`pki`] (feature `pki`) — CA, manager and node certificates, the CRL;
@@ -101,6 +103,7 @@ pub mod pki;
 pub mod pki_cli;
 pub mod records;
 mod revocation;
+pub mod server_stream;
 pub mod settings;
 mod utc;
 mod verifier;
@@ -114,5 +117,7 @@ pub use revocation::CrlRollback;
 pub use settings::{ClientSettings, ServerSettings};
 pub use utc::format as format_utc;
 
-/// The TLS stream types the daemons hold.
-pub use tokio_rustls::{client::TlsStream as ClientStream, server::TlsStream as ServerStream};
+/// The TLS stream types the daemons hold: the agent's is tokio-rustls's, the
+/// manager's drover's own on rustls's unbuffered API ([`server_stream`]).
+pub use server_stream::ServerStream;
+pub use tokio_rustls::client::TlsStream as ClientStream;

@@ -51,8 +51,8 @@ pub const fn sealed_len(plaintext: usize) -> usize {
 /// Whether [`sealed_len`] is exact on this established link: TLS 1.3 and a
 /// suite with a [`TAG_LEN`]-byte tag. False for anything else (a caller
 /// then must not reason about record sizes).
-pub fn sizes_known<S>(conn: &tokio_rustls::server::TlsStream<S>) -> bool {
-    let session = conn.get_ref().1;
+pub fn sizes_known<S>(conn: &crate::ServerStream<S>) -> bool {
+    let session = conn.state();
     session.protocol_version() == Some(ProtocolVersion::TLSv1_3)
         && session
             .negotiated_cipher_suite()

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 
-type TlsReader = Frames<tokio::io::ReadHalf<tokio_rustls::server::TlsStream<Records<TcpStream>>>>;
+type TlsReader = Frames<tokio::io::ReadHalf<drover_tls::ServerStream<Records<TcpStream>>>>;
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -31,7 +31,7 @@ struct Link {
     agent: rustls::ClientConnection,
     socket: std::net::TcpStream,
     frames: TlsReader,
-    _write: tokio::io::WriteHalf<tokio_rustls::server::TlsStream<Records<TcpStream>>>,
+    _write: tokio::io::WriteHalf<drover_tls::ServerStream<Records<TcpStream>>>,
     view: std::net::TcpStream,
     _dir: TempDir,
 }
