@@ -35,6 +35,25 @@ pub struct HaManager {
 }
 
 impl HaManager {
+    /// A second manager beside a sandbox's: the sandbox manager's
+    /// configuration `sandbox_conf` (its etcd keys included) with a state
+    /// directory of its own, on its own bus and port, like another host.
+    pub async fn beside(sandbox_conf: &str) -> HaManager {
+        HaManager::start(&crate::process::bin("drover-manager"), |dir| {
+            sandbox_conf
+                .lines()
+                .map(|l| {
+                    if l.starts_with("StateDirectory=") {
+                        format!("StateDirectory={}\n", dir.join("state").display())
+                    } else {
+                        format!("{l}\n")
+                    }
+                })
+                .collect()
+        })
+        .await
+    }
+
     /// Starts `bin` (a `drover-manager`) with the configuration `conf`
     /// makes, given the manager's own directory (for a `StateDirectory=`
     /// of its own); it should log to stderr (`LogTarget=stderr`), which

@@ -600,18 +600,7 @@ async fn a_hundred_failovers_stop_nothing_and_lose_no_job() {
     .await
     .expect("A leads");
     let conf = std::fs::read_to_string(c.dir().join("manager.conf")).expect("manager.conf");
-    let b = HaManager::start(&drover_testkit::process::bin("drover-manager"), |dir| {
-        conf.lines()
-            .map(|l| {
-                if l.starts_with("StateDirectory=") {
-                    format!("StateDirectory={}\n", dir.join("state").display())
-                } else {
-                    format!("{l}\n")
-                }
-            })
-            .collect()
-    })
-    .await;
+    let b = HaManager::beside(&conf).await;
     let ports = [c.manager_port(), b.port];
     let list = format!(
         "ControllerAddress=tcp:host=127.0.0.1,port={} tcp:host=127.0.0.1,port={}\n",

@@ -31,24 +31,6 @@ const T: Duration = Duration::from_secs(20);
 /// this long of the leader's death.
 const FOLLOW_LIMIT: Duration = Duration::from_secs(5);
 
-/// Manager B: the sandbox's manager config with its own state directory,
-/// on its own bus and port.
-async fn manager_b(sandbox_conf: &str) -> HaManager {
-    HaManager::start(&drover_testkit::process::bin("drover-manager"), |dir| {
-        sandbox_conf
-            .lines()
-            .map(|l| {
-                if l.starts_with("StateDirectory=") {
-                    format!("StateDirectory={}\n", dir.join("state").display())
-                } else {
-                    format!("{l}\n")
-                }
-            })
-            .collect()
-    })
-    .await
-}
-
 async fn leading(api: &Api) -> Option<bool> {
     drover_testkit::ha::leading(api).await.ok()
 }
@@ -129,7 +111,7 @@ async fn agents_follow_a_new_leader_within_seconds_and_never_a_deposed_one() {
         .expect("A leads");
     let a_epoch = epoch(&a_api).await;
     let conf = std::fs::read_to_string(c.dir().join("manager.conf")).expect("manager.conf");
-    let b = manager_b(&conf).await;
+    let b = HaManager::beside(&conf).await;
     let b_api = b.api.clone();
     poll(T, LOOK, "B stands by, knowing A's epoch", || {
         let api = b_api.clone();

@@ -1,33 +1,41 @@
 //! Compatibility proof: BlueChi's own Python bindings (PyPI `bluechi`, on
 //! dasbus, which builds its proxies from our Introspect XML) drive drover.
 //!
+//! The same bindings against the leader of two managers on etcd, and a
+//! standby refusing them with the leader's name.
+//!
 //! Needs Debian's python3-dasbus and the `bluechi` package in
 //! target/pylib (`make pydeps`; `.ci/run` and `make test` do it).
 
+use drover_sandbox::ClusterOptions;
+use drover_testkit::api::DROVER_CONTROLLER_IFACE;
+use drover_testkit::etcd::Etcd;
+use drover_testkit::ha::{HaManager, LOOK, leading};
 use drover_testkit::prelude::*;
+use drover_testkit::wait::poll;
 use std::path::PathBuf;
 use std::time::Duration;
+
+/// Long enough for an election and two agents on a loaded 2-core machine.
+const T: Duration = Duration::from_secs(20);
 
 fn workspace() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// Installs `units` on node1 of a two-node cluster, then runs `tests/python/SCRIPT`
-/// with BlueChi's bindings against the cluster's bus and checks that it passed.
-async fn python_check(units: &[(&str, &str)], script: &str) {
+/// Runs `tests/python/SCRIPT BUS ARGS...` with BlueChi's bindings and checks
+/// that it passed.
+async fn run_python(bus: &str, script: &str, args: &[&str]) {
     let pylib = workspace().join("target/pylib");
     assert!(
         pylib.join("bluechi/api.py").exists(),
         "BlueChi's Python bindings are missing from {}: run `make pydeps`",
         pylib.display()
     );
-    let c = TestCluster::start(2).await;
-    for (name, text) in units {
-        c.install("node1", name, text).await;
-    }
     let run = tokio::process::Command::new("/usr/bin/python3")
         .arg(workspace().join("tests/python").join(script))
-        .arg(c.bus_address())
+        .arg(bus)
+        .args(args)
         .env("PYTHONPATH", &pylib)
         .kill_on_drop(true)
         .output();
@@ -39,6 +47,16 @@ async fn python_check(units: &[(&str, &str)], script: &str) {
     let se = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{script} failed:\n{so}\n{se}");
     assert!(so.contains("all checks passed"), "{so}");
+}
+
+/// Installs `units` on node1 of a two-node cluster, then runs `tests/python/SCRIPT`
+/// with BlueChi's bindings against the cluster's bus and checks that it passed.
+async fn python_check(units: &[(&str, &str)], script: &str) {
+    let c = TestCluster::start(2).await;
+    for (name, text) in units {
+        c.install("node1", name, text).await;
+    }
+    run_python(c.bus_address(), script, &[]).await;
     c.down().await;
 }
 
@@ -58,4 +76,62 @@ async fn bluechi_python_bindings_drive_drover() {
 async fn bluechi_python_monitor_and_node_api_drive_drover() {
     let units = [("pyweb.service", SLEEPER), ("pyinst.service", INSTALLABLE)];
     python_check(&units, "bluechi_monitor_node.py").await;
+}
+
+/// The same script against the leader of two managers on a real etcd, whose
+/// agents list both managers: a BlueChi client sees what it sees with one
+/// manager. The standby refuses each of the bindings' calls with an error
+/// naming the leader (docs/ha.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bluechi_python_bindings_drive_the_leader_of_two_and_a_standby_names_it() {
+    let etcd = Etcd::start().await;
+    let ha = format!(
+        "[drover-manager]\nEtcdEndpoints={}\nEtcdKeyPrefix=/drover-test/python\nEtcdLeaseTTL=2\n",
+        etcd.url()
+    );
+    let mut c = TestCluster::with(ClusterOptions {
+        start_agents: false,
+        tls: false,
+        manager_extra_config: ha,
+        ..ClusterOptions::with_nodes(2)
+    })
+    .await;
+    let a = c.api().await;
+    poll(T, LOOK, "manager A leads", || async {
+        leading(&a).await.ok() == Some(true)
+    })
+    .await
+    .expect("A leads");
+    let conf = std::fs::read_to_string(c.dir().join("manager.conf")).expect("manager.conf");
+    let b = HaManager::beside(&conf).await;
+    poll(T, LOOK, "B stands by", || async {
+        leading(&b.api).await.ok() == Some(false)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", b.logged()));
+    let list = format!(
+        "ControllerAddress=tcp:host=127.0.0.1,port={} tcp:host=127.0.0.1,port={}\n",
+        c.manager_port(),
+        b.port
+    );
+    for node in ["node1", "node2"] {
+        c.start_agent_with(node, node, &list).await.expect("agent");
+    }
+    poll(T, LOOK, "both nodes online on A", || async {
+        let nodes: zbus::Result<Vec<(String, zbus::OwnedObjectPath, String, String)>> = a
+            .call(CONTROLLER_PATH, CONTROLLER_IFACE, "ListNodes", &())
+            .await;
+        nodes.is_ok_and(|n| n.len() == 2 && n.iter().all(|(_, _, s, _)| s == "online"))
+    })
+    .await
+    .expect("both nodes online on the leader");
+    c.install("node1", "compat-ok.service", ONESHOT_OK).await;
+    c.install("node1", "compat-slow.service", SLOW_START).await;
+
+    run_python(c.bus_address(), "bluechi_compat.py", &[]).await;
+    let leader: String = a
+        .get_property(CONTROLLER_PATH, DROVER_CONTROLLER_IFACE, "Leader")
+        .await;
+    run_python(b.bus_address(), "bluechi_standby.py", &[&leader]).await;
+    c.down().await;
 }
