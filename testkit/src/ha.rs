@@ -209,3 +209,65 @@ pub async fn leading(api: &Api) -> zbus::Result<bool> {
         .await?;
     bool::try_from(v)
 }
+
+/// How long [`two_managers`] waits for each step (an election, a standby
+/// learning the epoch) on a loaded machine.
+const SETUP: Duration = Duration::from_secs(20);
+
+/// A sandbox of two real systemd nodes whose own manager (A) and a second
+/// one [`HaManager::beside`] it (B) elect on one etcd: A leads, B stands
+/// by knowing A's epoch, and each node's agent lists both (A first), in
+/// plaintext.
+pub struct TwoManagers {
+    pub c: crate::TestCluster,
+    pub b: HaManager,
+    /// The agents' logs, node1's first.
+    pub agent_logs: Vec<std::path::PathBuf>,
+}
+
+/// Starts [`TwoManagers`] on `etcd` under `prefix` with a `ttl_s` lease;
+/// panics with the managers' logs when a step does not happen.
+pub async fn two_managers(etcd: &crate::etcd::Etcd, prefix: &str, ttl_s: u64) -> TwoManagers {
+    let ha = format!(
+        "[drover-manager]\nEtcdEndpoints={}\nEtcdKeyPrefix={prefix}\nEtcdLeaseTTL={ttl_s}\n",
+        etcd.url()
+    );
+    let mut c = crate::TestCluster::with(drover_sandbox::ClusterOptions {
+        start_agents: false,
+        tls: false,
+        manager_extra_config: ha,
+        ..drover_sandbox::ClusterOptions::with_nodes(2)
+    })
+    .await;
+    let a = c.api().await;
+    poll(SETUP, LOOK, "manager A leads", || async {
+        leading(&a).await.ok() == Some(true)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let a_epoch: u64 = a
+        .get_property(CONTROLLER_PATH, DROVER_CONTROLLER_IFACE, "Epoch")
+        .await;
+    let conf = std::fs::read_to_string(c.dir().join("manager.conf")).expect("manager.conf");
+    let b = HaManager::beside(&conf).await;
+    poll(SETUP, LOOK, "B stands by, knowing A's epoch", || async {
+        leading(&b.api).await.ok() == Some(false) && b.epoch().await == a_epoch
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", b.logged()));
+    let list = format!(
+        "ControllerAddress=tcp:host=127.0.0.1,port={} tcp:host=127.0.0.1,port={}\n",
+        c.manager_port(),
+        b.port
+    );
+    let mut agent_logs = Vec::new();
+    for node in ["node1", "node2"] {
+        agent_logs.push(
+            c.start_agent_with(node, node, &list)
+                .await
+                .expect("agent")
+                .log,
+        );
+    }
+    TwoManagers { c, b, agent_logs }
+}

@@ -36,10 +36,9 @@
 //! it is down); manager B runs on its own bus like another host and binds
 //! its port itself. The timings are printed at the end.
 
-use drover_sandbox::ClusterOptions;
 use drover_testkit::api::DROVER_CONTROLLER_IFACE;
 use drover_testkit::etcd::Etcd;
-use drover_testkit::ha::{HaManager, LOOK};
+use drover_testkit::ha::{HaManager, LOOK, TwoManagers, two_managers};
 use drover_testkit::prelude::*;
 use drover_testkit::wait::poll;
 use futures::StreamExt;
@@ -582,39 +581,9 @@ fn median(mut v: Vec<Duration>) -> Duration {
 async fn a_hundred_failovers_stop_nothing_and_lose_no_job() {
     let run_start = Instant::now();
     let etcd = Etcd::start().await;
-    let ha = format!(
-        "[drover-manager]\nEtcdEndpoints={}\nEtcdKeyPrefix=/drover-test/chaos\nEtcdLeaseTTL={TTL_S}\n",
-        etcd.url()
-    );
-    let mut c = TestCluster::with(ClusterOptions {
-        start_agents: false,
-        tls: false,
-        manager_extra_config: ha,
-        ..ClusterOptions::with_nodes(2)
-    })
-    .await;
+    let TwoManagers { c, b, agent_logs } = two_managers(&etcd, "/drover-test/chaos", TTL_S).await;
     let a_api = c.api().await;
-    poll(T, LOOK, "manager A leads", || async {
-        drover_testkit::ha::leading(&a_api).await.ok() == Some(true)
-    })
-    .await
-    .expect("A leads");
-    let conf = std::fs::read_to_string(c.dir().join("manager.conf")).expect("manager.conf");
-    let b = HaManager::beside(&conf).await;
     let ports = [c.manager_port(), b.port];
-    let list = format!(
-        "ControllerAddress=tcp:host=127.0.0.1,port={} tcp:host=127.0.0.1,port={}\n",
-        ports[0], ports[1]
-    );
-    let mut agent_logs = Vec::new();
-    for node in NODES {
-        agent_logs.push(
-            c.start_agent_with(node, node, &list)
-                .await
-                .expect("agent")
-                .log,
-        );
-    }
     let apis = [a_api, b.api.clone()];
     let mut p = Pair {
         c,

@@ -11,10 +11,9 @@
 //! units' `InvocationID`: a unit stopped and started again has a new one),
 //! and the agents' logs.
 
-use drover_sandbox::ClusterOptions;
 use drover_testkit::api::DROVER_CONTROLLER_IFACE;
 use drover_testkit::etcd::Etcd;
-use drover_testkit::ha::{HaManager, LOOK};
+use drover_testkit::ha::{HaManager, LOOK, TwoManagers, two_managers};
 use drover_testkit::prelude::*;
 use drover_testkit::wait::poll;
 use nix::sys::signal::Signal;
@@ -93,48 +92,16 @@ fn count(log: &str, needle: &str) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_follow_a_new_leader_within_seconds_and_never_a_deposed_one() {
     let etcd = Etcd::start().await;
-    let ha = format!(
-        "[drover-manager]\nEtcdEndpoints={}\nEtcdKeyPrefix=/drover-test/follow\nEtcdLeaseTTL={TTL_S}\n",
-        etcd.url()
-    );
-    let mut c = TestCluster::with(ClusterOptions {
-        start_agents: false,
-        tls: false,
-        manager_extra_config: ha,
-        ..ClusterOptions::with_nodes(2)
-    })
-    .await;
+    let TwoManagers {
+        mut c,
+        b,
+        agent_logs,
+    } = two_managers(&etcd, "/drover-test/follow", TTL_S).await;
     let a_api = c.api().await;
     let a = &a_api;
-    poll(T, LOOK, "manager A leads", move || leading_is(a, true))
-        .await
-        .expect("A leads");
     let a_epoch = epoch(&a_api).await;
-    let conf = std::fs::read_to_string(c.dir().join("manager.conf")).expect("manager.conf");
-    let b = HaManager::beside(&conf).await;
     let b_api = b.api.clone();
-    poll(T, LOOK, "B stands by, knowing A's epoch", || {
-        let api = b_api.clone();
-        async move { leading(&api).await == Some(false) && epoch(&api).await == a_epoch }
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", b.logged()));
-
-    // Agents that know both managers.
     let a_port = c.manager_port();
-    let list = format!(
-        "ControllerAddress=tcp:host=127.0.0.1,port={a_port} tcp:host=127.0.0.1,port={}\n",
-        b.port
-    );
-    let mut agent_logs = Vec::new();
-    for node in NODES {
-        agent_logs.push(
-            c.start_agent_with(node, node, &list)
-                .await
-                .expect("agent")
-                .log,
-        );
-    }
     let logs = |b: &HaManager, logs: &[std::path::PathBuf]| {
         let mut text = format!("manager B:\n{}\n", b.logged());
         for l in logs {

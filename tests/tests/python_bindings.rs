@@ -7,10 +7,9 @@
 //! Needs Debian's python3-dasbus and the `bluechi` package in
 //! target/pylib (`make pydeps`; `.ci/run` and `make test` do it).
 
-use drover_sandbox::ClusterOptions;
 use drover_testkit::api::DROVER_CONTROLLER_IFACE;
 use drover_testkit::etcd::Etcd;
-use drover_testkit::ha::{HaManager, LOOK, leading};
+use drover_testkit::ha::{LOOK, TwoManagers, two_managers};
 use drover_testkit::prelude::*;
 use drover_testkit::wait::poll;
 use std::path::PathBuf;
@@ -85,38 +84,8 @@ async fn bluechi_python_monitor_and_node_api_drive_drover() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bluechi_python_bindings_drive_the_leader_of_two_and_a_standby_names_it() {
     let etcd = Etcd::start().await;
-    let ha = format!(
-        "[drover-manager]\nEtcdEndpoints={}\nEtcdKeyPrefix=/drover-test/python\nEtcdLeaseTTL=2\n",
-        etcd.url()
-    );
-    let mut c = TestCluster::with(ClusterOptions {
-        start_agents: false,
-        tls: false,
-        manager_extra_config: ha,
-        ..ClusterOptions::with_nodes(2)
-    })
-    .await;
+    let TwoManagers { c, b, .. } = two_managers(&etcd, "/drover-test/python", 2).await;
     let a = c.api().await;
-    poll(T, LOOK, "manager A leads", || async {
-        leading(&a).await.ok() == Some(true)
-    })
-    .await
-    .expect("A leads");
-    let conf = std::fs::read_to_string(c.dir().join("manager.conf")).expect("manager.conf");
-    let b = HaManager::beside(&conf).await;
-    poll(T, LOOK, "B stands by", || async {
-        leading(&b.api).await.ok() == Some(false)
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", b.logged()));
-    let list = format!(
-        "ControllerAddress=tcp:host=127.0.0.1,port={} tcp:host=127.0.0.1,port={}\n",
-        c.manager_port(),
-        b.port
-    );
-    for node in ["node1", "node2"] {
-        c.start_agent_with(node, node, &list).await.expect("agent");
-    }
     poll(T, LOOK, "both nodes online on A", || async {
         let nodes: zbus::Result<Vec<(String, zbus::OwnedObjectPath, String, String)>> = a
             .call(CONTROLLER_PATH, CONTROLLER_IFACE, "ListNodes", &())
