@@ -36,7 +36,7 @@
 //!   only when it changes.
 
 use drover_agent::connection::Backoff;
-use drover_agent::link::heartbeat::negotiate;
+use drover_agent::link::heartbeat::{Negotiated, negotiate};
 use drover_protocol::handshake::Accepted;
 use drover_protocol::link::{HandshakeError, agent_handshake};
 use drover_protocol::{
@@ -412,15 +412,7 @@ async fn session(
     controls: Controls<'_>,
 ) -> End {
     let Controls { drops, nudge } = controls;
-    let beats = negotiate(
-        cfg.heartbeat_interval,
-        cfg.heartbeat_threshold,
-        accepted.heartbeat_interval_ms,
-        accepted.heartbeat_threshold_ms,
-    );
-    let every = beats.send_every.unwrap_or(Duration::from_secs(3600));
-    let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-    beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (beats, mut beat) = heartbeats(cfg.heartbeat_interval, cfg.heartbeat_threshold, accepted);
     let mut last_heard = tokio::time::Instant::now();
     let mut state = SessionState {
         guid: accepted.session_id,
@@ -652,6 +644,26 @@ async fn tick(timer: &mut Option<tokio::time::Interval>) {
         }
         None => std::future::pending().await,
     }
+}
+
+/// A session's heartbeats as the agent negotiates them with the manager's
+/// welcome, and the timer that sends them (first tick one period after the
+/// welcome; hourly, unused, when none are to be sent).
+pub fn heartbeats(
+    interval: Duration,
+    threshold: Duration,
+    accepted: &Accepted,
+) -> (Negotiated, tokio::time::Interval) {
+    let beats = negotiate(
+        interval,
+        threshold,
+        accepted.heartbeat_interval_ms,
+        accepted.heartbeat_threshold_ms,
+    );
+    let every = beats.send_every.unwrap_or(Duration::from_secs(3600));
+    let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    (beats, beat)
 }
 
 /// The tags of one session.

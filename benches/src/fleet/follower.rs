@@ -24,7 +24,6 @@
 use super::agent::{self, SessionState, node_name, source_ip};
 use drover_agent::connection::Backoff;
 use drover_agent::link::follow::{Follow, Verdict};
-use drover_agent::link::heartbeat::negotiate;
 use drover_protocol::handshake::Accepted;
 use drover_protocol::link::{AgentFramed, Answer, agent_hello};
 use drover_protocol::{Hello, ToAgent, ToManager, UnitInfo};
@@ -363,15 +362,8 @@ async fn session(
         accepted,
         _done,
     } = offer;
-    let beats = negotiate(
-        cfg.heartbeat_interval,
-        cfg.heartbeat_threshold,
-        accepted.heartbeat_interval_ms,
-        accepted.heartbeat_threshold_ms,
-    );
-    let every = beats.send_every.unwrap_or(Duration::from_secs(3600));
-    let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-    beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (beats, mut beat) =
+        agent::heartbeats(cfg.heartbeat_interval, cfg.heartbeat_threshold, &accepted);
     let mut last_heard = tokio::time::Instant::now();
     let mut state = SessionState {
         guid: accepted.session_id,
