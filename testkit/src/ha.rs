@@ -271,3 +271,23 @@ pub async fn two_managers(etcd: &crate::etcd::Etcd, prefix: &str, ttl_s: u64) ->
     }
     TwoManagers { c, b, agent_logs }
 }
+
+/// Whether every one of `nodes` is online in the `ListNodes` of the manager
+/// `api` talks to (false on an error: a standby refuses the call).
+pub async fn all_online(api: &Api, nodes: &[&str]) -> bool {
+    let listed: zbus::Result<Vec<(String, zbus::OwnedObjectPath, String, String)>> = api
+        .call(
+            CONTROLLER_PATH,
+            crate::api::CONTROLLER_IFACE,
+            "ListNodes",
+            &(),
+        )
+        .await;
+    listed.is_ok_and(|listed| {
+        nodes.iter().all(|n| {
+            listed
+                .iter()
+                .any(|(name, _, status, _)| name == n && status == "online")
+        })
+    })
+}

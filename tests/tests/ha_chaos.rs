@@ -454,17 +454,7 @@ impl Pair {
 
     /// Whether every node is online in manager `which`'s `ListNodes`.
     async fn all_online(&self, which: usize) -> bool {
-        let nodes: zbus::Result<Vec<(String, zbus::OwnedObjectPath, String, String)>> = self.apis
-            [which]
-            .call(CONTROLLER_PATH, CONTROLLER_IFACE, "ListNodes", &())
-            .await;
-        nodes.is_ok_and(|nodes| {
-            NODES.iter().all(|n| {
-                nodes
-                    .iter()
-                    .any(|(name, _, status, _)| name == n && status == "online")
-            })
-        })
+        drover_testkit::ha::all_online(&self.apis[which], &NODES).await
     }
 
     async fn until_all_online(&self, which: usize, limit: Duration, what: &str) {

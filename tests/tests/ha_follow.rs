@@ -39,19 +39,9 @@ async fn epoch(api: &Api) -> u64 {
         .await
 }
 
-/// Whether every node is online in `api`'s `ListNodes` (false on an error:
-/// a standby refuses it).
+/// Whether every node is online in `api`'s `ListNodes`.
 async fn all_online(api: &Api) -> bool {
-    let nodes: zbus::Result<Vec<(String, zbus::OwnedObjectPath, String, String)>> = api
-        .call(CONTROLLER_PATH, CONTROLLER_IFACE, "ListNodes", &())
-        .await;
-    nodes.is_ok_and(|nodes| {
-        NODES.iter().all(|n| {
-            nodes
-                .iter()
-                .any(|(name, _, status, _)| name == n && status == "online")
-        })
-    })
+    drover_testkit::ha::all_online(api, &NODES).await
 }
 
 /// Polls until every node is online on `api`; returns how long it took.

@@ -86,11 +86,8 @@ async fn bluechi_python_bindings_drive_the_leader_of_two_and_a_standby_names_it(
     let etcd = Etcd::start().await;
     let TwoManagers { c, b, .. } = two_managers(&etcd, "/drover-test/python", 2).await;
     let a = c.api().await;
-    poll(T, LOOK, "both nodes online on A", || async {
-        let nodes: zbus::Result<Vec<(String, zbus::OwnedObjectPath, String, String)>> = a
-            .call(CONTROLLER_PATH, CONTROLLER_IFACE, "ListNodes", &())
-            .await;
-        nodes.is_ok_and(|n| n.len() == 2 && n.iter().all(|(_, _, s, _)| s == "online"))
+    poll(T, LOOK, "both nodes online on A", || {
+        drover_testkit::ha::all_online(&a, &["node1", "node2"])
     })
     .await
     .expect("both nodes online on the leader");
