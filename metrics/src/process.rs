@@ -34,9 +34,7 @@ pub fn read() -> Reading {
         resident_bytes: std::fs::read_to_string(proc.join("status"))
             .ok()
             .and_then(|s| resident_bytes(&s)),
-        open_fds: std::fs::read_dir(proc.join("fd"))
-            .ok()
-            .map(|d| d.count() as u64),
+        open_fds: open_fds(&proc.join("fd")),
         max_fds: std::fs::read_to_string(proc.join("limits"))
             .ok()
             .and_then(|s| max_fds(&s)),
@@ -103,6 +101,19 @@ fn cpu_seconds(stat: &str) -> Option<f64> {
     Some((utime + stime) as f64 / TICKS_PER_SECOND)
 }
 
+/// The number of open descriptors. Linux 6.2 and later give it as the size
+/// of the `fd` directory (one count of the descriptor table's bits); on
+/// earlier kernels that size is 0 and the directory is read, which costs the
+/// kernel a lookup per descriptor (a fifth of a scrape's CPU at 10,000
+/// nodes, one descriptor each). A process always has a descriptor open while
+/// it reads, so a size of 0 never means "none".
+fn open_fds(dir: &Path) -> Option<u64> {
+    match std::fs::metadata(dir).ok()?.len() {
+        0 => std::fs::read_dir(dir).ok().map(|d| d.count() as u64),
+        n => Some(n),
+    }
+}
+
 /// `VmRSS:` of `/proc/self/status`, in bytes.
 fn resident_bytes(status: &str) -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
@@ -152,5 +163,26 @@ mod tests {
         assert!(r.cpu_seconds.is_some() && r.resident_bytes.unwrap_or(0) > 0);
         assert!(r.open_fds.unwrap_or(0) >= 3, "{r:?}");
         assert!(r.max_fds.unwrap_or(0) >= r.open_fds.unwrap_or(0));
+    }
+
+    #[test]
+    fn counts_descriptors_as_the_directory_lists_them() {
+        // A child that sleeps: nothing opens or closes a descriptor of it
+        // meanwhile (it holds stdin, stdout, stderr and whatever the test
+        // harness lets it inherit, such as cargo's jobserver pipe).
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn sleep");
+        let dir = std::path::PathBuf::from(format!("/proc/{}/fd", child.id()));
+        let walked = std::fs::read_dir(&dir).map(|d| d.count() as u64).ok();
+        let counted = open_fds(&dir);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(counted, walked);
+        assert!(counted.unwrap_or(0) >= 3, "{counted:?}");
     }
 }
