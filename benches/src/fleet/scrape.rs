@@ -49,7 +49,9 @@ struct Args {
 
 /// `drover-bench scrape ARGS` (`argv[0]` is `scrape`).
 pub async fn main(argv: Vec<String>) -> Result<()> {
-    let args = Args::try_parse_from(argv)?;
+    let Some(args) = super::cli::parse::<Args>(argv)? else {
+        return Ok(());
+    };
     crate::fleet::daemon::raise_nofile(2 * args.nodes as u64 + 1024)?;
     let port = drover_sandbox::free_loopback_port()?;
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
