@@ -9,7 +9,10 @@
 //!
 //! * **Nothing buffered between records.** `incoming` holds ciphertext only
 //!   while a record (or a handshake message) is incomplete; once every
-//!   record read has been opened it is freed. `plaintext` holds what a
+//!   record read has been opened it is freed. A read with nothing held (an
+//!   idle link's every read) goes to the stack and its records are opened
+//!   there: no allocation, no zeroed buffer; only the head of an incomplete
+//!   record moves to `incoming`. `plaintext` holds what a
 //!   reader's buffer had no room for, freed once read; `outgoing` holds
 //!   sealed bytes the socket did not take yet, freed once written.
 //! * **Bounded.** `incoming` never grows past [`MAX_INCOMING`] (rustls's own
@@ -33,6 +36,7 @@
 
 use std::future::poll_fn;
 use std::io;
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
@@ -175,11 +179,30 @@ impl<IO> ServerStream<IO> {
     /// Opens every complete record in `incoming`, queues what rustls has
     /// to send in `outgoing`, and says where the connection stands.
     /// Plaintext goes to `out` as far as it has room (when nothing is held
-    /// back before it), the rest to `plaintext`.
-    fn process(&mut self, mut out: Option<&mut ReadBuf<'_>>) -> io::Result<Stand> {
+    /// back before it), the rest to `plaintext`. An `incoming` left empty is
+    /// freed.
+    fn process(&mut self, out: Option<&mut ReadBuf<'_>>) -> io::Result<Stand> {
+        let mut incoming = std::mem::take(&mut self.incoming);
+        let (used, stand) = self.open(&mut incoming, out);
+        drop_front(&mut incoming, used);
+        if !incoming.is_empty() {
+            self.incoming = incoming;
+        }
+        stand
+    }
+
+    /// [`ServerStream::process`] on ciphertext held anywhere (`incoming`,
+    /// or a read on the stack): also the count of its bytes rustls is done
+    /// with, which the caller drops from its front (on an error too).
+    fn open(
+        &mut self,
+        incoming: &mut [u8],
+        mut out: Option<&mut ReadBuf<'_>>,
+    ) -> (usize, io::Result<Stand>) {
+        let mut used = 0;
         loop {
-            let UnbufferedStatus { mut discard, state } =
-                self.conn.process_tls_records(&mut self.incoming);
+            let rest = incoming.get_mut(used..).unwrap_or_default();
+            let UnbufferedStatus { mut discard, state } = self.conn.process_tls_records(rest);
             let step = match state {
                 Err(e) => Err(invalid(e)),
                 Ok(ConnectionState::ReadTraffic(mut traffic)) => {
@@ -258,17 +281,11 @@ impl<IO> ServerStream<IO> {
                     "unexpected TLS connection state",
                 )),
             };
-            drop_front(&mut self.incoming, discard);
+            used += discard;
             match step {
                 Ok(None) => {}
-                Ok(Some(stand)) => {
-                    if self.incoming.is_empty() {
-                        // Nothing in flight: give the buffer back.
-                        self.incoming = Vec::new();
-                    }
-                    return Ok(stand);
-                }
-                Err(e) => return Err(e),
+                Ok(Some(stand)) => return (used, Ok(stand)),
+                Err(e) => return (used, Err(e)),
             }
         }
     }
@@ -448,19 +465,36 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for ServerStream<IO> {
             if this.peer_closed {
                 return Poll::Ready(Ok(()));
             }
-            let read = match this.poll_read_in(cx) {
-                Poll::Ready(Ok(n)) => n,
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Pending => return Poll::Pending,
-            };
-            if read == 0 {
-                return Poll::Ready(Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "peer closed connection without sending TLS close_notify",
-                )));
-            }
             let before = buf.filled().len();
-            if let Err(e) = this.process(Some(buf)) {
+            let opened = if this.incoming.is_empty() {
+                // Between records (an idle link's every read): read onto
+                // the stack and open the records there; only the head of an
+                // incomplete record is kept, on the heap.
+                let mut stack = [MaybeUninit::<u8>::uninit(); READ_SIZE];
+                let mut read = ReadBuf::uninit(&mut stack);
+                match Pin::new(&mut this.io).poll_read(cx, &mut read) {
+                    Poll::Ready(Ok(())) => {}
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => return Poll::Pending,
+                }
+                let read = read.filled_mut();
+                if read.is_empty() {
+                    return Poll::Ready(Err(eof_without_close_notify()));
+                }
+                let (used, opened) = this.open(read, Some(buf));
+                let rest = read.get(used..).unwrap_or_default();
+                this.incoming.extend_from_slice(rest);
+                opened
+            } else {
+                match this.poll_read_in(cx) {
+                    Poll::Ready(Ok(0)) => return Poll::Ready(Err(eof_without_close_notify())),
+                    Poll::Ready(Ok(_)) => {}
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => return Poll::Pending,
+                }
+                this.process(Some(buf))
+            };
+            if let Err(e) = opened {
                 this.send_alert();
                 return Poll::Ready(Err(e));
             }
@@ -530,6 +564,13 @@ fn drop_front(buf: &mut Vec<u8>, n: usize) {
     } else if n > 0 {
         buf.drain(..n);
     }
+}
+
+fn eof_without_close_notify() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        "peer closed connection without sending TLS close_notify",
+    )
 }
 
 fn invalid(e: rustls::Error) -> io::Error {
