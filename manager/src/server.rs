@@ -10,15 +10,18 @@
 //! sessions, announce the end state, release the name.
 //!
 //! With etcd keys (high availability, [`crate::ha`]) the manager starts as a
-//! standby and its election runs beside the listener; `ManagerSeat` is
-//! what leading and standing by do here. A stop resigns first.
+//! standby and its election runs on a thread of its own
+//! ([`crate::ha::thread`]); `ManagerSeat` is what leading and standing by
+//! do here, applied on the manager's runtime. A stop resigns first.
 
 use crate::api;
 use crate::api::handles::Handles;
 use crate::discovery::Discovery;
 use crate::fanout::limit::{FleetCalls, ListKind};
-use crate::ha::election::{Election, Seat};
+use crate::ha::election::Election;
 use crate::ha::etcd::Etcd;
+use crate::ha::seat::Seat;
+use crate::ha::thread::ElectionThread;
 use crate::job_runner::JobRunner;
 use crate::logs::LogControl;
 use crate::metrics::exposition::Live;
@@ -60,6 +63,8 @@ pub enum StartError {
     Tls(#[from] drover_tls::Error),
     #[error("etcd's TLS (EtcdTLSCertificate, EtcdTLSPrivateKey, EtcdTLSCertificateAuthority): {0}")]
     EtcdTls(drover_tls::Error),
+    #[error("cannot start the election's thread: {0}")]
+    ElectionThread(std::io::Error),
     #[error("cannot listen for metrics on {addr} (MetricsListenAddress): {source}")]
     Metrics {
         addr: SocketAddr,
@@ -83,7 +88,7 @@ pub struct Manager {
     metrics_addr: Option<SocketAddr>,
     /// The election (HA only); ended and awaited first at shutdown, so
     /// the leader resigns before anything else stops.
-    election: Option<JoinHandle<()>>,
+    election: Option<ElectionThread>,
 }
 
 async fn connect(bus: &Bus) -> Result<Connection, StartError> {
@@ -178,12 +183,12 @@ impl Manager {
                 stop.clone(),
             )));
         }
-        let election = parts
-            .config
-            .ha
-            .enabled()
-            .then(|| start_election(&parts, &conn, local_addr, etcd_tls, stop.clone()))
-            .flatten();
+        let election = if parts.config.ha.enabled() {
+            start_election(&parts, &conn, local_addr, etcd_tls, stop.clone())
+                .map_err(StartError::ElectionThread)?
+        } else {
+            None
+        };
         tracing::info!(
             "serving {BUS_NAME} with {} allowed node(s); agents connect to {local_addr}{}",
             parts.lifecycle.nodes().registry().total(),
@@ -264,7 +269,7 @@ impl Manager {
         // A leader resigns first (its election revokes the lease within a
         // call's deadline), so a standby takes over without waiting a TTL.
         if let Some(election) = self.election.take()
-            && tokio::time::timeout(RESIGN_WAIT, election).await.is_err()
+            && !election.resign(RESIGN_WAIT).await
         {
             tracing::warn!("the election did not end within {RESIGN_WAIT:?}");
         }
@@ -334,16 +339,19 @@ async fn metrics_listener(
 /// How long a stopping manager waits for its election to resign.
 const RESIGN_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
-/// Starts the election of an HA manager (`None` when the etcd settings
-/// name nothing to dial, which the config check already refuses).
+/// Starts the election of an HA manager on its thread (`None` when the
+/// etcd settings name nothing to dial, which the config check already
+/// refuses).
 fn start_election(
     parts: &Parts,
     conn: &Connection,
     local_addr: SocketAddr,
     etcd_tls: Option<Arc<rustls::ClientConfig>>,
     stop: CancellationToken,
-) -> Option<JoinHandle<()>> {
-    let fence = parts.lifecycle.nodes().fence()?.clone();
+) -> std::io::Result<Option<ElectionThread>> {
+    let Some(fence) = parts.lifecycle.nodes().fence().cloned() else {
+        return Ok(None);
+    };
     let ha = &parts.config.ha;
     let seat = Arc::new(ManagerSeat {
         lifecycle: parts.lifecycle.clone(),
@@ -358,7 +366,6 @@ fn start_election(
         me: leader_name(&host_name(), local_addr),
         ttl_s: ha.lease_ttl_s,
         fence,
-        seat,
     };
     tracing::info!(
         "campaigning for {} on etcd ({}), lease {} s",
@@ -370,7 +377,7 @@ fn start_election(
             .join(", "),
         ha.lease_ttl_s
     );
-    Some(tokio::spawn(election.run(stop)))
+    ElectionThread::start(election, seat, stop).map(Some)
 }
 
 /// What this manager is called in the leader key, which standbys and
@@ -475,10 +482,10 @@ impl Seat for ManagerSeat {
 
 impl Drop for Manager {
     fn drop(&mut self) {
+        // The election first, so it ends without resigning (as the tasks
+        // end without their orderly stop).
+        self.election = None;
         self.stop.cancel();
-        if let Some(election) = &self.election {
-            election.abort();
-        }
         for task in &self.tasks {
             task.abort();
         }

@@ -8,6 +8,8 @@
 //! Times are asserted against the lease (2 s): the bounds are the feature
 //! (a standby leads about a lease after the leader's death, at once after
 //! a clean stop), not a benchmark. Everything (etcd, managers, buses, files) goes in `Drop`.
+//! One test runs the election alone in this process, with a seat of its
+//! own: its thread keeps the lease while the manager's runtime is stopped.
 
 mod common;
 
@@ -15,14 +17,22 @@ use common::*;
 use drover_protocol::RefuseReason;
 use drover_protocol::handshake::{Accepted, Hello};
 use drover_protocol::link::{Answer, HandshakeError, agent_handshake, agent_hello};
+use drover_manager::ha::election::Election;
+use drover_manager::ha::etcd::Etcd as EtcdClient;
+use drover_manager::ha::fence::Fence;
+use drover_manager::ha::seat::Seat;
+use drover_manager::ha::thread::ElectionThread;
 use drover_testkit::etcd::Etcd;
 use drover_testkit::ha::{HaManager, LOOK, leading as leading_of};
 use drover_testkit::process::{ChildGuard, Signal, free_port};
 use drover_testkit::wait::poll;
 use futures::StreamExt;
+use futures::future::BoxFuture;
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
 use zbus::OwnedObjectPath;
 
 const BIN: &str = env!("CARGO_BIN_EXE_drover-manager");
@@ -556,4 +566,105 @@ async fn over_etcd_tls_only_managers_certified_by_its_ca_lead() {
     );
     // A still leads, untroubled.
     assert!(a.leading().await);
+}
+
+/// What the seat heard, in order (the election's thread test).
+#[derive(Default)]
+struct Heard(std::sync::Mutex<Vec<&'static str>>);
+
+impl Heard {
+    fn calls(&self) -> Vec<&'static str> {
+        self.0.lock().expect("not poisoned").clone()
+    }
+    fn push(&self, call: &'static str) {
+        self.0.lock().expect("not poisoned").push(call);
+    }
+}
+
+impl Seat for Heard {
+    fn lead(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move { self.push("lead") })
+    }
+    fn stand_by<'a>(&'a self, _why: &'a str) -> BoxFuture<'a, ()> {
+        Box::pin(async move { self.push("stand_by") })
+    }
+    fn saw_leader(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move { self.push("saw_leader") })
+    }
+}
+
+/// The election on its own thread (`drover_manager::ha::thread`) wins and
+/// keeps its lease for three leases while the manager's runtime does not
+/// run at all (a current-thread runtime this test does not enter: the
+/// extreme of a runtime busy with 10,000 sessions). The seat hears of the
+/// win only once that runtime runs again; a stop then resigns: the key
+/// goes with the lease. Run on the manager's runtime, the election would
+/// not even win here.
+#[test]
+fn the_election_leads_and_renews_while_the_managers_runtime_does_not_run() {
+    let main = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let etcd = main.block_on(Etcd::start());
+    let endpoints = drover_config::ha::parse_endpoints(&etcd.url()).expect("etcd's URL");
+    let key = format!("{}/leader", prefix("runtime-not-running"));
+    let fence = Arc::new(Fence::new());
+    let seat = Arc::new(Heard::default());
+    let stop = CancellationToken::new();
+    let election = Election {
+        etcd: EtcdClient::new(endpoints.clone(), None),
+        key: key.clone().into_bytes(),
+        me: "blocked:1".into(),
+        ttl_s: TTL.as_secs(),
+        fence: fence.clone(),
+    };
+    let thread = {
+        let _on = main.enter();
+        ElectionThread::start(election, seat.clone(), stop.clone()).expect("the election's thread")
+    };
+    // Until `block_on` below, nothing of `main` runs. Polled from this
+    // thread: the fence is what every refusal reads.
+    let began = Instant::now();
+    while !fence.leading() {
+        assert!(began.elapsed() < WAIT, "not leading after {WAIT:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let epoch = fence.epoch();
+    let held = Instant::now();
+    while held.elapsed() < 3 * TTL {
+        assert!(
+            fence.leading(),
+            "stopped leading {:?} into the hold",
+            held.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(
+        (fence.epoch(), fence.transitions()),
+        (epoch, 1),
+        "one leadership, never lost"
+    );
+    assert!(
+        seat.calls().is_empty(),
+        "the seat is applied on the manager's runtime only: {:?}",
+        seat.calls()
+    );
+    main.block_on(async {
+        let heard = &seat;
+        poll(WAIT, LOOK, "the seat hears of the win", || async move {
+            heard.calls() == ["lead"]
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}: {:?}", seat.calls()));
+        stop.cancel();
+        assert!(thread.resign(Duration::from_secs(3)).await, "resigned in time");
+        assert!(!fence.leading());
+        assert_eq!(seat.calls(), ["lead"], "a resign is no stand-by");
+        let (holder, _) = EtcdClient::new(endpoints, None)
+            .get(key.as_bytes(), Duration::from_secs(2))
+            .await
+            .expect("etcd answers");
+        assert!(holder.is_none(), "the key went with the lease: {holder:?}");
+    });
 }

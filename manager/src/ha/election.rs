@@ -20,30 +20,19 @@
 //! stop revokes the lease: the key goes at once and a standby's watch
 //! fires (the handover takes a round trip, not a TTL).
 //!
-//! What leading means for the manager (phase, sessions, the bus) is the
-//! [`Seat`]'s business: this module imports nothing of the manager beyond
-//! `ha`.
+//! It runs on a thread of its own ([`crate::ha::thread`]). What leading
+//! means for the manager (phase, sessions, the bus) is the seat's business
+//! ([`crate::ha::seat`]), told through its relay: this module imports
+//! nothing of the manager beyond `ha`.
 
 use crate::ha::etcd::Etcd;
 use crate::ha::fence::Fence;
+use crate::ha::seat::Relay;
 use crate::ha::wire::{Campaign, Watched};
-use futures::future::BoxFuture;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
-
-/// What leading and standing by do to the manager (implemented by the
-/// server).
-pub trait Seat: Send + Sync + 'static {
-    /// This manager leads from now (the fence already says so).
-    fn lead(&self) -> BoxFuture<'_, ()>;
-    /// This manager no longer leads (the fence already says so): refuse,
-    /// drop the agents' sessions.
-    fn stand_by<'a>(&'a self, why: &'a str) -> BoxFuture<'a, ()>;
-    /// A standby learned who leads (the fence's leader and epoch).
-    fn saw_leader(&self) -> BoxFuture<'_, ()>;
-}
 
 /// How much earlier than etcd can expire the lease the leader stops: a
 /// tenth of the TTL, at least 200 ms.
@@ -60,7 +49,6 @@ pub struct Election {
     pub me: String,
     pub ttl_s: u64,
     pub fence: Arc<Fence>,
-    pub seat: Arc<dyn Seat>,
 }
 
 /// Why leading ended.
@@ -84,8 +72,10 @@ impl Election {
         (self.ttl() / 10).min(Duration::from_millis(500))
     }
 
-    /// Runs until `stop`; a leader then resigns (revokes its lease).
-    pub async fn run(self, stop: CancellationToken) {
+    /// Runs until `stop`; a leader then resigns (revokes its lease). Tells
+    /// the manager through `seat`; waits for it only when standing down
+    /// (see [`crate::ha::seat`]).
+    pub async fn run(self, seat: &Relay, stop: CancellationToken) {
         let limit = self.call_limit();
         // A lease given up while etcd did not answer: revoked as soon as
         // etcd does, so its key goes without waiting for the TTL.
@@ -130,7 +120,7 @@ impl Election {
                         String::from_utf8_lossy(&self.key),
                         lease.ttl
                     );
-                    self.seat.lead().await;
+                    seat.lead();
                     let ended = self.keep(lease.id, epoch, &stop).await;
                     self.fence.stand_down();
                     match ended {
@@ -147,7 +137,7 @@ impl Election {
                         }
                         Ended::Lost(why) => {
                             tracing::warn!("no longer leading: {why}");
-                            self.seat.stand_by(&why).await;
+                            seat.stand_by(&why).await;
                             abandoned = Some(lease.id);
                         }
                     }
@@ -178,7 +168,7 @@ impl Election {
                             .fence
                             .saw_leader(Some(leader), kv.create_revision.unsigned_abs())
                         {
-                            self.seat.saw_leader().await;
+                            seat.saw_leader();
                         }
                         if self.watch(revision + 1, &stop).await && kv.lease != 0 {
                             deleted_holder = Some(kv.lease);
