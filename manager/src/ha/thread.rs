@@ -58,7 +58,7 @@ impl ElectionThread {
         let spawned = std::thread::Builder::new()
             .name("drover-election".into())
             .spawn(move || {
-                runtime.block_on(async move {
+                runtime.block_on(async {
                     tokio::select! {
                         biased;
                         _ = aborted.cancelled() => {}
