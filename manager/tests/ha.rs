@@ -14,14 +14,14 @@
 mod common;
 
 use common::*;
-use drover_protocol::RefuseReason;
-use drover_protocol::handshake::{Accepted, Hello};
-use drover_protocol::link::{Answer, HandshakeError, agent_handshake, agent_hello};
 use drover_manager::ha::election::Election;
 use drover_manager::ha::etcd::Etcd as EtcdClient;
 use drover_manager::ha::fence::Fence;
 use drover_manager::ha::seat::Seat;
 use drover_manager::ha::thread::ElectionThread;
+use drover_protocol::RefuseReason;
+use drover_protocol::handshake::{Accepted, Hello};
+use drover_protocol::link::{Answer, HandshakeError, agent_handshake, agent_hello};
 use drover_testkit::etcd::Etcd;
 use drover_testkit::ha::{HaManager, LOOK, leading as leading_of};
 use drover_testkit::process::{ChildGuard, Signal, free_port};
@@ -658,7 +658,10 @@ fn the_election_leads_and_renews_while_the_managers_runtime_does_not_run() {
         .await
         .unwrap_or_else(|e| panic!("{e}: {:?}", seat.calls()));
         stop.cancel();
-        assert!(thread.resign(Duration::from_secs(3)).await, "resigned in time");
+        assert!(
+            thread.resign(Duration::from_secs(3)).await,
+            "resigned in time"
+        );
         assert!(!fence.leading());
         assert_eq!(seat.calls(), ["lead"], "a resign is no stand-by");
         let (holder, _) = EtcdClient::new(endpoints, None)
