@@ -38,6 +38,9 @@
 //! * Without a socket to mark (TLS other than 1.3 with a 16-byte tag, tests;
 //!   or the kernel refused a mark), every frame is read as it comes: the
 //!   mark stays one byte, and is never set.
+//! * **An idle reader holds no buffer**: a read that waits with nothing
+//!   buffered gives the buffer back, the next read takes one again (the
+//!   same chunk of malloc's serves every session in turn).
 //! * Decoding is [`FrameCodec`]'s: frame cap, typed errors, a stream that
 //!   ends inside a frame is [`FrameError::Truncated`].
 
@@ -140,7 +143,11 @@ impl MarkSocket {
 pub struct Frames<R> {
     io: R,
     codec: FrameCodec<ToManager, ToAgent>,
+    /// Frame bytes read and not yet decoded; no allocation while the
+    /// reader waits with nothing held ([`Frames::release`]).
     buf: BytesMut,
+    /// What a read takes for `buf` when it has none.
+    capacity: usize,
     mark: Option<LowMark>,
     done: bool,
 }
@@ -157,6 +164,7 @@ impl<R: AsyncRead + Unpin> Frames<R> {
             io,
             codec: FrameCodec::default(),
             buf,
+            capacity: capacity.max(MIN_READ),
             mark: socket.map(LowMark::new),
             done: false,
         }
@@ -168,6 +176,15 @@ impl<R: AsyncRead + Unpin> Frames<R> {
             let between = self.buf.is_empty() && self.codec.between_frames();
             let bytes = mark.socket.mark(between);
             mark.set(bytes);
+        }
+    }
+
+    /// Gives the buffer back when it holds nothing: between reads an idle
+    /// session holds no buffer (the next read takes one from malloc, which
+    /// hands the same chunk to every session in turn).
+    fn release(&mut self) {
+        if self.buf.is_empty() && self.buf.capacity() > 0 {
+            self.buf = BytesMut::new();
         }
     }
 
@@ -196,9 +213,12 @@ impl<R: AsyncRead + Unpin> Stream for Frames<R> {
                 }
             }
             this.follow();
-            // Room for a useful read; a buffer whose frames were all taken
-            // gets its allocation back here rather than a new one.
-            if this.buf.capacity() - this.buf.len() < MIN_READ {
+            // Room for a useful read: a released buffer gets `capacity`
+            // again; one whose frames were all taken gets its allocation
+            // back here rather than a new one.
+            if this.buf.capacity() == 0 {
+                this.buf.reserve(this.capacity);
+            } else if this.buf.capacity() - this.buf.len() < MIN_READ {
                 this.buf.reserve(MIN_READ);
             }
             let read =
@@ -207,6 +227,7 @@ impl<R: AsyncRead + Unpin> Stream for Frames<R> {
                     Poll::Pending => {
                         // The read may have taken the head of a TLS record.
                         this.follow();
+                        this.release();
                         return Poll::Pending;
                     }
                 };
@@ -393,6 +414,43 @@ mod tests {
             frames.next().await.unwrap().unwrap(),
             ToManager::Reply { id: 1, .. }
         ));
+    }
+
+    /// An idle reader holds no buffer: once the frames read were taken and
+    /// the read waits, the buffer is given back; the head of a frame is kept
+    /// until its tail comes.
+    #[tokio::test]
+    async fn an_idle_reader_holds_no_buffer() {
+        let (mut agent, mut frames, _write, view) = link().await;
+        assert!(futures::poll!(frames.next()).is_pending());
+        assert_eq!(frames.buf.capacity(), 0, "nothing read yet");
+
+        let beat = frame(&ToManager::Heartbeat);
+        agent
+            .write_all(&[beat.clone(), beat].concat())
+            .await
+            .unwrap();
+        assert_eq!(frames.next().await.unwrap().unwrap(), ToManager::Heartbeat);
+        assert_eq!(frames.next().await.unwrap().unwrap(), ToManager::Heartbeat);
+        assert!(futures::poll!(frames.next()).is_pending());
+        assert_eq!(frames.buf.capacity(), 0, "after two heartbeats");
+
+        let msg = ToManager::Reply {
+            id: 3,
+            result: Ok(drover_protocol::Response::Text("y".repeat(40))),
+        };
+        let bytes = frame(&msg);
+        agent.write_all(&bytes[..10]).await.unwrap();
+        until_queued(&view, 10).await;
+        while queued(&view) > 0 {
+            assert!(futures::poll!(frames.next()).is_pending());
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(frames.buf.len(), 10, "the head of a frame is kept");
+        agent.write_all(&bytes[10..]).await.unwrap();
+        assert_eq!(frames.next().await.unwrap().unwrap(), msg);
+        assert!(futures::poll!(frames.next()).is_pending());
+        assert_eq!(frames.buf.capacity(), 0, "after the frame");
     }
 
     /// A frame whose last bytes are fewer than the mark still arrives whole:

@@ -26,9 +26,11 @@
 //!   heartbeat checker or a replacing registration noticed the end first.
 //! * A session reports to its owner (the core) only through [`SessionOwner`]:
 //!   every event in the order it arrived, then its end, once.
-//! * An idle session is small: its read and write buffers start at
-//!   [`SESSION_BUFFER`] bytes and grow only for a frame that needs more
-//!   (`drover-bench fleet` measures the memory per node), and its outgoing
+//! * An idle session is small: it holds no read or write buffer while it
+//!   waits (the reader takes [`SESSION_BUFFER`] bytes for a read and more
+//!   only for a frame that needs more, the writer what its frames need; each
+//!   gives its buffer back once it is empty; `drover-bench fleet` measures
+//!   the memory per node), and its outgoing
 //!   queue holds one pointer a slot (`Outgoing`): tokio's bounded channel
 //!   allocates its slots 32 at a time, so a queue of whole [`ToAgent`]s
 //!   cost every session 32 of them at once.
@@ -49,6 +51,7 @@ use crate::error::ApiError;
 use crate::nodes::arrival::Arrivals;
 use crate::nodes::frames::{Frames, MarkSocket};
 use crate::nodes::link_stats::Disconnect;
+use bytes::BytesMut;
 use drover_bus::timestamp;
 use drover_protocol::FrameCodec;
 use drover_protocol::codec::oversized;
@@ -62,9 +65,10 @@ use futures::future::BoxFuture;
 use futures::task::AtomicWaker;
 use futures::{SinkExt, StreamExt};
 use std::collections::HashMap;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::Poll;
+use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, oneshot};
@@ -604,10 +608,11 @@ fn join_parts(first: Response, last: Response) -> Reply {
     }
 }
 
-/// Bytes each session's read and write buffers start with. Most frames are
-/// heartbeats and small events; a buffer grows for a larger frame when one
-/// comes. tokio-util's default is 8 KiB each, which an idle session touches
-/// a page of, twice: two thirds of a session's memory at fleet size.
+/// Bytes a session's reader takes for a read when it holds no buffer. Most
+/// frames are heartbeats and small events; the buffer grows for a larger
+/// frame when one comes, and is given back once empty (so 10,000 idle
+/// sessions hold none; tokio-util's default of 8 KiB kept for each was two
+/// thirds of a session's memory at fleet size).
 pub const SESSION_BUFFER: usize = 512;
 
 /// How long an orderly end may take to close the stream (flush what is
@@ -639,14 +644,46 @@ pub fn spawn_io<IO>(
         session.arrivals.watch(socket.fd());
     }
     let stream = Frames::new(read, &parts.read_buf, SESSION_BUFFER, socket);
-    let mut sink = FramedWrite::with_capacity(
+    let mut sink = Writer(FramedWrite::with_capacity(
         write,
         FrameCodec::<ToManager, ToAgent>::default(),
-        SESSION_BUFFER,
-    );
-    sink.write_buffer_mut().extend_from_slice(&parts.write_buf);
+        0,
+    ));
+    sink.0
+        .write_buffer_mut()
+        .extend_from_slice(&parts.write_buf);
     tokio::spawn(write_loop(session.clone(), sink, rx, write_deadline));
     tokio::spawn(read_loop(owner, session, stream));
+}
+
+/// A session's frame writer: it gives its buffer back after every flush, so
+/// an idle session holds none (a write takes what its frames need; the
+/// manager writes to an idle agent rarely).
+struct Writer<W>(FramedWrite<W, FrameCodec<ToManager, ToAgent>>);
+
+impl<W: AsyncWrite + Unpin> futures::Sink<ToAgent> for Writer<W> {
+    type Error = drover_protocol::FrameError;
+
+    fn poll_ready(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Pin::new(&mut self.0).poll_ready(cx)
+    }
+
+    fn start_send(mut self: Pin<&mut Self>, item: ToAgent) -> Result<(), Self::Error> {
+        Pin::new(&mut self.0).start_send(item)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        let flushed = Pin::new(&mut self.0).poll_flush(cx);
+        let buf = self.0.write_buffer_mut();
+        if matches!(flushed, Poll::Ready(Ok(()))) && buf.is_empty() && buf.capacity() > 0 {
+            *buf = BytesMut::new();
+        }
+        flushed
+    }
+
+    fn poll_close(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Pin::new(&mut self.0).poll_close(cx)
+    }
 }
 
 async fn write_loop<S>(session: Arc<Session>, mut sink: S, mut rx: Outbox, deadline: Duration)
@@ -873,6 +910,28 @@ mod tests {
         assert!(rx.0.try_recv().is_err(), "nothing queued");
         assert!(s.heartbeat_if_due(written + 1_000_000, interval));
         assert_eq!(rx.recv().await, Some(ToAgent::Heartbeat));
+    }
+
+    /// The session's writer gives its buffer back after every flush, and
+    /// what it wrote is the frame.
+    #[tokio::test]
+    async fn the_writer_holds_no_buffer_between_writes() {
+        use tokio::io::AsyncReadExt;
+        let (near, mut far) = tokio::io::duplex(4096);
+        let mut w = Writer(FramedWrite::with_capacity(
+            near,
+            FrameCodec::<ToManager, ToAgent>::default(),
+            0,
+        ));
+        let msg = ToAgent::Notice(Notice::TargetNodeOnline { proxy_id: 9 });
+        w.send(msg.clone()).await.unwrap();
+        assert_eq!(w.0.write_buffer().capacity(), 0);
+        let body = drover_protocol::codec::encode_body(&msg).unwrap();
+        let mut want = u32::try_from(body.len()).unwrap().to_be_bytes().to_vec();
+        want.extend_from_slice(&body);
+        let mut got = vec![0; want.len()];
+        far.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, want);
     }
 
     /// The writer records what it wrote, so the heartbeat timer sees it.
