@@ -272,9 +272,12 @@ async fn handover(
     } else {
         members[from].manager.signal(Signal::SIGTERM)?;
     }
-    let led = members[to]
+    // From the signal: a SIGKILLed manager is reaped before `kill` returns,
+    // and the kernel's teardown of its 10,000 sockets takes a while.
+    members[to]
         .until_leading(true, Duration::from_secs(30))
         .await?;
+    let led = t0.elapsed();
     let epoch = members[to].epoch().await?;
     if epoch <= old {
         bail!("the new leader's epoch {epoch} is not above {old}");
