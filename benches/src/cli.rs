@@ -16,7 +16,8 @@ use std::time::Duration;
 #[command(about = "drover benchmarks (run on an otherwise idle machine)")]
 struct Args {
     /// Which benchmark: start-unit, proxy, rss, events, tls, ctl, agent-cpu, health, flood, dns,
-    /// fleet (`fleet --help`), scrape (`scrape --help`), where (`where --help`), failover
+    /// fleet (`fleet --help`), scrape (`scrape --help`), where (`where --help`), resync
+    /// (`resync --help`), failover
     /// (`failover --help`) or all (events, tls, ctl,
     /// agent-cpu, health, flood and fleet run alone: they start their own daemons).
     #[arg(default_value = "all")]
@@ -44,7 +45,12 @@ pub fn main() -> ExitCode {
     // `fleet` has options of its own (`fleet/cli.rs`).
     let argv: Vec<String> = std::env::args().collect();
     let fleet = argv.get(1).is_some_and(|w| {
-        w == "fleet" || w == "scrape" || w == "where" || w == "failover" || w == "failover-agents"
+        w == "fleet"
+            || w == "scrape"
+            || w == "where"
+            || w == "resync"
+            || w == "failover"
+            || w == "failover-agents"
     });
     let args = if fleet { None } else { Some(Args::parse()) };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -67,6 +73,9 @@ pub fn main() -> ExitCode {
         )),
         None if argv[1] == "failover" => runtime.block_on(until_signalled(
             crate::fleet::failover::main(argv[1..].to_vec()),
+        )),
+        None if argv[1] == "resync" => runtime.block_on(until_signalled(
+            crate::fleet::resync::main(argv[1..].to_vec()),
         )),
         None if argv[1] == "where" => runtime.block_on(until_signalled(
             crate::fleet::discovery::main(argv[1..].to_vec()),

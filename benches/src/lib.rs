@@ -46,6 +46,11 @@
 //!   `ListNodes` interleaved, and the time from a unit event to `Where`
 //!   showing it against a monitor's signal (see `fleet/discovery.rs`).
 //!   Targets: ≤ 2 ms p99, within 10 ms.
+//! * `resync`: N simulated agents sending the real agent's resync digests
+//!   for a clean run of `--duration` seconds: the manager's snapshot
+//!   requests, digests and digest bytes/s, then an injected divergence
+//!   repaired (see `fleet/resync.rs`). Target: 0 snapshot requests in a
+//!   one-hour clean run at 2,000 nodes.
 //! * also reports the idle RSS of the manager and of each agent.
 //!
 //! Layout: [`cli`] (the command, `start-unit` and `rss`), `proxy`, `events`,

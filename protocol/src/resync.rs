@@ -71,6 +71,36 @@ pub fn interval_for(base_ms: u64, online: u64) -> u64 {
     u64::try_from(u128::from(base_ms) + extra).unwrap_or(u64::MAX)
 }
 
+/// The wait before an agent's next digest: uniform in [3/4, 1] of
+/// `interval` (`random` picks where), so the digests of a fleet spread out
+/// and a repair never waits longer than one interval. Every agent, the
+/// real one and a simulated one, waits this long.
+pub fn jittered(interval: std::time::Duration, random: u64) -> std::time::Duration {
+    let ms = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX);
+    let quarter = ms / 4;
+    std::time::Duration::from_millis(ms - quarter + random % quarter.saturating_add(1))
+}
+
+/// [`Digest::units`] of the loaded units `rows` (unit, active state, sub
+/// state), in any order: what an agent sends and the manager compares.
+pub fn units_sum<'a>(rows: impl IntoIterator<Item = (&'a UnitName, &'a str, &'a str)>) -> Sum {
+    let mut sum = Sum::default();
+    for (unit, active_state, sub_state) in rows {
+        sum.add(unit_entry(unit, active_state, sub_state));
+    }
+    sum
+}
+
+/// [`Digest::health`] of the verdicts `states` (every unit whose health is
+/// not `none`), in any order.
+pub fn health_sum<'a>(states: impl IntoIterator<Item = (&'a UnitName, HealthState)>) -> Sum {
+    let mut sum = Sum::default();
+    for (unit, state) in states {
+        sum.add(health_entry(unit, state));
+    }
+    sum
+}
+
 /// A count and the wrapping sum of one hash per entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Sum {
@@ -283,6 +313,37 @@ mod tests {
             0x6e61_40dc_12e7_ac3c
         );
         assert_eq!(watch_hash(true, []), 0x74f1_91b6_94d3_2787);
+    }
+
+    #[test]
+    fn the_wait_stays_within_the_last_quarter_of_the_interval() {
+        use std::time::Duration;
+        let i = Duration::from_secs(60);
+        for r in [0, 1, 7, 14_999, 15_000, 15_001, u64::MAX] {
+            let w = jittered(i, r);
+            assert!(w >= Duration::from_secs(45) && w <= i, "{r}: {w:?}");
+        }
+        assert_eq!(jittered(Duration::ZERO, 5), Duration::ZERO);
+        assert_eq!(
+            jittered(Duration::from_millis(3), 5),
+            Duration::from_millis(3)
+        );
+    }
+
+    #[test]
+    fn sums_of_rows_and_verdicts_are_the_entries_added() {
+        let (a, b) = (unit("a.service"), unit("b.service"));
+        let mut want = Sum::default();
+        want.add(unit_entry(&a, "active", "running"));
+        want.add(unit_entry(&b, "failed", "failed"));
+        assert_eq!(
+            units_sum([(&b, "failed", "failed"), (&a, "active", "running")]),
+            want
+        );
+        assert_eq!(units_sum([]), Sum::default());
+        let mut want = Sum::default();
+        want.add(health_entry(&a, HealthState::Unhealthy));
+        assert_eq!(health_sum([(&a, HealthState::Unhealthy)]), want);
     }
 
     #[test]

@@ -97,7 +97,7 @@ impl<S: Systemd> Sessions<S> {
             let stop = kill.token().clone();
             tokio::spawn(async move {
                 loop {
-                    let wait = crate::units::resync::jittered(resync, random_u64());
+                    let wait = drover_protocol::resync::jittered(resync, random_u64());
                     tokio::select! {
                         _ = stop.cancelled() => return,
                         _ = tokio::time::sleep(wait) => {}

@@ -1,8 +1,9 @@
 //! Resync, the agent's side (`drover_protocol::resync`): every interval the
-//! manager named at registration (jittered; the link's session runs the
-//! timer), a digest of what the manager should hold for this node; on the
-//! manager's `Request::Resync` (the dispatcher), the snapshot that lets it
-//! repair its records, followed by the health snapshot.
+//! manager named at registration (`drover_protocol::resync::jittered`; the
+//! link's session runs the timer), a digest of what the manager should
+//! hold for this node; on the manager's `Request::Resync` (the
+//! dispatcher), the snapshot that lets it repair its records, followed by
+//! the health snapshot.
 //!
 //! Invariant (the protocol's tag invariant): a digest or a snapshot is
 //! taken and queued while holding the unit hub's send order
@@ -15,18 +16,8 @@
 use crate::link::outbox::{Outbox, Sent};
 use crate::units::hub::{SEND_PATIENCE, UnitHub};
 use drover_protocol::health::HealthState;
-use drover_protocol::resync::{Digest, SnapshotPart, Sum, health_entry, unit_entry};
+use drover_protocol::resync::{Digest, SnapshotPart, health_sum, units_sum};
 use drover_protocol::{Event, RemoteError, ToManager, UnitName};
-use std::time::Duration;
-
-/// The wait before the next digest: uniform in [3/4, 1] of `interval`, so
-/// the digests of a fleet spread out and a repair never waits longer than
-/// one interval.
-pub fn jittered(interval: Duration, random: u64) -> Duration {
-    let ms = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX);
-    let quarter = ms / 4;
-    Duration::from_millis(ms - quarter + random % quarter.saturating_add(1))
-}
 
 /// Sends one digest on session `epoch`; false when none went out.
 /// `health`: every unit's health state but `none`, read once the send
@@ -41,19 +32,17 @@ pub async fn send_digest(
     let Some(rows) = hub.resync_rows().filter(|r| r.epoch == epoch) else {
         return false;
     };
-    let mut units = Sum::default();
-    for r in &rows.rows {
-        units.add(unit_entry(&r.unit, &r.active_state, &r.sub_state));
-    }
-    let mut health_sum = Sum::default();
-    for (unit, state) in health() {
-        health_sum.add(health_entry(&unit, state));
-    }
+    let units = units_sum(
+        rows.rows
+            .iter()
+            .map(|r| (&r.unit, r.active_state.as_str(), r.sub_state.as_str())),
+    );
+    let health = health();
     let digest = Digest {
         tag: rows.tag,
         watch: rows.watch,
         units,
-        health: health_sum,
+        health: health_sum(health.iter().map(|(u, s)| (u, *s))),
     };
     let msg = ToManager::Event(Event::ResyncDigest(digest));
     outbox.send_paced(epoch, msg, SEND_PATIENCE).await == Sent::Queued
@@ -82,23 +71,4 @@ pub async fn send_snapshot(hub: &UnitHub, outbox: &Outbox, epoch: u64) -> Result
     }
     tracing::info!(units = count, "the manager asked for a resync snapshot");
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_wait_stays_within_the_last_quarter_of_the_interval() {
-        let i = Duration::from_secs(60);
-        for r in [0, 1, 7, 14_999, 15_000, 15_001, u64::MAX] {
-            let w = jittered(i, r);
-            assert!(w >= Duration::from_secs(45) && w <= i, "{r}: {w:?}");
-        }
-        assert_eq!(jittered(Duration::ZERO, 5), Duration::ZERO);
-        assert_eq!(
-            jittered(Duration::from_millis(3), 5),
-            Duration::from_millis(3)
-        );
-    }
 }

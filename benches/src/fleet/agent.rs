@@ -34,16 +34,28 @@
 //!   `UnitHealth` event) every [`HealthDecl::flip_every`], the agents'
 //!   phases spread evenly over that period, as a real agent sends a verdict
 //!   only when it changes.
+//! * Resync, as the real agent: a session keeps what it told the manager
+//!   ([`Reported`]: the watch set from `Subscribe`/`Unsubscribe`, the
+//!   loaded units' states, the health verdicts) and, when the manager's
+//!   `Accepted::resync_interval_ms` is not 0, sends a digest of it every
+//!   `drover_protocol::resync::jittered` interval, computed by the
+//!   protocol's `units_sum`/`health_sum` as the agent's is. `Request::Resync`
+//!   is answered with the snapshot parts (one tag, reserving two), the
+//!   health snapshot, then the reply. [`Fleet::diverge`] makes an agent
+//!   change a watched unit's state without telling the manager (a lost
+//!   event), which its next digest shows.
 
 use drover_agent::connection::Backoff;
 use drover_agent::link::heartbeat::{Negotiated, negotiate};
 use drover_protocol::handshake::Accepted;
 use drover_protocol::link::{HandshakeError, agent_handshake};
+use drover_protocol::resync::{Digest, SnapshotPart, UnitRow, health_sum, units_sum, watch_hash};
 use drover_protocol::{
     Event, Health, HealthSnapshot, HealthState, Hello, ModTag, NodeHealth, NodeName, Reason,
     Request, Response, ToAgent, ToManager, UnitHealth, UnitInfo, UnitName,
 };
 use futures::{SinkExt, StreamExt};
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -105,21 +117,30 @@ impl HealthDecl {
 
     /// The snapshot a session starts with: every checked unit healthy.
     fn snapshot(&self) -> Vec<HealthSnapshot> {
-        let units = self
+        let healthy: BTreeMap<UnitName, HealthState> = self
             .units
             .iter()
-            .map(|unit| UnitHealth {
-                unit: unit.clone(),
-                health: Health::new(HealthState::Healthy, "", 0),
-            })
+            .map(|u| (u.clone(), HealthState::Healthy))
             .collect();
-        let node = NodeHealth {
-            health: Health::new(HealthState::Healthy, "", 0),
-            system_state: "running".into(),
-            checks: Vec::new(),
-        };
-        HealthSnapshot::parts(units, node)
+        health_parts(&healthy)
     }
+}
+
+/// A health snapshot of the verdicts `units` (the node itself healthy).
+fn health_parts(units: &BTreeMap<UnitName, HealthState>) -> Vec<HealthSnapshot> {
+    let units = units
+        .iter()
+        .map(|(unit, state)| UnitHealth {
+            unit: unit.clone(),
+            health: Health::new(*state, "", 0),
+        })
+        .collect();
+    let node = NodeHealth {
+        health: Health::new(HealthState::Healthy, "", 0),
+        system_state: "running".into(),
+        checks: Vec::new(),
+    };
+    HealthSnapshot::parts(units, node)
 }
 
 impl AgentConfig {
@@ -159,6 +180,13 @@ pub struct Fleet {
     pub health_flips_sent: AtomicU64,
     /// Units whose last verdict sent in a session still open is unhealthy.
     pub unhealthy_now: AtomicUsize,
+    /// Resync digests sent, and their frames' bytes (length prefix included).
+    pub digests_sent: AtomicU64,
+    pub digest_bytes: AtomicU64,
+    /// `Request::Resync` answered (snapshots sent).
+    pub snapshots_sent: AtomicU64,
+    /// Unit states changed without telling the manager ([`Fleet::diverge`]).
+    pub diverged: AtomicU64,
     /// Whether the agents flip their units' verdicts now ([`HealthDecl`]).
     pub health_flips: watch::Sender<bool>,
     /// Unit events per second each agent sends (0 = none).
@@ -170,6 +198,8 @@ pub struct Fleet {
     /// (as from the event timer: [`EVENT_UNIT`], its send time in the sub
     /// state). One `Notify` each, so a nudge wakes one task, not the fleet.
     nudges: std::sync::Mutex<std::collections::HashMap<usize, Arc<tokio::sync::Notify>>>,
+    /// Per agent index: notified to make that agent diverge ([`Fleet::diverge`]).
+    diverges: std::sync::Mutex<std::collections::HashMap<usize, Arc<tokio::sync::Notify>>>,
     pub stop: CancellationToken,
     /// The origin of the send times in unit events.
     pub epoch: Instant,
@@ -188,10 +218,15 @@ impl Fleet {
             lists_answered: AtomicU64::new(0),
             health_flips_sent: AtomicU64::new(0),
             unhealthy_now: AtomicUsize::new(0),
+            digests_sent: AtomicU64::new(0),
+            digest_bytes: AtomicU64::new(0),
+            snapshots_sent: AtomicU64::new(0),
+            diverged: AtomicU64::new(0),
             health_flips: watch::Sender::new(false),
             event_rate: watch::Sender::new(0),
             drop_below: watch::Sender::new((0, 0)),
             nudges: Default::default(),
+            diverges: Default::default(),
             stop: CancellationToken::new(),
             epoch: Instant::now(),
         })
@@ -230,6 +265,19 @@ impl Fleet {
 
     fn nudge_of(&self, index: usize) -> Arc<tokio::sync::Notify> {
         let mut map = self.nudges.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry(index).or_default().clone()
+    }
+
+    /// Makes agent `index` change the state of the first unit the manager
+    /// watches on it (`failed`/`failed`, or back to `active`/`running`)
+    /// without sending the event: a lost event, for resync to find
+    /// ([`Fleet::diverged`] counts the changes made).
+    pub fn diverge(&self, index: usize) {
+        self.diverge_of(index).notify_one();
+    }
+
+    fn diverge_of(&self, index: usize) -> Arc<tokio::sync::Notify> {
+        let mut map = self.diverges.lock().unwrap_or_else(|p| p.into_inner());
         map.entry(index).or_default().clone()
     }
 
@@ -318,6 +366,7 @@ pub async fn run(
     let mut drops = fleet.drop_below.subscribe();
     drops.mark_unchanged();
     let nudge = fleet.nudge_of(index);
+    let diverge = fleet.diverge_of(index);
     loop {
         if fleet.stop.is_cancelled() {
             return;
@@ -335,6 +384,7 @@ pub async fn run(
                 let controls = Controls {
                     drops: &mut drops,
                     nudge: &nudge,
+                    diverge: &diverge,
                 };
                 let end = session(index, &cfg, &fleet, framed, &accepted, controls).await;
                 fleet.online.fetch_sub(1, Ordering::Relaxed);
@@ -411,13 +461,16 @@ async fn session(
     accepted: &Accepted,
     controls: Controls<'_>,
 ) -> End {
-    let Controls { drops, nudge } = controls;
+    let Controls {
+        drops,
+        nudge,
+        diverge,
+    } = controls;
     let (beats, mut beat) = heartbeats(cfg.heartbeat_interval, cfg.heartbeat_threshold, accepted);
     let mut last_heard = tokio::time::Instant::now();
-    let mut state = SessionState {
-        guid: accepted.session_id,
-        index: 0,
-    };
+    let mut state = SessionState::new(accepted.session_id, &cfg.units, &cfg.health.units);
+    let resync = Duration::from_millis(accepted.resync_interval_ms);
+    let mut digests = digest_timer(resync, index);
     let mut rates = fleet.event_rate.subscribe();
     let mut events = event_timer(*rates.borrow_and_update());
     let unit = UnitName::new(EVENT_UNIT).ok();
@@ -459,6 +512,9 @@ async fn session(
                         if body == Request::ListUnits {
                             fleet.lists_answered.fetch_add(1, Ordering::Relaxed);
                         }
+                        if body == Request::Resync {
+                            fleet.snapshots_sent.fetch_add(1, Ordering::Relaxed);
+                        }
                         for msg in out.drain(..) {
                             if framed.feed(msg).await.is_err() {
                                 return End::Lost(Lost::WriteError);
@@ -481,15 +537,33 @@ async fn session(
                     return End::Lost(Lost::WriteError);
                 }
             }
+            _ = tick(&mut digests) => {
+                let msg = ToManager::Event(Event::ResyncDigest(state.digest()));
+                let bytes = drover_protocol::codec::HEADER_LEN
+                    + drover_protocol::codec::encode_body(&msg).map_or(0, |b| b.len());
+                if framed.send(msg).await.is_err() {
+                    return End::Lost(Lost::WriteError);
+                }
+                fleet.digests_sent.fetch_add(1, Ordering::Relaxed);
+                fleet.digest_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+                digests = digest_timer(resync, index);
+            }
+            _ = diverge.notified() => {
+                if state.reported.diverge().is_some() {
+                    fleet.diverged.fetch_add(1, Ordering::Relaxed);
+                }
+            }
             _ = events_due(&mut events, nudge) => {
                 let Some(unit) = &unit else { continue };
                 state.index += 1;
                 let active = if state.index.is_multiple_of(2) { "active" } else { "activating" };
+                let sub = format!("t{}", fleet.now_us());
+                state.reported.set_state(unit, active, &sub);
                 let msg = ToManager::Event(Event::UnitStateChanged {
                     tag: ModTag::new(state.guid, state.index),
                     unit: unit.clone(),
                     active_state: active.into(),
-                    sub_state: format!("t{}", fleet.now_us()),
+                    sub_state: sub,
                     reason: Reason::Real,
                 });
                 if framed.send(msg).await.is_err() {
@@ -508,6 +582,7 @@ async fn session(
                 } else {
                     Health::new(HealthState::Healthy, "", 0)
                 };
+                state.reported.set_health(unit, health.state);
                 let msg = ToManager::Event(Event::UnitHealth {
                     tag: state.tag(),
                     unit: unit.clone(),
@@ -578,6 +653,7 @@ impl Drop for Unhealthy<'_> {
 struct Controls<'a> {
     drops: &'a mut watch::Receiver<(u64, usize)>,
     nudge: &'a tokio::sync::Notify,
+    diverge: &'a tokio::sync::Notify,
 }
 
 /// Returns when the event timer ticks or the agent is nudged.
@@ -599,6 +675,22 @@ fn event_timer(rate: u32) -> Option<tokio::time::Interval> {
     let mut timer = tokio::time::interval_at(tokio::time::Instant::now() + phase, period);
     timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     Some(timer)
+}
+
+/// The wait before agent `index`'s next digest, jittered as the real
+/// agent's (`drover_protocol::resync::jittered`); `None` when the manager
+/// asked for none (interval 0).
+fn digest_timer(interval: Duration, index: usize) -> Option<tokio::time::Interval> {
+    if interval.is_zero() {
+        return None;
+    }
+    use std::hash::BuildHasher;
+    let random = std::collections::hash_map::RandomState::new().hash_one((index, Instant::now()));
+    let wait = drover_protocol::resync::jittered(interval, random);
+    Some(tokio::time::interval_at(
+        tokio::time::Instant::now() + wait,
+        wait,
+    ))
 }
 
 /// The flip timer of agent `index` ([`HealthDecl`]): `None` while flips are
@@ -666,17 +758,134 @@ pub fn heartbeats(
     (beats, beat)
 }
 
-/// The tags of one session.
+/// The tags of one session, and what it told the manager.
 pub struct SessionState {
     pub guid: u64,
     /// The last tag index used (counted from 1 in each session).
     pub index: u64,
+    pub reported: Reported,
 }
 
 impl SessionState {
+    /// A session `guid` of a node with the loaded `units`, whose `checked`
+    /// units start healthy (the health snapshot it sends first).
+    pub fn new(guid: u64, units: &[UnitInfo], checked: &[UnitName]) -> Self {
+        Self {
+            guid,
+            index: 0,
+            reported: Reported::new(units, checked),
+        }
+    }
+
     fn tag(&mut self) -> ModTag {
         self.index += 1;
         ModTag::new(self.guid, self.index)
+    }
+
+    /// The digest of what the manager should hold now, at the last tag.
+    pub fn digest(&self) -> Digest {
+        self.reported.digest(ModTag::new(self.guid, self.index))
+    }
+}
+
+/// What a session told the manager, as the real agent's unit cache, watch
+/// set and health table hold it: what a digest and a snapshot are made of.
+#[derive(Debug, Clone, Default)]
+pub struct Reported {
+    /// `Subscribe` of every unit (`*`).
+    all: bool,
+    /// The single units subscribed.
+    watched: BTreeSet<UnitName>,
+    /// The loaded units and their (active, sub) state.
+    loaded: BTreeMap<UnitName, (String, String)>,
+    /// Every verdict other than `none`.
+    health: BTreeMap<UnitName, HealthState>,
+}
+
+impl Reported {
+    fn new(units: &[UnitInfo], checked: &[UnitName]) -> Self {
+        Self {
+            loaded: units
+                .iter()
+                .filter_map(|u| {
+                    let name = UnitName::new(u.name.as_str()).ok()?;
+                    Some((name, (u.active_state.clone(), u.sub_state.clone())))
+                })
+                .collect(),
+            health: checked
+                .iter()
+                .map(|u| (u.clone(), HealthState::Healthy))
+                .collect(),
+            ..Self::default()
+        }
+    }
+
+    fn watches(&self, unit: &UnitName) -> bool {
+        self.all || self.watched.contains(unit)
+    }
+
+    fn watch_hash(&self) -> u64 {
+        watch_hash(self.all, &self.watched)
+    }
+
+    /// The loaded units the manager watches, in name order.
+    fn rows(&self) -> impl Iterator<Item = (&UnitName, &str, &str)> {
+        self.loaded
+            .iter()
+            .filter(|(u, _)| self.watches(u))
+            .map(|(u, (a, s))| (u, a.as_str(), s.as_str()))
+    }
+
+    /// The digest at `tag`, by the protocol's sums (as the agent's).
+    pub fn digest(&self, tag: ModTag) -> Digest {
+        Digest {
+            tag,
+            watch: self.watch_hash(),
+            units: units_sum(self.rows()),
+            health: health_sum(self.health.iter().map(|(u, s)| (u, *s))),
+        }
+    }
+
+    fn set_state(&mut self, unit: &UnitName, active: &str, sub: &str) {
+        self.loaded
+            .insert(unit.clone(), (active.to_owned(), sub.to_owned()));
+    }
+
+    fn set_health(&mut self, unit: &UnitName, state: HealthState) {
+        if state == HealthState::None {
+            self.health.remove(unit);
+        } else {
+            self.health.insert(unit.clone(), state);
+        }
+    }
+
+    /// Changes the first watched loaded unit's state without an event
+    /// (see [`Fleet::diverge`]); the unit, `None` when none is watched.
+    pub fn diverge(&mut self) -> Option<UnitName> {
+        let (unit, _, _) = self.rows().next()?;
+        let unit = unit.clone();
+        let (active, sub) = self.loaded.get_mut(&unit)?;
+        let (a, s) = if active == "failed" {
+            ("active", "running")
+        } else {
+            ("failed", "failed")
+        };
+        *active = a.into();
+        *sub = s.into();
+        Some(unit)
+    }
+
+    /// The snapshot parts of the watched loaded units.
+    fn snapshot(&self) -> Vec<SnapshotPart> {
+        let rows = self
+            .rows()
+            .map(|(unit, a, s)| UnitRow {
+                unit: unit.clone(),
+                active_state: a.into(),
+                sub_state: s.into(),
+            })
+            .collect();
+        SnapshotPart::parts(self.watch_hash(), rows)
     }
 }
 
@@ -726,13 +935,20 @@ pub fn answer(
             }));
         }
         Request::Subscribe { unit } => {
-            let loaded = units
+            match unit {
+                None => state.reported.all = true,
+                Some(u) => {
+                    state.reported.watched.insert(u.clone());
+                }
+            }
+            let loaded: Vec<(UnitName, String, String)> = state
+                .reported
+                .loaded
                 .iter()
-                .filter(|u| unit.as_ref().is_none_or(|want| want.as_str() == u.name));
-            for u in loaded {
-                let Ok(name) = UnitName::new(u.name.as_str()) else {
-                    continue;
-                };
+                .filter(|(u, _)| unit.as_ref().is_none_or(|want| want == *u))
+                .map(|(u, (a, s))| (u.clone(), a.clone(), s.clone()))
+                .collect();
+            for (name, active_state, sub_state) in loaded {
                 out.push(ToManager::Event(Event::UnitNew {
                     tag: state.tag(),
                     unit: name.clone(),
@@ -741,10 +957,35 @@ pub fn answer(
                 out.push(ToManager::Event(Event::UnitStateChanged {
                     tag: state.tag(),
                     unit: name,
-                    active_state: u.active_state.clone(),
-                    sub_state: u.sub_state.clone(),
+                    active_state,
+                    sub_state,
                     reason: Reason::Virtual,
                 }));
+            }
+            ok(out);
+        }
+        Request::Unsubscribe { unit } => {
+            match unit {
+                None => state.reported.all = false,
+                Some(u) => {
+                    state.reported.watched.remove(u);
+                }
+            }
+            ok(out);
+        }
+        Request::Resync => {
+            // As the agent (`drover_protocol::resync`): the parts at one
+            // tag T reserving T + 1, the health snapshot, then the reply.
+            let tag = state.tag();
+            state.index += 1;
+            for part in state.reported.snapshot() {
+                out.push(ToManager::Event(Event::ResyncSnapshot { tag, part }));
+            }
+            if !state.reported.health.is_empty() {
+                let tag = state.tag();
+                for part in health_parts(&state.reported.health) {
+                    out.push(ToManager::Event(Event::HealthSnapshot { tag, part }));
+                }
             }
             ok(out);
         }
@@ -833,7 +1074,7 @@ mod tests {
 
     #[test]
     fn a_job_is_replied_then_runs_then_is_done() {
-        let mut s = SessionState { guid: 7, index: 0 };
+        let mut s = SessionState::new(7, &[], &[]);
         let mut out = Vec::new();
         let req = Request::UnitJob {
             kind: drover_protocol::JobKind::Start,
@@ -864,7 +1105,7 @@ mod tests {
     #[test]
     fn list_units_comes_in_parts_and_every_row_once() {
         let rows = AgentConfig::unit_rows(ROWS_PER_PART * 2 + 5);
-        let mut s = SessionState { guid: 1, index: 0 };
+        let mut s = SessionState::new(1, &rows, &[]);
         let mut out = Vec::new();
         answer(4, &Request::ListUnits, &rows, &mut s, &mut out);
         assert_eq!(out.len(), 3);
@@ -897,7 +1138,7 @@ mod tests {
     #[test]
     fn subscribing_replays_loaded_units_virtually_before_the_reply() {
         let rows = AgentConfig::unit_rows(2);
-        let mut s = SessionState { guid: 1, index: 0 };
+        let mut s = SessionState::new(1, &rows, &[]);
         let mut out = Vec::new();
         answer(
             1,

@@ -365,10 +365,7 @@ async fn session(
     let (beats, mut beat) =
         agent::heartbeats(cfg.heartbeat_interval, cfg.heartbeat_threshold, &accepted);
     let mut last_heard = tokio::time::Instant::now();
-    let mut state = SessionState {
-        guid: accepted.session_id,
-        index: 0,
-    };
+    let mut state = SessionState::new(accepted.session_id, &cfg.units, &[]);
     let mut out: Vec<ToManager> = Vec::new();
     loop {
         tokio::select! {

@@ -42,7 +42,8 @@
 //! Layout: [`agent`] (one simulated agent), `daemon` (the manager process,
 //! descriptor limits), `certs` (the fleet's PKI), `probe` (the API
 //! measurements), [`report`] (the CSV row). The command line is [`cli`].
-//! [`discovery`] is `drover-bench where`, another run on the same rig.
+//! [`discovery`] is `drover-bench where`, another run on the same rig;
+//! [`resync`] is `drover-bench resync` (digests and snapshot requests).
 
 pub mod agent;
 mod certs;
@@ -53,6 +54,7 @@ pub mod failover;
 pub mod follower;
 mod probe;
 pub mod report;
+pub mod resync;
 pub mod scrape;
 
 use crate::procfs;
@@ -101,6 +103,8 @@ pub struct Options {
     /// The manager serves `/metrics` here (`scrape`), with per-node series
     /// or not; `None`: off, as in a default manager.
     pub metrics: Option<(SocketAddr, bool)>,
+    /// The manager's `ResyncInterval` (ms); `None`: its default.
+    pub resync_interval_ms: Option<u64>,
 }
 
 impl Options {
@@ -126,6 +130,7 @@ impl Options {
             health_flip_percent: 1.0,
             health_rounds: 3,
             metrics: None,
+            resync_interval_ms: None,
         }
     }
 }
@@ -156,7 +161,10 @@ impl Rig {
             nodes: &names,
             tls: pki.map(certs::FleetPki::manager_keys),
             metrics: opts.metrics,
-            extra: String::new(),
+            extra: opts
+                .resync_interval_ms
+                .map(|ms| format!("ResyncInterval={ms}\n"))
+                .unwrap_or_default(),
         };
         let mut manager = Manager::start(&bus, &setup)?;
         let api = zbus::connection::Builder::address(bus.address())

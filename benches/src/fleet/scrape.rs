@@ -152,7 +152,7 @@ pub async fn main(argv: Vec<String>) -> Result<()> {
 
 /// `GET /metrics` over a fresh connection (as Prometheus after a restart),
 /// the whole body read; the body.
-async fn get(addr: SocketAddr) -> Result<String> {
+pub(crate) async fn get(addr: SocketAddr) -> Result<String> {
     tokio::time::timeout(Duration::from_secs(30), async {
         let mut s = tokio::net::TcpStream::connect(addr).await?;
         s.write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")

@@ -29,7 +29,7 @@ use super::*;
 use crate::units::health::HealthBook;
 use crate::units::resync::ResyncStats;
 use drover_protocol::resync::{
-    Digest, SnapshotPart, Sum, UNITS_MAX, UnitRow, health_entry, unit_entry, watch_hash,
+    Digest, SnapshotPart, Sum, UNITS_MAX, UnitRow, health_sum, units_sum, watch_hash,
 };
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -43,15 +43,13 @@ fn digest_of(ns: &NodeState, book: &HealthBook, node: &NodeName) -> (u64, Sum, S
     );
     // Records exist only for units the agent reports (`NodeState::reports`:
     // watched, or not unsubscribed yet).
-    let mut units = Sum::default();
-    for (u, r) in ns.records.iter().filter(|(_, r)| r.loaded) {
-        units.add(unit_entry(u, &r.active_state, &r.sub_state));
-    }
-    let mut health = Sum::default();
-    for (u, state) in book.unit_states(node) {
-        health.add(health_entry(u, state));
-    }
-    (watch, units, health)
+    let units = units_sum(
+        ns.records
+            .iter()
+            .filter(|(_, r)| r.loaded)
+            .map(|(u, r)| (u, r.active_state.as_str(), r.sub_state.as_str())),
+    );
+    (watch, units, health_sum(book.unit_states(node)))
 }
 
 impl Subscriptions {
@@ -292,6 +290,7 @@ fn repair(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use drover_protocol::resync::unit_entry;
     use drover_protocol::{Response, ToAgent};
 
     /// Long enough that only [`rewind`] lets a second digest in.

@@ -1,0 +1,104 @@
+//! `drover-bench resync` keeps measuring what it says: 6 simulated agents
+//! sending the real agent's resync digests every second or so to the debug
+//! `drover-manager` of this build, with verdict flips (5 checks a node)
+//! and unit events flowing, for a clean run of 8 s; then 2 of them change
+//! a watched unit without telling the manager. What is asserted is what a person reading
+//! its output would check: the clean run asked for no snapshot while the
+//! manager compared digests, and the lost events were found and repaired,
+//! exactly one snapshot request and one repair per diverged agent, nothing
+//! asked twice an interval later. (Timings are not asserted: the machine
+//! is shared.)
+
+use drover_testkit::process::{GroupGuard, live_in_group};
+use std::time::Duration;
+
+/// The number after `label` in `line` (`label 12,` or `label 12`).
+fn after(line: &str, label: &str) -> u64 {
+    let rest = line
+        .split_once(label)
+        .unwrap_or_else(|| panic!("no {label:?} in {line:?}"))
+        .1;
+    rest.trim_start()
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .and_then(|d| d.parse().ok())
+        .unwrap_or_else(|| panic!("no number after {label:?} in {line:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_fleet_asks_no_snapshot_and_a_lost_event_is_repaired() {
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_drover-bench"))
+        .args([
+            "resync",
+            "--nodes",
+            "6",
+            "--duration",
+            "8",
+            "--progress",
+            "4",
+        ])
+        .args(["--resync-ms", "1000", "--units", "5", "--watch", "2"])
+        .args(["--health-checks", "5", "--health-flip-percent", "100"])
+        .args([
+            "--event-rate",
+            "2",
+            "--diverge",
+            "2",
+            "--online-timeout",
+            "60",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("run drover-bench");
+    let pgid = child.id().expect("a pid");
+    let group = GroupGuard::new(pgid);
+    let out = tokio::time::timeout(Duration::from_secs(180), child.wait_with_output())
+        .await
+        .expect("the run ends within 180 s")
+        .expect("its output");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
+    let line = |needle: &str| -> String {
+        stdout
+            .lines()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no {needle:?} in:\n{stdout}\n{stderr}"))
+            .to_owned()
+    };
+
+    let clean = line("resync 6: clean run of ");
+    assert_eq!(after(&clean, "snapshot requests"), 0, "{stdout}\n{stderr}");
+    assert_eq!(after(&clean, "mismatches"), 0, "{stdout}\n{stderr}");
+    let traffic = line("resync 6: digests sent ");
+    // About 6 agents × 8 s / (0.75–1 s): the digests flowed and the manager
+    // compared them (it reads at most one per half interval and node).
+    let sent = after(&traffic, "digests sent");
+    let compared = after(&traffic, "compared by the manager");
+    assert!(sent >= 30, "{traffic}");
+    assert!(compared >= 30 && compared <= sent, "{traffic}");
+    // ... while verdicts flipped and unit events of a watched unit flowed.
+    assert!(after(&traffic, "bytes/s;") > 0, "{traffic}");
+    assert!(after(&traffic, "verdict flips and") > 0, "{traffic}");
+
+    let repaired = line("resync 6: 2 agents changed fleet-0.service unreported");
+    assert_eq!(
+        after(&repaired, "snapshot requests"),
+        2,
+        "{stdout}\n{stderr}"
+    );
+    assert_eq!(after(&repaired, "repairs"), 2, "{stdout}\n{stderr}");
+    assert_eq!(after(&repaired, "mismatches"), 2, "{stdout}\n{stderr}");
+
+    drover_testkit::wait::eventually(
+        Duration::from_secs(10),
+        "nothing of the run left",
+        || async { live_in_group(pgid).is_empty() },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {:?}", live_in_group(pgid)));
+    drop(group);
+}
