@@ -212,14 +212,16 @@ async fn run(rig: &mut Rig, opts: &Options, args: &Args, addr: SocketAddr) -> Re
         tokio::time::sleep(left.min(Duration::from_secs(args.progress.max(1)))).await;
         let now = counters(addr).await?;
         loads.push(load_average());
+        let secs = start.elapsed().as_secs_f64();
+        let bytes = rig.fleet.digest_bytes.load(Ordering::Relaxed) - bytes0;
         eprintln!(
-            "resync {n}: {:.0} s: snapshot requests {}, mismatches {}, digests compared {}, \
-             sent {}; {} agents online; load {:.1}",
-            start.elapsed().as_secs_f64(),
+            "resync {n}: {secs:.0} s: snapshot requests {}, mismatches {}, digests compared {}, \
+             sent {} ({:.1} bytes/s); {} agents online; load {:.1}",
             now.snapshots - before.snapshots,
             now.mismatches - before.mismatches,
             now.digests - before.digests,
             rig.fleet.digests_sent.load(Ordering::Relaxed) - sent0,
+            bytes as f64 / secs,
             rig.fleet.online(),
             load_average()
         );
@@ -295,22 +297,22 @@ async fn diverge(
     ));
     let deadline = 2 * interval + Duration::from_secs(5);
     let unit = "fleet-0.service";
-    let want: Vec<String> = (0..k).map(node_name).collect();
+    let mut want_sorted: Vec<String> = (0..k).map(node_name).collect();
+    want_sorted.sort();
     let repaired_after = loop {
         let now = counters(addr).await?;
+        // `all`: rows in every state, not only the active ones.
+        let all: HashMap<&str, Value<'_>> = [("all", Value::from(true))].into_iter().collect();
         let (rows, _) = c
-            .where_(unit, HashMap::<&str, Value<'_>>::new())
+            .where_(unit, all)
             .await
             .with_context(|| format!("Where({unit})"))?;
-        let failed: Vec<&String> = rows
+        let mut failed: Vec<String> = rows
             .iter()
             .filter(|r| r.1 == "failed")
-            .map(|r| &r.0)
+            .map(|r| r.0.clone())
             .collect();
-        let mut failed: Vec<String> = failed.into_iter().cloned().collect();
         failed.sort();
-        let mut want_sorted = want.clone();
-        want_sorted.sort();
         if now.repairs - before.repairs >= k as u64 && failed == want_sorted {
             break since.elapsed();
         }
