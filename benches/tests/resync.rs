@@ -79,7 +79,9 @@ async fn a_clean_fleet_asks_no_snapshot_and_a_lost_event_is_repaired() {
     let sent = after(&traffic, "digests sent");
     let compared = after(&traffic, "compared by the manager");
     assert!(sent >= 30, "{traffic}");
-    assert!(compared >= 30 && compared <= sent, "{traffic}");
+    // (A digest in flight when the counters were read may be on one side
+    // only: at most one per agent.)
+    assert!(compared >= 30 && compared <= sent + 6, "{traffic}");
     // ... while verdicts flipped and unit events of a watched unit flowed.
     assert!(after(&traffic, "bytes/s;") > 0, "{traffic}");
     assert!(after(&traffic, "verdict flips and") > 0, "{traffic}");
