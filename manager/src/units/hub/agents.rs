@@ -15,22 +15,32 @@ impl Subscriptions {
     /// those units as it happens: a client that subscribes and then starts a
     /// unit hears the start as real events, never only as the state of a
     /// late virtual replay.
+    ///
+    /// Each wake-up looks only from the first entry not confirmed yet (an
+    /// entry found confirmed is not looked at again), so waiting for every
+    /// node of a fleet costs one look per node and per wake-up, not the
+    /// whole list per agent's answer (which at 10,000 nodes held the hub's
+    /// lock for seconds in all).
     pub async fn synced(&self, watched: &[(NodeName, Option<UnitName>)]) {
         let deadline = tokio::time::Instant::now() + self.request_timeout;
+        let mut next = 0;
         loop {
             let progress = self.sync_progress.notified();
             tokio::pin!(progress);
             // Registered before the look, so no step done after it is missed.
             progress.as_mut().enable();
-            let done = {
+            {
                 let st = self.lock();
-                watched.iter().all(|(node, key)| {
-                    st.nodes.get(node).is_none_or(|ns| {
-                        ns.session.is_none() || ns.sent.contains(key) || ns.sent.contains(&None)
+                next += watched[next..]
+                    .iter()
+                    .take_while(|(node, key)| {
+                        st.nodes.get(node).is_none_or(|ns| {
+                            ns.session.is_none() || ns.sent.contains(key) || ns.sent.contains(&None)
+                        })
                     })
-                })
-            };
-            if done {
+                    .count();
+            }
+            if next == watched.len() {
                 return;
             }
             if tokio::time::timeout_at(deadline, progress).await.is_err() {
