@@ -6,8 +6,11 @@
 //! agent admitted by the leader only, how fast a standby takes over.
 //!
 //! Times are asserted against the lease (2 s): the bounds are the feature
-//! (a standby leads about a lease after the leader's death, at once after
-//! a clean stop), not a benchmark. Everything (etcd, managers, buses, files) goes in `Drop`.
+//! (a leader stops acting before its lease can end, a standby leads within
+//! the design's bound after the leader's death, at once after a clean
+//! stop), not a benchmark: how fast round trips are on a loaded machine is
+//! printed, not asserted (`drover_testkit::ha::{fence, takeover}`).
+//! Everything (etcd, managers, buses, files) goes in `Drop`.
 //! One test runs the election alone in this process, with a seat of its
 //! own: its thread keeps the lease while the manager's runtime is stopped.
 
@@ -23,7 +26,7 @@ use drover_protocol::RefuseReason;
 use drover_protocol::handshake::{Accepted, Hello};
 use drover_protocol::link::{Answer, HandshakeError, agent_handshake, agent_hello};
 use drover_testkit::etcd::Etcd;
-use drover_testkit::ha::{HaManager, LOOK, leading as leading_of};
+use drover_testkit::ha::{HaManager, LOOK, fence, leading as leading_of, takeover};
 use drover_testkit::process::{ChildGuard, Signal, free_port};
 use drover_testkit::wait::poll;
 use futures::StreamExt;
@@ -38,8 +41,6 @@ use zbus::OwnedObjectPath;
 const BIN: &str = env!("CARGO_BIN_EXE_drover-manager");
 const TTL: Duration = Duration::from_secs(2);
 const NOT_LEADER: &str = "io.drover.NotLeader";
-/// The pause between two passes of etcd's lease expiry loop (etcd 3.4).
-const ETCD_EXPIRY_PASS: Duration = Duration::from_millis(500);
 
 type Framed = drover_protocol::link::AgentFramed<tokio::net::TcpStream>;
 
@@ -223,16 +224,14 @@ async fn a_standby_parks_agents_naming_the_leader_and_welcomes_them_when_it_take
     });
     a.kill();
     let killed = Instant::now();
-    let took = b.until_leading(true, TTL * 3).await;
+    // The lease ends at most a TTL after A's last renewal (sent before
+    // the kill), and etcd's expiry pass may add 500 ms; the watch, the
+    // campaign and this test's polling take what the machine's load makes
+    // them take: printed (docs/dev/ha.md), bounded by the design only.
+    let took = b
+        .until_leading(true, takeover(TTL).saturating_sub(killed.elapsed()))
+        .await;
     eprintln!("takeover after SIGKILL: {took:?}");
-    // etcd revokes expired leases in a loop that sleeps 500 ms between
-    // passes, so the key can outlive the lease by that much: the bound is
-    // the lease, plus that pass, plus the watch, the campaign and this
-    // test's polling (what a user sees). Measured: docs/dev/ha.md.
-    assert!(
-        took <= TTL + ETCD_EXPIRY_PASS + Duration::from_millis(250),
-        "the standby took {took:?} to lead (lease {TTL:?})"
-    );
     let b_epoch = b.epoch().await;
     assert!(b_epoch > a_epoch, "epoch {b_epoch} after {a_epoch}");
     assert_eq!(
@@ -330,13 +329,15 @@ async fn with_etcd_gone_the_leader_steps_down_and_a_leader_is_back_soon_after_it
     let mut etcd = Etcd::start().await;
     let (a, b) = pair(&etcd, "outage").await;
     etcd.kill();
+    // Reaped: no renewal sent after this instant can succeed.
     let gone = Instant::now();
-    a.until_leading(false, TTL * 2).await;
-    let after = gone.elapsed();
-    eprintln!("leader stepped down {after:?} after etcd died");
-    assert!(
-        after <= TTL + Duration::from_millis(250),
-        "the leader kept leading {after:?} without etcd (lease {TTL:?})"
+    let after = a.until_stopped(gone, fence(TTL), WAIT).await;
+    eprintln!(
+        "leader stepped down {:?} after etcd died (last read saying it led sent {:?} after; \
+         fence {:?})",
+        after.answered,
+        after.last_leading_sent,
+        fence(TTL)
     );
     assert!(!b.leading().await);
     let err = a.list_nodes().await.unwrap_err();

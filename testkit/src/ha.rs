@@ -21,6 +21,29 @@ pub const LOOK: Duration = Duration::from_millis(20);
 /// How long a manager may take to serve its API after it starts (a loaded
 /// test machine).
 pub const UP: Duration = Duration::from_secs(20);
+/// The pause between two passes of etcd's lease expiry loop (etcd 3.4): a
+/// key outlives its expired lease by up to this.
+pub const ETCD_EXPIRY_PASS: Duration = Duration::from_millis(500);
+
+/// How long after it sent its last successful renewal a leader with a
+/// lease of `ttl` may still act (docs/ha.md, "Fencing"): the lease less a
+/// tenth of it, at least 200 ms. Stated here apart from the manager's
+/// code, as the guarantee the tests hold it to.
+pub fn fence(ttl: Duration) -> Duration {
+    ttl.saturating_sub((ttl / 10).max(Duration::from_millis(200)))
+}
+
+/// The longest a standby may take to lead after the leader's last
+/// renewal, by design: etcd expires the lease (`ttl`, plus up to
+/// [`ETCD_EXPIRY_PASS`]); the standby sees the key go (its watch says so
+/// at once, and even a watch gone deaf is looked past within a `ttl`);
+/// then it asks etcd about the old lease, for a lease and for the key
+/// (three calls, each cut at a third of `ttl`). How fast those round
+/// trips are is the machine's load, not the design: the tests print
+/// the time taken (docs/dev/ha.md) and bound it by this only.
+pub fn takeover(ttl: Duration) -> Duration {
+    ttl + ETCD_EXPIRY_PASS + ttl + ttl
+}
 
 /// See the module docs.
 pub struct HaManager {
@@ -184,6 +207,48 @@ impl HaManager {
             .unwrap_or_else(|| panic!("Epoch is not a u64\n{}", self.logged()))
     }
 
+    /// Waits until `Leading` says false, judging the fence from outside: a
+    /// read *sent* `fence` or more after `since` that still says true is a
+    /// leader acting past its fence, and panics at once with the log. When
+    /// an answer comes back depends on the machine's load (the bus, this
+    /// process, the manager's runtime), not on the fence, so that is not
+    /// judged. `since` must not be earlier than the send time of the last
+    /// lease renewal that could have succeeded (a cut path to etcd, etcd
+    /// killed), and `fence` is the lease less the fence's margin
+    /// ([`fence`]). Panics with the log when no false answer came within
+    /// `fence + limit`.
+    pub async fn until_stopped(&self, since: Instant, fence: Duration, limit: Duration) -> Stopped {
+        let stopped = async {
+            let mut last_leading_sent = None;
+            loop {
+                let sent = since.elapsed();
+                if !self.leading().await {
+                    return Stopped {
+                        answered: since.elapsed(),
+                        last_leading_sent,
+                    };
+                }
+                assert!(
+                    sent < fence,
+                    "Leading said true in a read sent {sent:?} after the last renewal that \
+                     could succeed, past the fence ({fence:?})\n{}",
+                    self.logged()
+                );
+                last_leading_sent = Some(sent);
+                tokio::time::sleep(LOOK).await;
+            }
+        };
+        tokio::time::timeout(fence + limit, stopped)
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "Leading never said false within {:?}\n{}",
+                    fence + limit,
+                    self.logged()
+                )
+            })
+    }
+
     /// Waits until `Leading` is `want`; returns how long that took; panics
     /// with the log after `limit`.
     pub async fn until_leading(&self, want: bool, limit: Duration) -> Duration {
@@ -195,6 +260,17 @@ impl HaManager {
         .unwrap_or_else(|e| panic!("{e}\n{}", self.logged()));
         start.elapsed()
     }
+}
+
+/// What [`HaManager::until_stopped`] saw, after its `since`.
+#[derive(Debug, Clone, Copy)]
+pub struct Stopped {
+    /// When the first answer saying false came back (what a user polling
+    /// sees; the load's business).
+    pub answered: Duration,
+    /// When the last read that said true was sent (the fence's business:
+    /// before `fence`); `None` when the first read said false.
+    pub last_leading_sent: Option<Duration>,
 }
 
 /// `io.drover.Controller.Leading` of the manager `api` talks to.
