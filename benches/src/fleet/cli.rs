@@ -77,6 +77,11 @@ struct Args {
     /// Where the fleet's certificates are kept between runs.
     #[arg(long)]
     pki_dir: Option<PathBuf>,
+    /// The manager serves `/metrics` (per-node series on) at a free
+    /// loopback port that nobody scrapes: what the endpoint costs an idle
+    /// manager, against a run without it.
+    #[arg(long)]
+    metrics: bool,
 }
 
 /// A subcommand's arguments; `None` after printing `--help` (or
@@ -150,6 +155,11 @@ pub async fn main(argv: Vec<String>) -> Result<()> {
             opts.health_rounds = args.health_rounds;
             if let Some(dir) = &args.pki_dir {
                 opts.pki_dir = dir.clone();
+            }
+            if args.metrics {
+                let port = drover_sandbox::free_loopback_port()?;
+                opts.metrics = Some((std::net::SocketAddr::from(([127, 0, 0, 1], port)), true));
+                println!("fleet: the manager serves /metrics at 127.0.0.1:{port}, unscraped");
             }
             let row = run(&opts).await?;
             append(&args.csv, &csv_line(&row))?;
