@@ -17,6 +17,18 @@ SHIPPED_DNS = -p drover-dns
 # Stripped, LTO build of what is installed (see [profile.dist] in Cargo.toml).
 DIST_PROFILE = dist
 DIST_BIN = target/$(DIST_PROFILE)
+# Packed relative relocations (DT_RELR) in the installed binaries: ~400 KiB less
+# over the five (docs/packaging.md "Size"), fewer bytes for the loader to read.
+# Only where the C library loads them (glibc 2.36, Debian 12, and newer); the
+# packages then require libc6 (>= 2.36). `make deb DIST_RUSTFLAGS=` builds
+# without them, for an older glibc.
+comma := ,
+DIST_RELR = $(shell v=$$(getconf GNU_LIBC_VERSION 2>/dev/null | sed -n 's/^glibc 2\.\([0-9]*\).*/\1/p'); \
+	[ "$${v:-0}" -ge 36 ] && echo yes)
+DIST_RUSTFLAGS ?= $(if $(DIST_RELR),-C link-arg=-Wl$(comma)-z$(comma)pack-relative-relocs)
+# Added to the caller's RUSTFLAGS, and only when there is something to add (an
+# empty RUSTFLAGS would hide the rustflags of a cargo config).
+DIST_ENV = DROVER_DATADIR=$(PREFIX)/share $(if $(strip $(DIST_RUSTFLAGS)),RUSTFLAGS="$(strip $(RUSTFLAGS) $(DIST_RUSTFLAGS))")
 
 DESTDIR ?=
 PREFIX ?= /usr
@@ -146,9 +158,9 @@ bench:
 
 # The shipped binaries, stripped, knowing where their vendor files are.
 dist-build:
-	DROVER_DATADIR=$(PREFIX)/share $(CARGO) build --profile $(DIST_PROFILE) $(SHIPPED) --bins
-	DROVER_DATADIR=$(PREFIX)/share $(CARGO) build --profile $(DIST_PROFILE) $(SHIPPED_CTL) --bins
-	DROVER_DATADIR=$(PREFIX)/share $(CARGO) build --profile $(DIST_PROFILE) $(SHIPPED_DNS) --bins
+	$(DIST_ENV) $(CARGO) build --profile $(DIST_PROFILE) $(SHIPPED) --bins
+	$(DIST_ENV) $(CARGO) build --profile $(DIST_PROFILE) $(SHIPPED_CTL) --bins
+	$(DIST_ENV) $(CARGO) build --profile $(DIST_PROFILE) $(SHIPPED_DNS) --bins
 
 man:
 	$(CARGO) run -q -p xtask -- man target/man

@@ -110,10 +110,14 @@ pub fn deb_arch() -> &'static str {
 }
 
 /// The shared libraries a Rust binary links, as Debian dependencies: libc6
-/// at the newest GLIBC symbol version it uses, libgcc-s1 when it unwinds
-/// through libgcc_s.
+/// at the newest GLIBC symbol version it uses (2.36 at least when its
+/// relative relocations are packed, `GLIBC_ABI_DT_RELR`: the `dist` build's
+/// `-z pack-relative-relocs`), libgcc-s1 when it unwinds through libgcc_s.
 pub fn library_depends(binary: &[u8]) -> Vec<String> {
     let mut newest: Option<(u32, u32)> = None;
+    if contains(binary, GLIBC_ABI_DT_RELR) {
+        newest = Some(DT_RELR_SINCE);
+    }
     let needle = b"GLIBC_2.";
     let mut i = 0;
     while let Some(pos) = binary[i..].windows(needle.len()).position(|w| w == needle) {
@@ -139,10 +143,19 @@ pub fn library_depends(binary: &[u8]) -> Vec<String> {
             format!("libc6 (>= 2.{minor}.{patch})")
         });
     }
-    if binary.windows(13).any(|w| w == b"libgcc_s.so.1") {
+    if contains(binary, b"libgcc_s.so.1") {
         deps.push("libgcc-s1".to_string());
     }
     deps
+}
+
+/// The version a binary with packed relative relocations (`DT_RELR`) needs
+/// from the C library; the first glibc whose loader reads them is 2.36.
+pub const GLIBC_ABI_DT_RELR: &[u8] = b"GLIBC_ABI_DT_RELR";
+const DT_RELR_SINCE: (u32, u32) = (36, 0);
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 /// What `dh_installsystemd --no-start --restart-after-upgrade` writes for
@@ -495,6 +508,11 @@ mod tests {
             b"\0libc.so.6\0GLIBC_2.2.5\0GLIBC_2.34\0GLIBC_2.17\0libgcc_s.so.1\0GLIBC_2.3.4\0";
         assert_eq!(library_depends(fake), ["libc6 (>= 2.34)", "libgcc-s1"]);
         assert!(library_depends(b"nothing").is_empty());
+        // Packed relative relocations: 2.36, unless a symbol wants newer.
+        let packed = b"\0libc.so.6\0GLIBC_2.2.5\0GLIBC_2.34\0GLIBC_ABI_DT_RELR\0";
+        assert_eq!(library_depends(packed), ["libc6 (>= 2.36)"]);
+        let newer = b"\0libc.so.6\0GLIBC_ABI_DT_RELR\0GLIBC_2.38\0";
+        assert_eq!(library_depends(newer), ["libc6 (>= 2.38)"]);
     }
 
     #[test]

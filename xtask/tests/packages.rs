@@ -256,6 +256,25 @@ fn packages_hold_their_files_with_their_modes_and_metadata() {
             .args(["--quiet", "-c"])
             .arg(control.join("md5sums"))
             .current_dir(&root));
+        // A binary with packed relative relocations (the dist build's, see
+        // docs/packaging.md "Size") starts only on glibc 2.36 or newer: the
+        // package must require that, or apt would install it where it fails.
+        let packed = files.keys().any(|path| {
+            std::fs::read(root.join(path.trim_start_matches('/'))).is_ok_and(|bytes| {
+                bytes.starts_with(b"\x7fELF")
+                    && bytes
+                        .windows(xtask::deb::GLIBC_ABI_DT_RELR.len())
+                        .any(|w| w == xtask::deb::GLIBC_ABI_DT_RELR)
+            })
+        });
+        if packed {
+            let minor: u32 = depends
+                .strip_prefix("libc6 (>= 2.")
+                .map(|rest| rest.chars().take_while(char::is_ascii_digit).collect())
+                .and_then(|digits: String| digits.parse().ok())
+                .unwrap_or(0);
+            assert!(minor >= 36, "{}: packed relocations, Depends: {depends}", pkg.name);
+        }
         let doc = root.join("usr/share/doc").join(pkg.name);
         let copyright = std::fs::read_to_string(doc.join("copyright")).unwrap();
         assert!(
