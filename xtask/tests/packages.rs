@@ -89,6 +89,7 @@ fn packages_hold_their_files_with_their_modes_and_metadata() {
     let expected = expected();
     let mut all_files = 0;
     let mut installed_kib = 0;
+    let mut dns_kib = 0;
     for pkg in PACKAGES {
         let arch = if pkg.arch_all {
             "all"
@@ -124,7 +125,15 @@ fn packages_hold_their_files_with_their_modes_and_metadata() {
             "{}",
             pkg.name
         );
-        installed_kib += field("Installed-Size").parse::<u64>().unwrap();
+        let kib = field("Installed-Size").parse::<u64>().unwrap();
+        // The budget is for drover itself; the DNS server is an add-on of its
+        // own (optional, not in `make install`), sized apart (docs/packaging.md
+        // "Size").
+        if pkg.name == "drover-dns" {
+            dns_kib = kib;
+        } else {
+            installed_kib += kib;
+        }
         let depends = field("Depends");
         if pkg.unit.is_some() {
             for dep in ["systemd", "dbus", "drover-common (= "] {
@@ -273,7 +282,11 @@ fn packages_hold_their_files_with_their_modes_and_metadata() {
                 .map(|rest| rest.chars().take_while(char::is_ascii_digit).collect())
                 .and_then(|digits: String| digits.parse().ok())
                 .unwrap_or(0);
-            assert!(minor >= 36, "{}: packed relocations, Depends: {depends}", pkg.name);
+            assert!(
+                minor >= 36,
+                "{}: packed relocations, Depends: {depends}",
+                pkg.name
+            );
         }
         let doc = root.join("usr/share/doc").join(pkg.name);
         let copyright = std::fs::read_to_string(doc.join("copyright")).unwrap();
@@ -303,9 +316,11 @@ fn packages_hold_their_files_with_their_modes_and_metadata() {
         // bytes (14,648 KiB), which also satisfies the reading as MiB.
         assert!(
             installed_kib * 1024 <= 15_000_000,
-            "the packages install {installed_kib} KiB, more than 15 MB (14,648 KiB)"
+            "the packages but drover-dns install {installed_kib} KiB, more than 15 MB (14,648 KiB)"
         );
-        eprintln!("installed size of all packages: {installed_kib} KiB");
+        eprintln!(
+            "installed size of the packages but drover-dns: {installed_kib} KiB; drover-dns: {dns_kib} KiB"
+        );
     }
 
     // What is installed works: the units run binaries that are there and start.
