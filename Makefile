@@ -17,7 +17,7 @@ SHIPPED_DNS = -p drover-dns
 # Stripped, LTO build of what is installed (see [profile.dist] in Cargo.toml).
 DIST_PROFILE = dist
 DIST_BIN = target/$(DIST_PROFILE)
-# Packed relative relocations (DT_RELR) in the installed binaries: ~400 KiB less
+# Packed relative relocations (DT_RELR) in the installed binaries: 396 KiB less
 # over the five (docs/packaging.md "Size"), fewer bytes for the loader to read.
 # Only where the C library loads them (glibc 2.36, Debian 12, and newer); the
 # packages then require libc6 (>= 2.36). `make deb DIST_RUSTFLAGS=` builds
