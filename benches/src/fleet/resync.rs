@@ -5,7 +5,7 @@
 //! with its Prometheus endpoint on, which counts what resync did
 //! (`drover_resync_*`, docs/monitoring.md).
 //!
-//! 1. The fleet registers; `Where` of [`Args::watch`] units (`fleet-0.service`
+//! 1. The fleet registers; `Where` of `--watch` units (`fleet-0.service`
 //!    …) makes the manager watch them on every node, so its records, and the
 //!    digests, hold them; with health checks declared, the health book too.
 //! 2. **Clean run** for `--duration` seconds: only what a quiet fleet does
