@@ -6,13 +6,15 @@
 //! managers' epochs only rose), and the run left no process behind.
 //! (Timings are not asserted: the machine is shared.)
 
-use drover_testkit::process::{GroupGuard, live_in_group};
+mod common;
+
+use common::run_bench;
 use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_small_fleet_follows_a_killed_and_a_stopped_leader() {
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_drover-bench"))
-        .args([
+    let (stdout, stderr) = run_bench(
+        &[
             "failover",
             "--nodes",
             "100",
@@ -20,22 +22,10 @@ async fn a_small_fleet_follows_a_killed_and_a_stopped_leader() {
             "1",
             "--online-timeout",
             "60",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true)
-        .spawn()
-        .expect("run drover-bench");
-    let group = GroupGuard::new(child.id().expect("a pid"));
-    let pgid = child.id().expect("a pid");
-    let out = tokio::time::timeout(Duration::from_secs(120), child.wait_with_output())
-        .await
-        .expect("the run ends within 120 s")
-        .expect("its output");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
+        ],
+        Duration::from_secs(120),
+    )
+    .await;
     for needle in [
         "failover 100: every agent registered with A and parked on B after ",
         "failover 100: SIGKILL of the leader: new leader after ",
@@ -49,12 +39,4 @@ async fn a_small_fleet_follows_a_killed_and_a_stopped_leader() {
     }
     // Every agent was measured: a percentage of all 100 within the target or not.
     assert_eq!(stdout.matches("% within 5 s").count(), 2, "{stdout}");
-    drover_testkit::wait::eventually(
-        Duration::from_secs(10),
-        "nothing of the run left",
-        || async { live_in_group(pgid).is_empty() },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}: {:?}", live_in_group(pgid)));
-    drop(group);
 }

@@ -9,7 +9,9 @@
 //! asked twice an interval later. (Timings are not asserted: the machine
 //! is shared.)
 
-use drover_testkit::process::{GroupGuard, live_in_group};
+mod common;
+
+use common::run_bench;
 use std::time::Duration;
 
 /// The number after `label` in `line` (`label 12,` or `label 12`).
@@ -27,8 +29,8 @@ fn after(line: &str, label: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clean_fleet_asks_no_snapshot_and_a_lost_event_is_repaired() {
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_drover-bench"))
-        .args([
+    let (stdout, stderr) = run_bench(
+        &[
             "resync",
             "--nodes",
             "6",
@@ -36,32 +38,26 @@ async fn a_clean_fleet_asks_no_snapshot_and_a_lost_event_is_repaired() {
             "8",
             "--progress",
             "4",
-        ])
-        .args(["--resync-ms", "1000", "--units", "5", "--watch", "2"])
-        .args(["--health-checks", "5", "--health-flip-percent", "100"])
-        .args([
+            "--resync-ms",
+            "1000",
+            "--units",
+            "5",
+            "--watch",
+            "2",
+            "--health-checks",
+            "5",
+            "--health-flip-percent",
+            "100",
             "--event-rate",
             "2",
             "--diverge",
             "2",
             "--online-timeout",
             "60",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true)
-        .spawn()
-        .expect("run drover-bench");
-    let pgid = child.id().expect("a pid");
-    let group = GroupGuard::new(pgid);
-    let out = tokio::time::timeout(Duration::from_secs(180), child.wait_with_output())
-        .await
-        .expect("the run ends within 180 s")
-        .expect("its output");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
+        ],
+        Duration::from_secs(180),
+    )
+    .await;
     let line = |needle: &str| -> String {
         stdout
             .lines()
@@ -94,13 +90,4 @@ async fn a_clean_fleet_asks_no_snapshot_and_a_lost_event_is_repaired() {
     );
     assert_eq!(after(&repaired, "repairs"), 2, "{stdout}\n{stderr}");
     assert_eq!(after(&repaired, "mismatches"), 2, "{stdout}\n{stderr}");
-
-    drover_testkit::wait::eventually(
-        Duration::from_secs(10),
-        "nothing of the run left",
-        || async { live_in_group(pgid).is_empty() },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}: {:?}", live_in_group(pgid)));
-    drop(group);
 }
