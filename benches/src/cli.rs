@@ -2,10 +2,11 @@
 //! helpers; starts the sandbox cluster, runs `start-unit`, `proxy` and `rss` on it
 //! (`events` needs no cluster, `tls` starts two), tears it down. [`main`] is the whole program.
 
+use crate::procfs::cpu_time;
 use crate::start::{StartPaths, rss_kib};
 use crate::stats::{self, paired_overhead, summarize};
 use crate::{agent_cpu, ctl, events, health, proxy, tls};
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Parser;
 use drover_sandbox::{Cluster, ClusterOptions};
 use std::path::PathBuf;
@@ -160,38 +161,89 @@ async fn run(cluster: &Cluster, args: &Args) -> Result<()> {
     Ok(())
 }
 
+/// The kinds of sample `start-unit` takes in every round, in the order of
+/// its report: the start both ways, and its legs (see [`StartPaths`]).
+const START_KINDS: [&str; 5] = [
+    "start, direct systemd ",
+    "start, via drover     ",
+    "read, direct systemd  ",
+    "read, via drover      ",
+    "Peer.Ping to manager  ",
+];
+
 async fn start_unit(cluster: &Cluster, samples: usize) -> Result<()> {
     let mut paths = StartPaths::new(cluster).await?;
-    let mut d = Vec::with_capacity(samples);
-    let mut r = Vec::with_capacity(samples);
-    // Warm-up, then interleave, alternating which side goes first.
-    for i in 0..(samples + 20) {
-        let (a, b) = if i % 2 == 0 {
-            let a = paths.direct().await?;
-            let b = paths.via_drover().await?;
-            (a, b)
-        } else {
-            let b = paths.via_drover().await?;
-            let a = paths.direct().await?;
-            (a, b)
-        };
-        if i >= 20 {
-            d.push(a);
-            r.push(b);
+    let manager = cluster.state().manager_pid.context("no manager running")?;
+    let agent = cluster.agent_pid("node2").context("no agent on node2")?;
+    let mut taken: Vec<Vec<Duration>> = vec![Vec::with_capacity(samples); START_KINDS.len()];
+    // CPU time of manager and node2's agent while each kind ran, summed.
+    let mut cpu = vec![(Duration::ZERO, Duration::ZERO); START_KINDS.len()];
+    // Warm-up, then every kind once a round, the order turned every round so
+    // that none always follows the same one.
+    for round in 0..(samples + 20) {
+        for k in 0..START_KINDS.len() {
+            let kind = (round + k) % START_KINDS.len();
+            let before = (cpu_time(manager), cpu_time(agent));
+            let t = match kind {
+                0 => paths.direct().await?,
+                1 => paths.via_drover().await?,
+                2 => paths.read_direct().await?,
+                3 => paths.read_via_drover().await?,
+                _ => paths.ping_manager().await?,
+            };
+            if round >= 20 {
+                taken[kind].push(t);
+                cpu[kind].0 += cpu_time(manager).saturating_sub(before.0);
+                cpu[kind].1 += cpu_time(agent).saturating_sub(before.1);
+            }
         }
     }
-    let (sd, sr) = (summarize(&d), summarize(&r));
-    let over = paired_overhead(&r, &d);
-    println!("start-unit: trivial oneshot on node2, {samples} interleaved pairs");
-    for (label, s) in [("direct systemd", &sd), ("via drover    ", &sr)] {
-        println!("  {label}  {}", s.line());
+    println!("start-unit: trivial oneshot on node2, {samples} interleaved rounds");
+    let per = |d: Duration| d.as_secs_f64() * 1000.0 / samples as f64;
+    for ((label, s), (m, a)) in START_KINDS.iter().zip(&taken).zip(&cpu) {
+        println!(
+            "  {label}  {}  (CPU a sample: manager {:.3} ms, agent {:.3} ms)",
+            summarize(s).line(),
+            per(*m),
+            per(*a)
+        );
     }
+    let (sd, sr) = (summarize(&taken[0]), summarize(&taken[1]));
+    let over = paired_overhead(&taken[1], &taken[0]);
+    let read_over = paired_overhead(&taken[3], &taken[2]);
     println!(
         "  overhead        median of medians {:.3} ms, median of paired differences {:.3} ms (target <= 1 ms)",
         (sr.median.as_secs_f64() - sd.median.as_secs_f64()) * 1000.0,
         stats::median_f64(&over)
     );
+    // The legs: the request's way there and back without a job (a read),
+    // of which the bus round trip to the manager (a ping); what the start
+    // adds over the read is its job: drover's job object, systemd's
+    // `JobRemoved` relayed by agent and manager.
+    let ping = stats::median_f64(&ms_of(&taken[4]));
+    let read = stats::median_f64(&read_over);
+    let start = stats::median_f64(&over);
+    println!("  legs (medians, ms):");
+    println!("    bus round trip to the manager (Peer.Ping)                  {ping:.3}");
+    println!(
+        "    manager <-> agent and drover's code (read overhead - ping) {:.3}",
+        read - ping
+    );
+    println!("    a read through drover over the same read on systemd        {read:.3}");
+    println!(
+        "    the job: drover's job object, JobRemoved relayed (start overhead - read overhead) {:.3}",
+        start - read
+    );
+    println!(
+        "  drover's CPU a start (manager + agent): {:.3} ms; a read: {:.3} ms",
+        per(cpu[1].0 + cpu[1].1),
+        per(cpu[3].0 + cpu[3].1)
+    );
     Ok(())
+}
+
+fn ms_of(samples: &[Duration]) -> Vec<f64> {
+    samples.iter().map(|d| d.as_secs_f64() * 1000.0).collect()
 }
 
 fn rss(cluster: &Cluster) -> Result<()> {

@@ -5,6 +5,11 @@
 //! * `start-unit`: remote `StartUnit` of a trivial oneshot through manager +
 //!   agent, until `JobRemoved`, vs the same call made directly on that node's
 //!   systemd bus, until systemd's `JobRemoved`. Target: overhead ≤ 1 ms median.
+//!   In the same rounds, its legs: a read of one property of the unit both
+//!   ways (drover's `GetUnitProperty` against the agent's own calls to
+//!   systemd: the request's way through drover without a job) and a
+//!   `Peer.Ping` to the manager (the bus round trip alone); and the CPU time
+//!   manager and node2's agent spent on each kind of sample.
 //! * `proxy`: start of a unit whose dependency lives on another node (through
 //!   `drover-proxy@`), vs the same pair on one node (see `proxy.rs`). Target:
 //!   overhead ≤ 5 ms median. `--helper-b PATH` compares two helper binaries in

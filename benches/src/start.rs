@@ -32,12 +32,16 @@ const NODE: &str = "node2";
 
 /// One cluster's two ways to start [`UNIT`] on node2: straight to the node's
 /// systemd, and through drover's node object on the cluster's bus; each with
-/// its `JobRemoved` stream, subscribed before the first call.
+/// its `JobRemoved` stream, subscribed before the first call. The same two
+/// ways also read one property of the unit (the legs of a start, see
+/// [`StartPaths::read_direct`]), and the manager answers a `Peer.Ping`.
 pub(crate) struct StartPaths {
+    node_bus: zbus::Connection,
     systemd: zbus::Proxy<'static>,
     systemd_removed: zbus::proxy::SignalStream<'static>,
     drover: zbus::Proxy<'static>,
     drover_removed: zbus::proxy::SignalStream<'static>,
+    manager_peer: zbus::fdo::PeerProxy<'static>,
 }
 
 impl StartPaths {
@@ -58,11 +62,18 @@ impl StartPaths {
         let _: () = systemd.call("Subscribe", &()).await?;
         let systemd_removed = systemd.receive_signal("JobRemoved").await?;
         let (drover, drover_removed) = drover_starter(cluster, NODE).await?;
+        let manager_peer = zbus::fdo::PeerProxy::builder(drover.connection())
+            .destination(bluechi::BUS_NAME)
+            .path(bluechi::CONTROLLER_PATH)
+            .build()
+            .await?;
         Ok(Self {
+            node_bus,
             systemd,
             systemd_removed,
             drover,
             drover_removed,
+            manager_peer,
         })
     }
 
@@ -74,6 +85,51 @@ impl StartPaths {
     /// One start through drover.
     pub(crate) async fn via_drover(&mut self) -> Result<Duration> {
         time_start(&self.drover, &mut self.drover_removed).await
+    }
+
+    /// The unit's `ActiveState` read from node2's systemd the way node2's
+    /// agent reads it for drover's `GetUnitProperty`: `GetUnit` (`LoadUnit`
+    /// when the unit is not loaded), then `Properties.Get` on the path. Against
+    /// [`Self::read_via_drover`] it times the request's hops through drover
+    /// (bus daemon, manager, TCP, agent and back) without a job.
+    pub(crate) async fn read_direct(&self) -> Result<Duration> {
+        let t = Instant::now();
+        // A finished oneshot is often unloaded again: as the agent, load it then.
+        let path: OwnedObjectPath = match self.systemd.call("GetUnit", &(UNIT,)).await {
+            Ok(path) => path,
+            Err(_) => self.systemd.call("LoadUnit", &(UNIT,)).await?,
+        };
+        let props = zbus::fdo::PropertiesProxy::builder(&self.node_bus)
+            .destination(systemd::BUS_NAME)
+            .path(path)
+            .cache_properties(zbus::proxy::CacheProperties::No)
+            .build()
+            .await?;
+        let iface = zbus::names::InterfaceName::try_from(systemd::UNIT_IFACE)?;
+        let _state = props.get(iface, "ActiveState").await?;
+        Ok(t.elapsed())
+    }
+
+    /// The same property through drover's node object (`GetUnitProperty`).
+    pub(crate) async fn read_via_drover(&self) -> Result<Duration> {
+        let t = Instant::now();
+        // The answer (a variant) decoded as far as the bus's message.
+        let _answer = self
+            .drover
+            .call_method(
+                "GetUnitProperty",
+                &(UNIT, systemd::UNIT_IFACE, "ActiveState"),
+            )
+            .await?;
+        Ok(t.elapsed())
+    }
+
+    /// `org.freedesktop.DBus.Peer.Ping` to the manager: one round trip
+    /// through the bus daemon to the manager's process, no work of drover's.
+    pub(crate) async fn ping_manager(&self) -> Result<Duration> {
+        let t = Instant::now();
+        self.manager_peer.ping().await?;
+        Ok(t.elapsed())
     }
 }
 
