@@ -95,6 +95,9 @@ impl Collector for Live {
             "Jobs created and not yet ended",
             clamp(in_flight),
         )?;
+        // The drops before the open monitors: a drop seen is never still
+        // counted open (`Monitors::drops`).
+        let (slow, gone) = self.monitors.drops();
         gauge(
             &mut encoder,
             "drover_monitors",
@@ -122,7 +125,6 @@ impl Collector for Live {
                 c.metric_type(),
             )?)?;
         }
-        let (slow, gone) = self.monitors.drops();
         let mut drops = encoder.encode_descriptor(
             "drover_monitor_drops",
             "Monitors the manager closed, by reason: too_slow (their receivers did not keep up), owner_gone (their owner left the bus)",

@@ -249,9 +249,13 @@ impl Monitors {
 
     /// Monitors closed (since the start) because their receivers did not
     /// keep up, and because their owner left the bus (for the metrics).
+    ///
+    /// A monitor is counted only once it is out of the table ([`Self::close`]):
+    /// read these before [`Self::len`], and a drop seen here is never still
+    /// counted as open there.
     pub fn drops(&self) -> (u64, u64) {
         let [slow, gone] = &self.drops;
-        (slow.load(Ordering::Relaxed), gone.load(Ordering::Relaxed))
+        (slow.load(Ordering::Acquire), gone.load(Ordering::Acquire))
     }
 
     /// How monitors' objects are exported (set once, when the API is served).
@@ -464,9 +468,12 @@ impl Monitors {
         if monitor.closed.swap(true, Ordering::SeqCst) {
             return;
         }
+        // Out of the table first, then counted (see `drops`): a scrape never
+        // shows a dropped monitor as still open.
+        lock(&self.table).remove(&monitor.id);
         match reason {
-            REASON_TOO_SLOW => self.drops[0].fetch_add(1, Ordering::Relaxed),
-            REASON_OWNER_GONE => self.drops[1].fetch_add(1, Ordering::Relaxed),
+            REASON_TOO_SLOW => self.drops[0].fetch_add(1, Ordering::Release),
+            REASON_OWNER_GONE => self.drops[1].fetch_add(1, Ordering::Release),
             _ => 0,
         };
         let watcher = lock(&monitor.watcher).take();
@@ -479,7 +486,6 @@ impl Monitors {
         for peer in &peers {
             send_peer_removed(conn, monitor, peer, reason).await;
         }
-        lock(&self.table).remove(&monitor.id);
         if let Some(objects) = self.objects.get() {
             objects.unexport(conn, monitor).await;
         }
