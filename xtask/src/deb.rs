@@ -115,7 +115,7 @@ pub fn deb_arch() -> &'static str {
 /// `-z pack-relative-relocs`), libgcc-s1 when it unwinds through libgcc_s.
 pub fn library_depends(binary: &[u8]) -> Vec<String> {
     let mut newest: Option<(u32, u32)> = None;
-    if contains(binary, GLIBC_ABI_DT_RELR) {
+    if packs_relative_relocations(binary) {
         newest = Some(DT_RELR_SINCE);
     }
     let needle = b"GLIBC_2.";
@@ -151,8 +151,14 @@ pub fn library_depends(binary: &[u8]) -> Vec<String> {
 
 /// The version a binary with packed relative relocations (`DT_RELR`) needs
 /// from the C library; the first glibc whose loader reads them is 2.36.
-pub const GLIBC_ABI_DT_RELR: &[u8] = b"GLIBC_ABI_DT_RELR";
+const GLIBC_ABI_DT_RELR: &[u8] = b"GLIBC_ABI_DT_RELR";
 const DT_RELR_SINCE: (u32, u32) = (36, 0);
+
+/// Whether `binary` has its relative relocations packed (`DT_RELR`): it
+/// then asks the C library for the version `GLIBC_ABI_DT_RELR`.
+pub fn packs_relative_relocations(binary: &[u8]) -> bool {
+    contains(binary, GLIBC_ABI_DT_RELR)
+}
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)

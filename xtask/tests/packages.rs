@@ -270,10 +270,7 @@ fn packages_hold_their_files_with_their_modes_and_metadata() {
         // package must require that, or apt would install it where it fails.
         let packed = files.keys().any(|path| {
             std::fs::read(root.join(path.trim_start_matches('/'))).is_ok_and(|bytes| {
-                bytes.starts_with(b"\x7fELF")
-                    && bytes
-                        .windows(xtask::deb::GLIBC_ABI_DT_RELR.len())
-                        .any(|w| w == xtask::deb::GLIBC_ABI_DT_RELR)
+                bytes.starts_with(b"\x7fELF") && xtask::deb::packs_relative_relocations(&bytes)
             })
         });
         if packed {
