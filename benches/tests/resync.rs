@@ -11,20 +11,12 @@
 
 mod common;
 
-use common::run_bench;
+use common::{number_after, run_bench};
 use std::time::Duration;
 
-/// The number after `label` in `line` (`label 12,` or `label 12`).
+/// The count after `label` in `line`.
 fn after(line: &str, label: &str) -> u64 {
-    let rest = line
-        .split_once(label)
-        .unwrap_or_else(|| panic!("no {label:?} in {line:?}"))
-        .1;
-    rest.trim_start()
-        .split(|c: char| !c.is_ascii_digit())
-        .next()
-        .and_then(|d| d.parse().ok())
-        .unwrap_or_else(|| panic!("no number after {label:?} in {line:?}"))
+    number_after(line, label)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,19 +8,16 @@
 
 mod common;
 
-use common::run_bench;
+use common::{number_after, run_bench};
 use std::time::Duration;
 
-/// The number after `label` on the line that holds it.
-fn number_after(out: &str, label: &str) -> f64 {
+/// The number after `label` on the first line of `out` that holds it.
+fn number_in(out: &str, label: &str) -> f64 {
     let line = out
         .lines()
         .find(|l| l.contains(label))
         .unwrap_or_else(|| panic!("no {label:?} in:\n{out}"));
-    let rest = &line[line.find(label).map(|i| i + label.len()).unwrap_or(0)..];
-    rest.split_whitespace()
-        .find_map(|w| w.trim_end_matches([',', ';', ')']).parse::<f64>().ok())
-        .unwrap_or_else(|| panic!("no number after {label:?} in {line:?}"))
+    number_after(line, label)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -47,18 +44,18 @@ async fn a_start_is_timed_both_ways_with_its_legs_and_the_daemons_cpu() {
         "a read through drover over the same read on systemd",
         "the job: drover's job object, JobRemoved relayed (start overhead - read overhead)",
     ] {
-        number_after(&stdout, leg);
+        number_in(&stdout, leg);
     }
-    let ping = number_after(&stdout, "bus round trip to the manager (Peer.Ping)");
+    let ping = number_in(&stdout, "bus round trip to the manager (Peer.Ping)");
     assert!(ping > 0.0, "a bus round trip takes time: {ping}");
     // A start and a read through drover are work of both daemons.
-    let start_cpu = number_after(&stdout, "drover's CPU a start (manager + agent):");
-    let read_cpu = number_after(&stdout, "; a read:");
+    let start_cpu = number_in(&stdout, "drover's CPU a start (manager + agent):");
+    let read_cpu = number_in(&stdout, "; a read:");
     assert!(start_cpu > 0.0 && read_cpu > 0.0, "{stdout}");
     let via = stdout
         .lines()
         .find(|l| l.contains("start, via drover"))
         .expect("the line");
-    assert!(number_after(via, "manager") > 0.0, "{via}");
-    assert!(number_after(via, "agent") > 0.0, "{via}");
+    assert!(number_after::<f64>(via, "manager") > 0.0, "{via}");
+    assert!(number_after::<f64>(via, "agent") > 0.0, "{via}");
 }

@@ -35,3 +35,18 @@ pub async fn run_bench(args: &[&str], limit: Duration) -> (String, String) {
     drop(group);
     (stdout, stderr)
 }
+
+/// The number right after the first `label` in `line` (`label 12`,
+/// `label 12,`, `label 0.31)`); panics naming both when there is none.
+#[allow(dead_code)] // not every test of this directory reads numbers
+pub fn number_after<T: std::str::FromStr>(line: &str, label: &str) -> T {
+    let rest = line
+        .split_once(label)
+        .unwrap_or_else(|| panic!("no {label:?} in {line:?}"))
+        .1;
+    rest.split_whitespace()
+        .next()
+        .map(|w| w.trim_end_matches([',', ';', ')']))
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("no number after {label:?} in {line:?}"))
+}
