@@ -12,7 +12,9 @@
 //!   by announcing a huge frame): [`FrameError::TooLarge`].
 //! * A body that does not decode as the expected message type is a typed
 //!   [`FrameError::Malformed`], never a panic; trailing bytes after a valid
-//!   message are malformed too (a frame is exactly one message).
+//!   message are malformed too (a frame is exactly one message), except
+//!   zero bytes: the padding a sender adds to reach its message's
+//!   [`MinFrameLen`] (protocol 10; why the agent pads: [`crate::liveness`]).
 //! * A connection that ends inside a frame (header or body cut off) is
 //!   [`FrameError::Truncated`]; one that ends between frames is a clean end.
 //!
@@ -38,17 +40,33 @@ pub enum FrameError {
     Io(#[from] std::io::Error),
 }
 
-/// Decodes one whole message from a frame body; trailing bytes are an error.
+/// Decodes one whole message from a frame body; trailing bytes are an
+/// error unless all are zero (padding).
 pub fn decode_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, FrameError> {
     let (msg, rest) =
         postcard::take_from_bytes::<T>(body).map_err(|e| FrameError::Malformed(e.to_string()))?;
-    if !rest.is_empty() {
+    if rest.iter().any(|&b| b != 0) {
         return Err(FrameError::Malformed(format!(
             "{} trailing bytes after the message",
             rest.len()
         )));
     }
     Ok(msg)
+}
+
+/// The least length of a message's frame, header included: the encoder
+/// pads a shorter body with zero bytes, which [`decode_body`] skips.
+pub trait MinFrameLen {
+    /// 0: never padded.
+    fn min_frame_len(&self) -> usize;
+}
+
+/// `body` padded with zero bytes so that its frame is at least `min` bytes.
+pub fn pad_body(body: &mut Vec<u8>, min: usize) {
+    let want = min.saturating_sub(HEADER_LEN);
+    if body.len() < want {
+        body.resize(want, 0);
+    }
 }
 
 /// Encodes one message as a frame body.
@@ -77,7 +95,9 @@ pub use framed::{FrameCodec, Frames};
 
 #[cfg(feature = "io")]
 mod framed {
-    use crate::codec::{FrameError, HEADER_LEN, MAX_FRAME_LEN, decode_body, encode_body};
+    use crate::codec::{
+        FrameError, HEADER_LEN, MAX_FRAME_LEN, MinFrameLen, decode_body, encode_body, pad_body,
+    };
     use bytes::BytesMut;
     use serde::{Serialize, de::DeserializeOwned};
     use std::marker::PhantomData;
@@ -225,11 +245,12 @@ mod framed {
         }
     }
 
-    impl<In, Out: Serialize> Encoder<Out> for FrameCodec<In, Out> {
+    impl<In, Out: Serialize + MinFrameLen> Encoder<Out> for FrameCodec<In, Out> {
         type Error = FrameError;
 
         fn encode(&mut self, item: Out, dst: &mut BytesMut) -> Result<(), FrameError> {
-            let body = encode_body(&item)?;
+            let mut body = encode_body(&item)?;
+            pad_body(&mut body, item.min_frame_len());
             self.frames.encode_frame(&body, dst)
         }
     }
@@ -294,13 +315,48 @@ mod framed {
         }
 
         #[test]
-        fn trailing_bytes_are_malformed() {
+        fn trailing_bytes_are_malformed_unless_all_zero() {
             let mut body = encode_body(&ToManager::Heartbeat).unwrap();
-            body.push(0);
+            body.extend_from_slice(&[0, 0, 1]);
             assert!(matches!(
                 decode_body::<ToManager>(&body),
                 Err(FrameError::Malformed(_))
             ));
+            body.pop();
+            assert_eq!(
+                decode_body::<ToManager>(&body).unwrap(),
+                ToManager::Heartbeat
+            );
+        }
+
+        /// The agent's frames other than heartbeats are padded to the
+        /// minimum and decode as they were; heartbeats and the manager's
+        /// frames are not padded.
+        #[test]
+        fn the_agents_small_frames_are_padded_and_decode_unchanged() {
+            use crate::liveness::{AGENT_HEARTBEAT_FRAME_LEN, AGENT_MIN_FRAME_LEN};
+            let mut tx = FrameCodec::<ToAgent, ToManager>::default();
+            let mut rx = FrameCodec::<ToManager, ToAgent>::default();
+            let reply = ToManager::Reply {
+                id: 7,
+                result: Ok(crate::message::Response::Empty),
+            };
+            let mut buf = BytesMut::new();
+            tx.encode(reply.clone(), &mut buf).unwrap();
+            assert_eq!(buf.len(), AGENT_MIN_FRAME_LEN);
+            tx.encode(ToManager::Heartbeat, &mut buf).unwrap();
+            assert_eq!(buf.len(), AGENT_MIN_FRAME_LEN + AGENT_HEARTBEAT_FRAME_LEN);
+            assert_eq!(rx.decode(&mut buf).unwrap(), Some(reply));
+            assert_eq!(rx.decode(&mut buf).unwrap(), Some(ToManager::Heartbeat));
+            assert!(buf.is_empty());
+
+            let mut out = BytesMut::new();
+            rx.encode(ToAgent::Heartbeat, &mut out).unwrap();
+            assert_eq!(
+                out.len(),
+                HEADER_LEN + 1,
+                "the manager's frames are not padded"
+            );
         }
 
         #[test]

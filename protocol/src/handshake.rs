@@ -36,7 +36,12 @@ use serde::{Deserialize, Serialize};
 /// agent never lets fall) and [`Outcome::Parked`] (a standby holds the link
 /// and welcomes the agent on it the moment it leads); a protocol 8 agent
 /// would take a parked answer for garbage.
-pub const PROTOCOL_VERSION: u32 = 9;
+/// 10: the agent pads every frame but a heartbeat to
+/// [`crate::liveness::AGENT_MIN_FRAME_LEN`] and the manager reads
+/// heartbeats [`crate::liveness::HEARTBEATS_PER_READ`] at a time; a
+/// protocol 9 agent's small replies would wait in the manager's socket for
+/// its heartbeats.
+pub const PROTOCOL_VERSION: u32 = 10;
 
 /// `DRVR`: tells a drover peer from anything else talking to the port.
 pub const MAGIC: [u8; 4] = *b"DRVR";

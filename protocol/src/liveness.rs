@@ -1,4 +1,4 @@
-//! Who proves to whom that a link is alive (protocols 5 and 6), and the
+//! Who proves to whom that a link is alive (protocols 5, 6 and 10), and the
 //! kernel timeout that lets one direction of heartbeats suffice.
 //!
 //! Each end must notice a dead peer within its own threshold, and every
@@ -11,16 +11,27 @@
 //!   announces (`Accepted::heartbeat_threshold_ms`; the negotiation is in
 //!   `agent/src/link/heartbeat.rs`). Only a message from the agent process
 //!   itself shows that it is not frozen, so this direction stays.
-//! * **The manager reads every other heartbeat** (protocol 6): on a
-//!   plaintext link its reader asks the kernel to wake it only once more
-//!   than [`AGENT_HEARTBEAT_FRAME_LEN`] bytes wait (`SO_RCVLOWAT`;
-//!   `manager/src/nodes/frames.rs`), so a lone heartbeat waits in the socket
-//!   for the next frame; on a TLS 1.3 link likewise once more than the
-//!   record of a lone heartbeat waits (the agent's TLS layer seals each of
-//!   its writes into one record). Every frame but a heartbeat is longer
-//!   than one, so nothing else waits; and since the agent sends three times
-//!   per threshold, two sends come within two thirds of it, and the node is
-//!   seen alive in time.
+//! * **The manager reads the agent's heartbeats in batches** (protocol 10;
+//!   every other one since protocol 6): on a plaintext link its reader asks
+//!   the kernel to wake it only once more than [`HEARTBEATS_PER_READ`]` - 1`
+//!   lone heartbeats wait (`SO_RCVLOWAT`; `manager/src/nodes/frames.rs`), on
+//!   a TLS 1.3 link once more than their records wait (the agent's TLS layer
+//!   seals each of its writes into one record). So lone heartbeats wait in
+//!   the socket for the next frame or the batch's last heartbeat, and an idle
+//!   node costs the manager one wake-up per [`HEARTBEATS_PER_READ`]
+//!   heartbeats instead of one each (at 10,000 nodes, wake-ups were all of
+//!   the idle manager's CPU: `docs/dev/notes/fleet-scale.md`).
+//! * **Nothing but a heartbeat waits**: the agent pads every other frame to
+//!   [`AGENT_MIN_FRAME_LEN`] bytes (zero bytes after the message,
+//!   `crate::codec::MinFrameLen`), longer than the mark on either link, so a
+//!   reply or an event wakes the reader on its own.
+//! * **Silence is judged by arrival, not by reads**: with heartbeats waiting
+//!   unread, the last frame read may be older than the threshold while the
+//!   agent is well; before the manager calls a node silent it asks the
+//!   kernel when data last arrived on the socket (`TCP_INFO`,
+//!   `manager/src/nodes/arrival.rs`), and what waits unread counts as heard
+//!   when it arrived. A frozen agent or a vanished host sends nothing and is
+//!   dropped within the threshold as before.
 //! * **The manager sends heartbeats only when configured to**
 //!   (`HeartbeatInterval` > 0; default 0, as BlueChi), and even then not to
 //!   a node it wrote anything else to within the last half interval. It
@@ -52,8 +63,23 @@
 use std::time::Duration;
 
 /// Bytes of the agent's heartbeat frame on the wire (length prefix and
-/// body); every other frame the agent sends is longer (tested).
+/// body); every other frame the agent sends is padded to at least
+/// [`AGENT_MIN_FRAME_LEN`] (tested).
 pub const AGENT_HEARTBEAT_FRAME_LEN: usize = 5;
+
+/// The manager reads an idle agent's heartbeats this many at a time (module
+/// docs): its reader's mark lets `HEARTBEATS_PER_READ - 1` lone heartbeats
+/// wait, on either link.
+pub const HEARTBEATS_PER_READ: usize = 11;
+
+/// Bytes every frame of the agent but a heartbeat has at least (padded):
+/// more than the mark the manager's reader sets on a plaintext link
+/// (`(HEARTBEATS_PER_READ - 1) * 5 + 1`) and, sealed as a TLS 1.3 record
+/// (22 bytes more), more than the one on a TLS link
+/// (`(HEARTBEATS_PER_READ - 1) * 27 + 1`); the manager checks both at
+/// compile time. A few hundred bytes more per reply or event is nothing
+/// next to a wake-up.
+pub const AGENT_MIN_FRAME_LEN: usize = 256;
 
 /// The agent sends at least this many times per `NodeHeartbeatThreshold`
 /// the manager announces (module docs).

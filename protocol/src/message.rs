@@ -12,6 +12,7 @@
 //! travel as [`Marshalled`]: the D-Bus signature plus the value in D-Bus wire
 //! format (little endian), so postcard needs no knowledge of D-Bus types.
 
+use crate::codec::MinFrameLen;
 use crate::error_names;
 use crate::health::{Health, HealthSnapshot, NodeHealth};
 use crate::job::JobKind;
@@ -58,6 +59,25 @@ pub enum Notice {
     /// The waiting proxy's target node is online again (ends a
     /// `TargetNodeOffline`).
     TargetNodeOnline { proxy_id: u64 },
+}
+
+/// Every frame of the agent but a heartbeat is padded to
+/// [`AGENT_MIN_FRAME_LEN`](crate::liveness::AGENT_MIN_FRAME_LEN), so that
+/// only lone heartbeats wait in the manager's socket (`crate::liveness`).
+impl MinFrameLen for ToManager {
+    fn min_frame_len(&self) -> usize {
+        match self {
+            ToManager::Heartbeat => 0,
+            _ => crate::liveness::AGENT_MIN_FRAME_LEN,
+        }
+    }
+}
+
+/// The manager's frames are read as they come: never padded.
+impl MinFrameLen for ToAgent {
+    fn min_frame_len(&self) -> usize {
+        0
+    }
 }
 
 impl Notice {
@@ -682,16 +702,20 @@ mod tests {
             prop_assert_eq!(decode_body::<ToManager>(&body).unwrap(), msg);
         }
 
-        /// The manager's reader relies on it (`crate::liveness`): no frame
-        /// but a heartbeat is as short as one.
+        /// The manager's reader relies on it (`crate::liveness`): a
+        /// heartbeat's frame is never padded, every other frame is at least
+        /// the minimum once padded, and decodes as it was.
         #[test]
-        fn only_a_heartbeat_is_as_short_as_a_heartbeat(msg in to_manager()) {
-            let len = crate::codec::HEADER_LEN + encode_body(&msg).unwrap().len();
+        fn only_a_heartbeat_is_shorter_than_the_minimum(msg in to_manager()) {
+            let mut body = encode_body(&msg).unwrap();
+            crate::codec::pad_body(&mut body, msg.min_frame_len());
+            let len = crate::codec::HEADER_LEN + body.len();
             if msg == ToManager::Heartbeat {
                 prop_assert_eq!(len, crate::liveness::AGENT_HEARTBEAT_FRAME_LEN);
             } else {
-                prop_assert!(len > crate::liveness::AGENT_HEARTBEAT_FRAME_LEN, "{:?}: {}", msg, len);
+                prop_assert!(len >= crate::liveness::AGENT_MIN_FRAME_LEN, "{:?}: {}", msg, len);
             }
+            prop_assert_eq!(decode_body::<ToManager>(&body).unwrap(), msg);
         }
 
         #[test]

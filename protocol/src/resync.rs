@@ -490,15 +490,19 @@ mod tests {
         }
 
         #[test]
-        fn digests_round_trip_and_refuse_trailing_bytes(
+        fn digests_round_trip_and_refuse_trailing_garbage(
             g in any::<u64>(), i in any::<u64>(), w in any::<u64>(),
             c in any::<u32>(), h in any::<u64>(), extra in 1usize..8,
         ) {
             let d = Digest { tag: ModTag::new(g, i), watch: w, units: Sum { count: c, hash: h }, health: Sum::default() };
             let msg = ToManager::Event(Event::ResyncDigest(d));
             let mut body = encode_body(&msg).unwrap();
-            prop_assert_eq!(decode_body::<ToManager>(&body).unwrap(), msg);
-            body.extend(std::iter::repeat_n(0u8, extra));
+            prop_assert_eq!(decode_body::<ToManager>(&body).unwrap(), msg.clone());
+            // Zero bytes are padding (protocol 10); anything else is refused.
+            let mut padded = body.clone();
+            padded.extend(std::iter::repeat_n(0u8, extra));
+            prop_assert_eq!(decode_body::<ToManager>(&padded).unwrap(), msg);
+            body.extend(std::iter::repeat_n(0xa5u8, extra));
             prop_assert!(decode_body::<ToManager>(&body).is_err());
         }
     }

@@ -145,11 +145,23 @@ async fn the_endpoint_follows_the_fleet_and_promtool_accepts_it() {
     .await;
     drop(garbage);
     assert!(!text.contains("GET /"), "{text}");
-    let text = until_with(&url, "drover_heartbeat_lateness_ratio_count", |n| n >= 3.0).await;
-    assert!(
-        sample(&text, "drover_heartbeat_lateness_ratio_sum").unwrap() > 0.0,
-        "{text}"
-    );
+    // Heartbeats are read a batch at a time and a batch is counted when the
+    // next one is read (`HeartbeatGaps`): two batches of the sandbox's
+    // 500 ms heartbeats after registration.
+    let batches =
+        Duration::from_millis(2 * 500 * drover_protocol::liveness::HEARTBEATS_PER_READ as u64);
+    let text = until_within(
+        batches + DETECT,
+        &url,
+        "drover_heartbeat_lateness_ratio_count",
+        |n| n >= 3.0,
+    )
+    .await;
+    // Healthy links: each heartbeat about 500 ms after the one before, a
+    // quarter of the 2 s threshold, never near it.
+    let mean = sample(&text, "drover_heartbeat_lateness_ratio_sum").unwrap()
+        / sample(&text, "drover_heartbeat_lateness_ratio_count").unwrap();
+    assert!(mean > 0.1 && mean < 0.6, "mean lateness {mean}: {text}");
 
     // A job: counted by type and result, timed, and no longer in flight.
     let api = c.api().await;

@@ -10,10 +10,10 @@
 //! * **Send**: the configured interval, unless the manager watches the agent
 //!   (`threshold > 0`) and the interval is 0 or more than a third of that
 //!   threshold; then a third of the threshold
-//!   (`drover_protocol::liveness::SENDS_PER_THRESHOLD`: the manager reads
-//!   every other heartbeat, so two sends must fit in less than its
-//!   threshold). A manager that drops silent nodes always hears from the
-//!   agent in time.
+//!   (`drover_protocol::liveness::SENDS_PER_THRESHOLD`: the manager counts
+//!   a heartbeat when it arrives, read or not, and three sends per
+//!   threshold leave room for a late one). A manager that drops silent
+//!   nodes always hears from the agent in time.
 //! * **Silence**: none when the agent's `ControllerHeartbeatThreshold` is 0
 //!   (the operator turned the check off) or when the manager announces
 //!   interval 0 (it sends no heartbeats, so silence means nothing; the

@@ -470,7 +470,13 @@ impl NodeObject {
         session.request(body, self.request_timeout).await
     }
 
+    /// Fresh from the kernel while the node is online
+    /// ([`crate::nodes::session::Session::refresh_seen`]).
     fn last_seen(&self) -> (u64, u64) {
-        self.nodes.registry().last_seen(self.name.as_str())
+        let registry = self.nodes.registry();
+        if let Some(session) = registry.session(self.name.as_str()) {
+            session.refresh_seen();
+        }
+        registry.last_seen(self.name.as_str())
     }
 }

@@ -294,7 +294,7 @@ fn encode_link(
     let lateness = stats.lateness();
     lateness.encode(encoder.encode_descriptor(
         "drover_heartbeat_lateness_ratio",
-        "Silence before each agent heartbeat read, as a fraction of NodeHeartbeatThreshold (1: the node is dropped)",
+        "Gap before each agent heartbeat read (the mean of the heartbeats read together), as a fraction of NodeHeartbeatThreshold (1: the node is dropped)",
         None,
         lateness.metric_type(),
     )?)

@@ -3,7 +3,10 @@
 //! was too busy to read it.
 //!
 //! The silence check ([`crate::nodes::session::Session::is_silent`]) judges
-//! an agent by the frames the manager has read. Under a burst of work the
+//! an agent by the frames the manager has read. The reader lets an idle
+//! agent's lone heartbeats wait in the socket and reads them in batches
+//! (`crate::nodes::frames`), so its last read is often older than the
+//! threshold while the agent is well; and under a burst of work the
 //! readers fall behind: at 19,000 nodes, a monitor's first `Subscribe("*")`
 //! has every agent answer with its loaded units at once, 3.8 million frames,
 //! and a check by reads alone ended about 5,900 healthy sessions ("nothing
@@ -20,7 +23,8 @@
 //! the frames read tell all there is, and the kernel adds nothing: a peer
 //! that sends a frame a byte at a time, read as it comes, is judged by its
 //! whole frames as before, and dropped when none comes within the
-//! threshold (the mark lets at most one heartbeat's worth of bytes wait).
+//! threshold (the mark lets at most `HEARTBEATS_PER_READ - 1` heartbeats'
+//! worth of bytes wait).
 //!
 //! Invariants:
 //! * The descriptor is used only while the session's reader holds the socket
@@ -30,8 +34,11 @@
 //! * Without a socket (in-memory streams in tests, before the session's
 //!   tasks start, after its reader ended) or when the kernel does not answer,
 //!   there is no answer, and the frames read alone decide.
-//! * The query is one `getsockopt`, made only for a session that is silent
-//!   by its reads (see the call site), never per frame.
+//! * The query is one `ioctl` and one `getsockopt`, made for a session that
+//!   is silent by its reads, at most once a heartbeat tick (its answer moves
+//!   last seen forward, so the next comes a threshold after the newest
+//!   arrival at the earliest), and for a `LastSeenTimestamp` read; never per
+//!   frame.
 
 use std::os::fd::RawFd;
 use std::sync::Mutex;

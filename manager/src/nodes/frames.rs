@@ -1,14 +1,16 @@
-//! The frames an agent sends, read so that a lone heartbeat does not wake
+//! The frames an agent sends, read so that lone heartbeats do not wake
 //! the manager.
 //!
 //! At fleet size reading heartbeats is most of the manager's idle work:
 //! 5,000 a second at 10,000 nodes, each a wake-up and a read. [`Frames`]
-//! asks the kernel to wake the reader only once more than one heartbeat
-//! waits in the socket (`SO_RCVLOWAT`), so it reads every other heartbeat
-//! (the protocol rules that make this safe are in `drover_protocol::liveness`).
-//! On a plaintext link a heartbeat is a 5-byte frame; on a TLS link it is a
-//! 27-byte record ([`TLS_BETWEEN_FRAMES`] says why that is exact), and the
-//! reader learns where the records it was handed end from
+//! asks the kernel to wake the reader only once more than
+//! `HEARTBEATS_PER_READ - 1` lone heartbeats wait in the socket
+//! (`SO_RCVLOWAT`), so it reads heartbeats [`HEARTBEATS_PER_READ`] at a time
+//! (the protocol rules that make this safe, padding and silence judged by
+//! arrival, are in `drover_protocol::liveness`). On a plaintext link a
+//! heartbeat is a 5-byte frame; on a TLS link it is a 27-byte record
+//! ([`TLS_BETWEEN_FRAMES`] says why that is exact), and the reader learns
+//! where the records it was handed end from
 //! [`drover_tls::records::Records`] under rustls. One rule for both
 //! (`MarkSocket::mark`). Invariants:
 //!
@@ -17,8 +19,9 @@
 //!   ciphertext handed to rustls ends at a record boundary, so rustls holds
 //!   no partial record (when a read returns Pending, rustls holds no
 //!   plaintext either: it would have returned it). Every frame but a
-//!   heartbeat is longer, and so is its record: it wakes the reader on its
-//!   own. Otherwise the mark is one byte, so the rest of a frame or record
+//!   heartbeat is padded to [`AGENT_MIN_FRAME_LEN`], longer than either
+//!   mark, and so is its record: it wakes the reader on its own (checked at
+//!   compile time below). Otherwise the mark is one byte, so the rest of a frame or record
 //!   is read as soon as any of it comes.
 //! * **The mark follows every read, also one that returns Pending.** On TLS
 //!   a read may take the head of a record (rustls keeps it) and still
@@ -26,8 +29,10 @@
 //!   ciphertext stopped inside a record. Setting the mark makes the kernel
 //!   check the bytes already queued and wake the reader if they reach it, so
 //!   a tail that came in the meantime is not missed.
-//! * **A heartbeat waits for one send at most**: the next frame of the agent,
-//!   which comes within a third of the manager's threshold.
+//! * **A heartbeat waits for `HEARTBEATS_PER_READ - 1` sends at most**: the
+//!   agent's next frame or the batch's last heartbeat. Meanwhile the silence
+//!   check counts what waits as heard when it arrived
+//!   (`crate::nodes::arrival`).
 //! * The end of the stream and socket errors wake the reader whatever the
 //!   mark (the kernel signals them apart from data). A TLS alert (a
 //!   `close_notify`, or a fatal one) is a 24-byte record, below the mark:
@@ -45,7 +50,9 @@
 //!   ends inside a frame is [`FrameError::Truncated`].
 
 use bytes::BytesMut;
-use drover_protocol::liveness::AGENT_HEARTBEAT_FRAME_LEN;
+use drover_protocol::liveness::{
+    AGENT_HEARTBEAT_FRAME_LEN, AGENT_MIN_FRAME_LEN, HEARTBEATS_PER_READ,
+};
 use drover_protocol::{FrameCodec, FrameError, ToAgent, ToManager};
 use drover_tls::records::{Boundary, sealed_len};
 use futures::Stream;
@@ -55,22 +62,28 @@ use std::task::{Context, Poll};
 use tokio::io::AsyncRead;
 use tokio_util::codec::Decoder;
 
-/// The mark between frames on a plaintext link: one byte more than a
-/// heartbeat frame.
-pub const PLAIN_BETWEEN_FRAMES: usize = AGENT_HEARTBEAT_FRAME_LEN + 1;
+/// The mark between frames on a plaintext link: one byte more than
+/// `HEARTBEATS_PER_READ - 1` heartbeat frames.
+pub const PLAIN_BETWEEN_FRAMES: usize = (HEARTBEATS_PER_READ - 1) * AGENT_HEARTBEAT_FRAME_LEN + 1;
 
 /// The mark between frames and records on a TLS link: one byte more than
-/// the record of a lone heartbeat, 5 (record header) + 5 (the frame) + 1
-/// (inner content type) + 16 (AEAD tag) = 27, so 28.
+/// `HEARTBEATS_PER_READ - 1` records of a lone heartbeat, each 5 (record
+/// header) + 5 (the frame) + 1 (inner content type) + 16 (AEAD tag) = 27.
 ///
 /// Exact because the link is TLS 1.3 with a 16-byte tag (checked per link,
 /// [`drover_tls::records::sizes_known`]), rustls seals what one write hands
 /// it into one record without padding, and the agent writes each flush of
 /// its frames at once: a lone heartbeat is one 27-byte record, two are 54
-/// bytes, and any other frame (6 bytes or more) is a record of 28 or more. A
-/// peer that pads or splits its records only changes when its own frames are
-/// read: a record below the mark waits for the next one, as a heartbeat does.
-pub const TLS_BETWEEN_FRAMES: usize = sealed_len(AGENT_HEARTBEAT_FRAME_LEN) + 1;
+/// bytes, and any other frame (padded to [`AGENT_MIN_FRAME_LEN`]) is a
+/// record longer than the mark. A peer that pads or splits its records only
+/// changes when its own frames are read: a record below the mark waits for
+/// the next one, as a heartbeat does.
+pub const TLS_BETWEEN_FRAMES: usize =
+    (HEARTBEATS_PER_READ - 1) * sealed_len(AGENT_HEARTBEAT_FRAME_LEN) + 1;
+
+// Every frame but a heartbeat wakes the reader on its own, on either link.
+const _: () = assert!(AGENT_MIN_FRAME_LEN >= PLAIN_BETWEEN_FRAMES);
+const _: () = assert!(sealed_len(AGENT_MIN_FRAME_LEN) >= TLS_BETWEEN_FRAMES);
 
 /// The least room a read gets (a frame's body reserves its own room once
 /// its header is read).
@@ -317,14 +330,16 @@ mod tls_tests;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use drover_protocol::codec::encode_body;
+    use drover_protocol::codec::{MinFrameLen, encode_body, pad_body};
     use futures::StreamExt;
     use std::os::fd::AsRawFd;
     use tokio::io::AsyncWriteExt;
     use tokio::net::{TcpListener, TcpStream};
 
+    /// `msg`'s frame as the agent sends it (padded).
     pub(super) fn frame(msg: &ToManager) -> Vec<u8> {
-        let body = encode_body(msg).unwrap();
+        let mut body = encode_body(msg).unwrap();
+        pad_body(&mut body, msg.min_frame_len());
         let mut out = u32::try_from(body.len()).unwrap().to_be_bytes().to_vec();
         out.extend_from_slice(&body);
         out
@@ -381,10 +396,11 @@ mod tests {
         }
     }
 
-    /// Between frames the reader's socket does not report one heartbeat as
-    /// readable, and does report two, or any other frame.
+    /// Between frames the reader's socket does not report
+    /// `HEARTBEATS_PER_READ - 1` heartbeats as readable, and does report one
+    /// more, or any other frame alone.
     #[tokio::test]
-    async fn a_lone_heartbeat_does_not_wake_the_reader() {
+    async fn lone_heartbeats_do_not_wake_the_reader() {
         let (mut agent, mut frames, _write, view) = link().await;
         let beat = frame(&ToManager::Heartbeat);
         assert_eq!(beat.len(), AGENT_HEARTBEAT_FRAME_LEN);
@@ -393,14 +409,17 @@ mod tests {
         assert!(futures::poll!(frames.next()).is_pending());
         assert_eq!(frames.mark(), PLAIN_BETWEEN_FRAMES);
 
+        for n in 1..HEARTBEATS_PER_READ {
+            agent.write_all(&beat).await.unwrap();
+            until_queued(&view, n * beat.len()).await;
+            assert!(!readable(&view), "{n} heartbeats are below the mark");
+        }
         agent.write_all(&beat).await.unwrap();
-        until_queued(&view, beat.len()).await;
-        assert!(!readable(&view), "one heartbeat is below the mark");
-        agent.write_all(&beat).await.unwrap();
-        until_queued(&view, 2 * beat.len()).await;
-        assert!(readable(&view), "two heartbeats reach it");
-        assert_eq!(frames.next().await.unwrap().unwrap(), ToManager::Heartbeat);
-        assert_eq!(frames.next().await.unwrap().unwrap(), ToManager::Heartbeat);
+        until_queued(&view, HEARTBEATS_PER_READ * beat.len()).await;
+        assert!(readable(&view), "one more reaches it");
+        for _ in 0..HEARTBEATS_PER_READ {
+            assert_eq!(frames.next().await.unwrap().unwrap(), ToManager::Heartbeat);
+        }
         assert!(futures::poll!(frames.next()).is_pending());
 
         let reply = frame(&ToManager::Reply {
@@ -425,29 +444,29 @@ mod tests {
         assert!(futures::poll!(frames.next()).is_pending());
         assert_eq!(frames.buf.capacity(), 0, "nothing read yet");
 
-        let beat = frame(&ToManager::Heartbeat);
-        agent
-            .write_all(&[beat.clone(), beat].concat())
-            .await
-            .unwrap();
-        assert_eq!(frames.next().await.unwrap().unwrap(), ToManager::Heartbeat);
-        assert_eq!(frames.next().await.unwrap().unwrap(), ToManager::Heartbeat);
+        let beats = frame(&ToManager::Heartbeat).repeat(HEARTBEATS_PER_READ);
+        agent.write_all(&beats).await.unwrap();
+        for _ in 0..HEARTBEATS_PER_READ {
+            assert_eq!(frames.next().await.unwrap().unwrap(), ToManager::Heartbeat);
+        }
         assert!(futures::poll!(frames.next()).is_pending());
-        assert_eq!(frames.buf.capacity(), 0, "after two heartbeats");
+        assert_eq!(frames.buf.capacity(), 0, "after a batch of heartbeats");
 
         let msg = ToManager::Reply {
             id: 3,
             result: Ok(drover_protocol::Response::Text("y".repeat(40))),
         };
         let bytes = frame(&msg);
-        agent.write_all(&bytes[..10]).await.unwrap();
-        until_queued(&view, 10).await;
+        // A head as long as the mark: it wakes the reader.
+        let head = PLAIN_BETWEEN_FRAMES;
+        agent.write_all(&bytes[..head]).await.unwrap();
+        until_queued(&view, head).await;
         while queued(&view) > 0 {
             assert!(futures::poll!(frames.next()).is_pending());
             tokio::task::yield_now().await;
         }
         assert!(!frames.buf.is_empty(), "the head of a frame is kept");
-        agent.write_all(&bytes[10..]).await.unwrap();
+        agent.write_all(&bytes[head..]).await.unwrap();
         assert_eq!(frames.next().await.unwrap().unwrap(), msg);
         assert!(futures::poll!(frames.next()).is_pending());
         assert_eq!(frames.buf.capacity(), 0, "after the frame");

@@ -923,9 +923,9 @@ impl SessionOwner for Lifecycle {
         self.churn.note();
     }
 
-    fn on_heartbeat(&self, silent_us: u64) {
+    fn on_heartbeat(&self, gap_us: u64) {
         self.link_stats
-            .heartbeat(silent_us, self.timing.heartbeat_threshold_ms);
+            .heartbeat(gap_us, self.timing.heartbeat_threshold_ms);
     }
 }
 

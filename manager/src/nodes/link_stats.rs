@@ -1,6 +1,6 @@
 //! What the agents' links count for the metrics endpoint: TLS handshakes by
-//! result, how late agents' heartbeats come, and why sessions of online
-//! nodes ended ([`Disconnect`]).
+//! result, how late agents' heartbeats come ([`HeartbeatGaps`]), and why
+//! sessions of online nodes ended ([`Disconnect`]).
 //!
 //! Invariants: atomics only (prometheus-client's histogram is one too):
 //! counting takes no lock and a scrape reads them as they are. The result
@@ -131,13 +131,13 @@ impl LinkStats {
             .map(|a| a.load(Ordering::Relaxed))
     }
 
-    /// A heartbeat was read after `silent_us` of silence from its agent,
-    /// whose silence is not watched beyond `threshold_ms` (0: not watched,
-    /// nothing counted).
-    pub fn heartbeat(&self, silent_us: u64, threshold_ms: u64) {
+    /// A heartbeat was read `gap_us` after the one before it
+    /// ([`HeartbeatGaps`]) from an agent whose silence is not watched beyond
+    /// `threshold_ms` (0: not watched, nothing counted).
+    pub fn heartbeat(&self, gap_us: u64, threshold_ms: u64) {
         if threshold_ms > 0 {
             self.lateness
-                .observe(silent_us as f64 / (threshold_ms as f64 * 1000.0));
+                .observe(gap_us as f64 / (threshold_ms as f64 * 1000.0));
         }
     }
 
@@ -156,6 +156,71 @@ impl LinkStats {
         self.disconnects
             .each_ref()
             .map(|a| a.load(Ordering::Relaxed))
+    }
+}
+
+/// Frames read within this of each other were read together (one wake-up
+/// of the reader decodes them in microseconds; an agent's sends come
+/// milliseconds apart at the least).
+const TOGETHER_US: u64 = 1_000;
+
+/// The gaps between one agent's heartbeats, as its reader sees them.
+///
+/// The manager reads an idle agent's heartbeats in batches
+/// (`drover_protocol::liveness::HEARTBEATS_PER_READ`), and the kernel does
+/// not say when each of a batch arrived; so each heartbeat of a batch counts
+/// the batch's mean gap: the time from the last frame read before the batch
+/// to the batch, divided by the heartbeats in it. Frames read within
+/// a millisecond (`TOGETHER_US`) of each other are one batch; a batch is counted when the
+/// next one begins (its size is known then). One long gap in a batch of
+/// regular ones shows diluted by the batch's size.
+#[derive(Debug)]
+pub struct HeartbeatGaps {
+    /// When the last frame was read (µs, monotonic).
+    last_us: u64,
+    /// When the frame before the current batch was read.
+    before_us: u64,
+    /// When the current batch's first frame was read.
+    first_us: u64,
+    /// Heartbeats in the current batch.
+    heartbeats: u32,
+}
+
+impl HeartbeatGaps {
+    /// For a session that began at `start_us` (its registration counts as
+    /// the first frame read).
+    pub fn new(start_us: u64) -> Self {
+        Self {
+            last_us: start_us,
+            before_us: start_us,
+            first_us: start_us,
+            heartbeats: 0,
+        }
+    }
+
+    /// A frame (a heartbeat or not) was read at `now_us`; `observe` gets the
+    /// gap (µs) of each heartbeat of a batch that ended before it.
+    pub fn read(&mut self, now_us: u64, heartbeat: bool, mut observe: impl FnMut(u64)) {
+        if now_us.saturating_sub(self.last_us) > TOGETHER_US {
+            self.count(&mut observe);
+            self.before_us = self.last_us;
+            self.first_us = now_us;
+        }
+        if heartbeat {
+            self.heartbeats = self.heartbeats.saturating_add(1);
+        }
+        self.last_us = self.last_us.max(now_us);
+    }
+
+    fn count(&mut self, observe: &mut impl FnMut(u64)) {
+        if self.heartbeats == 0 {
+            return;
+        }
+        let gap = self.first_us.saturating_sub(self.before_us) / u64::from(self.heartbeats);
+        for _ in 0..self.heartbeats {
+            observe(gap);
+        }
+        self.heartbeats = 0;
     }
 }
 
@@ -179,6 +244,44 @@ pub(crate) fn totals(h: &Histogram) -> (u64, f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn gaps(reads: &[(u64, bool)]) -> Vec<u64> {
+        let mut g = HeartbeatGaps::new(0);
+        let mut seen = Vec::new();
+        for &(at_ms, heartbeat) in reads {
+            g.read(at_ms * 1000, heartbeat, |gap| seen.push(gap / 1000));
+        }
+        seen
+    }
+
+    /// Eight heartbeats read at once, 16 s after the last read: 2 s each,
+    /// counted when the next batch comes.
+    #[test]
+    fn a_batch_counts_its_mean_gap_for_each_heartbeat() {
+        let batch = |at: u64| std::iter::repeat_n((at, true), 8);
+        let reads: Vec<_> = batch(16_000).chain(batch(32_000)).collect();
+        assert_eq!(gaps(&reads), vec![2000; 8], "the second batch not yet");
+        let mut reads = reads;
+        reads.push((33_000, false));
+        assert_eq!(gaps(&reads), vec![2000; 16]);
+    }
+
+    /// Heartbeats read one by one count the silence before each, as when
+    /// every heartbeat woke the reader; frames that are not heartbeats end
+    /// silences but are not counted.
+    #[test]
+    fn heartbeats_read_alone_count_the_silence_before_each() {
+        let reads = [
+            (2_000, true),
+            (3_000, false),
+            (5_000, true),
+            (5_000, false),
+            (9_000, true),
+            (9_500, false),
+        ];
+        assert_eq!(gaps(&reads), vec![2000, 2000, 4000]);
+        assert_eq!(gaps(&[(1_000, false), (2_000, false)]), Vec::<u64>::new());
+    }
 
     #[test]
     fn results_are_bounded_and_cover_the_tls_classes() {

@@ -35,7 +35,7 @@
 //!   allocates its slots 32 at a time, so a queue of whole [`ToAgent`]s
 //!   cost every session 32 of them at once.
 //! * An idle session is cheap: on a plaintext link and on a TLS 1.3 link
-//!   the reader is woken for every other heartbeat only
+//!   the reader is woken for a batch of heartbeats at a time
 //!   ([`crate::nodes::frames`]), and the reader and the writer wait for the
 //!   end on an `EndSignal` (a flag and a waker slot each; a
 //!   `CancellationToken` locks a mutex on every poll, which the reader did
@@ -50,7 +50,7 @@
 use crate::error::ApiError;
 use crate::nodes::arrival::Arrivals;
 use crate::nodes::frames::{Frames, MarkSocket};
-use crate::nodes::link_stats::Disconnect;
+use crate::nodes::link_stats::{Disconnect, HeartbeatGaps};
 use bytes::BytesMut;
 use drover_bus::timestamp;
 use drover_protocol::FrameCodec;
@@ -99,10 +99,11 @@ pub trait SessionOwner: Send + Sync + 'static {
     /// its caller is done): heap churn, like a connection (`crate::heap`).
     fn on_bulk(&self);
 
-    /// A heartbeat was read after `silent_us` of silence from the agent
-    /// (for the metrics; nothing by default).
-    fn on_heartbeat(&self, silent_us: u64) {
-        let _ = silent_us;
+    /// A heartbeat was read, `gap_us` after the one before it as far as the
+    /// reader can tell ([`HeartbeatGaps`]; for the metrics, nothing by
+    /// default).
+    fn on_heartbeat(&self, gap_us: u64) {
+        let _ = gap_us;
     }
 }
 
@@ -298,20 +299,35 @@ impl Session {
 
     /// True when nothing arrived for longer than `threshold_ms` (0 = never):
     /// no frame read, and no data waiting unread in the socket newer than
-    /// that ([`crate::nodes::arrival`]: the readers may be behind). Unread data
-    /// counts as a frame read when it arrived.
+    /// that ([`crate::nodes::arrival`]: the reader lets lone heartbeats wait,
+    /// and may be behind). Unread data counts as a frame read when it
+    /// arrived.
     pub fn is_silent(&self, now_mono_us: u64, threshold_ms: u64) -> bool {
         let limit_us = threshold_ms.saturating_mul(1000);
         if threshold_ms == 0 || now_mono_us.saturating_sub(self.last_seen_mono_us()) <= limit_us {
             return false;
         }
-        let Some(age_ms) = self.arrivals.unread_since_ms() else {
-            return true;
-        };
-        let age_us = u64::from(age_ms).saturating_mul(1000);
-        if age_us > limit_us {
-            return true;
+        match self.arrivals.unread_since_ms() {
+            Some(age_ms) if u64::from(age_ms).saturating_mul(1000) <= limit_us => {
+                self.seen_ago(age_ms);
+                false
+            }
+            _ => true,
         }
+    }
+
+    /// Counts data waiting unread in the socket as seen when it arrived, so
+    /// that `LastSeenTimestamp` is as fresh as the agent's last send, not
+    /// the reader's last read (one `ioctl` and one `getsockopt`).
+    pub fn refresh_seen(&self) {
+        if let Some(age_ms) = self.arrivals.unread_since_ms() {
+            self.seen_ago(age_ms);
+        }
+    }
+
+    /// Seen `age_ms` ago (never moves last seen back).
+    fn seen_ago(&self, age_ms: u32) {
+        let age_us = u64::from(age_ms).saturating_mul(1000);
         self.last_seen_mono_us.fetch_max(
             timestamp::monotonic_us().saturating_sub(age_us),
             Ordering::Relaxed,
@@ -320,7 +336,6 @@ impl Session {
             timestamp::realtime_us().saturating_sub(age_us),
             Ordering::Relaxed,
         );
-        false
     }
 
     pub fn is_ended(&self) -> bool {
@@ -623,7 +638,7 @@ pub const CLOSE_DEADLINE: Duration = Duration::from_secs(1);
 /// ends (EOF, error, undecodable frame, a write blocked past
 /// `write_deadline`), the session ends and `owner` runs the disconnect rules.
 /// `socket` is the TCP socket under `framed` (`None` for other streams, in
-/// tests): the reader may mark it and then reads every other heartbeat
+/// tests): the reader may mark it and then reads heartbeats in batches
 /// ([`crate::nodes::frames`]), and the silence check asks the kernel about
 /// it ([`crate::nodes::arrival`]).
 pub fn spawn_io<IO>(
@@ -766,6 +781,7 @@ where
 {
     let cancelled = session.stop.wait(&session.stop.reader);
     tokio::pin!(cancelled);
+    let mut gaps = HeartbeatGaps::new(session.last_seen_mono_us());
     let (cause, why) = loop {
         let frame = tokio::select! {
             biased;
@@ -791,12 +807,13 @@ where
                 break (cause, format!("bad input from the agent: {e}"));
             }
             Some(Ok(msg)) => {
-                let before = session.last_seen_mono_us();
                 session.touch();
+                let heartbeat = matches!(msg, ToManager::Heartbeat);
+                gaps.read(session.last_seen_mono_us(), heartbeat, |gap_us| {
+                    owner.on_heartbeat(gap_us)
+                });
                 match msg {
-                    ToManager::Heartbeat => {
-                        owner.on_heartbeat(session.last_seen_mono_us().saturating_sub(before))
-                    }
+                    ToManager::Heartbeat => {}
                     ToManager::Reply { id, result } => {
                         if result.as_ref().is_ok_and(|r| list_rows(r) >= BULK_ROWS) {
                             owner.on_bulk();

@@ -150,45 +150,51 @@ fn reply(text: &str) -> ToManager {
     }
 }
 
-/// Between frames the manager's socket does not report one heartbeat record
-/// as readable, and does report two, or any other frame's record alone.
+/// Between frames the manager's socket does not report
+/// `HEARTBEATS_PER_READ - 1` heartbeat records as readable, and does report
+/// one more, or any other frame's record alone.
 #[tokio::test]
-async fn a_lone_heartbeat_record_does_not_wake_the_reader() {
+async fn lone_heartbeat_records_do_not_wake_the_reader() {
     let mut link = Link::new().await;
     assert!(futures::poll!(link.frames.next()).is_pending());
     assert_eq!(link.frames.mark(), TLS_BETWEEN_FRAMES);
-    assert_eq!(TLS_BETWEEN_FRAMES, 28);
+    assert_eq!(TLS_BETWEEN_FRAMES, (HEARTBEATS_PER_READ - 1) * 27 + 1);
 
+    for n in 1..HEARTBEATS_PER_READ {
+        let beat = link.seal(&frame(&ToManager::Heartbeat));
+        assert_eq!(beat.len(), 27, "a heartbeat's record");
+        link.send(&beat, n * beat.len()).await;
+        assert!(
+            !readable(&link.view),
+            "{n} heartbeat records are below the mark"
+        );
+    }
     let beat = link.seal(&frame(&ToManager::Heartbeat));
-    assert_eq!(beat.len(), TLS_BETWEEN_FRAMES - 1, "a heartbeat's record");
-    link.send(&beat, beat.len()).await;
-    assert!(
-        !readable(&link.view),
-        "one heartbeat record is below the mark"
-    );
-    let beat = link.seal(&frame(&ToManager::Heartbeat));
-    link.send(&beat, 2 * beat.len()).await;
-    assert!(readable(&link.view), "two reach it");
-    for _ in 0..2 {
+    link.send(&beat, HEARTBEATS_PER_READ * beat.len()).await;
+    assert!(readable(&link.view), "one more reaches it");
+    for _ in 0..HEARTBEATS_PER_READ {
         assert_eq!(
-            link.next("two heartbeats").await.unwrap().unwrap(),
+            link.next("a batch of heartbeats").await.unwrap().unwrap(),
             ToManager::Heartbeat
         );
     }
     assert!(futures::poll!(link.frames.next()).is_pending());
     assert_eq!(link.frames.mark(), TLS_BETWEEN_FRAMES);
 
-    // A frame one byte longer than a heartbeat (here one that does not
-    // decode): its record reaches the mark alone.
-    let one_more = link.seal(&[0, 0, 0, 2, 0xff, 0xff]);
+    // A frame whose record is as long as the mark (here one that does not
+    // decode): it reaches the mark alone.
+    let len = TLS_BETWEEN_FRAMES - 22;
+    let mut bad = u32::try_from(len - 4).unwrap().to_be_bytes().to_vec();
+    bad.resize(len, 0xff);
+    let one_more = link.seal(&bad);
     assert_eq!(one_more.len(), TLS_BETWEEN_FRAMES);
     link.send(&one_more, one_more.len()).await;
     assert!(
         readable(&link.view),
-        "a 6-byte frame reaches the mark alone"
+        "a record as long as the mark reaches it alone"
     );
     assert!(matches!(
-        link.next("a 6-byte frame").await,
+        link.next("a frame of garbage").await,
         Some(Err(FrameError::Malformed(_)))
     ));
 }
