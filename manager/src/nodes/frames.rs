@@ -330,19 +330,22 @@ mod tls_tests;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use drover_protocol::codec::{MinFrameLen, encode_body, pad_body};
     use futures::StreamExt;
     use std::os::fd::AsRawFd;
     use tokio::io::AsyncWriteExt;
     use tokio::net::{TcpListener, TcpStream};
 
-    /// `msg`'s frame as the agent sends it (padded).
+    /// `msg`'s frame as the agent sends it: the agent's own encoder (which
+    /// pads it).
     pub(super) fn frame(msg: &ToManager) -> Vec<u8> {
-        let mut body = encode_body(msg).unwrap();
-        pad_body(&mut body, msg.min_frame_len());
-        let mut out = u32::try_from(body.len()).unwrap().to_be_bytes().to_vec();
-        out.extend_from_slice(&body);
-        out
+        let mut out = BytesMut::new();
+        tokio_util::codec::Encoder::encode(
+            &mut FrameCodec::<ToAgent, ToManager>::default(),
+            msg.clone(),
+            &mut out,
+        )
+        .unwrap();
+        out.to_vec()
     }
 
     /// The manager's reader on a fresh loopback connection, the agent's
