@@ -32,6 +32,19 @@
 //!   `manager/src/nodes/arrival.rs`), and what waits unread counts as heard
 //!   when it arrived. A frozen agent or a vanished host sends nothing and is
 //!   dropped within the threshold as before.
+//! * **Heartbeats keep to slots of the realtime clock**: an agent sends its
+//!   heartbeats at a fixed offset in the period (one of the period's
+//!   [`HEARTBEAT_SLOT`]-wide slots, drawn at random per session) counted
+//!   from the epoch of the realtime clock ([`until_heartbeat_slot`]), not
+//!   from when its session began. On a fleet whose clocks agree (NTP), the
+//!   batches that reach the manager's mark arrive together, a slot's worth
+//!   at a time, and one wake-up of the manager serves many of them; with
+//!   clocks that do not agree, slots are as random as session starts were.
+//!   A slot is a twentieth of a 2 s period, so a slot's burst is a
+//!   twentieth of the fleet's heartbeats. After the first, the agent keeps
+//!   the period on its monotonic clock (which NTP slews like the realtime
+//!   one), skipping to the next slot when a send was late, so its
+//!   heartbeats are never more than a period apart.
 //! * **The manager sends heartbeats only when configured to**
 //!   (`HeartbeatInterval` > 0; default 0, as BlueChi), and even then not to
 //!   a node it wrote anything else to within the last half interval. It
@@ -85,6 +98,25 @@ pub const AGENT_MIN_FRAME_LEN: usize = 256;
 /// the manager announces (module docs).
 pub const SENDS_PER_THRESHOLD: u32 = 3;
 
+/// The width of a heartbeat slot (module docs): a period of `every` has
+/// `every / HEARTBEAT_SLOT` slots (at least one).
+pub const HEARTBEAT_SLOT: Duration = Duration::from_millis(100);
+
+/// How long from `realtime` (time since the epoch of the realtime clock)
+/// until the start of slot `pick` (any number; taken modulo the slot count)
+/// of the heartbeat period `every`: in `[0, every)`, 0 for a zero period.
+pub fn until_heartbeat_slot(every: Duration, pick: u64, realtime: Duration) -> Duration {
+    let every_us = u64::try_from(every.as_micros()).unwrap_or(u64::MAX);
+    if every_us == 0 {
+        return Duration::ZERO;
+    }
+    let slot_us = u64::try_from(HEARTBEAT_SLOT.as_micros()).unwrap_or(u64::MAX);
+    let slots = (every_us / slot_us).max(1);
+    let offset_us = (pick % slots).saturating_mul(every_us / slots);
+    let phase_us = u64::try_from(realtime.as_micros() % u128::from(every_us)).unwrap_or(0);
+    Duration::from_micros((offset_us + every_us - phase_us) % every_us)
+}
+
 /// The smallest timeout worth setting: below it ordinary scheduling delays
 /// of the peer's acknowledgements would end healthy links.
 pub const MIN_USER_TIMEOUT: Duration = Duration::from_millis(100);
@@ -123,6 +155,44 @@ pub fn manager_heartbeat_due(since_last_write: Duration, interval: Duration) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The wait lands on the slot's offset in the period, is shorter than
+    /// the period, and the slots of a 2 s period are twenty, 100 ms apart.
+    #[test]
+    fn heartbeats_wait_for_their_slot() {
+        let every = Duration::from_secs(2);
+        for realtime_ms in [0u64, 1, 99, 100, 1_999, 2_000, 1_764_000_123_457] {
+            let realtime = Duration::from_millis(realtime_ms);
+            for pick in [0u64, 1, 7, 19, 20, 21, u64::MAX] {
+                let wait = until_heartbeat_slot(every, pick, realtime);
+                assert!(wait < every, "{realtime_ms} {pick}: {wait:?}");
+                let at = (realtime + wait).as_millis() % 2_000;
+                assert_eq!(at, u128::from(pick % 20) * 100, "{realtime_ms} {pick}");
+            }
+        }
+        assert_eq!(
+            until_heartbeat_slot(every, 3, Duration::from_millis(4_300)),
+            Duration::ZERO,
+            "already at the slot: send now"
+        );
+    }
+
+    /// A period shorter than a slot has one slot; a zero period no wait.
+    #[test]
+    fn short_periods_have_one_slot() {
+        let every = Duration::from_millis(40);
+        for pick in [0u64, 5] {
+            let wait = until_heartbeat_slot(every, pick, Duration::from_millis(1_010));
+            assert_eq!(wait, Duration::from_millis(30), "{pick}");
+        }
+        assert_eq!(
+            until_heartbeat_slot(Duration::ZERO, 9, Duration::from_secs(5)),
+            Duration::ZERO
+        );
+        let odd = Duration::from_micros(2_345_678);
+        let wait = until_heartbeat_slot(odd, 22, Duration::from_micros(987_654_321));
+        assert!(wait < odd);
+    }
 
     fn ms(v: u64) -> Duration {
         Duration::from_millis(v)

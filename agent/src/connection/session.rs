@@ -80,8 +80,10 @@ impl<S: Systemd> Sessions<S> {
             let shared = self.shared().clone();
             let kill = kill.clone();
             tokio::spawn(async move {
-                let mut tick = tokio::time::interval(every);
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                // In the session's slot of the realtime clock, then every
+                // period on the grid (`drover_protocol::liveness`).
+                let mut tick = tokio::time::interval_at(first_heartbeat(every), every);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
                 loop {
                     tokio::select! {
                         _ = kill.token().cancelled() => return,
@@ -218,6 +220,16 @@ impl<S: Systemd> Sessions<S> {
 }
 
 type Next = Option<Result<ToAgent, drover_protocol::FrameError>>;
+
+/// When a session's first heartbeat is due: at the start of a slot drawn
+/// at random, by the realtime clock ([`drover_protocol::liveness::until_heartbeat_slot`]).
+fn first_heartbeat(every: Duration) -> tokio::time::Instant {
+    let realtime = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    tokio::time::Instant::now()
+        + drover_protocol::liveness::until_heartbeat_slot(every, random_u64(), realtime)
+}
 
 /// The next frame, or `Err(())` when the threshold (if any) passed first.
 async fn next_within(

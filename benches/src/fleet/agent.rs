@@ -739,8 +739,9 @@ async fn tick(timer: &mut Option<tokio::time::Interval>) {
 }
 
 /// A session's heartbeats as the agent negotiates them with the manager's
-/// welcome, and the timer that sends them (first tick one period after the
-/// welcome; hourly, unused, when none are to be sent).
+/// welcome, and the timer that sends them (first tick at the session's
+/// slot, within a period of the welcome; hourly, unused, when none are to
+/// be sent).
 pub fn heartbeats(
     interval: Duration,
     threshold: Duration,
@@ -753,8 +754,16 @@ pub fn heartbeats(
         accepted.heartbeat_threshold_ms,
     );
     let every = beats.send_every.unwrap_or(Duration::from_secs(3600));
-    let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-    beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // In a slot of the realtime clock drawn at random, as the real agent
+    // (`drover_protocol::liveness::until_heartbeat_slot`).
+    use std::hash::BuildHasher;
+    let pick = std::collections::hash_map::RandomState::new().hash_one(Instant::now());
+    let realtime = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let first = drover_protocol::liveness::until_heartbeat_slot(every, pick, realtime);
+    let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + first, every);
+    beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     (beats, beat)
 }
 
