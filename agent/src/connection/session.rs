@@ -80,10 +80,7 @@ impl<S: Systemd> Sessions<S> {
             let shared = self.shared().clone();
             let kill = kill.clone();
             tokio::spawn(async move {
-                // In the session's slot of the realtime clock, then every
-                // period on the grid (`drover_protocol::liveness`).
-                let mut tick = tokio::time::interval_at(first_heartbeat(every), every);
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+                let mut tick = heartbeat::timer(every, random_u64());
                 loop {
                     tokio::select! {
                         _ = kill.token().cancelled() => return,
@@ -220,16 +217,6 @@ impl<S: Systemd> Sessions<S> {
 }
 
 type Next = Option<Result<ToAgent, drover_protocol::FrameError>>;
-
-/// When a session's first heartbeat is due: at the start of a slot drawn
-/// at random, by the realtime clock ([`drover_protocol::liveness::until_heartbeat_slot`]).
-fn first_heartbeat(every: Duration) -> tokio::time::Instant {
-    let realtime = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    tokio::time::Instant::now()
-        + drover_protocol::liveness::until_heartbeat_slot(every, random_u64(), realtime)
-}
 
 /// The next frame, or `Err(())` when the threshold (if any) passed first.
 async fn next_within(

@@ -25,10 +25,25 @@
 //!   shorter (a threshold below the manager's interval drops the link
 //!   between two heartbeats).
 //!
-//! Pure: the link logs the [`Negotiated::notes`] and applies the values.
+//! Pure but for [`timer`] (which reads the realtime clock): the link logs
+//! the [`Negotiated::notes`] and applies the values.
 
-use drover_protocol::liveness::SENDS_PER_THRESHOLD as SENDS;
+use drover_bus::timestamp;
+use drover_protocol::liveness::{SENDS_PER_THRESHOLD as SENDS, until_heartbeat_slot};
 use std::time::Duration;
+
+/// The timer a session sends its heartbeats by, every `every`: its first
+/// tick at the start of slot `pick` of the period by the realtime clock
+/// (`drover_protocol::liveness`, "Heartbeats keep to slots"), then every
+/// period on that grid, skipping ticks missed (it stays in its slot). The
+/// benchmark's simulated agents take theirs here too.
+pub fn timer(every: Duration, pick: u64) -> tokio::time::Interval {
+    let realtime = Duration::from_micros(timestamp::realtime_us());
+    let first = tokio::time::Instant::now() + until_heartbeat_slot(every, pick, realtime);
+    let mut tick = tokio::time::interval_at(first, every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    tick
+}
 
 /// The link's heartbeat settings for one session.
 #[derive(Debug, Clone, PartialEq, Eq)]

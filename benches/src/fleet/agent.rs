@@ -46,7 +46,7 @@
 //!   event), which its next digest shows.
 
 use drover_agent::connection::Backoff;
-use drover_agent::link::heartbeat::{Negotiated, negotiate};
+use drover_agent::link::heartbeat::{Negotiated, negotiate, timer};
 use drover_protocol::handshake::Accepted;
 use drover_protocol::link::{HandshakeError, agent_handshake};
 use drover_protocol::resync::{Digest, SnapshotPart, UnitRow, health_sum, units_sum, watch_hash};
@@ -754,17 +754,10 @@ pub fn heartbeats(
         accepted.heartbeat_threshold_ms,
     );
     let every = beats.send_every.unwrap_or(Duration::from_secs(3600));
-    // In a slot of the realtime clock drawn at random, as the real agent
-    // (`drover_protocol::liveness::until_heartbeat_slot`).
+    // In a slot drawn at random, by the real agent's timer.
     use std::hash::BuildHasher;
     let pick = std::collections::hash_map::RandomState::new().hash_one(Instant::now());
-    let realtime = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    let first = drover_protocol::liveness::until_heartbeat_slot(every, pick, realtime);
-    let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + first, every);
-    beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    (beats, beat)
+    (beats, timer(every, pick))
 }
 
 /// The tags of one session, and what it told the manager.
