@@ -66,7 +66,11 @@ impl Arrivals {
     /// arrived; `None` when nothing waits, without a socket, or without an
     /// answer.
     pub fn unread_since_ms(&self) -> Option<u32> {
-        let fd = (*self.lock())?;
+        // Held until the kernel has answered, so that `forget` waits for a
+        // query under way and the descriptor is never asked once the reader
+        // may have closed it.
+        let socket = self.lock();
+        let fd = (*socket)?;
         if unread_bytes(fd)? == 0 {
             return None;
         }
