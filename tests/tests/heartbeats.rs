@@ -213,3 +213,142 @@ async fn a_tls_manager_leaves_a_batch_of_heartbeats_unread() {
     }
     c.down().await;
 }
+
+/// The TCP segments that reach `port` on this machine's loopback for
+/// `window`: per source port, the kernel's receive time (realtime µs) of
+/// every segment whose payload is `payload` bytes. Read off a packet socket
+/// (`AF_PACKET`, IPv4 only, incoming copies only), so the kernel stamps each
+/// segment as it passes, whatever the reader's own delays.
+fn segments_to(
+    port: u16,
+    payload: usize,
+    window: Duration,
+) -> std::collections::BTreeMap<u16, Vec<u64>> {
+    use nix::sys::socket::{
+        AddressFamily, ControlMessageOwned, LinkAddr, MsgFlags, SockFlag, SockProtocol, SockType,
+        recvmsg, setsockopt, socket, sockopt,
+    };
+    use std::os::fd::AsRawFd;
+    let fd = socket(
+        AddressFamily::Packet,
+        SockType::Datagram,
+        SockFlag::SOCK_CLOEXEC,
+        SockProtocol::EthIp,
+    )
+    .expect("a packet socket (root)");
+    setsockopt(&fd, sockopt::ReceiveTimestampns, &true).unwrap();
+    // Every IPv4 packet of the machine queues here until this thread reads
+    // it: room for the other tests' bursts.
+    setsockopt(&fd, sockopt::RcvBufForce, &(4 << 20)).unwrap();
+    setsockopt(
+        &fd,
+        sockopt::ReceiveTimeout,
+        &nix::sys::time::TimeVal::new(0, 100_000),
+    )
+    .unwrap();
+    let mut seen: std::collections::BTreeMap<u16, Vec<u64>> = Default::default();
+    let end = std::time::Instant::now() + window;
+    let mut packet = [0u8; 2048];
+    let mut cmsg = nix::cmsg_space!(nix::sys::time::TimeSpec);
+    while std::time::Instant::now() < end {
+        let mut iov = [std::io::IoSliceMut::new(&mut packet)];
+        let Ok(msg) =
+            recvmsg::<LinkAddr>(fd.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::empty())
+        else {
+            continue; // the receive timeout: look at the clock again
+        };
+        let stamp = msg.cmsgs().ok().and_then(|mut c| {
+            c.find_map(|m| match m {
+                ControlMessageOwned::ScmTimestampns(ts) => {
+                    Some(ts.tv_sec() as u64 * 1_000_000 + ts.tv_nsec() as u64 / 1_000)
+                }
+                _ => None,
+            })
+        });
+        let (len, stamp) = (msg.bytes, stamp.expect("the kernel stamps every packet"));
+        let ip = &packet[..len.min(packet.len())];
+        // IPv4, TCP: header lengths from the headers, payload what is left.
+        let Some(ihl) = ip.first().map(|b| usize::from(b & 0x0f) * 4) else {
+            continue;
+        };
+        if ip.len() < ihl + 20 || ip[9] != 6 {
+            continue;
+        }
+        let total = usize::from(u16::from_be_bytes([ip[2], ip[3]])).min(ip.len());
+        let tcp = &ip[ihl..];
+        let (src, dst) = (
+            u16::from_be_bytes([tcp[0], tcp[1]]),
+            u16::from_be_bytes([tcp[2], tcp[3]]),
+        );
+        let doff = usize::from(tcp[12] >> 4) * 4;
+        if dst == port && total.saturating_sub(ihl + doff) == payload {
+            seen.entry(src).or_default().push(stamp);
+        }
+    }
+    seen
+}
+
+/// Heartbeats keep to slots of the realtime clock (`protocol/src/liveness.rs`,
+/// "Heartbeats keep to slots"), as the kernel sees them leave real agents:
+/// every agent's heartbeat records (27 bytes on the sandbox's TLS links)
+/// reach the manager at the start of a 100 ms slot of the realtime clock,
+/// late only by the agent's wake-up, at the agents' interval (500 ms in the
+/// sandbox). The four agents are started a quarter of a slot apart, so
+/// heartbeats counted from when each session began would sit at four
+/// points of the slot a quarter apart, at most one of them near its start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_send_their_heartbeats_at_the_start_of_a_slot() {
+    use drover_protocol::liveness::{AGENT_HEARTBEAT_FRAME_LEN, HEARTBEAT_SLOT};
+    let slot_us = HEARTBEAT_SLOT.as_micros() as u64;
+    let nodes: Vec<String> = (1..=4).map(|n| format!("node{n}")).collect();
+    let mut c = TestCluster::with(ClusterOptions {
+        manager_extra_config: "[drover-manager]\nProxyGracePeriod=60000\n".into(),
+        ..ClusterOptions::with_nodes(nodes.len())
+    })
+    .await;
+    for node in &nodes {
+        c.stop_agent(node).await.unwrap();
+    }
+    for (k, node) in nodes.iter().enumerate() {
+        // The next instant a k-th quarter into a slot of the realtime clock.
+        let at_us = k as u64 * slot_us / nodes.len() as u64;
+        let now_us = drover_bus::timestamp::realtime_us();
+        let wait_us = (at_us + slot_us - now_us % slot_us) % slot_us;
+        tokio::time::sleep(Duration::from_micros(wait_us)).await;
+        c.start_agent(node).await.unwrap();
+    }
+    for node in &nodes {
+        c.wait_status(node, "online", Duration::from_secs(10)).await;
+    }
+    let port = c.manager_port();
+    let record = drover_tls::records::sealed_len(AGENT_HEARTBEAT_FRAME_LEN);
+    let seen =
+        tokio::task::spawn_blocking(move || segments_to(port, record, Duration::from_secs(4)))
+            .await
+            .unwrap();
+    c.down().await;
+
+    let median = |mut v: Vec<u64>| {
+        v.sort_unstable();
+        v[v.len() / 2]
+    };
+    assert_eq!(seen.len(), nodes.len(), "one link per agent: {seen:?}");
+    for (agent_port, stamps) in &seen {
+        assert!(
+            stamps.len() >= 6,
+            "the agent on port {agent_port} sent a heartbeat every 500 ms: {stamps:?}"
+        );
+        let gaps: Vec<u64> = stamps.windows(2).map(|w| w[1] - w[0]).collect();
+        let gap = median(gaps.clone());
+        assert!(
+            (450_000..=550_000).contains(&gap),
+            "port {agent_port}: heartbeats {gap} µs apart (median of {gaps:?})"
+        );
+        let into_slot: Vec<u64> = stamps.iter().map(|t| t % slot_us).collect();
+        let late = median(into_slot.clone());
+        assert!(
+            late < 20_000,
+            "port {agent_port}: heartbeats {late} µs into their slot (median of {into_slot:?})"
+        );
+    }
+}
