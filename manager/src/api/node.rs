@@ -474,9 +474,12 @@ impl NodeObject {
     /// ([`crate::nodes::session::Session::refresh_seen`]).
     fn last_seen(&self) -> (u64, u64) {
         let registry = self.nodes.registry();
-        if let Some(session) = registry.session(self.name.as_str()) {
+        let Some(node) = registry.get(self.name.as_str()) else {
+            return (0, 0);
+        };
+        if let Some(session) = &node.session {
             session.refresh_seen();
         }
-        registry.last_seen(self.name.as_str())
+        node.last_seen()
     }
 }

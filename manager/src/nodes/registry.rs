@@ -226,11 +226,6 @@ impl Registry {
         self.index.get(&name).map(|&i| &self.nodes[i])
     }
 
-    /// See [`NodeEntry::last_seen`]; (0, 0) for unknown names.
-    pub fn last_seen(&self, name: &str) -> (u64, u64) {
-        self.get(name).map(NodeEntry::last_seen).unwrap_or((0, 0))
-    }
-
     pub fn session(&self, name: &str) -> Option<Arc<Session>> {
         self.get(name).and_then(|n| n.session.clone())
     }
@@ -476,11 +471,15 @@ mod tests {
             "an old session's end must not take a newer one down"
         );
         assert_eq!(r.online(), 1);
-        let seen = r.last_seen("a");
+        let seen = r.get("a").unwrap().last_seen();
         assert!(seen.0 > 0 && seen.1 > 0);
         assert!(r.detach(&NodeName::new("a").unwrap(), 5));
         assert_eq!(r.online(), 0);
-        assert_eq!(r.last_seen("a"), seen, "last seen survives the disconnect");
+        assert_eq!(
+            r.get("a").unwrap().last_seen(),
+            seen,
+            "last seen survives the disconnect"
+        );
         assert!(r.session("a").is_none());
     }
 
