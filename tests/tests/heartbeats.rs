@@ -214,11 +214,12 @@ async fn a_tls_manager_leaves_a_batch_of_heartbeats_unread() {
     c.down().await;
 }
 
-/// The TCP segments that reach `port` on this machine's loopback for
-/// `window`: per source port, the kernel's receive time (realtime µs) of
-/// every segment whose payload is `payload` bytes. Read off a packet socket
-/// (`AF_PACKET`, IPv4 only, incoming copies only), so the kernel stamps each
-/// segment as it passes, whatever the reader's own delays.
+/// The TCP segments that reach `port` on this machine (the sandbox's links
+/// are on loopback) for `window`: per source port, the kernel's receive
+/// time (realtime µs) of every segment whose payload is `payload` bytes.
+/// Read off a packet socket (`AF_PACKET`, IPv4 only, incoming copies only,
+/// every interface), so the kernel stamps each segment as it passes,
+/// whatever the reader's own delays.
 fn segments_to(
     port: u16,
     payload: usize,
@@ -295,7 +296,8 @@ fn segments_to(
 /// late only by the agent's wake-up, at the agents' interval (500 ms in the
 /// sandbox). The four agents are started a quarter of a slot apart, so
 /// heartbeats counted from when each session began would sit at four
-/// points of the slot a quarter apart, at most one of them near its start.
+/// points of the slot about a quarter apart, at most one of them near its
+/// start (checked: with such a timer the test fails).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_send_their_heartbeats_at_the_start_of_a_slot() {
     use drover_protocol::liveness::{AGENT_HEARTBEAT_FRAME_LEN, HEARTBEAT_SLOT};
