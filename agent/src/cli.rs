@@ -139,11 +139,7 @@ pub fn settings(args: &Args) -> Result<Settings, String> {
         )?);
     }
 
-    let bus = match (&args.bus, args.user) {
-        (Some(addr), _) => Bus::Address(addr.clone()),
-        (None, true) => Bus::Session,
-        (None, false) => Bus::System,
-    };
+    let bus = Bus::from_flags(args.bus.as_deref(), args.user);
     Ok(Settings {
         bus,
         link,

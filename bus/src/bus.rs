@@ -3,10 +3,12 @@
 //!
 //! Every drover process picks one of three buses: the system bus (default),
 //! the session bus (`--user`, a user's systemd and user-mode drover), or a bus
-//! at a given address (`--bus ADDRESS`, the sandbox and tests). How a process
-//! turns its flags into a [`Bus`] is its own CLI's business; what a `Bus`
+//! at a given address (`--bus ADDRESS`, the sandbox and tests). What a `Bus`
 //! means is decided here:
 //!
+//! * the daemons' flags pick it one way ([`Bus::from_flags`]): `--bus`
+//!   wins over `--user`, and neither means the system bus (`droverctl` also
+//!   reads `$DROVER_BUS`, its own rule);
 //! * the session bus is `$DBUS_SESSION_BUS_ADDRESS`, else
 //!   `unix:path=$XDG_RUNTIME_DIR/bus`; the system bus is
 //!   `$DBUS_SYSTEM_BUS_ADDRESS`, else `unix:path=/run/dbus/system_bus_socket`
@@ -41,6 +43,17 @@ pub enum Bus {
 pub struct NoSessionBus;
 
 impl Bus {
+    /// The bus a daemon's `--bus ADDRESS` and `--user` flags name: the
+    /// address when given (whatever `--user` says), else the session bus
+    /// with `--user`, else the system bus.
+    pub fn from_flags(address: Option<&str>, user: bool) -> Self {
+        match (address, user) {
+            (Some(address), _) => Bus::Address(address.to_owned()),
+            (None, true) => Bus::Session,
+            (None, false) => Bus::System,
+        }
+    }
+
     /// The D-Bus address of this bus, from the process environment (see the
     /// module docs).
     pub fn address(&self) -> Result<String, NoSessionBus> {
@@ -137,6 +150,18 @@ mod tests {
                 .unwrap(),
             "tcp:host=h,port=1"
         );
+    }
+
+    #[test]
+    fn flags_pick_the_address_then_the_session_then_the_system_bus() {
+        assert_eq!(Bus::from_flags(None, false), Bus::System);
+        assert_eq!(Bus::from_flags(None, true), Bus::Session);
+        for user in [false, true] {
+            assert_eq!(
+                Bus::from_flags(Some("unix:path=/b"), user),
+                Bus::Address("unix:path=/b".into())
+            );
+        }
     }
 
     #[test]

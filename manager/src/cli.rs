@@ -82,11 +82,7 @@ pub struct Cli {
 
 impl Cli {
     pub fn bus(&self) -> Bus {
-        match (&self.bus, self.user) {
-            (Some(address), _) => Bus::Address(address.clone()),
-            (None, true) => Bus::Session,
-            (None, false) => Bus::System,
-        }
+        Bus::from_flags(self.bus.as_deref(), self.user)
     }
 
     pub fn sources(&self) -> Result<Sources, ConfigError> {

@@ -74,11 +74,7 @@ impl AgentClient {
             bus: bus.clone(),
             reason: one_line(&reason),
         };
-        let address = match &bus {
-            Bus::System => crate::bus::system_address(),
-            Bus::Session => crate::bus::session_address().map_err(connect_error)?,
-            Bus::Address(a) => a.clone(),
-        };
+        let address = bus.address().map_err(|e| connect_error(e.to_string()))?;
         let conn = Connection::open(&address).map_err(connect_error)?;
         Ok(Self {
             conn,

@@ -3,9 +3,9 @@
 //!
 //! * Addresses: `unix:path=` and `unix:abstract=` entries of a D-Bus address
 //!   (`;`-separated, tried in order, values %-escaped), which is what system
-//!   and session buses use on Linux. The session bus is
-//!   `$DBUS_SESSION_BUS_ADDRESS`, else `$XDG_RUNTIME_DIR/bus`; the system bus
-//!   `$DBUS_SYSTEM_BUS_ADDRESS`, else `/run/dbus/system_bus_socket`.
+//!   and session buses use on Linux. Which address the system or the session
+//!   bus has is `drover_bus::Bus::address`'s rule, as for every drover
+//!   process.
 //! * Authentication: SASL `EXTERNAL` with the process' uid; `BEGIN` and
 //!   `Hello` then go out together with the first call, so a call costs the
 //!   bus one round trip for the handshake and one for the call.
@@ -83,23 +83,6 @@ fn unescape(v: &str) -> Option<Vec<u8>> {
         }
     }
     Some(out)
-}
-
-/// The session bus' address, as libdbus and sd-bus find it.
-pub fn session_address() -> Result<String, String> {
-    if let Ok(a) = std::env::var("DBUS_SESSION_BUS_ADDRESS") {
-        return Ok(a);
-    }
-    match std::env::var("XDG_RUNTIME_DIR") {
-        Ok(dir) => Ok(format!("unix:path={dir}/bus")),
-        Err(_) => Err("neither DBUS_SESSION_BUS_ADDRESS nor XDG_RUNTIME_DIR is set".into()),
-    }
-}
-
-/// The system bus' address.
-pub fn system_address() -> String {
-    std::env::var("DBUS_SYSTEM_BUS_ADDRESS")
-        .unwrap_or_else(|_| "unix:path=/run/dbus/system_bus_socket".into())
 }
 
 /// A socket connected to the first endpoint of `address` that accepts.

@@ -132,11 +132,7 @@ impl Args {
     }
 
     pub fn bus(&self) -> Bus {
-        match (&self.bus, self.user) {
-            (Some(a), _) => Bus::Address(a.clone()),
-            (None, true) => Bus::Session,
-            (None, false) => Bus::System,
-        }
+        Bus::from_flags(self.bus.as_deref(), self.user)
     }
 }
 
