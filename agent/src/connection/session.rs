@@ -80,7 +80,7 @@ impl<S: Systemd> Sessions<S> {
             let shared = self.shared().clone();
             let kill = kill.clone();
             tokio::spawn(async move {
-                let mut tick = heartbeat::timer(every, random_u64());
+                let mut tick = heartbeat::timer(every);
                 loop {
                     tokio::select! {
                         _ = kill.token().cancelled() => return,

@@ -25,19 +25,24 @@
 //!   shorter (a threshold below the manager's interval drops the link
 //!   between two heartbeats).
 //!
-//! Pure but for [`timer`] (which reads the realtime clock): the link logs
-//! the [`Negotiated::notes`] and applies the values.
+//! Pure but for [`timer`] (which reads the realtime clock and draws a
+//! slot): the link logs the [`Negotiated::notes`] and applies the values.
 
 use drover_bus::timestamp;
 use drover_protocol::liveness::{SENDS_PER_THRESHOLD as SENDS, until_heartbeat_slot};
+use std::hash::{BuildHasher, RandomState};
 use std::time::Duration;
 
 /// The timer a session sends its heartbeats by, every `every`: its first
-/// tick at the start of slot `pick` of the period by the realtime clock
-/// (`drover_protocol::liveness`, "Heartbeats keep to slots"), then every
-/// period on that grid, skipping ticks missed (it stays in its slot). The
-/// benchmark's simulated agents take theirs here too.
-pub fn timer(every: Duration, pick: u64) -> tokio::time::Interval {
+/// tick at the start of a slot of the period by the realtime clock
+/// (`drover_protocol::liveness`, "Heartbeats keep to slots"), drawn at
+/// random for each timer (each session), then every period on that grid,
+/// skipping ticks missed (it stays in its slot). The benchmark's simulated
+/// agents take theirs here too.
+pub fn timer(every: Duration) -> tokio::time::Interval {
+    // The draw needs no unpredictability, only difference between sessions
+    // and agents: std's randomly keyed hasher is enough.
+    let pick = RandomState::new().hash_one(std::time::Instant::now());
     let realtime = Duration::from_micros(timestamp::realtime_us());
     let first = tokio::time::Instant::now() + until_heartbeat_slot(every, pick, realtime);
     let mut tick = tokio::time::interval_at(first, every);

@@ -755,9 +755,7 @@ pub fn heartbeats(
     );
     let every = beats.send_every.unwrap_or(Duration::from_secs(3600));
     // In a slot drawn at random, by the real agent's timer.
-    use std::hash::BuildHasher;
-    let pick = std::collections::hash_map::RandomState::new().hash_one(Instant::now());
-    (beats, timer(every, pick))
+    (beats, timer(every))
 }
 
 /// The tags of one session, and what it told the manager.
