@@ -4,9 +4,10 @@
 //! [100 ms, 250 ms]; every further one doubles the ceiling, never above the
 //! cap, never below 100 ms (or the cap, when smaller); delays differ between
 //! agents and attempts, so thousands of agents do not reconnect in lockstep.
-//! The jitter needs no unpredictability, only difference ([`random_u64`]).
+//! The jitter needs no unpredictability, only difference
+//! ([`crate::link::random_u64`]).
 
-use std::hash::{BuildHasher, RandomState};
+use crate::link::random_u64;
 use std::time::Duration;
 
 /// Jittered exponential backoff (see the module docs).
@@ -38,12 +39,6 @@ impl Backoff {
         let span = (ceiling - floor).as_millis() as u64;
         floor + Duration::from_millis(random_u64() % (span + 1))
     }
-}
-
-/// Jitter only needs to differ between agents and attempts, not to be
-/// unpredictable: std's randomly keyed hasher is enough.
-pub(super) fn random_u64() -> u64 {
-    RandomState::new().hash_one(std::time::Instant::now())
 }
 
 #[cfg(test)]

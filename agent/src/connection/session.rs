@@ -13,13 +13,12 @@
 //! flushes what is queued, bounded by a second; any other end kills the
 //! writer at once. One message too big for a frame is dropped, not the link.
 
-use super::backoff::random_u64;
 use super::config::LinkConfig;
 use super::connect::LinkStream;
 use super::outcome::SessionEnd;
 use crate::dispatch::Dispatcher;
-use crate::link::heartbeat;
 use crate::link::outbox::SessionKill;
+use crate::link::{heartbeat, random_u64};
 use crate::state::Shared;
 use crate::systemd::api::Systemd;
 use drover_protocol::link::AgentFramed;

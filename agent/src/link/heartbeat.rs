@@ -30,7 +30,6 @@
 
 use drover_bus::timestamp;
 use drover_protocol::liveness::{SENDS_PER_THRESHOLD as SENDS, until_heartbeat_slot};
-use std::hash::{BuildHasher, RandomState};
 use std::time::Duration;
 
 /// The timer a session sends its heartbeats by, every `every`: its first
@@ -40,9 +39,7 @@ use std::time::Duration;
 /// skipping ticks missed (it stays in its slot). The benchmark's simulated
 /// agents take theirs here too.
 pub fn timer(every: Duration) -> tokio::time::Interval {
-    // The draw needs no unpredictability, only difference between sessions
-    // and agents: std's randomly keyed hasher is enough.
-    let pick = RandomState::new().hash_one(std::time::Instant::now());
+    let pick = super::random_u64();
     let realtime = Duration::from_micros(timestamp::realtime_us());
     let first = tokio::time::Instant::now() + until_heartbeat_slot(every, pick, realtime);
     let mut tick = tokio::time::interval_at(first, every);

@@ -19,6 +19,7 @@
 //!   (`SwitchController`).
 //! * [`tls`] — the agent's TLS settings: loaded and checked at start, read
 //!   again on `SIGHUP` for the next dial.
+//! * [`random_u64`] — the draw behind the link's jitter and heartbeat slot.
 
 pub mod follow;
 pub mod heartbeat;
@@ -26,3 +27,13 @@ pub mod outbox;
 pub mod status;
 pub mod target;
 pub mod tls;
+
+use std::hash::{BuildHasher, RandomState};
+
+/// A number that differs between agents, sessions and calls, for the
+/// link's spreading draws (the reconnect back-off's jitter, the heartbeat
+/// slot, the resync timer's jitter). They need no unpredictability, only
+/// difference: std's randomly keyed hasher is enough.
+pub fn random_u64() -> u64 {
+    RandomState::new().hash_one(std::time::Instant::now())
+}
