@@ -242,7 +242,7 @@ async fn start_health(
             };
             shared
                 .units
-                .hold_caught_up(None)
+                .hold_caught_up(None, drover_protocol::Scope::State)
                 .await
                 .map_err(|e| e.to_string())?;
             shared.health.set_holding();

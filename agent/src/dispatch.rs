@@ -27,7 +27,7 @@ use crate::systemd::api::{JobPath, Systemd};
 use drover_protocol::JobKind;
 use drover_protocol::codec::encode_body;
 use drover_protocol::error_names::{LIMITS_EXCEEDED, NO_SUCH_JOB, NOT_SUPPORTED};
-use drover_protocol::{MAX_FRAME_LEN, RemoteError, Request, Response, ToManager, UnitName};
+use drover_protocol::{MAX_FRAME_LEN, RemoteError, Request, Response, Scope, ToManager, UnitName};
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -56,6 +56,7 @@ pub fn request_name(req: &Request) -> &'static str {
         Request::StartTransientUnit { .. } => "StartTransientUnit",
         Request::SetLogLevel { .. } => "SetLogLevel",
         Request::Subscribe { .. } => "Subscribe",
+        Request::SubscribeState { .. } => "SubscribeState",
         Request::Unsubscribe { .. } => "Unsubscribe",
         Request::StartDep { .. } => "StartDep",
         Request::StopDep { .. } => "StopDep",
@@ -210,7 +211,7 @@ impl<S: Systemd> Dispatcher<S> {
                 // while the dep starts.
                 let units = &self.shared.units;
                 let held = units.streaming()
-                    && match units.hold(Some(unit.clone())).await {
+                    && match units.hold(Some(unit.clone()), Scope::State).await {
                         Ok(_) => true,
                         Err(e) => {
                             tracing::warn!("{unit} is not followed while its dep starts: {e}");
@@ -225,7 +226,7 @@ impl<S: Systemd> Dispatcher<S> {
                     .await;
                 self.reply(epoch, id, result);
                 if held {
-                    units.release(Some(unit)).await;
+                    units.release(Some(unit), Scope::State).await;
                 }
             }
             Request::StopDep { unit } => {
@@ -233,16 +234,10 @@ impl<S: Systemd> Dispatcher<S> {
                 self.reply(epoch, id, result);
             }
             Request::Subscribe { unit } => {
-                let result = match start_units(&self.systemd, &self.shared).await {
-                    Ok(()) => {
-                        self.shared
-                            .units
-                            .subscribe(&self.shared.outbox, epoch, unit)
-                            .await
-                    }
-                    Err(e) => Err(e),
-                };
-                self.reply(epoch, id, result);
+                self.subscribe(epoch, id, unit, Scope::Everything).await;
+            }
+            Request::SubscribeState { unit } => {
+                self.subscribe(epoch, id, Some(unit), Scope::State).await;
             }
             Request::Unsubscribe { unit } => {
                 let result = self.shared.units.unsubscribe(epoch, unit.as_ref()).await;
@@ -278,6 +273,20 @@ impl<S: Systemd> Dispatcher<S> {
                 self.reply(epoch, id, result);
             }
         }
+    }
+
+    /// `Subscribe` / `SubscribeState`: once the unit stream runs.
+    async fn subscribe(&self, epoch: u64, id: u64, unit: Option<UnitName>, scope: Scope) {
+        let result = match start_units(&self.systemd, &self.shared).await {
+            Ok(()) => {
+                self.shared
+                    .units
+                    .subscribe(&self.shared.outbox, epoch, unit, scope)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        self.reply(epoch, id, result);
     }
 
     async fn unit_job(
@@ -429,8 +438,8 @@ mod request_tests {
         queued.reached().await;
         assert_eq!(
             r.fake.followed(),
-            Some(Followed::Units([unit("db.service")].into())),
-            "followed before the dep's job is queued"
+            Some(Followed::Units([(unit("db.service"), Scope::State)].into())),
+            "followed (its state) before the dep's job is queued"
         );
         queued.release();
         call.await.unwrap();

@@ -9,7 +9,7 @@ mod common;
 use common::*;
 use drover_agent::systemd::api::{Followed, Systemd, UnitSignal, UnitSignalStream};
 use drover_agent::systemd::dbus::ZbusSystemd;
-use drover_protocol::{JobKind, UnitName};
+use drover_protocol::{JobKind, Scope, UnitName};
 use std::collections::BTreeSet;
 use std::time::Duration;
 use zbus::OwnedVariant;
@@ -18,13 +18,13 @@ use zbus::message::Sequence;
 const T: Duration = Duration::from_secs(20);
 const ONESHOT: &str = "[Service]\nType=oneshot\nExecStart=/bin/true\n";
 
+/// Every interface of each of `names`.
 fn units(names: &[&str]) -> Followed {
-    Followed::Units(
-        names
-            .iter()
-            .map(|n| UnitName::new(*n).unwrap())
-            .collect::<BTreeSet<_>>(),
-    )
+    scoped(names, Scope::Everything)
+}
+
+fn scoped(names: &[&str], scope: Scope) -> Followed {
+    Followed::units(names.iter().map(|n| (UnitName::new(*n).unwrap(), scope)))
 }
 
 /// The match rules the bus holds for the agent's connection.
@@ -176,4 +176,68 @@ async fn the_unit_stream_carries_what_is_followed_and_drops_the_rest_from_the_bu
     })
     .await
     .unwrap();
+}
+
+/// The interfaces of `unit`'s property changes among `signals`.
+fn interfaces_of(signals: &[UnitSignal], unit: &str) -> BTreeSet<String> {
+    signals
+        .iter()
+        .filter_map(|s| match s {
+            UnitSignal::Changed {
+                unit: u, interface, ..
+            } if u == unit => Some(interface.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A unit followed for its state: the bus sends its `Unit` interface's
+/// property changes (which carry `ActiveState` and `SubState`) and not the
+/// `Service` interface's, which systemd announces as often; followed for
+/// everything again, both come.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unit_followed_for_its_state_hears_its_unit_interface_alone() {
+    const UNIT_IFACE: &str = "org.freedesktop.systemd1.Unit";
+    const SERVICE_IFACE: &str = "org.freedesktop.systemd1.Service";
+    let node = SystemdNode::start("agent-test-scope", "node").await;
+    node.write_unit("a.service", ONESHOT);
+    node.reload().await;
+    let systemd = systemd(&node).await;
+    let _jobs = systemd.subscribe().await.unwrap();
+    let mut stream = systemd.unit_stream().await.unwrap();
+
+    switch(&systemd, &mut stream, &units(&["a.service"]), 1).await;
+    let rules = match_rules(&systemd).await;
+    let seen = run(&systemd, &mut stream, "a.service").await;
+    assert_eq!(
+        interfaces_of(&seen, "a.service"),
+        [SERVICE_IFACE.to_string(), UNIT_IFACE.to_string()].into(),
+        "followed for everything: {seen:?}"
+    );
+
+    let state = scoped(&["a.service"], Scope::State);
+    switch(&systemd, &mut stream, &state, 2).await;
+    assert_eq!(
+        match_rules(&systemd).await,
+        rules,
+        "as many rules, one narrower"
+    );
+    let seen = run(&systemd, &mut stream, "a.service").await;
+    assert_eq!(
+        interfaces_of(&seen, "a.service"),
+        [UNIT_IFACE.to_string()].into(),
+        "followed for its state: {seen:?}"
+    );
+    assert!(
+        seen.iter().any(|s| matches!(s,
+            UnitSignal::Changed { active_state: Some(a), .. } if a == "active" || a == "activating")),
+        "its state changes come: {seen:?}"
+    );
+
+    switch(&systemd, &mut stream, &units(&["a.service"]), 3).await;
+    let seen = run(&systemd, &mut stream, "a.service").await;
+    assert!(
+        interfaces_of(&seen, "a.service").contains(SERVICE_IFACE),
+        "widened again: {seen:?}"
+    );
 }

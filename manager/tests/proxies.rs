@@ -104,10 +104,10 @@ async fn proxy_lifecycle_notices_and_list() {
     assert!(list(&f).await.is_empty());
 
     proxy_new(&a, "b", "db.service", 1).await;
-    b.wait_for("StartDep and Subscribe on b", |r| {
+    b.wait_for("StartDep and SubscribeState on b", |r| {
         r.count(&start_dep("db.service")) == 1
-            && r.count(&Request::Subscribe {
-                unit: Some(un("db.service")),
+            && r.count(&Request::SubscribeState {
+                unit: un("db.service"),
             }) == 1
     })
     .await;
@@ -285,9 +285,9 @@ async fn requester_disconnects_within_and_past_the_grace_period() {
 async fn target_node_offline_past_grace_stops_active_proxies() {
     let (f, b, a) = a_and_b(500, reply_empty()).await;
     proxy_new(&a, "b", "db.service", 1).await;
-    b.wait_for("Subscribe", |r| {
-        r.count(&Request::Subscribe {
-            unit: Some(un("db.service")),
+    b.wait_for("SubscribeState", |r| {
+        r.count(&Request::SubscribeState {
+            unit: un("db.service"),
         }) == 1
     })
     .await;

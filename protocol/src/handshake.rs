@@ -41,7 +41,10 @@ use serde::{Deserialize, Serialize};
 /// heartbeats [`crate::liveness::HEARTBEATS_PER_READ`] at a time; a
 /// protocol 9 agent's small replies would wait in the manager's socket for
 /// its heartbeats.
-pub const PROTOCOL_VERSION: u32 = 10;
+/// 11: `Request::SubscribeState` ([`crate::Scope`]): the manager subscribes
+/// the units its proxies and discovery watch for their state alone; a
+/// protocol 10 agent would fail to decode it.
+pub const PROTOCOL_VERSION: u32 = 11;
 
 /// `DRVR`: tells a drover peer from anything else talking to the port.
 pub const MAGIC: [u8; 4] = *b"DRVR";

@@ -72,8 +72,8 @@ pub use handshake::{
 pub use health::{Health, HealthSnapshot, HealthState, NodeHealth, UnitHealth};
 pub use job::JobKind;
 pub use message::{
-    Event, Marshalled, Notice, Reason, RemoteError, Request, Response, TargetChange, ToAgent,
-    ToManager, UnitInfo,
+    Event, Marshalled, Notice, Reason, RemoteError, Request, Response, Scope, TargetChange,
+    ToAgent, ToManager, UnitInfo,
 };
 pub use names::{NameError, NodeName, UnitName};
 pub use proxy_instance::{InstanceError, ProxyInstance, ProxyMismatch, ProxyTemplate};

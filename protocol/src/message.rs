@@ -205,7 +205,9 @@ pub enum Request {
     SetLogLevel {
         level: String,
     },
-    /// Forward state changes of this unit (`None` = every unit).
+    /// Forward everything of this unit (`None` = every unit): its state
+    /// changes and every property change ([`Scope::Everything`]). A unit
+    /// subscribed with [`Request::SubscribeState`] is widened to it.
     Subscribe {
         unit: Option<UnitName>,
     },
@@ -226,6 +228,36 @@ pub enum Request {
     /// parts, then the health snapshot, and reply `Empty` (`crate::resync`).
     /// Appended last so the other variants keep their wire tags.
     Resync,
+    /// Forward this unit's state only ([`Scope::State`]): `UnitNew`,
+    /// `UnitStateChanged`, `UnitRemoved`, no `UnitPropertiesChanged`. A unit
+    /// subscribed with [`Request::Subscribe`] is narrowed to it.
+    SubscribeState {
+        unit: UnitName,
+    },
+}
+
+/// What a subscription of one unit forwards (protocol 11). The manager asks
+/// for the most any watcher of the unit needs: a monitor (a D-Bus client)
+/// needs [`Scope::Everything`], the manager's own users (proxies,
+/// discovery) the state alone. The agent follows a unit of [`Scope::State`]
+/// with a narrower match rule (the `Unit` interface's `PropertiesChanged`
+/// only), so systemd's other interfaces of the unit cost it nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Scope {
+    /// `UnitNew`, `UnitStateChanged`, `UnitRemoved`.
+    State,
+    /// Those and every `UnitPropertiesChanged`.
+    Everything,
+}
+
+impl Scope {
+    /// The request that subscribes `unit` at this scope.
+    pub fn subscribe(self, unit: UnitName) -> Request {
+        match self {
+            Self::State => Request::SubscribeState { unit },
+            Self::Everything => Request::Subscribe { unit: Some(unit) },
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -500,6 +532,7 @@ mod tests {
                 signal
             }),
             proptest::option::of(unit()).prop_map(|unit| Request::Subscribe { unit }),
+            unit().prop_map(|unit| Request::SubscribeState { unit }),
             unit().prop_map(|unit| Request::StartDep { unit }),
             Just(Request::Resync),
             (

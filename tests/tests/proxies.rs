@@ -361,6 +361,37 @@ async fn stopping_the_target_stops_dep_and_proxy_requester_keeps_running() {
     c.down().await;
 }
 
+/// The manager watches a proxy's target for its state alone; a monitor of
+/// the same unit still hears everything of it (here the `Service`
+/// interface's property changes of its stop), and when the monitor is gone
+/// the proxy still follows the target's state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_monitor_of_a_proxy_target_hears_everything_and_the_proxy_its_state() {
+    const SERVICE_IFACE: &str = "org.freedesktop.systemd1.Service";
+    let c = TestCluster::start(2).await;
+    chain_up(&c, "Wants", SLEEPER).await;
+    let mut m = c.monitor().await;
+    m.subscribe("node2", DB).await.unwrap();
+    stop_ok(&c, "node2", DB).await;
+    m.expect("the Service interface's changes of db's stop", T, |e| {
+        matches!(e, Ev::Props { node, unit, interface, .. }
+            if node == "node2" && unit == DB && interface == SERVICE_IFACE)
+    })
+    .await
+    .unwrap();
+    wait_state(&c, "node1", PROXY, "inactive").await;
+    drop(m);
+
+    // Watched for its state again: the proxy still follows the target.
+    stop_ok(&c, "node1", NEED_DB).await;
+    start_ok(&c, "node1", NEED_DB).await;
+    wait_state(&c, "node1", PROXY, "active").await;
+    wait_state(&c, "node2", DB, "active").await;
+    stop_ok(&c, "node2", DB).await;
+    wait_state(&c, "node1", PROXY, "inactive").await;
+    c.down().await;
+}
+
 /// proxy-service-stop-requesting
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopping_the_requester_releases_proxy_and_dep_target_keeps_running() {

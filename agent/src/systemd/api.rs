@@ -37,8 +37,8 @@
 //! * Events of one stream arrive in the order systemd sent them.
 
 use drover_bus::marshal;
-use drover_protocol::{JobKind, Marshalled, RemoteError, UnitInfo, UnitName};
-use std::collections::BTreeSet;
+use drover_protocol::{JobKind, Marshalled, RemoteError, Scope, UnitInfo, UnitName};
+use std::collections::BTreeMap;
 use std::future::Future;
 use tokio::sync::mpsc;
 
@@ -169,10 +169,14 @@ pub type UnitSignalStream<P> = mpsc::Receiver<(P, UnitSignal)>;
 /// What the unit stream follows besides the jobs (see [`Systemd::follow`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Followed {
-    /// Every unit (BlueChi's `*`, or more units than [`MAX_FOLLOWED_UNITS`]).
+    /// Every signal of every unit (BlueChi's `*`, or more units than
+    /// [`MAX_FOLLOWED_UNITS`]).
     Every,
-    /// These units only; none at all when empty.
-    Units(BTreeSet<UnitName>),
+    /// These units only, each with what is followed of it: every interface's
+    /// property changes ([`Scope::Everything`]) or the `Unit` interface's
+    /// alone ([`Scope::State`], which carries `ActiveState` and `SubState`);
+    /// none at all when empty.
+    Units(BTreeMap<UnitName, Scope>),
 }
 
 /// Most units followed one by one; beyond, the unit stream follows every
@@ -184,16 +188,21 @@ pub const MAX_FOLLOWED_UNITS: usize = 64;
 impl Followed {
     /// Nothing but the jobs.
     pub fn nothing() -> Self {
-        Self::Units(BTreeSet::new())
+        Self::Units(BTreeMap::new())
     }
 
-    /// `units` one by one, or every unit when they are more than
-    /// [`MAX_FOLLOWED_UNITS`].
-    pub fn units(units: BTreeSet<UnitName>) -> Self {
-        if units.len() > MAX_FOLLOWED_UNITS {
+    /// `units` one by one, a unit named twice with the wider of its scopes,
+    /// or every unit when they are more than [`MAX_FOLLOWED_UNITS`].
+    pub fn units(units: impl IntoIterator<Item = (UnitName, Scope)>) -> Self {
+        let mut merged: BTreeMap<UnitName, Scope> = BTreeMap::new();
+        for (unit, scope) in units {
+            let entry = merged.entry(unit).or_insert(scope);
+            *entry = (*entry).max(scope);
+        }
+        if merged.len() > MAX_FOLLOWED_UNITS {
             Self::Every
         } else {
-            Self::Units(units)
+            Self::Units(merged)
         }
     }
 
@@ -201,7 +210,7 @@ impl Followed {
     pub fn covers(&self, unit: &UnitName) -> bool {
         match self {
             Self::Every => true,
-            Self::Units(units) => units.contains(unit),
+            Self::Units(units) => units.contains_key(unit),
         }
     }
 }
@@ -211,7 +220,13 @@ impl std::fmt::Display for Followed {
         match self {
             Self::Every => f.write_str("*"),
             Self::Units(units) => {
-                let names: Vec<&str> = units.iter().map(UnitName::as_str).collect();
+                let names: Vec<String> = units
+                    .iter()
+                    .map(|(u, scope)| match scope {
+                        Scope::Everything => u.to_string(),
+                        Scope::State => format!("{u}(state)"),
+                    })
+                    .collect();
                 write!(f, "[{}]", names.join(" "))
             }
         }

@@ -18,10 +18,10 @@ use super::api::{
     UnitSignal, UnitSignalStream,
 };
 use drover_bus::marshal::{self, AuxUnits, PropertyList, PropertyMap};
-use drover_bus::systemd::{JOB_PATH_PREFIX, UNIT_PATH_PREFIX};
+use drover_bus::systemd::{JOB_PATH_PREFIX, UNIT_IFACE, UNIT_PATH_PREFIX};
 use drover_protocol::JobKind;
 use drover_protocol::error_names::{NO_SUCH_JOB, NO_SUCH_UNIT, UNKNOWN_METHOD};
-use drover_protocol::{Marshalled, RemoteError, UnitInfo, UnitName};
+use drover_protocol::{Marshalled, RemoteError, Scope, UnitInfo, UnitName};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -362,11 +362,19 @@ fn carries(followed: &Followed, signal: &UnitSignal) -> bool {
             Followed::Every => true,
             Followed::Units(units) => !units.is_empty(),
         },
-        UnitSignal::New { unit }
-        | UnitSignal::Removed { unit }
-        | UnitSignal::Changed { unit, .. } => match followed {
+        UnitSignal::New { unit } | UnitSignal::Removed { unit } => match followed {
             Followed::Every => true,
             Followed::Units(_) => UnitName::new(unit.as_str()).is_ok_and(|u| followed.covers(&u)),
+        },
+        // A unit followed for its state: its `Unit` interface alone.
+        UnitSignal::Changed {
+            unit, interface, ..
+        } => match followed {
+            Followed::Every => true,
+            Followed::Units(units) => UnitName::new(unit.as_str())
+                .ok()
+                .and_then(|u| units.get(&u))
+                .is_some_and(|scope| *scope == Scope::Everything || interface == UNIT_IFACE),
         },
     }
 }

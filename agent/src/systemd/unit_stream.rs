@@ -5,8 +5,11 @@
 //!
 //! **Rules.** Following [`Followed::Every`] is one rule for every signal of
 //! systemd. Following units one by one is, for each unit, a rule for its
-//! object (`PropertiesChanged`) and one for `UnitNew`/`UnitRemoved` of its
-//! name (`arg0`), plus one for `Reloading` when there is any unit; the jobs'
+//! object (`PropertiesChanged`; of the `Unit` interface alone, `arg0`, for a
+//! unit followed for its state: systemd also announces each change of a
+//! service's `Service` interface, which would otherwise wake the agent as
+//! often again) and one for `UnitNew`/`UnitRemoved` of its name (`arg0`),
+//! plus one for `Reloading` when there is any unit; the jobs'
 //! `JobNew` and `JobRemoved` are always followed (the unit fence waits on
 //! them: `crate::deps::unit_fence`). These rules never match the same
 //! message twice, and the job rules are the job stream's own, which the
@@ -42,8 +45,10 @@ use super::api::{EVENT_QUEUE, Followed, UnitSignal, UnitSignalStream};
 use super::errors::call_error;
 use super::signals::{follow_systemd, manager_signal, parse_unit_signal, systemd_signals};
 use drover_bus::sender::{Dropped, Owner, Verdict};
-use drover_bus::systemd::{BUS_NAME, MANAGER_IFACE, MANAGER_PATH, UnitTuple, unit_info, unit_path};
-use drover_protocol::{RemoteError, UnitInfo, UnitName};
+use drover_bus::systemd::{
+    BUS_NAME, MANAGER_IFACE, MANAGER_PATH, UNIT_IFACE, UnitTuple, unit_info, unit_path,
+};
+use drover_protocol::{RemoteError, Scope, UnitInfo, UnitName};
 use futures::StreamExt;
 use futures::stream::Peekable;
 use std::collections::VecDeque;
@@ -140,12 +145,19 @@ async fn open(conn: &Connection, followed: &Followed) -> Result<Vec<MessageStrea
             if !units.is_empty() {
                 rules.push(Box::new(manager_signal("Reloading")));
             }
-            for unit in units {
+            for (unit, scope) in units {
                 let path = unit_path(unit.as_str());
+                let state_only = *scope == Scope::State;
                 rules.push(Box::new(move |rule: MatchRuleBuilder<'static>| {
-                    rule.path(path)
+                    let rule = rule
+                        .path(path)
                         .interface(PROPERTIES_IFACE)
-                        .member("PropertiesChanged")
+                        .member("PropertiesChanged");
+                    if state_only {
+                        rule.arg(0, UNIT_IFACE)
+                    } else {
+                        rule
+                    }
                 }));
                 let name = unit.as_str().to_owned();
                 rules.push(Box::new(move |rule: MatchRuleBuilder<'static>| {
@@ -186,7 +198,7 @@ async fn snapshot(
         }
         Followed::Units(units) => {
             let states: &[&str] = &[];
-            let patterns: Vec<String> = units.iter().map(pattern).collect();
+            let patterns: Vec<String> = units.keys().map(pattern).collect();
             (
                 conn.call_method(
                     Some(BUS_NAME),
@@ -206,7 +218,7 @@ async fn snapshot(
     if let Followed::Units(names) = followed {
         // A pattern names exactly its unit (see `pattern`); a systemd that
         // answered more is not believed.
-        units.retain(|u| UnitName::new(u.name.as_str()).is_ok_and(|n| names.contains(&n)));
+        units.retain(|u| UnitName::new(u.name.as_str()).is_ok_and(|n| names.contains_key(&n)));
     }
     Ok((units, answer.recv_position()))
 }

@@ -4,8 +4,10 @@
 //! the manager's session watches (the view's
 //! [`crate::units::rules::View::wanted`]) plus what is **held**: a unit
 //! (`None`: every unit) held by [`Following::hold`] for a subscription on
-//! its way or a `StartDep` whose target the unit fence must see go active,
-//! counted per holder. When nothing is watched or held, it follows nothing
+//! its way (at the subscription's scope) or a `StartDep` whose target the
+//! unit fence must see go active (its state: [`Scope::State`]), counted per
+//! holder and scope; a unit held or watched at two scopes is followed at the
+//! wider. When nothing is watched or held, it follows nothing
 //! but the jobs, and systemd's other signals do not even reach the agent.
 //!
 //! Invariants:
@@ -19,7 +21,7 @@
 //! * A unit held n times is followed until the n-th release.
 
 use crate::systemd::api::Followed;
-use drover_protocol::{RemoteError, UnitName};
+use drover_protocol::{RemoteError, Scope, UnitName};
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -34,22 +36,26 @@ pub type Follower = Box<
         + Sync,
 >;
 
-/// Units held (`None`: every unit) and their number of holders. Plain data.
+/// What one holder holds: a unit (`None`: every unit, where the scope is
+/// [`Scope::Everything`] whatever it says) at a scope.
+pub type Held = (Option<UnitName>, Scope);
+
+/// What is held and its number of holders. Plain data.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Holds(HashMap<Option<UnitName>, usize>);
+pub struct Holds(HashMap<Held, usize>);
 
 impl Holds {
-    /// One more holder of `unit`.
-    pub fn add(&mut self, unit: &Option<UnitName>) {
-        *self.0.entry(unit.clone()).or_default() += 1;
+    /// One more holder of `held`.
+    pub fn add(&mut self, held: &Held) {
+        *self.0.entry(held.clone()).or_default() += 1;
     }
 
-    /// One holder of `unit` fewer; nothing if it was not held.
-    pub fn remove(&mut self, unit: &Option<UnitName>) {
-        if let Some(n) = self.0.get_mut(unit) {
+    /// One holder of `held` fewer; nothing if it was not held.
+    pub fn remove(&mut self, held: &Held) {
+        if let Some(n) = self.0.get_mut(held) {
             *n -= 1;
             if *n == 0 {
-                self.0.remove(unit);
+                self.0.remove(held);
             }
         }
     }
@@ -60,11 +66,14 @@ impl Holds {
             Followed::Every => return Followed::Every,
             Followed::Units(units) => units,
         };
-        if self.0.contains_key(&None) {
+        if self.0.keys().any(|(unit, _)| unit.is_none()) {
             return Followed::Every;
         }
-        let held = self.0.keys().flatten().cloned();
-        Followed::units(units.into_iter().chain(held).collect())
+        let held = self
+            .0
+            .keys()
+            .filter_map(|(unit, scope)| unit.clone().map(|u| (u, *scope)));
+        Followed::units(units.into_iter().chain(held))
     }
 }
 
@@ -132,29 +141,29 @@ impl Following {
         Ok(id)
     }
 
-    /// One more holder of `unit` (`None`: every unit), and the stream
-    /// follows it: its match rules are on the bus when this returns. Returns
-    /// the change to wait for before relying on the cache. An error holds
-    /// nothing.
+    /// One more holder of `held` (a unit or every unit, at a scope), and
+    /// the stream follows it: its match rules are on the bus when this
+    /// returns. Returns the change to wait for before relying on the cache.
+    /// An error holds nothing.
     pub async fn hold(
         &self,
-        unit: &Option<UnitName>,
+        held: &Held,
         watched: impl FnOnce() -> Followed,
     ) -> Result<u64, RemoteError> {
-        let held = self.refollow(|holds| holds.add(unit), watched).await;
-        if held.is_err() {
-            self.state.lock().await.holds.remove(unit);
+        let result = self.refollow(|holds| holds.add(held), watched).await;
+        if result.is_err() {
+            self.state.lock().await.holds.remove(held);
         }
-        held
+        result
     }
 
-    /// One holder of `unit` fewer; the stream then follows what is left.
+    /// One holder of `held` fewer; the stream then follows what is left.
     pub async fn release(
         &self,
-        unit: &Option<UnitName>,
+        held: &Held,
         watched: impl FnOnce() -> Followed,
     ) -> Result<u64, RemoteError> {
-        self.refollow(|holds| holds.remove(unit), watched).await
+        self.refollow(|holds| holds.remove(held), watched).await
     }
 
     /// The reader applied the snapshot of change `id`.
@@ -179,43 +188,86 @@ impl Following {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeSet;
     use std::sync::{Arc, Mutex};
 
     fn unit(s: &str) -> Option<UnitName> {
         Some(UnitName::new(s).unwrap())
     }
 
+    /// `s` held for its state (a `StartDep`'s hold).
+    fn state(s: &str) -> Held {
+        (unit(s), Scope::State)
+    }
+
+    fn every(s: &str) -> Held {
+        (unit(s), Scope::Everything)
+    }
+
+    /// Every interface of each of `names`.
     fn units(names: &[&str]) -> Followed {
-        Followed::Units(names.iter().map(|n| unit(n).unwrap()).collect())
+        Followed::units(names.iter().map(|n| (unit(n).unwrap(), Scope::Everything)))
     }
 
     #[test]
     fn holds_add_to_what_is_watched_until_the_last_holder_releases() {
         let mut holds = Holds::default();
         assert_eq!(holds.wanted(Followed::nothing()), Followed::nothing());
-        holds.add(&unit("db.service"));
-        holds.add(&unit("db.service"));
+        holds.add(&every("db.service"));
+        holds.add(&every("db.service"));
         assert_eq!(
             holds.wanted(units(&["a.service"])),
             units(&["a.service", "db.service"])
         );
-        holds.remove(&unit("db.service"));
+        holds.remove(&every("db.service"));
         assert_eq!(holds.wanted(Followed::nothing()), units(&["db.service"]));
-        holds.remove(&unit("db.service"));
+        holds.remove(&every("db.service"));
         assert_eq!(holds.wanted(Followed::nothing()), Followed::nothing());
         // A release without a hold changes nothing.
-        holds.remove(&unit("db.service"));
+        holds.remove(&every("db.service"));
         assert_eq!(holds, Holds::default());
         // Every unit, held or watched, is every unit.
-        holds.add(&None);
+        holds.add(&(None, Scope::State));
         assert_eq!(holds.wanted(units(&["a.service"])), Followed::Every);
-        holds.remove(&None);
+        holds.remove(&(None, Scope::State));
         assert_eq!(
             Holds::default().wanted(Followed::Every),
             Followed::Every,
             "watched *"
         );
+    }
+
+    #[test]
+    fn a_unit_held_or_watched_at_two_scopes_is_followed_at_the_wider() {
+        let db = UnitName::new("db.service").unwrap();
+        let followed_as = |f: Followed| match f {
+            Followed::Units(units) => units.get(&db).copied(),
+            Followed::Every => Some(Scope::Everything),
+        };
+        let mut holds = Holds::default();
+        holds.add(&state("db.service"));
+        assert_eq!(
+            followed_as(holds.wanted(Followed::nothing())),
+            Some(Scope::State),
+            "a StartDep's hold follows the state alone"
+        );
+        assert_eq!(
+            followed_as(holds.wanted(units(&["db.service"]))),
+            Some(Scope::Everything),
+            "watched by a monitor as well"
+        );
+        holds.add(&every("db.service"));
+        assert_eq!(
+            followed_as(holds.wanted(Followed::nothing())),
+            Some(Scope::Everything)
+        );
+        holds.remove(&every("db.service"));
+        assert_eq!(
+            followed_as(holds.wanted(Followed::nothing())),
+            Some(Scope::State),
+            "the wider hold released: back to the state"
+        );
+        holds.remove(&state("db.service"));
+        assert_eq!(followed_as(holds.wanted(Followed::nothing())), None);
     }
 
     /// The changes a follower was told of.
@@ -245,27 +297,34 @@ mod tests {
         let (follower, calls) = recording(fail.clone());
         let nothing = || Followed::nothing();
         assert!(
-            following.hold(&unit("db.service"), nothing).await.is_err(),
+            following.hold(&every("db.service"), nothing).await.is_err(),
             "not started"
         );
         following.started(follower);
 
-        assert_eq!(following.hold(&unit("db.service"), nothing).await, Ok(1));
+        assert_eq!(following.hold(&every("db.service"), nothing).await, Ok(1));
         // A second holder changes nothing on the bus.
-        assert_eq!(following.hold(&unit("db.service"), nothing).await, Ok(1));
-        assert_eq!(following.release(&unit("db.service"), nothing).await, Ok(1));
-        assert_eq!(following.release(&unit("db.service"), nothing).await, Ok(2));
+        assert_eq!(following.hold(&every("db.service"), nothing).await, Ok(1));
+        assert_eq!(
+            following.release(&every("db.service"), nothing).await,
+            Ok(1)
+        );
+        assert_eq!(
+            following.release(&every("db.service"), nothing).await,
+            Ok(2)
+        );
         assert_eq!(
             *calls.lock().unwrap(),
             vec![(units(&["db.service"]), 1), (Followed::nothing(), 2)]
         );
 
         *fail.lock().unwrap() = true;
-        assert!(following.hold(&None, nothing).await.is_err());
+        let all = (None, Scope::Everything);
+        assert!(following.hold(&all, nothing).await.is_err());
         *fail.lock().unwrap() = false;
         // The failed hold left nothing held: nothing to change.
-        assert_eq!(following.release(&None, nothing).await, Ok(2));
-        let watched = || Followed::Units(BTreeSet::from([unit("a.service").unwrap()]));
+        assert_eq!(following.release(&all, nothing).await, Ok(2));
+        let watched = || units(&["a.service"]);
         assert_eq!(following.refollow(|_| {}, watched).await, Ok(3));
         assert_eq!(calls.lock().unwrap().len(), 3);
     }

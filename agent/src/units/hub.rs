@@ -4,14 +4,17 @@
 //! sends what the rules in [`crate::units::rules`] decide.
 //!
 //! The manager sends `Subscribe { unit }` for a unit (or `None`: every unit,
-//! BlueChi's `*`) and `Unsubscribe` when nobody watches it any more.
+//! BlueChi's `*`), `SubscribeState { unit }` for a unit whose state alone
+//! its watchers need (and either again when that changes), and
+//! `Unsubscribe` when nobody watches it any more.
 //!
 //! **Following only what is watched.** The unit stream
 //! ([`crate::systemd::api::Systemd::unit_stream`], started once, with the
 //! agent) carries the signals of what the session watches and nothing else:
 //! every unit while it watches `*` (or more than
 //! [`crate::systemd::api::MAX_FOLLOWED_UNITS`] units), else the watched units
-//! one by one, else none (jobs only, for the unit fence). Each `Subscribe`
+//! one by one (a unit watched for its state: its `Unit` interface alone),
+//! else none (jobs only, for the unit fence). Each `Subscribe`
 //! first makes the stream follow its unit too, and waits until the reader
 //! applied that change's snapshot ([`crate::units::rules::View::apply_snapshot`]),
 //! so its virtual replay is systemd's state from then on; each `Unsubscribe`
@@ -35,9 +38,9 @@
 
 use crate::link::outbox::{Outbox, Sent};
 use crate::systemd::api::{Followed, Systemd, UnitSignal, UnitSignalStream};
-use crate::units::following::{Follower, Following};
+use crate::units::following::{Follower, Following, Held};
 use crate::units::rules::{Batch, ResyncRows, View, describe};
-use drover_protocol::{RemoteError, Response, ToManager, UnitInfo, UnitName};
+use drover_protocol::{RemoteError, Response, Scope, ToManager, UnitInfo, UnitName};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -161,28 +164,34 @@ impl UnitHub {
         self.lock().wanted()
     }
 
-    /// Makes the stream follow `unit` (`None`: every unit) until
+    /// Makes the stream follow `unit` (`None`: every unit) at `scope` until
     /// [`UnitHub::release`], whatever the subscriptions
     /// ([`crate::units::following`]): its match rules are on the bus when
     /// this returns, so every signal systemd sends of it from now on reaches
-    /// the reader (a `StartDep` holds its target, so the unit fence sees it
-    /// go active). Returns the change to wait for before relying on the
-    /// cache. An error holds nothing.
-    pub async fn hold(&self, unit: Option<UnitName>) -> Result<u64, RemoteError> {
-        self.following.hold(&unit, || self.watched()).await
+    /// the reader (a `StartDep` holds its target's state, so the unit fence
+    /// sees it go active). Returns the change to wait for before relying on
+    /// the cache. An error holds nothing.
+    pub async fn hold(&self, unit: Option<UnitName>, scope: Scope) -> Result<u64, RemoteError> {
+        self.following.hold(&(unit, scope), || self.watched()).await
     }
 
     /// [`UnitHub::hold`], then waits until the reader applied that change
     /// (the cache covers `unit` when this returns).
-    pub async fn hold_caught_up(&self, unit: Option<UnitName>) -> Result<(), RemoteError> {
-        let id = self.hold(unit).await?;
+    pub async fn hold_caught_up(
+        &self,
+        unit: Option<UnitName>,
+        scope: Scope,
+    ) -> Result<(), RemoteError> {
+        let id = self.hold(unit, scope).await?;
         self.following.caught_up(id, SEND_PATIENCE).await
     }
 
-    /// Ends one [`UnitHub::hold`] of `unit`; the stream then follows what is
-    /// left (a failure is logged, the next change tries again).
-    pub async fn release(&self, unit: Option<UnitName>) {
-        if let Err(e) = self.following.release(&unit, || self.watched()).await {
+    /// Ends one [`UnitHub::hold`] of `unit` at `scope`; the stream then
+    /// follows what is left (a failure is logged, the next change tries
+    /// again).
+    pub async fn release(&self, unit: Option<UnitName>, scope: Scope) {
+        let held: Held = (unit, scope);
+        if let Err(e) = self.following.release(&held, || self.watched()).await {
             tracing::warn!("cannot change which units are followed: {e}");
         }
     }
@@ -208,22 +217,26 @@ impl UnitHub {
         self.following.applied(id);
     }
 
-    /// `Request::Subscribe` of session `epoch`, once the stream runs
-    /// ([`UnitHub::start`]): makes the stream follow the unit too (held
-    /// until the subscription is recorded), waits until the reader applied
-    /// that change, records the subscription and sends the virtual replay.
+    /// `Request::Subscribe` (`scope` [`Scope::Everything`]) or
+    /// `Request::SubscribeState` ([`Scope::State`]) of session `epoch`, once
+    /// the stream runs ([`UnitHub::start`]): makes the stream follow the
+    /// unit at that scope too (held until the subscription is recorded),
+    /// waits until the reader applied that change, records the subscription
+    /// and sends the virtual replay. A unit narrowed to its state is
+    /// followed as before until the hold ends, then for its state alone.
     pub async fn subscribe(
         &self,
         outbox: &Outbox,
         epoch: u64,
         unit: Option<UnitName>,
+        scope: Scope,
     ) -> Result<Response, RemoteError> {
-        self.lock().wanted_with(epoch, unit.as_ref())?;
-        let change = self.hold(unit.clone()).await?;
+        self.lock().may_subscribe(epoch, unit.as_ref(), scope)?;
+        let change = self.hold(unit.clone(), scope).await?;
         let result = self
-            .subscribe_held(outbox, epoch, unit.as_ref(), change)
+            .subscribe_held(outbox, epoch, unit.as_ref(), scope, change)
             .await;
-        self.release(unit).await;
+        self.release(unit, scope).await;
         result
     }
 
@@ -232,13 +245,15 @@ impl UnitHub {
         outbox: &Outbox,
         epoch: u64,
         unit: Option<&UnitName>,
+        scope: Scope,
         change: u64,
     ) -> Result<Response, RemoteError> {
         self.following.caught_up(change, SEND_PATIENCE).await?;
         let _order = self.send_order.lock().await;
-        let batch = self.lock().subscribe(epoch, unit)?;
+        let batch = self.lock().subscribe(epoch, unit, scope)?;
         tracing::debug!(
             unit = describe(unit),
+            ?scope,
             replayed = batch.events.len(),
             "subscribed"
         );
@@ -958,7 +973,8 @@ mod tests {
         for u in ["a.service", "b.service", "c.service"] {
             r.fake.set_state(u, "active", "running");
         }
-        let units = |names: &[&str]| Followed::Units(names.iter().map(|n| unit(n)).collect());
+        let units =
+            |names: &[&str]| Followed::units(names.iter().map(|n| (unit(n), Scope::Everything)));
         subscribe(&mut r, 1, Some("a.service")).await.unwrap();
         assert_eq!(r.fake.followed(), Some(units(&["a.service"])));
         subscribe(&mut r, 2, Some("b.service")).await.unwrap();
@@ -1045,7 +1061,7 @@ mod tests {
         assert_eq!(next(&mut r.rx).await, ok_reply(one_more + 1));
         assert!(matches!(
             r.fake.followed(),
-            Some(Followed::Units(u)) if u.len() == MAX_FOLLOWED_UNITS && !u.contains(&unit(&name(0)))
+            Some(Followed::Units(u)) if u.len() == MAX_FOLLOWED_UNITS && !u.contains_key(&unit(&name(0)))
         ));
     }
 

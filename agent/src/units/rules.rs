@@ -8,9 +8,15 @@
 //!   answered with a virtual `UnitNew` + `UnitStateChanged` (current
 //!   `ActiveState`/`SubState`) for the unit if systemd has it loaded — for
 //!   every loaded unit in the case of `*`.
+//! * **Scopes.** A unit is watched at a [`Scope`]: `Subscribe` watches
+//!   everything of it, `SubscribeState` its state alone; subscribing a
+//!   watched unit at the other scope changes the scope (no replay: the
+//!   manager has the state), at the same scope is an error. `*` is
+//!   everything of every unit.
 //! * **Real events** ([`View::on_signal`]): for watched units, systemd's
 //!   `UnitNew` and `UnitRemoved`, every `PropertiesChanged` of the unit object
-//!   as `UnitPropertiesChanged` (the changed `a{sv}`, in systemd's order), and
+//!   as `UnitPropertiesChanged` (the changed `a{sv}`, in systemd's order;
+//!   not for a unit watched for its state alone), and
 //!   a real `UnitStateChanged` only when `ActiveState` or `SubState` actually
 //!   changed (systemd repeats both in every change signal of the Unit
 //!   interface). The state event of a signal goes out before its property
@@ -54,16 +60,17 @@
 //!
 //! Invariants: the cache and the watch set are capped ([`MAX_UNITS`],
 //! [`MAX_WATCHED`]); unit names from systemd that are not valid
-//! [`UnitName`]s are logged and skipped; `Subscribe` twice or `Unsubscribe`
-//! without a subscription is `org.freedesktop.DBus.Error.Failed` ("already
-//! subscribed" / "not subscribed") and changes nothing.
+//! [`UnitName`]s are logged and skipped; `Subscribe` twice (at the same
+//! scope) or `Unsubscribe` without a subscription is
+//! `org.freedesktop.DBus.Error.Failed` ("already subscribed" / "not
+//! subscribed") and changes nothing.
 
 use crate::systemd::api::{Followed, UnitSignal};
 use drover_bus::systemd::UNIT_IFACE;
 use drover_protocol::error_names;
 use drover_protocol::resync::{UnitRow, watch_hash};
 use drover_protocol::tag::TagCounter;
-use drover_protocol::{Event, ModTag, Reason, RemoteError, UnitInfo, UnitName};
+use drover_protocol::{Event, ModTag, Reason, RemoteError, Scope, UnitInfo, UnitName};
 use std::collections::{HashMap, HashSet};
 
 /// Most loaded units the cache follows. Beyond it, new units are not cached:
@@ -95,12 +102,22 @@ struct Session {
     epoch: u64,
     tags: TagCounter,
     all: bool,
-    watched: HashSet<UnitName>,
+    watched: HashMap<UnitName, Scope>,
 }
 
 impl Session {
     fn watches(&self, unit: &UnitName) -> bool {
-        self.all || self.watched.contains(unit)
+        self.all || self.watched.contains_key(unit)
+    }
+
+    /// Whether the manager hears `unit`'s property changes.
+    fn tells_properties(&self, unit: &UnitName) -> bool {
+        self.all || self.watched.get(unit) == Some(&Scope::Everything)
+    }
+
+    /// What the stream must follow for the watched units one by one.
+    fn followed(&self) -> Followed {
+        Followed::units(self.watched.iter().map(|(u, scope)| (u.clone(), *scope)))
     }
 }
 
@@ -156,14 +173,15 @@ fn failed(message: String) -> RemoteError {
     RemoteError::failed(message)
 }
 
-/// `session` if it is of `epoch` and may subscribe `unit` (`None`: `*`):
-/// the one check [`View::subscribe`] makes and [`View::wanted_with`]
-/// foresees. Errors: the session has ended, already watches `unit`, or
-/// watches [`MAX_WATCHED`] single units.
+/// `session` if it is of `epoch` and may subscribe `unit` (`None`: `*`) at
+/// `scope`: the one check [`View::subscribe`] makes and
+/// [`View::may_subscribe`] foresees. Errors: the session has ended, already
+/// watches `unit` at that scope, or watches [`MAX_WATCHED`] single units.
 fn subscribing<S: std::borrow::Borrow<Session>>(
     session: Option<S>,
     epoch: u64,
     unit: Option<&UnitName>,
+    scope: Scope,
 ) -> Result<S, RemoteError> {
     let Some(session) = session.filter(|s| s.borrow().epoch == epoch) else {
         return Err(failed(
@@ -171,14 +189,17 @@ fn subscribing<S: std::borrow::Borrow<Session>>(
         ));
     };
     let s = session.borrow();
-    let already = match unit {
-        None => s.all,
-        Some(u) => s.watched.contains(u),
+    let (already, rescope) = match unit {
+        None => (s.all, false),
+        Some(u) => match s.watched.get(u) {
+            Some(was) => (*was == scope, true),
+            None => (false, false),
+        },
     };
     if already {
         return Err(failed(format!("already subscribed to {}", describe(unit))));
     }
-    if unit.is_some() && s.watched.len() >= MAX_WATCHED {
+    if unit.is_some() && !rescope && s.watched.len() >= MAX_WATCHED {
         return Err(RemoteError::new(
             error_names::LIMITS_EXCEEDED,
             format!("more than {MAX_WATCHED} units subscribed on this node"),
@@ -213,7 +234,7 @@ impl View {
             epoch,
             tags: TagCounter::new(session_id),
             all: false,
-            watched: HashSet::new(),
+            watched: HashMap::new(),
         });
     }
 
@@ -267,7 +288,7 @@ impl View {
         let followed = if s.all {
             matches!(self.covered, Followed::Every)
         } else {
-            s.watched.iter().all(|u| self.covered.covers(u))
+            s.watched.keys().all(|u| self.covered.covers(u))
         };
         if !followed {
             return None;
@@ -286,7 +307,7 @@ impl View {
         Some(ResyncRows {
             epoch: s.epoch,
             tag: s.tags.last(),
-            watch: watch_hash(s.all, &s.watched),
+            watch: watch_hash(s.all, s.watched.keys()),
             rows,
         })
     }
@@ -302,34 +323,25 @@ impl View {
     }
 
     /// What the stream must follow for the current session: every unit for
-    /// `*`, else the watched units ([`Followed::units`]); nothing without a
-    /// session.
+    /// `*`, else the watched units at their scopes ([`Followed::units`]);
+    /// nothing without a session.
     pub fn wanted(&self) -> Followed {
         match &self.session {
             Some(s) if s.all => Followed::Every,
-            Some(s) => Followed::units(s.watched.iter().cloned().collect()),
+            Some(s) => s.followed(),
             None => Followed::nothing(),
         }
     }
 
-    /// [`View::wanted`] with `unit` (`None`: `*`) subscribed too; the errors
-    /// [`View::subscribe`] would give, without changing anything.
-    pub fn wanted_with(
+    /// The errors [`View::subscribe`] of `unit` (`None`: `*`) at `scope`
+    /// would give, without changing anything.
+    pub fn may_subscribe(
         &self,
         epoch: u64,
         unit: Option<&UnitName>,
-    ) -> Result<Followed, RemoteError> {
-        let session = subscribing(self.session.as_ref(), epoch, unit)?;
-        Ok(match unit {
-            None => Followed::Every,
-            Some(_) if session.all => Followed::Every,
-            Some(u) => {
-                let mut units: std::collections::BTreeSet<UnitName> =
-                    session.watched.iter().cloned().collect();
-                units.insert(u.clone());
-                Followed::units(units)
-            }
-        })
+        scope: Scope,
+    ) -> Result<(), RemoteError> {
+        subscribing(self.session.as_ref(), epoch, unit, scope).map(|_| ())
     }
 
     /// What the stream follows, as of its last snapshot.
@@ -364,23 +376,36 @@ impl View {
         self.reload_removed.retain(|u, _| covered.covers(u));
     }
 
-    /// `Subscribe` of session `epoch`: records the subscription and returns
-    /// its virtual replay, tagged.
-    pub fn subscribe(&mut self, epoch: u64, unit: Option<&UnitName>) -> Result<Batch, RemoteError> {
+    /// `Subscribe` (`SubscribeState`: `scope` is [`Scope::State`]) of
+    /// session `epoch`: records the subscription and returns its virtual
+    /// replay, tagged; a new scope of a watched unit has none.
+    pub fn subscribe(
+        &mut self,
+        epoch: u64,
+        unit: Option<&UnitName>,
+        scope: Scope,
+    ) -> Result<Batch, RemoteError> {
         let View {
             cache,
             session,
             reload_removed,
             ..
         } = self;
-        let session = subscribing(session.as_mut(), epoch, unit)?;
+        let session = subscribing(session.as_mut(), epoch, unit, scope)?;
         let mut replay: Vec<(&UnitName, &UnitState)> = match unit {
             None => {
                 session.all = true;
                 cache.iter().chain(reload_removed.iter()).collect()
             }
             Some(u) => {
-                session.watched.insert(u.clone());
+                if session.watched.insert(u.clone(), scope).is_some() {
+                    // Watched already, at the other scope: the manager has
+                    // its state.
+                    return Ok(Batch {
+                        epoch,
+                        events: Vec::new(),
+                    });
+                }
                 cache
                     .get_key_value(u)
                     .or_else(|| reload_removed.get_key_value(u))
@@ -416,7 +441,7 @@ impl View {
         };
         let was = match unit {
             None => std::mem::take(&mut session.all),
-            Some(u) => session.watched.remove(u),
+            Some(u) => session.watched.remove(u).is_some(),
         };
         if was {
             Ok(())
@@ -542,8 +567,13 @@ impl View {
                 if let Some(now) = changed_state {
                     events.push(state_event(&unit, &now, Reason::Real));
                 }
-                // Decoded only for a watched unit (see `ChangedProperties`).
-                if self.session.as_ref().is_some_and(|s| s.watches(&unit)) {
+                // Decoded only for a unit watched for its properties (see
+                // `ChangedProperties`).
+                if self
+                    .session
+                    .as_ref()
+                    .is_some_and(|s| s.tells_properties(&unit))
+                {
                     match properties.marshal() {
                         Ok(properties) => events.push(Event::UnitPropertiesChanged {
                             tag: ModTag::ZERO,
@@ -728,7 +758,7 @@ mod tests {
         let mut view = View::default();
         view.session_started(1, 7);
         let a = unit("a.service");
-        let followed = Followed::Units([a.clone()].into());
+        let followed = Followed::Units([(a.clone(), Scope::Everything)].into());
         // systemd answered with more than was asked: only `a` is kept.
         view.apply_snapshot(
             followed,
@@ -761,48 +791,131 @@ mod tests {
 
     #[test]
     fn what_a_session_wants_followed() {
+        const ALL: Scope = Scope::Everything;
         let mut view = View::default();
         assert_eq!(view.wanted(), Followed::nothing(), "no session");
         view.session_started(1, 7);
         let a = unit("a.service");
-        assert_eq!(
-            view.wanted_with(1, Some(&a)).unwrap(),
-            Followed::Units([a.clone()].into())
-        );
-        assert!(view.wanted_with(2, Some(&a)).is_err(), "another session");
-        view.subscribe(1, Some(&a)).unwrap();
+        assert!(view.may_subscribe(1, Some(&a), ALL).is_ok());
         assert!(
-            view.wanted_with(1, Some(&a)).is_err(),
+            view.may_subscribe(2, Some(&a), ALL).is_err(),
+            "another session"
+        );
+        view.subscribe(1, Some(&a), ALL).unwrap();
+        assert_eq!(view.wanted(), Followed::Units([(a.clone(), ALL)].into()));
+        assert!(
+            view.may_subscribe(1, Some(&a), ALL).is_err(),
             "already subscribed, nothing to change"
         );
-        assert_eq!(view.wanted_with(1, None).unwrap(), Followed::Every);
-        view.subscribe(1, None).unwrap();
+        assert!(view.may_subscribe(1, None, ALL).is_ok());
+        view.subscribe(1, None, ALL).unwrap();
         assert_eq!(view.wanted(), Followed::Every);
         view.unsubscribe(1, None).unwrap();
-        assert_eq!(view.wanted(), Followed::Units([a].into()));
+        assert_eq!(view.wanted(), Followed::Units([(a, ALL)].into()));
         view.session_ended(1);
         assert_eq!(view.wanted(), Followed::nothing());
     }
 
+    /// A unit watched for its state: its state changes go out, its
+    /// property changes do not, and the stream follows its state alone;
+    /// widened to everything (a monitor joined), its properties go out too,
+    /// without a second replay; narrowed back, they stop.
+    #[test]
+    fn a_unit_watched_for_its_state_is_told_without_its_properties() {
+        let mut view = View::default();
+        view.session_started(1, 7);
+        let a = unit("a.service");
+        view.apply_snapshot(
+            Followed::Units([(a.clone(), Scope::State)].into()),
+            vec![row("a.service", "inactive", "dead")],
+        );
+        let replay = view.subscribe(1, Some(&a), Scope::State).unwrap();
+        assert_eq!(
+            replay.events.len(),
+            2,
+            "UnitNew + state: {:?}",
+            replay.events
+        );
+        assert_eq!(
+            view.wanted(),
+            Followed::Units([(a.clone(), Scope::State)].into())
+        );
+        assert!(
+            view.subscribe(1, Some(&a), Scope::State).is_err(),
+            "already subscribed at that scope"
+        );
+
+        let kinds = |batch: Option<Batch>| -> Vec<&'static str> {
+            batch
+                .map(|b| b.events)
+                .unwrap_or_default()
+                .iter()
+                .map(|e| match e {
+                    Event::UnitStateChanged { .. } => "state",
+                    Event::UnitPropertiesChanged { .. } => "properties",
+                    _ => "other",
+                })
+                .collect()
+        };
+        assert_eq!(
+            kinds(view.on_signal(changed("a.service", "active", "running"), false)),
+            ["state"]
+        );
+        let service_iface = UnitSignal::Changed {
+            unit: "a.service".into(),
+            interface: "org.freedesktop.systemd1.Service".into(),
+            properties: Marshalled::default().into(),
+            active_state: None,
+            sub_state: None,
+        };
+        assert!(kinds(view.on_signal(service_iface.clone(), false)).is_empty());
+
+        let widened = view.subscribe(1, Some(&a), Scope::Everything).unwrap();
+        assert!(widened.events.is_empty(), "no replay: {:?}", widened.events);
+        assert_eq!(
+            view.wanted(),
+            Followed::Units([(a.clone(), Scope::Everything)].into())
+        );
+        assert_eq!(
+            kinds(view.on_signal(changed("a.service", "failed", "failed"), false)),
+            ["state", "properties"]
+        );
+        assert_eq!(
+            kinds(view.on_signal(service_iface.clone(), false)),
+            ["properties"]
+        );
+
+        view.subscribe(1, Some(&a), Scope::State).unwrap();
+        assert!(kinds(view.on_signal(service_iface, false)).is_empty());
+        // The digest's watch set does not depend on the scope.
+        let rows = view.resync_rows().unwrap();
+        assert_eq!(rows.watch, watch_hash(false, [&a]));
+        view.unsubscribe(1, Some(&a)).unwrap();
+        assert_eq!(view.wanted(), Followed::nothing());
+    }
+
     /// Past [`MAX_WATCHED`] single units, `Subscribe` is refused, and
-    /// [`View::wanted_with`] says so before anything changes what is
-    /// followed; `*` is still allowed.
+    /// [`View::may_subscribe`] says so before anything changes what is
+    /// followed; `*`, and a new scope of a watched unit, are still allowed.
     #[test]
     fn a_session_watches_at_most_max_watched_single_units() {
+        const ALL: Scope = Scope::Everything;
         let mut view = View::default();
         view.session_started(1, 7);
         for i in 0..MAX_WATCHED {
-            view.subscribe(1, Some(&unit(&format!("u{i}.service"))))
+            view.subscribe(1, Some(&unit(&format!("u{i}.service"))), ALL)
                 .unwrap();
         }
         let one_more = unit("one-more.service");
-        let refused = view.wanted_with(1, Some(&one_more)).unwrap_err();
+        let refused = view.may_subscribe(1, Some(&one_more), ALL).unwrap_err();
         assert_eq!(refused.name, error_names::LIMITS_EXCEEDED, "{refused:?}");
-        let refused = view.subscribe(1, Some(&one_more)).err().unwrap();
+        let refused = view.subscribe(1, Some(&one_more), ALL).err().unwrap();
         assert_eq!(refused.name, error_names::LIMITS_EXCEEDED, "{refused:?}");
         assert_eq!(view.watching(1), Some((false, MAX_WATCHED)));
-        assert_eq!(view.wanted_with(1, None).unwrap(), Followed::Every);
-        view.subscribe(1, None).unwrap();
+        view.subscribe(1, Some(&unit("u0.service")), Scope::State)
+            .unwrap();
+        assert!(view.may_subscribe(1, None, ALL).is_ok());
+        view.subscribe(1, None, ALL).unwrap();
         assert_eq!(view.watching(1), Some((true, MAX_WATCHED)));
     }
 }

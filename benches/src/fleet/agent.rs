@@ -934,18 +934,24 @@ pub fn answer(
                 result: "done".into(),
             }));
         }
-        Request::Subscribe { unit } => {
-            match unit {
-                None => state.reported.all = true,
-                Some(u) => {
-                    state.reported.watched.insert(u.clone());
-                }
-            }
+        Request::Subscribe { .. } | Request::SubscribeState { .. } => {
+            let unit = match body {
+                Request::SubscribeState { unit } => Some(unit),
+                Request::Subscribe { unit } => unit.as_ref(),
+                _ => None,
+            };
+            // As the agent: a new subscription is replayed, a new scope of
+            // one is not (the simulated units have no properties to tell).
+            let fresh = match unit {
+                None => !std::mem::replace(&mut state.reported.all, true),
+                Some(u) => state.reported.watched.insert(u.clone()),
+            };
             let loaded: Vec<(UnitName, String, String)> = state
                 .reported
                 .loaded
                 .iter()
-                .filter(|(u, _)| unit.as_ref().is_none_or(|want| want == *u))
+                .filter(|_| fresh)
+                .filter(|(u, _)| unit.is_none_or(|want| want == *u))
                 .map(|(u, (a, s))| (u.clone(), a.clone(), s.clone()))
                 .collect();
             for (name, active_state, sub_state) in loaded {
@@ -1162,6 +1168,18 @@ mod tests {
         };
         answer(3, &unknown, &rows, &mut s, &mut out);
         assert_eq!(out.len(), 1, "an unknown unit is not replayed");
+        out.clear();
+        let narrowed = Request::SubscribeState {
+            unit: UnitName::new("fleet-1.service").unwrap(),
+        };
+        answer(4, &narrowed, &rows, &mut s, &mut out);
+        assert_eq!(out.len(), 1, "a new scope is not replayed: {out:?}");
+        out.clear();
+        let state_only = Request::SubscribeState {
+            unit: UnitName::new("fleet-0.service").unwrap(),
+        };
+        answer(5, &state_only, &rows, &mut s, &mut out);
+        assert_eq!(out.len(), 3, "a new subscription for the state is: {out:?}");
     }
 
     #[test]

@@ -134,7 +134,7 @@ impl Discovery {
         configured: &[NodeName],
         cap: usize,
     ) -> Arc<Self> {
-        let (watcher, rx) = hub.watcher(QUEUE);
+        let (watcher, rx) = hub.state_watcher(QUEUE);
         let (commands, cmd_rx) = mpsc::channel(1024);
         let nodes = Nodes {
             warm_up: WarmUp::new(
@@ -431,7 +431,7 @@ impl Discovery {
     /// the replays (stale rows stay).
     fn rebuild(&self) -> mpsc::Receiver<Delivery> {
         tracing::warn!("discovery: the unit index fell behind the events; building it again");
-        let (watcher, rx) = self.hub.watcher(QUEUE);
+        let (watcher, rx) = self.hub.state_watcher(QUEUE);
         let mut st = self.lock();
         st.index.clear_fresh();
         st.watcher = watcher;

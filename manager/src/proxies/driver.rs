@@ -299,7 +299,7 @@ impl Proxies {
 
     fn watch(&self, inner: &mut Inner, node: NodeName, unit: UnitName) {
         if inner.watcher.is_none() {
-            let (watcher, rx) = self.shared.subs.watcher(WATCH_QUEUE);
+            let (watcher, rx) = self.shared.subs.state_watcher(WATCH_QUEUE);
             // At most one outcome per target is in flight: bounded by the
             // number of targets.
             let (outcomes, outcomes_rx) = mpsc::unbounded_channel();
@@ -389,7 +389,7 @@ impl Proxies {
                 "proxy target watcher fell behind; watching {} targets again",
                 targets.len()
             );
-            let (watcher, new_rx) = self.shared.subs.watcher(WATCH_QUEUE);
+            let (watcher, new_rx) = self.shared.subs.state_watcher(WATCH_QUEUE);
             for (node, unit) in targets {
                 let id = watcher.watch(&node, Some(&unit));
                 inner.watches.insert((node, unit), id);

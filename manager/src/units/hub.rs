@@ -16,7 +16,15 @@
 //! Rules (docs/dev/architecture.md "Unit subscriptions and modification tags"):
 //!
 //! * Watches are merged per (node, unit or `*`): the first watcher makes the
-//!   node's agent `Subscribe`, the last one `Unsubscribe`. Requests go out
+//!   node's agent `Subscribe`, the last one `Unsubscribe`. A sink has a
+//!   [`Scope`]: a monitor's ([`Subscriptions::watcher`]) is everything, the
+//!   manager's own users' (proxies, discovery:
+//!   [`Subscriptions::state_watcher`]) the state alone, and a unit is
+//!   subscribed at the widest scope of its watchers (`SubscribeState` when
+//!   none needs more, `*` always everything), again whenever that changes.
+//!   A sink of the state alone may still get property events, of a unit a
+//!   monitor watches too; a monitor that joins a unit watched for its state
+//!   hears its property changes once the agent confirmed the wider scope. Requests go out
 //!   from one task per node that reconciles "what is watched" with "what the
 //!   agent was told", so they are ordered and never lost; while the node is
 //!   offline nothing is sent, and on (re)registration everything watched is
@@ -82,7 +90,7 @@ use crate::units::records::{Applied, Change, Record, Records, UnitEvent, WILDCAR
 use crate::units::replay::{NodeView, Replay, virtual_replay};
 use crate::units::resync::{NodeResync, ResyncStats};
 use drover_bus::client::SnapshotRow;
-use drover_protocol::{Event, ModTag, NodeName, Reason, Request, UnitName};
+use drover_protocol::{Event, ModTag, NodeName, Reason, Request, Scope, UnitName};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -118,6 +126,8 @@ pub struct Delivery {
 struct SinkState {
     tx: mpsc::Sender<Delivery>,
     follow: bool,
+    /// What the sink needs of the units it watches.
+    scope: Scope,
     watches: HashSet<WatchId>,
     /// The `*` replays this sink has not been told in full yet.
     replay: Replay,
@@ -132,17 +142,27 @@ fn replay_room(tx: &mpsc::Sender<Delivery>, n: usize) -> bool {
     free >= n && used + n <= (tx.max_capacity() / 2).max(n)
 }
 
+/// One sink's watches of one unit (or `*`) of a node.
+#[derive(Debug, Clone, Copy)]
+struct Watching {
+    /// Number of the sink's watches there.
+    count: usize,
+    /// The sink's scope.
+    scope: Scope,
+}
+
 #[derive(Default)]
 struct NodeState {
-    /// Watchers per unit (`None` = `*`): sink → number of its watches there.
-    watchers: HashMap<Option<UnitName>, HashMap<SinkId, usize>>,
+    /// Watchers per unit (`None` = `*`).
+    watchers: HashMap<Option<UnitName>, HashMap<SinkId, Watching>>,
     records: Records,
     session: Option<Arc<Session>>,
     /// Guid of the current (or last) session and the largest index seen in it.
     guid: u64,
     max_index: u64,
-    /// What the current session's agent was told (confirmed by a reply).
-    sent: HashSet<Option<UnitName>>,
+    /// What the current session's agent was told, at which scope
+    /// (confirmed by a reply).
+    sent: HashMap<Option<UnitName>, Scope>,
     /// Session id whose sync task is running, if any.
     syncing: Option<u64>,
     /// Digests and snapshots of this node (`hub/resync.rs`).
@@ -162,7 +182,7 @@ impl NodeState {
     /// last watcher went and which is watched again before the `Unsubscribe`
     /// went out is never subscribed again, so no replay would restore them.
     fn reports(&self, key: &Option<UnitName>) -> bool {
-        self.covers(key) || self.sent.contains(&None) || self.sent.contains(key)
+        self.covers(key) || self.sent.contains_key(&None) || self.sent.contains_key(key)
     }
 
     /// Forgets the records of units the agent no longer reports: `key`'s
@@ -181,7 +201,7 @@ impl NodeState {
                 let (watchers, sent) = (&self.watchers, &self.sent);
                 self.records.retain(|u, _| {
                     let k = Some(u.clone());
-                    watchers.contains_key(&k) || sent.contains(&k)
+                    watchers.contains_key(&k) || sent.contains_key(&k)
                 });
             }
         }
@@ -204,9 +224,44 @@ impl NodeState {
         ModTag::new(self.guid, self.max_index)
     }
 
+    /// The scope the agent must report `key` at: the widest of its
+    /// watchers' (`*`: everything); `None` when nobody watches it.
+    fn wanted(&self, key: &Option<UnitName>) -> Option<Scope> {
+        let watchers = self.watchers.get(key)?;
+        if key.is_none() {
+            return Some(Scope::Everything);
+        }
+        watchers.values().map(|w| w.scope).max()
+    }
+
+    /// The next request that brings the agent in line with what is watched:
+    /// a subscription to make or rescope (`key`, its scope), before one to
+    /// end (`key`, `None`).
+    fn next_sync(&self) -> Option<(Option<UnitName>, Option<Scope>)> {
+        let differs = self.watchers.keys().find_map(|k| {
+            let wanted = self.wanted(k);
+            (self.sent.get(k).copied() != wanted).then(|| (k.clone(), wanted))
+        });
+        differs.or_else(|| {
+            self.sent
+                .keys()
+                .find(|k| !self.watchers.contains_key(*k))
+                .map(|k| (k.clone(), None))
+        })
+    }
+
     fn needs_sync(&self) -> bool {
-        let desired = self.watchers.keys().filter(|k| !self.sent.contains(*k));
-        desired.count() > 0 || self.sent.iter().any(|k| !self.watchers.contains_key(k))
+        self.next_sync().is_some()
+    }
+
+    /// Whether the agent confirmed that it reports `key` as widely as its
+    /// watchers need.
+    fn confirmed(&self, key: &Option<UnitName>) -> bool {
+        self.sent.contains_key(&None)
+            || self
+                .sent
+                .get(key)
+                .is_some_and(|sent| self.wanted(key).is_none_or(|w| *sent >= w))
     }
 }
 
@@ -283,7 +338,7 @@ impl State {
                 .filter(|ns| ns.watchers.get(&None).is_some_and(|w| w.contains_key(&id)))
                 .map(|ns| NodeView {
                     online: ns.session.is_some(),
-                    star_confirmed: ns.sent.contains(&None),
+                    star_confirmed: ns.sent.contains_key(&None),
                     star_tag: ModTag::new(ns.guid, ns.max_index),
                     records: &ns.records,
                     health,
@@ -343,8 +398,8 @@ impl State {
         if let Some(ns) = self.nodes.get_mut(&node) {
             if let Some(w) = ns.watchers.get_mut(&unit) {
                 if let Some(n) = w.get_mut(&sink) {
-                    *n -= 1;
-                    if *n == 0 {
+                    n.count -= 1;
+                    if n.count == 0 {
                         w.remove(&sink);
                     }
                 }
@@ -489,8 +544,24 @@ impl Subscriptions {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A new sink with a queue of `capacity` items (at least 1).
+    /// A new sink with a queue of `capacity` items (at least 1), for
+    /// everything of what it watches (a monitor: state and property changes).
     pub fn watcher(self: &Arc<Self>, capacity: usize) -> (Watcher, mpsc::Receiver<Delivery>) {
+        self.sink(capacity, Scope::Everything)
+    }
+
+    /// A new sink with a queue of `capacity` items (at least 1), for the
+    /// state of what it watches: the agents are not asked for property
+    /// changes on its account.
+    pub fn state_watcher(self: &Arc<Self>, capacity: usize) -> (Watcher, mpsc::Receiver<Delivery>) {
+        self.sink(capacity, Scope::State)
+    }
+
+    fn sink(
+        self: &Arc<Self>,
+        capacity: usize,
+        scope: Scope,
+    ) -> (Watcher, mpsc::Receiver<Delivery>) {
         let (tx, rx) = mpsc::channel(capacity.max(1));
         let mut st = self.lock();
         let sink = SinkId(st.id());
@@ -499,6 +570,7 @@ impl Subscriptions {
             SinkState {
                 tx,
                 follow: false,
+                scope,
                 watches: HashSet::new(),
                 replay: Replay::default(),
             },
@@ -530,15 +602,18 @@ impl Subscriptions {
         }
         let id = WatchId(st.id());
         st.watches.insert(id, (sink, node.clone(), unit.cloned()));
+        let mut scope = Scope::Everything;
         if let Some(s) = st.sinks.get_mut(&sink) {
             s.watches.insert(id);
+            scope = s.scope;
         }
         let ns = st.nodes.entry(node.clone()).or_default();
-        *ns.watchers
+        ns.watchers
             .entry(unit.cloned())
             .or_default()
             .entry(sink)
-            .or_default() += 1;
+            .or_insert(Watching { count: 0, scope })
+            .count += 1;
         // Virtual events for this sink only.
         let mut virtual_events = Vec::new();
         match unit {
@@ -822,6 +897,67 @@ mod tests {
             Request::Unsubscribe { unit: None }
         );
         assert!(hub.watched(&n).is_empty());
+    }
+
+    /// A unit is subscribed at the widest scope its watchers need: the state
+    /// alone for a proxy or discovery, everything once a monitor joins,
+    /// the state again when it leaves; `*` is always everything.
+    #[tokio::test]
+    async fn a_unit_is_subscribed_at_the_widest_scope_of_its_watchers() {
+        let hub = Subscriptions::new(Duration::from_secs(5));
+        let n = node("n1");
+        let a = unit("a.service");
+        let agent = online(&hub, "n1", 10);
+        let requests = || agent.requests.lock().unwrap().clone();
+        let (proxy, _rx_p) = hub.state_watcher(8);
+        let (monitor, _rx_m) = hub.watcher(8);
+        let for_state = Request::SubscribeState { unit: a.clone() };
+        let for_everything = Request::Subscribe {
+            unit: Some(a.clone()),
+        };
+
+        proxy.watch(&n, Some(&a)).unwrap();
+        settle().await;
+        assert_eq!(requests(), vec![for_state.clone()]);
+        // A second state watcher changes nothing.
+        let (discovery, _rx_d) = hub.state_watcher(8);
+        let d = discovery.watch(&n, Some(&a)).unwrap();
+        settle().await;
+        assert_eq!(requests().len(), 1);
+
+        let m = monitor.watch(&n, Some(&a)).unwrap();
+        settle().await;
+        assert_eq!(requests(), vec![for_state.clone(), for_everything.clone()]);
+        assert!(monitor.unwatch(m));
+        settle().await;
+        assert_eq!(requests()[2], for_state, "narrowed when the monitor left");
+        assert!(discovery.unwatch(d));
+        drop(proxy);
+        settle().await;
+        assert_eq!(
+            requests()[3],
+            Request::Unsubscribe {
+                unit: Some(a.clone())
+            }
+        );
+        assert_eq!(requests().len(), 4);
+
+        // `*` of a state watcher is still everything.
+        let (star, _rx_s) = hub.state_watcher(8);
+        star.watch(&n, None).unwrap();
+        settle().await;
+        assert_eq!(requests()[4], Request::Subscribe { unit: None });
+
+        // A new session is told each unit at its scope.
+        let (proxy, _rx_p) = hub.state_watcher(8);
+        proxy.watch(&n, Some(&a)).unwrap();
+        settle().await;
+        hub.node_offline(&n, 10);
+        let again = online(&hub, "n1", 11);
+        settle().await;
+        let mut told = again.requests.lock().unwrap().clone();
+        told.sort_by_key(|r| format!("{r:?}"));
+        assert_eq!(told, vec![Request::Subscribe { unit: None }, for_state]);
     }
 
     /// The last watcher of a unit goes and a new one comes before the node's

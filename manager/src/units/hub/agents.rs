@@ -34,9 +34,9 @@ impl Subscriptions {
                 next += watched[next..]
                     .iter()
                     .take_while(|(node, key)| {
-                        st.nodes.get(node).is_none_or(|ns| {
-                            ns.session.is_none() || ns.sent.contains(key) || ns.sent.contains(&None)
-                        })
+                        st.nodes
+                            .get(node)
+                            .is_none_or(|ns| ns.session.is_none() || ns.confirmed(key))
                     })
                     .count();
             }
@@ -284,7 +284,7 @@ impl Subscriptions {
     /// request at a time, until nothing differs or the session ends.
     async fn sync_node(self: Arc<Self>, node: NodeName, session: Arc<Session>) {
         loop {
-            let (key, subscribe) = {
+            let (key, scope) = {
                 let mut st = self.lock();
                 let Some(ns) = st.nodes.get_mut(&node) else {
                     return;
@@ -292,17 +292,7 @@ impl Subscriptions {
                 if ns.syncing != Some(session.id()) {
                     return;
                 }
-                let add = ns.watchers.keys().find(|k| !ns.sent.contains(*k)).cloned();
-                let next = match add {
-                    Some(k) => Some((k, true)),
-                    None => ns
-                        .sent
-                        .iter()
-                        .find(|k| !ns.watchers.contains_key(*k))
-                        .cloned()
-                        .map(|k| (k, false)),
-                };
-                match next {
+                match ns.next_sync() {
                     Some(n) => n,
                     None => {
                         ns.syncing = None;
@@ -310,11 +300,12 @@ impl Subscriptions {
                     }
                 }
             };
-            let body = if subscribe {
-                Request::Subscribe { unit: key.clone() }
-            } else {
-                Request::Unsubscribe { unit: key.clone() }
+            let body = match (&key, scope) {
+                (_, None) => Request::Unsubscribe { unit: key.clone() },
+                (None, Some(_)) => Request::Subscribe { unit: None },
+                (Some(unit), Some(scope)) => scope.subscribe(unit.clone()),
             };
+            let subscribe = scope.is_some();
             let result = session.request(body, self.request_timeout).await;
             let what = key.as_ref().map(UnitName::as_str).unwrap_or(WILDCARD);
             match &result {
@@ -338,8 +329,8 @@ impl Subscriptions {
                 return;
             }
             let star = subscribe && key.is_none();
-            if subscribe {
-                ns.sent.insert(key);
+            if let Some(scope) = scope {
+                ns.sent.insert(key, scope);
             } else {
                 ns.sent.remove(&key);
                 ns.forget_unreported(&key);
