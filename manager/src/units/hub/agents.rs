@@ -306,6 +306,11 @@ impl Subscriptions {
                 (Some(unit), Some(scope)) => scope.subscribe(unit.clone()),
             };
             let subscribe = scope.is_some();
+            let request = match &body {
+                Request::SubscribeState { .. } => "SubscribeState",
+                Request::Subscribe { .. } => "Subscribe",
+                _ => "Unsubscribe",
+            };
             let result = session.request(body, self.request_timeout).await;
             let what = key.as_ref().map(UnitName::as_str).unwrap_or(WILDCARD);
             match &result {
@@ -316,8 +321,7 @@ impl Subscriptions {
                 Err(e) => tracing::warn!(
                     node = %node,
                     unit = what,
-                    "{} failed on the agent of node {node} (counted as done): {e}",
-                    if subscribe { "Subscribe" } else { "Unsubscribe" }
+                    "{request} failed on the agent of node {node} (counted as done): {e}"
                 ),
                 Ok(_) => {}
             }
