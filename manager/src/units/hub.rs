@@ -24,11 +24,11 @@
 //!   none needs more, `*` always everything), again whenever that changes.
 //!   A sink of the state alone may still get property events, of a unit a
 //!   monitor watches too; a monitor that joins a unit watched for its state
-//!   hears its property changes once the agent confirmed the wider scope. Requests go out
-//!   from one task per node that reconciles "what is watched" with "what the
-//!   agent was told", so they are ordered and never lost; while the node is
-//!   offline nothing is sent, and on (re)registration everything watched is
-//!   replayed.
+//!   hears its property changes once the agent confirmed the wider scope.
+//!   Requests go out from one task per node that reconciles "what is
+//!   watched" with "what the agent was told", so they are ordered and never
+//!   lost; while the node is offline nothing is sent, and on
+//!   (re)registration everything watched is replayed.
 //! * Unit events are applied to per-(node, unit) [`Record`]s by the tag rules
 //!   of `drover_protocol::tag` (see
 //!   [`Records::apply`]); a stale event is
