@@ -32,40 +32,6 @@ use drover_protocol::{MAX_FRAME_LEN, RemoteError, Request, Response, Scope, ToMa
 use std::sync::Arc;
 use std::time::Instant;
 
-/// The variant name of a request, for logs and errors.
-pub fn request_name(req: &Request) -> &'static str {
-    match req {
-        Request::ListUnits => "ListUnits",
-        Request::ListUnitFiles => "ListUnitFiles",
-        Request::UnitJob { kind, .. } => kind.method(),
-        Request::JobCancel { .. } => "JobCancel",
-        Request::Reload => "Reload",
-        Request::GetUnitProperties { .. } => "GetUnitProperties",
-        Request::GetUnitProperty { .. } => "GetUnitProperty",
-        Request::SetUnitProperties { .. } => "SetUnitProperties",
-        Request::FreezeUnit { .. } => "FreezeUnit",
-        Request::ThawUnit { .. } => "ThawUnit",
-        Request::KillUnit { .. } => "KillUnit",
-        Request::EnableUnitFiles { .. } => "EnableUnitFiles",
-        Request::DisableUnitFiles { .. } => "DisableUnitFiles",
-        Request::GetUnitFileState { .. } => "GetUnitFileState",
-        Request::ResetFailed => "ResetFailed",
-        Request::ResetFailedUnit { .. } => "ResetFailedUnit",
-        Request::GetDefaultTarget => "GetDefaultTarget",
-        Request::SetDefaultTarget { .. } => "SetDefaultTarget",
-        Request::StartTransientUnit { .. } => "StartTransientUnit",
-        Request::SetLogLevel { .. } => "SetLogLevel",
-        Request::Subscribe { .. } => "Subscribe",
-        Request::SubscribeState { .. } => "SubscribeState",
-        Request::Unsubscribe { .. } => "Unsubscribe",
-        Request::StartDep { .. } => "StartDep",
-        Request::StopDep { .. } => "StopDep",
-        Request::EnableMetrics => "EnableMetrics",
-        Request::DisableMetrics => "DisableMetrics",
-        Request::Resync => "Resync",
-    }
-}
-
 /// Rows per frame of a split list reply are packed up to this many bytes,
 /// half the frame cap, so row and framing overhead never push a part over.
 const PART_BUDGET: usize = MAX_FRAME_LEN / 2;
@@ -158,7 +124,7 @@ impl<S: Systemd> Dispatcher<S> {
 
     /// Runs request `id` of session `epoch` and sends its one reply.
     pub async fn handle(&self, epoch: u64, id: u64, body: Request) {
-        let name = request_name(&body);
+        let name = body.name();
         tracing::debug!(id, request = name, "request from the manager");
         match body {
             Request::ListUnits => {

@@ -236,6 +236,43 @@ pub enum Request {
     },
 }
 
+impl Request {
+    /// The variant name of a request, for logs and errors (a unit job: its
+    /// systemd method).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Request::ListUnits => "ListUnits",
+            Request::ListUnitFiles => "ListUnitFiles",
+            Request::UnitJob { kind, .. } => kind.method(),
+            Request::JobCancel { .. } => "JobCancel",
+            Request::Reload => "Reload",
+            Request::GetUnitProperties { .. } => "GetUnitProperties",
+            Request::GetUnitProperty { .. } => "GetUnitProperty",
+            Request::SetUnitProperties { .. } => "SetUnitProperties",
+            Request::FreezeUnit { .. } => "FreezeUnit",
+            Request::ThawUnit { .. } => "ThawUnit",
+            Request::KillUnit { .. } => "KillUnit",
+            Request::EnableUnitFiles { .. } => "EnableUnitFiles",
+            Request::DisableUnitFiles { .. } => "DisableUnitFiles",
+            Request::GetUnitFileState { .. } => "GetUnitFileState",
+            Request::ResetFailed => "ResetFailed",
+            Request::ResetFailedUnit { .. } => "ResetFailedUnit",
+            Request::GetDefaultTarget => "GetDefaultTarget",
+            Request::SetDefaultTarget { .. } => "SetDefaultTarget",
+            Request::StartTransientUnit { .. } => "StartTransientUnit",
+            Request::SetLogLevel { .. } => "SetLogLevel",
+            Request::Subscribe { .. } => "Subscribe",
+            Request::SubscribeState { .. } => "SubscribeState",
+            Request::Unsubscribe { .. } => "Unsubscribe",
+            Request::StartDep { .. } => "StartDep",
+            Request::StopDep { .. } => "StopDep",
+            Request::EnableMetrics => "EnableMetrics",
+            Request::DisableMetrics => "DisableMetrics",
+            Request::Resync => "Resync",
+        }
+    }
+}
+
 /// What a subscription of one unit forwards (protocol 11). The manager asks
 /// for the most any watcher of the unit needs: a monitor (a D-Bus client)
 /// needs [`Scope::Everything`], the manager's own users (proxies,

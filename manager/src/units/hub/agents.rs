@@ -306,11 +306,7 @@ impl Subscriptions {
                 (Some(unit), Some(scope)) => scope.subscribe(unit.clone()),
             };
             let subscribe = scope.is_some();
-            let request = match &body {
-                Request::SubscribeState { .. } => "SubscribeState",
-                Request::Subscribe { .. } => "Subscribe",
-                _ => "Unsubscribe",
-            };
+            let request = body.name();
             let result = session.request(body, self.request_timeout).await;
             let what = key.as_ref().map(UnitName::as_str).unwrap_or(WILDCARD);
             match &result {
