@@ -314,6 +314,32 @@ mod framed {
             ));
         }
 
+        /// A subscription whose unit name was made invalid on the wire
+        /// (the same length, so the frame is otherwise well formed) is
+        /// malformed as a whole: the agent never sees the name.
+        #[test]
+        fn a_subscription_with_an_invalid_unit_name_is_malformed() {
+            use crate::message::Request;
+            use crate::names::UnitName;
+            let unit = || UnitName::new("abc.service").unwrap();
+            for body in [
+                Request::SubscribeState { unit: unit() },
+                Request::Subscribe { unit: Some(unit()) },
+                Request::Unsubscribe { unit: Some(unit()) },
+            ] {
+                let frame = ToAgent::Request { id: 7, body };
+                let good = encode_body(&frame).unwrap();
+                assert_eq!(decode_body::<ToAgent>(&good).unwrap(), frame);
+                for bad in ["a/c.service", "a c.service", "abc.nopenop"] {
+                    let at = good.windows(11).position(|w| w == b"abc.service").unwrap();
+                    let mut tampered = good.clone();
+                    tampered[at..at + 11].copy_from_slice(bad.as_bytes());
+                    let err = decode_body::<ToAgent>(&tampered).unwrap_err();
+                    assert!(matches!(err, FrameError::Malformed(_)), "{bad}: {err}");
+                }
+            }
+        }
+
         #[test]
         fn trailing_bytes_are_malformed_unless_all_zero() {
             let mut body = encode_body(&ToManager::Heartbeat).unwrap();
