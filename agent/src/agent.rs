@@ -230,9 +230,11 @@ async fn start_health(
     node_checks: Vec<(String, CheckSpec)>,
 ) {
     // The hook health calls once a unit declares something: the unit
-    // stream then follows every unit (a hold of `*`, `crate::units::hub`),
-    // and health sees each unit's activity. Weak: the hook lives in the
-    // agent's state, which the bus's object server holds.
+    // stream then follows every unit's state (a hold of `*` at
+    // `Scope::State`, `crate::units::following`: systemd's other
+    // interfaces stay off the agent's socket), and health sees each unit's
+    // activity. Weak: the hook lives in the agent's state, which the bus's
+    // object server holds.
     let weak = Arc::downgrade(shared);
     let follow: crate::health::table::Follow = Box::new(move || {
         let weak = weak.clone();

@@ -147,7 +147,13 @@ async fn the_unit_stream_carries_what_is_followed_and_drops_the_rest_from_the_bu
     );
 
     // Every unit: both. (What came before the switch is still of a only.)
-    let (before, listed) = switch(&systemd, &mut stream, &Followed::Every, 2).await;
+    let (before, listed) = switch(
+        &systemd,
+        &mut stream,
+        &Followed::Every(Scope::Everything),
+        2,
+    )
+    .await;
     assert!(
         spoken_of(&before).iter().all(|u| u == "a.service"),
         "{before:?}"
@@ -242,5 +248,65 @@ async fn a_unit_followed_for_its_state_hears_its_unit_interface_alone() {
     assert!(
         interfaces_of(&seen, "a.service").contains(SERVICE_IFACE),
         "widened again: {seen:?}"
+    );
+}
+
+/// Every unit followed for its state (health's hold): each unit's `Unit`
+/// interface changes and systemd's news of units come, never a `Service`
+/// interface change; every unit followed for everything, they come again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_unit_followed_for_its_state_hears_no_service_interface() {
+    const UNIT_IFACE: &str = "org.freedesktop.systemd1.Unit";
+    const SERVICE_IFACE: &str = "org.freedesktop.systemd1.Service";
+    let node = SystemdNode::start("agent-test-every-state", "node").await;
+    node.write_unit("a.service", ONESHOT);
+    node.reload().await;
+    let systemd = systemd(&node).await;
+    let _jobs = systemd.subscribe().await.unwrap();
+    let mut stream = systemd.unit_stream().await.unwrap();
+
+    let (_, listed) = switch(&systemd, &mut stream, &Followed::Every(Scope::State), 1).await;
+    assert!(
+        listed.iter().any(|u| u.name == "init.scope"),
+        "the snapshot lists every unit systemd has loaded"
+    );
+    let seen = run(&systemd, &mut stream, "a.service").await;
+    assert_eq!(
+        interfaces_of(&seen, "a.service"),
+        [UNIT_IFACE.to_string()].into(),
+        "followed for its state: {seen:?}"
+    );
+    assert!(
+        seen.iter().any(|s| matches!(s,
+            UnitSignal::Changed { unit, active_state: Some(_), .. } if unit == "a.service")),
+        "its state changes come: {seen:?}"
+    );
+    // A unit systemd loads on its start is told of as it comes.
+    node.write_unit("c.service", ONESHOT);
+    node.reload().await;
+    let seen = run(&systemd, &mut stream, "c.service").await;
+    assert!(
+        seen.iter()
+            .any(|s| matches!(s, UnitSignal::New { unit } if unit == "c.service")),
+        "a new unit is told of: {seen:?}"
+    );
+    assert_eq!(
+        interfaces_of(&seen, "c.service"),
+        [UNIT_IFACE.to_string()].into(),
+        "{seen:?}"
+    );
+
+    switch(
+        &systemd,
+        &mut stream,
+        &Followed::Every(Scope::Everything),
+        2,
+    )
+    .await;
+    let seen = run(&systemd, &mut stream, "a.service").await;
+    assert_eq!(
+        interfaces_of(&seen, "a.service"),
+        [SERVICE_IFACE.to_string(), UNIT_IFACE.to_string()].into(),
+        "every unit, everything: {seen:?}"
     );
 }

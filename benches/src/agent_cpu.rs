@@ -15,7 +15,11 @@
 //! 1. **before** any cross-node start;
 //! 2. **while** need-db runs on node1, so the manager watches `db.service`
 //!    on node2;
-//! 3. **after** need-db, the proxy, the dep and db are all down again.
+//! 3. **after** need-db, the proxy, the dep and db are all down again;
+//! 4. **with a health check**: a unit of node2 that declares one
+//!    (`HealthPush=yes`, so no check runs) is running, so the agent's health
+//!    follows the state of every unit of node2 from then on (last, since
+//!    that lasts for the agent's life).
 //!
 //! A round starts the trivial oneshot once on node2 and once on node3
 //! through drover (the order alternates), until its `JobRemoved`. Before each
@@ -25,8 +29,8 @@
 //! `JobRemoved` went out (late signals). The first rounds of each phase are
 //! not counted. Reported per node and phase: the agent's CPU per start and
 //! the start's wall time (median, p90, p99, and a 95% bootstrap interval of
-//! the CPU median), then the ratio of the CPU medians after/before and
-//! while/before for node2 and for the control.
+//! the CPU median), then the ratio of each phase's CPU median to the
+//! first's, for node2 and for the control.
 //!
 //! ```text
 //! cargo build --release --workspace --bins
@@ -37,9 +41,9 @@ use crate::procfs::cpu_time;
 use crate::proxy::{Systemd, cross_node_down, cross_node_up, install_units};
 use crate::start::DroverStarts;
 use crate::stats::{Spread, median_ci95};
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use drover_sandbox::{Cluster, ClusterOptions};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Rounds of each phase not counted.
 const WARMUP: usize = 20;
@@ -55,11 +59,16 @@ struct Series {
 }
 
 /// The phases in the order they run.
-const PHASES: [&str; 3] = [
+const PHASES: [&str; 4] = [
     "before",
     "while db on node2 is wanted",
     "after it is released",
+    "with a health check on node2",
 ];
+
+/// The unit of node2 that declares a health check in the last phase.
+const CHECKED: &str = "checked.service";
+const CHECKED_TEXT: &str = "[Service]\nExecStart=/bin/sleep infinity\n[X-Drover]\nHealthPush=yes\n";
 
 /// The cluster, the three phases, the report; the cluster is torn down, also
 /// after a failure.
@@ -92,10 +101,14 @@ async fn run(cluster: &Cluster, samples: usize) -> Result<()> {
             // up, and its answers would never be read.
             let mut node1 = Systemd::connect("node1", &cluster.node_bus_address("node1")).await?;
             let mut node2 = Systemd::connect("node2", &cluster.node_bus_address("node2")).await?;
-            if phase == 1 {
-                cross_node_up(&mut node1, &mut node2).await?;
-            } else {
-                cross_node_down(&mut node1, &mut node2).await?;
+            match phase {
+                1 => cross_node_up(&mut node1, &mut node2).await?,
+                2 => cross_node_down(&mut node1, &mut node2).await?,
+                _ => {
+                    cluster.install_unit(TARGET, CHECKED, CHECKED_TEXT).await?;
+                    node2.start_done(CHECKED).await?;
+                    health_declared(cluster).await?;
+                }
             }
         }
         eprintln!("agent-cpu: phase '{name}'");
@@ -170,10 +183,34 @@ fn report(samples: usize, series: &[[Series; 2]]) {
     let median = |phase: usize, n: usize| Spread::of(&series[phase][n].cpu).median;
     for (n, node) in [TARGET, CONTROL].iter().enumerate() {
         println!(
-            "  {node}: CPU median while/before {:.3}, after/before {:.3}",
+            "  {node}: CPU median while/before {:.3}, after/before {:.3}, health/before {:.3}",
             median(1, n) / median(0, n),
-            median(2, n) / median(0, n)
+            median(2, n) / median(0, n),
+            median(3, n) / median(0, n)
         );
     }
     println!("  target: node2's ratios as close to 1 as the control's");
 }
+
+/// Waits until the manager lists node2's [`CHECKED`] among the units with a
+/// check: the agent has read its declaration, and health follows every
+/// unit.
+async fn health_declared(cluster: &Cluster) -> Result<()> {
+    let api = zbus::connection::Builder::address(cluster.bus_address())
+        .build()
+        .await?;
+    let c = drover_bus::client::DroverControllerProxy::new(&api).await?;
+    let since = Instant::now();
+    loop {
+        let rows = c.list_health().await?;
+        if rows.iter().any(|r| r.0 == TARGET && r.1 == CHECKED) {
+            return Ok(());
+        }
+        if since.elapsed() > HEALTH_PATIENCE {
+            bail!("the manager does not list {CHECKED} on {TARGET} after {HEALTH_PATIENCE:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+const HEALTH_PATIENCE: Duration = Duration::from_secs(20);

@@ -182,7 +182,7 @@ impl Systemd {
 
     /// `StartUnit(unit)` until its job is `done`: how long that took, and when
     /// it was called (CLOCK_MONOTONIC µs, to compare with systemd's timestamps).
-    async fn start_done(&mut self, unit: &str) -> Result<(Duration, u64)> {
+    pub(crate) async fn start_done(&mut self, unit: &str) -> Result<(Duration, u64)> {
         let (t, called) = (Instant::now(), monotonic_us());
         let result = self.job("StartUnit", unit).await?;
         let took = t.elapsed();

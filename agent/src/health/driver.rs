@@ -127,7 +127,8 @@ pub const RELOAD_SETTLE: Duration = Duration::from_millis(500);
 ///
 /// Unit health needs every unit's activity, so it runs on the unit hub's
 /// stream of systemd's unit signals — but that stream costs the agent a
-/// wake-up for every property change of every unit on the node, which a
+/// wake-up for every state change of every unit on the node (it follows
+/// their state alone, not the `Service` interface's changes), which a
 /// node without checks should not pay (a node that loads 20,000 units at
 /// once would feel it). So the stream is started only once a unit that
 /// runs is found to declare something: at start (every running unit is

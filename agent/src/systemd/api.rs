@@ -169,9 +169,11 @@ pub type UnitSignalStream<P> = mpsc::Receiver<(P, UnitSignal)>;
 /// What the unit stream follows besides the jobs (see [`Systemd::follow`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Followed {
-    /// Every signal of every unit (BlueChi's `*`, or more units than
-    /// [`MAX_FOLLOWED_UNITS`]).
-    Every,
+    /// Every unit (BlueChi's `*`, health's hold of every unit, or more
+    /// units than [`MAX_FOLLOWED_UNITS`]): every signal of systemd
+    /// ([`Scope::Everything`]), or its units' `Unit` interface's property
+    /// changes and its manager's signals alone ([`Scope::State`]).
+    Every(Scope),
     /// These units only, each with what is followed of it: every interface's
     /// property changes ([`Scope::Everything`]) or the `Unit` interface's
     /// alone ([`Scope::State`], which carries `ActiveState` and `SubState`);
@@ -200,7 +202,7 @@ impl Followed {
             *entry = (*entry).max(scope);
         }
         if merged.len() > MAX_FOLLOWED_UNITS {
-            Self::Every
+            Self::Every(merged.into_values().max().unwrap_or(Scope::State))
         } else {
             Self::Units(merged)
         }
@@ -209,7 +211,7 @@ impl Followed {
     /// Whether the signals of `unit` are followed.
     pub fn covers(&self, unit: &UnitName) -> bool {
         match self {
-            Self::Every => true,
+            Self::Every(_) => true,
             Self::Units(units) => units.contains_key(unit),
         }
     }
@@ -218,7 +220,8 @@ impl Followed {
 impl std::fmt::Display for Followed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Every => f.write_str("*"),
+            Self::Every(Scope::Everything) => f.write_str("*"),
+            Self::Every(Scope::State) => f.write_str("*(state)"),
             Self::Units(units) => {
                 let names: Vec<String> = units
                     .iter()

@@ -359,23 +359,25 @@ fn carries(followed: &Followed, signal: &UnitSignal) -> bool {
         UnitSignal::JobNew { .. } | UnitSignal::JobRemoved { .. } => true,
         UnitSignal::Snapshot { .. } => true,
         UnitSignal::Reloading { .. } => match followed {
-            Followed::Every => true,
+            Followed::Every(_) => true,
             Followed::Units(units) => !units.is_empty(),
         },
         UnitSignal::New { unit } | UnitSignal::Removed { unit } => match followed {
-            Followed::Every => true,
+            Followed::Every(_) => true,
             Followed::Units(_) => UnitName::new(unit.as_str()).is_ok_and(|u| followed.covers(&u)),
         },
         // A unit followed for its state: its `Unit` interface alone.
         UnitSignal::Changed {
             unit, interface, ..
-        } => match followed {
-            Followed::Every => true,
-            Followed::Units(units) => UnitName::new(unit.as_str())
-                .ok()
-                .and_then(|u| units.get(&u))
-                .is_some_and(|scope| *scope == Scope::Everything || interface == UNIT_IFACE),
-        },
+        } => {
+            let scope = match followed {
+                Followed::Every(scope) => Some(*scope),
+                Followed::Units(units) => UnitName::new(unit.as_str())
+                    .ok()
+                    .and_then(|u| units.get(&u).copied()),
+            };
+            scope.is_some_and(|scope| scope == Scope::Everything || interface == UNIT_IFACE)
+        }
     }
 }
 
@@ -525,7 +527,7 @@ impl Systemd for FakeSystemd {
         };
         let tx = tx.ok_or_else(|| RemoteError::failed("the unit stream has not started"))?;
         let method = match followed {
-            Followed::Every => "ListUnits",
+            Followed::Every(_) => "ListUnits",
             Followed::Units(units) if units.is_empty() => "Ping",
             Followed::Units(_) => "ListUnitsByPatterns",
         };

@@ -4,8 +4,17 @@
 //! connection received them.
 //!
 //! **Rules.** Following [`Followed::Every`] is one rule for every signal of
-//! systemd. Following units one by one is, for each unit, a rule for its
-//! object (`PropertiesChanged`; of the `Unit` interface alone, `arg0`, for a
+//! systemd, or for every unit's state two: the manager object's signals, and
+//! every object's `PropertiesChanged` of the `Unit` interface.
+//!
+//! A rule on the `Unit` interface names it as `arg0namespace`, not `arg0`:
+//! the bus filters alike (no systemd interface lies under
+//! `org.freedesktop.systemd1.Unit.`), but zbus, which matches each message
+//! against the rule again on its side, reads the whole body of a message
+//! for an `argN` and only its first string for `arg0namespace`, and a
+//! `PropertiesChanged` of the `Unit` interface carries a dozen values.
+//! Following units one by one is, for each unit, a rule for its
+//! object (`PropertiesChanged`; of the `Unit` interface alone, `arg0namespace`, for a
 //! unit followed for its state: systemd also announces each change of a
 //! service's `Service` interface, which would otherwise wake the agent as
 //! often again) and one for `UnitNew`/`UnitRemoved` of its name (`arg0`),
@@ -138,7 +147,17 @@ impl UnitStreams {
 async fn open(conn: &Connection, followed: &Followed) -> Result<Vec<MessageStream>, RemoteError> {
     let mut rules: Vec<Rule> = Vec::new();
     match followed {
-        Followed::Every => rules.push(Box::new(|rule| rule)),
+        Followed::Every(Scope::Everything) => rules.push(Box::new(|rule| rule)),
+        Followed::Every(Scope::State) => {
+            rules.push(Box::new(|rule: MatchRuleBuilder<'static>| {
+                rule.path(MANAGER_PATH).interface(MANAGER_IFACE)
+            }));
+            rules.push(Box::new(|rule: MatchRuleBuilder<'static>| {
+                rule.interface(PROPERTIES_IFACE)
+                    .member("PropertiesChanged")
+                    .arg0ns(UNIT_IFACE)
+            }));
+        }
         Followed::Units(units) => {
             rules.push(Box::new(manager_signal("JobNew")));
             rules.push(Box::new(manager_signal("JobRemoved")));
@@ -154,7 +173,7 @@ async fn open(conn: &Connection, followed: &Followed) -> Result<Vec<MessageStrea
                         .interface(PROPERTIES_IFACE)
                         .member("PropertiesChanged");
                     if state_only {
-                        rule.arg(0, UNIT_IFACE)
+                        rule.arg0ns(UNIT_IFACE)
                     } else {
                         rule
                     }
@@ -177,7 +196,7 @@ async fn snapshot(
     followed: &Followed,
 ) -> Result<(Vec<UnitInfo>, Sequence), RemoteError> {
     let (answer, method) = match followed {
-        Followed::Every => (
+        Followed::Every(_) => (
             conn.call_method(
                 Some(BUS_NAME),
                 MANAGER_PATH,

@@ -22,7 +22,7 @@
 
 use crate::systemd::api::Followed;
 use drover_protocol::{RemoteError, Scope, UnitName};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::OnceLock;
@@ -36,8 +36,7 @@ pub type Follower = Box<
         + Sync,
 >;
 
-/// What one holder holds: a unit (`None`: every unit, where the scope is
-/// [`Scope::Everything`] whatever it says) at a scope.
+/// What one holder holds: a unit (`None`: every unit) at a scope.
 pub type Held = (Option<UnitName>, Scope);
 
 /// What is held and its number of holders. Plain data.
@@ -61,13 +60,23 @@ impl Holds {
     }
 
     /// What the stream must follow: what is `watched` and what is held.
+    /// When every unit is watched or held, every unit at the widest scope
+    /// any of them is wanted at (a unit watched by a monitor while health
+    /// holds every unit's state makes it every unit, everything).
     pub fn wanted(&self, watched: Followed) -> Followed {
-        let units = match watched {
-            Followed::Every => return Followed::Every,
-            Followed::Units(units) => units,
+        let (mut every, units) = match watched {
+            Followed::Every(scope) => (Some(scope), BTreeMap::new()),
+            Followed::Units(units) => (None, units),
         };
-        if self.0.keys().any(|(unit, _)| unit.is_none()) {
-            return Followed::Every;
+        let mut widest = units.values().copied().max();
+        for (unit, scope) in self.0.keys() {
+            if unit.is_none() {
+                every = every.max(Some(*scope));
+            }
+            widest = widest.max(Some(*scope));
+        }
+        if let Some(every) = every {
+            return Followed::Every(widest.map_or(every, |w| w.max(every)));
         }
         let held = self
             .0
@@ -226,13 +235,48 @@ mod tests {
         holds.remove(&every("db.service"));
         assert_eq!(holds, Holds::default());
         // Every unit, held or watched, is every unit.
-        holds.add(&(None, Scope::State));
-        assert_eq!(holds.wanted(units(&["a.service"])), Followed::Every);
-        holds.remove(&(None, Scope::State));
+        holds.add(&(None, Scope::Everything));
         assert_eq!(
-            Holds::default().wanted(Followed::Every),
-            Followed::Every,
+            holds.wanted(units(&["a.service"])),
+            Followed::Every(Scope::Everything)
+        );
+        holds.remove(&(None, Scope::Everything));
+        assert_eq!(
+            Holds::default().wanted(Followed::Every(Scope::Everything)),
+            Followed::Every(Scope::Everything),
             "watched *"
+        );
+    }
+
+    #[test]
+    fn every_unit_is_followed_at_the_widest_scope_anything_wants() {
+        const STATE: Followed = Followed::Every(Scope::State);
+        const ALL: Followed = Followed::Every(Scope::Everything);
+        let every_state = (None, Scope::State);
+        let mut holds = Holds::default();
+        holds.add(&every_state);
+        assert_eq!(holds.wanted(Followed::nothing()), STATE, "health alone");
+        holds.add(&state("db.service"));
+        assert_eq!(
+            holds.wanted(Followed::nothing()),
+            STATE,
+            "and a StartDep's hold"
+        );
+        assert_eq!(
+            holds.wanted(units(&["a.service"])),
+            ALL,
+            "a unit watched by a monitor"
+        );
+        assert_eq!(holds.wanted(ALL), ALL, "a monitor of *");
+        holds.add(&every("db.service"));
+        assert_eq!(holds.wanted(Followed::nothing()), ALL, "a wider hold");
+        holds.remove(&every("db.service"));
+        assert_eq!(holds.wanted(Followed::nothing()), STATE, "released");
+        holds.remove(&every_state);
+        assert_eq!(
+            holds.wanted(Followed::nothing()),
+            Followed::units([(unit("db.service").unwrap(), Scope::State)]),
+            "health's hold gone: the units one by one again"
         );
     }
 
@@ -241,7 +285,7 @@ mod tests {
         let db = UnitName::new("db.service").unwrap();
         let followed_as = |f: Followed| match f {
             Followed::Units(units) => units.get(&db).copied(),
-            Followed::Every => Some(Scope::Everything),
+            Followed::Every(scope) => Some(scope),
         };
         let mut holds = Holds::default();
         holds.add(&state("db.service"));

@@ -12,7 +12,8 @@
 //! ([`crate::systemd::api::Systemd::unit_stream`], started once, with the
 //! agent) carries the signals of what the session watches and nothing else:
 //! every unit while it watches `*` (or more than
-//! [`crate::systemd::api::MAX_FOLLOWED_UNITS`] units), else the watched units
+//! [`crate::systemd::api::MAX_FOLLOWED_UNITS`] units; while health holds
+//! every unit's state alone, the `Unit` interface of every unit), else the watched units
 //! one by one (a unit watched for its state: its `Unit` interface alone),
 //! else none (jobs only, for the unit fence). Each `Subscribe`
 //! first makes the stream follow its unit too, and waits until the reader
@@ -992,7 +993,7 @@ mod tests {
         assert_eq!(r.shared.units.cached_state("c.service"), None);
 
         subscribe(&mut r, 3, None).await.unwrap();
-        assert_eq!(r.fake.followed(), Some(Followed::Every));
+        assert_eq!(r.fake.followed(), Some(Followed::Every(Scope::Everything)));
         assert_eq!(r.shared.units.cached_units(), 3);
         r.d.handle(1, 4, Request::Unsubscribe { unit: None }).await;
         assert_eq!(next(&mut r.rx).await, ok_reply(4));
@@ -1049,7 +1050,7 @@ mod tests {
         subscribe(&mut r, one_more, Some(&name(MAX_FOLLOWED_UNITS)))
             .await
             .unwrap();
-        assert_eq!(r.fake.followed(), Some(Followed::Every));
+        assert_eq!(r.fake.followed(), Some(Followed::Every(Scope::Everything)));
         r.d.handle(
             1,
             one_more + 1,
@@ -1063,6 +1064,37 @@ mod tests {
             r.fake.followed(),
             Some(Followed::Units(u)) if u.len() == MAX_FOLLOWED_UNITS && !u.contains_key(&unit(&name(0)))
         ));
+    }
+
+    /// Health's hold of every unit's state follows every unit for its state
+    /// alone while no monitor wants more of one.
+    #[tokio::test]
+    async fn every_unit_held_for_its_state_is_followed_for_its_state_while_no_monitor_wants_more() {
+        let mut r = rig();
+        for u in ["a.service", "b.service"] {
+            r.fake.set_state(u, "active", "running");
+        }
+        // A monitor's subscription (which starts the stream), then health.
+        subscribe(&mut r, 1, Some("a.service")).await.unwrap();
+        r.shared
+            .units
+            .hold_caught_up(None, Scope::State)
+            .await
+            .unwrap();
+        assert_eq!(r.fake.followed(), Some(Followed::Every(Scope::Everything)));
+        r.d.handle(
+            1,
+            2,
+            Request::Unsubscribe {
+                unit: Some(unit("a.service")),
+            },
+        )
+        .await;
+        assert_eq!(next(&mut r.rx).await, ok_reply(2));
+        assert_eq!(r.fake.followed(), Some(Followed::Every(Scope::State)));
+        assert_eq!(r.shared.units.cached_units(), 2, "every unit's state");
+        r.shared.units.release(None, Scope::State).await;
+        assert_eq!(r.fake.followed(), Some(Followed::nothing()));
     }
 
     #[tokio::test]

@@ -286,7 +286,7 @@ impl View {
             return None;
         }
         let followed = if s.all {
-            matches!(self.covered, Followed::Every)
+            matches!(self.covered, Followed::Every(_))
         } else {
             s.watched.keys().all(|u| self.covered.covers(u))
         };
@@ -327,7 +327,7 @@ impl View {
     /// nothing without a session.
     pub fn wanted(&self) -> Followed {
         match &self.session {
-            Some(s) if s.all => Followed::Every,
+            Some(s) if s.all => Followed::Every(Scope::Everything),
             Some(s) => s.followed(),
             None => Followed::nothing(),
         }
@@ -809,7 +809,7 @@ mod tests {
         );
         assert!(view.may_subscribe(1, None, ALL).is_ok());
         view.subscribe(1, None, ALL).unwrap();
-        assert_eq!(view.wanted(), Followed::Every);
+        assert_eq!(view.wanted(), Followed::Every(Scope::Everything));
         view.unsubscribe(1, None).unwrap();
         assert_eq!(view.wanted(), Followed::Units([(a, ALL)].into()));
         view.session_ended(1);
