@@ -20,6 +20,7 @@ use std::collections::HashMap;
 use std::num::NonZeroUsize;
 use zbus::match_rule::Builder as MatchRuleBuilder;
 use zbus::message::Type as MessageType;
+use zbus::wire::Type;
 use zbus::{Connection, MatchRule, MessageStream, OwnedObjectPath, OwnedVariant, Variant};
 
 pub(super) const PROPERTIES_IFACE: &str = "org.freedesktop.DBus.Properties";
@@ -93,14 +94,8 @@ pub(super) fn parse_unit_signal(msg: &zbus::Message) -> Option<UnitSignal> {
                 }
             };
             let (active_state, sub_state) = if interface == UNIT_IFACE {
-                match body.deserialize::<(&str, HashMap<&str, Variant<'_>>, Vec<&str>)>() {
-                    Ok((_, changed, _)) => {
-                        let text = |key: &str| match changed.get(key) {
-                            Some(Variant::Str(s)) => Some(s.as_str().to_owned()),
-                            _ => None,
-                        };
-                        (text("ActiveState"), text("SubState"))
-                    }
+                match body.deserialize::<(&str, UnitState, Vec<&str>)>() {
+                    Ok((_, changed, _)) => (changed.active, changed.sub),
                     Err(e) => {
                         tracing::warn!(
                             "ignoring a malformed PropertiesChanged signal on {path}: {e}"
@@ -120,6 +115,55 @@ pub(super) fn parse_unit_signal(msg: &zbus::Message) -> Option<UnitSignal> {
             })
         }
         _ => None,
+    }
+}
+
+/// `ActiveState` and `SubState` of a `Unit` interface's changed properties
+/// (`a{sv}`), `None` when absent or not a string (the last of a name
+/// given twice counts). The other values are walked, so a malformed one
+/// still fails the signal, but not built: a unit's change carries a dozen
+/// of them (timestamps, its job, its invocation id), which the unit stream
+/// decodes only for a unit someone watches for everything.
+#[derive(Debug, Default, PartialEq)]
+struct UnitState {
+    active: Option<String>,
+    sub: Option<String>,
+}
+
+impl Type for UnitState {
+    const SIGNATURE: &'static zbus::Signature = <HashMap<&str, Variant<'_>>>::SIGNATURE;
+}
+
+impl<'de> serde::Deserialize<'de> for UnitState {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Entries;
+        impl<'de> serde::de::Visitor<'de> for Entries {
+            type Value = UnitState;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a{sv} dictionary")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut access: A,
+            ) -> Result<Self::Value, A::Error> {
+                let text = |v: Variant<'_>| match v {
+                    Variant::Str(s) => Some(s.as_str().to_owned()),
+                    _ => None,
+                };
+                let mut state = UnitState::default();
+                while let Some(key) = access.next_key::<&str>()? {
+                    match key {
+                        "ActiveState" => state.active = text(access.next_value()?),
+                        "SubState" => state.sub = text(access.next_value()?),
+                        _ => {
+                            access.next_value::<serde::de::IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(state)
+            }
+        }
+        deserializer.deserialize_map(Entries)
     }
 }
 
@@ -228,7 +272,7 @@ pub(super) fn parse_signal(msg: &zbus::Message) -> Option<SystemdEvent> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use drover_bus::marshal::{self, PropertyMap};
+    use drover_bus::marshal::{self, OrderedProperties, PropertyMap};
     use drover_bus::systemd::unit_path;
 
     fn manager_signal<B>(member: &str, body: &B) -> zbus::Message
@@ -320,6 +364,63 @@ mod tests {
                 let decoded: PropertyMap = marshal::decode(&properties.marshal().unwrap()).unwrap();
                 assert_eq!(decoded.len(), 3);
             }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    /// The values a `Unit` interface's change carries besides the state
+    /// (systemd's shapes: timestamps, the job, the invocation id, the
+    /// conditions) are skipped, whatever their type; a state that is not a
+    /// string is no state.
+    #[test]
+    fn the_state_is_read_past_values_of_every_shape() {
+        let none: Vec<String> = Vec::new();
+        let job = zbus::ObjectPath::try_from("/org/freedesktop/systemd1/job/7").unwrap();
+        let conditions = vec![("ConditionPathExists", false, false, "/etc/x", 1i32)];
+        let props: Vec<(&str, Variant<'_>)> = vec![
+            ("ActiveEnterTimestamp", Variant::from(1_700_000_000u64)),
+            ("Job", Variant::from((7u32, job))),
+            ("ActiveState", Variant::from("activating")),
+            ("InvocationID", Variant::from(vec![7u8; 16])),
+            ("Conditions", Variant::from(conditions)),
+            ("SubState", Variant::from("start")),
+            ("ConditionResult", Variant::from(true)),
+        ];
+        let props = OrderedProperties(
+            props
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), OwnedVariant::try_from(v).unwrap()))
+                .collect(),
+        );
+        let msg = changed_signal("db.service", &(super::UNIT_IFACE, &props, &none));
+        let Some(UnitSignal::Changed {
+            active_state,
+            sub_state,
+            properties,
+            ..
+        }) = parse_unit_signal(&msg)
+        else {
+            panic!("not a state change");
+        };
+        assert_eq!(active_state.as_deref(), Some("activating"));
+        assert_eq!(sub_state.as_deref(), Some("start"));
+        let decoded: PropertyMap = marshal::decode(&properties.marshal().unwrap()).unwrap();
+        assert_eq!(
+            decoded.len(),
+            7,
+            "a watcher of everything still gets them all"
+        );
+
+        let mut odd: HashMap<&str, Variant<'_>> = HashMap::new();
+        odd.insert("ActiveState", Variant::from(1u32));
+        odd.insert("SubState", Variant::from("running"));
+        let msg = changed_signal("db.service", &(super::UNIT_IFACE, &odd, &none));
+        match parse_unit_signal(&msg) {
+            Some(UnitSignal::Changed {
+                active_state: None,
+                sub_state: Some(sub),
+                ..
+            }) => assert_eq!(sub, "running"),
             other => panic!("unexpected {other:?}"),
         }
     }
