@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use drover_agent::systemd::api::{Followed, Systemd, UnitSignal, UnitSignalStream};
+use drover_agent::systemd::api::{EventStream, Followed, Systemd, UnitSignal, UnitSignalStream};
 use drover_agent::systemd::dbus::ZbusSystemd;
 use drover_protocol::{JobKind, Scope, UnitName};
 use std::collections::BTreeSet;
@@ -17,6 +17,31 @@ use zbus::message::Sequence;
 
 const T: Duration = Duration::from_secs(20);
 const ONESHOT: &str = "[Service]\nType=oneshot\nExecStart=/bin/true\n";
+const UNIT_IFACE: &str = "org.freedesktop.systemd1.Unit";
+const SERVICE_IFACE: &str = "org.freedesktop.systemd1.Service";
+
+/// A node (`name`) with the oneshots `units`, and the agent's systemd on
+/// it: its job stream (kept: the unit stream shares its job rules) and its
+/// unit stream, following nothing yet.
+async fn started(
+    name: &str,
+    units: &[&str],
+) -> (
+    SystemdNode,
+    ZbusSystemd,
+    EventStream,
+    UnitSignalStream<Sequence>,
+) {
+    let node = SystemdNode::start(name, "node").await;
+    for unit in units {
+        node.write_unit(unit, ONESHOT);
+    }
+    node.reload().await;
+    let systemd = systemd(&node).await;
+    let jobs = systemd.subscribe().await.unwrap();
+    let stream = systemd.unit_stream().await.unwrap();
+    (node, systemd, jobs, stream)
+}
 
 /// Every interface of each of `names`.
 fn units(names: &[&str]) -> Followed {
@@ -121,13 +146,8 @@ fn spoken_of(signals: &[UnitSignal]) -> BTreeSet<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_unit_stream_carries_what_is_followed_and_drops_the_rest_from_the_bus() {
-    let node = SystemdNode::start("agent-test-follow", "node").await;
-    node.write_unit("a.service", ONESHOT);
-    node.write_unit("b.service", ONESHOT);
-    node.reload().await;
-    let systemd = systemd(&node).await;
-    let _jobs = systemd.subscribe().await.unwrap();
-    let mut stream = systemd.unit_stream().await.unwrap();
+    let (_node, systemd, _jobs, mut stream) =
+        started("agent-test-follow", &["a.service", "b.service"]).await;
     let idle = match_rules(&systemd).await;
 
     // One unit: its signals, not the other's; both jobs' ends.
@@ -203,14 +223,7 @@ fn interfaces_of(signals: &[UnitSignal], unit: &str) -> BTreeSet<String> {
 /// everything again, both come.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_unit_followed_for_its_state_hears_its_unit_interface_alone() {
-    const UNIT_IFACE: &str = "org.freedesktop.systemd1.Unit";
-    const SERVICE_IFACE: &str = "org.freedesktop.systemd1.Service";
-    let node = SystemdNode::start("agent-test-scope", "node").await;
-    node.write_unit("a.service", ONESHOT);
-    node.reload().await;
-    let systemd = systemd(&node).await;
-    let _jobs = systemd.subscribe().await.unwrap();
-    let mut stream = systemd.unit_stream().await.unwrap();
+    let (_node, systemd, _jobs, mut stream) = started("agent-test-scope", &["a.service"]).await;
 
     switch(&systemd, &mut stream, &units(&["a.service"]), 1).await;
     let rules = match_rules(&systemd).await;
@@ -256,14 +269,8 @@ async fn a_unit_followed_for_its_state_hears_its_unit_interface_alone() {
 /// interface change; every unit followed for everything, they come again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_unit_followed_for_its_state_hears_no_service_interface() {
-    const UNIT_IFACE: &str = "org.freedesktop.systemd1.Unit";
-    const SERVICE_IFACE: &str = "org.freedesktop.systemd1.Service";
-    let node = SystemdNode::start("agent-test-every-state", "node").await;
-    node.write_unit("a.service", ONESHOT);
-    node.reload().await;
-    let systemd = systemd(&node).await;
-    let _jobs = systemd.subscribe().await.unwrap();
-    let mut stream = systemd.unit_stream().await.unwrap();
+    let (node, systemd, _jobs, mut stream) =
+        started("agent-test-every-state", &["a.service"]).await;
 
     let (_, listed) = switch(&systemd, &mut stream, &Followed::Every(Scope::State), 1).await;
     assert!(
