@@ -4,10 +4,13 @@
 //! the manager's session watches (the view's
 //! [`crate::units::rules::View::wanted`]) plus what is **held**: a unit
 //! (`None`: every unit) held by [`Following::hold`] for a subscription on
-//! its way (at the subscription's scope) or a `StartDep` whose target the
-//! unit fence must see go active (its state: [`Scope::State`]), counted per
-//! holder and scope; a unit held or watched at two scopes is followed at the
-//! wider. When nothing is watched or held, it follows nothing
+//! its way (at the subscription's scope), a `StartDep` whose target the
+//! unit fence must see go active (its state: [`Scope::State`]), or health
+//! once a unit declares a check (every unit's state, for as long as any
+//! unit declares one: `crate::agent`), counted per holder and scope; a unit
+//! held or watched at two scopes is followed at the wider, and every unit is
+//! followed at the widest scope anything wants of any unit
+//! ([`Holds::wanted`]). When nothing is watched or held, it follows nothing
 //! but the jobs, and systemd's other signals do not even reach the agent.
 //!
 //! Invariants:
