@@ -23,8 +23,8 @@
 //!
 //! A round starts the trivial oneshot once on node2 and once on node3
 //! through drover (the order alternates), until its `JobRemoved`. Before each
-//! round the CPU time of both agents is read (every thread,
-//! `/proc/PID/task/*/schedstat`, nanoseconds), so a round's difference holds
+//! round the CPU time of both agents is read (the process's CPU-time clock,
+//! every thread, those that ended too; nanoseconds: `crate::procfs`), so a round's difference holds
 //! one start on that node plus whatever the agent still did after its
 //! `JobRemoved` went out (late signals). The first rounds of each phase are
 //! not counted. Reported per node and phase: the agent's CPU per start and

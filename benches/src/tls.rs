@@ -14,7 +14,7 @@
 //!    between the two clusters' nodes), each with a 95% bootstrap interval.
 //!    Target: TLS adds ≤ 0.1 ms median. Also the CPU time the manager and
 //!    node2's agent of each cluster spent per call over the counted rounds
-//!    (all threads, `/proc/PID/task/*/schedstat`), which a busy machine
+//!    (the process's CPU-time clock: `crate::procfs`), which a busy machine
 //!    does not inflate as it does latency.
 //! 2. **Manager memory per session.** `DROVER_BENCH_SESSIONS` (default 200)
 //!    fake agents in this process, allowed by `[node NAME]` sections,
