@@ -182,7 +182,10 @@ impl NodeBook {
 /// See the module docs.
 #[derive(Debug, Default)]
 pub struct HealthBook {
-    nodes: HashMap<NodeName, NodeBook>,
+    /// Boxed, as the unit hub's nodes: a map's table has room for up to
+    /// twice its entries, and every node has a book (224 bytes with its
+    /// name, against 32 for the name and the box).
+    nodes: HashMap<NodeName, Box<NodeBook>>,
     counts: Arc<HealthCounts>,
 }
 
@@ -295,7 +298,7 @@ impl HealthBook {
             capped,
             cut,
             ..
-        } = book;
+        } = &mut **book;
         let Some((_, gathered)) = pending else {
             return (changes, None);
         };

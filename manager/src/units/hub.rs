@@ -267,7 +267,10 @@ impl NodeState {
 
 #[derive(Default)]
 struct State {
-    nodes: HashMap<NodeName, NodeState>,
+    /// Boxed: a map's table has room for up to twice its entries, and a
+    /// slot of a name and a box is an eighth of a name and a node's state
+    /// (32 bytes against 280).
+    nodes: HashMap<NodeName, Box<NodeState>>,
     watches: HashMap<WatchId, (SinkId, NodeName, Option<UnitName>)>,
     sinks: HashMap<SinkId, SinkState>,
     next_id: u64,
