@@ -51,9 +51,13 @@ pub enum NameError {
 }
 
 /// A node name that passed validation.
+///
+/// Shared, not copied: a manager keeps a node's name in a dozen places
+/// (its tables, its session, its records) for each of up to tens of
+/// thousands of nodes, and a clone is a count, not an allocation.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
-pub struct NodeName(String);
+pub struct NodeName(std::sync::Arc<str>);
 
 impl NodeName {
     pub fn new(s: impl Into<String>) -> Result<Self, NameError> {
@@ -71,7 +75,7 @@ impl NodeName {
         if !first_ok || !rest_ok {
             return Err(NameError::BadNode(printable(&s)));
         }
-        Ok(Self(s))
+        Ok(Self(s.into()))
     }
 
     pub fn as_str(&self) -> &str {
@@ -169,11 +173,6 @@ macro_rules! string_newtype {
                 Self::new(s)
             }
         }
-        impl From<$t> for String {
-            fn from(n: $t) -> String {
-                n.0
-            }
-        }
         impl std::str::FromStr for $t {
             type Err = NameError;
             fn from_str(s: &str) -> Result<Self, NameError> {
@@ -195,9 +194,31 @@ macro_rules! string_newtype {
 string_newtype!(NodeName);
 string_newtype!(UnitName);
 
+impl From<NodeName> for String {
+    fn from(n: NodeName) -> String {
+        n.0.as_ref().to_owned()
+    }
+}
+
+impl From<UnitName> for String {
+    fn from(n: UnitName) -> String {
+        n.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A manager keeps a node's name in many places: they share it.
+    #[test]
+    fn a_node_names_clones_share_its_text() {
+        let name = NodeName::new("node-01234").unwrap();
+        let copy = name.clone();
+        assert_eq!(copy, name);
+        assert!(std::ptr::eq(copy.as_str(), name.as_str()));
+        assert_eq!(String::from(copy), "node-01234");
+    }
 
     #[test]
     fn node_names() {
