@@ -66,6 +66,7 @@ use crate::caller::{Caller, caller_uid};
 use crate::proxies::registry::{CreateError, ProxyKey};
 use crate::state::Shared;
 use drover_bus::bluechi::{AGENT_BUS_NAME, AGENT_IFACE, AGENT_PATH};
+use drover_bus::bus::PROPERTIES_IFACE;
 use drover_bus::systemd::{
     BUS_NAME as SYSTEMD_BUS_NAME, JOB_IFACE, MANAGER_IFACE, MANAGER_PATH, UNIT_IFACE,
 };
@@ -226,7 +227,7 @@ async fn unit_of_pid(conn: &Connection, pid: u32) -> zbus::Result<String> {
         .call_method(
             Some(SYSTEMD_BUS_NAME),
             &path,
-            Some("org.freedesktop.DBus.Properties"),
+            Some(PROPERTIES_IFACE),
             "Get",
             &(UNIT_IFACE, "Id"),
         )

@@ -60,6 +60,8 @@
 use crate::procfs::cpu_time;
 use crate::stats::{Spread, median_ci95, ms, paired_overhead, summarize};
 use anyhow::{Context, Result, anyhow, bail};
+use drover_bus::bus::PROPERTIES_IFACE;
+use drover_bus::marshal::PropertyMap;
 use drover_bus::systemd::{BUS_NAME, MANAGER_IFACE, MANAGER_PATH, SERVICE_IFACE, UNIT_IFACE};
 use drover_bus::timestamp::monotonic_us;
 use drover_protocol::error_names::NO_SUCH_UNIT;
@@ -236,7 +238,7 @@ impl Systemd {
             .msg_type(zbus::message::Type::Signal)
             .sender(BUS_NAME)
             .path(drover_bus::systemd::unit_path(unit))
-            .interface("org.freedesktop.DBus.Properties")
+            .interface(PROPERTIES_IFACE)
             .member("PropertiesChanged")
             .arg0ns(UNIT_IFACE)
             .build()?;
@@ -246,11 +248,8 @@ impl Systemd {
             while let Some(msg) = stream.next().await {
                 let msg = msg?;
                 let read_at = monotonic_us();
-                let (_, changed, _): (
-                    String,
-                    std::collections::HashMap<String, zbus::OwnedVariant>,
-                    Vec<String>,
-                ) = msg.body().deserialize()?;
+                let (_, changed, _): (String, PropertyMap, Vec<String>) =
+                    msg.body().deserialize()?;
                 let active = changed
                     .get("ActiveState")
                     .and_then(|v| <&str>::try_from(v).ok())

@@ -20,8 +20,15 @@
 //!
 //! A `Bus` names itself in messages the same way everywhere ([`Bus`]'s
 //! `Display`: "the system bus", "bus unix:path=…").
+//!
+//! [`PROPERTIES_IFACE`], the interface every object's properties are read
+//! and announced on, is named here once for every process.
 
 use std::fmt;
+
+/// The standard interface of every object's properties (`Get`, `GetAll`,
+/// the `PropertiesChanged` signal): systemd's and drover's objects alike.
+pub const PROPERTIES_IFACE: &str = "org.freedesktop.DBus.Properties";
 
 /// The system bus' address when `$DBUS_SYSTEM_BUS_ADDRESS` is not set.
 pub const DEFAULT_SYSTEM_BUS_ADDRESS: &str = "unix:path=/run/dbus/system_bus_socket";

@@ -6,7 +6,7 @@
 //! on are written once, here:
 //!
 //! * [`bus`] — which bus (system, session, an address), how its address is
-//!   found, and the connection to it;
+//!   found, the connection to it, and the standard properties interface;
 //! * [`bluechi`] — BlueChi's bus names, object paths and interface names;
 //! * [`systemd`] — systemd's bus name, object paths and interfaces, and the
 //!   `ListUnits` row `(ssssssouso)` with its conversion to and from the

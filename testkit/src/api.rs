@@ -26,7 +26,7 @@ pub use drover_bus::client::{ControllerProxy, JobNewStream, JobRemovedStream, No
 pub use drover_bus::systemd::UnitTuple;
 
 /// The standard interfaces every object has.
-pub const PROPERTIES_IFACE: &str = "org.freedesktop.DBus.Properties";
+pub use drover_bus::bus::PROPERTIES_IFACE;
 pub const INTROSPECTABLE_IFACE: &str = "org.freedesktop.DBus.Introspectable";
 
 /// A new connection to the bus at `address`.

@@ -12,6 +12,7 @@
 //!
 //! Errors are one line of text for a health reason or a log line.
 
+use drover_bus::bus::PROPERTIES_IFACE;
 use drover_bus::systemd::{BUS_NAME, MANAGER_IFACE, MANAGER_PATH, SERVICE_IFACE, UNIT_IFACE};
 use drover_config::health::UnitDeclaration;
 use drover_config::unit_file::{UnitEntry, read_x_drover};
@@ -19,8 +20,6 @@ use drover_protocol::UnitName;
 use drover_protocol::error_names::NO_SUCH_UNIT;
 use drover_protocol::ports::Ports;
 use zbus::{Connection, OwnedObjectPath, OwnedVariant};
-
-const PROPERTIES_IFACE: &str = "org.freedesktop.DBus.Properties";
 
 async fn get(
     conn: &Connection,

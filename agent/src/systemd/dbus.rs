@@ -34,11 +34,10 @@ use super::api::{
     EVENT_QUEUE, EventStream, Followed, JobInfo, JobPath, Systemd, UnitFileChange, UnitSignalStream,
 };
 use super::errors::{bad_reply, call_error, remote_error};
-use super::signals::{
-    PROPERTIES_IFACE, follow_systemd, manager_signal, parse_signal, systemd_signals,
-};
+use super::signals::{follow_systemd, manager_signal, parse_signal, systemd_signals};
 use super::unit_stream::UnitStreams;
 use drover_bus::Bus;
+use drover_bus::bus::PROPERTIES_IFACE;
 use drover_bus::marshal::{self, AuxUnits, PropertyList, PropertyMap};
 use drover_bus::sender::{Dropped, Owner, Verdict};
 use drover_bus::systemd::{

@@ -10,6 +10,7 @@
 
 use super::api::{ChangedProperties, EVENT_QUEUE, SystemdEvent, UnitSignal};
 use super::errors::remote_error;
+use drover_bus::bus::PROPERTIES_IFACE;
 use drover_bus::sender::Owner;
 use drover_bus::systemd::{
     BUS_NAME, JOB_IFACE, MANAGER_IFACE, MANAGER_PATH, UNIT_IFACE, UNIT_PATH_PREFIX,
@@ -22,8 +23,6 @@ use zbus::match_rule::Builder as MatchRuleBuilder;
 use zbus::message::Type as MessageType;
 use zbus::wire::Type;
 use zbus::{Connection, MatchRule, MessageStream, OwnedObjectPath, OwnedVariant, Variant};
-
-pub(super) const PROPERTIES_IFACE: &str = "org.freedesktop.DBus.Properties";
 
 /// A message of the unit stream (`super::unit_stream`) as a [`UnitSignal`];
 /// `None` for what it does not carry or cannot read.

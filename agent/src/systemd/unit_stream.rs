@@ -53,6 +53,7 @@
 use super::api::{EVENT_QUEUE, Followed, UnitSignal, UnitSignalStream};
 use super::errors::call_error;
 use super::signals::{follow_systemd, manager_signal, parse_unit_signal, systemd_signals};
+use drover_bus::bus::PROPERTIES_IFACE;
 use drover_bus::sender::{Dropped, Owner, Verdict};
 use drover_bus::systemd::{
     BUS_NAME, MANAGER_IFACE, MANAGER_PATH, UNIT_IFACE, UnitTuple, unit_info, unit_path,
@@ -72,7 +73,6 @@ use zbus::{Connection, MessageStream};
 /// Switches waiting for the reader.
 pub const SWITCH_QUEUE: usize = 8;
 
-const PROPERTIES_IFACE: &str = "org.freedesktop.DBus.Properties";
 const PEER_IFACE: &str = "org.freedesktop.DBus.Peer";
 
 type Rule = Box<dyn FnOnce(MatchRuleBuilder<'static>) -> MatchRuleBuilder<'static> + Send>;

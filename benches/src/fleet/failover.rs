@@ -31,6 +31,7 @@ use super::{AgentConfig, load_average};
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use drover_bus::bluechi::{CONTROLLER_PATH, DROVER_CONTROLLER_IFACE};
+use drover_bus::bus::PROPERTIES_IFACE;
 use drover_sandbox::PrivateBus;
 use nix::sys::signal::Signal;
 use std::net::SocketAddr;
@@ -122,7 +123,7 @@ impl Member {
             .call_method(
                 Some(drover_bus::bluechi::BUS_NAME),
                 CONTROLLER_PATH,
-                Some("org.freedesktop.DBus.Properties"),
+                Some(PROPERTIES_IFACE),
                 "Get",
                 &(DROVER_CONTROLLER_IFACE, name),
             )

@@ -28,6 +28,7 @@ use futures::stream::{self, StreamExt, TryStreamExt};
 use serde::Serialize;
 
 use drover_bus::bluechi::NODE_PATH_PREFIX;
+use drover_bus::bus::PROPERTIES_IFACE;
 use drover_protocol::error_names::{UNKNOWN_METHOD, UNKNOWN_OBJECT};
 use drover_protocol::{NodeName, UnitName};
 
@@ -356,14 +357,9 @@ impl Run for Status {
 
         let mut manager = ManagerWatch::new(&client, "watching").await?;
         // Subscribe before the first print so no change falls between the two.
-        let mut changes = follow::signal_stream(
-            &client,
-            &manager,
-            NODE_PATH_PREFIX,
-            true,
-            "org.freedesktop.DBus.Properties",
-        )
-        .await?;
+        let mut changes =
+            follow::signal_stream(&client, &manager, NODE_PATH_PREFIX, true, PROPERTIES_IFACE)
+                .await?;
         let clear = follow::stdout_is_tty();
         let interrupted = follow::interrupted();
         tokio::pin!(interrupted);
