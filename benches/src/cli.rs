@@ -32,6 +32,9 @@ struct Args {
     /// `proxy`: the first helper binary (default: the `drover-proxy` the sandbox found).
     #[arg(long, value_name = "PATH", requires = "helper_b")]
     helper_a: Option<PathBuf>,
+    /// `proxy`: each node on a CPU of its own, as if nodes were machines (`pinning.rs`).
+    #[arg(long)]
+    pin_nodes: bool,
     /// `ctl`: a droverctl binary to measure (repeat to compare several in one run).
     #[arg(long, value_name = "PATH")]
     ctl: Vec<PathBuf>,
@@ -150,6 +153,17 @@ async fn run(cluster: &Cluster, args: &Args) -> Result<()> {
             None => None,
             Some(b) => Some(proxy::Helpers::new(args.helper_a.clone(), b.clone())?),
         };
+        if args.pin_nodes {
+            let pinned = crate::pinning::pin_nodes(cluster)?;
+            let list: Vec<String> = pinned
+                .iter()
+                .map(|(node, cpu)| format!("{node} on CPU {cpu}"))
+                .collect();
+            println!(
+                "nodes pinned: {} (the manager and the benchmark on any CPU)",
+                list.join(", ")
+            );
+        }
         proxy::proxy(cluster, args.samples, helpers).await?;
     }
     if args.which == "ctl" {

@@ -17,7 +17,8 @@
 //!   `drover-proxy` the sandbox found) and B by turns, one cross-node sample of
 //!   each per round, interleaved with the local and node2-alone samples, and
 //!   reports each helper's figures and B against A (paired, with a confidence
-//!   interval for the difference of the cross-node start).
+//!   interval for the difference of the cross-node start). `--pin-nodes` puts
+//!   each node on a CPU of its own, as if nodes were machines (`pinning.rs`).
 //! * `events`: unit events/s from fake agents through a release manager to
 //!   1 and 10 monitors, with manager CPU and RSS (see `events.rs`).
 //! * `tls`: a TLS and a plaintext cluster side by side: `StartUnit` through
@@ -61,7 +62,7 @@
 //! Layout: [`cli`] (the command, `start-unit` and `rss`), `proxy`, `events`,
 //! `tls`, `ctl` and `agent_cpu` (one benchmark each), [`fleet`] (a library too: the test
 //! drives it), `start` (one timed `StartUnit`, a process's RSS), `procfs` (what
-//! `/proc` says of a process), `stats` (medians, tails, paired overhead; pure).
+//! `/proc` says of a process), `pinning` (nodes on CPUs of their own), `stats` (medians, tails, paired overhead; pure).
 
 mod agent_cpu;
 pub mod cli;
@@ -71,6 +72,7 @@ mod events;
 pub mod fleet;
 mod flood;
 mod health;
+mod pinning;
 mod procfs;
 mod proxy;
 mod start;
