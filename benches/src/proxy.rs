@@ -463,43 +463,38 @@ fn report(samples: usize, remote: &[Remote], local: &[Local], alone: &[Alone]) -
     for (label, s) in [("both on node1       ", &sl), ("db on node2 (proxy) ", &sr)] {
         println!("  {label}  {}", s.line());
     }
-    let median = |f: &dyn Fn(&Remote) -> Duration| {
-        ms(summarize(&remote.iter().map(f).collect::<Vec<_>>()).median)
-    };
     println!("  where the cross-node time goes (medians, systemd's own timestamps):");
     println!(
         "    StartUnit(need-db) -> proxy starting  {}  (both on node1: -> db-local starting  {})",
-        median(&|r| r.to_start),
-        ms(summarize(&local.iter().map(|l| l.to_start).collect::<Vec<_>>()).median)
+        median_of(remote, |r| r.to_start),
+        median_of(local, |l| l.to_start)
     );
     println!(
         "    proxy starting -> db active on node2  {}",
-        median(&|r| r.legs[0])
+        median_of(remote, |r| r.legs[0])
     );
     println!(
         "    db active -> proxy active on node1    {}",
-        median(&|r| r.legs[1])
+        median_of(remote, |r| r.legs[1])
     );
     println!(
         "      of which helper exits -> proxy active  {}",
-        median(&|r| r.exit_to_active)
+        median_of(remote, |r| r.exit_to_active)
     );
     println!(
         "    proxy active -> need-db active        {}",
-        median(&|r| r.legs[2])
+        median_of(remote, |r| r.legs[2])
     );
     println!(
         "    (both on node1: db active -> need-db active  {})",
-        ms(summarize(&local.iter().map(|l| l.last_leg).collect::<Vec<_>>()).median)
+        median_of(local, |l| l.last_leg)
     );
-    let mut sorted = over.clone();
-    sorted.sort_by(|a, b| a.total_cmp(b));
-    let p99 = sorted[((sorted.len() * 99).div_ceil(100)).clamp(1, sorted.len()) - 1];
+    let over_spread = Spread::of(&over);
     println!(
         "  overhead            median of medians {:.3} ms, median of paired differences {:.3} ms, p99 {:.3} ms (target <= 5 ms median)",
         (sr.median.as_secs_f64() - sl.median.as_secs_f64()) * 1000.0,
-        crate::stats::median_f64(&over),
-        p99
+        over_spread.median,
+        over_spread.p99
     );
     // systemd's share: what the overhead would be if drover's processes took no time.
     let f = |d: Duration| d.as_secs_f64() * 1000.0;
@@ -513,16 +508,13 @@ fn report(samples: usize, remote: &[Remote], local: &[Local], alone: &[Alone]) -
         })
         .collect();
     let own: Vec<f64> = over.iter().zip(&floor).map(|(o, fl)| o - fl).collect();
-    let alone_median = |f: &dyn Fn(&Alone) -> Duration| {
-        ms(summarize(&alone.iter().map(f).collect::<Vec<_>>()).median)
-    };
     println!(
         "  node2 alone: StartUnit(dep) -> db active, no drover process involved  {}",
-        alone_median(&|a| a.to_up)
+        median_of(alone, |a| a.to_up)
     );
     println!(
         "    db active -> a client of node2's bus reads it (systemd's signal)    {}",
-        alone_median(&|a| a.heard)
+        median_of(alone, |a| a.heard)
     );
     let (floor_spread, own_spread) = (Spread::of(&floor), Spread::of(&own));
     println!(
@@ -539,6 +531,11 @@ fn report(samples: usize, remote: &[Remote], local: &[Local], alone: &[Alone]) -
         own,
         exit_to_active: remote.iter().map(|r| f(r.exit_to_active)).collect(),
     }
+}
+
+/// The median of one field of `samples`, in ms.
+fn median_of<T>(samples: &[T], field: impl Fn(&T) -> Duration) -> String {
+    ms(summarize(&samples.iter().map(field).collect::<Vec<_>>()).median)
 }
 
 fn between(from: u64, to: u64) -> Duration {
