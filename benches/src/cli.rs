@@ -111,6 +111,10 @@ async fn until_signalled(work: impl Future<Output = Result<()>>) -> Result<()> {
 
 /// Runs the benchmark(s) `args` names.
 async fn bench(args: Args) -> Result<()> {
+    anyhow::ensure!(
+        !args.pin_nodes || args.which == "proxy",
+        "--pin-nodes is an option of the proxy benchmark (drover-bench proxy --pin-nodes)"
+    );
     if args.which == "events" {
         // Fake agents and a real manager; no systemd nodes needed.
         return events::main().await;

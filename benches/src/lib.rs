@@ -62,7 +62,8 @@
 //! Layout: [`cli`] (the command, `start-unit` and `rss`), `proxy`, `events`,
 //! `tls`, `ctl` and `agent_cpu` (one benchmark each), [`fleet`] (a library too: the test
 //! drives it), `start` (one timed `StartUnit`, a process's RSS), `procfs` (what
-//! `/proc` says of a process), `pinning` (nodes on CPUs of their own), `stats` (medians, tails, paired overhead; pure).
+//! `/proc` says of a process), `pinning` (nodes on CPUs of their own), `stats`
+//! (medians, tails, paired overhead; pure).
 
 mod agent_cpu;
 pub mod cli;
