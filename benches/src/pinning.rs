@@ -19,19 +19,8 @@ use nix::unistd::Pid;
 /// nodes, or a process cannot be pinned.
 pub fn pin_nodes(cluster: &Cluster) -> Result<Vec<(String, usize)>> {
     let ours = sched_getaffinity(Pid::from_raw(0)).context("this process's CPUs")?;
-    let cpus: Vec<usize> = (0..CpuSet::count())
-        .filter(|&c| ours.is_set(c).unwrap_or(false))
-        .collect();
-    let nodes = cluster.node_names();
-    if cpus.len() < nodes.len() {
-        bail!(
-            "--pin-nodes needs a CPU per node: {} nodes, {} CPUs",
-            nodes.len(),
-            cpus.len()
-        );
-    }
-    let mut pinned = Vec::with_capacity(nodes.len());
-    for (node, &cpu) in nodes.iter().zip(&cpus) {
+    let pinned = assign(cluster.node_names(), &cpus_in(&ours))?;
+    for (node, cpu) in &pinned {
         let systemd = cluster
             .state()
             .node(node)?
@@ -41,15 +30,33 @@ pub fn pin_nodes(cluster: &Cluster) -> Result<Vec<(String, usize)>> {
             .agent_pid(node)
             .with_context(|| format!("node {node} has no agent"))?;
         let mut set = CpuSet::new();
-        set.set(cpu).context("CPU number")?;
+        set.set(*cpu).context("CPU number")?;
         let mut pids = descendants(systemd);
         pids.push(agent);
         for pid in pids {
             pin_process(pid, &set).with_context(|| format!("pinning {node}'s process {pid}"))?;
         }
-        pinned.push((node.clone(), cpu));
     }
     Ok(pinned)
+}
+
+/// The CPUs `set` holds, in order.
+fn cpus_in(set: &CpuSet) -> Vec<usize> {
+    (0..CpuSet::count())
+        .filter(|&c| set.is_set(c).unwrap_or(false))
+        .collect()
+}
+
+/// Node `i` on `cpus[i]`; an error when there are fewer CPUs than nodes.
+fn assign(nodes: Vec<String>, cpus: &[usize]) -> Result<Vec<(String, usize)>> {
+    if cpus.len() < nodes.len() {
+        bail!(
+            "--pin-nodes needs a CPU per node: {} nodes, {} CPUs",
+            nodes.len(),
+            cpus.len()
+        );
+    }
+    Ok(nodes.into_iter().zip(cpus.iter().copied()).collect())
 }
 
 /// Every thread of `pid` on `set`. A thread that ends meanwhile is skipped.
@@ -133,9 +140,7 @@ mod tests {
             .spawn()
             .expect("sleep");
         let ours = sched_getaffinity(Pid::from_raw(0)).expect("our CPUs");
-        let cpu = (0..CpuSet::count())
-            .find(|&c| ours.is_set(c).unwrap_or(false))
-            .expect("a CPU");
+        let cpu = *cpus_in(&ours).first().expect("a CPU");
         let mut set = CpuSet::new();
         set.set(cpu).expect("CPU number");
         let pinned = pin_process(child.id(), &set);
@@ -143,10 +148,17 @@ mod tests {
         let _ = child.kill();
         let _ = child.wait();
         pinned.expect("pinning");
-        let now = now.expect("its CPUs");
-        let on: Vec<usize> = (0..CpuSet::count())
-            .filter(|&c| now.is_set(c).unwrap_or(false))
-            .collect();
-        assert_eq!(on, vec![cpu]);
+        assert_eq!(cpus_in(&now.expect("its CPUs")), vec![cpu]);
+    }
+
+    #[test]
+    fn each_node_gets_a_cpu_of_its_own_or_none_is_pinned() {
+        let nodes = || vec!["node1".to_string(), "node2".to_string()];
+        assert_eq!(
+            assign(nodes(), &[0, 3, 5]).unwrap(),
+            vec![("node1".to_string(), 0), ("node2".to_string(), 3)]
+        );
+        let err = assign(nodes(), &[1]).unwrap_err().to_string();
+        assert_eq!(err, "--pin-nodes needs a CPU per node: 2 nodes, 1 CPUs");
     }
 }
