@@ -13,6 +13,7 @@ use drover_agent::link::outbox::SessionKill;
 use drover_agent::proxies::registry::Phase;
 use drover_agent::state::Shared;
 use drover_bus::bluechi::{AGENT_BUS_NAME, AGENT_IFACE, AGENT_PATH};
+use drover_bus::bus::PROPERTIES_IFACE;
 use drover_protocol::{Event, NodeName, Notice, Reason, TargetChange, ToManager, UnitName};
 use drover_sandbox::PrivateBus;
 use drover_testkit::api::{NOBODY, assert_mentions, connect_as};
@@ -23,7 +24,6 @@ use tokio::sync::mpsc;
 use zbus::{Connection, MatchRule, MessageStream, OwnedObjectPath, OwnedVariant};
 
 const WAIT: Duration = Duration::from_secs(5);
-const PROPS: &str = "org.freedesktop.DBus.Properties";
 
 /// Connects a new client to the test's private bus.
 async fn connect(bus: &PrivateBus) -> Connection {
@@ -116,7 +116,7 @@ where
         .call_method(
             Some(AGENT_BUS_NAME),
             AGENT_PATH,
-            Some(PROPS),
+            Some(PROPERTIES_IFACE),
             "Get",
             &(AGENT_IFACE, name),
         )
@@ -506,7 +506,7 @@ async fn properties_follow_the_link_and_status_changes_are_signalled() {
     let rule = MatchRule::builder()
         .msg_type(zbus::message::Type::Signal)
         .path(AGENT_PATH)
-        .interface(PROPS)
+        .interface(PROPERTIES_IFACE)
         .member("PropertiesChanged")
         .build()
         .unwrap();

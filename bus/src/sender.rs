@@ -367,7 +367,7 @@ mod tests {
         let msg = signal_from(
             ":1.9",
             "/org/freedesktop/systemd1/unit/db_2eservice",
-            "org.freedesktop.DBus.Properties",
+            crate::bus::PROPERTIES_IFACE,
             "PropertiesChanged",
         );
         let mut d = Dropped::new("systemd's unit signals");
