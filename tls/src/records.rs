@@ -15,14 +15,12 @@
 //!   one write hands it into one record of that length (up to 16 KiB), and
 //!   it never pads.
 
-use std::io;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::{Context, Poll};
 
 use rustls::{CipherSuite, ProtocolVersion};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::AsyncRead;
+use tokio_util::io::InspectReader;
 
 /// A record header: content type (1), legacy version (2), length (2).
 pub const HEADER_LEN: usize = 5;
@@ -74,78 +72,28 @@ impl Boundary {
     }
 }
 
+/// What a [`Records`] calls with the bytes of every read.
+pub type Follow = Box<dyn FnMut(&[u8]) + Send + Sync>;
+
 /// A pass-through stream that follows the record headers of what is read
-/// (see the module docs).
-#[derive(Debug)]
-pub struct Records<IO> {
-    io: IO,
-    walk: Walk,
-    boundary: Arc<AtomicBool>,
-}
+/// (see the module docs): tokio-util's [`InspectReader`], which hands each
+/// read's bytes to the walk and passes writes through untouched. Made by
+/// [`follow`].
+pub type Records<IO> = InspectReader<IO, Follow>;
 
-impl<IO> Records<IO> {
-    /// `io`, read from its first byte, and the handle that tells where the
-    /// bytes read so far end.
-    pub fn new(io: IO) -> (Self, Boundary) {
-        let boundary = Arc::new(AtomicBool::new(true));
-        let records = Self {
-            io,
-            walk: Walk::default(),
-            boundary: Arc::clone(&boundary),
-        };
-        (records, Boundary(boundary))
-    }
-}
-
-impl<IO: AsyncRead + Unpin> AsyncRead for Records<IO> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        let read = Pin::new(&mut this.io).poll_read(cx, buf);
-        if let Poll::Ready(Ok(())) = read {
-            let new = buf.filled().get(before..).unwrap_or_default();
-            if !new.is_empty() {
-                this.walk.feed(new);
-                this.boundary
-                    .store(this.walk.at_boundary(), Ordering::Relaxed);
-            }
+/// `io`, read from its first byte, as a [`Records`], and the handle that
+/// tells where the bytes read so far end.
+pub fn follow<IO: AsyncRead>(io: IO) -> (Records<IO>, Boundary) {
+    let boundary = Arc::new(AtomicBool::new(true));
+    let shared = Arc::clone(&boundary);
+    let mut walk = Walk::default();
+    let follow: Follow = Box::new(move |read: &[u8]| {
+        if !read.is_empty() {
+            walk.feed(read);
+            shared.store(walk.at_boundary(), Ordering::Relaxed);
         }
-        read
-    }
-}
-
-impl<IO: AsyncWrite + Unpin> AsyncWrite for Records<IO> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
-    }
+    });
+    (InspectReader::new(io, follow), Boundary(boundary))
 }
 
 /// Where a byte stream stands among its records.
@@ -283,7 +231,7 @@ mod tests {
     #[tokio::test]
     async fn passes_bytes_through_and_tells_the_boundary() {
         let (near, mut far) = tokio::io::duplex(64);
-        let (mut records, boundary) = Records::new(near);
+        let (mut records, boundary) = follow(near);
         assert!(boundary.at_boundary());
         let stream = [record(23, b"abc"), record(23, b"defg")].concat();
         far.write_all(&stream[..6]).await.unwrap();

@@ -39,7 +39,6 @@ use crate::nodes::lifecycle::Lifecycle;
 use crate::nodes::lobby::{Lobby, Peek};
 use drover_config::ManagerConfig;
 use drover_tls::Acceptor;
-use drover_tls::records::Records;
 use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
@@ -394,7 +393,7 @@ async fn serve(ctx: Arc<Accept>, stream: tokio::net::TcpStream, peer: SocketAddr
     };
     // TLS: rustls reads through `Records`, which tells the reader where the
     // ciphertext it took ends, so the reader may mark the socket too.
-    let (stream, boundary) = Records::new(stream);
+    let (stream, boundary) = drover_tls::records::follow(stream);
     let stats = ctx.lifecycle.link_stats();
     let tls = match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
         Ok(Ok(tls)) => tls,

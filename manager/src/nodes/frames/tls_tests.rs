@@ -70,7 +70,7 @@ impl Link {
         let (manager, _) = listener.accept().await.unwrap();
         let view = std::net::TcpStream::from(socket2::SockRef::from(&manager).try_clone().unwrap());
         let fd = manager.as_raw_fd();
-        let (records, boundary) = Records::new(manager);
+        let (records, boundary) = drover_tls::records::follow(manager);
         let tls = acceptor.accept(records).await.unwrap();
         assert!(drover_tls::records::sizes_known(&tls));
         let (agent, socket) = handshake.await.unwrap();
