@@ -20,22 +20,29 @@
 //! `StartUnit` call, and node1's systemd must turn the helper's exit into "proxy
 //! active". A third interleaved sample measures the first alone: the bench itself calls
 //! `StartUnit(drover-dep@db.service.service)` on node2, no drover process involved,
-//! until db is active. With systemd's timestamps of the cross-node and local samples
-//! this gives the cross-node time drover would take if its own processes took no time
-//! at all (the *floor*), and so drover's own share of the overhead:
+//! until a client of node2's bus reads that db is active. With systemd's timestamps of
+//! the cross-node and local samples this gives the cross-node time drover would take if
+//! its own processes took no time at all (the *floor*), and so drover's own share of the
+//! overhead:
 //!
 //! ```text
 //! floor − local = (StartUnit(need-db) → proxy starting) − (StartUnit(need-db-local) → db-local starting)
 //!               + node2 alone: StartUnit(dep) → db active
+//!               + node2 alone: db active → a client of node2's bus reads it
 //!               + helper exits → proxy active
 //!               + (proxy active → need-db active) − (db-local active → need-db-local active)
 //! ```
 //!
-//! The node2-alone sample also listens on node2's bus for db's `PropertiesChanged`
-//! that says `active` (the rule node2's agent uses for a target) and reports how long
-//! after systemd's timestamp a client reads it: how much of the way back is systemd
-//! announcing the change, which any observer pays. It is reported, not counted in the
-//! floor.
+//! The second line is systemd announcing the change: the node2-alone sample listens on
+//! node2's bus for db's `PropertiesChanged` that says `active` (the rule node2's agent
+//! uses for a target) and takes how long after systemd's timestamp it reads it. No
+//! process, however fast, learns of db's `active` sooner, so it belongs to the floor;
+//! on a node whose CPU is busy with the rest of the start it is most of a millisecond.
+//! The report also prints drover's share with that line counted as drover's (what
+//! earlier versions of this benchmark reported, leaving it out of the floor). What the
+//! floor still leaves to drover although no process could avoid it: systemd's
+//! announcement on node1 that the proxy is starting (the bench does not measure it).
+//! What it gives systemd that is not: the listening client's own wake-up.
 //!
 //! **Two helpers side by side** (`--helper-b PATH`, optionally `--helper-a PATH`). node1's
 //! proxy template then runs a symlink in the sandbox directory, and before each cross-node
@@ -503,11 +510,16 @@ fn report(samples: usize, remote: &[Remote], local: &[Local], alone: &[Alone]) -
         .zip(local)
         .zip(alone)
         .map(|((r, l), a)| {
-            f(r.to_start) - f(l.to_start) + f(a.to_up) + f(r.exit_to_active) + f(r.legs[2])
+            f(r.to_start) - f(l.to_start)
+                + f(a.to_up)
+                + f(a.heard)
+                + f(r.exit_to_active)
+                + f(r.legs[2])
                 - f(l.last_leg)
         })
         .collect();
     let own: Vec<f64> = over.iter().zip(&floor).map(|(o, fl)| o - fl).collect();
+    let own_with_heard: Vec<f64> = own.iter().zip(alone).map(|(o, a)| o + f(a.heard)).collect();
     println!(
         "  node2 alone: StartUnit(dep) -> db active, no drover process involved  {}",
         median_of(alone, |a| a.to_up)
@@ -524,6 +536,11 @@ fn report(samples: usize, remote: &[Remote], local: &[Local], alone: &[Alone]) -
     println!(
         "  drover's own share (overhead - floor, paired)              median {:.3} ms  p90 {:.3} ms  p99 {:.3} ms",
         own_spread.median, own_spread.p90, own_spread.p99
+    );
+    let with_heard = Spread::of(&own_with_heard);
+    println!(
+        "    counting systemd's announcement of db's active as drover's  median {:.3} ms  p90 {:.3} ms  p99 {:.3} ms",
+        with_heard.median, with_heard.p90, with_heard.p99
     );
     Figures {
         total: remote_totals.iter().map(|d| f(*d)).collect(),
