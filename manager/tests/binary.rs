@@ -352,17 +352,15 @@ async fn reload_flag_applies_the_reload_before_it_returns_and_fails_with_a_reaso
 
 /// `drover-manager --check ARGS`: exit status, stdout, stderr.
 fn check(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(BIN)
-        .arg("--check")
-        .args(args)
-        .env_remove("DROVER_CONFIG_ROOT")
-        .output()
-        .expect("run");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let run = drover_testkit::process::Run::from(
+        Command::new(BIN)
+            .arg("--check")
+            .args(args)
+            .env_remove("DROVER_CONFIG_ROOT")
+            .output()
+            .expect("run"),
+    );
+    (run.success(), run.stdout, run.stderr)
 }
 
 #[test]
