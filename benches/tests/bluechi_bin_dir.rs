@@ -21,8 +21,7 @@ fn run(args: &[&Path]) -> Run {
 }
 
 fn executable(path: &Path, text: &str) {
-    std::fs::create_dir_all(path.parent().expect("a parent")).expect("mkdir");
-    std::fs::write(path, text).expect("write");
+    write(path, text);
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
 }
 
@@ -119,6 +118,24 @@ impl Fake {
             &self.drover,
         ])
     }
+}
+
+/// Runs `wrapper` as the sandbox runs drover's daemon (`--no-default-config -c
+/// CONF --bus ADDR`, the node's `XDG_CONFIG_HOME` under `node`); returns the
+/// arguments and the config file the recorder standing in for BlueChi's program got.
+fn wrapped(wrapper: &Path, conf: &Path, node: &TempDir) -> (String, String) {
+    let log = node.join("recorded");
+    let status = Command::new(wrapper)
+        .args([Path::new("--no-default-config"), Path::new("-c"), conf])
+        .args(["--bus", "unix:path=/nowhere"])
+        .env("XDG_CONFIG_HOME", node.join("config"))
+        .env("FAKE_LOG", &log)
+        .status()
+        .expect("the wrapper runs");
+    assert!(status.success());
+    let recorded = read(&log);
+    let (args, config) = recorded.split_once("----\n").expect("args, then config");
+    (args.to_owned(), config.to_owned())
 }
 
 /// Refused with one line naming `expected`, exit 2, and nothing made.
@@ -271,17 +288,7 @@ fn the_wrappers_give_bluechi_the_sandbox_configs_in_its_own_terms() {
         "[drover-agent]\nNodeName=node2\nControllerPort=4242\nHeartbeatInterval=500\n\
          ControllerHeartbeatThreshold=2000\nLogTarget=stderr\n",
     );
-    let log = node.join("agent.log");
-    let status = Command::new(blue.join("drover-agent"))
-        .args([Path::new("--no-default-config"), Path::new("-c"), &conf])
-        .args(["--bus", "unix:path=/nowhere"])
-        .env("XDG_CONFIG_HOME", node.join("config"))
-        .env("FAKE_LOG", &log)
-        .status()
-        .expect("the wrapper runs");
-    assert!(status.success());
-    let recorded = read(&log);
-    let (args, config) = recorded.split_once("----\n").expect("args, then config");
+    let (args, config) = wrapped(&blue.join("drover-agent"), &conf, &node);
     assert_eq!(args, format!("-c\n{}.bluechi\n--user\n", conf.display()));
     assert_eq!(
         config,
@@ -308,16 +315,7 @@ fn the_wrappers_give_bluechi_the_sandbox_configs_in_its_own_terms() {
         "[drover-manager]\nControllerPort=4242\nLogLevel=DEBUG\n\n[node node2]\n\
          AllowDependenciesOn=node1\n",
     );
-    let log = node.join("manager.log");
-    let status = Command::new(blue.join("drover-manager"))
-        .args([Path::new("--no-default-config"), Path::new("-c"), &conf])
-        .args(["--bus", "unix:path=/nowhere"])
-        .env("FAKE_LOG", &log)
-        .status()
-        .expect("the wrapper runs");
-    assert!(status.success());
-    let recorded = read(&log);
-    let (args, config) = recorded.split_once("----\n").expect("args, then config");
+    let (args, config) = wrapped(&blue.join("drover-manager"), &conf, &node);
     assert_eq!(args, format!("-c\n{}.bluechi\n", conf.display()));
     assert_eq!(
         config,
